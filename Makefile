@@ -1,0 +1,48 @@
+# Assay — run `make` for the list of targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+BIN := node_modules/.bin
+# node_modules is (re)installed when missing or older than package-lock.json.
+DEPS := node_modules/.installed
+
+.PHONY: help dev test typecheck lint format migrate db/generate verify bench
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(DEPS): package-lock.json
+	npm ci
+	@touch $@
+
+dev: $(DEPS) ## API + worker with the embedded database and readable logs; prints a dev token (Ctrl-C stops all)
+	@LOG_FORMAT=$${LOG_FORMAT:-pretty} exec node bin/assay.js all --dev-token
+
+test: $(DEPS) typecheck lint ## typecheck, lint and every test file against a real PostgreSQL
+	@files=$$(find test -name '*.test.ts' | sort); \
+	if [ -z "$$files" ]; then echo "no test files found" >&2; exit 1; fi; \
+	node --import tsx test/run.ts $$files
+
+typecheck: $(DEPS) ## tsc, strict
+	$(BIN)/tsc --noEmit
+
+lint: $(DEPS) ## biome: lint and formatting check
+	$(BIN)/biome check .
+
+format: $(DEPS) ## biome: apply formatting and safe fixes
+	$(BIN)/biome check --write .
+
+migrate: $(DEPS) ## apply migrations to DATABASE_URL (or the embedded database)
+	node bin/assay.js migrate
+
+db/generate: $(DEPS) ## generate a migration from src/db/schema.ts (drizzle-kit)
+	$(BIN)/drizzle-kit generate
+
+verify: $(DEPS) ## fail if db/generate would change migrations/
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; cp -r migrations "$$tmp/"; \
+	(cd "$$tmp" && $(CURDIR)/$(BIN)/drizzle-kit generate --dialect postgresql \
+	  --schema $(CURDIR)/src/db/schema.ts --out ./migrations >/dev/null) || exit 1; \
+	if diff -r migrations "$$tmp/migrations"; then echo "migrations/ matches src/db/schema.ts"; \
+	else echo "migrations/ is out of date: run make db/generate and commit the result" >&2; exit 1; fi
+
+bench: $(DEPS) ## benchmarks, one JSON line per workload
+	@for f in $$(find bench -name '*.ts' -not -path '*/lib/*' | sort); do node --import tsx $$f || exit 1; done

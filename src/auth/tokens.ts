@@ -1,0 +1,97 @@
+// API tokens: random secrets shown once, stored only as their SHA-256.
+import { createHash, randomBytes } from "node:crypto";
+import type { Sql } from "../db/client.ts";
+
+export type Role = "admin" | "user";
+export const ROLES: readonly Role[] = ["admin", "user"];
+
+export interface Principal {
+  userId: number;
+  name: string;
+  role: Role;
+}
+
+const TOKEN_PREFIX = "assay_";
+/** 32 random bytes → 43 URL-safe characters. */
+const TOKEN_BYTES = 32;
+const TOKEN_SHAPE = /^assay_[A-Za-z0-9_-]{43}$/;
+
+export function hashToken(token: string): string {
+  return createHash("sha256").update(token).digest("hex");
+}
+
+export function generateToken(): string {
+  return TOKEN_PREFIX + randomBytes(TOKEN_BYTES).toString("base64url");
+}
+
+export interface CreatedToken {
+  tokenId: number;
+  userId: number;
+  role: Role;
+  token: string;
+}
+
+/**
+ * Creates the user when it does not exist (role defaults to `user`), or changes its role when one is
+ * given, then issues a new token for it.
+ */
+export async function tokenCreate(sql: Sql, userName: string, role?: Role): Promise<CreatedToken> {
+  const token = generateToken();
+  return sql.begin(async (tx) => {
+    const [user] = role
+      ? await tx<{ id: number; role: Role }[]>`
+          insert into users (name, role) values (${userName}, ${role})
+          on conflict (name) do update set role = excluded.role
+          returning id::int, role`
+      : await tx<{ id: number; role: Role }[]>`
+          insert into users (name) values (${userName})
+          on conflict (name) do update set name = excluded.name
+          returning id::int, role`;
+    if (!user) throw new Error("user upsert returned no row");
+    const [row] = await tx<{ id: number }[]>`
+      insert into api_tokens (user_id, token_hash) values (${user.id}, ${hashToken(token)})
+      returning id::int`;
+    if (!row) throw new Error("token insert returned no row");
+    return { tokenId: row.id, userId: user.id, role: user.role, token };
+  });
+}
+
+/** Revokes a token; false when there is no such live token. */
+export async function tokenRevoke(sql: Sql, tokenId: number): Promise<boolean> {
+  const rows = await sql`
+    update api_tokens set revoked_at = now() where id = ${tokenId} and revoked_at is null returning id`;
+  return rows.length === 1;
+}
+
+export interface TokenInfo {
+  id: number;
+  user: string;
+  role: Role;
+  createdAt: string;
+  lastUsedAt: string | null;
+  revokedAt: string | null;
+}
+
+export async function tokenList(sql: Sql): Promise<TokenInfo[]> {
+  return sql<TokenInfo[]>`
+    select t.id::int as id, u.name as user, u.role, t.created_at as "createdAt",
+           t.last_used_at as "lastUsedAt", t.revoked_at as "revokedAt"
+    from api_tokens t join users u on u.id = t.user_id
+    order by t.id`;
+}
+
+/** The principal a bearer token stands for, or undefined for a malformed, unknown or revoked token. */
+export async function tokenAuthenticate(sql: Sql, token: string): Promise<Principal | undefined> {
+  if (!TOKEN_SHAPE.test(token)) return undefined;
+  const [row] = await sql<(Principal & { tokenId: number; stale: boolean })[]>`
+    select u.id::int as "userId", u.name, u.role, t.id::int as "tokenId",
+           (t.last_used_at is null or t.last_used_at < now() - interval '1 minute') as stale
+    from api_tokens t join users u on u.id = t.user_id
+    where t.token_hash = ${hashToken(token)} and t.revoked_at is null`;
+  if (!row) return undefined;
+  if (row.stale) {
+    // Coarse bookkeeping, at most once a minute per token; a failure here must not fail the request.
+    sql`update api_tokens set last_used_at = now() where id = ${row.tokenId}`.catch(() => {});
+  }
+  return { userId: row.userId, name: row.name, role: row.role };
+}

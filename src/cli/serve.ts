@@ -1,0 +1,105 @@
+// `assay api | worker | all`: long-running processes with a graceful shutdown.
+import closeWithGrace from "close-with-grace";
+import { tokenCreate } from "../auth/tokens.ts";
+import type { Config } from "../config.ts";
+import { expectedMigrationCount } from "../db/migrate.ts";
+import { openDatabase } from "../db/open.ts";
+import { buildServer } from "../http/server.ts";
+import { createLogger } from "../log.ts";
+import { LocalStorage } from "../storage/local.ts";
+import { need, parse, UsageError } from "./usage.ts";
+
+const HELP = {
+  api: `Usage: assay api [--dev-token]
+
+Serves the HTTP API on $HOST:$PORT. Never runs analysis processes.
+  --dev-token   create an admin token for user "dev" and print it with a curl example`,
+  worker: `Usage: assay worker [--concurrency N]
+
+Runs a worker: it claims analysis runs from the queue and executes them.
+  --concurrency N   analysis processes this worker runs at once (default 4)`,
+  all: `Usage: assay all [--concurrency N] [--dev-token]
+
+API and worker in one process, for development (\`make dev\`).
+  --concurrency N   analysis processes the worker runs at once (default 4)
+  --dev-token       create an admin token for user "dev" and print it with a curl example`,
+} as const;
+
+/** Bounded total shutdown time; a second signal exits at once. */
+const SHUTDOWN_TIMEOUT_MS = 30_000;
+/** Partial uploads older than this are what a killed process left behind. */
+const PARTIAL_UPLOAD_MAX_AGE_MS = 60 * 60 * 1000;
+
+export async function serveCommand(
+  mode: "api" | "worker" | "all",
+  argv: string[],
+  config: Config | undefined,
+): Promise<number> {
+  const { values } = parse({
+    args: argv,
+    options: {
+      help: { type: "boolean", short: "h" },
+      ...(mode === "api" ? {} : { concurrency: { type: "string" as const } }),
+      ...(mode === "worker" ? {} : { "dev-token": { type: "boolean" as const } }),
+    },
+  });
+  if (values.help) {
+    console.log(HELP[mode]);
+    return 0;
+  }
+  const concurrency = Number((values as { concurrency?: string }).concurrency ?? 4);
+  if (!Number.isInteger(concurrency) || concurrency < 1 || concurrency > 256) {
+    throw new UsageError("--concurrency must be an integer from 1 to 256");
+  }
+  const cfg = need(config);
+  const logger = createLogger({ level: cfg.logLevel, pretty: cfg.logFormat === "pretty" });
+  const database = await openDatabase(cfg, logger, { applicationName: `assay-${mode}` });
+  const storage = new LocalStorage(cfg.dataDir);
+  const swept = await storage.sweepPartials(PARTIAL_UPLOAD_MAX_AGE_MS);
+  if (swept > 0) logger.info({ swept }, "removed partial uploads left by an earlier process");
+
+  const server =
+    mode === "worker"
+      ? undefined
+      : await buildServer(
+          { config: cfg, database, storage, expectedMigrations: expectedMigrationCount() },
+          logger,
+        );
+  const closer = closeWithGrace({ delay: SHUTDOWN_TIMEOUT_MS, logger }, async ({ signal, err }) => {
+    if (err) logger.error({ err }, "shutting down after an unexpected error");
+    else logger.info({ signal }, "shutting down");
+    await server?.close();
+    await database.close();
+    logger.info("stopped");
+  });
+  try {
+    if (server) await server.listen({ host: cfg.host, port: cfg.port });
+  } catch (err) {
+    logger.error({ err }, "could not listen");
+    closer.uninstall();
+    await database.close();
+    return 1;
+  }
+  if (mode !== "api") {
+    // The worker loop (claims, leases, the reaper) is built by the queue issue; until then a
+    // worker process starts, connects and shuts down cleanly but claims nothing.
+    logger.info({ concurrency }, "worker started (queue not yet available: claims nothing)");
+  }
+  if ((values as { "dev-token"?: boolean })["dev-token"] && server) {
+    const { token } = await tokenCreate(database.sql, "dev", "admin");
+    const address = `http://${cfg.host}:${(server.server.address() as { port: number }).port}`;
+    console.log(
+      [
+        "",
+        `Assay is listening on ${address}  (docs: ${address}/docs)`,
+        "Development token (user dev, admin):",
+        `  export ASSAY_TOKEN=${token}`,
+        "Try:",
+        `  curl -s -H "Authorization: Bearer $ASSAY_TOKEN" -F file=@data.csv ${address}/api/files`,
+        "",
+      ].join("\n"),
+    );
+  }
+  // Keeps running until a signal; close-with-grace exits the process when shutdown is done.
+  return new Promise<number>(() => {});
+}

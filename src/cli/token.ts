@@ -1,0 +1,89 @@
+import { ROLES, type Role, tokenCreate, tokenList, tokenRevoke } from "../auth/tokens.ts";
+import type { Config } from "../config.ts";
+import { isoTime } from "../db/client.ts";
+import { openDatabase } from "../db/open.ts";
+import { createLogger } from "../log.ts";
+import { need, parse, UsageError } from "./usage.ts";
+
+const HELP = `Usage:
+  assay token create --user <name> [--role admin|user]
+      Creates the user if needed (role defaults to user; --role changes an existing user's role)
+      and prints a new token as the last line of stdout. The token is shown only this once.
+  assay token revoke <id>
+      Revokes a token; requests with it get 401 from then on.
+  assay token list
+      Lists tokens (id, user, role, created, last used, revoked); never the secrets.`;
+
+async function withDatabase<T>(
+  config: Config,
+  fn: (db: Awaited<ReturnType<typeof openDatabase>>) => Promise<T>,
+) {
+  // Quiet: the token must be the last line of stdout, and logs go to stderr here.
+  const logger = createLogger({ level: "warn", destination: process.stderr });
+  const database = await openDatabase(config, logger, { max: 2 });
+  try {
+    return await fn(database);
+  } finally {
+    await database.close();
+  }
+}
+
+export async function tokenCommand(argv: string[], config: Config | undefined): Promise<number> {
+  const [sub, ...rest] = argv;
+  const { values, positionals } = parse({
+    args: rest,
+    allowPositionals: true,
+    options: {
+      user: { type: "string" },
+      role: { type: "string" },
+      help: { type: "boolean", short: "h" },
+    },
+  });
+  if (values.help || !sub || sub === "--help" || sub === "-h") {
+    console.log(HELP);
+    return sub || values.help ? 0 : 2;
+  }
+  switch (sub) {
+    case "create": {
+      const user = values.user?.trim();
+      if (!user) throw new UsageError("token create needs --user <name>");
+      if (user.length > 100) throw new UsageError("--user must be at most 100 characters");
+      if (values.role !== undefined && !ROLES.includes(values.role as Role)) {
+        throw new UsageError(`--role must be one of ${ROLES.join(", ")}`);
+      }
+      const created = await withDatabase(need(config), (db) =>
+        tokenCreate(db.sql, user, values.role as Role | undefined),
+      );
+      console.log(
+        `token ${created.tokenId} for user ${user} (role ${created.role}); store it now, it is not shown again:`,
+      );
+      console.log(created.token);
+      return 0;
+    }
+    case "revoke": {
+      const id = positionals[0];
+      if (!id || !/^[1-9][0-9]{0,14}$/.test(id))
+        throw new UsageError("token revoke needs a numeric token id");
+      const revoked = await withDatabase(need(config), (db) => tokenRevoke(db.sql, Number(id)));
+      if (!revoked) {
+        console.error(`assay: no live token with id ${id}`);
+        return 1;
+      }
+      console.log(`token ${id} revoked`);
+      return 0;
+    }
+    case "list": {
+      const tokens = await withDatabase(need(config), (db) => tokenList(db.sql));
+      console.log(["id", "user", "role", "created", "last used", "revoked"].join("\t"));
+      for (const t of tokens) {
+        const when = (d: string | null) => (d ? isoTime(d) : "-");
+        console.log(
+          [t.id, t.user, t.role, when(t.createdAt), when(t.lastUsedAt), when(t.revokedAt)].join("\t"),
+        );
+      }
+      return 0;
+    }
+    default:
+      throw new UsageError(`unknown token command: ${sub}\n\n${HELP}`);
+  }
+}

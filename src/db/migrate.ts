@@ -1,0 +1,44 @@
+// Applies migrations/ with drizzle's migrator. Serialised across processes by an advisory lock,
+// so several instances starting at once do not race over the same migration.
+import fs from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { drizzle } from "drizzle-orm/postgres-js";
+import { migrate } from "drizzle-orm/postgres-js/migrator";
+import postgres from "postgres";
+
+export const MIGRATIONS_DIR = path.resolve(
+  path.dirname(fileURLToPath(import.meta.url)),
+  "..",
+  "..",
+  "migrations",
+);
+/** Arbitrary, fixed: the advisory lock key that serialises migrators. */
+const MIGRATION_LOCK_KEY = 0x61737361; // "assa"
+
+/** Number of migrations the code expects to be applied. */
+export function expectedMigrationCount(): number {
+  const journal = JSON.parse(fs.readFileSync(path.join(MIGRATIONS_DIR, "meta", "_journal.json"), "utf8")) as {
+    entries: unknown[];
+  };
+  return journal.entries.length;
+}
+
+export async function runMigrations(url: string): Promise<void> {
+  const sql = postgres(url, { max: 1, onnotice: () => {} });
+  try {
+    await sql`select pg_advisory_lock(${MIGRATION_LOCK_KEY})`;
+    await migrate(drizzle(sql), { migrationsFolder: MIGRATIONS_DIR });
+  } finally {
+    await sql.end({ timeout: 5 });
+  }
+}
+
+/** How many migrations the database has applied (0 when it has never been migrated). */
+export async function appliedMigrationCount(sql: postgres.Sql): Promise<number> {
+  // Two statements: a query naming a missing table fails to parse, whatever its CASE says.
+  const [exists] = await sql`select to_regclass('drizzle.__drizzle_migrations') is not null as ok`;
+  if (!exists?.ok) return 0;
+  const [row] = await sql<{ n: number }[]>`select count(*)::int as n from drizzle.__drizzle_migrations`;
+  return row?.n ?? 0;
+}

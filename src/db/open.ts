@@ -1,0 +1,47 @@
+// Resolves the database a process uses: DATABASE_URL when set, else the embedded cluster under
+// $ASSAY_DATA_DIR/pg (started or attached to, migrated, and stopped on close when we started it).
+import path from "node:path";
+import type { Config } from "../config.ts";
+import type { Logger } from "../log.ts";
+import { createDatabase, type Database, type PoolOptions } from "./client.ts";
+import { type EmbeddedPostgres, startEmbeddedPostgres } from "./embedded.ts";
+import { runMigrations } from "./migrate.ts";
+
+export interface OpenedDatabase extends Database {
+  readonly url: string;
+  readonly embedded: boolean;
+}
+
+export async function openDatabase(
+  config: Config,
+  logger: Logger,
+  options: PoolOptions & { migrate?: boolean } = {},
+): Promise<OpenedDatabase> {
+  let embedded: EmbeddedPostgres | undefined;
+  let url = config.databaseUrl;
+  if (!url) {
+    embedded = await startEmbeddedPostgres({
+      dataDir: path.join(config.dataDir, "pg"),
+      persistent: true,
+      log: (message) => logger.info(message),
+    });
+    url = embedded.url;
+  }
+  try {
+    // The embedded database is ours to keep current; an external one is migrated by `assay migrate`.
+    if (embedded || options.migrate) await runMigrations(url);
+  } catch (err) {
+    await embedded?.stop();
+    throw err;
+  }
+  const database = createDatabase(url, options);
+  return {
+    ...database,
+    url,
+    embedded: embedded !== undefined,
+    close: async () => {
+      await database.close();
+      await embedded?.stop();
+    },
+  };
+}

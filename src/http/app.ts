@@ -1,0 +1,64 @@
+// The HTTP application as a Fastify plugin (fastify/demo style): shared services are a typed
+// decorator, routes only validate and delegate.
+import multipart from "@fastify/multipart";
+import swagger from "@fastify/swagger";
+import swaggerUi from "@fastify/swagger-ui";
+import type { FastifyInstance } from "fastify";
+import type { Config } from "../config.ts";
+import type { Database } from "../db/client.ts";
+import type { LocalStorage } from "../storage/local.ts";
+import { requireBearer } from "./auth.ts";
+import { errorHandler } from "./error-handler.ts";
+import { ApiError } from "./errors.ts";
+import { fileRoutes } from "./routes/files.ts";
+import { healthRoutes } from "./routes/health.ts";
+import { ErrorBody } from "./schemas.ts";
+
+export interface Services {
+  config: Config;
+  database: Database;
+  storage: LocalStorage;
+  /** Migrations the code expects; /readyz compares the database against it. */
+  expectedMigrations: number;
+}
+
+declare module "fastify" {
+  interface FastifyInstance {
+    services: Services;
+  }
+}
+
+export async function app(fastify: FastifyInstance, opts: { services: Services }) {
+  fastify.decorate("services", opts.services);
+  fastify.decorateRequest("principal", undefined);
+  fastify.addSchema(ErrorBody);
+
+  await fastify.register(swagger, {
+    openapi: {
+      info: {
+        title: "Assay",
+        description: "Runs whitelisted analysis programs over uploaded data files.",
+        version: "0.1.0",
+      },
+      components: { securitySchemes: { bearer: { type: "http", scheme: "bearer" } } },
+    },
+  });
+  await fastify.register(swaggerUi, { routePrefix: "/docs" });
+  await fastify.register(multipart, {
+    limits: { fileSize: opts.services.config.maxUploadBytes, files: 1, fields: 10, parts: 20 },
+  });
+
+  fastify.setErrorHandler(errorHandler);
+  fastify.setNotFoundHandler(() => {
+    throw new ApiError(404, "NOT_FOUND");
+  });
+
+  await fastify.register(healthRoutes);
+  await fastify.register(
+    async (api) => {
+      requireBearer(api);
+      await api.register(fileRoutes);
+    },
+    { prefix: "/api" },
+  );
+}

@@ -1,0 +1,43 @@
+// Turns anything thrown in a request into the error envelope. Public text comes only from
+// PUBLIC_MESSAGES or an ApiError's deliberate detail; the cause goes to the log.
+import type { FastifyError, FastifyReply, FastifyRequest } from "fastify";
+import { PayloadTooLargeError } from "../storage/local.ts";
+import { ApiError, type ErrorCode, PUBLIC_MESSAGES } from "./errors.ts";
+
+const TOO_LARGE = new Set(["FST_ERR_CTP_BODY_TOO_LARGE", "FST_REQ_FILE_TOO_LARGE", "FST_FILES_LIMIT"]);
+const BAD_JSON = new Set(["FST_ERR_CTP_INVALID_JSON_BODY", "FST_ERR_CTP_EMPTY_JSON_BODY"]);
+
+function classify(err: FastifyError): { status: number; code: ErrorCode; message: string } {
+  if (err instanceof ApiError) return { status: err.statusCode, code: err.code, message: err.publicMessage };
+  if (err.validation) {
+    // Fastify's message names the field, e.g. "body/analysisType must be string".
+    return { status: 400, code: "VALIDATION_FAILED", message: err.message };
+  }
+  if (err instanceof PayloadTooLargeError || TOO_LARGE.has(err.code)) {
+    return { status: 413, code: "PAYLOAD_TOO_LARGE", message: PUBLIC_MESSAGES.PAYLOAD_TOO_LARGE };
+  }
+  if (err.code === "FST_INVALID_MULTIPART_CONTENT_TYPE") {
+    return {
+      status: 400,
+      code: "VALIDATION_FAILED",
+      message: "The request must be multipart/form-data with a `file` part.",
+    };
+  }
+  if (err.code === "FST_ERR_CTP_INVALID_MEDIA_TYPE") {
+    return { status: 415, code: "UNSUPPORTED_MEDIA_TYPE", message: PUBLIC_MESSAGES.UNSUPPORTED_MEDIA_TYPE };
+  }
+  if (BAD_JSON.has(err.code) || (err instanceof SyntaxError && err.statusCode === 400)) {
+    return { status: 400, code: "INVALID_JSON", message: PUBLIC_MESSAGES.INVALID_JSON };
+  }
+  const status = err.statusCode ?? 500;
+  if (status >= 400 && status < 500)
+    return { status, code: "BAD_REQUEST", message: PUBLIC_MESSAGES.BAD_REQUEST };
+  return { status: 500, code: "INTERNAL_ERROR", message: PUBLIC_MESSAGES.INTERNAL_ERROR };
+}
+
+export function errorHandler(err: FastifyError, request: FastifyRequest, reply: FastifyReply) {
+  const { status, code, message } = classify(err);
+  if (status >= 500) request.log.error({ err }, "request failed");
+  else request.log.info({ code, cause: err.message }, "request rejected");
+  return reply.status(status).send({ code, message });
+}

@@ -1,0 +1,31 @@
+// Error codes and their public messages. A response carries only the stable message of its code;
+// the cause is logged, never returned.
+export const PUBLIC_MESSAGES = {
+  VALIDATION_FAILED: "The request is invalid.",
+  INVALID_JSON: "The request body is not valid JSON.",
+  BAD_REQUEST: "The request could not be processed.",
+  UNAUTHORIZED: "A valid bearer token is required.",
+  NOT_FOUND: "No such route.",
+  FILE_NOT_FOUND: "The file does not exist.",
+  PAYLOAD_TOO_LARGE: "The upload exceeds the size limit.",
+  UNSUPPORTED_MEDIA_TYPE: "The content type is not supported.",
+  NOT_READY: "The service is not ready.",
+  INTERNAL_ERROR: "An internal error occurred.",
+} as const;
+
+export type ErrorCode = keyof typeof PUBLIC_MESSAGES;
+
+export class ApiError extends Error {
+  constructor(
+    readonly statusCode: number,
+    readonly code: ErrorCode,
+    /** Public detail; defaults to the code's stable message. Never put a cause here. */
+    readonly publicMessage: string = PUBLIC_MESSAGES[code],
+  ) {
+    super(`${code}: ${publicMessage}`);
+    this.name = "ApiError";
+  }
+}
+
+export const notFound = (code: "FILE_NOT_FOUND" | "NOT_FOUND") => new ApiError(404, code);
+export const validationFailed = (detail: string) => new ApiError(400, "VALIDATION_FAILED", detail);

@@ -1,0 +1,72 @@
+import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
+import { Type } from "typebox";
+import { fileCreate, fileGet, sanitizeFileName } from "../../files/files.ts";
+import { principalOf } from "../auth.ts";
+import { ApiError, notFound } from "../errors.ts";
+import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok } from "../schemas.ts";
+
+const FileBody = Type.Object({
+  fileId: Type.String(),
+  name: Type.String(),
+  contentType: Type.String(),
+  sizeBytes: Type.Integer(),
+  sha256: Type.String(),
+  createdAt: Type.String({ format: "date-time" }),
+});
+
+export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  app.post(
+    "/files",
+    {
+      schema: {
+        summary: "Upload a data file (multipart/form-data, field `file`)",
+        tags: ["files"],
+        consumes: ["multipart/form-data"],
+        security: [{ bearer: [] }],
+        response: { 201: Envelope(FileBody), ...errorResponses },
+      },
+    },
+    async (request, reply) => {
+      const { database, storage, config } = app.services;
+      const part = await request.file();
+      if (part?.fieldname !== "file") {
+        // Drain whatever part arrived so the connection can be reused.
+        part?.file.resume();
+        throw new ApiError(400, "VALIDATION_FAILED", "The request must carry a `file` part.");
+      }
+      const staged = await storage.stage(part.file, config.maxUploadBytes);
+      // @fastify/multipart truncates at its own limit instead of erroring in some paths.
+      if (part.file.truncated) {
+        await staged.discard();
+        throw new ApiError(413, "PAYLOAD_TOO_LARGE");
+      }
+      const record = await fileCreate(database.sql, storage, principalOf(request), staged, {
+        name: sanitizeFileName(part.filename),
+        contentType: part.mimetype || "application/octet-stream",
+      });
+      request.log.info({ fileId: record.fileId, sizeBytes: record.sizeBytes }, "file uploaded");
+      return reply.status(201).send(ok(record, "File uploaded"));
+    },
+  );
+
+  app.get(
+    "/files/:fileId",
+    {
+      schema: {
+        summary: "File metadata (owner or admin)",
+        tags: ["files"],
+        security: [{ bearer: [] }],
+        params: Type.Object({ fileId: IdParam }),
+        response: { 200: Envelope(FileBody), 401: ErrorBody, 404: ErrorBody },
+      },
+    },
+    async (request) => {
+      const { fileId } = request.params;
+      const record = isId(fileId)
+        ? await fileGet(app.services.database.sql, principalOf(request), fileId)
+        : undefined;
+      if (!record) throw notFound("FILE_NOT_FOUND");
+      return ok(record);
+    },
+  );
+};

@@ -1,0 +1,31 @@
+// Shared TypeBox schemas of the HTTP API (the same schemas validate requests, shape responses and
+// generate the OpenAPI document at /docs).
+import { type TSchema, Type } from "typebox";
+
+export const ErrorBody = Type.Object(
+  { code: Type.String(), message: Type.String() },
+  { $id: "ErrorBody", description: "Every error: a stable code and a stable public message." },
+);
+
+export function Envelope<T extends TSchema>(data: T) {
+  return Type.Object({ code: Type.Literal("OK"), message: Type.String(), data });
+}
+
+export function ok<T>(data: T, message = "OK") {
+  return { code: "OK" as const, message, data };
+}
+
+/** Ids are strings of digits; anything else is a 404, never a 500 (checked in the handler). */
+export const IdParam = Type.String({ description: "A decimal id" });
+
+const ID_SHAPE = /^[1-9][0-9]{0,14}$/;
+/** True for an id that can exist: decimal, no leading zero, below 2^53 for sure. */
+export const isId = (s: string) => ID_SHAPE.test(s);
+
+export const errorResponses = {
+  400: ErrorBody,
+  401: ErrorBody,
+  404: ErrorBody,
+  413: ErrorBody,
+  500: ErrorBody,
+};

@@ -1,0 +1,27 @@
+// Builds the Fastify instance around the app plugin. Tests use it with `inject`; `assay api`
+// listens with it.
+import { randomUUID } from "node:crypto";
+import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
+import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
+import fp from "fastify-plugin";
+import type { Logger } from "../log.ts";
+import { app, type Services } from "./app.ts";
+
+/** JSON bodies are small; uploads are multipart and limited by ASSAY_MAX_UPLOAD_BYTES instead. */
+const JSON_BODY_LIMIT = 1024 * 1024;
+
+export async function buildServer(services: Services, logger: Logger): Promise<FastifyInstance> {
+  const fastify = Fastify({
+    loggerInstance: logger as FastifyBaseLogger,
+    bodyLimit: JSON_BODY_LIMIT,
+    genReqId: (req) => {
+      const given = req.headers["x-request-id"];
+      return typeof given === "string" && /^[\w.-]{1,64}$/.test(given) ? given : randomUUID();
+    },
+    ajv: { customOptions: { removeAdditional: false, coerceTypes: "array", useDefaults: true } },
+    return503OnClosing: true,
+  });
+  await fastify.withTypeProvider<TypeBoxTypeProvider>().register(fp(app), { services });
+  await fastify.ready();
+  return fastify;
+}

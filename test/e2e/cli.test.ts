@@ -1,0 +1,142 @@
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import { cleanEnv, collect, runCli, spawnCli, watch } from "../helpers/cli.ts";
+import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
+
+let db: TestDatabase;
+let dataDir: string;
+before(async () => {
+  db = await createTestDatabase();
+  dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-cli-"));
+});
+after(async () => {
+  await db.drop();
+  fs.rmSync(dataDir, { recursive: true, force: true });
+});
+const env = (extra: Record<string, string> = {}) =>
+  cleanEnv({ DATABASE_URL: db.url, ASSAY_DATA_DIR: dataDir, ...extra });
+
+describe("help", { concurrency: true }, () => {
+  for (const args of [
+    ["--help"],
+    ["api", "--help"],
+    ["worker", "--help"],
+    ["all", "--help"],
+    ["migrate", "--help"],
+    ["token", "--help"],
+    ["token", "create", "--help"],
+    ["config", "--help"],
+  ]) {
+    test(`assay ${args.join(" ")} prints usage and exits 0, even with a broken config`, async () => {
+      const res = await runCli(args, cleanEnv({ PORT: "nope" }));
+      assert.equal(res.code, 0, res.stderr);
+      assert.match(res.stdout, /Usage:/);
+    });
+  }
+
+  test("no command → usage on stdout, exit 2; unknown command → exit 2", async () => {
+    assert.equal((await runCli([], cleanEnv())).code, 2);
+    const res = await runCli(["frobnicate"], cleanEnv());
+    assert.equal(res.code, 2);
+    assert.match(res.stderr, /unknown command: frobnicate/);
+  });
+
+  test("`assay config` prints the settings table", async () => {
+    const res = await runCli(["config"], cleanEnv());
+    assert.equal(res.code, 0);
+    assert.match(res.stdout, /\| `ASSAY_MAX_UPLOAD_BYTES` \| `104857600` \|/);
+  });
+});
+
+describe("configuration errors", () => {
+  test("invalid config → exit 2 with one line per bad field", async () => {
+    const res = await runCli(["api"], cleanEnv({ PORT: "x", LOG_LEVEL: "loud" }));
+    assert.equal(res.code, 2);
+    const lines = res.stderr.trim().split("\n");
+    assert.equal(lines[0], "invalid configuration:");
+    assert.deepEqual(
+      lines.slice(1).map((l) => l.trim()),
+      [
+        'PORT="x": must be integer',
+        'LOG_LEVEL="loud": must be one of fatal, error, warn, info, debug, trace, silent',
+      ],
+    );
+  });
+
+  test("a bad option → exit 2 with the reason", async () => {
+    const res = await runCli(["worker", "--concurrency", "0"], env());
+    assert.equal(res.code, 2);
+    assert.match(res.stderr, /--concurrency must be an integer/);
+  });
+});
+
+describe("migrate", () => {
+  test("applies migrations to an empty database, and again is a no-op", async () => {
+    const empty = await createTestDatabase();
+    try {
+      await empty.sql`drop schema public cascade`;
+      await empty.sql`drop schema drizzle cascade`;
+      await empty.sql`create schema public`;
+      const first = await runCli(["migrate"], cleanEnv({ DATABASE_URL: empty.url }));
+      assert.equal(first.code, 0, first.stderr);
+      const [row] = await empty.sql`select to_regclass('public.files') is not null as ok`;
+      assert.equal(row?.ok, true);
+      const again = await runCli(["migrate"], cleanEnv({ DATABASE_URL: empty.url }));
+      assert.equal(again.code, 0, again.stderr);
+    } finally {
+      await empty.drop();
+    }
+  });
+
+  test("an unreachable database → non-zero exit with the cause", async () => {
+    const res = await runCli(["migrate"], cleanEnv({ DATABASE_URL: "postgres://x:y@127.0.0.1:1/none" }));
+    assert.notEqual(res.code, 0);
+    assert.match(res.stderr, /ECONNREFUSED|connect/i);
+  });
+});
+
+describe("token", () => {
+  test("create prints the token as the last stdout line; it authenticates; list hides it; revoke disables it", async () => {
+    const created = await runCli(["token", "create", "--user", "gina", "--role", "admin"], env());
+    assert.equal(created.code, 0, created.stderr);
+    const token = created.stdout.trim().split("\n").at(-1) ?? "";
+    assert.match(token, /^assay_[A-Za-z0-9_-]{43}$/);
+
+    const listed = await runCli(["token", "list"], env());
+    assert.equal(listed.code, 0, listed.stderr);
+    assert.match(listed.stdout, /\tgina\tadmin\t/);
+    assert.ok(!listed.stdout.includes(token));
+    const id = /^(\d+)\tgina/m.exec(listed.stdout)?.[1];
+    assert.ok(id);
+
+    const server = spawnCli(["api"], env({ PORT: "0", LOG_LEVEL: "info" }));
+    const out = watch(server);
+    const done = collect(server);
+    try {
+      const [, port] = await out.waitFor(/Server listening at http:\/\/127\.0\.0\.1:(\d+)/);
+      const get = (t: string) =>
+        fetch(`http://127.0.0.1:${port}/api/files/1`, { headers: { authorization: `Bearer ${t}` } });
+      assert.equal((await get(token)).status, 404, "a valid token reaches the handler");
+      const revoked = await runCli(["token", "revoke", id], env());
+      assert.equal(revoked.code, 0, revoked.stderr);
+      assert.equal((await get(token)).status, 401);
+    } finally {
+      server.kill("SIGTERM");
+    }
+    const exit = await done;
+    assert.equal(exit.code, 0, exit.stderr);
+    assert.ok(!exit.stdout.includes(token), "the token never appears in the server's logs");
+  });
+
+  test("bad arguments → exit 2", async () => {
+    assert.equal((await runCli(["token", "create"], env())).code, 2);
+    assert.equal((await runCli(["token", "create", "--user", "x", "--role", "root"], env())).code, 2);
+    assert.equal((await runCli(["token", "revoke", "abc"], env())).code, 2);
+    const missing = await runCli(["token", "revoke", "987654"], env());
+    assert.equal(missing.code, 1);
+    assert.match(missing.stderr, /no live token/);
+  });
+});

@@ -1,0 +1,83 @@
+// Runs the real CLI (`node bin/assay.js`) as a child process.
+import { type ChildProcess, spawn } from "node:child_process";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..");
+export const ASSAY_BIN = path.join(ROOT, "bin", "assay.js");
+
+export interface CliResult {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** The environment without anything that points the CLI at the developer's own setup. */
+export function cleanEnv(extra: Record<string, string | undefined> = {}): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = { ...process.env };
+  for (const k of Object.keys(env)) {
+    if (k.startsWith("ASSAY_") || ["DATABASE_URL", "PORT", "HOST", "LOG_LEVEL", "LOG_FORMAT"].includes(k))
+      delete env[k];
+  }
+  for (const [k, v] of Object.entries(extra)) if (v !== undefined) env[k] = v;
+  return env;
+}
+
+export function spawnCli(args: string[], env: NodeJS.ProcessEnv): ChildProcess {
+  return spawn(process.execPath, [ASSAY_BIN, ...args], { env, cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
+}
+
+export function runCli(args: string[], env: NodeJS.ProcessEnv): Promise<CliResult> {
+  const child = spawnCli(args, env);
+  return collect(child);
+}
+
+export function collect(child: ChildProcess): Promise<CliResult> {
+  let stdout = "";
+  let stderr = "";
+  child.stdout?.on("data", (c: Buffer) => (stdout += c.toString()));
+  child.stderr?.on("data", (c: Buffer) => (stderr += c.toString()));
+  return new Promise((resolve) =>
+    child.on("close", (code, signal) => resolve({ code, signal, stdout, stderr })),
+  );
+}
+
+/** Everything `child` printed on stdout so far, and a way to wait for a pattern in it. */
+export interface Watched {
+  readonly stdout: () => string;
+  /** Resolves with the first match of `pattern` in all stdout so far, or rejects when the process ends first. */
+  waitFor(pattern: RegExp): Promise<RegExpExecArray>;
+}
+
+export function watch(child: ChildProcess): Watched {
+  let buffer = "";
+  let ended = false;
+  const waiters = new Set<() => void>();
+  child.stdout?.on("data", (chunk: Buffer) => {
+    buffer += chunk.toString();
+    for (const w of waiters) w();
+  });
+  child.on("close", () => {
+    ended = true;
+    for (const w of waiters) w();
+  });
+  return {
+    stdout: () => buffer,
+    waitFor: (pattern) =>
+      new Promise((resolve, reject) => {
+        const check = () => {
+          const match = pattern.exec(buffer);
+          if (match) {
+            waiters.delete(check);
+            resolve(match);
+          } else if (ended) {
+            waiters.delete(check);
+            reject(new Error(`process exited before printing ${pattern}:\n${buffer}`));
+          }
+        };
+        waiters.add(check);
+        check();
+      }),
+  };
+}

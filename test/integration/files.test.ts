@@ -1,0 +1,144 @@
+import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
+import fs from "node:fs";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import { bearer, multipart, startTestApp, type TestApp } from "../helpers/app.ts";
+
+const LIMIT = 64 * 1024;
+let t: TestApp;
+let alice: string;
+let bob: string;
+let admin: string;
+
+before(async () => {
+  t = await startTestApp({ ASSAY_MAX_UPLOAD_BYTES: String(LIMIT) });
+  [alice, bob, admin] = await Promise.all([t.token("alice"), t.token("bob"), t.token("root", "admin")]);
+});
+after(() => t.close());
+
+async function upload(token: string, content: Buffer | string, filename = "data.csv") {
+  const { payload, headers } = multipart("file", content, filename);
+  return t.app.inject({
+    method: "POST",
+    url: "/api/files",
+    payload,
+    headers: { ...headers, ...bearer(token) },
+  });
+}
+
+const filesOnDisk = () => fs.readdirSync(path.join(t.config.dataDir, "files")).sort();
+const partials = () => fs.readdirSync(path.join(t.config.dataDir, ".partial"));
+const fileRows = async () => (await t.db.sql`select count(*)::int as n from files`)[0]?.n as number;
+
+describe("POST /api/files", () => {
+  test("stores the upload under its id with size and sha256, and GET returns the same metadata", async () => {
+    const content = "a,b\n1,2\n3,4\n";
+    const res = await upload(alice, content);
+    assert.equal(res.statusCode, 201);
+    const body = res.json();
+    assert.equal(body.code, "OK");
+    assert.match(body.data.fileId, /^[1-9][0-9]*$/);
+    assert.equal(body.data.name, "data.csv");
+    assert.equal(body.data.sizeBytes, Buffer.byteLength(content));
+    assert.equal(body.data.sha256, createHash("sha256").update(content).digest("hex"));
+    assert.ok(!Number.isNaN(Date.parse(body.data.createdAt)));
+    const stored = fs.readFileSync(path.join(t.config.dataDir, "files", body.data.fileId), "utf8");
+    assert.equal(stored, content);
+
+    const got = await t.app.inject({ url: `/api/files/${body.data.fileId}`, headers: bearer(alice) });
+    assert.equal(got.statusCode, 200);
+    assert.deepEqual(got.json().data, body.data);
+  });
+
+  test("a path in the file name is metadata only: stored by id, returned as its base name", async () => {
+    for (const [given, expected] of [
+      ["../../etc/passwd", "passwd"],
+      ["..\\..\\windows\\win.ini", "win.ini"],
+      ["..", "upload"],
+      ["evil\u0000name.csv", "evilname.csv"],
+    ] as const) {
+      const res = await upload(alice, "x,y\n1,2\n", given);
+      assert.equal(res.statusCode, 201, given);
+      const { fileId, name } = res.json().data;
+      assert.equal(name, expected);
+      assert.ok(fs.existsSync(path.join(t.config.dataDir, "files", fileId)));
+    }
+    assert.ok(!fs.existsSync(path.join(t.config.dataDir, "etc")));
+    assert.ok(filesOnDisk().every((n) => /^[0-9]+$/.test(n)));
+  });
+
+  test("over ASSAY_MAX_UPLOAD_BYTES → 413, nothing on disk or in the database", async () => {
+    const before = { rows: await fileRows(), files: filesOnDisk() };
+    const res = await upload(alice, Buffer.alloc(LIMIT + 1, 97));
+    assert.equal(res.statusCode, 413);
+    assert.deepEqual(res.json(), {
+      code: "PAYLOAD_TOO_LARGE",
+      message: "The upload exceeds the size limit.",
+    });
+    assert.equal(await fileRows(), before.rows);
+    assert.deepEqual(filesOnDisk(), before.files);
+    assert.deepEqual(partials(), []);
+    // Exactly at the limit is fine.
+    assert.equal((await upload(alice, Buffer.alloc(LIMIT, 97))).statusCode, 201);
+  });
+
+  test("a request without the `file` part → 400", async () => {
+    const { payload, headers } = multipart("other", "a,b\n");
+    const res = await t.app.inject({
+      method: "POST",
+      url: "/api/files",
+      payload,
+      headers: { ...headers, ...bearer(alice) },
+    });
+    assert.equal(res.statusCode, 400);
+    assert.equal(res.json().code, "VALIDATION_FAILED");
+  });
+
+  test("a body that is not multipart → 400", async () => {
+    const res = await t.app.inject({
+      method: "POST",
+      url: "/api/files",
+      payload: { file: "x" },
+      headers: bearer(alice),
+    });
+    assert.equal(res.statusCode, 400);
+    assert.equal(res.json().code, "VALIDATION_FAILED");
+  });
+
+  test("without a token → 401 and nothing stored", async () => {
+    const rows = await fileRows();
+    const { payload, headers } = multipart("file", "a\n1\n");
+    const res = await t.app.inject({ method: "POST", url: "/api/files", payload, headers });
+    assert.equal(res.statusCode, 401);
+    assert.equal(await fileRows(), rows);
+  });
+});
+
+describe("GET /api/files/:fileId", () => {
+  test("owner and admin see it; another user gets 404 FILE_NOT_FOUND", async () => {
+    const fileId = (await upload(alice, "a\n1\n")).json().data.fileId;
+    assert.equal(
+      (await t.app.inject({ url: `/api/files/${fileId}`, headers: bearer(alice) })).statusCode,
+      200,
+    );
+    assert.equal(
+      (await t.app.inject({ url: `/api/files/${fileId}`, headers: bearer(admin) })).statusCode,
+      200,
+    );
+    const other = await t.app.inject({ url: `/api/files/${fileId}`, headers: bearer(bob) });
+    assert.equal(other.statusCode, 404);
+    assert.deepEqual(other.json(), { code: "FILE_NOT_FOUND", message: "The file does not exist." });
+  });
+
+  test("missing, non-numeric and absurd ids are 404, never 500", async () => {
+    for (const id of ["999999", "abc", "0", "-1", "1.5", "01", "9".repeat(40), "1%20OR%201=1", "%00"]) {
+      const res = await t.app.inject({ url: `/api/files/${id}`, headers: bearer(alice) });
+      assert.equal(res.statusCode, 404, id);
+      assert.equal(res.json().code, "FILE_NOT_FOUND", id);
+    }
+    // A dot-dot id resolves to another path altogether: still a plain 404.
+    const dots = await t.app.inject({ url: "/api/files/%2e%2e", headers: bearer(alice) });
+    assert.equal(dots.statusCode, 404);
+  });
+});

@@ -1,0 +1,178 @@
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { hashToken, tokenCreate, tokenRevoke } from "../../src/auth/tokens.ts";
+import { createDatabase } from "../../src/db/client.ts";
+import { expectedMigrationCount } from "../../src/db/migrate.ts";
+import { buildServer } from "../../src/http/server.ts";
+import { createLogger } from "../../src/log.ts";
+import { bearer, startTestApp, type TestApp } from "../helpers/app.ts";
+import { createTestDatabase } from "../helpers/db.ts";
+
+let t: TestApp;
+let alice: string;
+
+before(async () => {
+  t = await startTestApp();
+  alice = await t.token("alice");
+});
+after(() => t.close());
+
+describe("health", () => {
+  test("/healthz answers without auth", async () => {
+    const res = await t.app.inject({ url: "/healthz" });
+    assert.equal(res.statusCode, 200);
+    assert.deepEqual(res.json(), { code: "OK", message: "OK", data: { status: "ok" } });
+  });
+
+  test("/readyz is 200 on a migrated database", async () => {
+    const res = await t.app.inject({ url: "/readyz" });
+    assert.equal(res.statusCode, 200);
+    assert.equal(res.json().data.status, "ready");
+  });
+
+  test("/readyz is 503 on a database without migrations", async () => {
+    const db = await createTestDatabase();
+    try {
+      await db.sql`drop schema drizzle cascade`;
+      const app = await buildServer(
+        { config: t.config, database: db, storage: t.storage, expectedMigrations: expectedMigrationCount() },
+        createLogger({ level: "silent" }),
+      );
+      const res = await app.inject({ url: "/readyz" });
+      assert.equal(res.statusCode, 503);
+      assert.deepEqual(res.json(), { code: "NOT_READY", message: "The database is not migrated." });
+      await app.close();
+    } finally {
+      await db.drop();
+    }
+  });
+
+  test("/readyz is 503 when the database is unreachable", async () => {
+    const database = createDatabase("postgres://nobody:x@127.0.0.1:1/none", { max: 1 });
+    const app = await buildServer(
+      { config: t.config, database, storage: t.storage, expectedMigrations: expectedMigrationCount() },
+      createLogger({ level: "silent" }),
+    );
+    const res = await app.inject({ url: "/readyz" });
+    assert.equal(res.statusCode, 503);
+    assert.equal(res.json().code, "NOT_READY");
+    await app.close();
+    await database.close();
+  });
+});
+
+describe("errors", () => {
+  test("unknown route → 404 NOT_FOUND in the envelope", async () => {
+    const res = await t.app.inject({ url: "/no/such/route" });
+    assert.equal(res.statusCode, 404);
+    assert.deepEqual(res.json(), { code: "NOT_FOUND", message: "No such route." });
+  });
+
+  test("malformed JSON → 400 INVALID_JSON", async () => {
+    const res = await t.app.inject({
+      method: "POST",
+      url: "/api/files",
+      payload: "{not json",
+      headers: { "content-type": "application/json", ...bearer(alice) },
+    });
+    assert.equal(res.statusCode, 400);
+    assert.equal(res.json().code, "INVALID_JSON");
+  });
+
+  test("JSON body over the limit → 413 PAYLOAD_TOO_LARGE", async () => {
+    const res = await t.app.inject({
+      method: "POST",
+      url: "/api/files",
+      payload: JSON.stringify({ x: "y".repeat(2 * 1024 * 1024) }),
+      headers: { "content-type": "application/json", ...bearer(alice) },
+    });
+    assert.equal(res.statusCode, 413);
+    assert.equal(res.json().code, "PAYLOAD_TOO_LARGE");
+  });
+
+  test("unsupported content type → 415", async () => {
+    const res = await t.app.inject({
+      method: "POST",
+      url: "/api/files",
+      payload: "<x/>",
+      headers: { "content-type": "application/xml", ...bearer(alice) },
+    });
+    assert.equal(res.statusCode, 415);
+    assert.equal(res.json().code, "UNSUPPORTED_MEDIA_TYPE");
+  });
+
+  test("an unexpected failure → 500 INTERNAL_ERROR with no SQL or stack in the body, cause logged", async () => {
+    const db = await createTestDatabase();
+    const app = await buildServer(
+      { config: t.config, database: db, storage: t.storage, expectedMigrations: expectedMigrationCount() },
+      createLogger({ level: "silent" }),
+    );
+    try {
+      const { token } = await tokenCreate(db.sql, "x");
+      await db.sql`drop table files`;
+      const res = await app.inject({ url: "/api/files/1", headers: bearer(token) });
+      assert.equal(res.statusCode, 500);
+      assert.deepEqual(res.json(), { code: "INTERNAL_ERROR", message: "An internal error occurred." });
+      assert.doesNotMatch(res.body, /files|relation|select|at /i);
+    } finally {
+      await app.close();
+      await db.drop();
+    }
+  });
+
+  test("request ids: a sane X-Request-Id is kept in the logs, a hostile one replaced", async () => {
+    await t.app.inject({ url: "/healthz", headers: { "x-request-id": "req-123" } });
+    assert.ok(t.logs.some((l) => l.reqId === "req-123"));
+    await t.app.inject({ url: "/healthz", headers: { "x-request-id": "bad id\nforged" } });
+    assert.ok(!t.logs.some((l) => String(l.reqId).includes("forged")));
+  });
+});
+
+describe("auth", () => {
+  const cases: [string, Record<string, string>][] = [
+    ["missing", {}],
+    ["not bearer", { authorization: `Basic ${Buffer.from("a:b").toString("base64")}` }],
+    ["malformed", { authorization: "Bearer" }],
+    ["two tokens", { authorization: "Bearer a b" }],
+    ["unknown", { authorization: `Bearer assay_${"A".repeat(43)}` }],
+    ["garbage", { authorization: "Bearer ' OR 1=1 --" }],
+  ];
+  for (const [name, headers] of cases) {
+    test(`${name} token → 401 UNAUTHORIZED`, async () => {
+      const res = await t.app.inject({ url: "/api/files/1", headers });
+      assert.equal(res.statusCode, 401);
+      assert.deepEqual(res.json(), { code: "UNAUTHORIZED", message: "A valid bearer token is required." });
+    });
+  }
+
+  test("a revoked token → 401; the user's other tokens keep working", async () => {
+    const first = await t.token("carol");
+    const second = await t.token("carol");
+    const [row] = await t.db.sql`select id from api_tokens where token_hash = ${hashToken(first)}`;
+    assert.equal((await t.app.inject({ url: "/api/files/1", headers: bearer(first) })).statusCode, 404);
+    assert.equal(await tokenRevoke(t.db.sql, Number(row?.id)), true);
+    assert.equal((await t.app.inject({ url: "/api/files/1", headers: bearer(first) })).statusCode, 401);
+    assert.equal((await t.app.inject({ url: "/api/files/1", headers: bearer(second) })).statusCode, 404);
+  });
+
+  test("the Authorization header and the token never reach the logs", async () => {
+    await t.app.inject({ url: "/api/files/1", headers: bearer(alice) });
+    const all = JSON.stringify(t.logs);
+    assert.ok(!all.includes(alice));
+    assert.ok(!all.includes(alice.slice(6)));
+  });
+});
+
+describe("docs", () => {
+  test("OpenAPI is generated from the route schemas", async () => {
+    const res = await t.app.inject({ url: "/docs/json" });
+    assert.equal(res.statusCode, 200);
+    const doc = res.json();
+    assert.equal(doc.openapi.startsWith("3."), true);
+    assert.ok(doc.paths["/api/files"].post);
+    assert.ok(doc.paths["/api/files/{fileId}"].get);
+    assert.ok(doc.paths["/readyz"].get);
+    const ui = await t.app.inject({ url: "/docs" });
+    assert.ok([200, 302].includes(ui.statusCode));
+  });
+});

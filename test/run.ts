@@ -1,0 +1,92 @@
+// The test runner behind `make test`: one PostgreSQL for the whole run (DATABASE_URL when given,
+// else an embedded cluster in a temporary directory), one migrated template database, then
+// node:test over the given files, concurrently — each file clones its own database from the
+// template (test/helpers/db.ts). Fails when zero tests ran.
+//
+//   npx tsx test/run.ts test/unit/config.test.ts ...
+import { spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import postgres from "postgres";
+import { startEmbeddedPostgres } from "../src/db/embedded.ts";
+import { runMigrations } from "../src/db/migrate.ts";
+
+const files = process.argv.slice(2);
+if (files.length === 0) {
+  console.error("test/run.ts: no test files given");
+  process.exit(2);
+}
+
+const withDatabase = (url: string, name: string) => {
+  const u = new URL(url);
+  u.pathname = `/${name}`;
+  return u.toString();
+};
+
+const scratch = fs.mkdtempSync(path.join(os.tmpdir(), "assay-test-"));
+const embedded = process.env.DATABASE_URL
+  ? undefined
+  : await startEmbeddedPostgres({
+      dataDir: path.join(scratch, "pg"),
+      persistent: false,
+      // Throwaway data: durability settings off to keep the suite fast.
+      settings: { fsync: "off", synchronous_commit: "off", full_page_writes: "off", max_connections: 400 },
+    });
+const adminUrl = process.env.DATABASE_URL ?? (embedded?.adminUrl as string);
+const admin = postgres(adminUrl, { max: 1, onnotice: () => {} });
+const runId = randomBytes(4).toString("hex");
+const template = `assay_tpl_${runId}`;
+
+let exitCode = 1;
+try {
+  await admin`create database ${admin(template)}`;
+  await runMigrations(withDatabase(adminUrl, template));
+
+  const tapFile = path.join(scratch, "results.tap");
+  const concurrency = Math.max(2, os.availableParallelism());
+  const child = spawn(
+    process.execPath,
+    [
+      "--import",
+      "tsx",
+      "--test",
+      `--test-concurrency=${concurrency}`,
+      "--test-reporter=spec",
+      "--test-reporter-destination=stdout",
+      "--test-reporter=tap",
+      `--test-reporter-destination=${tapFile}`,
+      ...files,
+    ],
+    {
+      stdio: "inherit",
+      env: {
+        ...process.env,
+        ASSAY_TEST_ADMIN_URL: adminUrl,
+        ASSAY_TEST_TEMPLATE: template,
+        ASSAY_TEST_RUN: runId,
+      },
+    },
+  );
+  // Interrupted: stop the tests, then fall through to the cleanup below (no orphaned server).
+  for (const signal of ["SIGINT", "SIGTERM"] as const) process.on(signal, () => child.kill(signal));
+  const code = await new Promise<number>((resolve) => child.on("close", (c) => resolve(c ?? 1)));
+  const tap = fs.existsSync(tapFile) ? fs.readFileSync(tapFile, "utf8") : "";
+  const count = (name: string) => Number(new RegExp(`^# ${name} (\\d+)$`, "m").exec(tap)?.[1] ?? 0);
+  const [tests, pass, fail, skipped] = [count("tests"), count("pass"), count("fail"), count("skipped")];
+  console.log(`\n${pass} passed, ${fail} failed, ${skipped} skipped`);
+  if (tests === 0) console.error("test/run.ts: zero tests ran — that is a failure, not a pass");
+  exitCode = code === 0 && tests > 0 && fail === 0 ? 0 : 1;
+} finally {
+  // Databases a crashed test file could not drop, then the template.
+  const leftovers = await admin<{ datname: string }[]>`
+    select datname from pg_database where datname like ${`assay_t_${runId}_%`} or datname = ${template}`;
+  for (const { datname } of leftovers) {
+    await admin`drop database if exists ${admin(datname)} with (force)`.catch(() => {});
+  }
+  await admin.end({ timeout: 5 });
+  await embedded?.stop();
+  fs.rmSync(scratch, { recursive: true, force: true });
+}
+process.exit(exitCode);

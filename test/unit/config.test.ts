@@ -1,0 +1,76 @@
+import assert from "node:assert/strict";
+import path from "node:path";
+import { test } from "node:test";
+import { ConfigError, configTable, DEFAULT_MAX_UPLOAD_BYTES, loadConfig } from "../../src/config.ts";
+
+test("defaults", () => {
+  const c = loadConfig({});
+  assert.equal(c.databaseUrl, undefined);
+  assert.equal(c.host, "127.0.0.1");
+  assert.equal(c.port, 3000);
+  assert.equal(c.dataDir, path.resolve(".assay"));
+  assert.equal(c.logLevel, "info");
+  assert.equal(c.logFormat, "json");
+  assert.equal(c.maxUploadBytes, DEFAULT_MAX_UPLOAD_BYTES);
+  assert.equal(DEFAULT_MAX_UPLOAD_BYTES, 100 * 1024 * 1024);
+});
+
+test("values from the environment; empty strings count as unset", () => {
+  const c = loadConfig({
+    DATABASE_URL: "postgresql://u:p@db:5432/assay",
+    HOST: "0.0.0.0",
+    PORT: "8080",
+    ASSAY_DATA_DIR: "/srv/assay",
+    LOG_LEVEL: "debug",
+    LOG_FORMAT: "pretty",
+    ASSAY_MAX_UPLOAD_BYTES: "1024",
+  });
+  assert.deepEqual(
+    { ...c },
+    {
+      databaseUrl: "postgresql://u:p@db:5432/assay",
+      host: "0.0.0.0",
+      port: 8080,
+      dataDir: "/srv/assay",
+      logLevel: "debug",
+      logFormat: "pretty",
+      maxUploadBytes: 1024,
+    },
+  );
+  assert.equal(loadConfig({ PORT: "" }).port, 3000);
+});
+
+test("invalid values: one clear line per bad field", () => {
+  let error: unknown;
+  try {
+    loadConfig({
+      DATABASE_URL: "mysql://x",
+      PORT: "eighty",
+      LOG_LEVEL: "loud",
+      ASSAY_MAX_UPLOAD_BYTES: "0",
+      LOG_FORMAT: "xml",
+    });
+  } catch (err) {
+    error = err;
+  }
+  assert.ok(error instanceof ConfigError);
+  assert.deepEqual(error.problems, [
+    'DATABASE_URL="mysql://x": must be a postgres:// or postgresql:// URL',
+    'PORT="eighty": must be integer',
+    'LOG_LEVEL="loud": must be one of fatal, error, warn, info, debug, trace, silent',
+    'LOG_FORMAT="xml": must be one of json, pretty',
+    'ASSAY_MAX_UPLOAD_BYTES="0": must be >= 1',
+  ]);
+  assert.throws(() => loadConfig({ PORT: "70000" }), /PORT="70000"/);
+});
+
+test("the README's configuration table lists every field", async () => {
+  const { readFile } = await import("node:fs/promises");
+  const readme = await readFile(new URL("../../README.md", import.meta.url), "utf8");
+  // Compare cells, not spacing: the formatter aligns the README's table columns.
+  const cells = (line: string) => line.split("|").map((c) => c.trim()).join("|");
+  const rows = new Set(readme.split("\n").map(cells));
+  for (const line of configTable().split("\n").slice(2)) {
+    assert.ok(rows.has(cells(line)), `README is missing: ${line}`);
+  }
+});
