@@ -68,7 +68,11 @@ test("the README's configuration table lists every field", async () => {
   const { readFile } = await import("node:fs/promises");
   const readme = await readFile(new URL("../../README.md", import.meta.url), "utf8");
   // Compare cells, not spacing: the formatter aligns the README's table columns.
-  const cells = (line: string) => line.split("|").map((c) => c.trim()).join("|");
+  const cells = (line: string) =>
+    line
+      .split("|")
+      .map((c) => c.trim())
+      .join("|");
   const rows = new Set(readme.split("\n").map(cells));
   for (const line of configTable().split("\n").slice(2)) {
     assert.ok(rows.has(cells(line)), `README is missing: ${line}`);
