@@ -2,13 +2,46 @@
 // Every field is documented here (`description`) and in the README's table; `assay config`
 // prints the table from this file so the two cannot drift apart.
 import path from "node:path";
-import { type Static, type TSchema, Type } from "typebox";
+import { type Static, type TInteger, type TSchema, Type } from "typebox";
 import { Value } from "typebox/value";
+import { ANALYSIS_TYPES, type AnalysisType, typeEnvInfix } from "./analyses/types.ts";
 
 const LOG_LEVELS = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
 
 /** Default upload limit: 100 MiB. */
 export const DEFAULT_MAX_UPLOAD_BYTES = 100 * 1024 * 1024;
+
+/** Per-type settings: ASSAY_<TYPE>_CONCURRENCY, _MAX_ATTEMPTS, _TIMEOUT_MS for every analysis type. */
+function perTypeFields() {
+  const fields: Record<string, IntegerField> = {};
+  for (const type of ANALYSIS_TYPES) {
+    const infix = typeEnvInfix(type);
+    const key = type.replace(/-(.)/g, (_, c: string) => c.toUpperCase());
+    fields[`${key}Concurrency`] = {
+      env: `ASSAY_${infix}_CONCURRENCY`,
+      schema: Type.Integer({ minimum: 0, default: 0 }),
+      description: `Global limit on live ${type} runs across all workers (0: no global limit; each worker's --concurrency still applies).`,
+    };
+    fields[`${key}MaxAttempts`] = {
+      env: `ASSAY_${infix}_MAX_ATTEMPTS`,
+      schema: Type.Integer({ minimum: 1, maximum: 100, default: 3 }),
+      description: `Attempts a ${type} run gets (transient failures and lost leases use one each).`,
+    };
+    fields[`${key}TimeoutMs`] = {
+      env: `ASSAY_${infix}_TIMEOUT_MS`,
+      schema: Type.Integer({ minimum: 100, default: 600_000 }),
+      description: `Wall-clock limit of one ${type} attempt; then it is killed and the run ends timed_out.`,
+    };
+  }
+  return fields as Record<
+    `${"summary" | "pythonStats" | "rReport"}${"Concurrency" | "MaxAttempts" | "TimeoutMs"}`,
+    IntegerField
+  >;
+}
+
+interface IntegerField extends Field {
+  schema: TInteger;
+}
 
 interface Field {
   env: string;
@@ -66,6 +99,46 @@ const FIELDS = {
     schema: Type.Integer({ minimum: 1, default: DEFAULT_MAX_UPLOAD_BYTES }),
     description: "Largest accepted upload in bytes (default 100 MiB); larger uploads get 413.",
   },
+  maxTaskRuns: {
+    env: "ASSAY_MAX_TASK_RUNS",
+    schema: Type.Integer({ minimum: 1, maximum: 1_000_000, default: 10_000 }),
+    description: "Most input files (runs) one task may have.",
+  },
+  leaseTtlMs: {
+    env: "ASSAY_LEASE_TTL_MS",
+    schema: Type.Integer({ minimum: 1000, default: 30_000 }),
+    description:
+      "How long a worker's claim on a run lasts without a heartbeat (heartbeats every third of it). A dead worker's runs are recovered after at most this plus the reap interval.",
+  },
+  reapIntervalMs: {
+    env: "ASSAY_REAP_INTERVAL_MS",
+    schema: Type.Integer({ minimum: 100, default: 5000 }),
+    description: "How often each worker runs the lease reaper (jittered).",
+  },
+  pollIntervalMs: {
+    env: "ASSAY_POLL_INTERVAL_MS",
+    schema: Type.Integer({ minimum: 50, default: 2000 }),
+    description: "Backstop poll for new runs when no NOTIFY arrives (jittered).",
+  },
+  workerWaitMs: {
+    env: "ASSAY_WORKER_WAIT_MS",
+    schema: Type.Integer({ minimum: 1000, default: 600_000 }),
+    description:
+      "How long queued runs of a type wait for any live worker that can execute it before failing with ANALYSIS_WORKER_UNAVAILABLE.",
+  },
+  retryBaseMs: {
+    env: "ASSAY_RETRY_BASE_MS",
+    schema: Type.Integer({ minimum: 1, default: 1000 }),
+    description:
+      "First retry delay after a transient failure; doubles per attempt (with jitter), capped at 5 minutes.",
+  },
+  prefetch: {
+    env: "ASSAY_PREFETCH",
+    schema: Type.Integer({ minimum: 0, maximum: 1000, default: 0 }),
+    description:
+      "Runs a worker claims ahead of its free slots (0: only free slots). Only for very short handlers: prefetched runs hold leases while they wait.",
+  },
+  ...perTypeFields(),
 } satisfies Record<string, Field>;
 
 type Fields = typeof FIELDS;
@@ -132,4 +205,24 @@ export function configTable(): string {
     return `| \`${f.env}\` | ${def === undefined ? "—" : `\`${String(def)}\``} | ${f.description} |`;
   });
   return ["| Variable | Default | Meaning |", "|---|---|---|", ...rows].join("\n");
+}
+
+export interface TypeSettings {
+  /** Global limit on live runs of the type; 0 = none. */
+  concurrency: number;
+  maxAttempts: number;
+  timeoutMs: number;
+}
+
+/** The per-type settings of `type`. */
+export function typeSettings(config: Config, type: AnalysisType): TypeSettings {
+  const key = type.replace(/-(.)/g, (_, c: string) => c.toUpperCase()) as
+    | "summary"
+    | "pythonStats"
+    | "rReport";
+  return {
+    concurrency: config[`${key}Concurrency`],
+    maxAttempts: config[`${key}MaxAttempts`],
+    timeoutMs: config[`${key}TimeoutMs`],
+  };
 }

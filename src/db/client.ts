@@ -1,15 +1,15 @@
-// The connection pool (postgres.js) and its drizzle wrapper. One pool per process; the LISTEN
-// connection of the event hub is separate (it arrives with the events issue).
-import { drizzle, type PostgresJsDatabase } from "drizzle-orm/postgres-js";
+// The connection pool (postgres.js). One pool per process; LISTEN uses postgres.js's own dedicated
+// connection.
+//
+// Queries are postgres.js tagged templates. drizzle is used for the schema and migrations only: its
+// postgres-js driver rewrites the parsers and serializers of the client it wraps (dates come back as
+// strings, sql.json() stops encoding), which would break every raw statement sharing that client.
 import postgres from "postgres";
-import * as schema from "./schema.ts";
 
 export type Sql = postgres.Sql;
-export type Db = PostgresJsDatabase<typeof schema>;
 
 export interface Database {
   readonly sql: Sql;
-  readonly db: Db;
   close(): Promise<void>;
 }
 
@@ -18,10 +18,7 @@ export interface PoolOptions {
   applicationName?: string;
 }
 
-/**
- * A timestamp from a query as ISO 8601. drizzle installs pass-through parsers for date types on the
- * shared postgres.js client, so raw queries see PostgreSQL's text form, not a Date.
- */
+/** A timestamp from a query (Date, or text from a JSON aggregate) as ISO 8601. */
 export function isoTime(value: string | Date): string {
   return new Date(value).toISOString();
 }
@@ -32,10 +29,5 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
     onnotice: () => {},
     connection: { application_name: options.applicationName ?? "assay" },
   });
-  const db = drizzle(sql, { schema });
-  return {
-    sql,
-    db,
-    close: () => sql.end({ timeout: 5 }),
-  };
+  return { sql, close: () => sql.end({ timeout: 5 }) };
 }

@@ -1,7 +1,19 @@
 // The database schema (drizzle). Migrations in migrations/ are generated from this file with
 // `make db/generate` and reviewed; `make verify` fails when the two disagree.
 import { sql } from "drizzle-orm";
-import { bigint, bigserial, check, index, pgTable, text, timestamp, uniqueIndex } from "drizzle-orm/pg-core";
+import {
+  bigint,
+  bigserial,
+  check,
+  index,
+  integer,
+  jsonb,
+  pgTable,
+  text,
+  timestamp,
+  uniqueIndex,
+  uuid,
+} from "drizzle-orm/pg-core";
 
 export const users = pgTable(
   "users",
@@ -57,4 +69,123 @@ export const files = pgTable(
     uniqueIndex("files_storage_key_key").on(t.storageKey),
     index("files_owner_id_idx").on(t.ownerId, t.id),
   ],
+);
+
+/** A task: one request of one analysis type over 1..N files. Its counters are the only place outcomes are counted. */
+export const tasks = pgTable(
+  "tasks",
+  {
+    id: bigserial("id", { mode: "number" }).primaryKey(),
+    ownerId: bigint("owner_id", { mode: "number" })
+      .notNull()
+      .references(() => users.id, { onDelete: "restrict" }),
+    analysisType: text("analysis_type").notNull(),
+    parameters: jsonb("parameters").notNull().default({}),
+    status: text("status").notNull().default("queued"),
+    totalCount: integer("total_count").notNull(),
+    succeededCount: integer("succeeded_count").notNull().default(0),
+    failedCount: integer("failed_count").notNull().default(0),
+    timedOutCount: integer("timed_out_count").notNull().default(0),
+    cancelledCount: integer("cancelled_count").notNull().default(0),
+    idempotencyKey: text("idempotency_key"),
+    /** SHA-256 of the canonical request, to tell a replay from a different request under the same key. */
+    requestHash: text("request_hash"),
+    createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
+    startedAt: timestamp("started_at", { withTimezone: true }),
+    finishedAt: timestamp("finished_at", { withTimezone: true }),
+    updatedAt: timestamp("updated_at", { withTimezone: true }).notNull().defaultNow(),
+  },
+  (t) => [
+    index("tasks_owner_idx").on(t.ownerId, t.id),
+    index("tasks_status_idx").on(t.status, t.id),
+    uniqueIndex("tasks_owner_idempotency_key").on(t.ownerId, t.idempotencyKey),
+    check("tasks_total_positive", sql`${t.totalCount} > 0`),
+    check(
+      "tasks_counts_within_total",
+      sql`${t.succeededCount} + ${t.failedCount} + ${t.timedOutCount} + ${t.cancelledCount} <= ${t.totalCount}`,
+    ),
+  ],
+);
+
+/**
+ * A run: one analysis process over one input file, and its own queue entry. It carries a snapshot of
+ * its input file, so it never reads `files` again.
+ */
+export const runs = pgTable(
+  "runs",
+  {
+    id: bigserial("id", { mode: "number" }).primaryKey(),
+    taskId: bigint("task_id", { mode: "number" })
+      .notNull()
+      .references(() => tasks.id, { onDelete: "cascade" }),
+    analysisType: text("analysis_type").notNull(),
+    status: text("status").notNull().default("queued"),
+    attempt: integer("attempt").notNull().default(0),
+    maxAttempts: integer("max_attempts").notNull(),
+    runAfter: timestamp("run_after", { withTimezone: true }).notNull().defaultNow(),
+    priority: integer("priority").notNull().default(0),
+    leaseOwner: text("lease_owner"),
+    leaseToken: uuid("lease_token"),
+    leaseExpiresAt: timestamp("lease_expires_at", { withTimezone: true }),
+    heartbeatAt: timestamp("heartbeat_at", { withTimezone: true }),
+    inputFileId: bigint("input_file_id", { mode: "number" }).notNull(),
+    inputStorageKey: text("input_storage_key").notNull(),
+    inputName: text("input_name").notNull(),
+    inputSizeBytes: bigint("input_size_bytes", { mode: "number" }).notNull(),
+    inputSha256: text("input_sha256").notNull(),
+    progress: integer("progress").notNull().default(0),
+    errorCode: text("error_code"),
+    errorMessage: text("error_message"),
+    result: jsonb("result"),
+    createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
+    startedAt: timestamp("started_at", { withTimezone: true }),
+    finishedAt: timestamp("finished_at", { withTimezone: true }),
+  },
+  (t) => [
+    uniqueIndex("runs_task_file_key").on(t.taskId, t.inputFileId),
+    index("runs_task_idx").on(t.taskId, t.id),
+    // The claim: queued runs of a type in priority order.
+    index("runs_claim_idx").on(t.analysisType, t.priority, t.id).where(sql`${t.status} = 'queued'`),
+    // The reaper and the global limit: live runs by type and lease expiry.
+    index("runs_live_idx")
+      .on(t.analysisType, t.leaseExpiresAt)
+      .where(sql`${t.status} in ('starting', 'running', 'cancelling')`),
+    check("runs_progress_range", sql`${t.progress} between 0 and 100`),
+  ],
+);
+
+/** Live worker processes: who they are, what they can run, when they last said so. */
+export const workers = pgTable("workers", {
+  id: text("id").primaryKey(),
+  host: text("host").notNull(),
+  pid: integer("pid").notNull(),
+  analysisTypes: text("analysis_types").array().notNull(),
+  concurrency: integer("concurrency").notNull(),
+  startedAt: timestamp("started_at", { withTimezone: true }).notNull().defaultNow(),
+  heartbeatAt: timestamp("heartbeat_at", { withTimezone: true }).notNull().defaultNow(),
+});
+
+/**
+ * When each analysis type was last advertised by a live worker. Outlives worker rows, so the reaper
+ * can tell "nobody has offered this type for longer than ASSAY_WORKER_WAIT_MS".
+ */
+export const analysisTypeSeen = pgTable("analysis_type_seen", {
+  analysisType: text("analysis_type").primaryKey(),
+  lastSeenAt: timestamp("last_seen_at", { withTimezone: true }).notNull(),
+});
+
+/** The mailbox: every lifecycle change and progress event of a task, in order. */
+export const taskEvents = pgTable(
+  "task_events",
+  {
+    id: bigserial("id", { mode: "number" }).primaryKey(),
+    taskId: bigint("task_id", { mode: "number" })
+      .notNull()
+      .references(() => tasks.id, { onDelete: "cascade" }),
+    runId: bigint("run_id", { mode: "number" }),
+    type: text("type").notNull(),
+    data: jsonb("data").notNull().default({}),
+    createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
+  },
+  (t) => [index("task_events_task_idx").on(t.taskId, t.id)],
 );

@@ -12,6 +12,7 @@ import { errorHandler } from "./error-handler.ts";
 import { ApiError } from "./errors.ts";
 import { fileRoutes } from "./routes/files.ts";
 import { healthRoutes } from "./routes/health.ts";
+import { taskRoutes } from "./routes/tasks.ts";
 import { ErrorBody } from "./schemas.ts";
 
 export interface Services {
@@ -58,6 +59,7 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
     async (api) => {
       requireBearer(api);
       await api.register(fileRoutes);
+      await api.register(taskRoutes);
     },
     { prefix: "/api" },
   );

@@ -9,6 +9,14 @@ const BAD_JSON = new Set(["FST_ERR_CTP_INVALID_JSON_BODY", "FST_ERR_CTP_EMPTY_JS
 
 function classify(err: FastifyError): { status: number; code: ErrorCode; message: string } {
   if (err instanceof ApiError) return { status: err.statusCode, code: err.code, message: err.publicMessage };
+  if (err.validation?.some((v) => v.keyword === "discriminator" && v.instancePath === "")) {
+    // The create body's union has no branch for this analysisType (or it is missing / not a string).
+    return {
+      status: 400,
+      code: "ANALYSIS_TYPE_UNSUPPORTED",
+      message: PUBLIC_MESSAGES.ANALYSIS_TYPE_UNSUPPORTED,
+    };
+  }
   if (err.validation) {
     // Fastify's message names the field, e.g. "body/analysisType must be string".
     return { status: 400, code: "VALIDATION_FAILED", message: err.message };

@@ -7,6 +7,9 @@ export const PUBLIC_MESSAGES = {
   UNAUTHORIZED: "A valid bearer token is required.",
   NOT_FOUND: "No such route.",
   FILE_NOT_FOUND: "The file does not exist.",
+  ANALYSIS_TYPE_UNSUPPORTED: "The analysis type is not supported.",
+  ANALYSIS_TASK_NOT_FOUND: "The analysis task does not exist.",
+  IDEMPOTENCY_KEY_REUSED: "The Idempotency-Key was already used for a different request.",
   PAYLOAD_TOO_LARGE: "The upload exceeds the size limit.",
   UNSUPPORTED_MEDIA_TYPE: "The content type is not supported.",
   NOT_READY: "The service is not ready.",
@@ -27,5 +30,6 @@ export class ApiError extends Error {
   }
 }
 
-export const notFound = (code: "FILE_NOT_FOUND" | "NOT_FOUND") => new ApiError(404, code);
+export const notFound = (code: "FILE_NOT_FOUND" | "NOT_FOUND" | "ANALYSIS_TASK_NOT_FOUND") =>
+  new ApiError(404, code);
 export const validationFailed = (detail: string) => new ApiError(400, "VALIDATION_FAILED", detail);

@@ -18,7 +18,14 @@ export async function buildServer(services: Services, logger: Logger): Promise<F
       const given = req.headers["x-request-id"];
       return typeof given === "string" && /^[\w.-]{1,64}$/.test(given) ? given : randomUUID();
     },
-    ajv: { customOptions: { removeAdditional: false, coerceTypes: "array", useDefaults: true } },
+    ajv: {
+      customOptions: {
+        removeAdditional: false,
+        coerceTypes: "array",
+        useDefaults: true,
+        discriminator: true,
+      },
+    },
     return503OnClosing: true,
   });
   await fastify.withTypeProvider<TypeBoxTypeProvider>().register(fp(app), { services });

@@ -1,0 +1,42 @@
+// The whitelisted analysis types and their parameter schemas. Nothing a user sends chooses a
+// program: the type picks an entry here (commands arrive with the process runner).
+import { type Static, Type } from "typebox";
+
+export const ANALYSIS_TYPES = ["summary", "python-stats", "r-report"] as const;
+export type AnalysisType = (typeof ANALYSIS_TYPES)[number];
+
+export const isAnalysisType = (s: string): s is AnalysisType =>
+  (ANALYSIS_TYPES as readonly string[]).includes(s);
+
+/** `python-stats` → `PYTHON_STATS`: the infix of its per-type settings (`ASSAY_PYTHON_STATS_CONCURRENCY`). */
+export const typeEnvInfix = (type: string) => type.toUpperCase().replace(/-/g, "_");
+
+const STATS_METHODS = ["mean", "median", "stdev", "min", "max"] as const;
+
+export const PARAMETER_SCHEMAS = {
+  summary: Type.Object({}, { additionalProperties: false }),
+  "python-stats": Type.Object(
+    {
+      method: Type.Union(
+        STATS_METHODS.map((m) => Type.Literal(m)),
+        { description: "Statistic computed for each numeric column" },
+      ),
+      columns: Type.Optional(
+        Type.Array(Type.String({ minLength: 1, maxLength: 200 }), {
+          minItems: 1,
+          maxItems: 100,
+          description: "Columns to use (default: every numeric column)",
+        }),
+      ),
+    },
+    { additionalProperties: false },
+  ),
+  "r-report": Type.Object(
+    { title: Type.Optional(Type.String({ minLength: 1, maxLength: 200, description: "Report title" })) },
+    { additionalProperties: false },
+  ),
+} as const;
+
+export type AnalysisParameters = {
+  [K in AnalysisType]: Static<(typeof PARAMETER_SCHEMAS)[K]>;
+};

@@ -1,0 +1,74 @@
+// The lease reaper (DESIGN §4.7): a service every worker runs on a jittered interval. Safe to run
+// everywhere at once: each statement takes its rows with FOR UPDATE SKIP LOCKED.
+import type { Sql } from "../db/client.ts";
+import type { Logger } from "../log.ts";
+import { jitter } from "./backoff.ts";
+import { type ReapResult, runFailUnserved, runReapExpired, workerDeleteStale } from "./sql.ts";
+
+export interface ReaperOptions {
+  sql: Sql;
+  logger: Logger;
+  intervalMs: number;
+  leaseTtlMs: number;
+  retryBaseMs: number;
+  workerWaitMs: number;
+  /** Rows per statement; a pass repeats until a batch comes back short. */
+  batchSize?: number;
+}
+
+export interface ReapPass extends ReapResult {
+  staleWorkers: number;
+}
+
+const DEFAULT_BATCH = 500;
+/** Worker rows are dropped after this many lease TTLs without a heartbeat. */
+const STALE_WORKER_TTLS = 3;
+
+export class Reaper {
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<unknown> | undefined;
+  private stopped = true;
+
+  constructor(private readonly o: ReaperOptions) {}
+
+  start(): void {
+    this.stopped = false;
+    this.schedule();
+  }
+
+  private schedule(): void {
+    if (this.stopped) return;
+    this.timer = setTimeout(() => {
+      this.running = this.runOnce()
+        .catch((err) => this.o.logger.warn({ err }, "reaper pass failed"))
+        .finally(() => this.schedule());
+    }, jitter(this.o.intervalMs));
+  }
+
+  /** One full pass: expired leases, unserved types, stale workers. */
+  async runOnce(): Promise<ReapPass> {
+    const batchSize = this.o.batchSize ?? DEFAULT_BATCH;
+    const options = { batchSize, retryBaseMs: this.o.retryBaseMs, workerWaitMs: this.o.workerWaitMs };
+    const total: ReapPass = { requeued: 0, failed: 0, cancelled: 0, finishedTasks: 0, staleWorkers: 0 };
+    const add = (r: ReapResult) => {
+      total.requeued += r.requeued;
+      total.failed += r.failed;
+      total.cancelled += r.cancelled;
+      total.finishedTasks += r.finishedTasks;
+      return r.requeued + r.failed + r.cancelled;
+    };
+    while (add(await runReapExpired(this.o.sql, options)) >= batchSize) {}
+    while (add(await runFailUnserved(this.o.sql, options)) >= batchSize) {}
+    total.staleWorkers = await workerDeleteStale(this.o.sql, this.o.leaseTtlMs * STALE_WORKER_TTLS);
+    if (total.requeued + total.failed + total.cancelled + total.staleWorkers > 0) {
+      this.o.logger.info(total, "reaper recovered runs");
+    }
+    return total;
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.timer);
+    await this.running;
+  }
+}

@@ -1,0 +1,489 @@
+// The worker (DESIGN §4): claims runs of the types it can execute, runs them through handlers,
+// heartbeats its leases, and completes finished attempts in batches. A service: start/stop, and a
+// runOnce() (one claim cycle) that tests call directly.
+
+import { randomBytes } from "node:crypto";
+import os from "node:os";
+import type { Sql } from "../db/client.ts";
+import type { Logger } from "../log.ts";
+import { backoffMs, jitter, sleep } from "./backoff.ts";
+import {
+  type ClaimedRun,
+  type Lease,
+  type Outcome,
+  type Retry,
+  runClaim,
+  runComplete,
+  runHeartbeat,
+  runProgress,
+  runRetry,
+  runWake,
+  WAKEUP_CHANNEL,
+  workerDelete,
+  workerHeartbeat,
+  workerRegister,
+} from "./sql.ts";
+
+export type { ClaimedRun };
+
+export interface HandlerContext {
+  /** Aborted on timeout, cancel, lost lease and shutdown; `signal.reason` is an AbortReason. */
+  signal: AbortSignal;
+  /** Coalesced: only the latest value is written, a few times a second. */
+  reportProgress(percent: number, message?: string): void;
+}
+
+export type HandlerOutcome =
+  | { status: "succeeded"; result?: Record<string, unknown> }
+  | { status: "failed"; errorCode: string; errorMessage?: string; transient?: boolean }
+  | { status: "timed_out"; errorMessage?: string }
+  | { status: "cancelled" };
+
+export type Handler = (run: ClaimedRun, ctx: HandlerContext) => Promise<HandlerOutcome>;
+
+export type AbortReason = "timeout" | "cancel" | "lost" | "shutdown";
+
+export interface TypeOptions {
+  handler: Handler;
+  /** Global limit on live runs of the type across all workers; 0 or absent = none. */
+  globalLimit?: number;
+  /** Wall-clock limit of one attempt; the handler's signal is aborted with "timeout". */
+  timeoutMs?: number;
+}
+
+export interface WorkerOptions {
+  sql: Sql;
+  logger: Logger;
+  types: Record<string, TypeOptions>;
+  /** Handlers running at once in this process. */
+  concurrency: number;
+  leaseTtlMs: number;
+  pollIntervalMs: number;
+  retryBaseMs: number;
+  /** Runs claimed ahead of free slots (ASSAY_PREFETCH). */
+  prefetch?: number;
+  /** Called for an attempt whose outcome was fenced off or abandoned (its output must go). */
+  onDiscard?: (run: ClaimedRun) => Promise<void>;
+  id?: string;
+}
+
+interface Attempt {
+  run: ClaimedRun;
+  controller: AbortController;
+  done: Promise<void>;
+}
+
+/** Progress and running-marks are written at most this often. */
+const PROGRESS_FLUSH_MS = 250;
+/** Delay before retrying a failed completion write (e.g. the database is down). */
+const FLUSH_RETRY_MS = 1000;
+const DEFAULT_TIMEOUT_MS = 600_000;
+
+export class Worker {
+  readonly id: string;
+  private readonly o: WorkerOptions;
+  private readonly typeNames: string[];
+  private readonly active = new Map<number, Attempt>();
+  private buffer: ClaimedRun[] = [];
+  private outcomes: { run: ClaimedRun; outcome: Outcome }[] = [];
+  private retries: { run: ClaimedRun; retry: Retry }[] = [];
+  private readonly progress = new Map<number, { token: string; progress: number | null }>();
+  private flushing: Promise<void> | undefined;
+  private loop: Promise<void> | undefined;
+  private wakeUp: (() => void) | undefined;
+  private woken = false;
+  private stopping = false;
+  private rotation = 0;
+  private timers: NodeJS.Timeout[] = [];
+  private unlisten: (() => Promise<void>) | undefined;
+
+  constructor(options: WorkerOptions) {
+    if (!Number.isInteger(options.concurrency) || options.concurrency < 1) {
+      throw new Error("worker concurrency must be a positive integer");
+    }
+    if (Object.keys(options.types).length === 0) throw new Error("a worker needs at least one analysis type");
+    this.o = options;
+    this.typeNames = Object.keys(options.types).sort();
+    this.id = options.id ?? `${os.hostname()}:${process.pid}:${randomBytes(4).toString("hex")}`;
+  }
+
+  private info() {
+    return {
+      id: this.id,
+      host: os.hostname(),
+      pid: process.pid,
+      analysisTypes: this.typeNames,
+      concurrency: this.o.concurrency,
+    };
+  }
+
+  /** Registers, listens for wake-ups, and starts the claim loop, heartbeats and progress flushes. */
+  async start(): Promise<void> {
+    await workerRegister(this.o.sql, this.info());
+    const listener = await this.o.sql.listen(
+      WAKEUP_CHANNEL,
+      (type) => {
+        if (this.o.types[type]) this.wake();
+      },
+      // (Re)connected: notifications may have been missed meanwhile.
+      () => this.wake(),
+    );
+    this.unlisten = listener.unlisten;
+    const heartbeatEvery = Math.max(100, Math.floor(this.o.leaseTtlMs / 3));
+    this.timers.push(setInterval(() => void this.heartbeat(), heartbeatEvery));
+    this.timers.push(setInterval(() => void this.flushProgress(), PROGRESS_FLUSH_MS));
+    this.loop = this.claimLoop();
+    this.o.logger.info(
+      { workerId: this.id, types: this.typeNames, concurrency: this.o.concurrency },
+      "worker started",
+    );
+  }
+
+  /** Wakes the claim loop (a NOTIFY arrived, a slot freed, a retry is due). */
+  wake(): void {
+    this.woken = true;
+    this.wakeUp?.();
+  }
+
+  private freeSlots(): number {
+    return this.o.concurrency - this.active.size;
+  }
+
+  /**
+   * One claim cycle: starts buffered runs, claims for free slots (plus prefetch, when the buffer is
+   * at most half full) rotating over the types, and starts what it claimed. Returns runs claimed.
+   */
+  async runOnce(): Promise<number> {
+    this.drainBuffer();
+    const prefetch = this.o.prefetch ?? 0;
+    if (prefetch > 0 && this.buffer.length > prefetch / 2) return 0;
+    let want = this.freeSlots() + prefetch - this.buffer.length;
+    let claimed = 0;
+    const start = this.rotation++;
+    for (let i = 0; i < this.typeNames.length && want > 0 && !this.stopping; i++) {
+      const type = this.typeNames[(start + i) % this.typeNames.length] as string;
+      const runs = await runClaim(this.o.sql, {
+        workerId: this.id,
+        analysisType: type,
+        limit: want,
+        globalLimit: this.o.types[type]?.globalLimit ?? 0,
+        leaseTtlMs: this.o.leaseTtlMs,
+      });
+      this.buffer.push(...runs);
+      claimed += runs.length;
+      want -= runs.length;
+    }
+    this.drainBuffer();
+    return claimed;
+  }
+
+  private drainBuffer(): void {
+    while (this.buffer.length > 0 && this.freeSlots() > 0 && !this.stopping) {
+      this.startAttempt(this.buffer.shift() as ClaimedRun);
+    }
+  }
+
+  private async claimLoop(): Promise<void> {
+    let failures = 0;
+    while (!this.stopping) {
+      let claimed = 0;
+      this.woken = false;
+      try {
+        claimed = await this.runOnce();
+        failures = 0;
+      } catch (err) {
+        failures++;
+        this.o.logger.warn({ err, workerId: this.id }, "claim failed; retrying");
+        await sleep(Math.min(10_000, 200 * 2 ** failures));
+        continue;
+      }
+      if (this.stopping) break;
+      if (this.woken || (claimed > 0 && this.freeSlots() > 0)) continue;
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, jitter(this.o.pollIntervalMs));
+        this.wakeUp = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+      });
+      this.wakeUp = undefined;
+    }
+  }
+
+  private startAttempt(run: ClaimedRun): void {
+    const type = this.o.types[run.analysisType];
+    if (!type) throw new Error(`claimed a run of an unknown type: ${run.analysisType}`);
+    const controller = new AbortController();
+    const timeout = setTimeout(() => controller.abort("timeout"), type.timeoutMs ?? DEFAULT_TIMEOUT_MS);
+    this.progress.set(run.id, { token: run.leaseToken, progress: null });
+    const ctx: HandlerContext = {
+      signal: controller.signal,
+      reportProgress: (percent) => {
+        if (controller.signal.aborted) return;
+        const p = Math.max(0, Math.min(100, Math.round(percent)));
+        this.progress.set(run.id, { token: run.leaseToken, progress: p });
+      },
+    };
+    const done = (async () => {
+      let outcome: HandlerOutcome | { status: "error"; error: unknown };
+      try {
+        outcome = await type.handler(run, ctx);
+      } catch (error) {
+        outcome = { status: "error", error };
+      }
+      clearTimeout(timeout);
+      this.active.delete(run.id);
+      this.progress.delete(run.id);
+      this.settle(run, controller.signal.reason as AbortReason | undefined, outcome);
+      this.wake();
+    })();
+    this.active.set(run.id, { run, controller, done });
+  }
+
+  /** Turns a handler's ending into an outcome, a retry, or nothing (lost lease). Must not throw. */
+  private settle(
+    run: ClaimedRun,
+    reason: AbortReason | undefined,
+    outcome: HandlerOutcome | { status: "error"; error: unknown },
+  ): void {
+    const lease = { id: run.id, token: run.leaseToken };
+    const log = this.o.logger.child({
+      taskId: run.taskId,
+      runId: run.id,
+      attempt: run.attempt,
+      workerId: this.id,
+    });
+    if (reason === "lost") {
+      log.warn("lease lost: attempt abandoned, nothing recorded");
+      void this.discard(run);
+      return;
+    }
+    if (reason === "shutdown") {
+      this.queueRetry(run, { ...lease, delayMs: 0, refund: true, errorCode: null, errorMessage: null });
+      return;
+    }
+    if (reason === "cancel") {
+      this.queueOutcome(run, { ...lease, status: "cancelled", errorCode: "ANALYSIS_PROCESS_CANCELLED" });
+      return;
+    }
+    if (reason === "timeout" || outcome.status === "timed_out") {
+      const message = outcome.status === "timed_out" ? outcome.errorMessage : undefined;
+      this.queueOutcome(run, {
+        ...lease,
+        status: "timed_out",
+        errorCode: "ANALYSIS_PROCESS_TIMEOUT",
+        errorMessage: message ?? "the attempt exceeded its time limit",
+      });
+      return;
+    }
+    switch (outcome.status) {
+      case "succeeded":
+        this.queueOutcome(run, { ...lease, status: "succeeded", result: outcome.result ?? null });
+        return;
+      case "cancelled":
+        this.queueOutcome(run, { ...lease, status: "cancelled", errorCode: "ANALYSIS_PROCESS_CANCELLED" });
+        return;
+      case "failed":
+      case "error": {
+        const transient = outcome.status === "error" || outcome.transient === true;
+        const errorCode = outcome.status === "error" ? "ANALYSIS_PROCESS_FAILED" : outcome.errorCode;
+        const errorMessage =
+          outcome.status === "error" ? "the analysis failed unexpectedly" : (outcome.errorMessage ?? null);
+        if (outcome.status === "error") log.error({ err: outcome.error }, "handler threw");
+        if (transient && run.attempt < run.maxAttempts) {
+          const delayMs = backoffMs(run.attempt, this.o.retryBaseMs);
+          this.queueRetry(run, { ...lease, delayMs, refund: false, errorCode, errorMessage });
+          this.timers.push(setTimeout(() => this.wake(), delayMs + 5).unref());
+        } else {
+          this.queueOutcome(run, { ...lease, status: "failed", errorCode, errorMessage });
+        }
+        return;
+      }
+    }
+  }
+
+  private queueOutcome(run: ClaimedRun, outcome: Outcome): void {
+    this.outcomes.push({ run, outcome });
+    this.flush();
+  }
+
+  private queueRetry(run: ClaimedRun, retry: Retry): void {
+    this.retries.push({ run, retry });
+    this.flush();
+  }
+
+  private async discard(run: ClaimedRun): Promise<void> {
+    try {
+      await this.o.onDiscard?.(run);
+    } catch (err) {
+      this.o.logger.error({ err, runId: run.id }, "could not discard an abandoned attempt's output");
+    }
+  }
+
+  /** Starts a flush unless one is running; the running one picks up everything queued meanwhile. */
+  private flush(): Promise<void> {
+    this.flushing ??= this.flushAll().finally(() => {
+      this.flushing = undefined;
+    });
+    return this.flushing;
+  }
+
+  // This must not throw and must not drop an outcome: on a database error it keeps the batch (whose
+  // leases the heartbeat keeps extending) and tries again.
+  private async flushAll(): Promise<void> {
+    while (this.outcomes.length > 0 || this.retries.length > 0) {
+      const outcomes = this.outcomes;
+      const retries = this.retries;
+      this.outcomes = [];
+      this.retries = [];
+      try {
+        const [completion, requeued] = await Promise.all([
+          runComplete(
+            this.o.sql,
+            outcomes.map((o) => o.outcome),
+          ),
+          runRetry(
+            this.o.sql,
+            retries.map((r) => r.retry),
+          ),
+        ]);
+        const recorded = new Set([...completion.completed, ...requeued]);
+        for (const { run } of [...outcomes, ...retries]) {
+          if (!recorded.has(run.id)) {
+            this.o.logger.warn(
+              { runId: run.id, attempt: run.attempt, workerId: this.id },
+              "completion fenced off",
+            );
+            void this.discard(run);
+          }
+        }
+        for (const t of completion.finishedTasks) {
+          this.o.logger.info({ taskId: t.taskId, status: t.status }, "task finished");
+        }
+        await this.wakeOthers(outcomes.map((o) => o.run));
+      } catch (err) {
+        this.o.logger.warn({ err, workerId: this.id }, "completion write failed; retrying");
+        this.outcomes.unshift(...outcomes);
+        this.retries.unshift(...retries);
+        await sleep(FLUSH_RETRY_MS);
+      }
+    }
+  }
+
+  /** Slots of globally limited types were released: other workers may now claim them. */
+  private async wakeOthers(finished: ClaimedRun[]): Promise<void> {
+    const limited = new Set(
+      finished.map((r) => r.analysisType).filter((t) => (this.o.types[t]?.globalLimit ?? 0) > 0),
+    );
+    for (const type of limited) await runWake(this.o.sql, type);
+  }
+
+  private heldLeases(): Lease[] {
+    const runs = [
+      ...[...this.active.values()].map((a) => a.run),
+      ...this.buffer,
+      ...this.outcomes.map((o) => o.run),
+      ...this.retries.map((r) => r.run),
+    ];
+    return runs.map((r) => ({ id: r.id, token: r.leaseToken }));
+  }
+
+  /** Extends every held lease in one statement; aborts attempts that were lost or are being cancelled. */
+  async heartbeat(): Promise<void> {
+    try {
+      await workerHeartbeat(this.o.sql, this.info());
+      const leases = this.heldLeases();
+      const alive = new Map(
+        (await runHeartbeat(this.o.sql, leases, this.o.leaseTtlMs)).map((r) => [r.id, r.status]),
+      );
+      this.applyStatuses(
+        alive,
+        leases.map((l) => l.id),
+      );
+    } catch (err) {
+      // Leases outlive a short outage (they last a whole TTL); running attempts are not disturbed.
+      this.o.logger.warn({ err, workerId: this.id }, "heartbeat failed");
+    }
+  }
+
+  private applyStatuses(alive: Map<number, string>, asked: number[]): void {
+    for (const id of asked) {
+      const status = alive.get(id);
+      const attempt = this.active.get(id);
+      if (status === undefined) {
+        attempt?.controller.abort("lost");
+        this.buffer = this.buffer.filter((r) => r.id !== id);
+      } else if (status === "cancelling") {
+        attempt?.controller.abort("cancel");
+        const buffered = this.buffer.find((r) => r.id === id);
+        if (buffered) {
+          this.buffer = this.buffer.filter((r) => r.id !== id);
+          this.queueOutcome(buffered, {
+            id,
+            token: buffered.leaseToken,
+            status: "cancelled",
+            errorCode: "ANALYSIS_PROCESS_CANCELLED",
+          });
+        }
+      }
+    }
+  }
+
+  private async flushProgress(): Promise<void> {
+    if (this.progress.size === 0) return;
+    const updates = [...this.progress.entries()]
+      .filter(([id]) => this.active.has(id))
+      .map(([id, p]) => ({ id, token: p.token, progress: p.progress }));
+    this.progress.clear();
+    try {
+      const rows = await runProgress(this.o.sql, updates);
+      const cancelling = rows.filter((r) => r.status === "cancelling");
+      for (const r of cancelling) this.active.get(r.id)?.controller.abort("cancel");
+    } catch (err) {
+      this.o.logger.warn({ err, workerId: this.id }, "progress write failed");
+    }
+  }
+
+  /**
+   * Stops claiming, lets running attempts finish for `graceMs`, then aborts the rest (their runs go
+   * back to the queue without using up an attempt), waits for every handler, writes every outcome,
+   * and deregisters.
+   */
+  async stop(graceMs = 0): Promise<void> {
+    if (this.stopping) return;
+    this.stopping = true;
+    this.wake();
+    await this.loop;
+    for (const run of this.buffer) {
+      this.queueRetry(run, {
+        id: run.id,
+        token: run.leaseToken,
+        delayMs: 0,
+        refund: true,
+        errorCode: null,
+        errorMessage: null,
+      });
+    }
+    this.buffer = [];
+    const all = () => Promise.all([...this.active.values()].map((a) => a.done));
+    if (this.active.size > 0 && graceMs > 0) {
+      await Promise.race([all(), sleep(graceMs)]);
+    }
+    for (const a of this.active.values()) a.controller.abort("shutdown");
+    await all();
+    await this.flushProgress();
+    await this.flush();
+    for (const t of this.timers) clearTimeout(t);
+    this.timers = [];
+    await this.unlisten?.().catch(() => {});
+    await workerDelete(this.o.sql, this.id).catch((err) =>
+      this.o.logger.warn({ err, workerId: this.id }, "could not deregister"),
+    );
+    this.o.logger.info({ workerId: this.id }, "worker stopped");
+  }
+
+  /** Runs this worker is executing right now (for tests and metrics). */
+  get activeCount(): number {
+    return this.active.size;
+  }
+}

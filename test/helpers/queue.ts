@@ -1,0 +1,92 @@
+// Fixtures for queue tests: users, file rows, tasks created through the real fan-out, and waiting on
+// conditions in the database (never fixed sleeps).
+import type { Principal, Role } from "../../src/auth/tokens.ts";
+import type { Sql } from "../../src/db/client.ts";
+import { taskCreate } from "../../src/tasks/create.ts";
+
+export async function seedUser(sql: Sql, name: string, role: Role = "user"): Promise<Principal> {
+  const [row] = await sql<{ id: number }[]>`
+    insert into users (name, role) values (${name}, ${role})
+    on conflict (name) do update set role = excluded.role returning id::int`;
+  return { userId: row?.id as number, name, role };
+}
+
+/** File rows (no bytes: handler-based tests never read them). */
+export async function seedFiles(sql: Sql, owner: Principal, n: number): Promise<string[]> {
+  const rows = await sql<{ id: string }[]>`
+    with next as (select nextval(pg_get_serial_sequence('files', 'id')) as id from generate_series(1, ${n}))
+    insert into files (id, owner_id, name, content_type, size_bytes, sha256, storage_key)
+    select id, ${owner.userId}, 'f' || id || '.csv', 'text/csv', 10, repeat('0', 64), 'files/' || id from next
+    returning id::text`;
+  return rows.map((r) => r.id);
+}
+
+export async function createTask(
+  sql: Sql,
+  owner: Principal,
+  type: string,
+  files: number | string[],
+  options: { maxAttempts?: number; parameters?: Record<string, unknown> } = {},
+): Promise<string> {
+  const fileIds = typeof files === "number" ? await seedFiles(sql, owner, files) : files;
+  const result = await taskCreate(sql, owner, {
+    analysisType: type,
+    fileIds,
+    parameters: options.parameters ?? {},
+    maxAttempts: options.maxAttempts ?? 3,
+  });
+  if (result.kind !== "created") throw new Error(`task not created: ${result.kind}`);
+  return result.taskId;
+}
+
+export interface TaskRow {
+  status: string;
+  total: number;
+  succeeded: number;
+  failed: number;
+  timedOut: number;
+  cancelled: number;
+}
+
+export async function taskRow(sql: Sql, taskId: string): Promise<TaskRow> {
+  const [row] = await sql<TaskRow[]>`
+    select status, total_count as total, succeeded_count as succeeded, failed_count as failed,
+           timed_out_count as "timedOut", cancelled_count as cancelled
+    from tasks where id = ${taskId}`;
+  if (!row) throw new Error(`no task ${taskId}`);
+  return row;
+}
+
+/** Counts of the task's runs by status, from the runs themselves. */
+export async function runCounts(sql: Sql, taskId: string): Promise<Record<string, number>> {
+  const rows = await sql<{ status: string; n: number }[]>`
+    select status, count(*)::int as n from runs where task_id = ${taskId} group by status`;
+  return Object.fromEntries(rows.map((r) => [r.status, r.n]));
+}
+
+/** Polls `check` until it returns a truthy value (or throws after `timeoutMs`). */
+export async function waitFor<T>(
+  check: () => Promise<T>,
+  timeoutMs = 30_000,
+  what = "condition",
+): Promise<NonNullable<T>> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await check();
+    if (value) return value as NonNullable<T>;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+export const TERMINAL = ["succeeded", "partially_succeeded", "failed", "timed_out", "cancelled"];
+
+export const waitForTerminal = (sql: Sql, taskId: string, timeoutMs = 60_000) =>
+  waitFor(
+    async () => {
+      const row = await taskRow(sql, taskId);
+      return TERMINAL.includes(row.status) ? row : undefined;
+    },
+    timeoutMs,
+    `task ${taskId} to finish`,
+  );

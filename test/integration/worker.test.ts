@@ -1,0 +1,288 @@
+// One worker in-process with handler functions: outcomes, last child wins, retries, fencing.
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import type { Principal } from "../../src/auth/tokens.ts";
+import { createLogger } from "../../src/log.ts";
+import { Reaper } from "../../src/queue/reaper.ts";
+import { runClaim, runComplete } from "../../src/queue/sql.ts";
+import { type Handler, Worker, type WorkerOptions } from "../../src/queue/worker.ts";
+import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
+import { createTask, runCounts, seedUser, taskRow, waitFor, waitForTerminal } from "../helpers/queue.ts";
+
+let db: TestDatabase;
+let owner: Principal;
+const logger = createLogger({ level: "silent" });
+
+before(async () => {
+  db = await createTestDatabase();
+  owner = await seedUser(db.sql, "worker-tests");
+});
+after(() => db.drop());
+
+function worker(types: Record<string, Handler>, extra: Partial<WorkerOptions> = {}): Worker {
+  return new Worker({
+    sql: db.sql,
+    logger,
+    types: Object.fromEntries(Object.entries(types).map(([t, handler]) => [t, { handler }])),
+    concurrency: 4,
+    leaseTtlMs: 30_000,
+    pollIntervalMs: 200,
+    retryBaseMs: 50,
+    ...extra,
+  });
+}
+
+const succeed: Handler = async () => ({ status: "succeeded", result: { metrics: { rows: 1 } } });
+
+describe("last child wins", () => {
+  test("success path: every run succeeds → task succeeded, counters exact", async () => {
+    const taskId = await createTask(db.sql, owner, "t-ok", 25);
+    const w = worker({ "t-ok": succeed });
+    await w.start();
+    const row = await waitForTerminal(db.sql, taskId);
+    await w.stop();
+    assert.deepEqual(row, {
+      status: "succeeded",
+      total: 25,
+      succeeded: 25,
+      failed: 0,
+      timedOut: 0,
+      cancelled: 0,
+    });
+    assert.deepEqual(await runCounts(db.sql, taskId), { succeeded: 25 });
+  });
+
+  test("failure path: every run fails permanently → task failed, no retry", async () => {
+    const taskId = await createTask(db.sql, owner, "t-fail", 10);
+    let calls = 0;
+    const w = worker({
+      "t-fail": async () => {
+        calls++;
+        return { status: "failed", errorCode: "ANALYSIS_DATA_INVALID", errorMessage: "bad data" };
+      },
+    });
+    await w.start();
+    const row = await waitForTerminal(db.sql, taskId);
+    await w.stop();
+    assert.equal(row.status, "failed");
+    assert.equal(row.failed, 10);
+    assert.equal(calls, 10, "permanent failures are not retried");
+    const [run] = await db.sql`select attempt, error_code from runs where task_id = ${taskId} limit 1`;
+    assert.deepEqual({ ...run }, { attempt: 1, error_code: "ANALYSIS_DATA_INVALID" });
+  });
+
+  test("a mix → partially_succeeded; all timed out → timed_out", async () => {
+    const mixed = await createTask(db.sql, owner, "t-mix", 9);
+    const timed = await createTask(db.sql, owner, "t-slow", 3);
+    const w = worker({
+      "t-mix": async (run) =>
+        run.inputFileId % 3 === 0
+          ? { status: "failed", errorCode: "ANALYSIS_INPUT_INVALID" }
+          : { status: "succeeded", result: {} },
+      "t-slow": async () => ({ status: "timed_out" }),
+    });
+    await w.start();
+    const m = await waitForTerminal(db.sql, mixed);
+    const t = await waitForTerminal(db.sql, timed);
+    await w.stop();
+    assert.equal(m.status, "partially_succeeded");
+    assert.equal(m.succeeded + m.failed, 9);
+    assert.ok(m.succeeded > 0 && m.failed > 0);
+    assert.deepEqual(t, {
+      status: "timed_out",
+      total: 3,
+      succeeded: 0,
+      failed: 0,
+      timedOut: 3,
+      cancelled: 0,
+    });
+  });
+
+  test("the per-type timeout aborts the handler and ends the run timed_out", async () => {
+    const taskId = await createTask(db.sql, owner, "t-hang", 1);
+    const w = new Worker({
+      sql: db.sql,
+      logger,
+      types: {
+        "t-hang": {
+          timeoutMs: 150,
+          handler: (_run, { signal }) =>
+            new Promise((resolve) =>
+              signal.addEventListener("abort", () => resolve({ status: "cancelled" })),
+            ),
+        },
+      },
+      concurrency: 1,
+      leaseTtlMs: 30_000,
+      pollIntervalMs: 200,
+      retryBaseMs: 50,
+    });
+    await w.start();
+    const row = await waitForTerminal(db.sql, taskId);
+    await w.stop();
+    assert.equal(row.status, "timed_out");
+    const [run] = await db.sql`select error_code from runs where task_id = ${taskId}`;
+    assert.equal(run?.error_code, "ANALYSIS_PROCESS_TIMEOUT");
+  });
+});
+
+describe("retries", () => {
+  test("a transient failure is retried only after run_after, with growing backoff; then succeeds", async () => {
+    const taskId = await createTask(db.sql, owner, "t-flaky", 1, { maxAttempts: 3 });
+    const starts: number[] = [];
+    const w = worker(
+      {
+        "t-flaky": async (run) => {
+          starts.push(Date.now());
+          return run.attempt < 3
+            ? { status: "failed", errorCode: "ANALYSIS_DEPENDENCY_FAILED", transient: true }
+            : { status: "succeeded", result: {} };
+        },
+      },
+      { retryBaseMs: 200 },
+    );
+    await w.start();
+    const row = await waitForTerminal(db.sql, taskId);
+    await w.stop();
+    assert.equal(row.status, "succeeded");
+    assert.equal(starts.length, 3);
+    const [first, second, third] = starts as [number, number, number];
+    // Equal jitter: attempt 1 waits 100–200 ms, attempt 2 waits 200–400 ms.
+    assert.ok(second - first >= 100, `first retry after ${second - first} ms`);
+    assert.ok(third - second >= 200, `second retry after ${third - second} ms`);
+    const events = await db.sql`select type from task_events where task_id = ${taskId} order by id`;
+    assert.deepEqual(
+      events.map((e) => e.type),
+      ["task.queued", "run.retry", "run.retry", "run.succeeded", "task.succeeded"],
+    );
+  });
+
+  test("attempts exhausted → failed with the last error", async () => {
+    const taskId = await createTask(db.sql, owner, "t-down", 2, { maxAttempts: 2 });
+    let calls = 0;
+    const w = worker({
+      "t-down": async () => {
+        calls++;
+        return { status: "failed", errorCode: "ANALYSIS_DEPENDENCY_FAILED", transient: true };
+      },
+    });
+    await w.start();
+    const row = await waitForTerminal(db.sql, taskId);
+    await w.stop();
+    assert.equal(row.status, "failed");
+    assert.equal(calls, 4);
+    const runs = await db.sql`select attempt, error_code from runs where task_id = ${taskId}`;
+    for (const r of runs)
+      assert.deepEqual({ ...r }, { attempt: 2, error_code: "ANALYSIS_DEPENDENCY_FAILED" });
+  });
+
+  test("a handler that throws is retried, then fails with ANALYSIS_PROCESS_FAILED", async () => {
+    const taskId = await createTask(db.sql, owner, "t-throw", 1, { maxAttempts: 2 });
+    const w = worker({
+      "t-throw": async () => {
+        throw new Error("boom");
+      },
+    });
+    await w.start();
+    const row = await waitForTerminal(db.sql, taskId);
+    await w.stop();
+    assert.equal(row.status, "failed");
+    const [run] = await db.sql`select attempt, error_code, error_message from runs where task_id = ${taskId}`;
+    assert.deepEqual(
+      { ...run },
+      {
+        attempt: 2,
+        error_code: "ANALYSIS_PROCESS_FAILED",
+        error_message: "the analysis failed unexpectedly",
+      },
+    );
+  });
+});
+
+describe("fencing", () => {
+  test("an attempt whose lease was taken over completes late: nothing counted, the newer outcome stands", async () => {
+    const taskId = await createTask(db.sql, owner, "t-fence", 1, { maxAttempts: 3 });
+    const [old] = await runClaim(db.sql, {
+      workerId: "old",
+      analysisType: "t-fence",
+      limit: 1,
+      globalLimit: 0,
+      leaseTtlMs: 1,
+    });
+    assert.ok(old);
+    await new Promise((r) => setTimeout(r, 5));
+    const reaper = new Reaper({
+      sql: db.sql,
+      logger,
+      intervalMs: 1000,
+      leaseTtlMs: 1,
+      retryBaseMs: 1,
+      workerWaitMs: 60_000,
+    });
+    assert.equal((await reaper.runOnce()).requeued, 1);
+    await db.sql`update runs set run_after = now() where id = ${old.id}`;
+    const [fresh] = await runClaim(db.sql, {
+      workerId: "new",
+      analysisType: "t-fence",
+      limit: 1,
+      globalLimit: 0,
+      leaseTtlMs: 30_000,
+    });
+    assert.equal(fresh?.id, old.id);
+    assert.equal(fresh?.attempt, 2);
+
+    const late = await runComplete(db.sql, [
+      { id: old.id, token: old.leaseToken, status: "failed", errorCode: "X" },
+    ]);
+    assert.deepEqual(late, { completed: [], finishedTasks: [] });
+    assert.equal((await taskRow(db.sql, taskId)).failed, 0);
+
+    const ok = await runComplete(db.sql, [
+      { id: old.id, token: fresh?.leaseToken as string, status: "succeeded" },
+    ]);
+    assert.deepEqual(ok.completed, [old.id]);
+    const row = await taskRow(db.sql, taskId);
+    assert.deepEqual(row, {
+      status: "succeeded",
+      total: 1,
+      succeeded: 1,
+      failed: 0,
+      timedOut: 0,
+      cancelled: 0,
+    });
+    // Completing the same attempt twice counts it once.
+    const again = await runComplete(db.sql, [
+      { id: old.id, token: fresh?.leaseToken as string, status: "succeeded" },
+    ]);
+    assert.deepEqual(again.completed, []);
+    assert.equal((await taskRow(db.sql, taskId)).succeeded, 1);
+  });
+
+  test("a worker whose lease is lost aborts its attempt and records nothing", async () => {
+    const taskId = await createTask(db.sql, owner, "t-lost", 1, { maxAttempts: 3 });
+    let aborted: unknown;
+    const discarded: number[] = [];
+    const w = worker(
+      {
+        "t-lost": (_run, { signal }) =>
+          new Promise((resolve) =>
+            signal.addEventListener("abort", () => {
+              aborted = signal.reason;
+              resolve({ status: "succeeded", result: {} });
+            }),
+          ),
+      },
+      { leaseTtlMs: 300, onDiscard: async (run) => void discarded.push(run.id) },
+    );
+    await w.start();
+    await waitFor(async () => (await runCounts(db.sql, taskId)).running, 10_000, "the run to be running");
+    // Someone else takes the run over (as the reaper would after an expiry).
+    await db.sql`update runs set lease_token = gen_random_uuid() where task_id = ${taskId}`;
+    await waitFor(async () => aborted, 10_000, "the attempt to be aborted");
+    await w.stop();
+    assert.equal(aborted, "lost");
+    assert.equal(discarded.length, 1);
+    const row = await taskRow(db.sql, taskId);
+    assert.equal(row.succeeded + row.failed, 0);
+  });
+});
