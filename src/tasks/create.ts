@@ -3,7 +3,7 @@
 import { createHash } from "node:crypto";
 import type { Principal } from "../auth/tokens.ts";
 import type { Sql } from "../db/client.ts";
-import { INT8_OID, runWake } from "../queue/sql.ts";
+import { INT8_OID, WAKEUP_CHANNEL } from "../queue/sql.ts";
 
 export interface TaskCreateInput {
   analysisType: string;
@@ -20,8 +20,6 @@ export type TaskCreateResult =
   | { kind: "existing"; taskId: string; status: string }
   | { kind: "files-missing" }
   | { kind: "idempotency-conflict" };
-
-class FilesMissing extends Error {}
 
 /** Canonical request digest: the same key with a different request is a conflict, not a replay. */
 function requestHash(input: TaskCreateInput): string {
@@ -58,35 +56,39 @@ export async function taskCreate(
     if (existing) return existing;
   }
   try {
-    return await sql.begin(async (tx) => {
-      const [task] = await tx<{ id: string }[]>`
+    // One statement, so one round trip and atomic by itself: the task, its runs and its first event
+    // are inserted only when every file is visible to the owner; the NOTIFY is delivered at commit.
+    const [row] = await sql<{ id: string | null }[]>`
+      with f as (
+        select id, storage_key, name, size_bytes, sha256 from files
+        where id = any(${sql.array(input.fileIds, INT8_OID)}::bigint[])
+          and (${owner.role === "admin"} or owner_id = ${owner.userId})
+      ),
+      complete as (select count(*) = ${input.fileIds.length} as ok from f),
+      t as (
         insert into tasks (owner_id, analysis_type, parameters, total_count, idempotency_key, request_hash)
-        values (${owner.userId}, ${input.analysisType}, ${tx.json(input.parameters as never)},
-                ${input.fileIds.length}, ${input.idempotencyKey ?? null}, ${hash})
-        returning id::text`;
-      if (!task) throw new Error("task insert returned no row");
-      // Ownership is part of the statement: a missing or foreign id simply inserts no run.
-      const [inserted] = await tx<{ n: number }[]>`
-        with ins as (
-          insert into runs (task_id, analysis_type, max_attempts, priority, input_file_id,
-                            input_storage_key, input_name, input_size_bytes, input_sha256)
-          select ${task.id}, ${input.analysisType}, ${input.maxAttempts}, ${input.priority ?? 0}, f.id,
-                 f.storage_key, f.name, f.size_bytes, f.sha256
-          from files f
-          where f.id = any(${tx.array(input.fileIds, INT8_OID)}::bigint[])
-            and (${owner.role === "admin"} or f.owner_id = ${owner.userId})
-          order by f.id
-          returning 1
-        )
-        select count(*)::int as n from ins`;
-      if (inserted?.n !== input.fileIds.length) throw new FilesMissing();
-      await tx`insert into task_events (task_id, type, data)
-               values (${task.id}, 'task.queued', ${tx.json({ status: "queued", totalCount: input.fileIds.length })})`;
-      await runWake(tx as unknown as Sql, input.analysisType);
-      return { kind: "created" as const, taskId: task.id };
-    });
+        select ${owner.userId}, ${input.analysisType}, ${sql.json(input.parameters as never)},
+               ${input.fileIds.length}, ${input.idempotencyKey ?? null}, ${hash}
+        from complete where ok
+        returning id
+      ),
+      r as (
+        insert into runs (task_id, analysis_type, max_attempts, priority, input_file_id,
+                          input_storage_key, input_name, input_size_bytes, input_sha256)
+        select t.id, ${input.analysisType}, ${input.maxAttempts}, ${input.priority ?? 0}, f.id,
+               f.storage_key, f.name, f.size_bytes, f.sha256
+        from t, f
+        order by f.id
+      ),
+      e as (
+        insert into task_events (task_id, type, data)
+        select id, 'task.queued', jsonb_build_object('status', 'queued', 'totalCount', ${input.fileIds.length}::int)
+        from t
+      ),
+      wake as (select pg_notify(${WAKEUP_CHANNEL}, ${input.analysisType}) from t)
+      select (select id::text from t) as id, (select count(*) from wake) as woken`;
+    return row?.id ? { kind: "created", taskId: row.id } : { kind: "files-missing" };
   } catch (err) {
-    if (err instanceof FilesMissing) return { kind: "files-missing" };
     // Two requests with one idempotency key raced: the loser returns the winner's task.
     if ((err as { code?: string }).code === "23505" && input.idempotencyKey) {
       const existing = await taskByIdempotencyKey(sql, owner.userId, input.idempotencyKey, hash);

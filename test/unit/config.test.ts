@@ -1,7 +1,13 @@
 import assert from "node:assert/strict";
 import path from "node:path";
 import { test } from "node:test";
-import { ConfigError, configTable, DEFAULT_MAX_UPLOAD_BYTES, loadConfig } from "../../src/config.ts";
+import {
+  ConfigError,
+  configTable,
+  DEFAULT_MAX_UPLOAD_BYTES,
+  loadConfig,
+  typeSettings,
+} from "../../src/config.ts";
 
 test("defaults", () => {
   const c = loadConfig({});
@@ -25,8 +31,9 @@ test("values from the environment; empty strings count as unset", () => {
     LOG_FORMAT: "pretty",
     ASSAY_MAX_UPLOAD_BYTES: "1024",
   });
+  const { databaseUrl, host, port, dataDir, logLevel, logFormat, maxUploadBytes } = c;
   assert.deepEqual(
-    { ...c },
+    { databaseUrl, host, port, dataDir, logLevel, logFormat, maxUploadBytes },
     {
       databaseUrl: "postgresql://u:p@db:5432/assay",
       host: "0.0.0.0",
@@ -38,6 +45,28 @@ test("values from the environment; empty strings count as unset", () => {
     },
   );
   assert.equal(loadConfig({ PORT: "" }).port, 3000);
+});
+
+test("queue settings and per-type settings (ASSAY_<TYPE>_…, `-` → `_`)", () => {
+  const d = loadConfig({});
+  assert.deepEqual(
+    [d.leaseTtlMs, d.reapIntervalMs, d.pollIntervalMs, d.maxTaskRuns, d.prefetch],
+    [30_000, 5000, 2000, 10_000, 0],
+  );
+  assert.deepEqual(typeSettings(d, "python-stats"), { concurrency: 0, maxAttempts: 3, timeoutMs: 600_000 });
+  const c = loadConfig({
+    ASSAY_PYTHON_STATS_CONCURRENCY: "2",
+    ASSAY_PYTHON_STATS_MAX_ATTEMPTS: "5",
+    ASSAY_R_REPORT_TIMEOUT_MS: "1000",
+    ASSAY_WORKER_WAIT_MS: "5000",
+  });
+  assert.deepEqual(typeSettings(c, "python-stats"), { concurrency: 2, maxAttempts: 5, timeoutMs: 600_000 });
+  assert.equal(typeSettings(c, "r-report").timeoutMs, 1000);
+  assert.equal(c.workerWaitMs, 5000);
+  assert.throws(
+    () => loadConfig({ ASSAY_SUMMARY_MAX_ATTEMPTS: "0" }),
+    /ASSAY_SUMMARY_MAX_ATTEMPTS="0": must be >= 1/,
+  );
 });
 
 test("invalid values: one clear line per bad field", () => {

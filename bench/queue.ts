@@ -1,0 +1,203 @@
+// Queue benchmark (issue 3): create, drain and pickup latency of Assay's queue with a no-op handler,
+// next to graphile-worker 0.18 (localQueue + batched completion, each job incrementing a parent
+// counter) on the same PostgreSQL in the same run. One JSON line per workload.
+//
+//   npx tsx bench/queue.ts              # throwaway embedded PostgreSQL (fsync on)
+//   DATABASE_URL=postgres://… npx tsx bench/queue.ts   # an empty database; it is migrated
+import { performance } from "node:perf_hooks";
+import { run as graphileRun, Logger, makeWorkerUtils } from "graphile-worker";
+import { createDatabase } from "../src/db/client.ts";
+import { createLogger } from "../src/log.ts";
+import { Worker } from "../src/queue/worker.ts";
+import { taskCreate } from "../src/tasks/create.ts";
+import { benchDatabase, report } from "./lib/db.ts";
+
+const N = Number(process.env.BENCH_N ?? 10_000);
+const C = 10;
+const LATENCY_TASKS = Number(process.env.BENCH_LATENCY_N ?? 200);
+const logger = createLogger({ level: "warn", destination: process.stderr });
+
+const bench = await benchDatabase();
+const db = createDatabase(bench.url, { max: 10 });
+const sql = db.sql;
+
+try {
+  const [user] = await sql<
+    { id: number }[]
+  >`insert into users (name, role) values ('bench', 'admin') returning id::int`;
+  const owner = { userId: user?.id as number, name: "bench", role: "admin" as const };
+  const fileIds = (
+    await sql<{ id: string }[]>`
+      with next as (select nextval(pg_get_serial_sequence('files', 'id')) as id from generate_series(1, ${N}))
+      insert into files (id, owner_id, name, content_type, size_bytes, sha256, storage_key)
+      select id, ${owner.userId}, 'f.csv', 'text/csv', 1, repeat('0', 64), 'files/' || id from next
+      returning id::text`
+  ).map((r) => r.id);
+  await sql`vacuum analyze`;
+
+  // create: one task of N runs.
+  let t0 = performance.now();
+  const created = await taskCreate(sql, owner, {
+    analysisType: "noop",
+    fileIds,
+    parameters: {},
+    maxAttempts: 3,
+  });
+  const createSeconds = (performance.now() - t0) / 1000;
+  if (created.kind !== "created") throw new Error("create failed");
+  report("create", N, 1, createSeconds, [createSeconds * 1000], true);
+
+  // drain: one worker, concurrency C, no-op handler, until the task is terminal; then the same with
+  // a local prefetch (ASSAY_PREFETCH) of 50, the setting meant for handlers this short.
+  let handlerStarted: ((id: number) => void) | undefined;
+  const makeWorker = (prefetch: number) =>
+    new Worker({
+      sql,
+      logger,
+      types: {
+        noop: {
+          handler: async (run) => {
+            handlerStarted?.(run.id);
+            return { status: "succeeded" };
+          },
+        },
+      },
+      concurrency: C,
+      leaseTtlMs: 30_000,
+      pollIntervalMs: 2000,
+      retryBaseMs: 1000,
+      prefetch,
+    });
+  const drain = async (workload: string, taskId: string, prefetch: number) => {
+    const w = makeWorker(prefetch);
+    const start = performance.now();
+    await w.start();
+    for (;;) {
+      const [t] = await sql`select status from tasks where id = ${taskId}`;
+      if (t?.status === "succeeded") break;
+      await new Promise((res) => setTimeout(res, 5));
+    }
+    const seconds = (performance.now() - start) / 1000;
+    const [check] = await sql<{ counted: number; actual: number; latencies: number[] }[]>`
+      select t.succeeded_count as counted,
+             (select count(*)::int from runs where task_id = t.id and status = 'succeeded') as actual,
+             (select array_agg(extract(epoch from finished_at - started_at) * 1000) from runs where task_id = t.id) as latencies
+      from tasks t where t.id = ${taskId}`;
+    report(
+      workload,
+      N,
+      C,
+      seconds,
+      (check?.latencies ?? []).map(Number),
+      check?.counted === N && check?.actual === N,
+      {
+        prefetch,
+        note: "latencies: claim → completion per run",
+      },
+    );
+    return w;
+  };
+  await (await drain("drain", created.taskId, 0)).stop();
+  const second = await taskCreate(sql, owner, {
+    analysisType: "noop",
+    fileIds,
+    parameters: {},
+    maxAttempts: 3,
+  });
+  if (second.kind !== "created") throw new Error("create failed");
+  await (await drain("drain:prefetch", second.taskId, 50)).stop();
+  const worker = makeWorker(0);
+  await worker.start();
+
+  // latency: single-run tasks created one at a time on an idle worker; create start → handler start.
+  const latencies: number[] = [];
+  for (let i = 0; i < LATENCY_TASKS; i++) {
+    const [f] = await sql<{ id: string }[]>`
+      insert into files (owner_id, name, content_type, size_bytes, sha256, storage_key)
+      values (${owner.userId}, 'l.csv', 'text/csv', 1, ${"0".repeat(64)}, ${`files/lat-${i}`}) returning id::text`;
+    const started = new Promise<number>((resolve) => {
+      handlerStarted = () => resolve(performance.now());
+    });
+    const s = performance.now();
+    const r = await taskCreate(sql, owner, {
+      analysisType: "noop",
+      fileIds: [f?.id as string],
+      parameters: {},
+      maxAttempts: 3,
+    });
+    if (r.kind !== "created") throw new Error("create failed");
+    latencies.push((await started) - s);
+    handlerStarted = undefined;
+    // Let the completion land so the worker is idle again before the next create.
+    for (;;) {
+      const [t] = await sql`select status from tasks where id = ${r.taskId}`;
+      if (t?.status === "succeeded") break;
+      await new Promise((res) => setTimeout(res, 1));
+    }
+  }
+  report("latency", LATENCY_TASKS, 1, latencies.reduce((a, b) => a + b, 0) / 1000, latencies, true, {
+    note: "create call start → handler start; rate is meaningless here",
+  });
+  await worker.stop();
+
+  // graphile-worker 0.18 on the same database, jobs incrementing a parent counter.
+  await sql`create table if not exists bench_parent (id int primary key, n int not null)`;
+  await sql`insert into bench_parent values (1, 0) on conflict (id) do update set n = 0`;
+  const utils = await makeWorkerUtils({ connectionString: bench.url, logger: new Logger(() => () => {}) });
+  await utils.migrate();
+  t0 = performance.now();
+  await utils.addJobs(Array.from({ length: N }, () => ({ identifier: "inc", payload: {} })));
+  report("graphile:create", N, 1, (performance.now() - t0) / 1000, [performance.now() - t0], true);
+  let onJob: (() => void) | undefined;
+  const runner = await graphileRun({
+    connectionString: bench.url,
+    concurrency: C,
+    noHandleSignals: true,
+    pollInterval: 2000,
+    logger: new Logger(() => () => {}),
+    taskList: {
+      inc: async (_payload, helpers) => {
+        onJob?.();
+        await helpers.query("update bench_parent set n = n + 1 where id = 1");
+      },
+    },
+    preset: { worker: { localQueue: { size: C + 1 }, completeJobBatchDelay: 0, failJobBatchDelay: 0 } },
+  });
+  t0 = performance.now();
+  for (;;) {
+    const [p] = await sql`select n from bench_parent where id = 1`;
+    const [left] = await sql`select count(*)::int as n from graphile_worker._private_jobs`;
+    if (p?.n === N && left?.n === 0) break;
+    await new Promise((res) => setTimeout(res, 5));
+  }
+  const gDrain = (performance.now() - t0) / 1000;
+  report("graphile:drain", N, C, gDrain, [], true);
+  const gLatencies: number[] = [];
+  for (let i = 0; i < LATENCY_TASKS; i++) {
+    const started = new Promise<number>((resolve) => {
+      onJob = () => resolve(performance.now());
+    });
+    const s = performance.now();
+    await utils.addJob("inc", {});
+    gLatencies.push((await started) - s);
+    onJob = undefined;
+    for (;;) {
+      const [left] = await sql`select count(*)::int as n from graphile_worker._private_jobs`;
+      if (left?.n === 0) break;
+      await new Promise((res) => setTimeout(res, 1));
+    }
+  }
+  report(
+    "graphile:latency",
+    LATENCY_TASKS,
+    1,
+    gLatencies.reduce((a, b) => a + b, 0) / 1000,
+    gLatencies,
+    true,
+  );
+  await runner.stop();
+  await utils.release();
+} finally {
+  await db.close();
+  await bench.stop();
+}

@@ -1,0 +1,312 @@
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { bearer, multipart, startTestApp, type TestApp } from "../helpers/app.ts";
+
+let t: TestApp;
+let alice: string;
+let bob: string;
+let admin: string;
+let aliceFiles: string[];
+let bobFile: string;
+
+before(async () => {
+  t = await startTestApp({ ASSAY_MAX_TASK_RUNS: "5" });
+  [alice, bob, admin] = await Promise.all([t.token("alice"), t.token("bob"), t.token("root", "admin")]);
+  aliceFiles = [];
+  for (let i = 0; i < 4; i++) aliceFiles.push(await upload(alice, `a,b\n${i},2\n`));
+  bobFile = await upload(bob, "x\n1\n");
+});
+after(() => t.close());
+
+async function upload(token: string, content: string): Promise<string> {
+  const { payload, headers } = multipart("file", content);
+  const res = await t.app.inject({
+    method: "POST",
+    url: "/api/files",
+    payload,
+    headers: { ...headers, ...bearer(token) },
+  });
+  return res.json().data.fileId;
+}
+
+const create = (token: string, body: unknown, headers: Record<string, string> = {}) =>
+  t.app.inject({
+    method: "POST",
+    url: "/api/analysis-tasks",
+    payload: body as object,
+    headers: { ...bearer(token), ...headers },
+  });
+const counts = async () => {
+  const [row] = await t.db
+    .sql`select (select count(*) from tasks)::int as tasks, (select count(*) from runs)::int as runs`;
+  return row;
+};
+
+describe("POST /api/analysis-tasks", () => {
+  test("one file (seed contract) → 201 queued; the run snapshots the file", async () => {
+    const res = await create(alice, {
+      analysisType: "python-stats",
+      inputFileId: aliceFiles[0],
+      parameters: { method: "mean" },
+    });
+    assert.equal(res.statusCode, 201);
+    const body = res.json();
+    assert.deepEqual(body, {
+      code: "OK",
+      message: "Task created",
+      data: { taskId: body.data.taskId, status: "queued" },
+    });
+    const [run] = await t.db.sql`
+      select r.input_file_id::text as file, r.input_name, r.input_storage_key, r.input_sha256 = f.sha256 as same_hash,
+             r.max_attempts, r.status
+      from runs r join files f on f.id = r.input_file_id where r.task_id = ${body.data.taskId}`;
+    assert.deepEqual(
+      { ...run },
+      {
+        file: aliceFiles[0],
+        input_name: "data.csv",
+        input_storage_key: `files/${aliceFiles[0]}`,
+        same_hash: true,
+        max_attempts: 3,
+        status: "queued",
+      },
+    );
+  });
+
+  test("many files fan out into one run each; duplicates collapse", async () => {
+    const ids = [aliceFiles[0], aliceFiles[1], aliceFiles[1], aliceFiles[2]];
+    const res = await create(alice, { analysisType: "summary", inputFileIds: ids, parameters: {} });
+    assert.equal(res.statusCode, 201);
+    const task = await t.app.inject({
+      url: `/api/analysis-tasks/${res.json().data.taskId}`,
+      headers: bearer(alice),
+    });
+    assert.equal(task.json().data.totalCount, 3);
+    assert.equal(task.json().data.status, "queued");
+    assert.equal(task.json().data.progressPercent, 0);
+  });
+
+  test("parameters are validated per analysis type", async () => {
+    const cases: [unknown, string][] = [
+      [
+        { analysisType: "python-stats", inputFileId: aliceFiles[0], parameters: { method: "mode" } },
+        "method",
+      ],
+      [{ analysisType: "python-stats", inputFileId: aliceFiles[0], parameters: {} }, "method"],
+      [
+        {
+          analysisType: "python-stats",
+          inputFileId: aliceFiles[0],
+          parameters: { method: "mean", columns: [] },
+        },
+        "columns",
+      ],
+      [{ analysisType: "summary", inputFileId: aliceFiles[0], parameters: { method: "mean" } }, "parameters"],
+      [
+        { analysisType: "r-report", inputFileId: aliceFiles[0], parameters: { title: "x".repeat(201) } },
+        "title",
+      ],
+      [{ analysisType: "summary", inputFileId: aliceFiles[0], extra: 1 }, "body"],
+    ];
+    const before = await counts();
+    for (const [body, field] of cases) {
+      const res = await create(alice, body);
+      assert.equal(res.statusCode, 400, JSON.stringify(body));
+      assert.equal(res.json().code, "VALIDATION_FAILED", JSON.stringify(body));
+      assert.match(res.json().message, new RegExp(field), JSON.stringify(body));
+    }
+    assert.deepEqual(await counts(), before);
+    const good = await create(alice, {
+      analysisType: "r-report",
+      inputFileId: aliceFiles[0],
+      parameters: { title: "Q3 & <stuff>" },
+    });
+    assert.equal(good.statusCode, 201);
+  });
+
+  test("unknown analysis type → 400 ANALYSIS_TYPE_UNSUPPORTED", async () => {
+    for (const analysisType of ["rm -rf", "SUMMARY", "", "bash"]) {
+      const res = await create(alice, { analysisType, inputFileId: aliceFiles[0] });
+      assert.equal(res.statusCode, 400);
+      assert.deepEqual(res.json(), {
+        code: "ANALYSIS_TYPE_UNSUPPORTED",
+        message: "The analysis type is not supported.",
+      });
+    }
+  });
+
+  test("no files, both or neither id fields, too many files → 400 VALIDATION_FAILED; nothing written", async () => {
+    const before = await counts();
+    for (const body of [
+      { analysisType: "summary", inputFileIds: [] },
+      { analysisType: "summary" },
+      { analysisType: "summary", inputFileId: aliceFiles[0], inputFileIds: [aliceFiles[1]] },
+      { analysisType: "summary", inputFileIds: ["1", "2", "3", "4", "5", "6"] },
+    ]) {
+      const res = await create(alice, body);
+      assert.equal(res.statusCode, 400, JSON.stringify(body));
+      assert.equal(res.json().code, "VALIDATION_FAILED");
+    }
+    assert.deepEqual(await counts(), before);
+  });
+
+  test("a missing, malformed or foreign file → 404 FILE_NOT_FOUND with nothing written; an admin may use anyone's", async () => {
+    const before = await counts();
+    for (const ids of [["999999"], [aliceFiles[0], "999999"], [aliceFiles[0], bobFile], ["abc"], ["-1"]]) {
+      const res = await create(alice, { analysisType: "summary", inputFileIds: ids });
+      assert.equal(res.statusCode, 404, JSON.stringify(ids));
+      assert.equal(res.json().code, "FILE_NOT_FOUND");
+    }
+    assert.deepEqual(await counts(), before);
+    assert.equal(
+      (await create(admin, { analysisType: "summary", inputFileIds: [aliceFiles[0], bobFile] })).statusCode,
+      201,
+    );
+  });
+
+  test("Idempotency-Key: a replay returns the same task (200); a different request under it → 409", async () => {
+    const body = { analysisType: "summary", inputFileIds: [aliceFiles[3]] };
+    const first = await create(alice, body, { "idempotency-key": "k-1" });
+    assert.equal(first.statusCode, 201);
+    const before = await counts();
+    const replays = await Promise.all([1, 2, 3].map(() => create(alice, body, { "idempotency-key": "k-1" })));
+    for (const r of replays) {
+      assert.equal(r.statusCode, 200);
+      assert.equal(r.json().data.taskId, first.json().data.taskId);
+    }
+    assert.deepEqual(await counts(), before);
+    const other = await create(
+      alice,
+      { ...body, inputFileIds: [aliceFiles[2]] },
+      { "idempotency-key": "k-1" },
+    );
+    assert.equal(other.statusCode, 409);
+    assert.equal(other.json().code, "IDEMPOTENCY_KEY_REUSED");
+    // Keys are per user.
+    const bobs = await create(
+      bob,
+      { analysisType: "summary", inputFileId: bobFile },
+      { "idempotency-key": "k-1" },
+    );
+    assert.equal(bobs.statusCode, 201);
+  });
+
+  test("concurrent first requests with one Idempotency-Key create exactly one task", async () => {
+    const body = { analysisType: "summary", inputFileIds: [aliceFiles[0], aliceFiles[1]] };
+    const results = await Promise.all(
+      [1, 2, 3, 4].map(() => create(alice, body, { "idempotency-key": "race-1" })),
+    );
+    const ids = new Set(results.map((r) => r.json().data.taskId));
+    assert.equal(ids.size, 1);
+    assert.deepEqual(results.map((r) => r.statusCode).sort(), [200, 200, 200, 201]);
+  });
+});
+
+describe("reading tasks", () => {
+  test("another user's task is 404 ANALYSIS_TASK_NOT_FOUND; an admin sees it; odd ids are 404", async () => {
+    const taskId = (await create(alice, { analysisType: "summary", inputFileId: aliceFiles[0] })).json().data
+      .taskId;
+    assert.equal(
+      (await t.app.inject({ url: `/api/analysis-tasks/${taskId}`, headers: bearer(alice) })).statusCode,
+      200,
+    );
+    assert.equal(
+      (await t.app.inject({ url: `/api/analysis-tasks/${taskId}`, headers: bearer(admin) })).statusCode,
+      200,
+    );
+    for (const url of [`/api/analysis-tasks/${taskId}`, `/api/analysis-tasks/${taskId}/runs`]) {
+      const res = await t.app.inject({ url, headers: bearer(bob) });
+      assert.equal(res.statusCode, 404);
+      assert.deepEqual(res.json(), {
+        code: "ANALYSIS_TASK_NOT_FOUND",
+        message: "The analysis task does not exist.",
+      });
+    }
+    for (const id of ["abc", "0", "99999999", "9".repeat(30)]) {
+      assert.equal(
+        (await t.app.inject({ url: `/api/analysis-tasks/${id}`, headers: bearer(alice) })).statusCode,
+        404,
+      );
+    }
+  });
+
+  test("the task body has every field of the contract", async () => {
+    const taskId = (
+      await create(alice, {
+        analysisType: "python-stats",
+        inputFileId: aliceFiles[1],
+        parameters: { method: "max" },
+      })
+    ).json().data.taskId;
+    const data = (await t.app.inject({ url: `/api/analysis-tasks/${taskId}`, headers: bearer(alice) })).json()
+      .data;
+    assert.deepEqual(Object.keys(data).sort(), [
+      "analysisType",
+      "cancelledCount",
+      "createdAt",
+      "failedCount",
+      "finishedAt",
+      "parameters",
+      "progressPercent",
+      "startedAt",
+      "status",
+      "succeededCount",
+      "taskId",
+      "timedOutCount",
+      "totalCount",
+    ]);
+    assert.deepEqual(data.parameters, { method: "max" });
+    const runs = (
+      await t.app.inject({ url: `/api/analysis-tasks/${taskId}/runs`, headers: bearer(alice) })
+    ).json().data;
+    assert.equal(runs.items.length, 1);
+    assert.deepEqual(Object.keys(runs.items[0]).sort(), [
+      "attempt",
+      "errorCode",
+      "errorMessage",
+      "fileName",
+      "finishedAt",
+      "inputFileId",
+      "metrics",
+      "progressPercent",
+      "runId",
+      "startedAt",
+      "status",
+    ]);
+    assert.equal(runs.items[0].fileName, "data.csv");
+    assert.equal(runs.nextCursor, null);
+  });
+
+  test("list: own tasks only, newest first, status filter, cursor pagination", async () => {
+    const mine = await t.db
+      .sql`select t.id::text from tasks t join users u on u.id = t.owner_id where u.name = 'alice' order by t.id desc`;
+    const seen: string[] = [];
+    let cursor: string | null = null;
+    do {
+      const url: string = `/api/analysis-tasks?limit=2${cursor ? `&cursor=${cursor}` : ""}`;
+      const res = await t.app.inject({ url, headers: bearer(alice) });
+      assert.equal(res.statusCode, 200);
+      const page: { items: { taskId: string }[]; nextCursor: string | null } = res.json().data;
+      assert.ok(page.items.length <= 2);
+      seen.push(...page.items.map((i) => i.taskId));
+      cursor = page.nextCursor;
+    } while (cursor);
+    assert.deepEqual(
+      seen,
+      mine.map((r) => r.id),
+    );
+    const queued = (
+      await t.app.inject({ url: "/api/analysis-tasks?status=queued&limit=100", headers: bearer(alice) })
+    ).json().data;
+    assert.equal(queued.items.length, mine.length);
+    const none = (
+      await t.app.inject({ url: "/api/analysis-tasks?status=succeeded", headers: bearer(alice) })
+    ).json().data;
+    assert.deepEqual(none, { items: [], nextCursor: null });
+    for (const q of ["status=bogus", "limit=0", "limit=101", "cursor=abc"]) {
+      const res = await t.app.inject({ url: `/api/analysis-tasks?${q}`, headers: bearer(alice) });
+      assert.equal(res.statusCode, 400, q);
+      assert.equal(res.json().code, "VALIDATION_FAILED");
+    }
+  });
+});
