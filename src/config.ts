@@ -138,6 +138,29 @@ const FIELDS = {
     description:
       "Runs a worker claims ahead of its free slots (0: only free slots). Only for very short handlers: prefetched runs hold leases while they wait.",
   },
+  killGraceMs: {
+    env: "ASSAY_KILL_GRACE_MS",
+    schema: Type.Integer({ minimum: 0, default: 5000 }),
+    description: "Between SIGTERM and SIGKILL to an analysis process group on timeout, cancel or shutdown.",
+  },
+  shutdownGraceMs: {
+    env: "ASSAY_SHUTDOWN_GRACE_MS",
+    schema: Type.Integer({ minimum: 0, default: 25_000 }),
+    description:
+      "On SIGTERM, how long a worker lets running analyses finish before aborting them (their runs go back to the queue unspent).",
+  },
+  python: {
+    env: "ASSAY_PYTHON",
+    schema: Type.String({ minLength: 1 }),
+    optional: true,
+    description: "Python 3 for python-stats: a path or a name looked up in PATH (default python3).",
+  },
+  rscript: {
+    env: "ASSAY_RSCRIPT",
+    schema: Type.String({ minLength: 1 }),
+    optional: true,
+    description: "Rscript for r-report: a path or a name looked up in PATH (default Rscript).",
+  },
   ...perTypeFields(),
 } satisfies Record<string, Field>;
 

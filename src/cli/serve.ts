@@ -8,6 +8,7 @@ import { buildServer } from "../http/server.ts";
 import { createLogger } from "../log.ts";
 import { LocalStorage } from "../storage/local.ts";
 import { need, parse, UsageError } from "./usage.ts";
+import { startWorkerRuntime } from "./worker-runtime.ts";
 
 const HELP = {
   api: `Usage: assay api [--dev-token]
@@ -25,8 +26,11 @@ API and worker in one process, for development (\`make dev\`).
   --dev-token       create an admin token for user "dev" and print it with a curl example`,
 } as const;
 
-/** Bounded total shutdown time; a second signal exits at once. */
-const SHUTDOWN_TIMEOUT_MS = 30_000;
+/**
+ * Total shutdown is bounded by ASSAY_SHUTDOWN_GRACE_MS plus this margin (kill grace, final writes);
+ * a second signal exits at once and the reaper covers what that leaves.
+ */
+const SHUTDOWN_MARGIN_MS = 15_000;
 /** Partial uploads older than this are what a killed process left behind. */
 const PARTIAL_UPLOAD_MAX_AGE_MS = 60 * 60 * 1000;
 
@@ -65,25 +69,26 @@ export async function serveCommand(
           { config: cfg, database, storage, expectedMigrations: expectedMigrationCount() },
           logger,
         );
-  const closer = closeWithGrace({ delay: SHUTDOWN_TIMEOUT_MS, logger }, async ({ signal, err }) => {
-    if (err) logger.error({ err }, "shutting down after an unexpected error");
-    else logger.info({ signal }, "shutting down");
-    await server?.close();
-    await database.close();
-    logger.info("stopped");
-  });
+  const worker =
+    mode === "api" ? undefined : await startWorkerRuntime(cfg, database.sql, storage, logger, concurrency);
+  const closer = closeWithGrace(
+    { delay: cfg.shutdownGraceMs + SHUTDOWN_MARGIN_MS, logger },
+    async ({ signal, err }) => {
+      if (err) logger.error({ err }, "shutting down after an unexpected error");
+      else logger.info({ signal }, "shutting down");
+      await Promise.all([server?.close(), worker?.stop()]);
+      await database.close();
+      logger.info("stopped");
+    },
+  );
   try {
     if (server) await server.listen({ host: cfg.host, port: cfg.port });
   } catch (err) {
     logger.error({ err }, "could not listen");
     closer.uninstall();
+    await worker?.stop();
     await database.close();
     return 1;
-  }
-  if (mode !== "api") {
-    // The worker loop (claims, leases, the reaper) is built by the queue issue; until then a
-    // worker process starts, connects and shuts down cleanly but claims nothing.
-    logger.info({ concurrency }, "worker started (queue not yet available: claims nothing)");
   }
   if ((values as { "dev-token"?: boolean })["dev-token"] && server) {
     const { token } = await tokenCreate(database.sql, "dev", "admin");

@@ -119,6 +119,9 @@ async function rootClusterDir(dataDir: string, runAs: RunAs): Promise<string> {
   }
   const hash = createHash("sha256").update(dataDir).digest("hex").slice(0, 16);
   const real = path.join(clusters, hash);
+  // A cluster left by an earlier data dir of the same path that has since been deleted (with its
+  // password file): unusable, and nobody else's.
+  await fsp.rm(real, { recursive: true, force: true });
   await fsp.mkdir(real, { recursive: true, mode: 0o700 });
   await fsp.chown(real, runAs.uid, runAs.gid);
   await fsp.mkdir(path.dirname(dataDir), { recursive: true });

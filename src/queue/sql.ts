@@ -132,21 +132,50 @@ export function runHeartbeat(
 export interface ProgressUpdate extends Lease {
   /** 0–100, or null to only record that the attempt is running. */
   progress: number | null;
+  message?: string | null;
 }
 
 /**
  * Records that attempts are running (starting → running) and their latest progress, fenced by the
- * lease token. Returns the runs that matched, with their status.
+ * lease token, and appends `run.running` / `run.progress` events. Returns the runs that matched, with
+ * their status.
  */
 export function runProgress(sql: Sql, updates: ProgressUpdate[]): Promise<{ id: number; status: string }[]> {
   if (updates.length === 0) return Promise.resolve([]);
+  const input = updates.map((u) => ({
+    id: u.id,
+    token: u.token,
+    progress: u.progress,
+    message: u.message ?? null,
+  }));
   return sql<{ id: number; status: string }[]>`
-    update runs r set
-      status = case when r.status = 'starting' then 'running' else r.status end,
-      progress = coalesce(i.progress, r.progress)
-    from jsonb_to_recordset(${sql.json(updates as unknown as Json)}) as i(id bigint, token uuid, progress int)
-    where r.id = i.id and r.lease_token = i.token and r.status in ${sql(LIVE)}
-    returning r.id::float8 as id, r.status`;
+    with i as (
+      select * from jsonb_to_recordset(${sql.json(input as unknown as Json)})
+        as i(id bigint, token uuid, progress int, message text)
+    ),
+    prev as (select r.id, r.status from runs r join i on i.id = r.id),
+    moved as (
+      update runs r set
+        status = case when r.status = 'starting' then 'running' else r.status end,
+        progress = coalesce(i.progress, r.progress)
+      from i
+      where r.id = i.id and r.lease_token = i.token and r.status in ${sql(LIVE)}
+      returning r.id, r.task_id, r.status, r.attempt
+    ),
+    events as (
+      insert into task_events (task_id, run_id, type, data)
+      select task_id, run_id, type, data from (
+        select m.task_id, m.id as run_id, 'run.running' as type,
+               jsonb_build_object('status', 'running', 'attempt', m.attempt) as data, 0 as ord
+        from moved m join prev p on p.id = m.id where p.status = 'starting'
+        union all
+        select m.task_id, m.id, 'run.progress',
+               jsonb_strip_nulls(jsonb_build_object('percent', i.progress, 'message', i.message)), 1
+        from moved m join i on i.id = m.id where i.progress is not null
+      ) e
+      order by run_id, ord
+    )
+    select id::float8 as id, status from moved`;
 }
 
 export interface Outcome extends Lease {

@@ -35,7 +35,14 @@ export interface HandlerContext {
 
 export type HandlerOutcome =
   | { status: "succeeded"; result?: Record<string, unknown> }
-  | { status: "failed"; errorCode: string; errorMessage?: string; transient?: boolean }
+  | {
+      status: "failed";
+      errorCode: string;
+      errorMessage?: string;
+      transient?: boolean;
+      /** Diagnostics kept with the failed run (e.g. the tail of stderr); never shown to users. */
+      result?: Record<string, unknown>;
+    }
   | { status: "timed_out"; errorMessage?: string }
   | { status: "cancelled" };
 
@@ -87,7 +94,10 @@ export class Worker {
   private buffer: ClaimedRun[] = [];
   private outcomes: { run: ClaimedRun; outcome: Outcome }[] = [];
   private retries: { run: ClaimedRun; retry: Retry }[] = [];
-  private readonly progress = new Map<number, { token: string; progress: number | null }>();
+  private readonly progress = new Map<
+    number,
+    { token: string; progress: number | null; message: string | null }
+  >();
   private flushing: Promise<void> | undefined;
   private loop: Promise<void> | undefined;
   private wakeUp: (() => void) | undefined;
@@ -215,13 +225,13 @@ export class Worker {
     if (!type) throw new Error(`claimed a run of an unknown type: ${run.analysisType}`);
     const controller = new AbortController();
     const timeout = setTimeout(() => controller.abort("timeout"), type.timeoutMs ?? DEFAULT_TIMEOUT_MS);
-    this.progress.set(run.id, { token: run.leaseToken, progress: null });
+    this.progress.set(run.id, { token: run.leaseToken, progress: null, message: null });
     const ctx: HandlerContext = {
       signal: controller.signal,
-      reportProgress: (percent) => {
+      reportProgress: (percent, message) => {
         if (controller.signal.aborted) return;
         const p = Math.max(0, Math.min(100, Math.round(percent)));
-        this.progress.set(run.id, { token: run.leaseToken, progress: p });
+        this.progress.set(run.id, { token: run.leaseToken, progress: p, message: message ?? null });
       },
     };
     const done = (async () => {
@@ -295,7 +305,8 @@ export class Worker {
           this.queueRetry(run, { ...lease, delayMs, refund: false, errorCode, errorMessage });
           this.timers.push(setTimeout(() => this.wake(), delayMs + 5).unref());
         } else {
-          this.queueOutcome(run, { ...lease, status: "failed", errorCode, errorMessage });
+          const result = outcome.status === "failed" ? (outcome.result ?? null) : null;
+          this.queueOutcome(run, { ...lease, status: "failed", errorCode, errorMessage, result });
         }
         return;
       }
@@ -433,7 +444,7 @@ export class Worker {
     if (this.progress.size === 0) return;
     const updates = [...this.progress.entries()]
       .filter(([id]) => this.active.has(id))
-      .map(([id, p]) => ({ id, token: p.token, progress: p.progress }));
+      .map(([id, p]) => ({ id, token: p.token, progress: p.progress, message: p.message }));
     this.progress.clear();
     try {
       const rows = await runProgress(this.o.sql, updates);

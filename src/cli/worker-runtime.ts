@@ -1,0 +1,75 @@
+// The production worker of `assay worker` / `assay all`: the programs this machine can run, their
+// process handlers, the queue worker and the reaper.
+import path from "node:path";
+import { findPrograms } from "../analyses/programs.ts";
+import type { AnalysisType } from "../analyses/types.ts";
+import { type Config, typeSettings } from "../config.ts";
+import type { Sql } from "../db/client.ts";
+import type { Logger } from "../log.ts";
+import { Reaper } from "../queue/reaper.ts";
+import { type TypeOptions, Worker } from "../queue/worker.ts";
+import { discardAttempt, processHandler } from "../runner/handler.ts";
+import type { LocalStorage } from "../storage/local.ts";
+
+export interface WorkerRuntime {
+  worker: Worker;
+  reaper: Reaper;
+  /** Stops claiming, lets analyses finish for the grace period, then aborts and re-queues the rest. */
+  stop(): Promise<void>;
+}
+
+export async function startWorkerRuntime(
+  config: Config,
+  sql: Sql,
+  storage: LocalStorage,
+  logger: Logger,
+  concurrency: number,
+): Promise<WorkerRuntime> {
+  const found = findPrograms({
+    ...(config.python ? { python: config.python } : {}),
+    ...(config.rscript ? { rscript: config.rscript } : {}),
+  });
+  for (const m of found.missing) {
+    logger.warn({ analysisType: m.type, reason: m.reason }, "this worker will not claim this analysis type");
+  }
+  const outputsRoot = path.join(config.dataDir, "outputs");
+  const types: Record<string, TypeOptions> = {};
+  for (const program of found.available) {
+    const settings = typeSettings(config, program.type as AnalysisType);
+    types[program.type] = {
+      handler: processHandler(program, { storage, outputsRoot, killGraceMs: config.killGraceMs }),
+      globalLimit: settings.concurrency,
+      timeoutMs: settings.timeoutMs,
+    };
+    logger.info({ analysisType: program.type, executable: program.executable }, "analysis type available");
+  }
+  const worker = new Worker({
+    sql,
+    logger,
+    types,
+    concurrency,
+    leaseTtlMs: config.leaseTtlMs,
+    pollIntervalMs: config.pollIntervalMs,
+    retryBaseMs: config.retryBaseMs,
+    prefetch: config.prefetch,
+    onDiscard: discardAttempt(outputsRoot),
+  });
+  const reaper = new Reaper({
+    sql,
+    logger,
+    intervalMs: config.reapIntervalMs,
+    leaseTtlMs: config.leaseTtlMs,
+    retryBaseMs: config.retryBaseMs,
+    workerWaitMs: config.workerWaitMs,
+  });
+  await worker.start();
+  reaper.start();
+  return {
+    worker,
+    reaper,
+    stop: async () => {
+      await reaper.stop();
+      await worker.stop(config.shutdownGraceMs);
+    },
+  };
+}

@@ -1,0 +1,96 @@
+// Per-attempt output directories: each attempt writes into `<root>/<taskId>/<runId>.<attempt>.tmp/`,
+// which is checked and then published with one atomic rename to `<root>/<taskId>/<runId>/`, or
+// removed on every other ending.
+import { randomBytes } from "node:crypto";
+import fsp from "node:fs/promises";
+import path from "node:path";
+
+export const OUTPUT_LIMITS = {
+  maxFiles: 16,
+  maxFileBytes: 100 * 1024 * 1024,
+  maxTotalBytes: 200 * 1024 * 1024,
+  extensions: [".json", ".csv", ".html", ".png", ".svg", ".txt", ".md"],
+};
+
+/** Names a script may give its outputs: a plain file name, no path, no leading dot. */
+const SAFE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+/** Written beside a published directory's files to say which attempt published it. */
+const MARKER = ".attempt";
+
+export interface AttemptDirs {
+  tmp: string;
+  final: string;
+  /** Identifies the attempt: `<attempt> <lease token>`. */
+  marker: string;
+}
+
+export function attemptDirs(
+  root: string,
+  taskId: number,
+  runId: number,
+  attempt: number,
+  token: string,
+): AttemptDirs {
+  const taskDir = path.join(root, String(taskId));
+  return {
+    tmp: path.join(taskDir, `${runId}.${attempt}.tmp`),
+    final: path.join(taskDir, String(runId)),
+    marker: `${attempt} ${token}`,
+  };
+}
+
+export type OutputCheck = { ok: true; files: string[] } | { ok: false; message: string };
+
+/** Validates an attempt's directory against the result event and the limits. */
+export async function checkOutputs(dir: string, resultName: string): Promise<OutputCheck> {
+  if (!SAFE_NAME.test(resultName) || path.basename(resultName) !== resultName) {
+    return { ok: false, message: "the result names a file outside the output directory" };
+  }
+  const entries = await fsp.readdir(dir, { withFileTypes: true });
+  if (entries.length > OUTPUT_LIMITS.maxFiles) return { ok: false, message: "too many output files" };
+  let total = 0;
+  for (const entry of entries) {
+    if (!entry.isFile()) return { ok: false, message: "outputs must be regular files (no links or folders)" };
+    if (!SAFE_NAME.test(entry.name)) return { ok: false, message: "an output file has an unsafe name" };
+    if (!OUTPUT_LIMITS.extensions.includes(path.extname(entry.name).toLowerCase())) {
+      return { ok: false, message: "an output file has a type that is not allowed" };
+    }
+    const { size } = await fsp.lstat(path.join(dir, entry.name));
+    if (size > OUTPUT_LIMITS.maxFileBytes) return { ok: false, message: "an output file is too large" };
+    total += size;
+  }
+  if (total > OUTPUT_LIMITS.maxTotalBytes)
+    return { ok: false, message: "the outputs are too large together" };
+  if (!entries.some((e) => e.name === resultName)) {
+    return { ok: false, message: "the file named by the result does not exist" };
+  }
+  return { ok: true, files: entries.map((e) => e.name).sort() };
+}
+
+/** Publishes `dirs.tmp` as `dirs.final` with one rename, replacing an earlier attempt's output. */
+export async function publishOutputs(dirs: AttemptDirs): Promise<void> {
+  await fsp.writeFile(path.join(dirs.tmp, MARKER), dirs.marker);
+  await moveAside(dirs.final);
+  await fsp.rename(dirs.tmp, dirs.final);
+}
+
+/**
+ * Removes whatever this attempt left: its tmp directory, and its published directory if (and only
+ * if) the published one is still this attempt's (a fenced-off late completion).
+ */
+export async function discardOutputs(dirs: AttemptDirs): Promise<void> {
+  await fsp.rm(dirs.tmp, { recursive: true, force: true });
+  const marker = await fsp.readFile(path.join(dirs.final, MARKER), "utf8").catch(() => undefined);
+  if (marker === dirs.marker) await moveAside(dirs.final);
+}
+
+async function moveAside(dir: string): Promise<void> {
+  const trash = `${dir}.trash-${randomBytes(4).toString("hex")}`;
+  try {
+    await fsp.rename(dir, trash);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === "ENOENT") return;
+    throw err;
+  }
+  await fsp.rm(trash, { recursive: true, force: true });
+}
