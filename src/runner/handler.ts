@@ -100,6 +100,13 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
         errorMessage: "the input file is outside storage",
       };
     }
+    if (!fs.existsSync(program.script)) {
+      return {
+        status: "failed",
+        errorCode: "ANALYSIS_PROCESS_START_FAILED",
+        errorMessage: "the analysis script is missing",
+      };
+    }
     if (!inputReadable(inputPath)) {
       return {
         status: "failed",

@@ -72,6 +72,21 @@ export async function publishOutputs(dirs: AttemptDirs): Promise<void> {
   await fsp.writeFile(path.join(dirs.tmp, MARKER), dirs.marker);
   await moveAside(dirs.final);
   await fsp.rename(dirs.tmp, dirs.final);
+  await removeEarlierAttempts(dirs);
+}
+
+/** The tmp directories of earlier attempts of this run (a worker killed mid-run leaves one). */
+async function removeEarlierAttempts(dirs: AttemptDirs): Promise<void> {
+  const taskDir = path.dirname(dirs.final);
+  const runId = path.basename(dirs.final);
+  const attempt = Number(dirs.marker.split(" ")[0]);
+  const names = await fsp.readdir(taskDir).catch(() => [] as string[]);
+  for (const name of names) {
+    const m = /^(\d+)\.(\d+)\.tmp$/.exec(name);
+    if (m && m[1] === runId && Number(m[2]) < attempt) {
+      await fsp.rm(path.join(taskDir, name), { recursive: true, force: true });
+    }
+  }
 }
 
 /**

@@ -5,7 +5,8 @@ import type { Sql } from "../../src/db/client.ts";
 import { ROOT, watch } from "./cli.ts";
 
 export interface WorkerSpec {
-  types: Record<string, { sleepMs: number; globalLimit?: number }>;
+  types: Record<string, { sleepMs: number; globalLimit?: number; program?: boolean }>;
+  dataDir?: string;
   concurrency: number;
   leaseTtlMs: number;
   reapIntervalMs: number;

@@ -1,0 +1,102 @@
+// Worker processes running real analysis processes: a crash mid-run and a rolling restart.
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import { waitFor, waitForTerminal } from "../helpers/queue.ts";
+import { outputTree, type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
+import {
+  createExecutionsTable,
+  startWorkerProcess,
+  type WorkerProcess,
+  type WorkerSpec,
+} from "../helpers/workers.ts";
+
+let env: RunnerEnv;
+const procs: WorkerProcess[] = [];
+before(async () => {
+  env = await runnerEnv();
+  await createExecutionsTable(env.db.sql);
+});
+after(async () => {
+  for (const p of procs) p.child.kill("SIGKILL");
+  await Promise.all(procs.map((p) => p.exited));
+  await env.close();
+});
+
+async function start(spec: WorkerSpec) {
+  const p = await startWorkerProcess(env.db.url, { ...spec, dataDir: env.dataDir });
+  procs.push(p);
+  return p;
+}
+
+test("a worker killed mid-run: the lease expires, another worker finishes it, no tmp dir is left", async () => {
+  const file = await env.file("a\n1\n");
+  const taskId = await env.task("proc-crash", [file], { mode: "sleep", ms: 1500 }, 2);
+  const victim = await start({
+    types: { "proc-crash": { sleepMs: 0, program: true } },
+    concurrency: 1,
+    leaseTtlMs: 1000,
+    reapIntervalMs: 200,
+  });
+  await waitFor(
+    async () =>
+      (await env.db.sql`select 1 from runs where task_id = ${taskId} and status = 'running'`).length > 0,
+  );
+  victim.child.kill("SIGKILL");
+  await victim.exited;
+  const survivor = await start({
+    types: { "proc-crash": { sleepMs: 0, program: true } },
+    concurrency: 1,
+    leaseTtlMs: 1000,
+    reapIntervalMs: 200,
+  });
+  const task = await waitForTerminal(env.db.sql, taskId, 30_000);
+  survivor.child.kill("SIGTERM");
+  await survivor.exited;
+  assert.equal(task.status, "succeeded");
+  const [run] = await env.db.sql`select id::int, attempt from runs where task_id = ${taskId}`;
+  assert.equal(run?.attempt, 2);
+  // The victim's orphaned process may still be finishing; once it has, nothing but the output remains.
+  await new Promise((r) => setTimeout(r, 1600));
+  const tree = outputTree(`${env.outputsRoot}/${taskId}`);
+  assert.deepEqual(
+    tree.filter((p) => p.includes(".tmp")),
+    [],
+  );
+  assert.ok(tree.includes(`${run?.id}/out.json`));
+});
+
+test("a rolling restart with runs in flight: none lost, none failed, no attempt spent", async () => {
+  const files = await Promise.all(Array.from({ length: 6 }, (_, i) => env.file(`a\n${i}\n`)));
+  // max_attempts 1: a run whose attempt were spent by the restart would fail.
+  const taskId = await env.task("proc-roll", files, { mode: "sleep", ms: 1200 }, 1);
+  const spec: WorkerSpec = {
+    types: { "proc-roll": { sleepMs: 0, program: true } },
+    concurrency: 2,
+    leaseTtlMs: 5000,
+    reapIntervalMs: 500,
+    graceMs: 100,
+  };
+  const a = await start(spec);
+  const b = await start(spec);
+  await waitFor(
+    async () =>
+      (await env.db.sql`select 1 from runs where task_id = ${taskId} and status = 'running'`).length >= 3,
+  );
+  for (const old of [a, b]) {
+    const replacement = await start(spec);
+    old.child.kill("SIGTERM");
+    assert.equal(await old.exited, 0, "a worker exits 0 by itself after SIGTERM");
+    assert.ok(replacement.id);
+  }
+  const task = await waitForTerminal(env.db.sql, taskId, 60_000);
+  assert.deepEqual(task, {
+    status: "succeeded",
+    total: 6,
+    succeeded: 6,
+    failed: 0,
+    timedOut: 0,
+    cancelled: 0,
+  });
+  const runs = await env.db.sql`select attempt from runs where task_id = ${taskId}`;
+  assert.ok(runs.every((r) => r.attempt === 1));
+});

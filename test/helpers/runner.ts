@@ -1,0 +1,120 @@
+// Runner tests: real files in storage, real processes, a worker in-process.
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import type { Program } from "../../src/analyses/programs.ts";
+import type { Principal } from "../../src/auth/tokens.ts";
+import { createLogger } from "../../src/log.ts";
+import { type TypeOptions, Worker } from "../../src/queue/worker.ts";
+import { discardAttempt, processHandler } from "../../src/runner/handler.ts";
+import { LocalStorage } from "../../src/storage/local.ts";
+import { taskCreate } from "../../src/tasks/create.ts";
+import { ROOT } from "./cli.ts";
+import { createTestDatabase, type TestDatabase } from "./db.ts";
+import { seedUser } from "./queue.ts";
+
+export const FIXTURE = path.join(ROOT, "test/fixtures/scripts/behave.mjs");
+
+/** A test-only program (never in the production registry). */
+export const fixtureProgram = (type: string, overrides: Partial<Program> = {}): Program => ({
+  type,
+  executable: process.execPath,
+  script: FIXTURE,
+  cwd: path.dirname(FIXTURE),
+  ...overrides,
+});
+
+export interface RunnerEnv {
+  db: TestDatabase;
+  dataDir: string;
+  storage: LocalStorage;
+  outputsRoot: string;
+  owner: Principal;
+  /** Stores `content` as an uploaded file; returns its id. */
+  file(content: string, mode?: number): Promise<string>;
+  task(
+    type: string,
+    fileIds: string[],
+    parameters: Record<string, unknown>,
+    maxAttempts?: number,
+  ): Promise<string>;
+  worker(
+    programs: (Program & { timeoutMs?: number })[],
+    options?: { concurrency?: number; leaseTtlMs?: number; killGraceMs?: number },
+  ): Worker;
+  close(): Promise<void>;
+}
+
+export async function runnerEnv(): Promise<RunnerEnv> {
+  const db = await createTestDatabase();
+  const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-runner-"));
+  const storage = new LocalStorage(dataDir);
+  const outputsRoot = path.join(dataDir, "outputs");
+  const owner = await seedUser(db.sql, "runner");
+  const workers: Worker[] = [];
+  return {
+    db,
+    dataDir,
+    storage,
+    outputsRoot,
+    owner,
+    file: async (content, mode = 0o640) => {
+      const [row] = await db.sql<{ id: string }[]>`
+        with next as (select nextval(pg_get_serial_sequence('files', 'id')) as id)
+        insert into files (id, owner_id, name, content_type, size_bytes, sha256, storage_key)
+        select id, ${owner.userId}, 'in.csv', 'text/csv', ${Buffer.byteLength(content)}, repeat('0', 64), 'files/' || id
+        from next returning id::text`;
+      const id = row?.id as string;
+      fs.mkdirSync(path.join(dataDir, "files"), { recursive: true });
+      fs.writeFileSync(path.join(dataDir, "files", id), content, { mode });
+      fs.chmodSync(path.join(dataDir, "files", id), mode);
+      return id;
+    },
+    task: async (type, fileIds, parameters, maxAttempts = 1) => {
+      const r = await taskCreate(db.sql, owner, { analysisType: type, fileIds, parameters, maxAttempts });
+      if (r.kind !== "created") throw new Error(r.kind);
+      return r.taskId;
+    },
+    worker: (programs, o = {}) => {
+      const types: Record<string, TypeOptions> = {};
+      for (const p of programs) {
+        types[p.type] = {
+          handler: processHandler(p, { storage, outputsRoot, killGraceMs: o.killGraceMs ?? 500 }),
+          ...(p.timeoutMs === undefined ? {} : { timeoutMs: p.timeoutMs }),
+        };
+      }
+      const w = new Worker({
+        sql: db.sql,
+        logger: createLogger({ level: "silent" }),
+        types,
+        concurrency: o.concurrency ?? 2,
+        leaseTtlMs: o.leaseTtlMs ?? 30_000,
+        pollIntervalMs: 100,
+        retryBaseMs: 50,
+        onDiscard: discardAttempt(outputsRoot),
+      });
+      workers.push(w);
+      return w;
+    },
+    close: async () => {
+      await Promise.all(workers.map((w) => w.stop()));
+      await db.drop();
+      fs.rmSync(dataDir, { recursive: true, force: true });
+    },
+  };
+}
+
+export const alive = (pid: number) => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+/** Files and folders left under the outputs root, relative to it. */
+export function outputTree(root: string): string[] {
+  if (!fs.existsSync(root)) return [];
+  return (fs.readdirSync(root, { recursive: true }) as string[]).sort();
+}

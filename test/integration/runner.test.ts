@@ -1,0 +1,297 @@
+// The seed's process scenarios, each through a real worker, real files and a real child process.
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import { waitFor, waitForTerminal } from "../helpers/queue.ts";
+import { alive, FIXTURE, fixtureProgram, outputTree, type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
+
+let env: RunnerEnv;
+let input: string;
+before(async () => {
+  env = await runnerEnv();
+  input = await env.file("a,b\n1,2\n");
+});
+after(() => env.close());
+
+let typeSeq = 0;
+/** Runs one task of a fresh test-only type through a worker; returns the run row. */
+async function runOne(
+  parameters: Record<string, unknown>,
+  program: Partial<Parameters<typeof fixtureProgram>[1]> & { timeoutMs?: number } = {},
+  o: { fileId?: string; killGraceMs?: number; maxAttempts?: number } = {},
+) {
+  const type = `fx-${++typeSeq}`;
+  const w = env.worker([{ ...fixtureProgram(type), ...program }], { killGraceMs: o.killGraceMs ?? 500 });
+  const taskId = await env.task(type, [o.fileId ?? input], parameters, o.maxAttempts ?? 1);
+  await w.start();
+  const task = await waitForTerminal(env.db.sql, taskId, 30_000);
+  await w.stop();
+  const [run] = await env.db.sql`
+    select id::int, status, error_code, error_message, result, attempt from runs where task_id = ${taskId}`;
+  return {
+    task,
+    run: run as {
+      id: number;
+      status: string;
+      error_code: string | null;
+      error_message: string | null;
+      result: Record<string, unknown> | null;
+      attempt: number;
+    },
+    taskId,
+  };
+}
+
+const noTmpLeft = () =>
+  assert.deepEqual(
+    outputTree(env.outputsRoot).filter((p) => p.includes(".tmp")),
+    [],
+  );
+
+describe("starting", () => {
+  test("command missing → ANALYSIS_PROCESS_START_FAILED", async () => {
+    const { run } = await runOne({ mode: "ok" }, { executable: "/nonexistent/bin/python9" });
+    assert.equal(run.status, "failed");
+    assert.equal(run.error_code, "ANALYSIS_PROCESS_START_FAILED");
+    noTmpLeft();
+  });
+
+  test("script path missing → ANALYSIS_PROCESS_START_FAILED", async () => {
+    const { run } = await runOne({ mode: "ok" }, { script: path.join(path.dirname(FIXTURE), "missing.mjs") });
+    assert.equal(run.error_code, "ANALYSIS_PROCESS_START_FAILED");
+  });
+
+  test("cwd missing → ANALYSIS_PROCESS_START_FAILED", async () => {
+    const { run } = await runOne({ mode: "ok" }, { cwd: "/nonexistent/cwd" });
+    assert.equal(run.error_code, "ANALYSIS_PROCESS_START_FAILED");
+  });
+
+  test("input file without read permission → ANALYSIS_INPUT_INVALID, not retried", async () => {
+    const locked = await env.file("a\n1\n", 0o000);
+    const { run } = await runOne({ mode: "ok" }, {}, { fileId: locked, maxAttempts: 3 });
+    assert.equal(run.error_code, "ANALYSIS_INPUT_INVALID");
+    assert.equal(run.attempt, 1);
+  });
+
+  test("command, env and cwd come from the registry; parameters arrive as one plain argument", async () => {
+    const evil = { mode: "echo-params", title: "$(touch /tmp/assay-pwned); `id` | rm -rf / && echo ${HOME}" };
+    const { run } = await runOne(evil);
+    assert.equal(run.status, "succeeded");
+    const dir = path.join(
+      env.outputsRoot,
+      String((await env.db.sql`select task_id::int from runs where id = ${run.id}`)[0]?.task_id),
+      String(run.id),
+    );
+    const seen = JSON.parse(fs.readFileSync(path.join(dir, "params.json"), "utf8"));
+    assert.deepEqual(seen.params, evil);
+    assert.equal(fs.existsSync("/tmp/assay-pwned"), false);
+    assert.deepEqual(Object.keys(seen.env).sort(), ["HOME", "LANG", "PATH", "TZ"]);
+    assert.equal(seen.cwd, path.dirname(FIXTURE));
+    assert.equal(seen.argv[0], "--input");
+    assert.ok(!JSON.stringify(seen.env).includes("postgres://"));
+  });
+});
+
+describe("stdout protocol", () => {
+  test("valid JSON Lines → succeeded with metrics, output published", async () => {
+    const { run, taskId } = await runOne({ mode: "ok" });
+    assert.equal(run.status, "succeeded");
+    assert.deepEqual(run.result, { outputFileName: "out.json", metrics: { bytes: 1 } });
+    assert.ok(fs.existsSync(path.join(env.outputsRoot, taskId, String(run.id), "out.json")));
+    noTmpLeft();
+  });
+
+  test("an invalid JSON line → ANALYSIS_OUTPUT_INVALID, the process is killed", async () => {
+    const t0 = Date.now();
+    const { run } = await runOne({ mode: "invalid-json" });
+    assert.equal(run.error_code, "ANALYSIS_OUTPUT_INVALID");
+    assert.ok(Date.now() - t0 < 10_000, "killed, not waited out");
+    noTmpLeft();
+  });
+
+  test("a JSON line split across chunks is one event", async () => {
+    const { run, taskId } = await runOne({ mode: "split-line" });
+    assert.equal(run.status, "succeeded");
+    const [progress] = await env.db.sql`
+      select data from task_events where task_id = ${taskId} and type = 'run.progress' and data->>'percent' = '42'`;
+    assert.equal(progress?.data.message, "split across chunks");
+  });
+
+  test("stdout over the limit → ANALYSIS_OUTPUT_INVALID, group killed", async () => {
+    const { run } = await runOne({ mode: "flood" });
+    assert.equal(run.error_code, "ANALYSIS_OUTPUT_INVALID");
+    assert.match(run.error_message ?? "", /exceeded/);
+  });
+
+  test("a line over 64 KiB → ANALYSIS_OUTPUT_INVALID", async () => {
+    const { run } = await runOne({ mode: "long-line" });
+    assert.equal(run.error_code, "ANALYSIS_OUTPUT_INVALID");
+  });
+
+  test("stderr output with exit 0 → still succeeded (stderr is diagnostics only)", async () => {
+    const { run } = await runOne({ mode: "stderr-ok" });
+    assert.equal(run.status, "succeeded");
+  });
+
+  test("non-zero exit with empty stderr → ANALYSIS_PROCESS_FAILED, never an input error", async () => {
+    const { run } = await runOne({ mode: "exit", code: 1 });
+    assert.equal(run.error_code, "ANALYSIS_PROCESS_FAILED");
+    assert.match(run.error_message ?? "", /code 1/);
+  });
+
+  test("exit codes: 2 input, 3 data, 5 internal are permanent; 4 is retried", async () => {
+    for (const [code, expected] of [
+      [2, "ANALYSIS_INPUT_INVALID"],
+      [3, "ANALYSIS_DATA_INVALID"],
+      [5, "ANALYSIS_PROCESS_FAILED"],
+    ] as const) {
+      const { run } = await runOne({ mode: "exit", code }, {}, { maxAttempts: 3 });
+      assert.equal(run.error_code, expected, `exit ${code}`);
+      assert.equal(run.attempt, 1, `exit ${code} is not retried`);
+    }
+    const { run } = await runOne({ mode: "exit", code: 4 }, {}, { maxAttempts: 2 });
+    assert.equal(run.error_code, "ANALYSIS_DEPENDENCY_FAILED");
+    assert.equal(run.attempt, 2, "exit 4 is retried");
+  });
+
+  test("exit 0 without a result → ANALYSIS_OUTPUT_MISSING", async () => {
+    const { run } = await runOne({ mode: "no-result" });
+    assert.equal(run.error_code, "ANALYSIS_OUTPUT_MISSING");
+  });
+
+  test("a result path outside the output dir, or a missing file → ANALYSIS_OUTPUT_INVALID, nothing published", async () => {
+    const escaped = await runOne({ mode: "escape-result" });
+    assert.equal(escaped.run.error_code, "ANALYSIS_OUTPUT_INVALID");
+    assert.ok(!fs.existsSync(path.join(env.outputsRoot, escaped.taskId, String(escaped.run.id))));
+    const missing = await runOne({ mode: "missing-file" });
+    assert.equal(missing.run.error_code, "ANALYSIS_OUTPUT_INVALID");
+  });
+});
+
+describe("ending early", () => {
+  test("timeout → timed_out / ANALYSIS_PROCESS_TIMEOUT, the process is gone", async () => {
+    const type = `fx-${++typeSeq}`;
+    const w = env.worker([{ ...fixtureProgram(type), timeoutMs: 1000 }]);
+    const taskId = await env.task(type, [input], { mode: "sleep", ms: 60_000 });
+    await w.start();
+    const [ev] = await waitFor(async () => {
+      const rows = await env.db
+        .sql`select data from task_events where task_id = ${taskId} and type = 'run.progress'`;
+      return rows.length > 0 ? rows : undefined;
+    });
+    const pid = Number(/pid (\d+)/.exec(ev?.data.message)?.[1]);
+    assert.ok(alive(pid));
+    const task = await waitForTerminal(env.db.sql, taskId);
+    await w.stop();
+    assert.equal(task.status, "timed_out");
+    const [run] = await env.db.sql`select error_code from runs where task_id = ${taskId}`;
+    assert.equal(run?.error_code, "ANALYSIS_PROCESS_TIMEOUT");
+    assert.equal(alive(pid), false);
+    noTmpLeft();
+  });
+
+  test("user cancel (run marked cancelling) → group killed, tmp removed, run cancelled", async () => {
+    const type = `fx-${++typeSeq}`;
+    const w = env.worker([fixtureProgram(type)]);
+    const taskId = await env.task(type, [input], { mode: "grandchild" });
+    await w.start();
+    const [ev] = await waitFor(async () => {
+      const rows = await env.db
+        .sql`select data from task_events where task_id = ${taskId} and type = 'run.progress'`;
+      return rows.length > 0 ? rows : undefined;
+    });
+    const grandchild = Number(/grandchild (\d+)/.exec(ev?.data.message)?.[1]);
+    assert.ok(alive(grandchild));
+    // What the cancel endpoint does to a live run; the worker notices at its next heartbeat.
+    await env.db.sql`update tasks set status = 'cancelling' where id = ${taskId}`;
+    await env.db.sql`update runs set status = 'cancelling' where task_id = ${taskId}`;
+    await w.heartbeat();
+    const task = await waitForTerminal(env.db.sql, taskId);
+    await w.stop();
+    assert.equal(task.status, "cancelled");
+    const [run] = await env.db.sql`select status, error_code from runs where task_id = ${taskId}`;
+    assert.deepEqual({ ...run }, { status: "cancelled", error_code: "ANALYSIS_PROCESS_CANCELLED" });
+    await waitFor(async () => !alive(grandchild), 5000, "the grandchild to die");
+    noTmpLeft();
+  });
+
+  test("a script that ignores SIGTERM is killed after the grace period", async () => {
+    const type = `fx-${++typeSeq}`;
+    const w = env.worker([{ ...fixtureProgram(type), timeoutMs: 200 }], { killGraceMs: 700 });
+    const taskId = await env.task(type, [input], { mode: "ignore-term" });
+    await w.start();
+    const [ev] = await waitFor(async () => {
+      const rows = await env.db
+        .sql`select data from task_events where task_id = ${taskId} and type = 'run.progress'`;
+      return rows.length > 0 ? rows : undefined;
+    });
+    const pid = Number(/pid (\d+)/.exec(ev?.data.message)?.[1]);
+    const t0 = Date.now();
+    const task = await waitForTerminal(env.db.sql, taskId);
+    await w.stop();
+    assert.equal(task.status, "timed_out");
+    assert.ok(Date.now() - t0 >= 500, "SIGTERM was ignored, so it took the grace period");
+    assert.equal(alive(pid), false);
+  });
+
+  test("a grandchild dies with its group on timeout", async () => {
+    const type = `fx-${++typeSeq}`;
+    const w = env.worker([{ ...fixtureProgram(type), timeoutMs: 1500 }]);
+    const taskId = await env.task(type, [input], { mode: "grandchild" });
+    await w.start();
+    const [ev] = await waitFor(async () => {
+      const rows = await env.db
+        .sql`select data from task_events where task_id = ${taskId} and type = 'run.progress'`;
+      return rows.length > 0 ? rows : undefined;
+    });
+    const grandchild = Number(/grandchild (\d+)/.exec(ev?.data.message)?.[1]);
+    const task = await waitForTerminal(env.db.sql, taskId);
+    await w.stop();
+    assert.equal(task.status, "timed_out");
+    await waitFor(async () => !alive(grandchild), 5000, "the grandchild to die");
+  });
+
+  test("two workers claiming at once: every run executed once", async () => {
+    const type = `fx-${++typeSeq}`;
+    const files = await Promise.all(Array.from({ length: 8 }, (_, i) => env.file(`a\n${i}\n`)));
+    const taskId = await env.task(type, files, { mode: "sleep", ms: 50 });
+    const w1 = env.worker([fixtureProgram(type)], { concurrency: 3 });
+    const w2 = env.worker([fixtureProgram(type)], { concurrency: 3 });
+    await Promise.all([w1.start(), w2.start()]);
+    const task = await waitForTerminal(env.db.sql, taskId);
+    await Promise.all([w1.stop(), w2.stop()]);
+    assert.deepEqual(task, {
+      status: "succeeded",
+      total: 8,
+      succeeded: 8,
+      failed: 0,
+      timedOut: 0,
+      cancelled: 0,
+    });
+    const runs = await env.db.sql`select attempt, lease_owner from runs where task_id = ${taskId}`;
+    assert.ok(runs.every((r) => r.attempt === 1));
+    const outputs = outputTree(path.join(env.outputsRoot, taskId)).filter((p) => p.endsWith("out.json"));
+    assert.equal(outputs.length, 8);
+  });
+
+  test("shutdown mid-run: the run goes back to the queue unspent and another worker finishes it", async () => {
+    const type = `fx-${++typeSeq}`;
+    const taskId = await env.task(type, [input], { mode: "sleep", ms: 1500 }, 1);
+    const first = env.worker([fixtureProgram(type)]);
+    await first.start();
+    await waitFor(
+      async () =>
+        (await env.db.sql`select 1 from runs where task_id = ${taskId} and status = 'running'`).length > 0,
+    );
+    await first.stop(0);
+    const [mid] = await env.db.sql`select status, attempt from runs where task_id = ${taskId}`;
+    assert.deepEqual({ ...mid }, { status: "queued", attempt: 0 });
+    const second = env.worker([fixtureProgram(type)]);
+    await second.start();
+    const task = await waitForTerminal(env.db.sql, taskId);
+    await second.stop();
+    assert.equal(task.status, "succeeded", "max_attempts is 1, so a spent attempt would have failed it");
+    noTmpLeft();
+  });
+});
