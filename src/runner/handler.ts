@@ -88,6 +88,8 @@ function inputReadable(file: string): boolean {
 }
 
 export function processHandler(program: Program, deps: ProcessHandlerDeps): Handler {
+  // One private HOME per handler, made on first use: programs get a writable home, not ours.
+  let home: Promise<string> | undefined;
   return async (run, { signal, reportProgress }) => {
     const dirs = attemptDirs(deps.outputsRoot, run.taskId, run.id, run.attempt, run.leaseToken);
     let inputPath: string;
@@ -114,9 +116,13 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
         errorMessage: "the input file cannot be read",
       };
     }
-    await fsp.rm(dirs.tmp, { recursive: true, force: true });
+    // A refunded attempt (shutdown) reuses its number: clear what the aborted one may have left.
     await fsp.mkdir(dirs.tmp, { recursive: true });
-    const home = await fsp.mkdtemp(path.join(os.tmpdir(), "assay-home-"));
+    if ((await fsp.readdir(dirs.tmp)).length > 0) {
+      await fsp.rm(dirs.tmp, { recursive: true, force: true });
+      await fsp.mkdir(dirs.tmp, { recursive: true });
+    }
+    home ??= fsp.mkdtemp(path.join(os.tmpdir(), "assay-home-"));
     let published = false;
     try {
       const result = await runProcess(
@@ -132,7 +138,7 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
             JSON.stringify(run.parameters),
           ],
           cwd: program.cwd,
-          env: childEnv(home),
+          env: childEnv(await home),
         },
         signal,
         { killGraceMs: deps.killGraceMs },
@@ -154,7 +160,6 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
       return outcome;
     } finally {
       if (!published) await fsp.rm(dirs.tmp, { recursive: true, force: true });
-      await fsp.rm(home, { recursive: true, force: true });
     }
   };
 }

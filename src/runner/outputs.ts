@@ -72,7 +72,7 @@ export async function publishOutputs(dirs: AttemptDirs): Promise<void> {
   await fsp.writeFile(path.join(dirs.tmp, MARKER), dirs.marker);
   await moveAside(dirs.final);
   await fsp.rename(dirs.tmp, dirs.final);
-  await removeEarlierAttempts(dirs);
+  if (Number(dirs.marker.split(" ")[0]) > 1) await removeEarlierAttempts(dirs);
 }
 
 /** The tmp directories of earlier attempts of this run (a worker killed mid-run leaves one). */

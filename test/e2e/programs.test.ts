@@ -88,6 +88,7 @@ const cases: {
   },
   {
     type: "r-report",
+    // biome-ignore lint/suspicious/noTemplateCurlyInString: shell syntax that must arrive as plain data
     params: { title: "Q3 $(rm -rf /) `id` & <b>bold</b>; echo ${PATH}" },
     badParams: [{ title: 5 }, { colour: "red" }],
     check: (out) => {

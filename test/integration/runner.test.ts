@@ -75,6 +75,7 @@ describe("starting", () => {
   });
 
   test("command, env and cwd come from the registry; parameters arrive as one plain argument", async () => {
+    // biome-ignore lint/suspicious/noTemplateCurlyInString: shell syntax that must arrive as plain data
     const evil = { mode: "echo-params", title: "$(touch /tmp/assay-pwned); `id` | rm -rf / && echo ${HOME}" };
     const { run } = await runOne(evil);
     assert.equal(run.status, "succeeded");

@@ -1,0 +1,142 @@
+// End-to-end benchmark (issue 4): `summary` over 200 small CSVs through the queue with one worker at
+// concurrency 2, next to a plain loop that spawns the same script directly with the same concurrency
+// (the physical reference). One JSON line each; target ≥ 0.9× the plain loop.
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { performance } from "node:perf_hooks";
+import { findPrograms } from "../src/analyses/programs.ts";
+import { createDatabase } from "../src/db/client.ts";
+import { createLogger } from "../src/log.ts";
+import { Worker } from "../src/queue/worker.ts";
+import { childEnv, discardAttempt, processHandler } from "../src/runner/handler.ts";
+import { LocalStorage } from "../src/storage/local.ts";
+import { taskCreate } from "../src/tasks/create.ts";
+import { benchDatabase, report } from "./lib/db.ts";
+
+const N = Number(process.env.BENCH_E2E_N ?? 200);
+const C = 2;
+const summary = findPrograms({}).available.find((p) => p.type === "summary");
+if (!summary) throw new Error("summary program not found");
+
+const bench = await benchDatabase();
+const { sql, close } = createDatabase(bench.url);
+const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-bench-e2e-"));
+const storage = new LocalStorage(dataDir);
+try {
+  fs.mkdirSync(path.join(dataDir, "files"));
+  const [user] = await sql<
+    { id: number }[]
+  >`insert into users (name, role) values ('bench-e2e', 'admin') returning id::int`;
+  const owner = { userId: user?.id as number, name: "bench-e2e", role: "admin" as const };
+  const ids: string[] = [];
+  for (let i = 0; i < N; i++) {
+    const content = `id,value,label\n${Array.from({ length: 50 }, (_, r) => `${r},${(r * 7 + i) % 101},l${r}`).join("\n")}\n`;
+    const [row] = await sql<{ id: string }[]>`
+      with next as (select nextval(pg_get_serial_sequence('files', 'id')) as id)
+      insert into files (id, owner_id, name, content_type, size_bytes, sha256, storage_key)
+      select id, ${owner.userId}, ${`f${i}.csv`}, 'text/csv', ${content.length}, repeat('0', 64), 'files/' || id from next
+      returning id::text`;
+    fs.writeFileSync(path.join(dataDir, "files", row?.id as string), content, { mode: 0o640 });
+    ids.push(row?.id as string);
+  }
+
+  // The physical reference: spawn the script directly, C at a time.
+  const plainOut = fs.mkdtempSync(path.join(dataDir, "plain-"));
+  let next = 0;
+  const plainLatencies: number[] = [];
+  const plainCpu0 = process.cpuUsage();
+  let t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: C }, async () => {
+      while (next < ids.length) {
+        const id = ids[next++] as string;
+        const out = path.join(plainOut, id);
+        fs.mkdirSync(out);
+        const s = performance.now();
+        await new Promise<void>((resolve, reject) => {
+          const child = spawn(
+            summary.executable,
+            [
+              summary.script,
+              "--input",
+              storage.resolve(`files/${id}`),
+              "--output-dir",
+              out,
+              "--params",
+              "{}",
+            ],
+            { cwd: summary.cwd, env: childEnv(os.tmpdir()), stdio: ["ignore", "pipe", "pipe"] },
+          );
+          child.stdout.resume();
+          child.stderr.resume();
+          child.on("close", (code) => (code === 0 ? resolve() : reject(new Error(`exit ${code}`))));
+        });
+        plainLatencies.push(performance.now() - s);
+      }
+    }),
+  );
+  const plainCpu = process.cpuUsage(plainCpu0);
+  const plain = report("e2e:plain-spawn", N, C, (performance.now() - t0) / 1000, plainLatencies, true, {
+    parentCpuMs: Math.round((plainCpu.user + plainCpu.system) / 1000),
+  });
+
+  // Through Assay: one task of N runs, one worker at concurrency C, the production handler.
+  const outputsRoot = path.join(dataDir, "outputs");
+  const worker = new Worker({
+    sql,
+    logger: createLogger({ level: "warn", destination: process.stderr }),
+    types: { summary: { handler: processHandler(summary, { storage, outputsRoot, killGraceMs: 5000 }) } },
+    concurrency: C,
+    leaseTtlMs: 30_000,
+    pollIntervalMs: 2000,
+    retryBaseMs: 1000,
+    onDiscard: discardAttempt(outputsRoot),
+    prefetch: Number(process.env.ASSAY_PREFETCH ?? 0),
+  });
+  await worker.start();
+  const cpu0 = process.cpuUsage();
+  t0 = performance.now();
+  const created = await taskCreate(sql, owner, {
+    analysisType: "summary",
+    fileIds: ids,
+    parameters: {},
+    maxAttempts: 3,
+  });
+  if (created.kind !== "created") throw new Error("create failed");
+  for (;;) {
+    const [t] = await sql`select status from tasks where id = ${created.taskId}`;
+    if (t?.status !== "queued" && t?.status !== "running") break;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  const seconds = (performance.now() - t0) / 1000;
+  const cpu = process.cpuUsage(cpu0);
+  await worker.stop();
+  const [check] = await sql<{ succeeded: number; latencies: number[] }[]>`
+    select t.succeeded_count as succeeded,
+           (select array_agg(extract(epoch from finished_at - started_at) * 1000) from runs where task_id = t.id) as latencies
+    from tasks t where t.id = ${created.taskId}`;
+  const assay = report(
+    "e2e:assay",
+    N,
+    C,
+    seconds,
+    (check?.latencies ?? []).map(Number),
+    check?.succeeded === N,
+    {
+      workerCpuMs: Math.round((cpu.user + cpu.system) / 1000),
+    },
+  );
+  console.log(
+    JSON.stringify({
+      workload: "e2e:ratio",
+      ratio: Math.round((assay.rate / plain.rate) * 100) / 100,
+      target: 0.9,
+    }),
+  );
+} finally {
+  await close();
+  await bench.stop();
+  fs.rmSync(dataDir, { recursive: true, force: true });
+}
