@@ -5,6 +5,7 @@ import type { Sql } from "../../src/db/client.ts";
 import { ROOT, watch } from "./cli.ts";
 
 export interface WorkerSpec {
+  /** `program`: run the behave.mjs fixture as a real process (outputs under `dataDir`). */
   types: Record<string, { sleepMs: number; globalLimit?: number; program?: boolean }>;
   dataDir?: string;
   concurrency: number;

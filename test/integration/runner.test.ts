@@ -43,6 +43,16 @@ async function runOne(
   };
 }
 
+/** The pid a fixture reported in its first progress message ("pid 123" / "grandchild 123"). */
+async function reportedPid(taskId: string, label: "pid" | "grandchild"): Promise<number> {
+  const [event] = await waitFor(async () => {
+    const rows = await env.db
+      .sql`select data from task_events where task_id = ${taskId} and type = 'run.progress'`;
+    return rows.length > 0 ? rows : undefined;
+  });
+  return Number(new RegExp(`${label} (\\d+)`).exec(event?.data.message)?.[1]);
+}
+
 const noTmpLeft = () =>
   assert.deepEqual(
     outputTree(env.outputsRoot).filter((p) => p.includes(".tmp")),
@@ -176,12 +186,7 @@ describe("ending early", () => {
     const w = env.worker([{ ...fixtureProgram(type), timeoutMs: 1000 }]);
     const taskId = await env.task(type, [input], { mode: "sleep", ms: 60_000 });
     await w.start();
-    const [ev] = await waitFor(async () => {
-      const rows = await env.db
-        .sql`select data from task_events where task_id = ${taskId} and type = 'run.progress'`;
-      return rows.length > 0 ? rows : undefined;
-    });
-    const pid = Number(/pid (\d+)/.exec(ev?.data.message)?.[1]);
+    const pid = await reportedPid(taskId, "pid");
     assert.ok(alive(pid));
     const task = await waitForTerminal(env.db.sql, taskId);
     await w.stop();
@@ -197,12 +202,7 @@ describe("ending early", () => {
     const w = env.worker([fixtureProgram(type)]);
     const taskId = await env.task(type, [input], { mode: "grandchild" });
     await w.start();
-    const [ev] = await waitFor(async () => {
-      const rows = await env.db
-        .sql`select data from task_events where task_id = ${taskId} and type = 'run.progress'`;
-      return rows.length > 0 ? rows : undefined;
-    });
-    const grandchild = Number(/grandchild (\d+)/.exec(ev?.data.message)?.[1]);
+    const grandchild = await reportedPid(taskId, "grandchild");
     assert.ok(alive(grandchild));
     // What the cancel endpoint does to a live run; the worker notices at its next heartbeat.
     await env.db.sql`update tasks set status = 'cancelling' where id = ${taskId}`;
@@ -222,12 +222,7 @@ describe("ending early", () => {
     const w = env.worker([{ ...fixtureProgram(type), timeoutMs: 200 }], { killGraceMs: 700 });
     const taskId = await env.task(type, [input], { mode: "ignore-term" });
     await w.start();
-    const [ev] = await waitFor(async () => {
-      const rows = await env.db
-        .sql`select data from task_events where task_id = ${taskId} and type = 'run.progress'`;
-      return rows.length > 0 ? rows : undefined;
-    });
-    const pid = Number(/pid (\d+)/.exec(ev?.data.message)?.[1]);
+    const pid = await reportedPid(taskId, "pid");
     const t0 = Date.now();
     const task = await waitForTerminal(env.db.sql, taskId);
     await w.stop();
@@ -241,12 +236,7 @@ describe("ending early", () => {
     const w = env.worker([{ ...fixtureProgram(type), timeoutMs: 1500 }]);
     const taskId = await env.task(type, [input], { mode: "grandchild" });
     await w.start();
-    const [ev] = await waitFor(async () => {
-      const rows = await env.db
-        .sql`select data from task_events where task_id = ${taskId} and type = 'run.progress'`;
-      return rows.length > 0 ? rows : undefined;
-    });
-    const grandchild = Number(/grandchild (\d+)/.exec(ev?.data.message)?.[1]);
+    const grandchild = await reportedPid(taskId, "grandchild");
     const task = await waitForTerminal(env.db.sql, taskId);
     await w.stop();
     assert.equal(task.status, "timed_out");
