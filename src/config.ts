@@ -138,6 +138,11 @@ const FIELDS = {
     description:
       "Runs a worker claims ahead of its free slots (0: only free slots). Only for very short handlers: prefetched runs hold leases while they wait.",
   },
+  sseHeartbeatMs: {
+    env: "ASSAY_SSE_HEARTBEAT_MS",
+    schema: Type.Integer({ minimum: 100, default: 15_000 }),
+    description: "Keep-alive comment interval on Server-Sent Events streams.",
+  },
   killGraceMs: {
     env: "ASSAY_KILL_GRACE_MS",
     schema: Type.Integer({ minimum: 0, default: 5000 }),

@@ -1,15 +1,18 @@
 // The HTTP application as a Fastify plugin (fastify/demo style): shared services are a typed
 // decorator, routes only validate and delegate.
 import multipart from "@fastify/multipart";
+import { fastifySSE } from "@fastify/sse";
 import swagger from "@fastify/swagger";
 import swaggerUi from "@fastify/swagger-ui";
 import type { FastifyInstance } from "fastify";
 import type { Config } from "../config.ts";
 import type { Database } from "../db/client.ts";
+import type { EventHub } from "../events/hub.ts";
 import type { LocalStorage } from "../storage/local.ts";
 import { requireBearer } from "./auth.ts";
 import { errorHandler } from "./error-handler.ts";
 import { ApiError } from "./errors.ts";
+import { eventRoutes } from "./routes/events.ts";
 import { fileRoutes } from "./routes/files.ts";
 import { healthRoutes } from "./routes/health.ts";
 import { taskRoutes } from "./routes/tasks.ts";
@@ -19,6 +22,8 @@ export interface Services {
   config: Config;
   database: Database;
   storage: LocalStorage;
+  /** Fans task events out to SSE streams; started and stopped by whoever builds the app. */
+  events: EventHub;
   /** Migrations the code expects; /readyz compares the database against it. */
   expectedMigrations: number;
 }
@@ -49,6 +54,11 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
     limits: { fileSize: opts.services.config.maxUploadBytes, files: 1, fields: 10, parts: 20 },
   });
 
+  await fastify.register(fastifySSE, { heartbeatInterval: opts.services.config.sseHeartbeatMs });
+  // Ends every SSE stream when the server closes, so clients reconnect (to another instance) and resume.
+  const streams = new AbortController();
+  fastify.addHook("preClose", async () => streams.abort());
+
   fastify.setErrorHandler(errorHandler);
   fastify.setNotFoundHandler(() => {
     throw new ApiError(404, "NOT_FOUND");
@@ -60,6 +70,7 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
       requireBearer(api);
       await api.register(fileRoutes);
       await api.register(taskRoutes);
+      await api.register(eventRoutes, { streams: streams.signal });
     },
     { prefix: "/api" },
   );

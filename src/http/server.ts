@@ -4,13 +4,19 @@ import { randomUUID } from "node:crypto";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
 import fp from "fastify-plugin";
+import { EventHub } from "../events/hub.ts";
 import type { Logger } from "../log.ts";
 import { app, type Services } from "./app.ts";
 
 /** JSON bodies are small; uploads are multipart and limited by ASSAY_MAX_UPLOAD_BYTES instead. */
 const JSON_BODY_LIMIT = 1024 * 1024;
 
-export async function buildServer(services: Services, logger: Logger): Promise<FastifyInstance> {
+/** Builds the app; it owns its event hub (one LISTEN connection, opened on the first stream). */
+export async function buildServer(
+  services: Omit<Services, "events">,
+  logger: Logger,
+): Promise<FastifyInstance> {
+  const events = new EventHub({ sql: services.database.sql, logger });
   const fastify = Fastify({
     loggerInstance: logger as FastifyBaseLogger,
     bodyLimit: JSON_BODY_LIMIT,
@@ -28,7 +34,10 @@ export async function buildServer(services: Services, logger: Logger): Promise<F
     },
     return503OnClosing: true,
   });
-  await fastify.withTypeProvider<TypeBoxTypeProvider>().register(fp(app), { services });
+  fastify.addHook("onClose", async () => events.stop());
+  await fastify
+    .withTypeProvider<TypeBoxTypeProvider>()
+    .register(fp(app), { services: { ...services, events } });
   await fastify.ready();
   return fastify;
 }

@@ -13,6 +13,10 @@ const CLAIM_LOCK_NAMESPACE = 0x636c6169; // "clai"
 export const MAX_BACKOFF_MS = 5 * 60 * 1000;
 /** Wake-up channel: the payload is the analysis type that has work. */
 export const WAKEUP_CHANNEL = "assay_runs";
+/** Event channel: `{taskId, events: [...]}`, or `{taskId, eventId}` when that would not fit. */
+export const EVENTS_CHANNEL = "assay_events";
+/** NOTIFY payloads must stay under 8000 bytes; above this the doorbell is sent instead. */
+export const NOTIFY_MAX_BYTES = 7000;
 
 const LIVE = LIVE_RUN_STATUSES as readonly string[];
 /** Element type oid for sql.array() of bigint ids. */
@@ -162,6 +166,10 @@ export function runProgress(sql: Sql, updates: ProgressUpdate[]): Promise<{ id: 
       where r.id = i.id and r.lease_token = i.token and r.status in ${sql(LIVE)}
       returning r.id, r.task_id, r.status, r.attempt
     ),
+    -- Events are inserted under their task's lock, so a task's event ids follow commit order.
+    locked as materialized (
+      select id from tasks where id in (select task_id from moved) order by id for update
+    ),
     events as (
       insert into task_events (task_id, run_id, type, data)
       select task_id, run_id, type, data from (
@@ -173,9 +181,12 @@ export function runProgress(sql: Sql, updates: ProgressUpdate[]): Promise<{ id: 
                jsonb_strip_nulls(jsonb_build_object('percent', i.progress, 'message', i.message)), 1
         from moved m join i on i.id = m.id where i.progress is not null
       ) e
+      where task_id in (select id from locked)
       order by run_id, ord
-    )
-    select id::float8 as id, status from moved`;
+      returning id, task_id, run_id, type, data, created_at
+    ),
+    ${notifyEvents(sql)}
+    select id::float8 as id, status, (select count(*) from notified) as notified from moved`;
 }
 
 export interface Outcome extends Lease {
@@ -232,17 +243,20 @@ export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<Comple
     ${countIntoTasks(sql)}
     select (select json_agg(id::float8) from done) as completed,
            (select json_agg(json_build_object('taskId', id::float8, 'status', status))
-              from counted where finished) as finished`;
+              from counted where finished) as finished,
+           (select count(*) from notified) as notified`;
   return { completed: row?.completed ?? [], finishedTasks: row?.finished ?? [] };
 }
 
 /**
  * The tail shared by every statement that ends runs (completion, reaper): given a CTE `done`
- * (id, task_id, status, attempt, error_code) of runs that just turned terminal, adds them to their
- * tasks' counters, flips tasks whose counters reach their total, and appends the events. Defines the
- * CTE `counted` (id, status, finished).
+ * (id, task_id, status, attempt, error_code) of runs that just turned terminal — and, with
+ * `withRequeued`, a CTE `requeued` (id, task_id, attempt, error_code) of runs put back in the queue —
+ * locks their tasks in id order, adds the outcomes to the counters, flips tasks whose counters reach
+ * their total, appends the events and announces them. Defines `counted` (id, status, finished) and
+ * `notified`.
  */
-function countIntoTasks(sql: Sql) {
+function countIntoTasks(sql: Sql, withRequeued = false) {
   return sql`
     agg as (
       select task_id,
@@ -253,7 +267,9 @@ function countIntoTasks(sql: Sql) {
       from done group by task_id
     ),
     locked as materialized (
-      select id from tasks where id in (select task_id from agg) order by id for update
+      select id from tasks
+      where id in (select task_id from agg ${withRequeued ? sql`union select task_id from requeued` : sql``})
+      order by id for update
     ),
     counted as (
       update tasks t set
@@ -281,7 +297,8 @@ function countIntoTasks(sql: Sql) {
       returning t.id, t.status,
         t.succeeded_count + t.failed_count + t.timed_out_count + t.cancelled_count = t.total_count as finished
     ),
-    -- One insert, ordered: a task's run events get smaller ids than the event that closes the task.
+    -- One insert, ordered, after the task locks (it reads counted and locked): a task's events
+    -- get ids in commit order, and its closing event the largest.
     events as (
       insert into task_events (task_id, run_id, type, data)
       select task_id, run_id, type, data from (
@@ -289,11 +306,43 @@ function countIntoTasks(sql: Sql) {
                jsonb_build_object('status', status, 'attempt', attempt, 'errorCode', error_code) as data,
                0 as ord, id as k
         from done
+        ${
+          withRequeued
+            ? sql`union all
+        select task_id, id, 'run.retry',
+               jsonb_build_object('status', 'queued', 'attempt', attempt, 'errorCode', error_code), 0, id
+        from requeued where task_id in (select id from locked)`
+            : sql``
+        }
         union all
         select id, null, 'task.' || status, jsonb_build_object('status', status), 1, id
         from counted where finished
       ) e
       order by ord, k
+      returning id, task_id, run_id, type, data, created_at
+    ),
+    ${notifyEvents(sql)}`;
+}
+
+/**
+ * Announces the rows of the CTE `events` on EVENTS_CHANNEL: one notification per task, carrying its
+ * events when the payload fits in NOTIFY_MAX_BYTES, else only `{taskId, eventId}` (a doorbell: the
+ * listener reads the table). Delivered at commit, so listeners never see an event that is not in the
+ * table. An oversized batch can therefore never fail the statement. Defines `notified`.
+ */
+export function notifyEvents(sql: Sql) {
+  return sql`
+    notified as (
+      select pg_notify(${EVENTS_CHANNEL},
+        case when octet_length(p.full_payload) <= ${NOTIFY_MAX_BYTES} then p.full_payload
+             else json_build_object('taskId', p.task_id::text, 'eventId', p.max_id::text)::text end)
+      from (
+        select task_id, max(id) as max_id,
+               json_build_object('taskId', task_id::text, 'events', json_agg(json_build_object(
+                 'id', id::text, 'taskId', task_id::text, 'runId', run_id::text, 'type', type,
+                 'data', data, 'createdAt', created_at) order by id))::text as full_payload
+        from events group by task_id
+      ) p
     )`;
 }
 
@@ -334,13 +383,19 @@ export async function runRetry(sql: Sql, retries: Retry[]): Promise<number[]> {
       where r.id = i.id and r.lease_token = i.token and r.status in ('starting', 'running')
       returning r.id, r.task_id, r.attempt, r.error_code, r.run_after
     ),
+    locked as materialized (
+      select id from tasks where id in (select task_id from requeued) order by id for update
+    ),
     events as (
       insert into task_events (task_id, run_id, type, data)
       select task_id, id, 'run.retry',
-             jsonb_build_object('attempt', attempt, 'errorCode', error_code, 'runAfter', run_after)
-      from requeued
-    )
-    select id::float8 as id from requeued`;
+             jsonb_build_object('status', 'queued', 'attempt', attempt, 'errorCode', error_code, 'runAfter', run_after)
+      from requeued where task_id in (select id from locked)
+      order by id
+      returning id, task_id, run_id, type, data, created_at
+    ),
+    ${notifyEvents(sql)}
+    select id::float8 as id, (select count(*) from notified) as notified from requeued`;
   return rows.map((r) => r.id);
 }
 
@@ -384,7 +439,7 @@ export async function runReapExpired(sql: Sql, o: ReapOptions): Promise<ReapResu
         lease_token = null, lease_owner = null, lease_expires_at = null, heartbeat_at = null
       from expired e
       where r.id = e.id and e.status <> 'cancelling' and e.attempt < e.max_attempts
-      returning r.id, r.task_id, r.attempt
+      returning r.id, r.task_id, r.attempt, r.error_code
     ),
     done as (
       update runs r set
@@ -399,17 +454,12 @@ export async function runReapExpired(sql: Sql, o: ReapOptions): Promise<ReapResu
       where r.id = e.id and (e.status = 'cancelling' or e.attempt >= e.max_attempts)
       returning r.id, r.task_id, r.status, r.attempt, r.error_code
     ),
-    retry_events as (
-      insert into task_events (task_id, run_id, type, data)
-      select task_id, id, 'run.retry',
-             jsonb_build_object('attempt', attempt, 'errorCode', 'ANALYSIS_WORKER_UNAVAILABLE')
-      from requeued
-    ),
-    ${countIntoTasks(sql)}
+    ${countIntoTasks(sql, true)}
     select (select count(*)::int from requeued) as requeued,
            (select count(*)::int from done where status = 'failed') as failed,
            (select count(*)::int from done where status = 'cancelled') as cancelled,
-           (select count(*)::int from counted where finished) as "finishedTasks"`;
+           (select count(*)::int from counted where finished) as "finishedTasks",
+           (select count(*)::int from notified) as notified`;
   return row ?? { requeued: 0, failed: 0, cancelled: 0, finishedTasks: 0 };
 }
 
@@ -447,7 +497,8 @@ export async function runFailUnserved(sql: Sql, o: ReapOptions): Promise<ReapRes
     ),
     ${countIntoTasks(sql)}
     select 0 as requeued, (select count(*)::int from done) as failed, 0 as cancelled,
-           (select count(*)::int from counted where finished) as "finishedTasks"`;
+           (select count(*)::int from counted where finished) as "finishedTasks",
+           (select count(*)::int from notified) as notified`;
   return row ?? { requeued: 0, failed: 0, cancelled: 0, finishedTasks: 0 };
 }
 

@@ -85,6 +85,7 @@ const PROGRESS_FLUSH_MS = 250;
 /** Delay before retrying a failed completion write (e.g. the database is down). */
 const FLUSH_RETRY_MS = 1000;
 const DEFAULT_TIMEOUT_MS = 600_000;
+const LISTEN_ATTEMPTS = 5;
 
 export class Worker {
   readonly id: string;
@@ -130,15 +131,24 @@ export class Worker {
   /** Registers, listens for wake-ups, and starts the claim loop, heartbeats and progress flushes. */
   async start(): Promise<void> {
     await workerRegister(this.o.sql, this.info());
-    const listener = await this.o.sql.listen(
-      WAKEUP_CHANNEL,
-      (type) => {
-        if (this.o.types[type]) this.wake();
-      },
-      // (Re)connected: notifications may have been missed meanwhile.
-      () => this.wake(),
-    );
-    this.unlisten = listener.unlisten;
+    // The shared listener connection may be reconnecting right now: a few quick retries.
+    for (let attempt = 1; ; attempt++) {
+      try {
+        const listener = await this.o.sql.listen(
+          WAKEUP_CHANNEL,
+          (type) => {
+            if (this.o.types[type]) this.wake();
+          },
+          // (Re)connected: notifications may have been missed meanwhile.
+          () => this.wake(),
+        );
+        this.unlisten = listener.unlisten;
+        break;
+      } catch (err) {
+        if (attempt >= LISTEN_ATTEMPTS) throw err;
+        await sleep(100 * attempt);
+      }
+    }
     const heartbeatEvery = Math.max(100, Math.floor(this.o.leaseTtlMs / 3));
     this.timers.push(setInterval(() => void this.heartbeat(), heartbeatEvery));
     this.timers.push(setInterval(() => void this.flushProgress(), PROGRESS_FLUSH_MS));

@@ -310,3 +310,38 @@ describe("reading tasks", () => {
     }
   });
 });
+
+describe("GET /api/analysis-tasks/:taskId/logs", () => {
+  test("the task's events as pages; foreign task → 404; bad cursor → 400", async () => {
+    const taskId = (
+      await create(alice, { analysisType: "summary", inputFileIds: [aliceFiles[0], aliceFiles[1]] })
+    ).json().data.taskId;
+    await t.db.sql`insert into task_events (task_id, type, data)
+                   select ${taskId}, 'run.progress', jsonb_build_object('percent', g) from generate_series(1, 4) g`;
+    const seen: string[] = [];
+    let after = "";
+    for (;;) {
+      const res = await t.app.inject({
+        url: `/api/analysis-tasks/${taskId}/logs?limit=2${after}`,
+        headers: bearer(alice),
+      });
+      assert.equal(res.statusCode, 200);
+      const page: { items: { id: string; type: string; taskId: string }[]; nextCursor: string | null } =
+        res.json().data;
+      seen.push(...page.items.map((i) => i.type));
+      assert.ok(page.items.every((i) => i.taskId === taskId));
+      if (!page.nextCursor) break;
+      after = `&after=${page.nextCursor}`;
+    }
+    assert.deepEqual(seen, ["task.queued", "run.progress", "run.progress", "run.progress", "run.progress"]);
+    assert.equal(
+      (await t.app.inject({ url: `/api/analysis-tasks/${taskId}/logs`, headers: bearer(bob) })).statusCode,
+      404,
+    );
+    assert.equal(
+      (await t.app.inject({ url: `/api/analysis-tasks/${taskId}/logs?after=x`, headers: bearer(alice) }))
+        .statusCode,
+      400,
+    );
+  });
+});

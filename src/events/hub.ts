@@ -1,0 +1,129 @@
+// The event hub of an API process (DESIGN §6): one LISTEN connection (postgres.js keeps a dedicated
+// one outside the pool and re-listens after a drop), fanning notifications out in memory to the
+// subscribers of each task. After every (re)connect it re-reads the table for every subscribed task,
+// so nothing published while the connection was down is missed.
+import type { Sql } from "../db/client.ts";
+import type { Logger } from "../log.ts";
+import { EVENTS_CHANNEL } from "../queue/sql.ts";
+import { eventsAfter, type TaskEvent } from "./read.ts";
+
+const CATCH_UP_PAGE = 500;
+
+interface Subscriber {
+  after: bigint;
+  deliver(events: TaskEvent[]): void;
+}
+
+type Payload = { taskId: string; events: TaskEvent[] } | { taskId: string; eventId: string };
+
+export class EventHub {
+  private readonly tasks = new Map<string, Set<Subscriber>>();
+  /** Per task, deliveries run one after another, so a catch-up never overtakes a notification. */
+  private readonly chains = new Map<string, Promise<void>>();
+  private unlisten: (() => Promise<void>) | undefined;
+  private starting: Promise<void> | undefined;
+  private reconnects = 0;
+
+  constructor(private readonly o: { sql: Sql; logger: Logger }) {}
+
+  /** Starts listening on first use (a failed start is retried by the next caller). */
+  ready(): Promise<void> {
+    this.starting ??= this.start().catch((err) => {
+      this.starting = undefined;
+      throw err;
+    });
+    return this.starting;
+  }
+
+  private async start(): Promise<void> {
+    const { unlisten } = await this.o.sql.listen(
+      EVENTS_CHANNEL,
+      (payload) => this.onNotification(payload),
+      () => {
+        // Called on the first LISTEN and after every reconnect: catch up from the table.
+        if (this.reconnects++ > 0)
+          this.o.logger.warn("event listener reconnected; catching up from the table");
+        for (const taskId of this.tasks.keys()) this.enqueue(taskId, () => this.catchUp(taskId));
+      },
+    );
+    this.unlisten = unlisten;
+  }
+
+  async stop(): Promise<void> {
+    await this.starting?.catch(() => {});
+    await this.unlisten?.().catch(() => {});
+    this.tasks.clear();
+  }
+
+  /** Subscribers currently attached (for metrics and tests). */
+  get size(): number {
+    let n = 0;
+    for (const subs of this.tasks.values()) n += subs.size;
+    return n;
+  }
+
+  /** Delivers every event of `taskId` with an id above `afterId`, as it is announced. */
+  subscribe(taskId: string, afterId: string | null, deliver: (events: TaskEvent[]) => void): () => void {
+    const sub: Subscriber = { after: BigInt(afterId ?? 0), deliver };
+    let subs = this.tasks.get(taskId);
+    if (!subs) {
+      subs = new Set();
+      this.tasks.set(taskId, subs);
+    }
+    subs.add(sub);
+    return () => {
+      const set = this.tasks.get(taskId);
+      set?.delete(sub);
+      if (set?.size === 0) {
+        this.tasks.delete(taskId);
+        this.chains.delete(taskId);
+      }
+    };
+  }
+
+  private onNotification(raw: string): void {
+    let payload: Payload;
+    try {
+      payload = JSON.parse(raw) as Payload;
+    } catch {
+      this.o.logger.warn("ignored a malformed event notification");
+      return;
+    }
+    if (!this.tasks.has(payload.taskId)) return;
+    if ("events" in payload)
+      this.enqueue(payload.taskId, async () => this.fanOut(payload.taskId, payload.events));
+    else this.enqueue(payload.taskId, () => this.catchUp(payload.taskId));
+  }
+
+  private enqueue(taskId: string, work: () => Promise<void>): void {
+    const next = (this.chains.get(taskId) ?? Promise.resolve()).then(work).catch((err) => {
+      this.o.logger.warn({ err, taskId }, "event delivery failed");
+    });
+    this.chains.set(taskId, next);
+  }
+
+  private fanOut(taskId: string, events: TaskEvent[]): void {
+    for (const sub of this.tasks.get(taskId) ?? []) {
+      const fresh = events.filter((e) => BigInt(e.id) > sub.after);
+      if (fresh.length === 0) continue;
+      sub.after = BigInt(fresh.at(-1)?.id ?? sub.after);
+      sub.deliver(fresh);
+    }
+  }
+
+  /** Reads what the subscribers of a task have not seen yet (a doorbell, or after a reconnect). */
+  private async catchUp(taskId: string): Promise<void> {
+    const subs = this.tasks.get(taskId);
+    if (!subs || subs.size === 0) return;
+    let after = [...subs].reduce(
+      (min, s) => (s.after < min ? s.after : min),
+      BigInt(Number.MAX_SAFE_INTEGER),
+    );
+    for (;;) {
+      const events = await eventsAfter(this.o.sql, taskId, after.toString(), CATCH_UP_PAGE);
+      this.fanOut(taskId, events);
+      if (events.length < CATCH_UP_PAGE) return;
+      after = BigInt(events.at(-1)?.id ?? after);
+    }
+  }
+}
