@@ -112,7 +112,8 @@ test("an event larger than 7,000 bytes arrives whole (the doorbell path)", async
   await s.ended;
   await w.stop();
   const progress = s.events.find((e) => e.event === "run.progress");
-  assert.equal((progress?.data as { data: { message: string } }).data.message, big);
+  assert.ok(progress, "the progress event arrived");
+  assert.equal((progress.data as { data: { message: string } }).data.message, big);
   assert.deepEqual(
     s.events.map((e) => [e.id, e.event]),
     await tableEvents(taskId),
