@@ -12,6 +12,7 @@ import type { LocalStorage } from "../storage/local.ts";
 import { requireBearer } from "./auth.ts";
 import { errorHandler } from "./error-handler.ts";
 import { ApiError } from "./errors.ts";
+import { downloadRoutes } from "./routes/downloads.ts";
 import { eventRoutes } from "./routes/events.ts";
 import { fileRoutes } from "./routes/files.ts";
 import { healthRoutes } from "./routes/health.ts";
@@ -71,6 +72,7 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
       await api.register(fileRoutes);
       await api.register(taskRoutes);
       await api.register(eventRoutes, { streams: streams.signal });
+      await api.register(downloadRoutes);
     },
     { prefix: "/api" },
   );

@@ -9,6 +9,8 @@ export const PUBLIC_MESSAGES = {
   FILE_NOT_FOUND: "The file does not exist.",
   ANALYSIS_TYPE_UNSUPPORTED: "The analysis type is not supported.",
   ANALYSIS_TASK_NOT_FOUND: "The analysis task does not exist.",
+  ANALYSIS_TASK_ALREADY_FINISHED: "The analysis task has already finished.",
+  ANALYSIS_TASK_NOT_READY: "The analysis task has no output to download yet.",
   IDEMPOTENCY_KEY_REUSED: "The Idempotency-Key was already used for a different request.",
   PAYLOAD_TOO_LARGE: "The upload exceeds the size limit.",
   UNSUPPORTED_MEDIA_TYPE: "The content type is not supported.",

@@ -13,6 +13,8 @@ const CLAIM_LOCK_NAMESPACE = 0x636c6169; // "clai"
 export const MAX_BACKOFF_MS = 5 * 60 * 1000;
 /** Wake-up channel: the payload is the analysis type that has work. */
 export const WAKEUP_CHANNEL = "assay_runs";
+/** Cancel channel: the payload is a task id whose live runs were just marked cancelling. */
+export const CANCEL_CHANNEL = "assay_cancel";
 /** Event channel: `{taskId, events: [...]}`, or `{taskId, eventId}` when that would not fit. */
 export const EVENTS_CHANNEL = "assay_events";
 /** NOTIFY payloads must stay under 8000 bytes; above this the doorbell is sent instead. */
@@ -500,6 +502,23 @@ export async function runFailUnserved(sql: Sql, o: ReapOptions): Promise<ReapRes
            (select count(*)::int from counted where finished) as "finishedTasks",
            (select count(*)::int from notified) as notified`;
   return row ?? { requeued: 0, failed: 0, cancelled: 0, finishedTasks: 0 };
+}
+
+/** Ends a task's queued runs as cancelled, counted like any other ending. Returns how many. */
+export async function runCancelQueued(sql: Sql, taskId: string): Promise<number> {
+  const [row] = await sql<{ n: number }[]>`
+    with done as (
+      update runs r set
+        status = 'cancelled',
+        error_code = 'ANALYSIS_PROCESS_CANCELLED',
+        error_message = 'cancelled before it started',
+        finished_at = now()
+      where r.task_id = ${taskId} and r.status = 'queued'
+      returning r.id, r.task_id, r.status, r.attempt, r.error_code
+    ),
+    ${countIntoTasks(sql)}
+    select (select count(*)::int from done) as n, (select count(*) from notified) as notified`;
+  return row?.n ?? 0;
 }
 
 export interface WorkerInfo {

@@ -8,6 +8,7 @@ import type { Sql } from "../db/client.ts";
 import type { Logger } from "../log.ts";
 import { backoffMs, jitter, sleep } from "./backoff.ts";
 import {
+  CANCEL_CHANNEL,
   type ClaimedRun,
   type Lease,
   type Outcome,
@@ -134,7 +135,7 @@ export class Worker {
     // The shared listener connection may be reconnecting right now: a few quick retries.
     for (let attempt = 1; ; attempt++) {
       try {
-        const listener = await this.o.sql.listen(
+        const wakeups = await this.o.sql.listen(
           WAKEUP_CHANNEL,
           (type) => {
             if (this.o.types[type]) this.wake();
@@ -142,7 +143,12 @@ export class Worker {
           // (Re)connected: notifications may have been missed meanwhile.
           () => this.wake(),
         );
-        this.unlisten = listener.unlisten;
+        // A missed cancel is caught by the next heartbeat, which returns the run as cancelling.
+        const cancels = await this.o.sql.listen(CANCEL_CHANNEL, (taskId) => this.cancelTask(Number(taskId)));
+        this.unlisten = async () => {
+          await wakeups.unlisten();
+          await cancels.unlisten();
+        };
         break;
       } catch (err) {
         if (attempt >= LISTEN_ATTEMPTS) throw err;
@@ -163,6 +169,18 @@ export class Worker {
   wake(): void {
     this.woken = true;
     this.wakeUp?.();
+  }
+
+  /** A task was cancelled: its runs here are cancelling (the NOTIFY is sent after that commit). */
+  private cancelTask(taskId: number): void {
+    const mine = [...[...this.active.values()].map((a) => a.run), ...this.buffer].filter(
+      (r) => r.taskId === taskId,
+    );
+    if (mine.length === 0) return;
+    this.applyStatuses(
+      new Map(mine.map((r) => [r.id, "cancelling"])),
+      mine.map((r) => r.id),
+    );
   }
 
   private freeSlots(): number {

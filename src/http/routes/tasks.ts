@@ -2,6 +2,7 @@ import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
 import { type TSchema, Type } from "typebox";
 import { ANALYSIS_TYPES, isAnalysisType, PARAMETER_SCHEMAS } from "../../analyses/types.ts";
 import { typeSettings } from "../../config.ts";
+import { taskCancel } from "../../tasks/cancel.ts";
 import { taskCreate } from "../../tasks/create.ts";
 import { runList, taskGet, taskList } from "../../tasks/read.ts";
 import { TASK_STATUSES } from "../../tasks/states.ts";
@@ -208,6 +209,41 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
         : undefined;
       if (!page) throw notFound("ANALYSIS_TASK_NOT_FOUND");
       return ok(page);
+    },
+  );
+
+  app.post(
+    "/analysis-tasks/:taskId/cancel",
+    {
+      schema: {
+        summary: "Cancel a task: queued runs end at once, running processes are killed",
+        tags: ["tasks"],
+        security: [{ bearer: [] }],
+        params: Type.Object({ taskId: IdParam }),
+        response: {
+          202: Envelope(Type.Object({ taskId: Type.String(), status: Type.String() })),
+          409: ErrorBody,
+          ...errorResponses,
+        },
+      },
+    },
+    async (request, reply) => {
+      const { taskId } = request.params;
+      const result = isId(taskId)
+        ? await taskCancel(app.services.database.sql, principalOf(request), taskId)
+        : undefined;
+      if (!result || result.kind === "not-found") throw notFound("ANALYSIS_TASK_NOT_FOUND");
+      if (result.kind === "finished") throw new ApiError(409, "ANALYSIS_TASK_ALREADY_FINISHED");
+      request.log.info(
+        {
+          taskId,
+          status: result.status,
+          cancelledQueued: result.cancelledQueued,
+          cancellingLive: result.cancellingLive,
+        },
+        "task cancel requested",
+      );
+      return reply.status(202).send(ok({ taskId, status: result.status }, "Cancellation accepted"));
     },
   );
 };

@@ -1,0 +1,64 @@
+// Cancelling a task (DESIGN §3, seed §9): one transaction marks the task `cancelling`, ends its queued
+// runs at once (counted through the same tail as every other ending), marks its live runs
+// `cancelling`, and tells the workers. The owning worker kills the process group, waits for `close`,
+// removes the partial output and completes the run `cancelled`; its heartbeat is the backstop for a
+// missed NOTIFY, and the reaper ends the cancelling runs of a dead worker.
+import type { Principal } from "../auth/tokens.ts";
+import type { Sql } from "../db/client.ts";
+import { CANCEL_CHANNEL, notifyEvents, runCancelQueued } from "../queue/sql.ts";
+import { TERMINAL_TASK_STATUSES } from "./states.ts";
+
+export type CancelResult =
+  | { kind: "not-found" }
+  | { kind: "finished"; status: string }
+  | { kind: "cancelling"; status: string; cancelledQueued: number; cancellingLive: number };
+
+export async function taskCancel(sql: Sql, p: Principal, taskId: string): Promise<CancelResult> {
+  return sql.begin(async (tx): Promise<CancelResult> => {
+    const [task] = await tx<{ status: string }[]>`
+      select status from tasks where id = ${taskId} and (${p.role === "admin"} or owner_id = ${p.userId})`;
+    if (!task) return { kind: "not-found" };
+    if ((TERMINAL_TASK_STATUSES as readonly string[]).includes(task.status))
+      return { kind: "finished", status: task.status };
+    // Run rows first, then the task row: the same order as completions, so the two cannot deadlock.
+    await tx`select id from runs where task_id = ${taskId} and status in ('queued', 'starting', 'running')
+             order by id for update`;
+    const [moved] = await tx<{ status: string }[]>`
+      update tasks set status = 'cancelling', updated_at = now()
+      where id = ${taskId} and status in ('queued', 'running') returning status`;
+    if (!moved) {
+      // Cancelled again, or finished meanwhile: report the state as it is.
+      const [now] = await tx<{ status: string }[]>`select status from tasks where id = ${taskId}`;
+      const status = now?.status ?? "cancelling";
+      return (TERMINAL_TASK_STATUSES as readonly string[]).includes(status)
+        ? { kind: "finished", status }
+        : { kind: "cancelling", status, cancelledQueued: 0, cancellingLive: 0 };
+    }
+    const [marked] = await tx<{ live: number }[]>`
+      with moved as (
+        update runs set status = 'cancelling'
+        where task_id = ${taskId} and status in ('starting', 'running')
+        returning id, task_id, attempt
+      ),
+      events as (
+        insert into task_events (task_id, run_id, type, data)
+        select ${taskId}::bigint, null, 'task.cancelling', jsonb_build_object('status', 'cancelling')
+        union all
+        select task_id, id, 'run.cancelling', jsonb_build_object('status', 'cancelling', 'attempt', attempt)
+        from (select * from moved order by id) m
+        returning id, task_id, run_id, type, data, created_at
+      ),
+      ${notifyEvents(tx as unknown as Sql)}
+      select (select count(*)::int from moved) as live, (select count(*) from notified) as notified`;
+    const live = marked?.live ?? 0;
+    const cancelled = await runCancelQueued(tx as unknown as Sql, taskId);
+    if (live > 0) await tx`select pg_notify(${CANCEL_CHANNEL}, ${taskId})`;
+    const [after] = await tx<{ status: string }[]>`select status from tasks where id = ${taskId}`;
+    return {
+      kind: "cancelling",
+      status: after?.status ?? "cancelling",
+      cancelledQueued: cancelled,
+      cancellingLive: live,
+    };
+  });
+}

@@ -1,0 +1,87 @@
+// What a finished task offers for download: the succeeded runs' published output directories.
+import fsp from "node:fs/promises";
+import path from "node:path";
+import type { Principal } from "../auth/tokens.ts";
+import type { Sql } from "../db/client.ts";
+import { TERMINAL_TASK_STATUSES } from "./states.ts";
+
+export interface RunOutput {
+  runId: string;
+  inputName: string;
+  outputFileName: string;
+  /** Absolute directory of the published outputs. */
+  dir: string;
+}
+
+export type DownloadPlan =
+  | { kind: "not-found" }
+  | { kind: "not-ready" }
+  | { kind: "single"; taskId: string; output: RunOutput }
+  | { kind: "zip"; taskId: string; outputs: RunOutput[] };
+
+const SAFE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+
+/** The published files of one output directory (the attempt marker and anything odd left out). */
+export async function outputFiles(dir: string): Promise<string[]> {
+  const entries = await fsp.readdir(dir, { withFileTypes: true }).catch(() => []);
+  return entries
+    .filter((e) => e.isFile() && SAFE_NAME.test(e.name))
+    .map((e) => e.name)
+    .sort();
+}
+
+async function succeededOutputs(
+  sql: Sql,
+  outputsRoot: string,
+  taskId: string,
+  runId?: string,
+): Promise<RunOutput[]> {
+  const rows = await sql<{ runId: string; inputName: string; outputFileName: string | null }[]>`
+    select id::text as "runId", input_name as "inputName", result ->> 'outputFileName' as "outputFileName"
+    from runs where task_id = ${taskId} and status = 'succeeded' ${runId ? sql`and id = ${runId}` : sql``}
+    order by id`;
+  return rows
+    .filter((r) => r.outputFileName && SAFE_NAME.test(r.outputFileName))
+    .map((r) => ({
+      runId: r.runId,
+      inputName: r.inputName,
+      outputFileName: r.outputFileName as string,
+      dir: path.join(outputsRoot, taskId, r.runId),
+    }));
+}
+
+/** Owner or admin; terminal with at least one success (DESIGN §7). */
+export async function taskDownloadPlan(
+  sql: Sql,
+  p: Principal,
+  outputsRoot: string,
+  taskId: string,
+): Promise<DownloadPlan> {
+  const [task] = await sql<{ status: string; total: number }[]>`
+    select status, total_count as total from tasks
+    where id = ${taskId} and (${p.role === "admin"} or owner_id = ${p.userId})`;
+  if (!task) return { kind: "not-found" };
+  if (!(TERMINAL_TASK_STATUSES as readonly string[]).includes(task.status)) return { kind: "not-ready" };
+  const outputs = await succeededOutputs(sql, outputsRoot, taskId);
+  if (outputs.length === 0) return { kind: "not-ready" };
+  return task.total === 1
+    ? { kind: "single", taskId, output: outputs[0] as RunOutput }
+    : { kind: "zip", taskId, outputs };
+}
+
+/** One run's output: the run must have succeeded (its task need not be finished). */
+export async function runDownloadPlan(
+  sql: Sql,
+  p: Principal,
+  outputsRoot: string,
+  taskId: string,
+  runId: string,
+): Promise<DownloadPlan> {
+  const [task] =
+    await sql`select 1 from tasks where id = ${taskId} and (${p.role === "admin"} or owner_id = ${p.userId})`;
+  if (!task) return { kind: "not-found" };
+  const [run] = await sql`select 1 from runs where id = ${runId} and task_id = ${taskId}`;
+  if (!run) return { kind: "not-found" };
+  const [output] = await succeededOutputs(sql, outputsRoot, taskId, runId);
+  return output ? { kind: "single", taskId, output } : { kind: "not-ready" };
+}

@@ -1,0 +1,140 @@
+// Cancelling through the API: queued, starting and running runs; a second cancel; a finished task;
+// cancel racing completion.
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import type { FastifyInstance } from "fastify";
+import { tokenCreate } from "../../src/auth/tokens.ts";
+import { loadConfig } from "../../src/config.ts";
+import { expectedMigrationCount } from "../../src/db/migrate.ts";
+import { buildServer } from "../../src/http/server.ts";
+import { createLogger } from "../../src/log.ts";
+import { runClaim, runComplete } from "../../src/queue/sql.ts";
+import { bearer } from "../helpers/app.ts";
+import { runCounts, taskRow, waitFor, waitForTerminal } from "../helpers/queue.ts";
+import { alive, fixtureProgram, outputTree, type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
+
+let env: RunnerEnv;
+let app: FastifyInstance;
+let token: string;
+let stranger: string;
+
+before(async () => {
+  env = await runnerEnv();
+  const config = loadConfig({ ASSAY_DATA_DIR: env.dataDir, DATABASE_URL: env.db.url });
+  app = await buildServer(
+    { config, database: env.db, storage: env.storage, expectedMigrations: expectedMigrationCount() },
+    createLogger({ level: "silent" }),
+  );
+  token = (await tokenCreate(env.db.sql, "runner")).token;
+  stranger = (await tokenCreate(env.db.sql, "stranger")).token;
+});
+after(async () => {
+  await app.close();
+  await env.close();
+});
+
+const cancel = (taskId: string, t = token) =>
+  app.inject({ method: "POST", url: `/api/analysis-tasks/${taskId}/cancel`, headers: bearer(t) });
+
+test("queued runs are cancelled at once and counted; the task ends cancelled", async () => {
+  const files = await Promise.all([1, 2, 3].map((i) => env.file(`a\n${i}\n`)));
+  const taskId = await env.task("never-claimed", files, { mode: "ok" });
+  const res = await cancel(taskId);
+  assert.equal(res.statusCode, 202);
+  assert.deepEqual(res.json().data, { taskId, status: "cancelled" });
+  assert.deepEqual(await taskRow(env.db.sql, taskId), {
+    status: "cancelled",
+    total: 3,
+    succeeded: 0,
+    failed: 0,
+    timedOut: 0,
+    cancelled: 3,
+  });
+  const again = await cancel(taskId);
+  assert.equal(again.statusCode, 409);
+  assert.equal(again.json().code, "ANALYSIS_TASK_ALREADY_FINISHED");
+  assert.equal((await cancel(taskId, stranger)).statusCode, 404);
+  assert.equal((await cancel("abc")).statusCode, 404);
+});
+
+test("running processes: group killed, tmp dirs gone, counters right; a second cancel is 202 with the state", async () => {
+  const files = await Promise.all([1, 2, 3].map((i) => env.file(`b\n${i}\n`)));
+  const taskId = await env.task("cancel-live", files, { mode: "grandchild" });
+  const w = env.worker([fixtureProgram("cancel-live")], { concurrency: 2 });
+  await w.start();
+  const events = await waitFor(async () => {
+    const rows = await env.db
+      .sql`select data from task_events where task_id = ${taskId} and type = 'run.progress'`;
+    return rows.length >= 2 ? rows : undefined;
+  });
+  const grandchildren = events.map((e) => Number(/grandchild (\d+)/.exec(e.data.message)?.[1]));
+  assert.ok(grandchildren.every(alive));
+  const res = await cancel(taskId);
+  assert.equal(res.statusCode, 202);
+  assert.equal(res.json().data.status, "cancelling");
+  const second = await cancel(taskId);
+  assert.ok([202, 409].includes(second.statusCode));
+  const row = await waitForTerminal(env.db.sql, taskId);
+  await w.stop();
+  assert.deepEqual(row, {
+    status: "cancelled",
+    total: 3,
+    succeeded: 0,
+    failed: 0,
+    timedOut: 0,
+    cancelled: 3,
+  });
+  for (const pid of grandchildren) await waitFor(async () => !alive(pid), 5000, `grandchild ${pid} to die`);
+  assert.deepEqual(outputTree(`${env.outputsRoot}/${taskId}`), []);
+  const types = (await env.db.sql`select type from task_events where task_id = ${taskId} order by id`).map(
+    (r) => r.type,
+  );
+  assert.equal(types.filter((x) => x === "run.cancelled").length, 3);
+  assert.equal(types.at(-1), "task.cancelled");
+});
+
+test("a starting run (claimed, not yet running) becomes cancelling and ends cancelled when its worker reports", async () => {
+  const file = await env.file("c\n1\n");
+  const taskId = await env.task("cancel-starting", [file], {});
+  const [claimed] = await runClaim(env.db.sql, {
+    workerId: "w",
+    analysisType: "cancel-starting",
+    limit: 1,
+    globalLimit: 0,
+    leaseTtlMs: 30_000,
+  });
+  assert.ok(claimed);
+  assert.equal((await cancel(taskId)).json().data.status, "cancelling");
+  assert.deepEqual(await runCounts(env.db.sql, taskId), { cancelling: 1 });
+  // The worker that owns it reports the outcome of the abort.
+  const done = await runComplete(env.db.sql, [
+    { id: claimed.id, token: claimed.leaseToken, status: "cancelled" },
+  ]);
+  assert.deepEqual(done.finishedTasks, [{ taskId: Number(taskId), status: "cancelled" }]);
+});
+
+test("cancel racing completion: exactly one outcome is counted", async () => {
+  for (let i = 0; i < 20; i++) {
+    const file = await env.file(`d\n${i}\n`);
+    const taskId = await env.task("race-cancel", [file], {});
+    const [run] = await runClaim(env.db.sql, {
+      workerId: "w",
+      analysisType: "race-cancel",
+      limit: 1,
+      globalLimit: 0,
+      leaseTtlMs: 30_000,
+    });
+    assert.ok(run);
+    const [c, d] = await Promise.all([
+      cancel(taskId),
+      runComplete(env.db.sql, [{ id: run.id, token: run.leaseToken, status: "succeeded" }]),
+    ]);
+    assert.ok([202, 409].includes(c.statusCode));
+    if (d.completed.length === 0) {
+      await runComplete(env.db.sql, [{ id: run.id, token: run.leaseToken, status: "cancelled" }]);
+    }
+    const row = await taskRow(env.db.sql, taskId);
+    assert.equal(row.succeeded + row.cancelled, 1, JSON.stringify(row));
+    assert.ok(["succeeded", "cancelled"].includes(row.status));
+  }
+});
