@@ -36,7 +36,8 @@ export function contentDisposition(name: string): string {
 function folderNames(outputs: RunOutput[]): Map<string, string> {
   const counts = new Map<string, number>();
   for (const o of outputs) counts.set(o.inputName, (counts.get(o.inputName) ?? 0) + 1);
-  const safe = (s: string) => s.replace(/[/\\\u0000-\u001f]/g, "_").replace(/^\.+/, "_") || "input";
+  // Input names were sanitised at upload (a base name, no control characters); be strict anyway.
+  const safe = (s: string) => s.replace(/[/\\]/g, "_").replace(/^\.+/, "_") || "input";
   return new Map(
     outputs.map((o) => [
       o.runId,
