@@ -11,6 +11,21 @@ import { Envelope, errorResponses, IdParam, isId, ok } from "../schemas.ts";
 
 const BACKLOG_PAGE = 500;
 
+/**
+ * The hub hands the same event object to every subscriber of a task: serialise it once, not once per
+ * stream (with a thousand streams on one task, that is most of the API's work per event).
+ */
+const serialized = new WeakMap<object, string>();
+function serializeOnce(data: unknown): string {
+  if (typeof data !== "object" || data === null) return JSON.stringify(data);
+  let text = serialized.get(data);
+  if (text === undefined) {
+    text = JSON.stringify(data);
+    serialized.set(data, text);
+  }
+  return text;
+}
+
 const EventBody = Type.Object({
   id: Type.String(),
   taskId: Type.String(),
@@ -113,7 +128,7 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
   app.get(
     "/analysis-tasks/:taskId/events",
     {
-      sse: "only",
+      sse: { kind: "only", serializer: serializeOnce },
       schema: {
         summary: "Server-Sent Events: the backlog after Last-Event-ID, then live events until the task ends",
         tags: ["tasks"],
@@ -136,6 +151,8 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
       reply.sse.onClose(() => closed.abort());
       const signal = AbortSignal.any([closed.signal, opts.streams]);
       const stream = taskEventStream(app.services.events, sql, taskId, lastEventId ?? null, signal);
+      // Commit the 200 and the headers now: a client waiting on a quiet task must not wait for them.
+      reply.sse.sendHeaders();
       await reply.sse.send(
         (async function* () {
           for await (const event of stream) yield { id: event.id, event: event.type, data: event };

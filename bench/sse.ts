@@ -1,0 +1,138 @@
+// SSE benchmark (issue 5): 1,000 concurrent subscribers on one API process to one task while events
+// are committed at 10/s; latency from commit to client receipt, and the API process's RSS.
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import path from "node:path";
+import { performance } from "node:perf_hooks";
+import { fileURLToPath } from "node:url";
+import { tokenCreate } from "../src/auth/tokens.ts";
+import { createDatabase } from "../src/db/client.ts";
+import { notifyEvents } from "../src/queue/sql.ts";
+import { benchDatabase, report } from "./lib/db.ts";
+
+const SUBSCRIBERS = Number(process.env.BENCH_SSE_N ?? 1000);
+const RATE = 10;
+const SECONDS = Number(process.env.BENCH_SSE_SECONDS ?? 10);
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+
+const bench = await benchDatabase();
+const { sql, close } = createDatabase(bench.url);
+const api = spawn(process.execPath, [path.join(root, "bin/assay.js"), "api"], {
+  env: {
+    ...process.env,
+    DATABASE_URL: bench.url,
+    PORT: "0",
+    LOG_LEVEL: "warn",
+    ASSAY_SSE_HEARTBEAT_MS: "15000",
+  },
+  stdio: ["ignore", "pipe", "inherit"],
+});
+try {
+  // LOG_LEVEL=warn hides "listening": find the port from the process's sockets instead.
+  const port = await new Promise<number>((resolve, reject) => {
+    const deadline = Date.now() + 30_000;
+    const poll = () => {
+      const tcp = fs.readFileSync("/proc/net/tcp", "utf8").split("\n");
+      const inodes = new Set(
+        fs.readdirSync(`/proc/${api.pid}/fd`).map((fd) => {
+          try {
+            return /socket:\[(\d+)\]/.exec(fs.readlinkSync(`/proc/${api.pid}/fd/${fd}`))?.[1];
+          } catch {
+            return undefined;
+          }
+        }),
+      );
+      for (const line of tcp) {
+        const f = line.trim().split(/\s+/);
+        if (f[3] === "0A" && inodes.has(f[9]))
+          return resolve(Number.parseInt(f[1]?.split(":")[1] ?? "0", 16));
+      }
+      if (Date.now() > deadline) reject(new Error("api did not listen"));
+      else setTimeout(poll, 200);
+    };
+    poll();
+  });
+  const base = `http://127.0.0.1:${port}`;
+  const [user] = await sql<
+    { id: number }[]
+  >`insert into users (name, role) values ('sse-bench', 'admin') returning id::int`;
+  const { token } = await tokenCreate(sql, "sse-bench");
+  const [task] = await sql<{ id: string }[]>`
+    insert into tasks (owner_id, analysis_type, total_count) values (${user?.id as number}, 'sse-bench', 1) returning id::text`;
+  const taskId = task?.id as string;
+
+  const received = new Map<string, number[]>(); // event id → receipt times
+  let connected = 0;
+  const controllers: AbortController[] = [];
+  await Promise.all(
+    Array.from({ length: SUBSCRIBERS }, async () => {
+      const controller = new AbortController();
+      controllers.push(controller);
+      const res = await fetch(`${base}/api/analysis-tasks/${taskId}/events`, {
+        headers: { authorization: `Bearer ${token}`, accept: "text/event-stream" },
+        signal: controller.signal,
+      });
+      connected++;
+      void (async () => {
+        const decoder = new TextDecoder();
+        let buffer = "";
+        try {
+          for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+            const now = performance.now();
+            buffer += decoder.decode(chunk, { stream: true });
+            for (let end = buffer.indexOf("\n\n"); end !== -1; end = buffer.indexOf("\n\n")) {
+              const id = /^id: ?(\d+)$/m.exec(buffer.slice(0, end))?.[1];
+              buffer = buffer.slice(end + 2);
+              if (id) {
+                const times = received.get(id) ?? [];
+                times.push(now);
+                received.set(id, times);
+              }
+            }
+          }
+        } catch {
+          // aborted at the end
+        }
+      })();
+    }),
+  );
+
+  const committed = new Map<string, number>();
+  const interval = 1000 / RATE;
+  for (let i = 0; i < RATE * SECONDS; i++) {
+    const started = performance.now();
+    const [row] = await sql<{ id: string }[]>`
+      with events as (
+        insert into task_events (task_id, type, data)
+        values (${taskId}, 'run.progress', jsonb_build_object('percent', ${i % 100}::int, 'message', 'bench'))
+        returning id, task_id, run_id, type, data, created_at
+      ),
+      ${notifyEvents(sql)}
+      select (select id::text from events) as id, (select count(*) from notified) as n`;
+    committed.set(row?.id as string, performance.now());
+    await new Promise((r) => setTimeout(r, Math.max(0, interval - (performance.now() - started))));
+  }
+  await new Promise((r) => setTimeout(r, 1000));
+  const rssKb = Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${api.pid}/status`, "utf8"))?.[1] ?? 0);
+  const latencies: number[] = [];
+  let delivered = 0;
+  for (const [id, at] of committed) {
+    for (const t of received.get(id) ?? []) {
+      latencies.push(t - at);
+      delivered++;
+    }
+  }
+  const expected = committed.size * SUBSCRIBERS;
+  report("sse", SUBSCRIBERS, RATE, SECONDS, latencies, delivered === expected && connected === SUBSCRIBERS, {
+    note: "N subscribers, C events/s; latencies: commit → client receipt",
+    delivered,
+    expected,
+    apiRssMiB: Math.round(rssKb / 1024),
+  });
+  for (const c of controllers) c.abort();
+} finally {
+  api.kill("SIGTERM");
+  await new Promise((r) => api.on("close", r));
+  await close();
+  await bench.stop();
+}
