@@ -147,6 +147,19 @@ test("the LISTEN connection killed with pg_terminate_backend: streams keep deliv
   assert.equal(s.events.at(-1)?.event, "task.succeeded");
 });
 
+test("a client disconnect frees its subscription", async () => {
+  const taskId = await createTask(t.db.sql, owner, "sse-leave", 1);
+  const hub = t.app.services.events;
+  const before = hub.size;
+  const streams = await Promise.all(
+    [1, 2, 3].map(() => openSse(`${base}/api/analysis-tasks/${taskId}/events`, token)),
+  );
+  await Promise.all(streams.map((s) => s.waitFor((events) => events.length >= 1)));
+  assert.equal(hub.size, before + 3);
+  for (const s of streams) s.close();
+  await waitFor(async () => hub.size === before, 5000, "subscriptions to be released");
+});
+
 test("foreign task → 404 before any stream; bad Last-Event-ID → 400", async () => {
   const taskId = await createTask(t.db.sql, owner, "sse-auth", 1);
   const other = await t.token("stranger");
