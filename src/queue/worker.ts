@@ -5,8 +5,17 @@
 import { randomBytes } from "node:crypto";
 import os from "node:os";
 import type { Sql } from "../db/client.ts";
+import { listenAll } from "../db/listen.ts";
 import type { Logger } from "../log.ts";
-import { backoffMs, jitter, sleep } from "./backoff.ts";
+import { jitter, sleep } from "./backoff.ts";
+import {
+  type AbortReason,
+  decide,
+  type Ending,
+  type Handler,
+  type HandlerContext,
+  type HandlerOutcome,
+} from "./outcomes.ts";
 import {
   CANCEL_CHANNEL,
   type ClaimedRun,
@@ -25,31 +34,7 @@ import {
   workerRegister,
 } from "./sql.ts";
 
-export type { ClaimedRun };
-
-export interface HandlerContext {
-  /** Aborted on timeout, cancel, lost lease and shutdown; `signal.reason` is an AbortReason. */
-  signal: AbortSignal;
-  /** Coalesced: only the latest value is written, a few times a second. */
-  reportProgress(percent: number, message?: string): void;
-}
-
-export type HandlerOutcome =
-  | { status: "succeeded"; result?: Record<string, unknown> }
-  | {
-      status: "failed";
-      errorCode: string;
-      errorMessage?: string;
-      transient?: boolean;
-      /** Diagnostics kept with the failed run (e.g. the tail of stderr); never shown to users. */
-      result?: Record<string, unknown>;
-    }
-  | { status: "timed_out"; errorMessage?: string }
-  | { status: "cancelled" };
-
-export type Handler = (run: ClaimedRun, ctx: HandlerContext) => Promise<HandlerOutcome>;
-
-export type AbortReason = "timeout" | "cancel" | "lost" | "shutdown";
+export type { AbortReason, ClaimedRun, Handler, HandlerContext, HandlerOutcome };
 
 export interface TypeOptions {
   handler: Handler;
@@ -86,7 +71,6 @@ const PROGRESS_FLUSH_MS = 250;
 /** Delay before retrying a failed completion write (e.g. the database is down). */
 const FLUSH_RETRY_MS = 1000;
 const DEFAULT_TIMEOUT_MS = 600_000;
-const LISTEN_ATTEMPTS = 5;
 
 export class Worker {
   readonly id: string;
@@ -132,29 +116,16 @@ export class Worker {
   /** Registers, listens for wake-ups, and starts the claim loop, heartbeats and progress flushes. */
   async start(): Promise<void> {
     await workerRegister(this.o.sql, this.info());
-    // The shared listener connection may be reconnecting right now: a few quick retries.
-    for (let attempt = 1; ; attempt++) {
-      try {
-        const wakeups = await this.o.sql.listen(
-          WAKEUP_CHANNEL,
-          (type) => {
-            if (this.o.types[type]) this.wake();
-          },
-          // (Re)connected: notifications may have been missed meanwhile.
-          () => this.wake(),
-        );
-        // A missed cancel is caught by the next heartbeat, which returns the run as cancelling.
-        const cancels = await this.o.sql.listen(CANCEL_CHANNEL, (taskId) => this.cancelTask(Number(taskId)));
-        this.unlisten = async () => {
-          await wakeups.unlisten();
-          await cancels.unlisten();
-        };
-        break;
-      } catch (err) {
-        if (attempt >= LISTEN_ATTEMPTS) throw err;
-        await sleep(100 * attempt);
-      }
-    }
+    this.unlisten = await listenAll(this.o.sql, [
+      // (Re)connected: wake-ups may have been missed meanwhile, so look for work.
+      {
+        channel: WAKEUP_CHANNEL,
+        onNotify: (type) => this.o.types[type] && this.wake(),
+        onListen: () => this.wake(),
+      },
+      // A missed cancel is caught by the next heartbeat, which returns the run as cancelling.
+      { channel: CANCEL_CHANNEL, onNotify: (taskId) => this.cancelTask(Number(taskId)) },
+    ]);
     const heartbeatEvery = Math.max(100, Math.floor(this.o.leaseTtlMs / 3));
     this.timers.push(setInterval(() => void this.heartbeat(), heartbeatEvery));
     this.timers.push(setInterval(() => void this.flushProgress(), PROGRESS_FLUSH_MS));
@@ -263,7 +234,7 @@ export class Worker {
       },
     };
     const done = (async () => {
-      let outcome: HandlerOutcome | { status: "error"; error: unknown };
+      let outcome: Ending;
       try {
         outcome = await type.handler(run, ctx);
       } catch (error) {
@@ -279,65 +250,29 @@ export class Worker {
   }
 
   /** Turns a handler's ending into an outcome, a retry, or nothing (lost lease). Must not throw. */
-  private settle(
-    run: ClaimedRun,
-    reason: AbortReason | undefined,
-    outcome: HandlerOutcome | { status: "error"; error: unknown },
-  ): void {
-    const lease = { id: run.id, token: run.leaseToken };
+  /** Records how an attempt ended (see decide()). Must not throw. */
+  private settle(run: ClaimedRun, reason: AbortReason | undefined, ending: Ending): void {
     const log = this.o.logger.child({
       taskId: run.taskId,
       runId: run.id,
       attempt: run.attempt,
       workerId: this.id,
     });
-    if (reason === "lost") {
-      log.warn("lease lost: attempt abandoned, nothing recorded");
-      void this.discard(run);
-      return;
-    }
-    if (reason === "shutdown") {
-      this.queueRetry(run, { ...lease, delayMs: 0, refund: true, errorCode: null, errorMessage: null });
-      return;
-    }
-    if (reason === "cancel") {
-      this.queueOutcome(run, { ...lease, status: "cancelled", errorCode: "ANALYSIS_PROCESS_CANCELLED" });
-      return;
-    }
-    if (reason === "timeout" || outcome.status === "timed_out") {
-      const message = outcome.status === "timed_out" ? outcome.errorMessage : undefined;
-      this.queueOutcome(run, {
-        ...lease,
-        status: "timed_out",
-        errorCode: "ANALYSIS_PROCESS_TIMEOUT",
-        errorMessage: message ?? "the attempt exceeded its time limit",
-      });
-      return;
-    }
-    switch (outcome.status) {
-      case "succeeded":
-        this.queueOutcome(run, { ...lease, status: "succeeded", result: outcome.result ?? null });
+    if (ending.status === "error") log.error({ err: ending.error }, "handler threw");
+    const decision = decide(run, reason, ending, this.o.retryBaseMs);
+    switch (decision.kind) {
+      case "discard":
+        log.warn("lease lost: attempt abandoned, nothing recorded");
+        void this.discard(run);
         return;
-      case "cancelled":
-        this.queueOutcome(run, { ...lease, status: "cancelled", errorCode: "ANALYSIS_PROCESS_CANCELLED" });
+      case "retry":
+        this.queueRetry(run, decision.retry);
+        if (decision.retry.delayMs > 0)
+          this.timers.push(setTimeout(() => this.wake(), decision.retry.delayMs + 5).unref());
         return;
-      case "failed":
-      case "error": {
-        const transient = outcome.status === "error" || outcome.transient === true;
-        const errorCode = outcome.status === "error" ? "ANALYSIS_PROCESS_FAILED" : outcome.errorCode;
-        const errorMessage =
-          outcome.status === "error" ? "the analysis failed unexpectedly" : (outcome.errorMessage ?? null);
-        if (outcome.status === "error") log.error({ err: outcome.error }, "handler threw");
-        if (transient && run.attempt < run.maxAttempts) {
-          const delayMs = backoffMs(run.attempt, this.o.retryBaseMs);
-          this.queueRetry(run, { ...lease, delayMs, refund: false, errorCode, errorMessage });
-          this.timers.push(setTimeout(() => this.wake(), delayMs + 5).unref());
-        } else {
-          const result = outcome.status === "failed" ? (outcome.result ?? null) : null;
-          this.queueOutcome(run, { ...lease, status: "failed", errorCode, errorMessage, result });
-        }
+      case "complete":
+        this.queueOutcome(run, decision.outcome);
         return;
-      }
     }
   }
 

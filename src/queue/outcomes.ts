@@ -1,0 +1,94 @@
+// How an attempt's ending becomes what the queue records: an outcome to complete, a retry, or
+// nothing (a lost lease). Pure; the worker applies the decision.
+import { backoffMs } from "./backoff.ts";
+import type { ClaimedRun, Outcome, Retry } from "./sql.ts";
+
+export interface HandlerContext {
+  /** Aborted on timeout, cancel, lost lease and shutdown; `signal.reason` is an AbortReason. */
+  signal: AbortSignal;
+  /** Coalesced: only the latest value is written, a few times a second. */
+  reportProgress(percent: number, message?: string): void;
+}
+
+export type HandlerOutcome =
+  | { status: "succeeded"; result?: Record<string, unknown> }
+  | {
+      status: "failed";
+      errorCode: string;
+      errorMessage?: string;
+      transient?: boolean;
+      /** Diagnostics kept with the failed run (e.g. the tail of stderr); never shown to users. */
+      result?: Record<string, unknown>;
+    }
+  | { status: "timed_out"; errorMessage?: string }
+  | { status: "cancelled" };
+
+export type Handler = (run: ClaimedRun, ctx: HandlerContext) => Promise<HandlerOutcome>;
+
+export type AbortReason = "timeout" | "cancel" | "lost" | "shutdown";
+
+/** What a handler's promise settled with: its outcome, or what it threw. */
+export type Ending = HandlerOutcome | { status: "error"; error: unknown };
+
+export type Decision =
+  | { kind: "discard" }
+  | { kind: "complete"; outcome: Outcome }
+  | { kind: "retry"; retry: Retry };
+
+/**
+ * The worker's abort reason wins over what the handler returned: a lost lease records nothing, a
+ * shutdown goes back to the queue with the attempt refunded, a cancel ends cancelled, a timeout ends
+ * timed out. Otherwise: success; transient failures (and thrown errors) retry with backoff while
+ * attempts are left; anything else fails (a "cancelled" nobody asked for included: only a run marked
+ * cancelling may end cancelled).
+ */
+export function decide(
+  run: ClaimedRun,
+  reason: AbortReason | undefined,
+  ending: Ending,
+  retryBaseMs: number,
+): Decision {
+  const lease = { id: run.id, token: run.leaseToken };
+  const complete = (outcome: Omit<Outcome, "id" | "token">): Decision => ({
+    kind: "complete",
+    outcome: { ...lease, ...outcome },
+  });
+  if (reason === "lost") return { kind: "discard" };
+  if (reason === "shutdown") {
+    return {
+      kind: "retry",
+      retry: { ...lease, delayMs: 0, refund: true, errorCode: null, errorMessage: null },
+    };
+  }
+  if (reason === "cancel") return complete({ status: "cancelled", errorCode: "ANALYSIS_PROCESS_CANCELLED" });
+  if (reason === "timeout" || ending.status === "timed_out") {
+    const message = ending.status === "timed_out" ? ending.errorMessage : undefined;
+    return complete({
+      status: "timed_out",
+      errorCode: "ANALYSIS_PROCESS_TIMEOUT",
+      errorMessage: message ?? "the attempt exceeded its time limit",
+    });
+  }
+  if (ending.status === "succeeded") return complete({ status: "succeeded", result: ending.result ?? null });
+  if (ending.status === "cancelled") {
+    // Only a run being cancelled may end cancelled; a handler that gave up unasked has failed.
+    return complete({
+      status: "failed",
+      errorCode: "ANALYSIS_PROCESS_CANCELLED",
+      errorMessage: "the analysis stopped without being cancelled",
+    });
+  }
+  const thrown = ending.status === "error";
+  const errorCode = thrown ? "ANALYSIS_PROCESS_FAILED" : ending.errorCode;
+  const errorMessage = thrown ? "the analysis failed unexpectedly" : (ending.errorMessage ?? null);
+  if ((thrown || ending.transient === true) && run.attempt < run.maxAttempts) {
+    const delayMs = backoffMs(run.attempt, retryBaseMs);
+    return { kind: "retry", retry: { ...lease, delayMs, refund: false, errorCode, errorMessage } };
+  }
+  return complete({
+    status: "failed",
+    errorCode,
+    errorMessage,
+    result: thrown ? null : (ending.result ?? null),
+  });
+}

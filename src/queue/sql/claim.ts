@@ -1,0 +1,166 @@
+// Claiming runs and keeping their leases (DESIGN §4.2–4.4).
+import type { Sql } from "../../db/client.ts";
+import { type Json, type Lease, LIVE, notifyEvents } from "./shared.ts";
+
+/** Advisory-lock namespace of the per-type claim lock (the second key is hashtext(type)). */
+const CLAIM_LOCK_NAMESPACE = 0x636c6169; // "clai"
+
+export interface ClaimedRun {
+  id: number;
+  taskId: number;
+  analysisType: string;
+  attempt: number;
+  maxAttempts: number;
+  leaseToken: string;
+  inputFileId: number;
+  inputStorageKey: string;
+  inputName: string;
+  inputSizeBytes: number;
+  inputSha256: string;
+  parameters: Record<string, unknown>;
+}
+
+export interface ClaimOptions {
+  workerId: string;
+  analysisType: string;
+  /** Most runs to claim. */
+  limit: number;
+  /** Global limit on live runs of the type across all workers; 0 = none. */
+  globalLimit: number;
+  leaseTtlMs: number;
+}
+
+/**
+ * Claims up to `limit` due runs of one type (DESIGN §4.2), marks their tasks running, and returns
+ * them with their task's parameters. With a global limit, claims of the type are serialised by an
+ * advisory transaction lock, and the number of live runs is counted after taking it: the count
+ * cannot be stale, so the limit cannot be exceeded.
+ */
+export async function runClaim(sql: Sql, o: ClaimOptions): Promise<ClaimedRun[]> {
+  if (o.limit <= 0) return [];
+  if (o.globalLimit <= 0) return claimStatement(sql, o, o.limit);
+  return sql.begin(async (tx): Promise<ClaimedRun[]> => {
+    await tx`select pg_advisory_xact_lock(${CLAIM_LOCK_NAMESPACE}, hashtext(${o.analysisType}))`;
+    // A separate statement: its snapshot is taken after the lock, so it sees every earlier claim.
+    const [row] = await tx<{ live: number }[]>`
+      select count(*)::int as live from runs
+      where analysis_type = ${o.analysisType} and status in ${tx(LIVE)}`;
+    const free = Math.min(o.limit, o.globalLimit - (row?.live ?? 0));
+    return free > 0 ? claimStatement(tx as unknown as Sql, o, free) : [];
+  });
+}
+
+function claimStatement(sql: Sql, o: ClaimOptions, k: number): Promise<ClaimedRun[]> {
+  return sql<ClaimedRun[]>`
+    with candidates as (
+      select id from runs
+      where status = 'queued' and analysis_type = ${o.analysisType} and run_after <= now()
+      order by priority, id
+      limit ${k}
+      for update skip locked
+    ),
+    claimed as (
+      update runs r set
+        status = 'starting',
+        attempt = r.attempt + 1,
+        lease_token = gen_random_uuid(),
+        lease_owner = ${o.workerId},
+        lease_expires_at = now() + ${o.leaseTtlMs} * interval '1 millisecond',
+        heartbeat_at = now(),
+        started_at = coalesce(r.started_at, now())
+      from candidates c
+      where r.id = c.id
+      returning r.id, r.task_id, r.analysis_type, r.attempt, r.max_attempts, r.lease_token,
+                r.input_file_id, r.input_storage_key, r.input_name, r.input_size_bytes, r.input_sha256
+    ),
+    to_start as materialized (
+      select id from tasks
+      where id in (select task_id from claimed) and status = 'queued'
+      order by id
+      for update
+    ),
+    started as (
+      update tasks t set status = 'running', started_at = now(), updated_at = now()
+      from to_start s where t.id = s.id
+    )
+    select c.id::float8 as id, c.task_id::float8 as "taskId", c.analysis_type as "analysisType",
+           c.attempt, c.max_attempts as "maxAttempts", c.lease_token::text as "leaseToken",
+           c.input_file_id::float8 as "inputFileId", c.input_storage_key as "inputStorageKey",
+           c.input_name as "inputName", c.input_size_bytes::float8 as "inputSizeBytes",
+           c.input_sha256 as "inputSha256", t.parameters
+    from claimed c join tasks t on t.id = c.task_id
+    order by c.id`;
+}
+
+/**
+ * Extends the leases of a worker's live attempts (DESIGN §4.3). A run missing from the result has
+ * been lost (reaped, or finished elsewhere); one returned as `cancelling` is to be cancelled.
+ */
+export function runHeartbeat(
+  sql: Sql,
+  leases: Lease[],
+  leaseTtlMs: number,
+): Promise<{ id: number; status: string }[]> {
+  if (leases.length === 0) return Promise.resolve([]);
+  return sql<{ id: number; status: string }[]>`
+    update runs r set lease_expires_at = now() + ${leaseTtlMs} * interval '1 millisecond', heartbeat_at = now()
+    from jsonb_to_recordset(${sql.json(leases as unknown as Json)}) as i(id bigint, token uuid)
+    where r.id = i.id and r.lease_token = i.token and r.status in ${sql(LIVE)}
+    returning r.id::float8 as id, r.status`;
+}
+
+export interface ProgressUpdate extends Lease {
+  /** 0–100, or null to only record that the attempt is running. */
+  progress: number | null;
+  message?: string | null;
+}
+
+/**
+ * Records that attempts are running (starting → running) and their latest progress, fenced by the
+ * lease token, and appends `run.running` / `run.progress` events. Returns the runs that matched, with
+ * their status.
+ */
+export function runProgress(sql: Sql, updates: ProgressUpdate[]): Promise<{ id: number; status: string }[]> {
+  if (updates.length === 0) return Promise.resolve([]);
+  const input = updates.map((u) => ({
+    id: u.id,
+    token: u.token,
+    progress: u.progress,
+    message: u.message ?? null,
+  }));
+  return sql<{ id: number; status: string }[]>`
+    with i as (
+      select * from jsonb_to_recordset(${sql.json(input as unknown as Json)})
+        as i(id bigint, token uuid, progress int, message text)
+    ),
+    prev as (select r.id, r.status from runs r join i on i.id = r.id),
+    moved as (
+      update runs r set
+        status = case when r.status = 'starting' then 'running' else r.status end,
+        progress = coalesce(i.progress, r.progress)
+      from i
+      where r.id = i.id and r.lease_token = i.token and r.status in ${sql(LIVE)}
+      returning r.id, r.task_id, r.status, r.attempt
+    ),
+    -- Events are inserted under their task's lock, so a task's event ids follow commit order.
+    locked as materialized (
+      select id from tasks where id in (select task_id from moved) order by id for update
+    ),
+    events as (
+      insert into task_events (task_id, run_id, type, data)
+      select task_id, run_id, type, data from (
+        select m.task_id, m.id as run_id, 'run.running' as type,
+               jsonb_build_object('status', 'running', 'attempt', m.attempt) as data, 0 as ord
+        from moved m join prev p on p.id = m.id where p.status = 'starting'
+        union all
+        select m.task_id, m.id, 'run.progress',
+               jsonb_strip_nulls(jsonb_build_object('percent', i.progress, 'message', i.message)), 1
+        from moved m join i on i.id = m.id where i.progress is not null
+      ) e
+      where task_id in (select id from locked)
+      order by run_id, ord
+      returning id, task_id, run_id, type, data, created_at
+    ),
+    ${notifyEvents(sql)}
+    select id::float8 as id, status, (select count(*) from notified) as notified from moved`;
+}

@@ -1,0 +1,125 @@
+// Shared pieces of the queue statements: channels, limits, and the tails that every statement
+// which ends runs or writes events uses. Locking order, everywhere: run rows first, then task rows in
+// id order; a statement touching several tasks locks them with `... order by id for update` first.
+import type { Sql } from "../../db/client.ts";
+import { LIVE_RUN_STATUSES } from "../../tasks/states.ts";
+
+/** Retry delays never exceed this. */
+export const MAX_BACKOFF_MS = 5 * 60 * 1000;
+/** Wake-up channel: the payload is the analysis type that has work. */
+export const WAKEUP_CHANNEL = "assay_runs";
+/** Cancel channel: the payload is a task id whose live runs were just marked cancelling. */
+export const CANCEL_CHANNEL = "assay_cancel";
+/** Event channel: `{taskId, events: [...]}`, or `{taskId, eventId}` when that would not fit. */
+export const EVENTS_CHANNEL = "assay_events";
+/** NOTIFY payloads must stay under 8000 bytes; above this the doorbell is sent instead. */
+export const NOTIFY_MAX_BYTES = 7000;
+
+export const LIVE = LIVE_RUN_STATUSES as readonly string[];
+/** Element type oid for sql.array() of bigint ids. */
+export const INT8_OID = 20;
+
+export type Json = Parameters<Sql["json"]>[0];
+
+export interface Lease {
+  id: number;
+  token: string;
+}
+
+/**
+ * The tail shared by every statement that ends runs (completion, reaper): given a CTE `done`
+ * (id, task_id, status, attempt, error_code) of runs that just turned terminal — and, with
+ * `withRequeued`, a CTE `requeued` (id, task_id, attempt, error_code) of runs put back in the queue —
+ * locks their tasks in id order, adds the outcomes to the counters, flips tasks whose counters reach
+ * their total, appends the events and announces them. Defines `counted` (id, status, finished) and
+ * `notified`.
+ */
+export function countIntoTasks(sql: Sql, withRequeued = false) {
+  return sql`
+    agg as (
+      select task_id,
+        count(*) filter (where status = 'succeeded')::int as s,
+        count(*) filter (where status = 'failed')::int as f,
+        count(*) filter (where status = 'timed_out')::int as x,
+        count(*) filter (where status = 'cancelled')::int as c
+      from done group by task_id
+    ),
+    locked as materialized (
+      select id from tasks
+      where id in (select task_id from agg ${withRequeued ? sql`union select task_id from requeued` : sql``})
+      order by id for update
+    ),
+    counted as (
+      update tasks t set
+        succeeded_count = t.succeeded_count + a.s,
+        failed_count = t.failed_count + a.f,
+        timed_out_count = t.timed_out_count + a.x,
+        cancelled_count = t.cancelled_count + a.c,
+        status = case
+          when t.succeeded_count + a.s + t.failed_count + a.f + t.timed_out_count + a.x
+               + t.cancelled_count + a.c < t.total_count then t.status
+          when t.status = 'cancelling' then 'cancelled'
+          when t.succeeded_count + a.s = t.total_count then 'succeeded'
+          when t.failed_count + a.f = t.total_count then 'failed'
+          when t.timed_out_count + a.x = t.total_count then 'timed_out'
+          when t.cancelled_count + a.c = t.total_count then 'cancelled'
+          when t.succeeded_count + a.s > 0 then 'partially_succeeded'
+          else 'failed' end,
+        finished_at = case
+          when t.succeeded_count + a.s + t.failed_count + a.f + t.timed_out_count + a.x
+               + t.cancelled_count + a.c = t.total_count then now()
+          else t.finished_at end,
+        updated_at = now()
+      from agg a, locked l
+      where t.id = a.task_id and l.id = a.task_id
+      returning t.id, t.status,
+        t.succeeded_count + t.failed_count + t.timed_out_count + t.cancelled_count = t.total_count as finished
+    ),
+    -- One insert, ordered, after the task locks (it reads counted and locked): a task's events
+    -- get ids in commit order, and its closing event the largest.
+    events as (
+      insert into task_events (task_id, run_id, type, data)
+      select task_id, run_id, type, data from (
+        select task_id, id as run_id, 'run.' || status as type,
+               jsonb_build_object('status', status, 'attempt', attempt, 'errorCode', error_code) as data,
+               0 as ord, id as k
+        from done
+        ${
+          withRequeued
+            ? sql`union all
+        select task_id, id, 'run.retry',
+               jsonb_build_object('status', 'queued', 'attempt', attempt, 'errorCode', error_code), 0, id
+        from requeued where task_id in (select id from locked)`
+            : sql``
+        }
+        union all
+        select id, null, 'task.' || status, jsonb_build_object('status', status), 1, id
+        from counted where finished
+      ) e
+      order by ord, k
+      returning id, task_id, run_id, type, data, created_at
+    ),
+    ${notifyEvents(sql)}`;
+}
+
+/**
+ * Announces the rows of the CTE `events` on EVENTS_CHANNEL: one notification per task, carrying its
+ * events when the payload fits in NOTIFY_MAX_BYTES, else only `{taskId, eventId}` (a doorbell: the
+ * listener reads the table). Delivered at commit, so listeners never see an event that is not in the
+ * table. An oversized batch can therefore never fail the statement. Defines `notified`.
+ */
+export function notifyEvents(sql: Sql) {
+  return sql`
+    notified as (
+      select pg_notify(${EVENTS_CHANNEL},
+        case when octet_length(p.full_payload) <= ${NOTIFY_MAX_BYTES} then p.full_payload
+             else json_build_object('taskId', p.task_id::text, 'eventId', p.max_id::text)::text end)
+      from (
+        select task_id, max(id) as max_id,
+               json_build_object('taskId', task_id::text, 'events', json_agg(json_build_object(
+                 'id', id::text, 'taskId', task_id::text, 'runId', run_id::text, 'type', type,
+                 'data', data, 'createdAt', created_at) order by id))::text as full_payload
+        from events group by task_id
+      ) p
+    )`;
+}

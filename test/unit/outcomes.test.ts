@@ -1,0 +1,46 @@
+// The worker's decision table: how an attempt's ending becomes what the queue records.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { decide, type Ending } from "../../src/queue/outcomes.ts";
+import type { ClaimedRun } from "../../src/queue/sql.ts";
+
+const run = (attempt: number, maxAttempts = 3) =>
+  ({ id: 7, taskId: 1, leaseToken: "t", attempt, maxAttempts }) as unknown as ClaimedRun;
+const ok: Ending = { status: "succeeded", result: { metrics: { rows: 1 } } };
+const transient: Ending = { status: "failed", errorCode: "ANALYSIS_DEPENDENCY_FAILED", transient: true };
+const permanent: Ending = {
+  status: "failed",
+  errorCode: "ANALYSIS_DATA_INVALID",
+  result: { stderrTail: "x" },
+};
+
+test("the abort reason wins over what the handler returned", () => {
+  assert.deepEqual(decide(run(1), "lost", ok, 100), { kind: "discard" });
+  const shutdown = decide(run(1), "shutdown", ok, 100);
+  assert.equal(shutdown.kind, "retry");
+  assert.ok(shutdown.kind === "retry" && shutdown.retry.refund && shutdown.retry.delayMs === 0);
+  const cancel = decide(run(1), "cancel", ok, 100);
+  assert.ok(cancel.kind === "complete" && cancel.outcome.status === "cancelled");
+  const timeout = decide(run(1), "timeout", { status: "cancelled" }, 100);
+  assert.ok(timeout.kind === "complete" && timeout.outcome.status === "timed_out");
+  assert.ok(timeout.kind === "complete" && timeout.outcome.errorCode === "ANALYSIS_PROCESS_TIMEOUT");
+});
+
+test("outcomes without an abort", () => {
+  const s = decide(run(1), undefined, ok, 100);
+  assert.deepEqual(s, {
+    kind: "complete",
+    outcome: { id: 7, token: "t", status: "succeeded", result: { metrics: { rows: 1 } } },
+  });
+  const r = decide(run(1), undefined, transient, 100);
+  assert.ok(r.kind === "retry" && !r.retry.refund && r.retry.delayMs >= 50 && r.retry.delayMs <= 100);
+  const exhausted = decide(run(3), undefined, transient, 100);
+  assert.ok(exhausted.kind === "complete" && exhausted.outcome.status === "failed");
+  const p = decide(run(1), undefined, permanent, 100);
+  assert.ok(p.kind === "complete" && p.outcome.errorCode === "ANALYSIS_DATA_INVALID");
+  assert.ok(p.kind === "complete" && p.outcome.result?.stderrTail === "x");
+  const thrown = decide(run(1), undefined, { status: "error", error: new Error("x") }, 100);
+  assert.ok(thrown.kind === "retry" && thrown.retry.errorCode === "ANALYSIS_PROCESS_FAILED");
+  const unasked = decide(run(1), undefined, { status: "cancelled" }, 100);
+  assert.ok(unasked.kind === "complete" && unasked.outcome.status === "failed");
+});
