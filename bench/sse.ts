@@ -13,6 +13,7 @@ import { benchDatabase, report } from "./lib/db.ts";
 const SUBSCRIBERS = Number(process.env.BENCH_SSE_N ?? 1000);
 const RATE = 10;
 const SECONDS = Number(process.env.BENCH_SSE_SECONDS ?? 10);
+const CLIENT_PROCESSES = Number(process.env.BENCH_SSE_CLIENT_PROCESSES ?? 1);
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 
 const bench = await benchDatabase();
@@ -61,41 +62,43 @@ try {
     insert into tasks (owner_id, analysis_type, total_count) values (${user?.id as number}, 'sse-bench', 1) returning id::text`;
   const taskId = task?.id as string;
 
-  const received = new Map<string, number[]>(); // event id → receipt times
-  let connected = 0;
-  const controllers: AbortController[] = [];
-  await Promise.all(
-    Array.from({ length: SUBSCRIBERS }, async () => {
-      const controller = new AbortController();
-      controllers.push(controller);
-      const res = await fetch(`${base}/api/analysis-tasks/${taskId}/events`, {
-        headers: { authorization: `Bearer ${token}`, accept: "text/event-stream" },
-        signal: controller.signal,
-      });
-      connected++;
-      void (async () => {
-        const decoder = new TextDecoder();
-        let buffer = "";
-        try {
-          for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
-            const now = performance.now();
-            buffer += decoder.decode(chunk, { stream: true });
-            for (let end = buffer.indexOf("\n\n"); end !== -1; end = buffer.indexOf("\n\n")) {
-              const id = /^id: ?(\d+)$/m.exec(buffer.slice(0, end))?.[1];
-              buffer = buffer.slice(end + 2);
-              if (id) {
-                const times = received.get(id) ?? [];
-                times.push(now);
-                received.set(id, times);
-              }
-            }
-          }
-        } catch {
-          // aborted at the end
-        }
-      })();
-    }),
-  );
+  // Clients in their own processes (as real clients are): one process parsing a thousand streams
+  // would measure its own event loop more than the server.
+  const received = new Map<string, number[]>(); // event id → receipt times (epoch ms)
+  const clients = Array.from({ length: CLIENT_PROCESSES }, (_, i) => {
+    const n = Math.floor(SUBSCRIBERS / CLIENT_PROCESSES) + (i < SUBSCRIBERS % CLIENT_PROCESSES ? 1 : 0);
+    const child = spawn(
+      process.execPath,
+      [
+        "--import",
+        "tsx",
+        path.join(root, "bench/lib/sse-clients.ts"),
+        `${base}/api/analysis-tasks/${taskId}/events`,
+        token,
+        String(n),
+      ],
+      { stdio: ["ignore", "pipe", "inherit"] },
+    );
+    let out = "";
+    child.stdout.on("data", (c: Buffer) => (out += c.toString()));
+    const ready = new Promise<void>((resolve) => {
+      const check = () => (out.includes("ready\n") ? resolve() : setTimeout(check, 50));
+      check();
+    });
+    const results = new Promise<void>((resolve) =>
+      child.on("close", () => {
+        const line = out.split("\n").find((l) => l.startsWith("{"));
+        const parsed = line ? (JSON.parse(line) as { received: Record<string, number[]> }) : { received: {} };
+        for (const [id, times] of Object.entries(parsed.received))
+          received.set(id, [...(received.get(id) ?? []), ...times]);
+        resolve();
+      }),
+    );
+    return { child, ready, results, n };
+  });
+  await Promise.all(clients.map((c) => c.ready));
+  const connected = clients.reduce((a, c) => a + c.n, 0);
+  const epochNow = () => performance.timeOrigin + performance.now();
 
   const committed = new Map<string, number>();
   const interval = 1000 / RATE;
@@ -109,10 +112,12 @@ try {
       ),
       ${notifyEvents(sql)}
       select (select id::text from events) as id, (select count(*) from notified) as n`;
-    committed.set(row?.id as string, performance.now());
+    committed.set(row?.id as string, epochNow());
     await new Promise((r) => setTimeout(r, Math.max(0, interval - (performance.now() - started))));
   }
   await new Promise((r) => setTimeout(r, 1000));
+  for (const c of clients) c.child.kill("SIGTERM");
+  await Promise.all(clients.map((c) => c.results));
   const rssKb = Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${api.pid}/status`, "utf8"))?.[1] ?? 0);
   const latencies: number[] = [];
   let delivered = 0;
@@ -125,11 +130,11 @@ try {
   const expected = committed.size * SUBSCRIBERS;
   report("sse", SUBSCRIBERS, RATE, SECONDS, latencies, delivered === expected && connected === SUBSCRIBERS, {
     note: "N subscribers, C events/s; latencies: commit → client receipt",
+    clientProcesses: CLIENT_PROCESSES,
     delivered,
     expected,
     apiRssMiB: Math.round(rssKb / 1024),
   });
-  for (const c of controllers) c.abort();
 } finally {
   api.kill("SIGTERM");
   await new Promise((r) => api.on("close", r));
