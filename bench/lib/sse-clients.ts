@@ -27,7 +27,10 @@ await Promise.all(
           for (let end = buffer.indexOf("\n\n"); end !== -1; end = buffer.indexOf("\n\n")) {
             const id = /^id: ?(\d+)$/m.exec(buffer.slice(0, end))?.[1];
             buffer = buffer.slice(end + 2);
-            if (id) (received[id] ??= []).push(at);
+            if (id) {
+              received[id] ??= [];
+              received[id].push(at);
+            }
           }
         }
       } catch {
