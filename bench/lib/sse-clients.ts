@@ -1,46 +1,59 @@
-// A process of SSE clients for bench/sse.ts: opens N streams to one URL, records when each event id
-// arrives (epoch milliseconds, sub-millisecond precision, comparable across processes), prints
-// "ready" once all are connected, and on SIGTERM prints one JSON line {received: {id: [times]}}.
+// A process of SSE clients for bench/sse.ts: N plain TCP connections (a minimal HTTP/1.1 client, so
+// the clients' own parsing costs microseconds, not the server's share of the measurement), recording
+// when each event id arrives (epoch ms with sub-ms precision, comparable across processes). Prints
+// "ready" once every stream has its response headers; on SIGTERM prints {received: {id: [times]}}.
+import net from "node:net";
 import { performance } from "node:perf_hooks";
 
-const [url, token, countArg] = process.argv.slice(2);
+const [urlArg, token, countArg] = process.argv.slice(2);
+const url = new URL(urlArg as string);
 const count = Number(countArg);
 const now = () => performance.timeOrigin + performance.now();
 const received: Record<string, number[]> = {};
-const controllers: AbortController[] = [];
+const sockets: net.Socket[] = [];
+const request =
+  `GET ${url.pathname} HTTP/1.1\r\nHost: ${url.host}\r\nAuthorization: Bearer ${token}\r\n` +
+  "Accept: text/event-stream\r\nConnection: keep-alive\r\n\r\n";
 
 await Promise.all(
-  Array.from({ length: count }, async () => {
-    const controller = new AbortController();
-    controllers.push(controller);
-    const res = await fetch(url as string, {
-      headers: { authorization: `Bearer ${token}`, accept: "text/event-stream" },
-      signal: controller.signal,
-    });
-    void (async () => {
-      const decoder = new TextDecoder();
-      let buffer = "";
-      try {
-        for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+  Array.from(
+    { length: count },
+    () =>
+      new Promise<void>((resolve, reject) => {
+        const socket = net.connect(Number(url.port), url.hostname, () => socket.write(request));
+        sockets.push(socket);
+        socket.setEncoding("utf8");
+        let headers = true;
+        let buffer = "";
+        socket.on("error", reject);
+        socket.on("data", (chunk: string) => {
           const at = now();
-          buffer += decoder.decode(chunk, { stream: true });
-          for (let end = buffer.indexOf("\n\n"); end !== -1; end = buffer.indexOf("\n\n")) {
-            const id = /^id: ?(\d+)$/m.exec(buffer.slice(0, end))?.[1];
-            buffer = buffer.slice(end + 2);
-            if (id) {
-              received[id] ??= [];
-              received[id].push(at);
-            }
+          buffer += chunk;
+          if (headers) {
+            const end = buffer.indexOf("\r\n\r\n");
+            if (end === -1) return;
+            if (!buffer.startsWith("HTTP/1.1 200")) return reject(new Error(buffer.slice(0, 80)));
+            buffer = buffer.slice(end + 4);
+            headers = false;
+            resolve();
           }
-        }
-      } catch {
-        // aborted at the end
-      }
-    })();
-  }),
+          // Chunked encoding wraps the frames; only the `id:` lines matter here.
+          for (let i = buffer.indexOf("\nid: "); i !== -1; i = buffer.indexOf("\nid: ", i + 1)) {
+            const eol = buffer.indexOf("\n", i + 5);
+            if (eol === -1) break;
+            const id = buffer.slice(i + 5, eol);
+            received[id] ??= [];
+            received[id].push(at);
+            buffer = buffer.slice(eol);
+            i = -1;
+          }
+          if (buffer.length > 4096) buffer = buffer.slice(-256);
+        });
+      }),
+  ),
 );
 process.stdout.write("ready\n");
 process.once("SIGTERM", () => {
-  for (const c of controllers) c.abort();
+  for (const s of sockets) s.destroy();
   process.stdout.write(`${JSON.stringify({ received })}\n`, () => process.exit(0));
 });

@@ -11,21 +11,6 @@ import { Envelope, errorResponses, IdParam, isId, ok } from "../schemas.ts";
 
 const BACKLOG_PAGE = 500;
 
-/**
- * The hub hands the same event object to every subscriber of a task: serialise it once, not once per
- * stream (with a thousand streams on one task, that is most of the API's work per event).
- */
-const serialized = new WeakMap<object, string>();
-function serializeOnce(data: unknown): string {
-  if (typeof data !== "object" || data === null) return JSON.stringify(data);
-  let text = serialized.get(data);
-  if (text === undefined) {
-    text = JSON.stringify(data);
-    serialized.set(data, text);
-  }
-  return text;
-}
-
 const EventBody = Type.Object({
   id: Type.String(),
   taskId: Type.String(),
@@ -35,54 +20,80 @@ const EventBody = Type.Object({
   createdAt: Type.String(),
 });
 
+/** A stream whose client reads slower than this much buffered output is closed; it resumes by Last-Event-ID. */
+const MAX_BUFFERED_BYTES = 1024 * 1024;
+
 /**
- * Backlog from the table after `after`, then live events from the hub, without gaps or repeats
- * (the subscription starts before the backlog is read; anything already sent is skipped). Ends after
- * the event that closes the task, or when `signal` aborts.
+ * One SSE frame per event object. The hub hands the same object to every subscriber of a task, so with
+ * a thousand streams on a task the event is formatted once, not a thousand times.
  */
-export async function* taskEventStream(
+const frames = new WeakMap<TaskEvent, string>();
+function frame(event: TaskEvent): string {
+  let text = frames.get(event);
+  if (text === undefined) {
+    text = `id: ${event.id}\nevent: ${event.type}\ndata: ${JSON.stringify(event)}\n\n`;
+    frames.set(event, text);
+  }
+  return text;
+}
+
+export interface StreamTarget {
+  write(chunk: string): boolean;
+  readonly writableLength: number;
+  /** Ends the stream (idempotent). */
+  close(): void;
+}
+
+/**
+ * Serves one task's events to `target`: the backlog after `after` from the table, then live events from
+ * the hub, without gaps or repeats (the subscription starts before the backlog is read and buffers until
+ * it is done; every write skips ids already sent). Live events are written synchronously from the hub's
+ * delivery, one shared frame each. Ends after the event that closes the task, when `signal` aborts, or
+ * when the client falls too far behind.
+ */
+export async function serveTaskEvents(
   hub: EventHub,
   sql: Sql,
   taskId: string,
   after: string | null,
+  target: StreamTarget,
   signal: AbortSignal,
-): AsyncGenerator<TaskEvent> {
-  const queue: TaskEvent[] = [];
-  let wake: (() => void) | undefined;
+): Promise<void> {
+  let last = BigInt(after ?? 0);
+  let live = false;
+  let done = false;
+  const pending: TaskEvent[] = [];
+  const finish = () => {
+    if (done) return;
+    done = true;
+    unsubscribe();
+    signal.removeEventListener("abort", finish);
+    target.close();
+  };
+  const write = (event: TaskEvent) => {
+    if (done || BigInt(event.id) <= last) return;
+    last = BigInt(event.id);
+    target.write(frame(event));
+    if (isFinalEvent(event) || target.writableLength > MAX_BUFFERED_BYTES) finish();
+  };
   const unsubscribe = hub.subscribe(taskId, after, (events) => {
-    queue.push(...events);
-    wake?.();
+    if (live) for (const e of events) write(e);
+    else pending.push(...events);
   });
-  const onAbort = () => wake?.();
-  signal.addEventListener("abort", onAbort);
+  signal.addEventListener("abort", finish);
+  if (signal.aborted) return finish();
   try {
-    let last = BigInt(after ?? 0);
     for (;;) {
       const page = await eventsAfter(sql, taskId, last.toString(), BACKLOG_PAGE);
-      for (const event of page) {
-        last = BigInt(event.id);
-        yield event;
-        if (isFinalEvent(event)) return;
-      }
-      if (page.length < BACKLOG_PAGE) break;
+      for (const event of page) write(event);
+      if (done || page.length < BACKLOG_PAGE) break;
     }
-    while (!signal.aborted) {
-      for (let event = queue.shift(); event; event = queue.shift()) {
-        if (BigInt(event.id) <= last) continue;
-        last = BigInt(event.id);
-        yield event;
-        if (isFinalEvent(event)) return;
-      }
-      await new Promise<void>((resolve) => {
-        wake = resolve;
-        if (signal.aborted || queue.length > 0) resolve();
-      });
-      wake = undefined;
-    }
-  } finally {
-    unsubscribe();
-    signal.removeEventListener("abort", onAbort);
+  } catch (err) {
+    finish();
+    throw err;
   }
+  live = true;
+  for (const event of pending.splice(0)) write(event);
 }
 
 export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = async (app, opts) => {
@@ -128,7 +139,7 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
   app.get(
     "/analysis-tasks/:taskId/events",
     {
-      sse: { kind: "only", serializer: serializeOnce },
+      sse: "only",
       schema: {
         summary: "Server-Sent Events: the backlog after Last-Event-ID, then live events until the task ends",
         tags: ["tasks"],
@@ -147,16 +158,25 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
         throw validationFailed("Last-Event-ID must be an event id.");
       }
       await app.services.events.ready();
-      const closed = new AbortController();
-      reply.sse.onClose(() => closed.abort());
-      const signal = AbortSignal.any([closed.signal, opts.streams]);
-      const stream = taskEventStream(app.services.events, sql, taskId, lastEventId ?? null, signal);
       // Commit the 200 and the headers now: a client waiting on a quiet task must not wait for them.
       reply.sse.sendHeaders();
-      await reply.sse.send(
-        (async function* () {
-          for await (const event of stream) yield { id: event.id, event: event.type, data: event };
-        })(),
+      reply.sse.keepAlive();
+      const closed = new AbortController();
+      reply.sse.onClose(() => closed.abort());
+      const raw = reply.raw;
+      await serveTaskEvents(
+        app.services.events,
+        sql,
+        taskId,
+        lastEventId ?? null,
+        {
+          write: (chunk) => raw.write(chunk),
+          get writableLength() {
+            return raw.writableLength;
+          },
+          close: () => reply.sse.close(),
+        },
+        AbortSignal.any([closed.signal, opts.streams]),
       );
     },
   );
