@@ -80,6 +80,7 @@ try {
   const plainCpu = process.cpuUsage(plainCpu0);
   const plain = report("e2e:plain-spawn", N, C, (performance.now() - t0) / 1000, plainLatencies, true, {
     parentCpuMs: Math.round((plainCpu.user + plainCpu.system) / 1000),
+    parentUserMs: Math.round(plainCpu.user / 1000),
   });
 
   // Through Assay: one task of N runs, one worker at concurrency C, the production handler.
@@ -126,6 +127,7 @@ try {
     check?.succeeded === N,
     {
       workerCpuMs: Math.round((cpu.user + cpu.system) / 1000),
+    workerUserMs: Math.round(cpu.user / 1000),
     },
   );
   console.log(
