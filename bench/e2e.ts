@@ -127,7 +127,7 @@ try {
     check?.succeeded === N,
     {
       workerCpuMs: Math.round((cpu.user + cpu.system) / 1000),
-    workerUserMs: Math.round(cpu.user / 1000),
+      workerUserMs: Math.round(cpu.user / 1000),
     },
   );
   console.log(

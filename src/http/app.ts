@@ -8,6 +8,7 @@ import type { FastifyInstance } from "fastify";
 import type { Config } from "../config.ts";
 import type { Database } from "../db/client.ts";
 import type { EventHub } from "../events/hub.ts";
+import { apiMetrics } from "../metrics/api.ts";
 import type { LocalStorage } from "../storage/local.ts";
 import { requireBearer } from "./auth.ts";
 import { errorHandler } from "./error-handler.ts";
@@ -59,6 +60,12 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
   // Ends every SSE stream when the server closes, so clients reconnect (to another instance) and resume.
   const streams = new AbortController();
   fastify.addHook("preClose", async () => streams.abort());
+
+  const metrics = apiMetrics(fastify, opts.services.database.sql, opts.services.events);
+  fastify.get("/metrics", { schema: { hide: true } }, async (_request, reply) => {
+    reply.header("content-type", metrics.registry.contentType);
+    return metrics.registry.metrics();
+  });
 
   fastify.setErrorHandler(errorHandler);
   fastify.setNotFoundHandler(() => {

@@ -1,0 +1,117 @@
+// Prometheus metrics of an API process (GET /metrics): HTTP request durations, SSE subscribers, and
+// queue gauges read from PostgreSQL at scrape time (so every API instance reports the same queue).
+// Each app has its own registry: tests build many apps in one process.
+import type { FastifyInstance } from "fastify";
+import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
+import type { Sql } from "../db/client.ts";
+import type { EventHub } from "../events/hub.ts";
+
+export interface ApiMetrics {
+  registry: Registry;
+}
+
+/** Registers the collectors and the hooks; `/metrics` itself is a route in http/routes/health.ts. */
+export function apiMetrics(app: FastifyInstance, sql: Sql, hub: EventHub): ApiMetrics {
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry, prefix: "assay_api_" });
+  const duration = new Histogram({
+    name: "assay_http_request_duration_seconds",
+    help: "HTTP request durations by route, method and status code",
+    labelNames: ["method", "route", "status_code"],
+    buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+    registers: [registry],
+  });
+  app.addHook("onResponse", async (request, reply) => {
+    const route = request.routeOptions.url ?? "unmatched";
+    if (route === "/metrics") return;
+    duration.observe(
+      { method: request.method, route, status_code: String(reply.statusCode) },
+      reply.elapsedTime / 1000,
+    );
+  });
+  new Gauge({
+    name: "assay_sse_subscribers",
+    help: "Server-Sent Events streams attached to this process",
+    registers: [registry],
+    collect() {
+      this.set(hub.size);
+    },
+  });
+  const scrapeErrors = new Counter({
+    name: "assay_metrics_scrape_errors_total",
+    help: "Scrapes whose database queries failed",
+    registers: [registry],
+  });
+  // The queue gauges are read from PostgreSQL once per scrape: every one of them awaits the same read
+  // (the registry collects metrics concurrently). The partial indexes on runs serve both run queries.
+  let reading: Promise<void> | undefined;
+  const refresh = () => {
+    reading ??= read().finally(() => {
+      reading = undefined;
+    });
+    return reading;
+  };
+  const oldest = new Gauge({
+    name: "assay_queue_oldest_age_seconds",
+    help: "Age of the oldest queued run by analysis type",
+    labelNames: ["analysis_type"],
+    collect: () => refresh(),
+    registers: [],
+  });
+  const live = new Gauge({
+    name: "assay_runs_live",
+    help: "Runs with a live attempt, by analysis type and status",
+    labelNames: ["analysis_type", "status"],
+    collect: () => refresh(),
+    registers: [],
+  });
+  const outcomes = new Gauge({
+    name: "assay_runs_finished",
+    help: "Finished runs by analysis type and outcome (from the task counters)",
+    labelNames: ["analysis_type", "status"],
+    collect: () => refresh(),
+    registers: [],
+  });
+  const depth = new Gauge({
+    name: "assay_queue_depth",
+    help: "Queued runs by analysis type (due now or later)",
+    labelNames: ["analysis_type"],
+    registers: [],
+    collect: () => refresh(),
+  });
+  for (const metric of [depth, oldest, live, outcomes]) registry.registerMetric(metric);
+
+  async function read(): Promise<void> {
+    try {
+      const queued = await sql<{ type: string; n: number; age: number }[]>`
+        select analysis_type as type, count(*)::int as n,
+               coalesce(extract(epoch from now() - min(created_at)), 0)::float8 as age
+        from runs where status = 'queued' group by analysis_type`;
+      const running = await sql<{ type: string; status: string; n: number }[]>`
+        select analysis_type as type, status, count(*)::int as n
+        from runs where status in ('starting', 'running', 'cancelling') group by 1, 2`;
+      const finished = await sql<{ type: string; s: number; f: number; t: number; c: number }[]>`
+        select analysis_type as type, sum(succeeded_count)::int as s, sum(failed_count)::int as f,
+               sum(timed_out_count)::int as t, sum(cancelled_count)::int as c
+        from tasks group by analysis_type`;
+      depth.reset();
+      oldest.reset();
+      live.reset();
+      outcomes.reset();
+      for (const q of queued) {
+        depth.set({ analysis_type: q.type }, q.n);
+        oldest.set({ analysis_type: q.type }, q.age);
+      }
+      for (const r of running) live.set({ analysis_type: r.type, status: r.status }, r.n);
+      for (const f of finished) {
+        outcomes.set({ analysis_type: f.type, status: "succeeded" }, f.s);
+        outcomes.set({ analysis_type: f.type, status: "failed" }, f.f);
+        outcomes.set({ analysis_type: f.type, status: "timed_out" }, f.t);
+        outcomes.set({ analysis_type: f.type, status: "cancelled" }, f.c);
+      }
+    } catch {
+      scrapeErrors.inc();
+    }
+  }
+  return { registry };
+}
