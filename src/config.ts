@@ -138,6 +138,17 @@ const FIELDS = {
     description:
       "Runs a worker claims ahead of its free slots (0: only free slots). Only for very short handlers: prefetched runs hold leases while they wait.",
   },
+  retentionDays: {
+    env: "ASSAY_RETENTION_DAYS",
+    schema: Type.Number({ exclusiveMinimum: 0, default: 30 }),
+    description:
+      "Finished tasks (with their runs, events and output files) are deleted this many days after they finished.",
+  },
+  retentionIntervalMs: {
+    env: "ASSAY_RETENTION_INTERVAL_MS",
+    schema: Type.Integer({ minimum: 1000, default: 3_600_000 }),
+    description: "How often each worker runs the retention pass (jittered).",
+  },
   sseHeartbeatMs: {
     env: "ASSAY_SSE_HEARTBEAT_MS",
     schema: Type.Integer({ minimum: 100, default: 15_000 }),
@@ -215,7 +226,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     const value =
       given === undefined
         ? (field.schema as { default?: unknown }).default
-        : typeof given === "string" && /^-?\d+$/.test(given.trim())
+        : typeof given === "string" && /^-?\d+(\.\d+)?$/.test(given.trim())
           ? Number(given)
           : given;
     if (Value.Check(field.schema, value)) out[key] = value;

@@ -7,6 +7,7 @@ import { type Config, typeSettings } from "../config.ts";
 import type { Sql } from "../db/client.ts";
 import type { Logger } from "../log.ts";
 import { Reaper } from "../queue/reaper.ts";
+import { Retention } from "../queue/retention.ts";
 import { type TypeOptions, Worker } from "../queue/worker.ts";
 import { discardAttempt, processHandler } from "../runner/handler.ts";
 import type { LocalStorage } from "../storage/local.ts";
@@ -62,13 +63,21 @@ export async function startWorkerRuntime(
     retryBaseMs: config.retryBaseMs,
     workerWaitMs: config.workerWaitMs,
   });
+  const retention = new Retention({
+    sql,
+    logger,
+    outputsRoot,
+    retentionDays: config.retentionDays,
+    intervalMs: config.retentionIntervalMs,
+  });
   await worker.start();
   reaper.start();
+  retention.start();
   return {
     worker,
     reaper,
     stop: async () => {
-      await reaper.stop();
+      await Promise.all([reaper.stop(), retention.stop()]);
       await worker.stop(config.shutdownGraceMs);
     },
   };

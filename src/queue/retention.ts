@@ -1,0 +1,79 @@
+// Retention (maintenance): deletes terminal tasks finished more than ASSAY_RETENTION_DAYS ago — their
+// runs and events go with them (ON DELETE CASCADE) — and then their output directories, a few tasks per
+// statement, so the queue tables stay small. A service with start/stop/runOnce; safe to run in every
+// worker at once (SKIP LOCKED). Uploaded input files are not touched.
+import fsp from "node:fs/promises";
+import path from "node:path";
+import type { Sql } from "../db/client.ts";
+import type { Logger } from "../log.ts";
+import { jitter } from "./backoff.ts";
+
+export interface RetentionOptions {
+  sql: Sql;
+  logger: Logger;
+  /** `$ASSAY_DATA_DIR/outputs`. */
+  outputsRoot: string;
+  retentionDays: number;
+  intervalMs: number;
+  /** Tasks per statement. */
+  batchSize?: number;
+}
+
+const DEFAULT_BATCH = 20;
+
+export class Retention {
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<unknown> | undefined;
+  private stopped = true;
+  private stopRequested = false;
+
+  constructor(private readonly o: RetentionOptions) {}
+
+  start(): void {
+    this.stopped = false;
+    this.schedule();
+  }
+
+  private schedule(): void {
+    if (this.stopped) return;
+    this.timer = setTimeout(() => {
+      this.running = this.runOnce()
+        .catch((err) => this.o.logger.warn({ err }, "retention pass failed"))
+        .finally(() => this.schedule());
+    }, jitter(this.o.intervalMs));
+  }
+
+  /** Deletes everything due, batch by batch; returns how many tasks went. */
+  async runOnce(): Promise<number> {
+    const batch = this.o.batchSize ?? DEFAULT_BATCH;
+    let total = 0;
+    for (;;) {
+      const deleted = await this.o.sql<{ id: string }[]>`
+        with due as (
+          select id from tasks
+          where status in ('succeeded', 'partially_succeeded', 'failed', 'timed_out', 'cancelled')
+            and finished_at < now() - ${this.o.retentionDays} * interval '1 day'
+          order by finished_at
+          limit ${batch}
+          for update skip locked
+        )
+        delete from tasks t using due where t.id = due.id
+        returning t.id::text`;
+      // After the commit: a crash here leaves directories of deleted tasks, never rows without outputs.
+      for (const { id } of deleted) {
+        await fsp.rm(path.join(this.o.outputsRoot, id), { recursive: true, force: true });
+      }
+      total += deleted.length;
+      if (deleted.length < batch || this.stopRequested) break;
+    }
+    if (total > 0) this.o.logger.info({ tasks: total }, "retention removed finished tasks");
+    return total;
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    this.stopRequested = true;
+    clearTimeout(this.timer);
+    await this.running;
+  }
+}
