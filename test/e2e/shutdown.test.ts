@@ -1,0 +1,86 @@
+// `assay worker` as a real process: SIGTERM mid-run and a second signal.
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import path from "node:path";
+import { after, before, test } from "node:test";
+import { cleanEnv, collect, spawnCli, watch } from "../helpers/cli.ts";
+import { waitFor, waitForTerminal } from "../helpers/queue.ts";
+import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
+
+let env: RunnerEnv;
+let bigFile: string;
+before(async () => {
+  env = await runnerEnv();
+  // Large enough that `summary` runs for a while (it streams; ~1 s here).
+  const rows = ["a,b,c"];
+  for (let i = 0; i < 400_000; i++) rows.push(`${i},${i % 7},${i % 13}`);
+  bigFile = await env.file(`${rows.join("\n")}\n`);
+});
+after(() => env.close());
+
+const workerEnv = (extra: Record<string, string> = {}) =>
+  cleanEnv({
+    DATABASE_URL: env.db.url,
+    ASSAY_DATA_DIR: env.dataDir,
+    LOG_LEVEL: "info",
+    ASSAY_POLL_INTERVAL_MS: "100",
+    ...extra,
+  });
+
+test("SIGTERM mid-run: the worker exits 0 within its grace, the run goes back unspent and another worker finishes it", async () => {
+  const taskId = await env.task("summary", [bigFile], {}, 1);
+  const first = spawnCli(["worker", "--concurrency", "1"], workerEnv({ ASSAY_SHUTDOWN_GRACE_MS: "0" }));
+  const out = watch(first);
+  const done = collect(first);
+  await out.waitFor(/worker started/);
+  await waitFor(
+    async () =>
+      (await env.db.sql`select 1 from runs where task_id = ${taskId} and status = 'running'`).length > 0,
+  );
+  const t0 = Date.now();
+  first.kill("SIGTERM");
+  const exit = await done;
+  assert.equal(exit.code, 0, exit.stderr);
+  assert.ok(Date.now() - t0 < 15_000, "bounded shutdown");
+  const [mid] = await env.db.sql`select status, attempt from runs where task_id = ${taskId}`;
+  assert.deepEqual({ ...mid }, { status: "queued", attempt: 0 });
+  assert.deepEqual(
+    fs.readdirSync(path.join(env.outputsRoot, taskId)).filter((n) => n.endsWith(".tmp")),
+    [],
+    "the aborted attempt's partial output is gone",
+  );
+
+  const second = spawnCli(["worker"], workerEnv());
+  const secondDone = collect(second);
+  const task = await waitForTerminal(env.db.sql, taskId, 60_000);
+  second.kill("SIGTERM");
+  assert.equal((await secondDone).code, 0);
+  assert.equal(task.status, "succeeded", "max_attempts 1: a spent attempt would have failed it");
+});
+
+test("a second signal exits at once", async () => {
+  // A run that takes seconds, so the graceful shutdown is still waiting for it.
+  const rows = ["a,b,c"];
+  for (let i = 0; i < 3_000_000; i++) rows.push(`${i},${i % 7},${i % 13}`);
+  const hugeFile = await env.file(`${rows.join("\n")}\n`);
+  const taskId = await env.task("summary", [hugeFile], {}, 1);
+  const w = spawnCli(["worker", "--concurrency", "1"], workerEnv({ ASSAY_SHUTDOWN_GRACE_MS: "60000" }));
+  const out = watch(w);
+  const done = collect(w);
+  await out.waitFor(/worker started/);
+  await waitFor(
+    async () =>
+      (await env.db.sql`select 1 from runs where task_id = ${taskId} and status = 'running'`).length > 0,
+  );
+  const t0 = Date.now();
+  w.kill("SIGTERM");
+  await out.waitFor(/shutting down/);
+  w.kill("SIGTERM");
+  const exit = await done;
+  assert.notEqual(
+    exit.code,
+    0,
+    `${exit.code} ${exit.signal} ${Date.now() - t0}ms\n${exit.stdout.slice(-1500)}`,
+  );
+  assert.ok(Date.now() - t0 < 5000, `exited after ${Date.now() - t0} ms, not after the 60 s grace`);
+});
