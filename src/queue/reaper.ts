@@ -2,7 +2,7 @@
 // everywhere at once: each statement takes its rows with FOR UPDATE SKIP LOCKED.
 import type { Sql } from "../db/client.ts";
 import type { Logger } from "../log.ts";
-import { jitter } from "./backoff.ts";
+import { IntervalService } from "./service.ts";
 import { type ReapResult, runFailUnserved, runReapExpired, workerDeleteStale } from "./sql.ts";
 
 export interface ReaperOptions {
@@ -24,25 +24,9 @@ const DEFAULT_BATCH = 500;
 /** Worker rows are dropped after this many lease TTLs without a heartbeat. */
 const STALE_WORKER_TTLS = 3;
 
-export class Reaper {
-  private timer: NodeJS.Timeout | undefined;
-  private running: Promise<unknown> | undefined;
-  private stopped = true;
-
-  constructor(private readonly o: ReaperOptions) {}
-
-  start(): void {
-    this.stopped = false;
-    this.schedule();
-  }
-
-  private schedule(): void {
-    if (this.stopped) return;
-    this.timer = setTimeout(() => {
-      this.running = this.runOnce()
-        .catch((err) => this.o.logger.warn({ err }, "reaper pass failed"))
-        .finally(() => this.schedule());
-    }, jitter(this.o.intervalMs));
+export class Reaper extends IntervalService<ReapPass> {
+  constructor(private readonly o: ReaperOptions) {
+    super("reaper", o.intervalMs, o.logger);
   }
 
   /** One full pass: expired leases, unserved types, stale workers. */
@@ -64,11 +48,5 @@ export class Reaper {
       this.o.logger.info(total, "reaper recovered runs");
     }
     return total;
-  }
-
-  async stop(): Promise<void> {
-    this.stopped = true;
-    clearTimeout(this.timer);
-    await this.running;
   }
 }

@@ -6,7 +6,7 @@ import fsp from "node:fs/promises";
 import path from "node:path";
 import type { Sql } from "../db/client.ts";
 import type { Logger } from "../log.ts";
-import { jitter } from "./backoff.ts";
+import { IntervalService } from "./service.ts";
 
 export interface RetentionOptions {
   sql: Sql;
@@ -21,26 +21,9 @@ export interface RetentionOptions {
 
 const DEFAULT_BATCH = 20;
 
-export class Retention {
-  private timer: NodeJS.Timeout | undefined;
-  private running: Promise<unknown> | undefined;
-  private stopped = true;
-  private stopRequested = false;
-
-  constructor(private readonly o: RetentionOptions) {}
-
-  start(): void {
-    this.stopped = false;
-    this.schedule();
-  }
-
-  private schedule(): void {
-    if (this.stopped) return;
-    this.timer = setTimeout(() => {
-      this.running = this.runOnce()
-        .catch((err) => this.o.logger.warn({ err }, "retention pass failed"))
-        .finally(() => this.schedule());
-    }, jitter(this.o.intervalMs));
+export class Retention extends IntervalService<number> {
+  constructor(private readonly o: RetentionOptions) {
+    super("retention", o.intervalMs, o.logger);
   }
 
   /** Deletes everything due, batch by batch; returns how many tasks went. */
@@ -64,16 +47,9 @@ export class Retention {
         await fsp.rm(path.join(this.o.outputsRoot, id), { recursive: true, force: true });
       }
       total += deleted.length;
-      if (deleted.length < batch || this.stopRequested) break;
+      if (deleted.length < batch || this.stopping) break;
     }
     if (total > 0) this.o.logger.info({ tasks: total }, "retention removed finished tasks");
     return total;
-  }
-
-  async stop(): Promise<void> {
-    this.stopped = true;
-    this.stopRequested = true;
-    clearTimeout(this.timer);
-    await this.running;
   }
 }

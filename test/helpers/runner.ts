@@ -2,8 +2,12 @@
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import type { FastifyInstance } from "fastify";
 import type { Program } from "../../src/analyses/programs.ts";
 import type { Principal } from "../../src/auth/tokens.ts";
+import { loadConfig } from "../../src/config.ts";
+import { expectedMigrationCount } from "../../src/db/migrate.ts";
+import { buildServer } from "../../src/http/server.ts";
 import { createLogger } from "../../src/log.ts";
 import { type TypeOptions, Worker } from "../../src/queue/worker.ts";
 import { discardAttempt, processHandler } from "../../src/runner/handler.ts";
@@ -42,6 +46,8 @@ export interface RunnerEnv {
     programs: (Program & { timeoutMs?: number })[],
     options?: { concurrency?: number; leaseTtlMs?: number; killGraceMs?: number },
   ): Worker;
+  /** The HTTP app over this database and data directory (closed with the env). */
+  app(): Promise<FastifyInstance>;
   close(): Promise<void>;
 }
 
@@ -52,6 +58,7 @@ export async function runnerEnv(): Promise<RunnerEnv> {
   const outputsRoot = path.join(dataDir, "outputs");
   const owner = await seedUser(db.sql, "runner");
   const workers: Worker[] = [];
+  const apps: FastifyInstance[] = [];
   return {
     db,
     dataDir,
@@ -96,7 +103,17 @@ export async function runnerEnv(): Promise<RunnerEnv> {
       workers.push(w);
       return w;
     },
+    app: async () => {
+      const config = loadConfig({ ASSAY_DATA_DIR: dataDir, DATABASE_URL: db.url });
+      const app = await buildServer(
+        { config, database: db, storage, expectedMigrations: expectedMigrationCount() },
+        createLogger({ level: "silent" }),
+      );
+      apps.push(app);
+      return app;
+    },
     close: async () => {
+      await Promise.all(apps.map((a) => a.close()));
       await Promise.all(workers.map((w) => w.stop()));
       await db.drop();
       fs.rmSync(dataDir, { recursive: true, force: true });

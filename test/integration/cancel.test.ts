@@ -4,10 +4,6 @@ import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { tokenCreate } from "../../src/auth/tokens.ts";
-import { loadConfig } from "../../src/config.ts";
-import { expectedMigrationCount } from "../../src/db/migrate.ts";
-import { buildServer } from "../../src/http/server.ts";
-import { createLogger } from "../../src/log.ts";
 import { runClaim, runComplete } from "../../src/queue/sql.ts";
 import { bearer } from "../helpers/app.ts";
 import { runCounts, taskRow, waitFor, waitForTerminal } from "../helpers/queue.ts";
@@ -20,18 +16,11 @@ let stranger: string;
 
 before(async () => {
   env = await runnerEnv();
-  const config = loadConfig({ ASSAY_DATA_DIR: env.dataDir, DATABASE_URL: env.db.url });
-  app = await buildServer(
-    { config, database: env.db, storage: env.storage, expectedMigrations: expectedMigrationCount() },
-    createLogger({ level: "silent" }),
-  );
+  app = await env.app();
   token = (await tokenCreate(env.db.sql, "runner")).token;
   stranger = (await tokenCreate(env.db.sql, "stranger")).token;
 });
-after(async () => {
-  await app.close();
-  await env.close();
-});
+after(() => env.close());
 
 const cancel = (taskId: string, t = token) =>
   app.inject({ method: "POST", url: `/api/analysis-tasks/${taskId}/cancel`, headers: bearer(t) });

@@ -5,10 +5,6 @@ import path from "node:path";
 import { after, before, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { tokenCreate } from "../../src/auth/tokens.ts";
-import { loadConfig } from "../../src/config.ts";
-import { expectedMigrationCount } from "../../src/db/migrate.ts";
-import { buildServer } from "../../src/http/server.ts";
-import { createLogger } from "../../src/log.ts";
 import { bearer } from "../helpers/app.ts";
 import { waitForTerminal } from "../helpers/queue.ts";
 import { fixtureProgram, type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
@@ -20,18 +16,11 @@ let stranger: string;
 
 before(async () => {
   env = await runnerEnv();
-  const config = loadConfig({ ASSAY_DATA_DIR: env.dataDir, DATABASE_URL: env.db.url });
-  app = await buildServer(
-    { config, database: env.db, storage: env.storage, expectedMigrations: expectedMigrationCount() },
-    createLogger({ level: "silent" }),
-  );
+  app = await env.app();
   token = (await tokenCreate(env.db.sql, "runner")).token;
   stranger = (await tokenCreate(env.db.sql, "stranger")).token;
 });
-after(async () => {
-  await app.close();
-  await env.close();
-});
+after(() => env.close());
 
 async function finishedTask(type: string, contents: string[], params: Record<string, unknown>) {
   const files = [];
