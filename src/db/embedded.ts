@@ -187,6 +187,32 @@ function runningServer(clusterDir: string): { pid: number; port: number } | unde
   return { pid, port };
 }
 
+function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === "EPERM";
+  }
+}
+
+/** Stops a server we did not spawn (an adopted orphan): fast shutdown, then immediate, then wait. */
+async function stopByPid(pid: number): Promise<void> {
+  const deadline = Date.now() + STOP_TIMEOUT_MS;
+  try {
+    process.kill(pid, "SIGINT");
+  } catch {
+    return;
+  }
+  while (isAlive(pid)) {
+    if (Date.now() > deadline) {
+      process.kill(pid, "SIGQUIT");
+      return;
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
 function runTool(file: string, args: string[], runAs: RunAs | undefined): Promise<void> {
   return new Promise((resolve, reject) => {
     const child = spawn(file, args, {
@@ -254,11 +280,20 @@ export async function startEmbeddedPostgres(options: EmbeddedOptions): Promise<E
   }
   const password = (await fsp.readFile(passwordFile, "utf8")).trim();
 
+  // Who started the running server, if any: a live owner keeps it (another `assay` command next to
+  // `make dev`); a dead owner (SIGKILLed) left an orphan, which we adopt and stop on exit.
+  const ownerFile = `${dataDir}.owner`;
   const existing = runningServer(clusterDir);
   if (existing && (await canConnect(urls(existing.port, password).adminUrl))) {
-    log(`attached to the embedded PostgreSQL already running on port ${existing.port}`);
     await ensureDatabase(urls(existing.port, password).adminUrl);
-    return { ...urls(existing.port, password), owned: false, stop: async () => {} };
+    const owner = Number(await fsp.readFile(ownerFile, "utf8").catch(() => "0"));
+    if (owner > 0 && owner !== process.pid && isAlive(owner)) {
+      log(`attached to the embedded PostgreSQL of process ${owner} on port ${existing.port}`);
+      return { ...urls(existing.port, password), owned: false, stop: async () => {} };
+    }
+    log(`adopted the embedded PostgreSQL left running on port ${existing.port}`);
+    await fsp.writeFile(ownerFile, String(process.pid), { mode: 0o600 });
+    return { ...urls(existing.port, password), owned: true, stop: () => stopByPid(existing.pid) };
   }
 
   const port = await freePort();
@@ -304,6 +339,7 @@ export async function startEmbeddedPostgres(options: EmbeddedOptions): Promise<E
     await new Promise((r) => setTimeout(r, 100));
   }
   log(`embedded PostgreSQL ${native.version} listening on 127.0.0.1:${port} (data: ${clusterDir})`);
+  await fsp.writeFile(ownerFile, String(process.pid), { mode: 0o600 });
   await ensureDatabase(adminUrl);
 
   let stopping: Promise<void> | undefined;
@@ -321,6 +357,7 @@ export async function startEmbeddedPostgres(options: EmbeddedOptions): Promise<E
         await fsp.rm(passwordFile, { force: true });
         await fsp.rm(logFile, { force: true });
       }
+      await fsp.rm(ownerFile, { force: true });
     })();
     return stopping;
   };

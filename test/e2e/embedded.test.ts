@@ -58,3 +58,28 @@ test("assay all with the embedded database: dev token works, data kept across ru
     assert.equal(alive(pid), false, "Ctrl-C stops the embedded PostgreSQL too");
   }
 });
+
+test("after a SIGKILL the embedded server survives; the next start adopts it and stops it on exit", async () => {
+  const dataDir = path.join(home, "adopt");
+  const start = async () => {
+    const child = spawnCli(["api"], cleanEnv({ ASSAY_DATA_DIR: dataDir, PORT: "0" }));
+    const out = watch(child);
+    const done = collect(child);
+    const [, address] = await out.waitFor(/Server listening at (http:\/\/[\d.:]+)/);
+    assert.equal((await fetch(`${address}/readyz`)).status, 200);
+    return { child, done, out };
+  };
+  const first = await start();
+  const pid = postmasterPid(dataDir);
+  assert.ok(pid && alive(pid));
+  first.child.kill("SIGKILL");
+  await first.done;
+  assert.ok(alive(pid), "SIGKILL cannot stop the detached server");
+
+  const second = await start();
+  await second.out.waitFor(/adopted the embedded PostgreSQL/);
+  assert.equal(postmasterPid(dataDir), pid, "the same server, not a second one");
+  second.child.kill("SIGINT");
+  assert.equal((await second.done).code, 0);
+  assert.equal(alive(pid), false, "the adopted server is stopped with the process that adopted it");
+});
