@@ -27,6 +27,8 @@ export interface EmbeddedOptions {
   dataDir: string;
   /** Remove the cluster on stop (tests). */
   persistent: boolean;
+  /** A fixed port (tests that restart the server); default: a free one. */
+  port?: number;
   /** Extra `-c name=value` server settings. */
   settings?: Record<string, string | number>;
   log?: (message: string) => void;
@@ -296,7 +298,7 @@ export async function startEmbeddedPostgres(options: EmbeddedOptions): Promise<E
     return { ...urls(existing.port, password), owned: true, stop: () => stopByPid(existing.pid) };
   }
 
-  const port = await freePort();
+  const port = options.port ?? (await freePort());
   const settings: Record<string, string | number> = {
     listen_addresses: "127.0.0.1",
     unix_socket_directories: "",
