@@ -67,8 +67,6 @@ test("a worker killed mid-run: the lease expires, another worker finishes it, no
 
 test("a rolling restart with runs in flight: none lost, none failed, no attempt spent", async () => {
   const files = await Promise.all(Array.from({ length: 6 }, (_, i) => env.file(`a\n${i}\n`)));
-  // max_attempts 1: a run whose attempt were spent by the restart would fail.
-  const taskId = await env.task("proc-roll", files, { mode: "sleep", ms: 1200 }, 1);
   const spec: WorkerSpec = {
     types: { "proc-roll": { sleepMs: 0, program: true } },
     concurrency: 2,
@@ -76,8 +74,11 @@ test("a rolling restart with runs in flight: none lost, none failed, no attempt 
     reapIntervalMs: 500,
     graceMs: 100,
   };
+  // Both workers are up before the task exists, so each claims runs at once, even on a loaded machine.
   const a = await start(spec);
   const b = await start(spec);
+  // max_attempts 1: a run whose attempt were spent by the restart would fail.
+  const taskId = await env.task("proc-roll", files, { mode: "sleep", ms: 2000 }, 1);
   await waitFor(
     async () =>
       (await env.db.sql`select 1 from runs where task_id = ${taskId} and status = 'running'`).length >= 3,

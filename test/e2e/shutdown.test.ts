@@ -11,9 +11,9 @@ let env: RunnerEnv;
 let bigFile: string;
 before(async () => {
   env = await runnerEnv();
-  // Large enough that `summary` runs for a while (it streams; ~1 s here).
+  // Large enough that `summary` runs for seconds (it streams), so signals land mid-run.
   const rows = ["a,b,c"];
-  for (let i = 0; i < 400_000; i++) rows.push(`${i},${i % 7},${i % 13}`);
+  for (let i = 0; i < 3_000_000; i++) rows.push(`${i},${i % 7},${i % 13}`);
   bigFile = await env.file(`${rows.join("\n")}\n`);
 });
 after(() => env.close());
@@ -59,11 +59,8 @@ test("SIGTERM mid-run: the worker exits 0 within its grace, the run goes back un
 });
 
 test("a second signal exits at once", async () => {
-  // A run that takes seconds, so the graceful shutdown is still waiting for it.
-  const rows = ["a,b,c"];
-  for (let i = 0; i < 3_000_000; i++) rows.push(`${i},${i % 7},${i % 13}`);
-  const hugeFile = await env.file(`${rows.join("\n")}\n`);
-  const taskId = await env.task("summary", [hugeFile], {}, 1);
+  // The run takes seconds, so the graceful shutdown is still waiting for it.
+  const taskId = await env.task("summary", [bigFile], {}, 1);
   const w = spawnCli(["worker", "--concurrency", "1"], workerEnv({ ASSAY_SHUTDOWN_GRACE_MS: "60000" }));
   const out = watch(w);
   const done = collect(w);

@@ -183,7 +183,7 @@ describe("stdout protocol", () => {
 describe("ending early", () => {
   test("timeout → timed_out / ANALYSIS_PROCESS_TIMEOUT, the process is gone", async () => {
     const type = `fx-${++typeSeq}`;
-    const w = env.worker([{ ...fixtureProgram(type), timeoutMs: 1000 }]);
+    const w = env.worker([{ ...fixtureProgram(type), timeoutMs: 2000 }]);
     const taskId = await env.task(type, [input], { mode: "sleep", ms: 60_000 });
     await w.start();
     const pid = await reportedPid(taskId, "pid");
@@ -219,21 +219,25 @@ describe("ending early", () => {
 
   test("a script that ignores SIGTERM is killed after the grace period", async () => {
     const type = `fx-${++typeSeq}`;
-    const w = env.worker([{ ...fixtureProgram(type), timeoutMs: 200 }], { killGraceMs: 700 });
+    // The timeout leaves the script time to start and install its handler, even on a loaded machine.
+    const w = env.worker([{ ...fixtureProgram(type), timeoutMs: 1500 }], { killGraceMs: 700 });
     const taskId = await env.task(type, [input], { mode: "ignore-term" });
+    const t0 = Date.now();
     await w.start();
     const pid = await reportedPid(taskId, "pid");
-    const t0 = Date.now();
     const task = await waitForTerminal(env.db.sql, taskId);
     await w.stop();
     assert.equal(task.status, "timed_out");
-    assert.ok(Date.now() - t0 >= 500, "SIGTERM was ignored, so it took the grace period");
+    assert.ok(
+      Date.now() - t0 >= 1500 + 700,
+      "SIGTERM was ignored, so it took the timeout plus the grace period",
+    );
     assert.equal(alive(pid), false);
   });
 
   test("a grandchild dies with its group on timeout", async () => {
     const type = `fx-${++typeSeq}`;
-    const w = env.worker([{ ...fixtureProgram(type), timeoutMs: 1500 }]);
+    const w = env.worker([{ ...fixtureProgram(type), timeoutMs: 2500 }]);
     const taskId = await env.task(type, [input], { mode: "grandchild" });
     await w.start();
     const grandchild = await reportedPid(taskId, "grandchild");
