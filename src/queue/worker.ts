@@ -224,6 +224,10 @@ export class Worker {
     if (!type) throw new Error(`claimed a run of an unknown type: ${run.analysisType}`);
     const controller = new AbortController();
     const timeout = setTimeout(() => controller.abort("timeout"), type.timeoutMs ?? DEFAULT_TIMEOUT_MS);
+    this.o.logger.info(
+      { ...this.fields(run), status: "starting", analysisType: run.analysisType },
+      "run started",
+    );
     this.progress.set(run.id, { token: run.leaseToken, progress: null, message: null });
     const ctx: HandlerContext = {
       signal: controller.signal,
@@ -252,17 +256,12 @@ export class Worker {
   /** Turns a handler's ending into an outcome, a retry, or nothing (lost lease). Must not throw. */
   /** Records how an attempt ended (see decide()). Must not throw. */
   private settle(run: ClaimedRun, reason: AbortReason | undefined, ending: Ending): void {
-    const log = this.o.logger.child({
-      taskId: run.taskId,
-      runId: run.id,
-      attempt: run.attempt,
-      workerId: this.id,
-    });
-    if (ending.status === "error") log.error({ err: ending.error }, "handler threw");
+    if (ending.status === "error")
+      this.o.logger.error({ ...this.fields(run), err: ending.error }, "handler threw");
     const decision = decide(run, reason, ending, this.o.retryBaseMs);
     switch (decision.kind) {
       case "discard":
-        log.warn("lease lost: attempt abandoned, nothing recorded");
+        this.o.logger.warn(this.fields(run), "run lease lost: attempt abandoned, nothing recorded");
         void this.discard(run);
         return;
       case "retry":
@@ -284,6 +283,16 @@ export class Worker {
   private queueRetry(run: ClaimedRun, retry: Retry): void {
     this.retries.push({ run, retry });
     this.flush();
+  }
+
+  /** The fields every log line about a run carries. */
+  private fields(run: ClaimedRun) {
+    return { taskId: run.taskId, runId: run.id, attempt: run.attempt, workerId: this.id };
+  }
+
+  private fenced(run: ClaimedRun): void {
+    this.o.logger.warn(this.fields(run), "run completion fenced off: another attempt owns it");
+    void this.discard(run);
   }
 
   private async discard(run: ClaimedRun): Promise<void> {
@@ -321,15 +330,30 @@ export class Worker {
             retries.map((r) => r.retry),
           ),
         ]);
-        const recorded = new Set([...completion.completed, ...requeued]);
-        for (const { run } of [...outcomes, ...retries]) {
-          if (!recorded.has(run.id)) {
-            this.o.logger.warn(
-              { runId: run.id, attempt: run.attempt, workerId: this.id },
-              "completion fenced off",
+        // Each transition is logged once, after it was recorded.
+        const done = new Set(completion.completed);
+        const back = new Set(requeued);
+        for (const { run, outcome } of outcomes) {
+          if (done.has(run.id)) {
+            this.o.logger.info(
+              { ...this.fields(run), status: outcome.status, errorCode: outcome.errorCode ?? null },
+              "run finished",
             );
-            void this.discard(run);
-          }
+          } else this.fenced(run);
+        }
+        for (const { run, retry } of retries) {
+          if (back.has(run.id)) {
+            this.o.logger.info(
+              {
+                ...this.fields(run),
+                status: "queued",
+                delayMs: retry.delayMs,
+                refunded: retry.refund,
+                errorCode: retry.errorCode,
+              },
+              "run re-queued",
+            );
+          } else this.fenced(run);
         }
         for (const t of completion.finishedTasks) {
           this.o.logger.info({ taskId: t.taskId, status: t.status }, "task finished");

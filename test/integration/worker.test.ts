@@ -287,3 +287,56 @@ describe("fencing", () => {
     assert.equal(row.succeeded + row.failed, 0);
   });
 });
+
+describe("logs", () => {
+  test("every run transition is logged once with taskId, runId, attempt and workerId; no secrets", async () => {
+    const lines: Record<string, unknown>[] = [];
+    const { Writable } = await import("node:stream");
+    const destination = new Writable({
+      write(chunk: Buffer, _enc, done) {
+        for (const l of chunk.toString().split("\n")) if (l) lines.push(JSON.parse(l));
+        done();
+      },
+    });
+    const captured = createLogger({ level: "info", destination });
+    const taskId = await createTask(db.sql, owner, "t-logs", 3, { maxAttempts: 2 });
+    const w = new Worker({
+      sql: db.sql,
+      logger: captured,
+      types: {
+        "t-logs": {
+          handler: async (run) => {
+            if (run.inputFileId % 3 === 0 && run.attempt === 1) {
+              return { status: "failed", errorCode: "ANALYSIS_DEPENDENCY_FAILED", transient: true };
+            }
+            return { status: "succeeded" };
+          },
+        },
+      },
+      concurrency: 2,
+      leaseTtlMs: 30_000,
+      pollIntervalMs: 100,
+      retryBaseMs: 10,
+    });
+    await w.start();
+    await waitForTerminal(db.sql, taskId);
+    await w.stop();
+    const runs = await db.sql`select id::int, attempt from runs where task_id = ${taskId}`;
+    for (const r of runs) {
+      const mine = lines.filter((l) => l.runId === r.id);
+      const count = (msg: string) => mine.filter((l) => l.msg === msg).length;
+      assert.equal(count("run started"), r.attempt, `run ${r.id}`);
+      assert.equal(count("run finished"), 1, `run ${r.id}`);
+      assert.equal(count("run re-queued"), r.attempt - 1, `run ${r.id}`);
+      for (const l of mine) {
+        assert.equal(l.taskId, Number(taskId));
+        assert.equal(typeof l.attempt, "number");
+        assert.equal(l.workerId, w.id);
+      }
+    }
+    const password = decodeURIComponent(new URL(db.url).password);
+    const all = JSON.stringify(lines);
+    assert.ok(password.length > 0 && !all.includes(password), "no database password in any log line");
+    assert.ok(!all.includes(db.url));
+  });
+});
