@@ -1,0 +1,74 @@
+// Shared by the queue benchmarks: seed N files, create one task of N runs, drain it with one worker.
+import { performance } from "node:perf_hooks";
+import type { Sql } from "../../src/db/client.ts";
+import { createLogger } from "../../src/log.ts";
+import { Worker } from "../../src/queue/worker.ts";
+import { taskCreate } from "../../src/tasks/create.ts";
+
+export interface DrainResult {
+  seconds: number;
+  ok: boolean;
+  latencies: number[];
+}
+
+export async function seedOwnerAndFiles(sql: Sql, name: string, n: number) {
+  const [user] = await sql<
+    { id: number }[]
+  >`insert into users (name, role) values (${name}, 'admin') returning id::int`;
+  const owner = { userId: user?.id as number, name, role: "admin" as const };
+  const fileIds = (
+    await sql<{ id: string }[]>`
+      with next as (select nextval(pg_get_serial_sequence('files', 'id')) as id from generate_series(1, ${n}))
+      insert into files (id, owner_id, name, content_type, size_bytes, sha256, storage_key)
+      select id, ${owner.userId}, 'f.csv', 'text/csv', 1, repeat('0', 64), 'files/' || id from next
+      returning id::text`
+  ).map((r) => r.id);
+  return { owner, fileIds };
+}
+
+/** One task of `fileIds.length` runs, drained by one worker with a no-op handler. */
+export async function drainTask(
+  sql: Sql,
+  owner: { userId: number; name: string; role: "admin" },
+  fileIds: string[],
+  concurrency: number,
+  prefetch = 0,
+): Promise<DrainResult> {
+  const created = await taskCreate(sql, owner, {
+    analysisType: "noop",
+    fileIds,
+    parameters: {},
+    maxAttempts: 3,
+  });
+  if (created.kind !== "created") throw new Error("create failed");
+  const worker = new Worker({
+    sql,
+    logger: createLogger({ level: "warn", destination: process.stderr }),
+    types: { noop: { handler: async () => ({ status: "succeeded" }) } },
+    concurrency,
+    leaseTtlMs: 30_000,
+    pollIntervalMs: 2000,
+    retryBaseMs: 1000,
+    prefetch,
+  });
+  const start = performance.now();
+  await worker.start();
+  for (;;) {
+    const [t] = await sql`select status from tasks where id = ${created.taskId}`;
+    if (t?.status === "succeeded") break;
+    await new Promise((res) => setTimeout(res, 5));
+  }
+  const seconds = (performance.now() - start) / 1000;
+  await worker.stop();
+  const [check] = await sql<{ counted: number; actual: number; latencies: number[] }[]>`
+    select t.succeeded_count as counted,
+           (select count(*)::int from runs where task_id = t.id and status = 'succeeded') as actual,
+           (select array_agg(extract(epoch from finished_at - started_at) * 1000) from runs where task_id = t.id) as latencies
+    from tasks t where t.id = ${created.taskId}`;
+  const n = fileIds.length;
+  return {
+    seconds,
+    ok: check?.counted === n && check?.actual === n,
+    latencies: (check?.latencies ?? []).map(Number),
+  };
+}
