@@ -101,3 +101,39 @@ test("a rolling restart with runs in flight: none lost, none failed, no attempt 
   const runs = await env.db.sql`select attempt from runs where task_id = ${taskId}`;
   assert.ok(runs.every((r) => r.attempt === 1));
 });
+
+test("a rolling restart of 3 workers during a 300-run task: none lost, none failed, no attempt spent", async () => {
+  const files: string[] = [];
+  for (let i = 0; i < 300; i++) files.push(await env.file(`a\n${i}\n`));
+  const spec: WorkerSpec = {
+    types: { "proc-roll-300": { sleepMs: 0, program: true } },
+    concurrency: 4,
+    leaseTtlMs: 5000,
+    reapIntervalMs: 500,
+    graceMs: 100,
+  };
+  const workers = [await start(spec), await start(spec), await start(spec)];
+  const taskId = await env.task("proc-roll-300", files, { mode: "sleep", ms: 150 }, 1);
+  const finished = async () =>
+    Number((await env.db.sql`select succeeded_count as n from tasks where id = ${taskId}`)[0]?.n ?? 0);
+  for (const [i, old] of workers.entries()) {
+    // Roll while runs are in flight: after each third of the work has begun.
+    await waitFor(async () => (await finished()) >= (i + 1) * 60, 60_000, `${(i + 1) * 60} runs done`);
+    const replacement = await start(spec);
+    old.child.kill("SIGTERM");
+    assert.equal(await old.exited, 0, "a worker exits 0 by itself after SIGTERM");
+    assert.ok(replacement.id);
+  }
+  const task = await waitForTerminal(env.db.sql, taskId, 120_000);
+  assert.deepEqual(task, {
+    status: "succeeded",
+    total: 300,
+    succeeded: 300,
+    failed: 0,
+    timedOut: 0,
+    cancelled: 0,
+  });
+  const [spent] = await env.db
+    .sql`select count(*)::int as n from runs where task_id = ${taskId} and attempt <> 1`;
+  assert.equal(spent?.n, 0, "no attempt was spent by the restarts");
+});
