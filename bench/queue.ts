@@ -11,6 +11,7 @@ import { createLogger } from "../src/log.ts";
 import { Worker } from "../src/queue/worker.ts";
 import { taskCreate } from "../src/tasks/create.ts";
 import { benchDatabase, report } from "./lib/db.ts";
+import { seedOwnerAndFiles } from "./lib/drain.ts";
 
 const N = Number(process.env.BENCH_N ?? 10_000);
 const C = 10;
@@ -22,17 +23,7 @@ const db = createDatabase(bench.url, { max: 10 });
 const sql = db.sql;
 
 try {
-  const [user] = await sql<
-    { id: number }[]
-  >`insert into users (name, role) values ('bench', 'admin') returning id::int`;
-  const owner = { userId: user?.id as number, name: "bench", role: "admin" as const };
-  const fileIds = (
-    await sql<{ id: string }[]>`
-      with next as (select nextval(pg_get_serial_sequence('files', 'id')) as id from generate_series(1, ${N}))
-      insert into files (id, owner_id, name, content_type, size_bytes, sha256, storage_key)
-      select id, ${owner.userId}, 'f.csv', 'text/csv', 1, repeat('0', 64), 'files/' || id from next
-      returning id::text`
-  ).map((r) => r.id);
+  const { owner, fileIds } = await seedOwnerAndFiles(sql, "bench", N);
   await sql`vacuum analyze`;
 
   // create: one task of N runs.
