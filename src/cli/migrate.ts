@@ -1,7 +1,6 @@
-import path from "node:path";
 import type { Config } from "../config.ts";
-import { startEmbeddedPostgres } from "../db/embedded.ts";
-import { runMigrations } from "../db/migrate.ts";
+import { openDatabase } from "../db/open.ts";
+import { createLogger } from "../log.ts";
 import { need, parse } from "./usage.ts";
 
 const HELP = `Usage: assay migrate
@@ -15,15 +14,9 @@ export async function migrateCommand(argv: string[], config: Config | undefined)
     console.log(HELP);
     return 0;
   }
-  const cfg = need(config);
-  const embedded = cfg.databaseUrl
-    ? undefined
-    : await startEmbeddedPostgres({ dataDir: path.join(cfg.dataDir, "pg"), persistent: true });
-  try {
-    await runMigrations(cfg.databaseUrl ?? (embedded?.url as string));
-    console.log("migrations applied");
-    return 0;
-  } finally {
-    await embedded?.stop();
-  }
+  const logger = createLogger({ level: "warn", destination: process.stderr });
+  const database = await openDatabase(need(config), logger, { max: 1, migrate: true });
+  await database.close();
+  console.log("migrations applied");
+  return 0;
 }

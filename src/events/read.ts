@@ -1,5 +1,6 @@
 // Reading the event mailbox (`task_events`).
 import { isoTime, type Sql } from "../db/client.ts";
+import { TERMINAL_TASK_STATUSES } from "../tasks/states.ts";
 
 export interface TaskEvent {
   id: string;
@@ -27,7 +28,5 @@ export async function eventsAfter(
 }
 
 /** The event types that close a task: a stream ends after sending one. */
-export const isFinalEvent = (e: TaskEvent) =>
-  ["task.succeeded", "task.partially_succeeded", "task.failed", "task.timed_out", "task.cancelled"].includes(
-    e.type,
-  );
+const FINAL_EVENTS: ReadonlySet<string> = new Set(TERMINAL_TASK_STATUSES.map((s) => `task.${s}`));
+export const isFinalEvent = (e: TaskEvent) => FINAL_EVENTS.has(e.type);

@@ -479,9 +479,4 @@ export class Worker {
     );
     this.o.logger.info({ workerId: this.id }, "worker stopped");
   }
-
-  /** Runs this worker is executing right now (for tests and metrics). */
-  get activeCount(): number {
-    return this.active.size;
-  }
 }

@@ -13,7 +13,7 @@ export const OUTPUT_LIMITS = {
 };
 
 /** Names a script may give its outputs: a plain file name, no path, no leading dot. */
-const SAFE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+export const SAFE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 /** Written beside a published directory's files to say which attempt published it. */
 const MARKER = ".attempt";
 

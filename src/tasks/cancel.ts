@@ -6,6 +6,7 @@
 import type { Principal } from "../auth/tokens.ts";
 import type { Sql } from "../db/client.ts";
 import { CANCEL_CHANNEL, notifyEvents, runCancelQueued } from "../queue/sql.ts";
+import { visible } from "./read.ts";
 import { TERMINAL_TASK_STATUSES } from "./states.ts";
 
 export type CancelResult =
@@ -16,7 +17,7 @@ export type CancelResult =
 export async function taskCancel(sql: Sql, p: Principal, taskId: string): Promise<CancelResult> {
   return sql.begin(async (tx): Promise<CancelResult> => {
     const [task] = await tx<{ status: string }[]>`
-      select status from tasks where id = ${taskId} and (${p.role === "admin"} or owner_id = ${p.userId})`;
+      select t.status from tasks t where t.id = ${taskId} and ${visible(tx as unknown as Sql, p)}`;
     if (!task) return { kind: "not-found" };
     if ((TERMINAL_TASK_STATUSES as readonly string[]).includes(task.status))
       return { kind: "finished", status: task.status };

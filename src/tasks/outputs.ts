@@ -3,6 +3,8 @@ import fsp from "node:fs/promises";
 import path from "node:path";
 import type { Principal } from "../auth/tokens.ts";
 import type { Sql } from "../db/client.ts";
+import { SAFE_NAME } from "../runner/outputs.ts";
+import { taskVisible, visible } from "./read.ts";
 import { TERMINAL_TASK_STATUSES } from "./states.ts";
 
 export interface RunOutput {
@@ -18,8 +20,6 @@ export type DownloadPlan =
   | { kind: "not-ready" }
   | { kind: "single"; taskId: string; output: RunOutput }
   | { kind: "zip"; taskId: string; outputs: RunOutput[] };
-
-const SAFE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
 /** The published files of one output directory (the attempt marker and anything odd left out). */
 export async function outputFiles(dir: string): Promise<string[]> {
@@ -58,8 +58,7 @@ export async function taskDownloadPlan(
   taskId: string,
 ): Promise<DownloadPlan> {
   const [task] = await sql<{ status: string; total: number }[]>`
-    select status, total_count as total from tasks
-    where id = ${taskId} and (${p.role === "admin"} or owner_id = ${p.userId})`;
+    select t.status, t.total_count as total from tasks t where t.id = ${taskId} and ${visible(sql, p)}`;
   if (!task) return { kind: "not-found" };
   if (!(TERMINAL_TASK_STATUSES as readonly string[]).includes(task.status)) return { kind: "not-ready" };
   const outputs = await succeededOutputs(sql, outputsRoot, taskId);
@@ -77,9 +76,7 @@ export async function runDownloadPlan(
   taskId: string,
   runId: string,
 ): Promise<DownloadPlan> {
-  const [task] =
-    await sql`select 1 from tasks where id = ${taskId} and (${p.role === "admin"} or owner_id = ${p.userId})`;
-  if (!task) return { kind: "not-found" };
+  if (!(await taskVisible(sql, p, taskId))) return { kind: "not-found" };
   const [run] = await sql`select 1 from runs where id = ${runId} and task_id = ${taskId}`;
   if (!run) return { kind: "not-found" };
   const [output] = await succeededOutputs(sql, outputsRoot, taskId, runId);

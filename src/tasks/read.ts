@@ -55,7 +55,14 @@ function taskView(r: TaskRow): TaskView {
   };
 }
 
-const visible = (sql: Sql, p: Principal) => sql`(${p.role === "admin"} or t.owner_id = ${p.userId})`;
+/** The one visibility rule for tasks (alias `t`): an admin sees all, a user their own. */
+export const visible = (sql: Sql, p: Principal) => sql`(${p.role === "admin"} or t.owner_id = ${p.userId})`;
+
+/** Whether `p` may see task `taskId` (a cheap check: no progress, no runs read). */
+export async function taskVisible(sql: Sql, p: Principal, taskId: string): Promise<boolean> {
+  const rows = await sql`select 1 from tasks t where t.id = ${taskId} and ${visible(sql, p)}`;
+  return rows.length === 1;
+}
 
 function taskSelect(sql: Sql) {
   return sql`
@@ -109,8 +116,7 @@ export async function runList(
   taskId: string,
   o: { limit: number; cursor?: string },
 ): Promise<Page<RunView> | undefined> {
-  const [task] = await sql`select 1 from tasks t where t.id = ${taskId} and ${visible(sql, p)}`;
-  if (!task) return undefined;
+  if (!(await taskVisible(sql, p, taskId))) return undefined;
   const rows = await sql<(RunView & { startedAt: string | null; finishedAt: string | null })[]>`
     select r.id::text as "runId", r.input_file_id::text as "inputFileId", r.input_name as "fileName",
            r.status, r.attempt, r.error_code as "errorCode", r.error_message as "errorMessage",

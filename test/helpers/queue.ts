@@ -3,6 +3,7 @@
 import type { Principal, Role } from "../../src/auth/tokens.ts";
 import type { Sql } from "../../src/db/client.ts";
 import { taskCreate } from "../../src/tasks/create.ts";
+import { TERMINAL_TASK_STATUSES } from "../../src/tasks/states.ts";
 
 export async function seedUser(sql: Sql, name: string, role: Role = "user"): Promise<Principal> {
   const [row] = await sql<{ id: number }[]>`
@@ -79,7 +80,7 @@ export async function waitFor<T>(
   }
 }
 
-export const TERMINAL = ["succeeded", "partially_succeeded", "failed", "timed_out", "cancelled"];
+export const TERMINAL: readonly string[] = TERMINAL_TASK_STATUSES;
 
 export const waitForTerminal = (sql: Sql, taskId: string, timeoutMs = 60_000) =>
   waitFor(

@@ -4,7 +4,7 @@ import { Type } from "typebox";
 import type { Sql } from "../../db/client.ts";
 import type { EventHub } from "../../events/hub.ts";
 import { eventsAfter, isFinalEvent, type TaskEvent } from "../../events/read.ts";
-import { taskGet } from "../../tasks/read.ts";
+import { taskVisible } from "../../tasks/read.ts";
 import { principalOf } from "../auth.ts";
 import { notFound, validationFailed } from "../errors.ts";
 import { Envelope, errorResponses, IdParam, isId, ok } from "../schemas.ts";
@@ -128,7 +128,7 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
     async (request) => {
       const { taskId } = request.params;
       const sql = app.services.database.sql;
-      if (!isId(taskId) || !(await taskGet(sql, principalOf(request), taskId)))
+      if (!isId(taskId) || !(await taskVisible(sql, principalOf(request), taskId)))
         throw notFound("ANALYSIS_TASK_NOT_FOUND");
       const limit = request.query.limit ?? 100;
       const items = await eventsAfter(sql, taskId, request.query.after ?? null, limit);
@@ -151,7 +151,7 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
     async (request, reply) => {
       const { taskId } = request.params;
       const sql = app.services.database.sql;
-      if (!isId(taskId) || !(await taskGet(sql, principalOf(request), taskId)))
+      if (!isId(taskId) || !(await taskVisible(sql, principalOf(request), taskId)))
         throw notFound("ANALYSIS_TASK_NOT_FOUND");
       const lastEventId = request.headers["last-event-id"];
       if (lastEventId !== undefined && !/^[0-9]{1,18}$/.test(lastEventId)) {
