@@ -1,0 +1,49 @@
+// The runner's pure parts, without a process or a database.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { JsonLinesReader, ProtocolError } from "../../src/runner/jsonl.ts";
+import { RingBuffer } from "../../src/runner/ring-buffer.ts";
+
+const b = (s: string) => Buffer.from(s);
+
+test("JSON Lines: a line split across chunks is one event; CRLF, blank lines and a last unterminated line", () => {
+  const r = new JsonLinesReader({ maxLineBytes: 1024, maxTotalBytes: 4096 });
+  assert.deepEqual(r.push(b('{"type":"prog')), []);
+  assert.deepEqual(r.push(b('ress","percent":5}\r\n\n{"type":"progress","percent":6,"message":"m"}\n')), [
+    { type: "progress", percent: 5 },
+    { type: "progress", percent: 6, message: "m" },
+  ]);
+  assert.deepEqual(r.push(b('{"type":"result","outputFileName":"a.json","metrics":{"rows":2}}')), []);
+  assert.deepEqual(r.end(), [{ type: "result", outputFileName: "a.json", metrics: { rows: 2 } }]);
+});
+
+test("JSON Lines: protocol violations", () => {
+  const bad = (input: string, reason: ProtocolError["reason"]) => {
+    const r = new JsonLinesReader({ maxLineBytes: 64, maxTotalBytes: 256 });
+    assert.throws(
+      () => r.push(b(input)),
+      (err) => err instanceof ProtocolError && err.reason === reason,
+      input,
+    );
+  };
+  bad("not json\n", "invalid-json");
+  bad("[1]\n", "invalid-event");
+  bad('{"type":"log"}\n', "invalid-event");
+  bad('{"type":"progress","percent":101}\n', "invalid-event");
+  bad('{"type":"result","outputFileName":"x","metrics":{"a":"1"}}\n', "invalid-event");
+  bad(`${"x".repeat(65)}`, "line-too-long");
+  bad(`${'{"type":"progress","percent":1}\n'.repeat(10)}`, "output-too-large");
+});
+
+test("ring buffer keeps the last bytes, oldest first, across wraps", () => {
+  const ring = new RingBuffer(8);
+  ring.write(b("abc"));
+  assert.equal(ring.contents().toString(), "abc");
+  ring.write(b("defgh"));
+  assert.equal(ring.contents().toString(), "abcdefgh");
+  ring.write(b("ij"));
+  assert.equal(ring.contents().toString(), "cdefghij");
+  ring.write(b("0123456789"));
+  assert.equal(ring.contents().toString(), "23456789");
+  assert.equal(ring.tail(3), "789");
+});
