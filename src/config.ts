@@ -76,6 +76,12 @@ const FIELDS = {
     schema: Type.Integer({ minimum: 0, maximum: 65535, default: 3000 }),
     description: "Port the HTTP server listens on (0 picks a free port).",
   },
+  metricsPort: {
+    env: "ASSAY_METRICS_PORT",
+    schema: Type.Integer({ minimum: 0, maximum: 65535, default: 0 }),
+    description:
+      "Port on HOST where `assay worker` serves GET /metrics (0 = none). `assay api` and `assay all` serve /metrics on PORT.",
+  },
   dataDir: {
     env: "ASSAY_DATA_DIR",
     schema: Type.String({ minLength: 1, default: "./.assay" }),

@@ -6,6 +6,8 @@ import { expectedMigrationCount } from "../db/migrate.ts";
 import { openDatabase } from "../db/open.ts";
 import { buildServer } from "../http/server.ts";
 import { createLogger } from "../log.ts";
+import { processRegistry } from "../metrics/registry.ts";
+import { serveMetrics } from "../metrics/server.ts";
 import { LocalStorage } from "../storage/local.ts";
 import { need, parse, UsageError } from "./usage.ts";
 import { startWorkerRuntime } from "./worker-runtime.ts";
@@ -62,27 +64,34 @@ export async function serveCommand(
   const swept = await storage.sweepPartials(PARTIAL_UPLOAD_MAX_AGE_MS);
   if (swept > 0) logger.info({ swept }, "removed partial uploads left by an earlier process");
 
+  const metrics = processRegistry();
   const server =
     mode === "worker"
       ? undefined
       : await buildServer(
-          { config: cfg, database, storage, expectedMigrations: expectedMigrationCount() },
+          { config: cfg, database, storage, expectedMigrations: expectedMigrationCount(), metrics },
           logger,
         );
   const worker =
-    mode === "api" ? undefined : await startWorkerRuntime(cfg, database.sql, storage, logger, concurrency);
+    mode === "api"
+      ? undefined
+      : await startWorkerRuntime(cfg, database.sql, storage, logger, concurrency, metrics);
+  /** `assay worker`'s own /metrics endpoint (the API serves its registry itself). */
+  let metricsServer: Awaited<ReturnType<typeof serveMetrics>> | undefined;
   const closer = closeWithGrace(
     { delay: cfg.shutdownGraceMs + SHUTDOWN_MARGIN_MS, logger },
     async ({ signal, err }) => {
       if (err) logger.error({ err }, "shutting down after an unexpected error");
       else logger.info({ signal }, "shutting down");
-      await Promise.all([server?.close(), worker?.stop()]);
+      await Promise.all([server?.close(), worker?.stop(), metricsServer?.close()]);
       await database.close();
       logger.info("stopped");
     },
   );
   try {
     if (server) await server.listen({ host: cfg.host, port: cfg.port });
+    else if (cfg.metricsPort > 0)
+      metricsServer = await serveMetrics(metrics, cfg.host, cfg.metricsPort, logger);
   } catch (err) {
     logger.error({ err }, "could not listen");
     closer.uninstall();

@@ -1,11 +1,13 @@
 // The production worker of `assay worker` / `assay all`: the programs this machine can run, their
 // process handlers, the queue worker and the reaper.
 import path from "node:path";
+import type { Registry } from "prom-client";
 import { findPrograms } from "../analyses/programs.ts";
 import type { AnalysisType } from "../analyses/types.ts";
 import { type Config, typeSettings } from "../config.ts";
 import type { Sql } from "../db/client.ts";
 import type { Logger } from "../log.ts";
+import { workerMetrics } from "../metrics/worker.ts";
 import { Reaper } from "../queue/reaper.ts";
 import { Retention } from "../queue/retention.ts";
 import { type TypeOptions, Worker } from "../queue/worker.ts";
@@ -25,6 +27,7 @@ export async function startWorkerRuntime(
   storage: LocalStorage,
   logger: Logger,
   concurrency: number,
+  metrics: Registry,
 ): Promise<WorkerRuntime> {
   const found = findPrograms({
     ...(config.python ? { python: config.python } : {}),
@@ -44,6 +47,7 @@ export async function startWorkerRuntime(
     };
     logger.info({ analysisType: program.type, executable: program.executable }, "analysis type available");
   }
+  const observer = workerMetrics(metrics, Object.keys(types));
   const worker = new Worker({
     sql,
     logger,
@@ -54,6 +58,7 @@ export async function startWorkerRuntime(
     retryBaseMs: config.retryBaseMs,
     prefetch: config.prefetch,
     onDiscard: discardAttempt(outputsRoot),
+    observer,
   });
   const reaper = new Reaper({
     sql,
@@ -62,6 +67,7 @@ export async function startWorkerRuntime(
     leaseTtlMs: config.leaseTtlMs,
     retryBaseMs: config.retryBaseMs,
     workerWaitMs: config.workerWaitMs,
+    observer,
   });
   const retention = new Retention({
     sql,

@@ -23,6 +23,8 @@ export class EventHub {
   private unlisten: (() => Promise<void>) | undefined;
   private starting: Promise<void> | undefined;
   private reconnects = 0;
+  /** Notifications received, and how many were doorbells (the events were too large to carry). */
+  readonly received = { notifications: 0, doorbells: 0 };
 
   constructor(private readonly o: { sql: Sql; logger: Logger }) {}
 
@@ -89,6 +91,8 @@ export class EventHub {
       this.o.logger.warn("ignored a malformed event notification");
       return;
     }
+    this.received.notifications++;
+    if (!("events" in payload)) this.received.doorbells++;
     if (!this.tasks.has(payload.taskId)) return;
     if ("events" in payload)
       this.enqueue(payload.taskId, async () => this.fanOut(payload.taskId, payload.events));

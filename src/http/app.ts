@@ -5,10 +5,12 @@ import { fastifySSE } from "@fastify/sse";
 import swagger from "@fastify/swagger";
 import swaggerUi from "@fastify/swagger-ui";
 import type { FastifyInstance } from "fastify";
+import type { Registry } from "prom-client";
 import type { Config } from "../config.ts";
 import type { Database } from "../db/client.ts";
 import type { EventHub } from "../events/hub.ts";
 import { apiMetrics } from "../metrics/api.ts";
+import { processRegistry } from "../metrics/registry.ts";
 import type { LocalStorage } from "../storage/local.ts";
 import { requireBearer } from "./auth.ts";
 import { errorHandler } from "./error-handler.ts";
@@ -28,6 +30,8 @@ export interface Services {
   events: EventHub;
   /** Migrations the code expects; /readyz compares the database against it. */
   expectedMigrations: number;
+  /** Served at /metrics; `assay all` shares it with the worker. Default: a new one. */
+  metrics?: Registry;
 }
 
 declare module "fastify" {
@@ -61,10 +65,11 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
   const streams = new AbortController();
   fastify.addHook("preClose", async () => streams.abort());
 
-  const metrics = apiMetrics(fastify, opts.services.database.sql, opts.services.events);
+  const registry = opts.services.metrics ?? processRegistry();
+  apiMetrics(fastify, opts.services.database.sql, opts.services.events, registry);
   fastify.get("/metrics", { schema: { hide: true } }, async (_request, reply) => {
-    reply.header("content-type", metrics.registry.contentType);
-    return metrics.registry.metrics();
+    reply.header("content-type", registry.contentType);
+    return registry.metrics();
   });
 
   fastify.setErrorHandler(errorHandler);

@@ -1,19 +1,12 @@
 // Prometheus metrics of an API process (GET /metrics): HTTP request durations, SSE subscribers, and
 // queue gauges read from PostgreSQL at scrape time (so every API instance reports the same queue).
-// Each app has its own registry: tests build many apps in one process.
 import type { FastifyInstance } from "fastify";
-import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
+import { Counter, Gauge, Histogram, type Registry } from "prom-client";
 import type { Sql } from "../db/client.ts";
 import type { EventHub } from "../events/hub.ts";
 
-export interface ApiMetrics {
-  registry: Registry;
-}
-
-/** Registers the collectors and the hooks; `/metrics` itself is a route in http/routes/health.ts. */
-export function apiMetrics(app: FastifyInstance, sql: Sql, hub: EventHub): ApiMetrics {
-  const registry = new Registry();
-  collectDefaultMetrics({ register: registry, prefix: "assay_api_" });
+/** Registers the collectors in `registry` and the hooks; `/metrics` itself is a route in http/app.ts. */
+export function apiMetrics(app: FastifyInstance, sql: Sql, hub: EventHub, registry: Registry): void {
   const duration = new Histogram({
     name: "assay_http_request_duration_seconds",
     help: "HTTP request durations by route, method and status code",
@@ -35,6 +28,17 @@ export function apiMetrics(app: FastifyInstance, sql: Sql, hub: EventHub): ApiMe
     registers: [registry],
     collect() {
       this.set(hub.size);
+    },
+  });
+  new Counter({
+    name: "assay_event_notifications_total",
+    help: "Event notifications received by this process's listener, by kind: events (carried in the payload) or doorbell (too large to carry: read from the table)",
+    labelNames: ["kind"],
+    registers: [registry],
+    collect() {
+      this.reset();
+      this.inc({ kind: "events" }, hub.received.notifications - hub.received.doorbells);
+      this.inc({ kind: "doorbell" }, hub.received.doorbells);
     },
   });
   const scrapeErrors = new Counter({
@@ -113,5 +117,4 @@ export function apiMetrics(app: FastifyInstance, sql: Sql, hub: EventHub): ApiMe
       scrapeErrors.inc();
     }
   }
-  return { registry };
 }

@@ -2,6 +2,7 @@
 // everywhere at once: each statement takes its rows with FOR UPDATE SKIP LOCKED.
 import type { Sql } from "../db/client.ts";
 import type { Logger } from "../log.ts";
+import type { QueueObserver } from "./observer.ts";
 import { IntervalService } from "./service.ts";
 import { type ReapResult, runFailUnserved, runReapExpired, workerDeleteStale } from "./sql.ts";
 
@@ -14,6 +15,8 @@ export interface ReaperOptions {
   workerWaitMs: number;
   /** Rows per statement; a pass repeats until a batch comes back short. */
   batchSize?: number;
+  /** Told about every pass (metrics). */
+  observer?: QueueObserver;
 }
 
 export interface ReapPass extends ReapResult {
@@ -44,6 +47,7 @@ export class Reaper extends IntervalService<ReapPass> {
     while (add(await runReapExpired(this.o.sql, options)) >= batchSize) {}
     while (add(await runFailUnserved(this.o.sql, options)) >= batchSize) {}
     total.staleWorkers = await workerDeleteStale(this.o.sql, this.o.leaseTtlMs * STALE_WORKER_TTLS);
+    this.o.observer?.reaped(total);
     if (total.requeued + total.failed + total.cancelled + total.staleWorkers > 0) {
       this.o.logger.info(total, "reaper recovered runs");
     }

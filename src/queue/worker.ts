@@ -8,6 +8,7 @@ import type { Sql } from "../db/client.ts";
 import { listenAll } from "../db/listen.ts";
 import type { Logger } from "../log.ts";
 import { jitter, sleep } from "./backoff.ts";
+import { type AttemptOutcome, NO_OBSERVER, type QueueObserver } from "./observer.ts";
 import {
   type AbortReason,
   decide,
@@ -57,6 +58,8 @@ export interface WorkerOptions {
   prefetch?: number;
   /** Called for an attempt whose outcome was fenced off or abandoned (its output must go). */
   onDiscard?: (run: ClaimedRun) => Promise<void>;
+  /** Told about claims, attempts and lost leases (metrics). */
+  observer?: QueueObserver;
   id?: string;
 }
 
@@ -64,6 +67,13 @@ interface Attempt {
   run: ClaimedRun;
   controller: AbortController;
   done: Promise<void>;
+}
+
+/** An ending waiting to be written; `seconds` is the attempt's run time (null: it never started). */
+interface Pending<T> {
+  run: ClaimedRun;
+  seconds: number | null;
+  value: T;
 }
 
 /** Progress and running-marks are written at most this often. */
@@ -75,11 +85,12 @@ const DEFAULT_TIMEOUT_MS = 600_000;
 export class Worker {
   readonly id: string;
   private readonly o: WorkerOptions;
+  private readonly observer: QueueObserver;
   private readonly typeNames: string[];
   private readonly active = new Map<number, Attempt>();
   private buffer: ClaimedRun[] = [];
-  private outcomes: { run: ClaimedRun; outcome: Outcome }[] = [];
-  private retries: { run: ClaimedRun; retry: Retry }[] = [];
+  private outcomes: Pending<Outcome>[] = [];
+  private retries: Pending<Retry>[] = [];
   private readonly progress = new Map<
     number,
     { token: string; progress: number | null; message: string | null }
@@ -99,6 +110,7 @@ export class Worker {
     }
     if (Object.keys(options.types).length === 0) throw new Error("a worker needs at least one analysis type");
     this.o = options;
+    this.observer = options.observer ?? NO_OBSERVER;
     this.typeNames = Object.keys(options.types).sort();
     this.id = options.id ?? `${os.hostname()}:${process.pid}:${randomBytes(4).toString("hex")}`;
   }
@@ -171,6 +183,7 @@ export class Worker {
     const start = this.rotation++;
     for (let i = 0; i < this.typeNames.length && want > 0 && !this.stopping; i++) {
       const type = this.typeNames[(start + i) % this.typeNames.length] as string;
+      const began = performance.now();
       const runs = await runClaim(this.o.sql, {
         workerId: this.id,
         analysisType: type,
@@ -178,6 +191,11 @@ export class Worker {
         globalLimit: this.o.types[type]?.globalLimit ?? 0,
         leaseTtlMs: this.o.leaseTtlMs,
       });
+      this.observer.claimed(
+        type,
+        (performance.now() - began) / 1000,
+        runs.map((r) => r.waitedSeconds),
+      );
       this.buffer.push(...runs);
       claimed += runs.length;
       want -= runs.length;
@@ -223,6 +241,8 @@ export class Worker {
     const type = this.o.types[run.analysisType];
     if (!type) throw new Error(`claimed a run of an unknown type: ${run.analysisType}`);
     const controller = new AbortController();
+    const began = performance.now();
+    this.observer.attemptLive(run.analysisType, 1);
     const timeout = setTimeout(() => controller.abort("timeout"), type.timeoutMs ?? DEFAULT_TIMEOUT_MS);
     this.o.logger.info(
       { ...this.fields(run), status: "starting", analysisType: run.analysisType },
@@ -247,42 +267,49 @@ export class Worker {
       clearTimeout(timeout);
       this.active.delete(run.id);
       this.progress.delete(run.id);
-      this.settle(run, controller.signal.reason as AbortReason | undefined, outcome);
+      this.observer.attemptLive(run.analysisType, -1);
+      const seconds = (performance.now() - began) / 1000;
+      this.settle(run, seconds, controller.signal.reason as AbortReason | undefined, outcome);
       this.wake();
     })();
     this.active.set(run.id, { run, controller, done });
   }
 
-  /** Turns a handler's ending into an outcome, a retry, or nothing (lost lease). Must not throw. */
-  /** Records how an attempt ended (see decide()). Must not throw. */
-  private settle(run: ClaimedRun, reason: AbortReason | undefined, ending: Ending): void {
+  /** Turns a handler's ending into an outcome, a retry, or nothing (lost lease; see decide()). Must not throw. */
+  private settle(run: ClaimedRun, seconds: number, reason: AbortReason | undefined, ending: Ending): void {
     if (ending.status === "error")
       this.o.logger.error({ ...this.fields(run), err: ending.error }, "handler threw");
     const decision = decide(run, reason, ending, this.o.retryBaseMs);
     switch (decision.kind) {
       case "discard":
         this.o.logger.warn(this.fields(run), "run lease lost: attempt abandoned, nothing recorded");
+        this.observer.attemptEnded(run.analysisType, "lost", seconds);
         void this.discard(run);
         return;
       case "retry":
-        this.queueRetry(run, decision.retry);
+        this.queueRetry(run, seconds, decision.retry);
         if (decision.retry.delayMs > 0)
           this.timers.push(setTimeout(() => this.wake(), decision.retry.delayMs + 5).unref());
         return;
       case "complete":
-        this.queueOutcome(run, decision.outcome);
+        this.queueOutcome(run, seconds, decision.outcome);
         return;
     }
   }
 
-  private queueOutcome(run: ClaimedRun, outcome: Outcome): void {
-    this.outcomes.push({ run, outcome });
+  private queueOutcome(run: ClaimedRun, seconds: number | null, outcome: Outcome): void {
+    this.outcomes.push({ run, seconds, value: outcome });
     this.flush();
   }
 
-  private queueRetry(run: ClaimedRun, retry: Retry): void {
-    this.retries.push({ run, retry });
+  private queueRetry(run: ClaimedRun, seconds: number | null, retry: Retry): void {
+    this.retries.push({ run, seconds, value: retry });
     this.flush();
+  }
+
+  /** Tells the observer how a started attempt ended (runs that never started are not attempts). */
+  private ended(p: Pending<unknown>, outcome: AttemptOutcome): void {
+    if (p.seconds !== null) this.observer.attemptEnded(p.run.analysisType, outcome, p.seconds);
   }
 
   /** The fields every log line about a run carries. */
@@ -290,9 +317,11 @@ export class Worker {
     return { taskId: run.taskId, runId: run.id, attempt: run.attempt, workerId: this.id };
   }
 
-  private fenced(run: ClaimedRun): void {
-    this.o.logger.warn(this.fields(run), "run completion fenced off: another attempt owns it");
-    void this.discard(run);
+  private fenced(p: Pending<unknown>): void {
+    this.o.logger.warn(this.fields(p.run), "run completion fenced off: another attempt owns it");
+    this.observer.leaseLost(p.run.analysisType, "fenced");
+    this.ended(p, "lost");
+    void this.discard(p.run);
   }
 
   private async discard(run: ClaimedRun): Promise<void> {
@@ -323,26 +352,30 @@ export class Worker {
         const [completion, requeued] = await Promise.all([
           runComplete(
             this.o.sql,
-            outcomes.map((o) => o.outcome),
+            outcomes.map((o) => o.value),
           ),
           runRetry(
             this.o.sql,
-            retries.map((r) => r.retry),
+            retries.map((r) => r.value),
           ),
         ]);
         // Each transition is logged once, after it was recorded.
         const done = new Set(completion.completed);
         const back = new Set(requeued);
-        for (const { run, outcome } of outcomes) {
+        for (const p of outcomes) {
+          const { run, value: outcome } = p;
           if (done.has(run.id)) {
             this.o.logger.info(
               { ...this.fields(run), status: outcome.status, errorCode: outcome.errorCode ?? null },
               "run finished",
             );
-          } else this.fenced(run);
+            this.ended(p, outcome.status);
+          } else this.fenced(p);
         }
-        for (const { run, retry } of retries) {
+        for (const p of retries) {
+          const { run, value: retry } = p;
           if (back.has(run.id)) {
+            this.ended(p, retry.refund ? "requeued" : "retried");
             this.o.logger.info(
               {
                 ...this.fields(run),
@@ -353,7 +386,7 @@ export class Worker {
               },
               "run re-queued",
             );
-          } else this.fenced(run);
+          } else this.fenced(p);
         }
         for (const t of completion.finishedTasks) {
           this.o.logger.info({ taskId: t.taskId, status: t.status }, "task finished");
@@ -409,6 +442,8 @@ export class Worker {
       const status = alive.get(id);
       const attempt = this.active.get(id);
       if (status === undefined) {
+        const lost = attempt?.run ?? this.buffer.find((r) => r.id === id);
+        if (lost) this.observer.leaseLost(lost.analysisType, "heartbeat");
         attempt?.controller.abort("lost");
         this.buffer = this.buffer.filter((r) => r.id !== id);
       } else if (status === "cancelling") {
@@ -416,7 +451,7 @@ export class Worker {
         const buffered = this.buffer.find((r) => r.id === id);
         if (buffered) {
           this.buffer = this.buffer.filter((r) => r.id !== id);
-          this.queueOutcome(buffered, {
+          this.queueOutcome(buffered, null, {
             id,
             token: buffered.leaseToken,
             status: "cancelled",
@@ -453,7 +488,7 @@ export class Worker {
     this.wake();
     await this.loop;
     for (const run of this.buffer) {
-      this.queueRetry(run, {
+      this.queueRetry(run, null, {
         id: run.id,
         token: run.leaseToken,
         delayMs: 0,

@@ -3,6 +3,7 @@ import assert from "node:assert/strict";
 import fs from "node:fs";
 import path from "node:path";
 import { after, before, test } from "node:test";
+import { freePort } from "../../src/db/embedded.ts";
 import { cleanEnv, collect, spawnCli, watch } from "../helpers/cli.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
 import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
@@ -27,9 +28,20 @@ const workerEnv = (extra: Record<string, string> = {}) =>
     ...extra,
   });
 
+/** GET /metrics of a worker's own endpoint (ASSAY_METRICS_PORT). */
+const scrape = async (port: number) => {
+  const res = await fetch(`http://127.0.0.1:${port}/metrics`);
+  assert.equal(res.status, 200);
+  return res.text();
+};
+
 test("SIGTERM mid-run: the worker exits 0 within its grace, the run goes back unspent and another worker finishes it", async () => {
   const taskId = await env.task("summary", [bigFile], {}, 1);
-  const first = spawnCli(["worker", "--concurrency", "1"], workerEnv({ ASSAY_SHUTDOWN_GRACE_MS: "0" }));
+  const [firstPort, secondPort] = [await freePort(), await freePort()];
+  const first = spawnCli(
+    ["worker", "--concurrency", "1"],
+    workerEnv({ ASSAY_SHUTDOWN_GRACE_MS: "0", ASSAY_METRICS_PORT: String(firstPort) }),
+  );
   const out = watch(first);
   const done = collect(first);
   await out.waitFor(/worker started/);
@@ -37,6 +49,11 @@ test("SIGTERM mid-run: the worker exits 0 within its grace, the run goes back un
     async () =>
       (await env.db.sql`select 1 from runs where task_id = ${taskId} and status = 'running'`).length > 0,
   );
+  // The worker's own metrics endpoint: one live process, one claimed run.
+  const during = await scrape(firstPort);
+  assert.match(during, /assay_worker_attempts_live\{analysis_type="summary"\} 1\n/);
+  assert.match(during, /assay_claim_latency_seconds_count\{analysis_type="summary"\} 1\n/);
+  assert.match(during, /assay_process_resident_memory_bytes \d+/);
   const t0 = Date.now();
   first.kill("SIGTERM");
   const exit = await done;
@@ -50,9 +67,17 @@ test("SIGTERM mid-run: the worker exits 0 within its grace, the run goes back un
     "the aborted attempt's partial output is gone",
   );
 
-  const second = spawnCli(["worker"], workerEnv());
+  const second = spawnCli(["worker"], workerEnv({ ASSAY_METRICS_PORT: String(secondPort) }));
   const secondDone = collect(second);
   const task = await waitForTerminal(env.db.sql, taskId, 60_000);
+  // The duration is observed once the completion is written: poll until it shows.
+  const finished = await waitFor(async () => {
+    const text = await scrape(secondPort);
+    return /assay_run_duration_seconds_count\{analysis_type="summary",outcome="succeeded"\} 1\n/.test(text)
+      ? text
+      : undefined;
+  });
+  assert.match(finished, /assay_worker_attempts_live\{analysis_type="summary"\} 0\n/);
   second.kill("SIGTERM");
   assert.equal((await secondDone).code, 0);
   assert.equal(task.status, "succeeded", "max_attempts 1: a spent attempt would have failed it");

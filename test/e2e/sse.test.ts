@@ -114,6 +114,8 @@ test("an event larger than 7,000 bytes arrives whole (the doorbell path)", async
   const progress = s.events.find((e) => e.event === "run.progress");
   assert.ok(progress, "the progress event arrived");
   assert.equal((progress.data as { data: { message: string } }).data.message, big);
+  const metrics = (await t.app.inject({ url: "/metrics" })).body;
+  assert.match(metrics, /assay_event_notifications_total\{kind="doorbell"\} [1-9]/);
   assert.deepEqual(
     s.events.map((e) => [e.id, e.event]),
     await tableEvents(taskId),

@@ -18,6 +18,8 @@ export interface ClaimedRun {
   inputSizeBytes: number;
   inputSha256: string;
   parameters: Record<string, unknown>;
+  /** Seconds the run waited between becoming due (created, or its retry's run_after) and this claim. */
+  waitedSeconds: number;
 }
 
 export interface ClaimOptions {
@@ -71,7 +73,8 @@ function claimStatement(sql: Sql, o: ClaimOptions, k: number): Promise<ClaimedRu
       from candidates c
       where r.id = c.id
       returning r.id, r.task_id, r.analysis_type, r.attempt, r.max_attempts, r.lease_token,
-                r.input_file_id, r.input_storage_key, r.input_name, r.input_size_bytes, r.input_sha256
+                r.input_file_id, r.input_storage_key, r.input_name, r.input_size_bytes, r.input_sha256,
+                r.run_after
     ),
     to_start as materialized (
       select id from tasks
@@ -87,7 +90,8 @@ function claimStatement(sql: Sql, o: ClaimOptions, k: number): Promise<ClaimedRu
            c.attempt, c.max_attempts as "maxAttempts", c.lease_token::text as "leaseToken",
            c.input_file_id::float8 as "inputFileId", c.input_storage_key as "inputStorageKey",
            c.input_name as "inputName", c.input_size_bytes::float8 as "inputSizeBytes",
-           c.input_sha256 as "inputSha256", t.parameters
+           c.input_sha256 as "inputSha256", t.parameters,
+           extract(epoch from now() - c.run_after)::float8 as "waitedSeconds"
     from claimed c join tasks t on t.id = c.task_id
     order by c.id`;
 }
