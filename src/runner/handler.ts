@@ -116,12 +116,8 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
         errorMessage: "the input file cannot be read",
       };
     }
-    // A refunded attempt (shutdown) reuses its number: clear what the aborted one may have left.
+    // Named by the lease token: no other attempt writes here.
     await fsp.mkdir(dirs.tmp, { recursive: true });
-    if ((await fsp.readdir(dirs.tmp)).length > 0) {
-      await fsp.rm(dirs.tmp, { recursive: true, force: true });
-      await fsp.mkdir(dirs.tmp, { recursive: true });
-    }
     home ??= fsp.mkdtemp(path.join(os.tmpdir(), "assay-home-"));
     let published = false;
     try {

@@ -1,6 +1,8 @@
-// Per-attempt output directories: each attempt writes into `<root>/<taskId>/<runId>.<attempt>.tmp/`,
-// which is checked and then published with one atomic rename to `<root>/<taskId>/<runId>/`, or
-// removed on every other ending.
+// Per-attempt output directories: each attempt writes into
+// `<root>/<taskId>/<runId>.<attempt>.<leaseToken>.tmp/`, which is checked and then published with one
+// atomic rename to `<root>/<taskId>/<runId>/`, or removed on every other ending. The lease token is in
+// the name because an attempt number can repeat (a refunded attempt; a claim lost in a database crash,
+// see runClaim) while the earlier attempt's process may still be running: each attempt owns its folder.
 import { randomBytes } from "node:crypto";
 import fsp from "node:fs/promises";
 import path from "node:path";
@@ -33,7 +35,7 @@ export function attemptDirs(
 ): AttemptDirs {
   const taskDir = path.join(root, String(taskId));
   return {
-    tmp: path.join(taskDir, `${runId}.${attempt}.tmp`),
+    tmp: path.join(taskDir, `${runId}.${attempt}.${token}.tmp`),
     final: path.join(taskDir, String(runId)),
     marker: `${attempt} ${token}`,
   };
@@ -82,7 +84,7 @@ async function removeEarlierAttempts(dirs: AttemptDirs): Promise<void> {
   const attempt = Number(dirs.marker.split(" ")[0]);
   const names = await fsp.readdir(taskDir).catch(() => [] as string[]);
   for (const name of names) {
-    const m = /^(\d+)\.(\d+)\.tmp$/.exec(name);
+    const m = /^(\d+)\.(\d+)\.[0-9a-f-]+\.tmp$/.exec(name);
     if (m && m[1] === runId && Number(m[2]) < attempt) {
       await fsp.rm(path.join(taskDir, name), { recursive: true, force: true });
     }

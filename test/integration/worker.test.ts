@@ -340,3 +340,24 @@ describe("logs", () => {
     assert.ok(!all.includes(db.url));
   });
 });
+
+test("a claim of a type without a global limit commits asynchronously, in its own transaction only", async () => {
+  await createTask(db.sql, owner, "t-async", 1);
+  const [before] = await db.sql<{ synchronous_commit: string }[]>`show synchronous_commit`;
+  const setting = await db.sql.begin(async (tx) => {
+    await tx`set local synchronous_commit = on`; // the test server runs with it off
+    const runs = await runClaim(tx as unknown as typeof db.sql, {
+      workerId: "w-async",
+      analysisType: "t-async",
+      limit: 1,
+      globalLimit: 0,
+      leaseTtlMs: 30_000,
+    });
+    assert.equal(runs.length, 1);
+    const [row] = await tx<{ synchronous_commit: string }[]>`show synchronous_commit`;
+    return row?.synchronous_commit;
+  });
+  assert.equal(setting, "off", "the claim's transaction does not wait for its WAL flush");
+  const [after] = await db.sql<{ synchronous_commit: string }[]>`show synchronous_commit`;
+  assert.equal(after?.synchronous_commit, before?.synchronous_commit, "the session's setting is untouched");
+});

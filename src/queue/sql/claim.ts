@@ -37,10 +37,19 @@ export interface ClaimOptions {
  * them with their task's parameters. With a global limit, claims of the type are serialised by an
  * advisory transaction lock, and the number of live runs is counted after taking it: the count
  * cannot be stale, so the limit cannot be exceeded.
+ *
+ * A claim of a type without a global limit commits asynchronously (synchronous_commit off for that
+ * one transaction): it does not wait for its WAL flush, which under load queues behind the
+ * completions' flushes and was the longest part of the claim round trip. Losing a claim can only
+ * happen when the database server itself crashes, and leaves the run queued as before: the worker's
+ * next heartbeat or completion finds its lease unknown and abandons the attempt — the same path as a
+ * reaped lease, so the run executes again and is counted once. A later synchronous commit (any
+ * completion) makes every earlier claim durable, since WAL is flushed in order. A globally limited
+ * claim stays durable: a lost claim would free a slot whose process still runs.
  */
 export async function runClaim(sql: Sql, o: ClaimOptions): Promise<ClaimedRun[]> {
   if (o.limit <= 0) return [];
-  if (o.globalLimit <= 0) return claimStatement(sql, o, o.limit);
+  if (o.globalLimit <= 0) return claimStatement(sql, o, o.limit, false);
   return sql.begin(async (tx): Promise<ClaimedRun[]> => {
     await tx`select pg_advisory_xact_lock(${CLAIM_LOCK_NAMESPACE}, hashtext(${o.analysisType}))`;
     // A separate statement: its snapshot is taken after the lock, so it sees every earlier claim.
@@ -48,11 +57,11 @@ export async function runClaim(sql: Sql, o: ClaimOptions): Promise<ClaimedRun[]>
       select count(*)::int as live from runs
       where analysis_type = ${o.analysisType} and status in ${tx(LIVE)}`;
     const free = Math.min(o.limit, o.globalLimit - (row?.live ?? 0));
-    return free > 0 ? claimStatement(tx as unknown as Sql, o, free) : [];
+    return free > 0 ? claimStatement(tx as unknown as Sql, o, free, true) : [];
   });
 }
 
-function claimStatement(sql: Sql, o: ClaimOptions, k: number): Promise<ClaimedRun[]> {
+function claimStatement(sql: Sql, o: ClaimOptions, k: number, durable = false): Promise<ClaimedRun[]> {
   return sql<ClaimedRun[]>`
     with candidates as (
       select id from runs
@@ -93,6 +102,10 @@ function claimStatement(sql: Sql, o: ClaimOptions, k: number): Promise<ClaimedRu
            c.input_sha256 as "inputSha256", t.parameters,
            extract(epoch from now() - c.run_after)::float8 as "waitedSeconds"
     from claimed c join tasks t on t.id = c.task_id
+    -- Always true; evaluated once. Sets how this statement's own transaction commits (see above);
+    -- "durable" keeps the server's setting, whatever it is.
+    where (select set_config('synchronous_commit',
+             case when ${durable} then current_setting('synchronous_commit') else 'off' end, true)) is not null
     order by c.id`;
 }
 
