@@ -8,6 +8,11 @@ export interface HandlerContext {
   signal: AbortSignal;
   /** Coalesced: only the latest value is written, a few times a second. */
   reportProgress(percent: number, message?: string): void;
+  /**
+   * The attempt's process has ended; only bookkeeping (checking and publishing outputs) is left.
+   * Frees its slot, so the worker claims the next run while this one finishes: a slot is a process.
+   */
+  releaseSlot(): void;
 }
 
 export type HandlerOutcome =

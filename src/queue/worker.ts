@@ -88,6 +88,8 @@ export class Worker {
   private readonly observer: QueueObserver;
   private readonly typeNames: string[];
   private readonly active = new Map<number, Attempt>();
+  /** Active attempts whose process has ended (see HandlerContext.releaseSlot): they hold no slot. */
+  private readonly released = new Set<number>();
   private buffer: ClaimedRun[] = [];
   private outcomes: Pending<Outcome>[] = [];
   private retries: Pending<Retry>[] = [];
@@ -167,7 +169,7 @@ export class Worker {
   }
 
   private freeSlots(): number {
-    return this.o.concurrency - this.active.size;
+    return this.o.concurrency - this.active.size + this.released.size;
   }
 
   /**
@@ -256,6 +258,11 @@ export class Worker {
         const p = Math.max(0, Math.min(100, Math.round(percent)));
         this.progress.set(run.id, { token: run.leaseToken, progress: p, message: message ?? null });
       },
+      releaseSlot: () => {
+        if (this.released.has(run.id) || !this.active.has(run.id)) return;
+        this.released.add(run.id);
+        this.wake();
+      },
     };
     const done = (async () => {
       let outcome: Ending;
@@ -266,6 +273,7 @@ export class Worker {
       }
       clearTimeout(timeout);
       this.active.delete(run.id);
+      this.released.delete(run.id);
       this.progress.delete(run.id);
       this.observer.attemptLive(run.analysisType, -1);
       const seconds = (performance.now() - began) / 1000;

@@ -90,7 +90,7 @@ function inputReadable(file: string): boolean {
 export function processHandler(program: Program, deps: ProcessHandlerDeps): Handler {
   // One private HOME per handler, made on first use: programs get a writable home, not ours.
   let home: Promise<string> | undefined;
-  return async (run, { signal, reportProgress }) => {
+  return async (run, { signal, reportProgress, releaseSlot }) => {
     const dirs = attemptDirs(deps.outputsRoot, run.taskId, run.id, run.attempt, run.leaseToken);
     let inputPath: string;
     try {
@@ -116,8 +116,10 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
         errorMessage: "the input file cannot be read",
       };
     }
-    // Named by the lease token: no other attempt writes here.
-    await fsp.mkdir(dirs.tmp, { recursive: true });
+    // Named by the lease token: no other attempt writes here. Synchronous, like the checks above:
+    // a local metadata call is cheaper than a thread-pool round trip, and it sits on the path from
+    // claim to spawn.
+    fs.mkdirSync(dirs.tmp, { recursive: true });
     home ??= fsp.mkdtemp(path.join(os.tmpdir(), "assay-home-"));
     let published = false;
     try {
@@ -140,6 +142,8 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
         { killGraceMs: deps.killGraceMs },
         (p) => reportProgress(p.percent, p.message),
       );
+      // The process (and its group) is gone: the next run may start while outputs are checked.
+      releaseSlot();
       const check =
         result.exitCode === 0 &&
         result.result &&

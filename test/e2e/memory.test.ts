@@ -37,7 +37,7 @@ before(async () => {
       rows++;
     }
     written += size;
-    if (!out.write(lines.join(""))) await new Promise((r) => out.once("drain", r));
+    if (!out.write(lines.join(""))) await new Promise<void>((r) => out.once("drain", () => r()));
   }
   await new Promise<void>((resolve, reject) =>
     out.end((err?: Error | null) => (err ? reject(err) : resolve())),

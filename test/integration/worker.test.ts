@@ -361,3 +361,30 @@ test("a claim of a type without a global limit commits asynchronously, in its ow
   const [after] = await db.sql<{ synchronous_commit: string }[]>`show synchronous_commit`;
   assert.equal(after?.synchronous_commit, before?.synchronous_commit, "the session's setting is untouched");
 });
+
+test("releaseSlot: the next run starts while a finished process's outputs are handled; processes never exceed concurrency", async () => {
+  const taskId = await createTask(db.sql, owner, "t-release", 4);
+  let processes = 0;
+  let maxProcesses = 0;
+  let maxActive = 0;
+  let active = 0;
+  const handler: Handler = async (_run, { releaseSlot }) => {
+    active++;
+    maxActive = Math.max(maxActive, active);
+    processes++;
+    maxProcesses = Math.max(maxProcesses, processes);
+    await new Promise((r) => setTimeout(r, 20)); // "the process"
+    processes--;
+    releaseSlot();
+    await new Promise((r) => setTimeout(r, 100)); // "checking and publishing outputs"
+    active--;
+    return { status: "succeeded" };
+  };
+  const w = worker({ "t-release": handler }, { concurrency: 1 });
+  await w.start();
+  const row = await waitForTerminal(db.sql, taskId);
+  await w.stop();
+  assert.equal(row.succeeded, 4);
+  assert.equal(maxProcesses, 1, "one process at a time (concurrency 1)");
+  assert.ok(maxActive >= 2, "a released slot was reused before the earlier attempt finished");
+});
