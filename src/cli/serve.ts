@@ -4,7 +4,6 @@ import { tokenCreate } from "../auth/tokens.ts";
 import type { Config } from "../config.ts";
 import { expectedMigrationCount } from "../db/migrate.ts";
 import { openDatabase } from "../db/open.ts";
-import { buildServer } from "../http/server.ts";
 import { createLogger } from "../log.ts";
 import { processRegistry } from "../metrics/registry.ts";
 import { serveMetrics } from "../metrics/server.ts";
@@ -65,10 +64,12 @@ export async function serveCommand(
   if (swept > 0) logger.info({ swept }, "removed partial uploads left by an earlier process");
 
   const metrics = processRegistry();
+  // Imported only where needed: a worker without the HTTP stack is smaller, and the cost of every
+  // spawn (a fork) grows with the parent's resident memory.
   const server =
     mode === "worker"
       ? undefined
-      : await buildServer(
+      : await (await import("../http/server.ts")).buildServer(
           { config: cfg, database, storage, expectedMigrations: expectedMigrationCount(), metrics },
           logger,
         );
