@@ -3,7 +3,7 @@
 import { createHash } from "node:crypto";
 import type { Principal } from "../auth/tokens.ts";
 import type { Sql } from "../db/client.ts";
-import { INT8_OID, notifyEvents, WAKEUP_CHANNEL } from "../queue/sql.ts";
+import { INT8_OID, WAKEUP_CHANNEL } from "../queue/sql.ts";
 
 export interface TaskCreateInput {
   analysisType: string;
@@ -80,16 +80,15 @@ export async function taskCreate(
         from t, f
         order by f.id
       ),
+      -- The first event goes to the table only: nobody can be subscribed to a task that did not
+      -- exist before this statement, and every stream starts by reading its backlog.
       events as (
         insert into task_events (task_id, type, data)
         select id, 'task.queued', jsonb_build_object('status', 'queued', 'totalCount', ${input.fileIds.length}::int)
         from t
-        returning id, task_id, run_id, type, data, created_at
       ),
-      ${notifyEvents(sql)},
       wake as (select pg_notify(${WAKEUP_CHANNEL}, ${input.analysisType}) from t)
-      select (select id::text from t) as id, (select count(*) from wake) as woken,
-             (select count(*) from notified) as notified`;
+      select (select id::text from t) as id, (select count(*) from wake) as woken`;
     return row?.id ? { kind: "created", taskId: row.id } : { kind: "files-missing" };
   } catch (err) {
     // Two requests with one idempotency key raced: the loser returns the winner's task.
