@@ -13,6 +13,11 @@ export interface HandlerContext {
    * Frees its slot, so the worker claims the next run while this one finishes: a slot is a process.
    */
   releaseSlot(): void;
+  /**
+   * The process reported its result and is about to exit: the worker may claim the next run now and
+   * start it when the slot is released, so the claim's round trip overlaps the process's exit.
+   */
+  finishing(): void;
 }
 
 export type HandlerOutcome =

@@ -90,6 +90,8 @@ export class Worker {
   private readonly active = new Map<number, Attempt>();
   /** Active attempts whose process has ended (see HandlerContext.releaseSlot): they hold no slot. */
   private readonly released = new Set<number>();
+  /** Active attempts whose process reported its result (HandlerContext.finishing), not yet released. */
+  private readonly finishing = new Set<number>();
   private buffer: ClaimedRun[] = [];
   private outcomes: Pending<Outcome>[] = [];
   private retries: Pending<Retry>[] = [];
@@ -168,8 +170,14 @@ export class Worker {
     );
   }
 
+  /** Slots where a run can start now. */
   private freeSlots(): number {
     return this.o.concurrency - this.active.size + this.released.size;
+  }
+
+  /** Slots to claim for: the free ones, and those whose process is about to exit. */
+  private claimableSlots(): number {
+    return this.freeSlots() + this.finishing.size;
   }
 
   /**
@@ -180,7 +188,7 @@ export class Worker {
     this.drainBuffer();
     const prefetch = this.o.prefetch ?? 0;
     if (prefetch > 0 && this.buffer.length > prefetch / 2) return 0;
-    let want = this.freeSlots() + prefetch - this.buffer.length;
+    let want = this.claimableSlots() + prefetch - this.buffer.length;
     let claimed = 0;
     const start = this.rotation++;
     for (let i = 0; i < this.typeNames.length && want > 0 && !this.stopping; i++) {
@@ -260,7 +268,14 @@ export class Worker {
       },
       releaseSlot: () => {
         if (this.released.has(run.id) || !this.active.has(run.id)) return;
+        this.finishing.delete(run.id);
         this.released.add(run.id);
+        this.drainBuffer();
+        this.wake();
+      },
+      finishing: () => {
+        if (this.released.has(run.id) || this.finishing.has(run.id) || !this.active.has(run.id)) return;
+        this.finishing.add(run.id);
         this.wake();
       },
     };
@@ -274,6 +289,7 @@ export class Worker {
       clearTimeout(timeout);
       this.active.delete(run.id);
       this.released.delete(run.id);
+      this.finishing.delete(run.id);
       this.progress.delete(run.id);
       this.observer.attemptLive(run.analysisType, -1);
       const seconds = (performance.now() - began) / 1000;

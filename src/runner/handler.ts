@@ -90,7 +90,7 @@ function inputReadable(file: string): boolean {
 export function processHandler(program: Program, deps: ProcessHandlerDeps): Handler {
   // One private HOME per handler, made on first use: programs get a writable home, not ours.
   let home: Promise<string> | undefined;
-  return async (run, { signal, reportProgress, releaseSlot }) => {
+  return async (run, { signal, reportProgress, releaseSlot, finishing }) => {
     const dirs = attemptDirs(deps.outputsRoot, run.taskId, run.id, run.attempt, run.leaseToken);
     let inputPath: string;
     try {
@@ -141,6 +141,7 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
         signal,
         { killGraceMs: deps.killGraceMs },
         (p) => reportProgress(p.percent, p.message),
+        finishing,
       );
       // The process (and its group) is gone: the next run may start while outputs are checked.
       releaseSlot();

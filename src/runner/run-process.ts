@@ -57,6 +57,8 @@ export function runProcess(
   signal: AbortSignal,
   limits: RunLimits,
   onProgress?: (event: ProgressEvent) => void,
+  /** The program reported its result (it is about to exit). */
+  onResult?: () => void,
 ): Promise<ProcessResult> {
   const started = Date.now();
   const reader = new JsonLinesReader(limits.jsonl ?? DEFAULT_JSONL_LIMITS);
@@ -122,7 +124,10 @@ export function runProcess(
         if (event.type === "progress") onProgress?.(event);
         else if (state.result)
           onProtocolError(new ProtocolError("invalid-event", "more than one result event"));
-        else state.result = event;
+        else {
+          state.result = event;
+          onResult?.();
+        }
       }
     };
 

@@ -388,3 +388,32 @@ test("releaseSlot: the next run starts while a finished process's outputs are ha
   assert.equal(maxProcesses, 1, "one process at a time (concurrency 1)");
   assert.ok(maxActive >= 2, "a released slot was reused before the earlier attempt finished");
 });
+
+test("finishing: the next run is claimed while the process exits, and starts only when the slot is released", async () => {
+  const taskId = await createTask(db.sql, owner, "t-finishing", 3);
+  const events: { runId: number; what: "start" | "release"; at: number }[] = [];
+  const handler: Handler = async (run, { finishing, releaseSlot }) => {
+    events.push({ runId: run.id, what: "start", at: Date.now() });
+    await new Promise((r) => setTimeout(r, 20)); // the process works
+    finishing(); // its result arrived
+    await new Promise((r) => setTimeout(r, 150)); // the process exits
+    events.push({ runId: run.id, what: "release", at: Date.now() });
+    releaseSlot();
+    return { status: "succeeded" };
+  };
+  const w = worker({ "t-finishing": handler }, { concurrency: 1 });
+  await w.start();
+  await waitForTerminal(db.sql, taskId);
+  await w.stop();
+  const claims = await db.sql<{ id: number; claimedAt: Date }[]>`
+    select id::int, started_at as "claimedAt" from runs where task_id = ${taskId} order by id`;
+  assert.equal(claims.length, 3);
+  for (let i = 1; i < claims.length; i++) {
+    const previous = claims[i - 1] as { id: number };
+    const current = claims[i] as { id: number; claimedAt: Date };
+    const released = events.find((e) => e.runId === previous.id && e.what === "release")?.at as number;
+    const started = events.find((e) => e.runId === current.id && e.what === "start")?.at as number;
+    assert.ok(current.claimedAt.getTime() < released, "claimed while the previous process was exiting");
+    assert.ok(started >= released, "started only after the previous slot was released");
+  }
+});
