@@ -11,6 +11,7 @@ import { workerMetrics } from "../metrics/worker.ts";
 import { Reaper } from "../queue/reaper.ts";
 import { Retention } from "../queue/retention.ts";
 import { type TypeOptions, Worker } from "../queue/worker.ts";
+import { GroupGuard } from "../runner/group-guard.ts";
 import { discardAttempt, processHandler } from "../runner/handler.ts";
 import type { LocalStorage } from "../storage/local.ts";
 
@@ -37,11 +38,12 @@ export async function startWorkerRuntime(
     logger.warn({ analysisType: m.type, reason: m.reason }, "this worker will not claim this analysis type");
   }
   const outputsRoot = path.join(config.dataDir, "outputs");
+  const guard = GroupGuard.start();
   const types: Record<string, TypeOptions> = {};
   for (const program of found.available) {
     const settings = typeSettings(config, program.type as AnalysisType);
     types[program.type] = {
-      handler: processHandler(program, { storage, outputsRoot, killGraceMs: config.killGraceMs }),
+      handler: processHandler(program, { storage, outputsRoot, killGraceMs: config.killGraceMs, guard }),
       globalLimit: settings.concurrency,
       timeoutMs: settings.timeoutMs,
     };
@@ -85,6 +87,7 @@ export async function startWorkerRuntime(
     stop: async () => {
       await Promise.all([reaper.stop(), retention.stop()]);
       await worker.stop(config.shutdownGraceMs);
+      await guard.close();
     },
   };
 }

@@ -8,6 +8,7 @@ import path from "node:path";
 import type { Program } from "../analyses/programs.ts";
 import type { ClaimedRun, Handler, HandlerOutcome } from "../queue/worker.ts";
 import type { LocalStorage } from "../storage/local.ts";
+import type { GroupRegistry } from "./group-guard.ts";
 import { attemptDirs, checkOutputs, discardOutputs, publishOutputs } from "./outputs.ts";
 import { type ProcessResult, runProcess } from "./run-process.ts";
 
@@ -16,6 +17,8 @@ export interface ProcessHandlerDeps {
   /** `$ASSAY_DATA_DIR/outputs`. */
   outputsRoot: string;
   killGraceMs: number;
+  /** Kills this worker's process groups if it dies (see group-guard.ts). */
+  guard?: GroupRegistry;
 }
 
 /** The child's whole environment: an allowlist, never the service's own (no DATABASE_URL, no tokens). */
@@ -139,7 +142,7 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
           env: childEnv(await home),
         },
         signal,
-        { killGraceMs: deps.killGraceMs },
+        { killGraceMs: deps.killGraceMs, ...(deps.guard ? { guard: deps.guard } : {}) },
         (p) => reportProgress(p.percent, p.message),
         finishing,
       );

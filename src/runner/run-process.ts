@@ -3,7 +3,9 @@
 // on `close` (or at once when the process never started). Timeout and abort both terminate the whole
 // group — SIGTERM, then SIGKILL after a grace period — and still wait for `close`. Knows nothing of
 // HTTP or SQL; the caller maps the result to an outcome.
+
 import { type ChildProcess, spawn } from "node:child_process";
+import type { GroupRegistry } from "./group-guard.ts";
 import {
   DEFAULT_JSONL_LIMITS,
   type JsonLinesLimits,
@@ -32,6 +34,8 @@ export interface RunLimits {
   jsonl?: JsonLinesLimits;
   /** Bytes of stderr kept (the last ones). */
   stderrBytes?: number;
+  /** Told about the process group, so it dies with the worker (see group-guard.ts). */
+  guard?: GroupRegistry;
 }
 
 export interface ProcessResult {
@@ -153,6 +157,8 @@ export function runProcess(
         settle(null, null);
       }
     });
+    const pgid = child.pid;
+    if (pgid !== undefined) limits.guard?.add(pgid);
     child.stdout?.on("data", (chunk: Buffer) => {
       if (state.protocolError) return; // stop parsing; keep draining so the child never blocks
       try {
@@ -174,6 +180,8 @@ export function runProcess(
           state.protocolError = err as ProtocolError;
         }
       }
+      // The group was killed when its leader exited: the guard may forget it.
+      if (pgid !== undefined) limits.guard?.remove(pgid);
       settle(code, sig);
     });
 

@@ -1,8 +1,10 @@
 // Worker processes running real analysis processes: a crash mid-run and a rolling restart.
 import assert from "node:assert/strict";
+import fs from "node:fs";
+import path from "node:path";
 import { after, before, test } from "node:test";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
-import { outputTree, type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
+import { alive, outputTree, type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
 import {
   createExecutionsTable,
   startWorkerProcess,
@@ -28,9 +30,11 @@ async function start(spec: WorkerSpec) {
   return p;
 }
 
-test("a worker killed mid-run: the lease expires, another worker finishes it, no tmp dir is left", async () => {
+test("a worker killed mid-run: its analysis dies with it, the lease expires, another worker finishes it, no tmp dir is left", async () => {
   const file = await env.file("a\n1\n");
-  const taskId = await env.task("proc-crash", [file], { mode: "sleep", ms: 1500 }, 2);
+  // The first attempt would sleep a minute: only the group guard can end it in time.
+  const once = path.join(env.dataDir, "crash-once");
+  const taskId = await env.task("proc-crash", [file], { mode: "sleep", ms: 60_000, thenMs: 300, once }, 2);
   const victim = await start({
     types: { "proc-crash": { sleepMs: 0, program: true } },
     concurrency: 1,
@@ -41,8 +45,13 @@ test("a worker killed mid-run: the lease expires, another worker finishes it, no
     async () =>
       (await env.db.sql`select 1 from runs where task_id = ${taskId} and status = 'running'`).length > 0,
   );
+  const orphan = await waitFor(async () =>
+    fs.existsSync(once) ? Number(fs.readFileSync(once, "utf8")) : undefined,
+  );
+  assert.ok(alive(orphan));
   victim.child.kill("SIGKILL");
   await victim.exited;
+  await waitFor(async () => !alive(orphan), 10_000, "the killed worker's analysis to die");
   const survivor = await start({
     types: { "proc-crash": { sleepMs: 0, program: true } },
     concurrency: 1,
@@ -55,8 +64,6 @@ test("a worker killed mid-run: the lease expires, another worker finishes it, no
   assert.equal(task.status, "succeeded");
   const [run] = await env.db.sql`select id::int, attempt from runs where task_id = ${taskId}`;
   assert.equal(run?.attempt, 2);
-  // The victim's orphaned process may still be finishing; once it has, nothing but the output remains.
-  await new Promise((r) => setTimeout(r, 1600));
   const tree = outputTree(`${env.outputsRoot}/${taskId}`);
   assert.deepEqual(
     tree.filter((p) => p.includes(".tmp")),

@@ -1,0 +1,53 @@
+// Takes the analysis processes down with their worker, even when the worker is SIGKILLed (Node has no
+// parent-death signal). A small helper process, started once per worker, is told the id of every
+// process group the worker spawns and of every group that ended; when its stdin closes — the worker
+// stopped, or died and the kernel closed the pipe — it kills the groups still listed. The ids come
+// from spawn in this process, never from a database.
+import { type ChildProcess, spawn } from "node:child_process";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const HELPER = path.join(path.dirname(fileURLToPath(import.meta.url)), "group-guard.mjs");
+
+export interface GroupRegistry {
+  /** A process group was spawned (its id is the leader's pid). */
+  add(pgid: number): void;
+  /** The group is gone. */
+  remove(pgid: number): void;
+}
+
+export class GroupGuard implements GroupRegistry {
+  private constructor(private readonly child: ChildProcess) {}
+
+  /** Starts the helper; it lives until close() or until this process dies. */
+  static start(): GroupGuard {
+    const child = spawn(process.execPath, [HELPER], {
+      stdio: ["pipe", "ignore", "inherit"],
+      env: { PATH: process.env.PATH ?? "" },
+    });
+    // A write after the helper died must not crash the worker; the worker's own cleanup still runs.
+    child.stdin?.on("error", () => {});
+    child.unref();
+    return new GroupGuard(child);
+  }
+
+  get pid(): number | undefined {
+    return this.child.pid;
+  }
+
+  add(pgid: number): void {
+    this.child.stdin?.write(`+${pgid}\n`);
+  }
+
+  remove(pgid: number): void {
+    this.child.stdin?.write(`-${pgid}\n`);
+  }
+
+  /** Ends the helper (killing any group still listed) and waits for it to exit. */
+  close(): Promise<void> {
+    if (this.child.exitCode !== null || this.child.signalCode !== null) return Promise.resolve();
+    const exited = new Promise<void>((resolve) => this.child.once("exit", () => resolve()));
+    this.child.stdin?.end();
+    return exited;
+  }
+}
