@@ -74,10 +74,16 @@ try {
   const code = await new Promise<number>((resolve) => child.on("close", (c) => resolve(c ?? 1)));
   const tap = fs.existsSync(tapFile) ? fs.readFileSync(tapFile, "utf8") : "";
   const count = (name: string) => Number(new RegExp(`^# ${name} (\\d+)$`, "m").exec(tap)?.[1] ?? 0);
-  const [tests, pass, fail, skipped] = [count("tests"), count("pass"), count("fail"), count("skipped")];
-  console.log(`\n${pass} passed, ${fail} failed, ${skipped} skipped`);
+  const [tests, pass, fail, cancelled, skipped] = [
+    count("tests"),
+    count("pass"),
+    count("fail"),
+    count("cancelled"),
+    count("skipped"),
+  ];
+  console.log(`\n${pass} passed, ${fail} failed, ${cancelled} cancelled, ${skipped} skipped`);
   if (tests === 0) console.error("test/run.ts: zero tests ran — that is a failure, not a pass");
-  exitCode = code === 0 && tests > 0 && fail === 0 ? 0 : 1;
+  exitCode = code === 0 && tests > 0 && fail === 0 && cancelled === 0 ? 0 : 1;
 } finally {
   // Databases a crashed test file could not drop, then the template.
   const leftovers = await admin<{ datname: string }[]>`

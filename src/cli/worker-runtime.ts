@@ -38,7 +38,11 @@ export async function startWorkerRuntime(
     logger.warn({ analysisType: m.type, reason: m.reason }, "this worker will not claim this analysis type");
   }
   const outputsRoot = path.join(config.dataDir, "outputs");
-  const guard = GroupGuard.start();
+  const guard = GroupGuard.start(() =>
+    logger.error(
+      "the group guard process ended: analyses of this worker will outlive it if it is killed outright",
+    ),
+  );
   const types: Record<string, TypeOptions> = {};
   for (const program of found.available) {
     const settings = typeSettings(config, program.type as AnalysisType);

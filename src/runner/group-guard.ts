@@ -17,18 +17,27 @@ export interface GroupRegistry {
 }
 
 export class GroupGuard implements GroupRegistry {
+  private closing = false;
+
   private constructor(private readonly child: ChildProcess) {}
 
-  /** Starts the helper; it lives until close() or until this process dies. */
-  static start(): GroupGuard {
+  /**
+   * Starts the helper; it lives until close() or until this process dies. `onLost` is called if it
+   * ends on its own (killed by someone): analyses keep running, only the protection is gone.
+   */
+  static start(onLost?: () => void): GroupGuard {
     const child = spawn(process.execPath, [HELPER], {
       stdio: ["pipe", "ignore", "inherit"],
       env: { PATH: process.env.PATH ?? "" },
     });
+    const guard = new GroupGuard(child);
     // A write after the helper died must not crash the worker; the worker's own cleanup still runs.
     child.stdin?.on("error", () => {});
+    child.on("exit", () => {
+      if (!guard.closing) onLost?.();
+    });
     child.unref();
-    return new GroupGuard(child);
+    return guard;
   }
 
   get pid(): number | undefined {
@@ -46,6 +55,8 @@ export class GroupGuard implements GroupRegistry {
   /** Ends the helper (killing any group still listed) and waits for it to exit. */
   close(): Promise<void> {
     if (this.child.exitCode !== null || this.child.signalCode !== null) return Promise.resolve();
+    this.closing = true;
+    this.child.ref(); // wait for it even if nothing else keeps this process busy
     const exited = new Promise<void>((resolve) => this.child.once("exit", () => resolve()));
     this.child.stdin?.end();
     return exited;
