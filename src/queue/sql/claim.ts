@@ -1,6 +1,6 @@
 // Claiming runs and keeping their leases (DESIGN §4.2–4.4).
 import type { Sql } from "../../db/client.ts";
-import { type Json, type Lease, LIVE, notifyEvents } from "./shared.ts";
+import { byId, type Json, type Lease, LIVE, notifyEvents } from "./shared.ts";
 
 /** Advisory-lock namespace of the per-type claim lock (the second key is hashtext(type)). */
 const CLAIM_LOCK_NAMESPACE = 0x636c6169; // "clai"
@@ -121,7 +121,7 @@ export function runHeartbeat(
   if (leases.length === 0) return Promise.resolve([]);
   return sql<{ id: number; status: string }[]>`
     update runs r set lease_expires_at = now() + ${leaseTtlMs} * interval '1 millisecond', heartbeat_at = now()
-    from jsonb_to_recordset(${sql.json(leases as unknown as Json)}) as i(id bigint, token uuid)
+    from jsonb_to_recordset(${sql.json(byId(leases) as unknown as Json)}) as i(id bigint, token uuid)
     where r.id = i.id and r.lease_token = i.token and r.status in ${sql(LIVE)}
     returning r.id::float8 as id, r.status`;
 }
@@ -139,7 +139,7 @@ export interface ProgressUpdate extends Lease {
  */
 export function runProgress(sql: Sql, updates: ProgressUpdate[]): Promise<{ id: number; status: string }[]> {
   if (updates.length === 0) return Promise.resolve([]);
-  const input = updates.map((u) => ({
+  const input = byId(updates).map((u) => ({
     id: u.id,
     token: u.token,
     progress: u.progress,

@@ -2,7 +2,7 @@
 // (DESIGN §4.5–4.6).
 import type { Sql } from "../../db/client.ts";
 import type { TerminalRunStatus } from "../../tasks/states.ts";
-import { countIntoTasks, type Json, type Lease, LIVE, notifyEvents } from "./shared.ts";
+import { byId, countIntoTasks, type Json, type Lease, LIVE, notifyEvents } from "./shared.ts";
 
 export interface Outcome extends Lease {
   status: TerminalRunStatus;
@@ -26,7 +26,7 @@ export interface CompletionResult {
  */
 export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<CompletionResult> {
   if (outcomes.length === 0) return { completed: [], finishedTasks: [] };
-  const input = outcomes.map((o) => ({
+  const input = byId(outcomes).map((o) => ({
     id: o.id,
     token: o.token,
     status: o.status,
@@ -78,7 +78,7 @@ export interface Retry extends Lease {
  */
 export async function runRetry(sql: Sql, retries: Retry[]): Promise<number[]> {
   if (retries.length === 0) return [];
-  const input = retries.map((r) => ({
+  const input = byId(retries).map((r) => ({
     id: r.id,
     token: r.token,
     delay_ms: Math.max(0, Math.round(r.delayMs)),

@@ -27,6 +27,15 @@ export interface Lease {
 }
 
 /**
+ * Rows in id order. A batch statement joins its input to `runs` with the input as the probing side,
+ * so the run rows are locked in input order; in id order, like `taskCancel` locks a task's runs, two
+ * statements cannot lock the same runs in opposite orders and deadlock.
+ */
+export function byId<T extends { id: number }>(rows: readonly T[]): T[] {
+  return [...rows].sort((a, b) => a.id - b.id);
+}
+
+/**
  * The tail shared by every statement that ends runs (completion, reaper): given a CTE `done`
  * (id, task_id, status, attempt, error_code) of runs that just turned terminal — and, with
  * `withRequeued`, a CTE `requeued` (id, task_id, attempt, error_code) of runs put back in the queue —
