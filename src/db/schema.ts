@@ -98,7 +98,10 @@ export const tasks = pgTable(
   (t) => [
     index("tasks_owner_idx").on(t.ownerId, t.id),
     index("tasks_status_idx").on(t.status, t.id),
-    uniqueIndex("tasks_owner_idempotency_key").on(t.ownerId, t.idempotencyKey),
+    // Partial: a task created without a key (the common case) adds no entry.
+    uniqueIndex("tasks_owner_idempotency_key")
+      .on(t.ownerId, t.idempotencyKey)
+      .where(sql`${t.idempotencyKey} is not null`),
     check("tasks_total_positive", sql`${t.totalCount} > 0`),
     check(
       "tasks_counts_within_total",

@@ -1,0 +1,2 @@
+DROP INDEX "tasks_owner_idempotency_key";--> statement-breakpoint
+CREATE UNIQUE INDEX "tasks_owner_idempotency_key" ON "tasks" USING btree ("owner_id","idempotency_key") WHERE "tasks"."idempotency_key" is not null;
