@@ -279,7 +279,10 @@ export class Worker {
         this.wake();
       },
     };
-    const done = (async () => {
+    // Active before the handler runs: it may call releaseSlot()/finishing() before its first await.
+    const attempt: Attempt = { run, controller, done: Promise.resolve() };
+    this.active.set(run.id, attempt);
+    attempt.done = (async () => {
       let outcome: Ending;
       try {
         outcome = await type.handler(run, ctx);
@@ -296,7 +299,6 @@ export class Worker {
       this.settle(run, seconds, controller.signal.reason as AbortReason | undefined, outcome);
       this.wake();
     })();
-    this.active.set(run.id, { run, controller, done });
   }
 
   /** Turns a handler's ending into an outcome, a retry, or nothing (lost lease; see decide()). Must not throw. */

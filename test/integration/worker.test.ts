@@ -6,6 +6,7 @@ import { createLogger } from "../../src/log.ts";
 import { Reaper } from "../../src/queue/reaper.ts";
 import { runClaim, runComplete } from "../../src/queue/sql.ts";
 import { type Handler, Worker, type WorkerOptions } from "../../src/queue/worker.ts";
+import { taskCancel } from "../../src/tasks/cancel.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import { createTask, runCounts, seedUser, taskRow, waitFor, waitForTerminal } from "../helpers/queue.ts";
 
@@ -415,5 +416,52 @@ test("finishing: the next run is claimed while the process exits, and starts onl
     const started = events.find((e) => e.runId === current.id && e.what === "start")?.at as number;
     assert.ok(current.claimedAt.getTime() < released, "claimed while the previous process was exiting");
     assert.ok(started >= released, "started only after the previous slot was released");
+  }
+});
+
+test("a run claimed ahead waits for its slot with a live lease, is cancelled with its task, and goes back unspent on shutdown", async () => {
+  const blocker = await createTask(db.sql, owner, "t-ahead", 1);
+  const started: string[] = [];
+  const handler: Handler = async (run, { finishing, signal }) => {
+    started.push(String(run.taskId));
+    finishing(); // "the result arrived", but the process never exits until shutdown
+    await new Promise((resolve) => signal.addEventListener("abort", resolve));
+    return { status: "succeeded" };
+  };
+  const w = worker({ "t-ahead": handler }, { concurrency: 1 });
+  await w.start();
+  await waitFor(async () => started.length === 1);
+  const queuedRun = async (taskId: string) => {
+    const [r] = await db.sql<
+      { id: number; status: string; attempt: number; owner: string | null; expires: Date }[]
+    >`
+      select id::int, status, attempt, lease_owner as owner, lease_expires_at as expires from runs where task_id = ${taskId}`;
+    return r as { id: number; status: string; attempt: number; owner: string | null; expires: Date };
+  };
+
+  // Claimed ahead: leased to this worker, not started.
+  const ahead = await createTask(db.sql, owner, "t-ahead", 1);
+  await waitFor(async () => (await queuedRun(ahead)).status === "starting");
+  const before = await queuedRun(ahead);
+  assert.equal(before.owner, w.id);
+  assert.deepEqual(started, [blocker], "it waits for the slot");
+  await new Promise((r) => setTimeout(r, 20));
+  await w.heartbeat();
+  assert.ok((await queuedRun(ahead)).expires > before.expires, "its lease is heartbeated");
+
+  // Cancelled with its task while it waits.
+  const cancelled = await taskCancel(db.sql, owner, ahead);
+  assert.equal(cancelled.kind, "cancelling");
+  const row = await waitForTerminal(db.sql, ahead);
+  assert.equal(row.status, "cancelled");
+  assert.deepEqual(started, [blocker], "a cancelled waiting run never starts");
+
+  // Another one claimed ahead, then shutdown: both go back to the queue without spending an attempt.
+  const last = await createTask(db.sql, owner, "t-ahead", 1);
+  await waitFor(async () => (await queuedRun(last)).status === "starting");
+  await w.stop(0);
+  for (const taskId of [blocker, last]) {
+    const r = await queuedRun(taskId);
+    assert.deepEqual({ status: r.status, attempt: r.attempt }, { status: "queued", attempt: 0 });
   }
 });
