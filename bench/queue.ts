@@ -11,7 +11,7 @@ import { createLogger } from "../src/log.ts";
 import { Worker } from "../src/queue/worker.ts";
 import { taskCreate } from "../src/tasks/create.ts";
 import { benchDatabase, report } from "./lib/db.ts";
-import { seedOwnerAndFiles } from "./lib/drain.ts";
+import { drainTask, seedOwnerAndFiles } from "./lib/drain.ts";
 
 const N = Number(process.env.BENCH_N ?? 10_000);
 const C = 10;
@@ -51,21 +51,7 @@ try {
     });
   // Warm-up: the first runs pay for JIT compilation and cold caches in both systems.
   if (WARMUP > 0) {
-    const warm = await taskCreate(sql, owner, {
-      analysisType: "noop",
-      fileIds: fileIds.slice(0, WARMUP),
-      parameters: {},
-      maxAttempts: 3,
-    });
-    if (warm.kind !== "created") throw new Error("create failed");
-    const w = makeWorker(0);
-    await w.start();
-    for (;;) {
-      const [t] = await sql`select status from tasks where id = ${warm.taskId}`;
-      if (t?.status === "succeeded") break;
-      await new Promise((res) => setTimeout(res, 5));
-    }
-    await w.stop();
+    await drainTask(sql, owner, fileIds.slice(0, WARMUP), C);
     await sql`vacuum analyze`;
   }
 

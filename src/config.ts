@@ -142,7 +142,7 @@ const FIELDS = {
     env: "ASSAY_PREFETCH",
     schema: Type.Integer({ minimum: 0, maximum: 1000, default: 0 }),
     description:
-      "Runs a worker claims ahead of its free slots (0: only free slots). Only for very short handlers: prefetched runs hold leases while they wait.",
+      "Runs a worker claims ahead of its free slots (0: only free slots, plus one for each slot whose program has reported its result and is exiting). Only for very short handlers: prefetched runs hold leases while they wait.",
   },
   retentionDays: {
     env: "ASSAY_RETENTION_DAYS",

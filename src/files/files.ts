@@ -27,8 +27,6 @@ export function sanitizeFileName(raw: string | undefined): string {
   return name.slice(0, MAX_NAME_LENGTH) || "upload";
 }
 
-export const fileStorageKey = (id: number | string) => `files/${id}`;
-
 /**
  * Records a staged upload and publishes its bytes under `files/<id>`. The row is committed only
  * after the rename succeeded, and the bytes are removed if the commit fails: a crash or an error

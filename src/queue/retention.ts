@@ -6,6 +6,7 @@ import fsp from "node:fs/promises";
 import path from "node:path";
 import type { Sql } from "../db/client.ts";
 import type { Logger } from "../log.ts";
+import { TERMINAL_TASK_STATUSES } from "../tasks/states.ts";
 import { IntervalService } from "./service.ts";
 
 export interface RetentionOptions {
@@ -34,7 +35,7 @@ export class Retention extends IntervalService<number> {
       const deleted = await this.o.sql<{ id: string }[]>`
         with due as (
           select id from tasks
-          where status in ('succeeded', 'partially_succeeded', 'failed', 'timed_out', 'cancelled')
+          where status in ${this.o.sql(TERMINAL_TASK_STATUSES)}
             and finished_at < now() - ${this.o.retentionDays} * interval '1 day'
           order by finished_at
           limit ${batch}
