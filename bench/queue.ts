@@ -105,43 +105,6 @@ try {
   });
   if (second.kind !== "created") throw new Error("create failed");
   await (await drain("drain:prefetch", second.taskId, 50)).stop();
-  // Each latency phase starts on a vacuumed database, so it does not measure the autovacuum that the
-  // drain before it set off (the same for graphile-worker below).
-  await sql`vacuum analyze`;
-  const worker = makeWorker(0);
-  await worker.start();
-
-  // latency: single-run tasks created one at a time on an idle worker; create start → handler start.
-  const latencies: number[] = [];
-  for (let i = 0; i < LATENCY_TASKS; i++) {
-    const [f] = await sql<{ id: string }[]>`
-      insert into files (owner_id, name, content_type, size_bytes, sha256, storage_key)
-      values (${owner.userId}, 'l.csv', 'text/csv', 1, ${"0".repeat(64)}, ${`files/lat-${i}`}) returning id::text`;
-    const started = new Promise<number>((resolve) => {
-      handlerStarted = () => resolve(performance.now());
-    });
-    const s = performance.now();
-    const r = await taskCreate(sql, owner, {
-      analysisType: "noop",
-      fileIds: [f?.id as string],
-      parameters: {},
-      maxAttempts: 3,
-    });
-    if (r.kind !== "created") throw new Error("create failed");
-    latencies.push((await started) - s);
-    handlerStarted = undefined;
-    // Let the completion land so the worker is idle again before the next create.
-    for (;;) {
-      const [t] = await sql`select status from tasks where id = ${r.taskId}`;
-      if (t?.status === "succeeded") break;
-      await new Promise((res) => setTimeout(res, 1));
-    }
-  }
-  report("latency", LATENCY_TASKS, 1, latencies.reduce((a, b) => a + b, 0) / 1000, latencies, true, {
-    note: "create call start → handler start; rate is meaningless here",
-  });
-  await worker.stop();
-
   // graphile-worker 0.18 on the same database, jobs incrementing a parent counter.
   await sql`create table if not exists bench_parent (id int primary key, n int not null)`;
   await sql`insert into bench_parent values (1, 0) on conflict (id) do update set n = 0`;
@@ -188,9 +151,39 @@ try {
   }
   const gDrain = (performance.now() - t0) / 1000;
   report("graphile:drain", N, C, gDrain, [], true);
+  // latency, both systems at once: each idle worker LISTENs, and single-run tasks (jobs) are created
+  // one at a time, alternating between the systems (ABBA), so both are measured under the same
+  // conditions — sequential phases had put graphile-worker's after more autovacuum work had settled.
   await sql`vacuum analyze`;
+  const worker = makeWorker(0);
+  await worker.start();
+  const latencies: number[] = [];
   const gLatencies: number[] = [];
-  for (let i = 0; i < LATENCY_TASKS; i++) {
+  const ours = async (i: number) => {
+    const [f] = await sql<{ id: string }[]>`
+      insert into files (owner_id, name, content_type, size_bytes, sha256, storage_key)
+      values (${owner.userId}, 'l.csv', 'text/csv', 1, ${"0".repeat(64)}, ${`files/lat-${i}`}) returning id::text`;
+    const started = new Promise<number>((resolve) => {
+      handlerStarted = () => resolve(performance.now());
+    });
+    const s = performance.now();
+    const r = await taskCreate(sql, owner, {
+      analysisType: "noop",
+      fileIds: [f?.id as string],
+      parameters: {},
+      maxAttempts: 3,
+    });
+    if (r.kind !== "created") throw new Error("create failed");
+    latencies.push((await started) - s);
+    handlerStarted = undefined;
+    // Let the completion land so the worker is idle again before the next create.
+    for (;;) {
+      const [t] = await sql`select status from tasks where id = ${r.taskId}`;
+      if (t?.status === "succeeded") break;
+      await new Promise((res) => setTimeout(res, 1));
+    }
+  };
+  const theirs = async () => {
     const started = new Promise<number>((resolve) => {
       onJob = () => resolve(performance.now());
     });
@@ -203,7 +196,19 @@ try {
       if (left?.n === 0) break;
       await new Promise((res) => setTimeout(res, 1));
     }
+  };
+  for (let i = 0; i < LATENCY_TASKS; i++) {
+    if (i % 2 === 0) {
+      await ours(i);
+      await theirs();
+    } else {
+      await theirs();
+      await ours(i);
+    }
   }
+  report("latency", LATENCY_TASKS, 1, latencies.reduce((a, b) => a + b, 0) / 1000, latencies, true, {
+    note: "create call start → handler start; rate is meaningless here",
+  });
   report(
     "graphile:latency",
     LATENCY_TASKS,
@@ -212,6 +217,7 @@ try {
     gLatencies,
     true,
   );
+  await worker.stop();
   await runner.stop();
   await utils.release();
 } finally {

@@ -4,7 +4,7 @@ import { after, before, describe, test } from "node:test";
 import type { Principal } from "../../src/auth/tokens.ts";
 import { createLogger } from "../../src/log.ts";
 import { Reaper } from "../../src/queue/reaper.ts";
-import { runClaim, runComplete } from "../../src/queue/sql.ts";
+import { runCancelQueued, runClaim, runComplete, runProgress } from "../../src/queue/sql.ts";
 import { type Handler, Worker, type WorkerOptions } from "../../src/queue/worker.ts";
 import { taskCancel } from "../../src/tasks/cancel.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
@@ -340,6 +340,45 @@ describe("logs", () => {
     assert.ok(password.length > 0 && !all.includes(password), "no database password in any log line");
     assert.ok(!all.includes(db.url));
   });
+});
+
+test("a task turns running when a run is recorded running or ends after starting, not at the claim", async () => {
+  const status = async (taskId: string) => {
+    const [t] = await db.sql<{ status: string; started: boolean }[]>`
+      select status, started_at is not null as started from tasks where id = ${taskId}`;
+    return { ...t };
+  };
+  const claim = (type: string) =>
+    runClaim(db.sql, {
+      workerId: "w-start",
+      analysisType: type,
+      limit: 1,
+      globalLimit: 0,
+      leaseTtlMs: 30_000,
+    });
+  // Claimed: the task row is not touched yet.
+  const a = await createTask(db.sql, owner, "t-start-a", 2);
+  const [ra] = await claim("t-start-a");
+  assert.ok(ra);
+  assert.deepEqual(await status(a), { status: "queued", started: false });
+  // The run is recorded running (the worker's first progress write): so is its task.
+  const moved = await runProgress(db.sql, [{ id: ra.id, token: ra.leaseToken, progress: null }]);
+  assert.deepEqual(
+    moved.map((r) => ({ ...r })),
+    [{ id: ra.id, status: "running", notified: "1" }],
+  );
+  assert.deepEqual(await status(a), { status: "running", started: true });
+  // A run that ends before any progress write starts its task too, when the task goes on.
+  const b = await createTask(db.sql, owner, "t-start-b", 2);
+  const [rb] = await claim("t-start-b");
+  assert.ok(rb);
+  await runComplete(db.sql, [{ id: rb.id, token: rb.leaseToken, status: "succeeded" }]);
+  assert.deepEqual(await status(b), { status: "running", started: true });
+  // Runs that end without ever starting (cancelled while queued) leave a task unstarted.
+  const c = await createTask(db.sql, owner, "t-start-c", 3);
+  assert.ok((await claim("t-start-c"))[0]);
+  assert.equal(await runCancelQueued(db.sql, c), 2);
+  assert.deepEqual(await status(c), { status: "queued", started: false });
 });
 
 test("a claim of a type without a global limit commits asynchronously, in its own transaction only", async () => {

@@ -33,10 +33,14 @@ export interface ClaimOptions {
 }
 
 /**
- * Claims up to `limit` due runs of one type (DESIGN §4.2), marks their tasks running, and returns
- * them with their task's parameters. With a global limit, claims of the type are serialised by an
- * advisory transaction lock, and the number of live runs is counted after taking it: the count
- * cannot be stale, so the limit cannot be exceeded.
+ * Claims up to `limit` due runs of one type (DESIGN §4.2) and returns them with their task's
+ * parameters. The claim writes run rows only: a task turns `running` when the first of its runs is
+ * recorded running (runProgress) or ends after starting (countIntoTasks), so the claim — the path
+ * from a NOTIFY to a started handler — does not lock and rewrite the task row as well.
+ *
+ * With a global limit, claims of the type are serialised by an advisory transaction lock, and the
+ * number of live runs is counted after taking it: the count cannot be stale, so the limit cannot be
+ * exceeded.
  *
  * A claim of a type without a global limit commits asynchronously (synchronous_commit off for that
  * one transaction): it does not wait for its WAL flush, which under load queues behind the
@@ -84,16 +88,6 @@ function claimStatement(sql: Sql, o: ClaimOptions, k: number, durable = false): 
       returning r.id, r.task_id, r.analysis_type, r.attempt, r.max_attempts, r.lease_token,
                 r.input_file_id, r.input_storage_key, r.input_name, r.input_size_bytes, r.input_sha256,
                 r.run_after
-    ),
-    to_start as materialized (
-      select id from tasks
-      where id in (select task_id from claimed) and status = 'queued'
-      order by id
-      for update
-    ),
-    started as (
-      update tasks t set status = 'running', started_at = now(), updated_at = now()
-      from to_start s where t.id = s.id
     )
     select c.id::float8 as id, c.task_id::float8 as "taskId", c.analysis_type as "analysisType",
            c.attempt, c.max_attempts as "maxAttempts", c.lease_token::text as "leaseToken",
@@ -162,6 +156,11 @@ export function runProgress(sql: Sql, updates: ProgressUpdate[]): Promise<{ id: 
     -- Events are inserted under their task's lock, so a task's event ids follow commit order.
     locked as materialized (
       select id from tasks where id in (select task_id from moved) order by id for update
+    ),
+    -- A task is running once one of its runs is (the claim leaves the task row alone).
+    started as (
+      update tasks t set status = 'running', started_at = coalesce(t.started_at, now()), updated_at = now()
+      from locked l where t.id = l.id and t.status = 'queued'
     ),
     events as (
       insert into task_events (task_id, run_id, type, data)

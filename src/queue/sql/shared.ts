@@ -50,7 +50,8 @@ export function countIntoTasks(sql: Sql, withRequeued = false) {
         count(*) filter (where status = 'succeeded')::int as s,
         count(*) filter (where status = 'failed')::int as f,
         count(*) filter (where status = 'timed_out')::int as x,
-        count(*) filter (where status = 'cancelled')::int as c
+        count(*) filter (where status = 'cancelled')::int as c,
+        bool_or(attempt > 0) as started
       from done group by task_id
     ),
     locked as materialized (
@@ -66,7 +67,8 @@ export function countIntoTasks(sql: Sql, withRequeued = false) {
         cancelled_count = t.cancelled_count + a.c,
         status = case
           when t.succeeded_count + a.s + t.failed_count + a.f + t.timed_out_count + a.x
-               + t.cancelled_count + a.c < t.total_count then t.status
+               + t.cancelled_count + a.c < t.total_count then
+            case when t.status = 'queued' and a.started then 'running' else t.status end
           when t.status = 'cancelling' then 'cancelled'
           when t.succeeded_count + a.s = t.total_count then 'succeeded'
           when t.failed_count + a.f = t.total_count then 'failed'
@@ -78,6 +80,8 @@ export function countIntoTasks(sql: Sql, withRequeued = false) {
           when t.succeeded_count + a.s + t.failed_count + a.f + t.timed_out_count + a.x
                + t.cancelled_count + a.c = t.total_count then now()
           else t.finished_at end,
+        -- A run that ended after it started may be the first news of its task starting.
+        started_at = case when a.started then coalesce(t.started_at, now()) else t.started_at end,
         updated_at = now()
       from agg a, locked l
       where t.id = a.task_id and l.id = a.task_id
