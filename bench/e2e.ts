@@ -20,7 +20,7 @@ import { benchDatabase, report } from "./lib/db.ts";
 const N = Number(process.env.BENCH_E2E_N ?? 200);
 const C = 2;
 /** Plain and Assay rounds of N runs each, interleaved. */
-const ROUNDS = Number(process.env.BENCH_E2E_ROUNDS ?? 3);
+const ROUNDS = Number(process.env.BENCH_E2E_ROUNDS ?? 4);
 const summary = findPrograms({}).available.find((p) => p.type === "summary");
 if (!summary) throw new Error("summary program not found");
 
@@ -149,9 +149,15 @@ try {
   });
   const plainRounds: Round[] = [];
   const assayRounds: Round[] = [];
+  // ABBA: which side goes first alternates, so a trend over the run favours neither.
   for (let i = 0; i < ROUNDS; i++) {
-    plainRounds.push(await plainRound());
-    assayRounds.push(await assayRound());
+    if (i % 2 === 0) {
+      plainRounds.push(await plainRound());
+      assayRounds.push(await assayRound());
+    } else {
+      assayRounds.push(await assayRound());
+      plainRounds.push(await plainRound());
+    }
   }
   await unlisten();
   await worker.stop();

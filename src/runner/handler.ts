@@ -154,7 +154,7 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
         !result.protocolError &&
         !result.isCanceled &&
         !result.timedOut
-          ? await checkOutputs(dirs.tmp, result.result.outputFileName)
+          ? checkOutputs(dirs.tmp, result.result.outputFileName)
           : undefined;
       const outcome = outcomeOf(result, check);
       if (outcome.status === "succeeded") {

@@ -4,6 +4,7 @@
 // the name because an attempt number can repeat (a refunded attempt; a claim lost in a database crash,
 // see runClaim) while the earlier attempt's process may still be running: each attempt owns its folder.
 import { randomBytes } from "node:crypto";
+import fs from "node:fs";
 import fsp from "node:fs/promises";
 import path from "node:path";
 
@@ -43,37 +44,53 @@ export function attemptDirs(
 
 export type OutputCheck = { ok: true; files: string[] } | { ok: false; message: string };
 
-/** Validates an attempt's directory against the result event and the limits. */
-export async function checkOutputs(dir: string, resultName: string): Promise<OutputCheck> {
+/**
+ * Validates an attempt's directory against the result event and the limits. Synchronous, like the
+ * rest of the success path: a few metadata calls on the local disk cost less than their thread-pool
+ * round trips (measured: 0.07 against 0.32 ms of CPU per run for check and publish), and reading the
+ * directory stops at the file limit, so a program that wrote a million files cannot stall the loop.
+ */
+export function checkOutputs(dir: string, resultName: string): OutputCheck {
   if (!SAFE_NAME.test(resultName) || path.basename(resultName) !== resultName) {
     return { ok: false, message: "the result names a file outside the output directory" };
   }
-  const entries = await fsp.readdir(dir, { withFileTypes: true });
-  if (entries.length > OUTPUT_LIMITS.maxFiles) return { ok: false, message: "too many output files" };
+  const names: string[] = [];
   let total = 0;
-  for (const entry of entries) {
-    if (!entry.isFile()) return { ok: false, message: "outputs must be regular files (no links or folders)" };
-    if (!SAFE_NAME.test(entry.name)) return { ok: false, message: "an output file has an unsafe name" };
-    if (!OUTPUT_LIMITS.extensions.includes(path.extname(entry.name).toLowerCase())) {
-      return { ok: false, message: "an output file has a type that is not allowed" };
+  const listing = fs.opendirSync(dir);
+  try {
+    for (let entry = listing.readSync(); entry; entry = listing.readSync()) {
+      if (names.length === OUTPUT_LIMITS.maxFiles) return { ok: false, message: "too many output files" };
+      if (!entry.isFile())
+        return { ok: false, message: "outputs must be regular files (no links or folders)" };
+      if (!SAFE_NAME.test(entry.name)) return { ok: false, message: "an output file has an unsafe name" };
+      if (!OUTPUT_LIMITS.extensions.includes(path.extname(entry.name).toLowerCase())) {
+        return { ok: false, message: "an output file has a type that is not allowed" };
+      }
+      const { size } = fs.lstatSync(path.join(dir, entry.name));
+      if (size > OUTPUT_LIMITS.maxFileBytes) return { ok: false, message: "an output file is too large" };
+      total += size;
+      names.push(entry.name);
     }
-    const { size } = await fsp.lstat(path.join(dir, entry.name));
-    if (size > OUTPUT_LIMITS.maxFileBytes) return { ok: false, message: "an output file is too large" };
-    total += size;
+  } finally {
+    listing.closeSync();
   }
   if (total > OUTPUT_LIMITS.maxTotalBytes)
     return { ok: false, message: "the outputs are too large together" };
-  if (!entries.some((e) => e.name === resultName)) {
+  if (!names.includes(resultName)) {
     return { ok: false, message: "the file named by the result does not exist" };
   }
-  return { ok: true, files: entries.map((e) => e.name).sort() };
+  return { ok: true, files: names.sort() };
 }
 
-/** Publishes `dirs.tmp` as `dirs.final` with one rename, replacing an earlier attempt's output. */
+/**
+ * Publishes `dirs.tmp` as `dirs.final` with one rename, replacing an earlier attempt's output.
+ * Synchronous but for removing what it replaced (see checkOutputs).
+ */
 export async function publishOutputs(dirs: AttemptDirs): Promise<void> {
-  await fsp.writeFile(path.join(dirs.tmp, MARKER), dirs.marker);
-  await moveAside(dirs.final);
-  await fsp.rename(dirs.tmp, dirs.final);
+  fs.writeFileSync(path.join(dirs.tmp, MARKER), dirs.marker);
+  // Usually there is nothing to replace: look first rather than fail a rename (an exception each run).
+  if (fs.existsSync(dirs.final)) await moveAside(dirs.final);
+  fs.renameSync(dirs.tmp, dirs.final);
   if (Number(dirs.marker.split(" ")[0]) > 1) await removeEarlierAttempts(dirs);
 }
 

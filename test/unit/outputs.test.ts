@@ -5,7 +5,13 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, test } from "node:test";
-import { attemptDirs, discardOutputs, publishOutputs } from "../../src/runner/outputs.ts";
+import {
+  attemptDirs,
+  checkOutputs,
+  discardOutputs,
+  OUTPUT_LIMITS,
+  publishOutputs,
+} from "../../src/runner/outputs.ts";
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), "assay-outputs-"));
 after(() => fs.rmSync(root, { recursive: true, force: true }));
@@ -60,4 +66,56 @@ test("a late attempt's discard removes the published folder only when it publish
   await publishOutputs(fenced);
   await discardOutputs(fenced); // its completion was fenced off after it published
   assert.ok(!fs.existsSync(fenced.final));
+});
+
+test("checkOutputs: the named file among allowed files passes; every limit is enforced", () => {
+  let n = 0;
+  /** A fresh attempt folder holding the given files (sizes made sparse: nothing is really written). */
+  const folder = (files: Record<string, number>) => {
+    const dir = path.join(root, `check-${n++}`);
+    fs.mkdirSync(dir);
+    for (const [name, size] of Object.entries(files)) {
+      fs.writeFileSync(path.join(dir, name), "");
+      fs.truncateSync(path.join(dir, name), size);
+    }
+    return dir;
+  };
+  const MiB = 1024 * 1024;
+  assert.deepEqual(checkOutputs(folder({ "stats.json": 10, "stats.csv": 20 }), "stats.json"), {
+    ok: true,
+    files: ["stats.csv", "stats.json"],
+  });
+  const fails = (dir: string, name: string) => {
+    const r = checkOutputs(dir, name);
+    assert.equal(r.ok, false);
+    return r.ok ? "" : r.message;
+  };
+  assert.equal(fails(folder({ "a.json": 1 }), "b.json"), "the file named by the result does not exist");
+  assert.equal(
+    fails(folder({ "a.json": 1 }), "../a.json"),
+    "the result names a file outside the output directory",
+  );
+  const many = Object.fromEntries(
+    Array.from({ length: OUTPUT_LIMITS.maxFiles + 1 }, (_, i) => [`f${i}.json`, 1]),
+  );
+  assert.equal(fails(folder(many), "f0.json"), "too many output files");
+  assert.equal(
+    fails(folder({ "big.json": OUTPUT_LIMITS.maxFileBytes + 1 }), "big.json"),
+    "an output file is too large",
+  );
+  assert.equal(
+    fails(folder({ "a.csv": 90 * MiB, "b.csv": 90 * MiB, "c.json": 90 * MiB }), "c.json"),
+    "the outputs are too large together",
+  );
+  assert.equal(
+    fails(folder({ "a.json": 1, "run.sh": 1 }), "a.json"),
+    "an output file has a type that is not allowed",
+  );
+  assert.equal(fails(folder({ "a.json": 1, "-x.json": 1 }), "a.json"), "an output file has an unsafe name");
+  const withLink = folder({ "a.json": 1 });
+  fs.symlinkSync("/etc/passwd", path.join(withLink, "p.json"));
+  assert.equal(fails(withLink, "a.json"), "outputs must be regular files (no links or folders)");
+  const withFolder = folder({ "a.json": 1 });
+  fs.mkdirSync(path.join(withFolder, "sub"));
+  assert.equal(fails(withFolder, "a.json"), "outputs must be regular files (no links or folders)");
 });
