@@ -127,7 +127,12 @@ try {
       select t.status, t.succeeded_count as succeeded,
              (select array_agg(extract(epoch from finished_at - started_at) * 1000) from runs where task_id = t.id) as latencies
       from tasks t where t.id = ${created.taskId}`;
-    return { seconds, cpu, latencies: (check?.latencies ?? []).map(Number), ok: check?.status === "succeeded" && check.succeeded === N };
+    return {
+      seconds,
+      cpu,
+      latencies: (check?.latencies ?? []).map(Number),
+      ok: check?.status === "succeeded" && check.succeeded === N,
+    };
   };
 
   // Interleaved rounds, so drift of the machine (other tenants, CPU frequency) hits both sides alike.
