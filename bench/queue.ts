@@ -11,7 +11,7 @@ import { createLogger } from "../src/log.ts";
 import { Worker } from "../src/queue/worker.ts";
 import { taskCreate } from "../src/tasks/create.ts";
 import { benchDatabase, report } from "./lib/db.ts";
-import { drainTask, seedOwnerAndFiles } from "./lib/drain.ts";
+import { createNoopTask, drainTask, seedOwnerAndFiles } from "./lib/drain.ts";
 
 const N = Number(process.env.BENCH_N ?? 10_000);
 const C = 10;
@@ -28,83 +28,32 @@ try {
   const { owner, fileIds } = await seedOwnerAndFiles(sql, "bench", N);
   await sql`vacuum analyze`;
 
-  // drain: one worker, concurrency C, no-op handler, until the task is terminal; then the same with
-  // a local prefetch (ASSAY_PREFETCH) of 50, the setting meant for handlers this short.
-  let handlerStarted: ((id: number) => void) | undefined;
-  const makeWorker = (prefetch: number) =>
-    new Worker({
-      sql,
-      logger,
-      types: {
-        noop: {
-          handler: async (run) => {
-            handlerStarted?.(run.id);
-            return { status: "succeeded" };
-          },
-        },
-      },
-      concurrency: C,
-      leaseTtlMs: 30_000,
-      pollIntervalMs: 2000,
-      retryBaseMs: 1000,
-      prefetch,
-    });
   // Warm-up: the first runs pay for JIT compilation and cold caches in both systems.
   if (WARMUP > 0) {
-    await drainTask(sql, owner, fileIds.slice(0, WARMUP), C);
+    const warm = fileIds.slice(0, WARMUP);
+    await drainTask(sql, await createNoopTask(sql, owner, warm), warm.length, C);
     await sql`vacuum analyze`;
   }
 
   // create: one task of N runs.
   let t0 = performance.now();
-  const created = await taskCreate(sql, owner, {
-    analysisType: "noop",
-    fileIds,
-    parameters: {},
-    maxAttempts: 3,
-  });
+  const first = await createNoopTask(sql, owner, fileIds);
   const createSeconds = (performance.now() - t0) / 1000;
-  if (created.kind !== "created") throw new Error("create failed");
   report("create", N, 1, createSeconds, [createSeconds * 1000], true);
 
-  const drain = async (workload: string, taskId: string, prefetch: number) => {
-    const w = makeWorker(prefetch);
-    const start = performance.now();
-    await w.start();
-    for (;;) {
-      const [t] = await sql`select status from tasks where id = ${taskId}`;
-      if (t?.status === "succeeded") break;
-      await new Promise((res) => setTimeout(res, 5));
-    }
-    const seconds = (performance.now() - start) / 1000;
-    const [check] = await sql<{ counted: number; actual: number; latencies: number[] }[]>`
-      select t.succeeded_count as counted,
-             (select count(*)::int from runs where task_id = t.id and status = 'succeeded') as actual,
-             (select array_agg(extract(epoch from finished_at - started_at) * 1000) from runs where task_id = t.id) as latencies
-      from tasks t where t.id = ${taskId}`;
-    report(
-      workload,
-      N,
-      C,
-      seconds,
-      (check?.latencies ?? []).map(Number),
-      check?.counted === N && check?.actual === N,
-      {
-        prefetch,
-        note: "latencies: claim → completion per run",
-      },
-    );
-    return w;
-  };
-  await (await drain("drain", created.taskId, 0)).stop();
-  const second = await taskCreate(sql, owner, {
-    analysisType: "noop",
-    fileIds,
-    parameters: {},
-    maxAttempts: 3,
-  });
-  if (second.kind !== "created") throw new Error("create failed");
-  await (await drain("drain:prefetch", second.taskId, 50)).stop();
+  // drain: one worker, concurrency C, no-op handler, until the task is terminal; then the same with
+  // a local prefetch (ASSAY_PREFETCH) of 50, the setting meant for handlers this short.
+  for (const [workload, prefetch] of [
+    ["drain", 0],
+    ["drain:prefetch", 50],
+  ] as const) {
+    const taskId = workload === "drain" ? first : await createNoopTask(sql, owner, fileIds);
+    const d = await drainTask(sql, taskId, N, C, prefetch);
+    report(workload, N, C, d.seconds, d.latencies, d.ok, {
+      prefetch,
+      note: "latencies: claim → completion per run",
+    });
+  }
   // graphile-worker 0.18 on the same database, jobs incrementing a parent counter.
   await sql`create table if not exists bench_parent (id int primary key, n int not null)`;
   await sql`insert into bench_parent values (1, 0) on conflict (id) do update set n = 0`;
@@ -155,7 +104,23 @@ try {
   // one at a time, alternating between the systems (ABBA), so both are measured under the same
   // conditions — sequential phases had put graphile-worker's after more autovacuum work had settled.
   await sql`vacuum analyze`;
-  const worker = makeWorker(0);
+  let handlerStarted: (() => void) | undefined;
+  const worker = new Worker({
+    sql,
+    logger,
+    types: {
+      noop: {
+        handler: async () => {
+          handlerStarted?.();
+          return { status: "succeeded" };
+        },
+      },
+    },
+    concurrency: C,
+    leaseTtlMs: 30_000,
+    pollIntervalMs: 2000,
+    retryBaseMs: 1000,
+  });
   await worker.start();
   const latencies: number[] = [];
   const gLatencies: number[] = [];

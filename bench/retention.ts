@@ -3,7 +3,7 @@
 // Target: within 20% of the empty-table figure.
 import { createDatabase } from "../src/db/client.ts";
 import { benchDatabase, report } from "./lib/db.ts";
-import { drainTask, seedOwnerAndFiles } from "./lib/drain.ts";
+import { createNoopTask, drainTask, seedOwnerAndFiles } from "./lib/drain.ts";
 
 const N = Number(process.env.BENCH_N ?? 10_000);
 const HISTORY = Number(process.env.BENCH_HISTORY ?? 1_000_000);
@@ -14,7 +14,7 @@ const { sql, close } = createDatabase(bench.url);
 try {
   const { owner, fileIds } = await seedOwnerAndFiles(sql, "retention-bench", N);
   await sql`vacuum analyze`;
-  const empty = await drainTask(sql, owner, fileIds, C);
+  const empty = await drainTask(sql, await createNoopTask(sql, owner, fileIds), fileIds.length, C);
   const emptyLine = report("drain:empty-history", N, C, empty.seconds, empty.latencies, empty.ok);
 
   // A million finished runs in 1,000 finished tasks, inserted directly (finished rows need no queue).
@@ -32,7 +32,7 @@ try {
       from t, generate_series(1, ${perTask}) g`;
   }
   await sql`vacuum analyze`;
-  const full = await drainTask(sql, owner, fileIds, C);
+  const full = await drainTask(sql, await createNoopTask(sql, owner, fileIds), fileIds.length, C);
   const fullLine = report("drain:1M-history", N, C, full.seconds, full.latencies, full.ok, {
     history: HISTORY,
   });

@@ -26,14 +26,12 @@ export async function seedOwnerAndFiles(sql: Sql, name: string, n: number) {
   return { owner, fileIds };
 }
 
-/** One task of `fileIds.length` runs, drained by one worker with a no-op handler. */
-export async function drainTask(
+/** One task of `fileIds.length` runs of the no-op type; returns its id. */
+export async function createNoopTask(
   sql: Sql,
   owner: { userId: number; name: string; role: "admin" },
   fileIds: string[],
-  concurrency: number,
-  prefetch = 0,
-): Promise<DrainResult> {
+): Promise<string> {
   const created = await taskCreate(sql, owner, {
     analysisType: "noop",
     fileIds,
@@ -41,6 +39,20 @@ export async function drainTask(
     maxAttempts: 3,
   });
   if (created.kind !== "created") throw new Error("create failed");
+  return created.taskId;
+}
+
+/**
+ * Drains task `taskId` (of `n` no-op runs) with one worker, timed from the worker's start until the
+ * task has succeeded; `ok` only when the task's counter and its runs both say `n` succeeded.
+ */
+export async function drainTask(
+  sql: Sql,
+  taskId: string,
+  n: number,
+  concurrency: number,
+  prefetch = 0,
+): Promise<DrainResult> {
   const worker = new Worker({
     sql,
     logger: createLogger({ level: "warn", destination: process.stderr }),
@@ -54,7 +66,7 @@ export async function drainTask(
   const start = performance.now();
   await worker.start();
   for (;;) {
-    const [t] = await sql`select status from tasks where id = ${created.taskId}`;
+    const [t] = await sql`select status from tasks where id = ${taskId}`;
     if (t?.status === "succeeded") break;
     await new Promise((res) => setTimeout(res, 5));
   }
@@ -64,8 +76,7 @@ export async function drainTask(
     select t.succeeded_count as counted,
            (select count(*)::int from runs where task_id = t.id and status = 'succeeded') as actual,
            (select array_agg(extract(epoch from finished_at - started_at) * 1000) from runs where task_id = t.id) as latencies
-    from tasks t where t.id = ${created.taskId}`;
-  const n = fileIds.length;
+    from tasks t where t.id = ${taskId}`;
   return {
     seconds,
     ok: check?.counted === n && check?.actual === n,

@@ -55,35 +55,25 @@ export function apiMetrics(app: FastifyInstance, sql: Sql, hub: EventHub, regist
     });
     return reading;
   };
-  const oldest = new Gauge({
-    name: "assay_queue_oldest_age_seconds",
-    help: "Age of the oldest queued run by analysis type",
-    labelNames: ["analysis_type"],
-    collect: () => refresh(),
-    registers: [],
-  });
-  const live = new Gauge({
-    name: "assay_runs_live",
-    help: "Runs with a live attempt, by analysis type and status",
-    labelNames: ["analysis_type", "status"],
-    collect: () => refresh(),
-    registers: [],
-  });
-  const outcomes = new Gauge({
-    name: "assay_runs_finished",
-    help: "Finished runs by analysis type and outcome (from the task counters)",
-    labelNames: ["analysis_type", "status"],
-    collect: () => refresh(),
-    registers: [],
-  });
-  const depth = new Gauge({
-    name: "assay_queue_depth",
-    help: "Queued runs by analysis type (due now or later)",
-    labelNames: ["analysis_type"],
-    registers: [],
-    collect: () => refresh(),
-  });
-  for (const metric of [depth, oldest, live, outcomes]) registry.registerMetric(metric);
+  const queueGauge = (name: string, help: string, labelNames: string[]) =>
+    new Gauge({ name, help, labelNames, registers: [registry], collect: () => refresh() });
+  const depth = queueGauge("assay_queue_depth", "Queued runs by analysis type (due now or later)", [
+    "analysis_type",
+  ]);
+  const oldest = queueGauge(
+    "assay_queue_oldest_age_seconds",
+    "Age of the oldest queued run by analysis type",
+    ["analysis_type"],
+  );
+  const live = queueGauge("assay_runs_live", "Runs with a live attempt, by analysis type and status", [
+    "analysis_type",
+    "status",
+  ]);
+  const outcomes = queueGauge(
+    "assay_runs_finished",
+    "Finished runs by analysis type and outcome (from the task counters)",
+    ["analysis_type", "status"],
+  );
 
   async function read(): Promise<void> {
     try {

@@ -6,8 +6,8 @@ import fsp from "node:fs/promises";
 import path from "node:path";
 import type { Sql } from "../db/client.ts";
 import type { Logger } from "../log.ts";
-import { TERMINAL_TASK_STATUSES } from "../tasks/states.ts";
 import { IntervalService } from "./service.ts";
+import { taskDeleteExpired } from "./sql.ts";
 
 export interface RetentionOptions {
   sql: Sql;
@@ -32,19 +32,9 @@ export class Retention extends IntervalService<number> {
     const batch = this.o.batchSize ?? DEFAULT_BATCH;
     let total = 0;
     for (;;) {
-      const deleted = await this.o.sql<{ id: string }[]>`
-        with due as (
-          select id from tasks
-          where status in ${this.o.sql(TERMINAL_TASK_STATUSES)}
-            and finished_at < now() - ${this.o.retentionDays} * interval '1 day'
-          order by finished_at
-          limit ${batch}
-          for update skip locked
-        )
-        delete from tasks t using due where t.id = due.id
-        returning t.id::text`;
+      const deleted = await taskDeleteExpired(this.o.sql, this.o.retentionDays, batch);
       // After the commit: a crash here leaves directories of deleted tasks, never rows without outputs.
-      for (const { id } of deleted) {
+      for (const id of deleted) {
         await fsp.rm(path.join(this.o.outputsRoot, id), { recursive: true, force: true });
       }
       total += deleted.length;

@@ -3,6 +3,7 @@
 export * from "./sql/claim.ts";
 export * from "./sql/complete.ts";
 export * from "./sql/reap.ts";
+export * from "./sql/retention.ts";
 export {
   CANCEL_CHANNEL,
   EVENTS_CHANNEL,

@@ -30,6 +30,14 @@ async function start(spec: WorkerSpec) {
   return p;
 }
 
+/** A rolling restart's step: a new worker joins, then the old one gets SIGTERM and exits 0 by itself. */
+async function replace(old: Awaited<ReturnType<typeof start>>, spec: WorkerSpec) {
+  const replacement = await start(spec);
+  old.child.kill("SIGTERM");
+  assert.equal(await old.exited, 0, "a worker exits 0 by itself after SIGTERM");
+  assert.ok(replacement.id);
+}
+
 test("a worker killed mid-run: its analysis dies with it, the lease expires, another worker finishes it, no tmp dir is left", async () => {
   const file = await env.file("a\n1\n");
   // The first attempt would sleep a minute: only the group guard can end it in time.
@@ -91,10 +99,7 @@ test("a rolling restart with runs in flight: none lost, none failed, no attempt 
       (await env.db.sql`select 1 from runs where task_id = ${taskId} and status = 'running'`).length >= 3,
   );
   for (const old of [a, b]) {
-    const replacement = await start(spec);
-    old.child.kill("SIGTERM");
-    assert.equal(await old.exited, 0, "a worker exits 0 by itself after SIGTERM");
-    assert.ok(replacement.id);
+    await replace(old, spec);
   }
   const task = await waitForTerminal(env.db.sql, taskId, 60_000);
   assert.deepEqual(task, {
@@ -126,10 +131,7 @@ test("a rolling restart of 3 workers during a 300-run task: none lost, none fail
   for (const [i, old] of workers.entries()) {
     // Roll while runs are in flight: after each third of the work has begun.
     await waitFor(async () => (await finished()) >= (i + 1) * 60, 60_000, `${(i + 1) * 60} runs done`);
-    const replacement = await start(spec);
-    old.child.kill("SIGTERM");
-    assert.equal(await old.exited, 0, "a worker exits 0 by itself after SIGTERM");
-    assert.ok(replacement.id);
+    await replace(old, spec);
   }
   const task = await waitForTerminal(env.db.sql, taskId, 120_000);
   assert.deepEqual(task, {

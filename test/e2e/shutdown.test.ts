@@ -35,6 +35,13 @@ const scrape = async (port: number) => {
   return res.text();
 };
 
+/** Until the task's run has started running (its process is up). */
+const runRunning = (taskId: string) =>
+  waitFor(
+    async () =>
+      (await env.db.sql`select 1 from runs where task_id = ${taskId} and status = 'running'`).length > 0,
+  );
+
 test("SIGTERM mid-run: the worker exits 0 within its grace, the run goes back unspent and another worker finishes it", async () => {
   const taskId = await env.task("summary", [bigFile], {}, 1);
   const [firstPort, secondPort] = [await freePort(), await freePort()];
@@ -45,10 +52,7 @@ test("SIGTERM mid-run: the worker exits 0 within its grace, the run goes back un
   const out = watch(first);
   const done = collect(first);
   await out.waitFor(/worker started/);
-  await waitFor(
-    async () =>
-      (await env.db.sql`select 1 from runs where task_id = ${taskId} and status = 'running'`).length > 0,
-  );
+  await runRunning(taskId);
   // The worker's own metrics endpoint: one live process, one claimed run.
   const during = await scrape(firstPort);
   assert.match(during, /assay_worker_attempts_live\{analysis_type="summary"\} 1\n/);
@@ -90,10 +94,7 @@ test("a second signal exits at once", async () => {
   const out = watch(w);
   const done = collect(w);
   await out.waitFor(/worker started/);
-  await waitFor(
-    async () =>
-      (await env.db.sql`select 1 from runs where task_id = ${taskId} and status = 'running'`).length > 0,
-  );
+  await runRunning(taskId);
   const t0 = Date.now();
   w.kill("SIGTERM");
   await out.waitFor(/shutting down/);

@@ -80,13 +80,11 @@ export async function waitFor<T>(
   }
 }
 
-export const TERMINAL: readonly string[] = TERMINAL_TASK_STATUSES;
-
 export const waitForTerminal = (sql: Sql, taskId: string, timeoutMs = 60_000) =>
   waitFor(
     async () => {
       const row = await taskRow(sql, taskId);
-      return TERMINAL.includes(row.status) ? row : undefined;
+      return (TERMINAL_TASK_STATUSES as readonly string[]).includes(row.status) ? row : undefined;
     },
     timeoutMs,
     `task ${taskId} to finish`,
