@@ -1,6 +1,6 @@
 // Claiming runs and keeping their leases (DESIGN §4.2–4.4).
 import type { Sql } from "../../db/client.ts";
-import { byId, type Json, type Lease, LIVE, notifyEvents } from "./shared.ts";
+import { byId, inLive, type Json, type Lease, notifyEvents } from "./shared.ts";
 
 /** Advisory-lock namespace of the per-type claim lock (the second key is hashtext(type)). */
 const CLAIM_LOCK_NAMESPACE = 0x636c6169; // "clai"
@@ -59,19 +59,25 @@ export async function runClaim(sql: Sql, o: ClaimOptions): Promise<ClaimedRun[]>
     // A separate statement: its snapshot is taken after the lock, so it sees every earlier claim.
     const [row] = await tx<{ live: number }[]>`
       select count(*)::int as live from runs
-      where analysis_type = ${o.analysisType} and status in ${tx(LIVE)}`;
+      where analysis_type = ${o.analysisType} and status ${inLive(tx)}`;
     const free = Math.min(o.limit, o.globalLimit - (row?.live ?? 0));
     return free > 0 ? claimStatement(tx as unknown as Sql, o, free, true) : [];
   });
 }
 
+// Written so that PostgreSQL can plan it once (see inLive): the limit is a literal — a parameter
+// there makes the generic plan assume a tenth of the table and lose to a plan made per call, so the
+// statement was re-planned on every claim (one prepared statement per distinct k, and k is at most
+// concurrency + prefetch) — and the update finds its rows by primary key from an array, which stays
+// an index scan whatever the candidates are estimated at.
 function claimStatement(sql: Sql, o: ClaimOptions, k: number, durable = false): Promise<ClaimedRun[]> {
+  if (!Number.isInteger(k) || k <= 0) throw new Error(`claim size must be a positive integer, got ${k}`);
   return sql<ClaimedRun[]>`
     with candidates as (
       select id from runs
       where status = 'queued' and analysis_type = ${o.analysisType} and run_after <= now()
       order by priority, id
-      limit ${k}
+      limit ${sql.unsafe(String(k))}
       for update skip locked
     ),
     claimed as (
@@ -83,8 +89,7 @@ function claimStatement(sql: Sql, o: ClaimOptions, k: number, durable = false): 
         lease_expires_at = now() + ${o.leaseTtlMs} * interval '1 millisecond',
         heartbeat_at = now(),
         started_at = coalesce(r.started_at, now())
-      from candidates c
-      where r.id = c.id
+      where r.id = any(array(select id from candidates))
       returning r.id, r.task_id, r.analysis_type, r.attempt, r.max_attempts, r.lease_token,
                 r.input_file_id, r.input_storage_key, r.input_name, r.input_size_bytes, r.input_sha256,
                 r.run_after
@@ -116,7 +121,7 @@ export function runHeartbeat(
   return sql<{ id: number; status: string }[]>`
     update runs r set lease_expires_at = now() + ${leaseTtlMs} * interval '1 millisecond', heartbeat_at = now()
     from jsonb_to_recordset(${sql.json(byId(leases) as unknown as Json)}) as i(id bigint, token uuid)
-    where r.id = i.id and r.lease_token = i.token and r.status in ${sql(LIVE)}
+    where r.id = i.id and r.lease_token = i.token and r.status ${inLive(sql)}
     returning r.id::float8 as id, r.status`;
 }
 
@@ -150,7 +155,7 @@ export function runProgress(sql: Sql, updates: ProgressUpdate[]): Promise<{ id: 
         status = case when r.status = 'starting' then 'running' else r.status end,
         progress = coalesce(i.progress, r.progress)
       from i
-      where r.id = i.id and r.lease_token = i.token and r.status in ${sql(LIVE)}
+      where r.id = i.id and r.lease_token = i.token and r.status ${inLive(sql)}
       returning r.id, r.task_id, r.status, r.attempt
     ),
     -- Events are inserted under their task's lock, so a task's event ids follow commit order.

@@ -2,7 +2,7 @@
 // (DESIGN §4.5–4.6).
 import type { Sql } from "../../db/client.ts";
 import type { TerminalRunStatus } from "../../tasks/states.ts";
-import { byId, countIntoTasks, type Json, type Lease, LIVE, notifyEvents } from "./shared.ts";
+import { byId, countIntoTasks, inLive, type Json, type Lease, notifyEvents } from "./shared.ts";
 
 export interface Outcome extends Lease {
   status: TerminalRunStatus;
@@ -50,7 +50,7 @@ export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<Comple
         lease_expires_at = null
       from jsonb_to_recordset(${sql.json(input as unknown as Json)})
         as i(id bigint, token uuid, status text, error_code text, error_message text, result jsonb)
-      where r.id = i.id and r.lease_token = i.token and r.status in ${sql(LIVE)}
+      where r.id = i.id and r.lease_token = i.token and r.status ${inLive(sql)}
         -- only a cancelling run may end cancelled (the state guard would reject the whole batch)
         and (i.status <> 'cancelled' or r.status = 'cancelling')
       returning r.id, r.task_id, r.status, r.attempt, r.error_code

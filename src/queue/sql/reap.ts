@@ -1,6 +1,6 @@
 // The reaper's statements (DESIGN §4.7).
 import type { Sql } from "../../db/client.ts";
-import { countIntoTasks, LIVE, MAX_BACKOFF_MS } from "./shared.ts";
+import { countIntoTasks, inLive, MAX_BACKOFF_MS } from "./shared.ts";
 
 export interface ReapOptions {
   batchSize: number;
@@ -25,7 +25,7 @@ export async function runReapExpired(sql: Sql, o: ReapOptions): Promise<ReapResu
   const [row] = await sql<ReapResult[]>`
     with expired as (
       select id, status, attempt, max_attempts from runs
-      where status in ${sql(LIVE)} and lease_expires_at < now()
+      where status ${inLive(sql)} and lease_expires_at < now()
       order by lease_expires_at
       limit ${o.batchSize}
       for update skip locked
