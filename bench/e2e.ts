@@ -7,6 +7,7 @@ import os from "node:os";
 import path from "node:path";
 import { performance } from "node:perf_hooks";
 import { findPrograms } from "../src/analyses/programs.ts";
+import { loadConfig } from "../src/config.ts";
 import { createDatabase } from "../src/db/client.ts";
 import { createLogger } from "../src/log.ts";
 import { NO_OBSERVER } from "../src/queue/observer.ts";
@@ -87,10 +88,22 @@ try {
   // Through Assay: one task of N runs, one worker at concurrency C, the production handler.
   const outputsRoot = path.join(dataDir, "outputs");
   let waiting = { left: 0, done: () => {} };
+  // The worker as `assay worker` runs it: kill grace, the analysis processes' CPU priority and
+  // prefetch from the configuration (its defaults, or ASSAY_* from the environment).
+  const config = loadConfig();
   const worker = new Worker({
     sql,
     logger: createLogger({ level: "warn", destination: process.stderr }),
-    types: { summary: { handler: processHandler(summary, { storage, outputsRoot, killGraceMs: 5000 }) } },
+    types: {
+      summary: {
+        handler: processHandler(summary, {
+          storage,
+          outputsRoot,
+          killGraceMs: config.killGraceMs,
+          nice: config.childNice,
+        }),
+      },
+    },
     concurrency: C,
     leaseTtlMs: 30_000,
     pollIntervalMs: 2000,
@@ -104,7 +117,7 @@ try {
         if (--waiting.left === 0) waiting.done();
       },
     },
-    prefetch: Number(process.env.ASSAY_PREFETCH ?? 0),
+    prefetch: config.prefetch,
   });
   await worker.start();
   const assayRound = async () => {

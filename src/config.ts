@@ -165,6 +165,12 @@ const FIELDS = {
     schema: Type.Integer({ minimum: 0, default: 5000 }),
     description: "Between SIGTERM and SIGKILL to an analysis process group on timeout, cancel or shutdown.",
   },
+  childNice: {
+    env: "ASSAY_CHILD_NICE",
+    schema: Type.Integer({ minimum: 0, maximum: 19, default: 10 }),
+    description:
+      "CPU priority (nice) of analysis processes and what they start; 0 = the worker's own. Above the worker's, they yield the CPU to the worker, its lease heartbeats and a PostgreSQL on the same machine.",
+  },
   shutdownGraceMs: {
     env: "ASSAY_SHUTDOWN_GRACE_MS",
     schema: Type.Integer({ minimum: 0, default: 25_000 }),

@@ -47,7 +47,13 @@ export async function startWorkerRuntime(
   for (const program of found.available) {
     const settings = typeSettings(config, program.type as AnalysisType);
     types[program.type] = {
-      handler: processHandler(program, { storage, outputsRoot, killGraceMs: config.killGraceMs, guard }),
+      handler: processHandler(program, {
+        storage,
+        outputsRoot,
+        killGraceMs: config.killGraceMs,
+        guard,
+        nice: config.childNice,
+      }),
       globalLimit: settings.concurrency,
       timeoutMs: settings.timeoutMs,
     };

@@ -19,6 +19,8 @@ export interface ProcessHandlerDeps {
   killGraceMs: number;
   /** Kills this worker's process groups if it dies (see group-guard.ts). */
   guard?: GroupRegistry;
+  /** CPU priority of the analysis processes (ASSAY_CHILD_NICE). */
+  nice?: number;
 }
 
 /** The child's whole environment: an allowlist, never the service's own (no DATABASE_URL, no tokens). */
@@ -142,7 +144,11 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
           env: childEnv(await home),
         },
         signal,
-        { killGraceMs: deps.killGraceMs, ...(deps.guard ? { guard: deps.guard } : {}) },
+        {
+          killGraceMs: deps.killGraceMs,
+          ...(deps.guard ? { guard: deps.guard } : {}),
+          ...(deps.nice === undefined ? {} : { nice: deps.nice }),
+        },
         (p) => reportProgress(p.percent, p.message),
         finishing,
       );

@@ -5,6 +5,7 @@
 // HTTP or SQL; the caller maps the result to an outcome.
 
 import { type ChildProcess, spawn } from "node:child_process";
+import os from "node:os";
 import type { GroupRegistry } from "./group-guard.ts";
 import {
   DEFAULT_JSONL_LIMITS,
@@ -36,6 +37,11 @@ export interface RunLimits {
   stderrBytes?: number;
   /** Told about the process group, so it dies with the worker (see group-guard.ts). */
   guard?: GroupRegistry;
+  /**
+   * Niceness of the process, inherited by what it starts; only ever raised above this process's own
+   * (absent or lower: the process keeps ours).
+   */
+  nice?: number;
 }
 
 export interface ProcessResult {
@@ -158,7 +164,10 @@ export function runProcess(
       }
     });
     const pgid = child.pid;
-    if (pgid !== undefined) limits.guard?.add(pgid);
+    if (pgid !== undefined) {
+      limits.guard?.add(pgid);
+      if (limits.nice !== undefined) yieldCpu(pgid, limits.nice);
+    }
     child.stdout?.on("data", (chunk: Buffer) => {
       if (state.protocolError) return; // stop parsing; keep draining so the child never blocks
       try {
@@ -189,4 +198,17 @@ export function runProcess(
     else signal.addEventListener("abort", onAbort, { once: true });
     if (limits.timeoutMs !== undefined) timeoutTimer = setTimeout(onTimeout, limits.timeoutMs);
   });
+}
+
+/**
+ * Lowers a just-spawned process's CPU priority to `nice` (never raises it: that needs privileges).
+ * spawn returns while the child is still starting the program, so in practice the program runs — and
+ * starts its own children — at the new priority from its beginning.
+ */
+function yieldCpu(pid: number, nice: number): void {
+  try {
+    if (nice > os.getPriority()) os.setPriority(pid, nice);
+  } catch {
+    // ESRCH: it has already exited. Priority is an optimisation; the run goes on either way.
+  }
 }

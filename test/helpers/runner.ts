@@ -44,7 +44,7 @@ export interface RunnerEnv {
   ): Promise<string>;
   worker(
     programs: (Program & { timeoutMs?: number })[],
-    options?: { concurrency?: number; leaseTtlMs?: number; killGraceMs?: number },
+    options?: { concurrency?: number; leaseTtlMs?: number; killGraceMs?: number; nice?: number },
   ): Worker;
   /** The HTTP app over this database and data directory (closed with the env). */
   app(): Promise<FastifyInstance>;
@@ -86,7 +86,12 @@ export async function runnerEnv(): Promise<RunnerEnv> {
       const types: Record<string, TypeOptions> = {};
       for (const p of programs) {
         types[p.type] = {
-          handler: processHandler(p, { storage, outputsRoot, killGraceMs: o.killGraceMs ?? 500 }),
+          handler: processHandler(p, {
+            storage,
+            outputsRoot,
+            killGraceMs: o.killGraceMs ?? 500,
+            ...(o.nice === undefined ? {} : { nice: o.nice }),
+          }),
           ...(p.timeoutMs === undefined ? {} : { timeoutMs: p.timeoutMs }),
         };
       }

@@ -1,6 +1,7 @@
 // The seed's process scenarios, each through a real worker, real files and a real child process.
 import assert from "node:assert/strict";
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
@@ -19,10 +20,13 @@ let typeSeq = 0;
 async function runOne(
   parameters: Record<string, unknown>,
   program: Partial<Parameters<typeof fixtureProgram>[1]> & { timeoutMs?: number } = {},
-  o: { fileId?: string; killGraceMs?: number; maxAttempts?: number } = {},
+  o: { fileId?: string; killGraceMs?: number; maxAttempts?: number; nice?: number } = {},
 ) {
   const type = `fx-${++typeSeq}`;
-  const w = env.worker([{ ...fixtureProgram(type), ...program }], { killGraceMs: o.killGraceMs ?? 500 });
+  const w = env.worker([{ ...fixtureProgram(type), ...program }], {
+    killGraceMs: o.killGraceMs ?? 500,
+    ...(o.nice === undefined ? {} : { nice: o.nice }),
+  });
   const taskId = await env.task(type, [o.fileId ?? input], parameters, o.maxAttempts ?? 1);
   await w.start();
   const task = await waitForTerminal(env.db.sql, taskId, 30_000);
@@ -101,6 +105,17 @@ describe("starting", () => {
     assert.equal(seen.cwd, path.dirname(FIXTURE));
     assert.equal(seen.argv[0], "--input");
     assert.ok(!JSON.stringify(seen.env).includes("postgres://"));
+  });
+
+  test("the program and what it starts run at the configured CPU priority, never above the worker's", async () => {
+    const own = os.getPriority();
+    const lowered = await runOne({ mode: "priority" }, {}, { nice: Math.min(19, own + 7) });
+    assert.equal(lowered.run.status, "succeeded");
+    const want = Math.min(19, own + 7);
+    assert.deepEqual(lowered.run.result?.metrics, { nice: want, childNice: want });
+    // A setting at or below the worker's own leaves the worker's (raising it would need privileges).
+    const kept = await runOne({ mode: "priority" }, {}, { nice: 0 });
+    assert.deepEqual(kept.run.result?.metrics, { nice: own, childNice: own });
   });
 });
 
