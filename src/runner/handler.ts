@@ -163,8 +163,8 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
           ? checkOutputs(dirs.tmp, result.result.outputFileName)
           : undefined;
       const outcome = outcomeOf(result, check);
-      if (outcome.status === "succeeded") {
-        await publishOutputs(dirs);
+      if (outcome.status === "succeeded" && result.result) {
+        await publishOutputs(dirs, result.result.outputFileName);
         published = true;
       }
       return outcome;

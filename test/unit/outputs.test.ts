@@ -12,6 +12,7 @@ import {
   OUTPUT_LIMITS,
   publishOutputs,
 } from "../../src/runner/outputs.ts";
+import { outputFiles } from "../../src/tasks/outputs.ts";
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), "assay-outputs-"));
 after(() => fs.rmSync(root, { recursive: true, force: true }));
@@ -32,7 +33,7 @@ test("the same attempt number under two leases: two folders; the abandoned one's
   assert.notEqual(old.tmp, current.tmp);
   write(old.tmp, "result.json", "old");
   write(current.tmp, "result.json", "new");
-  await publishOutputs(current);
+  await publishOutputs(current, "result.json");
   await discardOutputs(old); // the old attempt's completion was fenced off
   assert.equal(fs.readFileSync(path.join(current.final, "result.json"), "utf8"), "new");
   assert.ok(!fs.existsSync(old.tmp));
@@ -45,7 +46,7 @@ test("publishing attempt n removes earlier attempts' folders, never a later one'
   write(first.tmp, "result.json", "1");
   write(second.tmp, "result.json", "2");
   write(third.tmp, "partial.json", "3");
-  await publishOutputs(second);
+  await publishOutputs(second, "result.json");
   assert.ok(!fs.existsSync(first.tmp), "the earlier attempt's leftover is gone");
   assert.ok(fs.existsSync(third.tmp), "the later attempt's folder is untouched");
   assert.equal(fs.readFileSync(path.join(second.final, "result.json"), "utf8"), "2");
@@ -55,15 +56,19 @@ test("a late attempt's discard removes the published folder only when it publish
   const late = attemptDirs(root, 3, 9, 1, TOKEN_A);
   const newer = attemptDirs(root, 3, 9, 2, TOKEN_B);
   write(late.tmp, "result.json", "late");
-  await publishOutputs(late);
+  await publishOutputs(late, "result.json");
   write(newer.tmp, "result.json", "newer");
-  await publishOutputs(newer);
+  await publishOutputs(newer, "result.json");
   await discardOutputs(late);
   assert.equal(fs.readFileSync(path.join(newer.final, "result.json"), "utf8"), "newer");
 
   const fenced = attemptDirs(root, 3, 10, 1, TOKEN_C);
   write(fenced.tmp, "result.json", "fenced");
-  await publishOutputs(fenced);
+  await publishOutputs(fenced, "result.json");
+  // The marker is a second name of the result file (no inode of its own), hidden from downloads.
+  const marker = path.join(fenced.final, fenced.marker);
+  assert.equal(fs.statSync(marker).ino, fs.statSync(path.join(fenced.final, "result.json")).ino);
+  assert.deepEqual(await outputFiles(fenced.final), ["result.json"]);
   await discardOutputs(fenced); // its completion was fenced off after it published
   assert.ok(!fs.existsSync(fenced.final));
 });
