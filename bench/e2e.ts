@@ -19,8 +19,11 @@ import { benchDatabase, report } from "./lib/db.ts";
 
 const N = Number(process.env.BENCH_E2E_N ?? 200);
 const C = 2;
-/** Plain and Assay rounds of N runs each, interleaved. */
-const ROUNDS = Number(process.env.BENCH_E2E_ROUNDS ?? 4);
+/**
+ * Plain and Assay rounds of N runs each, interleaved. One round's ratio moves by ±0.1 on this machine
+ * (its speed drifts between rounds), so the default is 8 pairs.
+ */
+const ROUNDS = Number(process.env.BENCH_E2E_ROUNDS ?? 8);
 const summary = findPrograms({}).available.find((p) => p.type === "summary");
 if (!summary) throw new Error("summary program not found");
 
