@@ -17,6 +17,7 @@ export const OUTPUT_LIMITS = {
 
 /** Names a script may give its outputs: a plain file name, no path, no leading dot. */
 export const SAFE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+
 export interface AttemptDirs {
   tmp: string;
   final: string;

@@ -26,6 +26,7 @@ export const NOTIFY_MAX_BYTES = 7000;
 export function inLive(sql: Pick<Sql, "unsafe">) {
   return sql.unsafe(`in (${LIVE_RUN_STATUSES.map((s) => `'${s}'`).join(", ")})`);
 }
+
 /** Element type oid for sql.array() of bigint ids. */
 export const INT8_OID = 20;
 
