@@ -203,7 +203,8 @@ export function runProcess(
 /**
  * Lowers a just-spawned process's CPU priority to `nice` (never raises it: that needs privileges).
  * spawn returns while the child is still starting the program, so in practice the program runs — and
- * starts its own children — at the new priority from its beginning.
+ * starts its own children — at the new priority from its beginning. The pid is still this child's: it
+ * cannot be reaped (and reused) before this synchronous code returns to the event loop.
  */
 function yieldCpu(pid: number, nice: number): void {
   try {
