@@ -111,11 +111,10 @@ export async function publishOutputs(dirs: AttemptDirs, resultFile: string): Pro
 async function removeEarlierAttempts(dirs: AttemptDirs): Promise<void> {
   const taskDir = path.dirname(dirs.final);
   const runId = path.basename(dirs.final);
-  const attempt = dirs.attempt;
   const names = await fsp.readdir(taskDir).catch(() => [] as string[]);
   for (const name of names) {
     const m = /^(\d+)\.(\d+)\.[0-9a-f-]+\.tmp$/.exec(name);
-    if (m && m[1] === runId && Number(m[2]) < attempt) {
+    if (m && m[1] === runId && Number(m[2]) < dirs.attempt) {
       await fsp.rm(path.join(taskDir, name), { recursive: true, force: true });
     }
   }
