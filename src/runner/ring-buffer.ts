@@ -1,14 +1,19 @@
 // Keeps the last `capacity` bytes written to it (a child's stderr, for diagnostics only).
 export class RingBuffer {
-  private readonly buffer: Buffer;
+  /**
+   * Allocated on the first write: most programs write nothing to stderr, and a 64 KiB buffer per run
+   * was most of what the worker allocated per run — enough to force a full garbage collection every
+   * hundred runs. Never read beyond what was written, so it need not be zeroed.
+   */
+  private buffer: Buffer | undefined;
   private end = 0;
   private filled = false;
 
-  constructor(readonly capacity = 64 * 1024) {
-    this.buffer = Buffer.alloc(capacity);
-  }
+  constructor(readonly capacity = 64 * 1024) {}
 
   write(chunk: Buffer): void {
+    if (chunk.length === 0) return;
+    this.buffer ??= Buffer.allocUnsafe(this.capacity);
     if (chunk.length >= this.capacity) {
       chunk.copy(this.buffer, 0, chunk.length - this.capacity);
       this.end = 0;
@@ -32,6 +37,7 @@ export class RingBuffer {
 
   /** The retained bytes, oldest first. */
   contents(): Buffer {
+    if (!this.buffer) return Buffer.alloc(0);
     return this.filled
       ? Buffer.concat([this.buffer.subarray(this.end), this.buffer.subarray(0, this.end)])
       : Buffer.from(this.buffer.subarray(0, this.end));

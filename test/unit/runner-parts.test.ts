@@ -37,6 +37,10 @@ test("JSON Lines: protocol violations", () => {
 
 test("ring buffer keeps the last bytes, oldest first, across wraps", () => {
   const ring = new RingBuffer(8);
+  assert.equal(ring.contents().length, 0, "nothing written, nothing kept");
+  assert.equal(ring.tail(3), "");
+  ring.write(b(""));
+  assert.equal(ring.contents().length, 0);
   ring.write(b("abc"));
   assert.equal(ring.contents().toString(), "abc");
   ring.write(b("defgh"));
