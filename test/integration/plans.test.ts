@@ -57,13 +57,68 @@ test("claim, progress, heartbeat and completion reuse a generic plan", async () 
   };
   const statements = {
     claim: find(/with candidates as/),
-    progress: find(/with i as \(/),
+    progress: find(/prev as \(/),
     heartbeat: find(/update runs r set lease_expires_at/),
-    completion: find(/with done as/),
+    completion: find(/done as \(\s*update runs/),
   };
   for (const [name, p] of Object.entries(statements)) {
     // PostgreSQL makes custom plans for the first five executions, then compares.
     assert.ok(p.custom <= 5, `${name}: ${p.custom} custom plans for ${CALLS} executions`);
     assert.equal(p.generic + p.custom, CALLS, `${name}: every execution counted`);
+  }
+});
+
+// A statement that looks runs up by id reads them by primary key. Matched to runs_live_idx (few live
+// rows by the statistics), it read every entry that index had collected since the last vacuum — one
+// per state change or heartbeat of every run — and their heap pages.
+test("progress, heartbeat and completion find their runs by primary key, not the live-runs index", async (t) => {
+  const [{ version }] = (await db.sql`select current_setting('server_version_num')::int as version`) as [
+    { version: number },
+  ];
+  if (version < 160000) {
+    t.skip(`EXPLAIN (GENERIC_PLAN) needs PostgreSQL 16 or later (server is ${version})`);
+    return;
+  }
+  const owner = await seedUser(db.sql, "lookups");
+  await createTask(db.sql, owner, "lookups", 500);
+  // Live runs, as the statistics will see them: a few (every claim leaves one more index entry).
+  for (let i = 0; i < 3; i++) {
+    await runClaim(one.sql, {
+      workerId: "w",
+      analysisType: "lookups",
+      limit: 1,
+      globalLimit: 0,
+      leaseTtlMs: 30_000,
+    });
+  }
+  await db.sql`analyze runs`;
+  const [run] = await runClaim(one.sql, {
+    workerId: "w",
+    analysisType: "lookups",
+    limit: 1,
+    globalLimit: 0,
+    leaseTtlMs: 30_000,
+  });
+  assert.ok(run);
+  const lease = { id: run.id, token: run.leaseToken };
+  await runProgress(one.sql, [{ ...lease, progress: 10 }]);
+  await runHeartbeat(one.sql, [lease], 30_000);
+  await runComplete(one.sql, [{ ...lease, status: "succeeded", result: { metrics: {} } }]);
+  const prepared = await one.sql<{ statement: string }[]>`
+    select statement from pg_prepared_statements where from_sql = false`;
+  const statements = {
+    progress: /prev as \(/,
+    heartbeat: /update runs r set lease_expires_at/,
+    completion: /done as \(\s*update runs/,
+  };
+  for (const [name, pattern] of Object.entries(statements)) {
+    const found = prepared.filter((p) => pattern.test(p.statement));
+    assert.equal(found.length, 1, `one prepared statement for ${name}`);
+    const plan = await db.sql.unsafe(
+      `explain (generic_plan) ${(found[0] as { statement: string }).statement}`,
+    );
+    const text = plan.map((row) => String(Object.values(row)[0])).join("\n");
+    assert.doesNotMatch(text, /runs_live_idx/, `${name} does not use runs_live_idx:\n${text}`);
+    assert.match(text, /runs_pkey/, `${name} uses runs_pkey:\n${text}`);
   }
 });

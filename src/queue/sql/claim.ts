@@ -1,6 +1,6 @@
 // Claiming runs and keeping their leases (DESIGN §4.2–4.4).
 import type { Sql } from "../../db/client.ts";
-import { byId, inLive, type Json, type Lease, notifyEvents } from "./shared.ts";
+import { byId, inLive, type Json, type Lease, liveById, notifyEvents } from "./shared.ts";
 
 /** Advisory-lock namespace of the per-type claim lock (the second key is hashtext(type)). */
 const CLAIM_LOCK_NAMESPACE = 0x636c6169; // "clai"
@@ -119,9 +119,13 @@ export function runHeartbeat(
 ): Promise<{ id: number; status: string }[]> {
   if (leases.length === 0) return Promise.resolve([]);
   return sql<{ id: number; status: string }[]>`
+    with i as (
+      select * from jsonb_to_recordset(${sql.json(byId(leases) as unknown as Json)}) as i(id bigint, token uuid)
+    )
     update runs r set lease_expires_at = now() + ${leaseTtlMs} * interval '1 millisecond', heartbeat_at = now()
-    from jsonb_to_recordset(${sql.json(byId(leases) as unknown as Json)}) as i(id bigint, token uuid)
-    where r.id = i.id and r.lease_token = i.token and r.status ${inLive(sql)}
+    from i
+    where r.id = any(array(select id from i)) and r.id = i.id and r.lease_token = i.token
+      and r.status ${liveById(sql)}
     returning r.id::float8 as id, r.status`;
 }
 
@@ -155,7 +159,8 @@ export function runProgress(sql: Sql, updates: ProgressUpdate[]): Promise<{ id: 
         status = case when r.status = 'starting' then 'running' else r.status end,
         progress = coalesce(i.progress, r.progress)
       from i
-      where r.id = i.id and r.lease_token = i.token and r.status ${inLive(sql)}
+      where r.id = any(array(select id from i)) and r.id = i.id and r.lease_token = i.token
+        and r.status ${liveById(sql)}
       returning r.id, r.task_id, r.status, r.attempt
     ),
     -- Events are inserted under their task's lock, so a task's event ids follow commit order.

@@ -2,7 +2,7 @@
 // (DESIGN §4.5–4.6).
 import type { Sql } from "../../db/client.ts";
 import type { TerminalRunStatus } from "../../tasks/states.ts";
-import { byId, countIntoTasks, inLive, type Json, type Lease, notifyEvents } from "./shared.ts";
+import { byId, countIntoTasks, type Json, type Lease, liveById, notifyEvents } from "./shared.ts";
 
 export interface Outcome extends Lease {
   status: TerminalRunStatus;
@@ -37,7 +37,11 @@ export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<Comple
   const [row] = await sql<
     { completed: number[] | null; finished: CompletionResult["finishedTasks"] | null }[]
   >`
-    with done as (
+    with i as (
+      select * from jsonb_to_recordset(${sql.json(input as unknown as Json)})
+        as i(id bigint, token uuid, status text, error_code text, error_message text, result jsonb)
+    ),
+    done as (
       update runs r set
         status = i.status,
         finished_at = now(),
@@ -48,9 +52,9 @@ export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<Comple
         lease_token = null,
         lease_owner = null,
         lease_expires_at = null
-      from jsonb_to_recordset(${sql.json(input as unknown as Json)})
-        as i(id bigint, token uuid, status text, error_code text, error_message text, result jsonb)
-      where r.id = i.id and r.lease_token = i.token and r.status ${inLive(sql)}
+      from i
+      where r.id = any(array(select id from i)) and r.id = i.id and r.lease_token = i.token
+        and r.status ${liveById(sql)}
         -- only a cancelling run may end cancelled (the state guard would reject the whole batch)
         and (i.status <> 'cancelled' or r.status = 'cancelling')
       returning r.id, r.task_id, r.status, r.attempt, r.error_code

@@ -2,7 +2,7 @@
 // which ends runs or writes events uses. Locking order, everywhere: run rows first, then task rows in
 // id order; a statement touching several tasks locks them with `... order by id for update` first.
 import type { Sql } from "../../db/client.ts";
-import { LIVE_RUN_STATUSES } from "../../tasks/states.ts";
+import { LIVE_RUN_STATUSES, RUN_STATUSES } from "../../tasks/states.ts";
 
 /** Retry delays never exceed this. */
 export const MAX_BACKOFF_MS = 5 * 60 * 1000;
@@ -25,6 +25,19 @@ export const NOTIFY_MAX_BYTES = 7000;
  */
 export function inLive(sql: Pick<Sql, "unsafe">) {
   return sql.unsafe(`in (${LIVE_RUN_STATUSES.map((s) => `'${s}'`).join(", ")})`);
+}
+
+/**
+ * The same test as inLive(), written so that it cannot use a partial index: `not in` the other
+ * statuses. For statements that look runs up by id (completion, progress, heartbeat): with inLive()
+ * PostgreSQL took runs_live_idx — few live rows by its statistics — and read every entry the index
+ * had collected since the last vacuum (each state change or heartbeat of a live run leaves one
+ * behind: hundreds per live run here), then their heap pages. By primary key it reads the rows
+ * asked for. Built from the same status list, so a new status cannot fall through.
+ */
+export function liveById(sql: Pick<Sql, "unsafe">) {
+  const others = RUN_STATUSES.filter((s) => !(LIVE_RUN_STATUSES as readonly string[]).includes(s));
+  return sql.unsafe(`not in (${others.map((s) => `'${s}'`).join(", ")})`);
 }
 
 /** Element type oid for sql.array() of bigint ids. */
