@@ -25,18 +25,33 @@ const CALLS = 20;
 /** Enough rows that a bad generic plan (a sequential scan) costs more than planning per call. */
 const RUNS = 2000;
 
+/** How each hot statement is told apart in pg_prepared_statements. */
+const STATEMENTS = {
+  claim: /with candidates as/,
+  progress: /prev as \(/,
+  heartbeat: /update runs r set lease_expires_at/,
+  completion: /done as \(\s*update runs/,
+};
+
+/** The one prepared statement matching `pattern` on the test's connection. */
+async function prepared(pattern: RegExp) {
+  const rows = await one.sql<{ statement: string; generic: number; custom: number }[]>`
+    select statement, generic_plans::int as generic, custom_plans::int as custom
+    from pg_prepared_statements where from_sql = false`;
+  const found = rows.filter((p) => pattern.test(p.statement));
+  assert.equal(found.length, 1, `one prepared statement matches ${pattern}`);
+  return found[0] as (typeof rows)[number];
+}
+
+const claimOne = (analysisType: string) =>
+  runClaim(one.sql, { workerId: "w", analysisType, limit: 1, globalLimit: 0, leaseTtlMs: 30_000 });
+
 test("claim, progress, heartbeat and completion reuse a generic plan", async () => {
   const owner = await seedUser(db.sql, "plans");
   const taskId = await createTask(db.sql, owner, "plans", RUNS);
   await db.sql`analyze runs`;
   for (let i = 0; i < CALLS; i++) {
-    const [run] = await runClaim(one.sql, {
-      workerId: "w",
-      analysisType: "plans",
-      limit: 1,
-      globalLimit: 0,
-      leaseTtlMs: 30_000,
-    });
+    const [run] = await claimOne("plans");
     assert.ok(run, `claim ${i} found a run`);
     const lease = { id: run.id, token: run.leaseToken };
     assert.equal((await runProgress(one.sql, [{ ...lease, progress: 50 }])).length, 1);
@@ -47,21 +62,8 @@ test("claim, progress, heartbeat and completion reuse a generic plan", async () 
   const [task] = await db.sql`select status, succeeded_count from tasks where id = ${taskId}`;
   assert.deepEqual(task, { status: "running", succeeded_count: CALLS });
 
-  const plans = await one.sql<{ statement: string; generic: number; custom: number }[]>`
-    select statement, generic_plans::int as generic, custom_plans::int as custom
-    from pg_prepared_statements where from_sql = false`;
-  const find = (pattern: RegExp) => {
-    const found = plans.filter((p) => pattern.test(p.statement));
-    assert.equal(found.length, 1, `one prepared statement matches ${pattern}`);
-    return found[0] as (typeof plans)[number];
-  };
-  const statements = {
-    claim: find(/with candidates as/),
-    progress: find(/prev as \(/),
-    heartbeat: find(/update runs r set lease_expires_at/),
-    completion: find(/done as \(\s*update runs/),
-  };
-  for (const [name, p] of Object.entries(statements)) {
+  for (const [name, pattern] of Object.entries(STATEMENTS)) {
+    const p = await prepared(pattern);
     // PostgreSQL makes custom plans for the first five executions, then compares.
     assert.ok(p.custom <= 5, `${name}: ${p.custom} custom plans for ${CALLS} executions`);
     assert.equal(p.generic + p.custom, CALLS, `${name}: every execution counted`);
@@ -82,41 +84,18 @@ test("progress, heartbeat and completion find their runs by primary key, not the
   const owner = await seedUser(db.sql, "lookups");
   await createTask(db.sql, owner, "lookups", 500);
   // Live runs, as the statistics will see them: a few (every claim leaves one more index entry).
-  for (let i = 0; i < 3; i++) {
-    await runClaim(one.sql, {
-      workerId: "w",
-      analysisType: "lookups",
-      limit: 1,
-      globalLimit: 0,
-      leaseTtlMs: 30_000,
-    });
-  }
+  for (let i = 0; i < 3; i++) await claimOne("lookups");
   await db.sql`analyze runs`;
-  const [run] = await runClaim(one.sql, {
-    workerId: "w",
-    analysisType: "lookups",
-    limit: 1,
-    globalLimit: 0,
-    leaseTtlMs: 30_000,
-  });
+  const [run] = await claimOne("lookups");
   assert.ok(run);
   const lease = { id: run.id, token: run.leaseToken };
   await runProgress(one.sql, [{ ...lease, progress: 10 }]);
   await runHeartbeat(one.sql, [lease], 30_000);
   await runComplete(one.sql, [{ ...lease, status: "succeeded", result: { metrics: {} } }]);
-  const prepared = await one.sql<{ statement: string }[]>`
-    select statement from pg_prepared_statements where from_sql = false`;
-  const statements = {
-    progress: /prev as \(/,
-    heartbeat: /update runs r set lease_expires_at/,
-    completion: /done as \(\s*update runs/,
-  };
-  for (const [name, pattern] of Object.entries(statements)) {
-    const found = prepared.filter((p) => pattern.test(p.statement));
-    assert.equal(found.length, 1, `one prepared statement for ${name}`);
-    const plan = await db.sql.unsafe(
-      `explain (generic_plan) ${(found[0] as { statement: string }).statement}`,
-    );
+  const { progress, heartbeat, completion } = STATEMENTS;
+  for (const [name, pattern] of Object.entries({ progress, heartbeat, completion })) {
+    const { statement } = await prepared(pattern);
+    const plan = await db.sql.unsafe(`explain (generic_plan) ${statement}`);
     const text = plan.map((row) => String(Object.values(row)[0])).join("\n");
     assert.doesNotMatch(text, /runs_live_idx/, `${name} does not use runs_live_idx:\n${text}`);
     assert.match(text, /runs_pkey/, `${name} uses runs_pkey:\n${text}`);

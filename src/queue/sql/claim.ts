@@ -1,6 +1,6 @@
 // Claiming runs and keeping their leases (DESIGN §4.2–4.4).
 import type { Sql } from "../../db/client.ts";
-import { byId, inLive, type Json, type Lease, liveById, notifyEvents } from "./shared.ts";
+import { byId, inLive, type Json, type Lease, matchesLease, notifyEvents } from "./shared.ts";
 
 /** Advisory-lock namespace of the per-type claim lock (the second key is hashtext(type)). */
 const CLAIM_LOCK_NAMESPACE = 0x636c6169; // "clai"
@@ -68,8 +68,9 @@ export async function runClaim(sql: Sql, o: ClaimOptions): Promise<ClaimedRun[]>
 // Written so that PostgreSQL can plan it once (see inLive): the limit is a literal — a parameter
 // there makes the generic plan assume a tenth of the table and lose to a plan made per call, so the
 // statement was re-planned on every claim (one prepared statement per distinct k, and k is at most
-// concurrency + prefetch) — and the update finds its rows by primary key from an array, which stays
-// an index scan whatever the candidates are estimated at.
+// concurrency + prefetch) — and the update finds its rows by primary key from an array. (While
+// `runs` is young and its statistics say it is tiny, PostgreSQL still scans it sequentially here;
+// after ANALYZE it is an index scan.)
 function claimStatement(sql: Sql, o: ClaimOptions, k: number, durable = false): Promise<ClaimedRun[]> {
   if (!Number.isInteger(k) || k <= 0) throw new Error(`claim size must be a positive integer, got ${k}`);
   return sql<ClaimedRun[]>`
@@ -124,8 +125,7 @@ export function runHeartbeat(
     )
     update runs r set lease_expires_at = now() + ${leaseTtlMs} * interval '1 millisecond', heartbeat_at = now()
     from i
-    where r.id = any(array(select id from i)) and r.id = i.id and r.lease_token = i.token
-      and r.status ${liveById(sql)}
+    where ${matchesLease(sql)}
     returning r.id::float8 as id, r.status`;
 }
 
@@ -159,8 +159,7 @@ export function runProgress(sql: Sql, updates: ProgressUpdate[]): Promise<{ id: 
         status = case when r.status = 'starting' then 'running' else r.status end,
         progress = coalesce(i.progress, r.progress)
       from i
-      where r.id = any(array(select id from i)) and r.id = i.id and r.lease_token = i.token
-        and r.status ${liveById(sql)}
+      where ${matchesLease(sql)}
       returning r.id, r.task_id, r.status, r.attempt
     ),
     -- Events are inserted under their task's lock, so a task's event ids follow commit order.

@@ -2,7 +2,7 @@
 // (DESIGN §4.5–4.6).
 import type { Sql } from "../../db/client.ts";
 import type { TerminalRunStatus } from "../../tasks/states.ts";
-import { byId, countIntoTasks, type Json, type Lease, liveById, notifyEvents } from "./shared.ts";
+import { byId, countIntoTasks, type Json, type Lease, matchesLease, notifyEvents } from "./shared.ts";
 
 export interface Outcome extends Lease {
   status: TerminalRunStatus;
@@ -53,8 +53,7 @@ export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<Comple
         lease_owner = null,
         lease_expires_at = null
       from i
-      where r.id = any(array(select id from i)) and r.id = i.id and r.lease_token = i.token
-        and r.status ${liveById(sql)}
+      where ${matchesLease(sql)}
         -- only a cancelling run may end cancelled (the state guard would reject the whole batch)
         and (i.status <> 'cancelled' or r.status = 'cancelling')
       returning r.id, r.task_id, r.status, r.attempt, r.error_code

@@ -28,16 +28,19 @@ export function inLive(sql: Pick<Sql, "unsafe">) {
 }
 
 /**
- * The same test as inLive(), written so that it cannot use a partial index: `not in` the other
- * statuses. For statements that look runs up by id (completion, progress, heartbeat): with inLive()
- * PostgreSQL took runs_live_idx — few live rows by its statistics — and read every entry the index
- * had collected since the last vacuum (each state change or heartbeat of a live run leaves one
- * behind: hundreds per live run here), then their heap pages. By primary key it reads the rows
- * asked for. Built from the same status list, so a new status cannot fall through.
+ * The WHERE clause of a statement that updates the runs a batch names (completion, progress,
+ * heartbeat), for `runs r` and a CTE `i` (id, token): the runs of the batch, by primary key, still
+ * held by the batch's lease and live. Liveness is written as `not in` the other statuses (built from
+ * the same list as inLive(), so a new status cannot fall through) because inLive() here let
+ * PostgreSQL take runs_live_idx — few live rows by its statistics — and read every entry that index
+ * had collected since the last vacuum (each state change or heartbeat of a live run leaves one:
+ * hundreds per live run), then their heap pages. The ids come from the batch as an array, not from a
+ * parameter, so generic and custom plans estimate them alike and the generic plan is kept.
  */
-export function liveById(sql: Pick<Sql, "unsafe">) {
+export function matchesLease(sql: Sql) {
   const others = RUN_STATUSES.filter((s) => !(LIVE_RUN_STATUSES as readonly string[]).includes(s));
-  return sql.unsafe(`not in (${others.map((s) => `'${s}'`).join(", ")})`);
+  return sql`r.id = any(array(select id from i)) and r.id = i.id and r.lease_token = i.token
+        and r.status ${sql.unsafe(`not in (${others.map((s) => `'${s}'`).join(", ")})`)}`;
 }
 
 /** Element type oid for sql.array() of bigint ids. */
