@@ -35,7 +35,7 @@ try {
   fs.mkdirSync(path.join(dataDir, "files"));
   const [user] = await sql<
     { id: number }[]
-  >`insert into users (name, role) values ('bench-e2e', 'admin') returning id::int`;
+  >`insert into users (name, role) values ('bench-e2e', 'admin') returning id::float8`;
   const owner = { userId: user?.id as number, name: "bench-e2e", role: "admin" as const };
   const ids: string[] = [];
   for (let i = 0; i < N; i++) {

@@ -56,7 +56,7 @@ try {
   const base = `http://127.0.0.1:${port}`;
   const [user] = await sql<
     { id: number }[]
-  >`insert into users (name, role) values ('sse-bench', 'admin') returning id::int`;
+  >`insert into users (name, role) values ('sse-bench', 'admin') returning id::float8`;
   const { token } = await tokenCreate(sql, "sse-bench");
   const [task] = await sql<{ id: string }[]>`
     insert into tasks (owner_id, analysis_type, total_count) values (${user?.id as number}, 'sse-bench', 1) returning id::text`;

@@ -158,7 +158,8 @@ const FIELDS = {
   sseHeartbeatMs: {
     env: "ASSAY_SSE_HEARTBEAT_MS",
     schema: Type.Integer({ minimum: 100, default: 15_000 }),
-    description: "Keep-alive comment interval on Server-Sent Events streams.",
+    description:
+      "Keep-alive comment interval on Server-Sent Events streams; a stream whose task ended without it (or was deleted) ends within one interval.",
   },
   killGraceMs: {
     env: "ASSAY_KILL_GRACE_MS",

@@ -39,10 +39,37 @@ const admin = postgres(adminUrl, { max: 1, onnotice: () => {} });
 const runId = randomBytes(4).toString("hex");
 const template = `assay_tpl_${runId}`;
 
+/**
+ * Each table's ids start a few below a different power of ten, so that every test crosses a digit
+ * boundary early (ids compared or sorted as text go wrong there) and an id of one kind is never a
+ * valid id of another (a route that looks a run up by a task id fails instead of passing by luck).
+ * A database numbered from 1 hid events sorted as text for months.
+ */
+const FIRST_IDS: Record<string, bigint> = {
+  users: 97n,
+  api_tokens: 9_995n,
+  files: 999_997n,
+  tasks: 99_999_995n,
+  runs: 9_999_999_990n,
+  task_events: 999_999_999_995n,
+};
+
+async function numberAcrossDigitBoundaries(url: string): Promise<void> {
+  const db = postgres(url, { max: 1, onnotice: () => {} });
+  try {
+    for (const [table, first] of Object.entries(FIRST_IDS)) {
+      await db`select setval(pg_get_serial_sequence(${table}, 'id'), ${(first - 1n).toString()})`;
+    }
+  } finally {
+    await db.end({ timeout: 5 });
+  }
+}
+
 let exitCode = 1;
 try {
   await admin`create database ${admin(template)}`;
   await runMigrations(withDatabase(adminUrl, template));
+  await numberAcrossDigitBoundaries(withDatabase(adminUrl, template));
 
   const tapFile = path.join(scratch, "results.tap");
   const concurrency = Math.max(2, os.availableParallelism());

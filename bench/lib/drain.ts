@@ -14,7 +14,7 @@ export interface DrainResult {
 export async function seedOwnerAndFiles(sql: Sql, name: string, n: number) {
   const [user] = await sql<
     { id: number }[]
-  >`insert into users (name, role) values (${name}, 'admin') returning id::int`;
+  >`insert into users (name, role) values (${name}, 'admin') returning id::float8`;
   const owner = { userId: user?.id as number, name, role: "admin" as const };
   const fileIds = (
     await sql<{ id: string }[]>`

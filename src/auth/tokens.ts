@@ -42,15 +42,15 @@ export async function tokenCreate(sql: Sql, userName: string, role?: Role): Prom
       ? await tx<{ id: number; role: Role }[]>`
           insert into users (name, role) values (${userName}, ${role})
           on conflict (name) do update set role = excluded.role
-          returning id::int, role`
+          returning id::float8, role`
       : await tx<{ id: number; role: Role }[]>`
           insert into users (name) values (${userName})
           on conflict (name) do update set name = excluded.name
-          returning id::int, role`;
+          returning id::float8, role`;
     if (!user) throw new Error("user upsert returned no row");
     const [row] = await tx<{ id: number }[]>`
       insert into api_tokens (user_id, token_hash) values (${user.id}, ${hashToken(token)})
-      returning id::int`;
+      returning id::float8`;
     if (!row) throw new Error("token insert returned no row");
     return { tokenId: row.id, userId: user.id, role: user.role, token };
   });
@@ -74,7 +74,7 @@ export interface TokenInfo {
 
 export async function tokenList(sql: Sql): Promise<TokenInfo[]> {
   return sql<TokenInfo[]>`
-    select t.id::int as id, u.name as user, u.role, t.created_at as "createdAt",
+    select t.id::float8 as id, u.name as user, u.role, t.created_at as "createdAt",
            t.last_used_at as "lastUsedAt", t.revoked_at as "revokedAt"
     from api_tokens t join users u on u.id = t.user_id
     order by t.id`;
@@ -84,7 +84,7 @@ export async function tokenList(sql: Sql): Promise<TokenInfo[]> {
 export async function tokenAuthenticate(sql: Sql, token: string): Promise<Principal | undefined> {
   if (!TOKEN_SHAPE.test(token)) return undefined;
   const [row] = await sql<(Principal & { tokenId: number; stale: boolean })[]>`
-    select u.id::int as "userId", u.name, u.role, t.id::int as "tokenId",
+    select u.id::float8 as "userId", u.name, u.role, t.id::float8 as "tokenId",
            (t.last_used_at is null or t.last_used_at < now() - interval '1 minute') as stale
     from api_tokens t join users u on u.id = t.user_id
     where t.token_hash = ${hashToken(token)} and t.revoked_at is null`;

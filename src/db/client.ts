@@ -23,6 +23,15 @@ export function isoTime(value: string | Date): string {
   return new Date(value).toISOString();
 }
 
+/**
+ * SQL that formats a timestamptz column exactly as isoTime() does (`2026-12-01T06:00:00.123Z`), for
+ * values that leave PostgreSQL as JSON text, where its own format (microseconds, `+00:00`) would
+ * otherwise reach clients. `column` is a trusted identifier, never user input.
+ */
+export function isoTimeSql(sql: Pick<Sql, "unsafe">, column: string) {
+  return sql.unsafe(`to_char(${column} at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')`);
+}
+
 export function createDatabase(url: string, options: PoolOptions = {}): Database {
   const sql = postgres(url, {
     max: options.max ?? 10,

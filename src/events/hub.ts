@@ -1,10 +1,13 @@
 // The event hub of an API process (DESIGN §6): one LISTEN connection (postgres.js keeps a dedicated
 // one outside the pool and re-listens after a drop), fanning notifications out in memory to the
 // subscribers of each task. After every (re)connect it re-reads the table for every subscribed task,
-// so nothing published while the connection was down is missed.
+// so nothing published while the connection was down is missed. A sweep (a service: start with the
+// listener, stop, sweepOnce) ends the subscriptions of tasks that finished or disappeared without
+// their subscriber seeing the closing event, so no stream outlives its task by more than an interval.
 import type { Sql } from "../db/client.ts";
 import type { Logger } from "../log.ts";
 import { EVENTS_CHANNEL } from "../queue/sql.ts";
+import { tasksOpen } from "../tasks/read.ts";
 import { eventsAfter, type TaskEvent } from "./read.ts";
 
 const CATCH_UP_PAGE = 500;
@@ -12,7 +15,17 @@ const CATCH_UP_PAGE = 500;
 interface Subscriber {
   after: bigint;
   deliver(events: TaskEvent[]): void;
+  end(): void;
 }
+
+export interface EventHubOptions {
+  sql: Sql;
+  logger: Logger;
+  /** How often the sweep looks for subscriptions whose task has ended (the SSE keep-alive interval). */
+  sweepIntervalMs?: number;
+}
+
+const DEFAULT_SWEEP_INTERVAL_MS = 15_000;
 
 type Payload = { taskId: string; events: TaskEvent[] } | { taskId: string; eventId: string };
 
@@ -23,10 +36,12 @@ export class EventHub {
   private unlisten: (() => Promise<void>) | undefined;
   private starting: Promise<void> | undefined;
   private reconnects = 0;
+  private sweepTimer: NodeJS.Timeout | undefined;
+  private stopped = false;
   /** Notifications received, and how many were doorbells (the events were too large to carry). */
   readonly received = { notifications: 0, doorbells: 0 };
 
-  constructor(private readonly o: { sql: Sql; logger: Logger }) {}
+  constructor(private readonly o: EventHubOptions) {}
 
   /** Starts listening on first use (a failed start is retried by the next caller). */
   ready(): Promise<void> {
@@ -49,12 +64,48 @@ export class EventHub {
       },
     );
     this.unlisten = unlisten;
+    if (!this.stopped) this.scheduleSweep();
   }
 
   async stop(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.sweepTimer);
     await this.starting?.catch(() => {});
+    clearTimeout(this.sweepTimer);
     await this.unlisten?.().catch(() => {});
     this.tasks.clear();
+  }
+
+  private scheduleSweep(): void {
+    this.sweepTimer = setTimeout(() => {
+      this.sweepOnce()
+        .catch((err) => this.o.logger.warn({ err }, "event subscription sweep failed"))
+        .finally(() => {
+          if (!this.stopped) this.scheduleSweep();
+        });
+    }, this.o.sweepIntervalMs ?? DEFAULT_SWEEP_INTERVAL_MS);
+    this.sweepTimer.unref();
+  }
+
+  /**
+   * Ends every subscription whose task is finished or gone: first delivers what the table holds after
+   * its last event (a subscriber that gets the closing event ends by itself), then calls `end` on the
+   * rest — those that asked for events after the task's last one, or whose task was deleted. One
+   * query for all subscribed tasks. Returns how many tasks it closed.
+   */
+  async sweepOnce(): Promise<number> {
+    const taskIds = [...this.tasks.keys()];
+    if (taskIds.length === 0) return 0;
+    const stillOpen = await tasksOpen(this.o.sql, taskIds);
+    const ended = taskIds.filter((id) => !stillOpen.has(id));
+    for (const taskId of ended) {
+      this.enqueue(taskId, async () => {
+        await this.catchUp(taskId);
+        for (const sub of [...(this.tasks.get(taskId) ?? [])]) sub.end();
+      });
+    }
+    await Promise.all(ended.map((taskId) => this.chains.get(taskId)));
+    return ended.length;
   }
 
   /** Subscribers currently attached (for metrics and tests). */
@@ -64,9 +115,18 @@ export class EventHub {
     return n;
   }
 
-  /** Delivers every event of `taskId` with an id above `afterId`, as it is announced. */
-  subscribe(taskId: string, afterId: string | null, deliver: (events: TaskEvent[]) => void): () => void {
-    const sub: Subscriber = { after: BigInt(afterId ?? 0), deliver };
+  /**
+   * Delivers every event of `taskId` with an id above `afterId`, as it is announced; `end` is called
+   * when the sweep finds the task finished or deleted and the subscription still there. Returns the
+   * unsubscribe function (idempotent).
+   */
+  subscribe(
+    taskId: string,
+    afterId: string | null,
+    deliver: (events: TaskEvent[]) => void,
+    end: () => void = () => {},
+  ): () => void {
+    const sub: Subscriber = { after: BigInt(afterId ?? 0), deliver, end };
     let subs = this.tasks.get(taskId);
     if (!subs) {
       subs = new Set();

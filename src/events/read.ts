@@ -1,5 +1,5 @@
 // Reading the event mailbox (`task_events`).
-import { isoTime, type Sql } from "../db/client.ts";
+import { isoTimeSql, type Sql } from "../db/client.ts";
 import { TERMINAL_TASK_STATUSES } from "../tasks/states.ts";
 
 export interface TaskEvent {
@@ -11,20 +11,24 @@ export interface TaskEvent {
   createdAt: string;
 }
 
-/** Events of a task after `afterId` (exclusive), in id order. */
+/**
+ * Events of a task after `afterId` (exclusive), in numeric id order. Every column is qualified: an
+ * ORDER BY name matches an output column before a table column, and `id::text` is output as `id`,
+ * so `order by id` here once sorted the page as text (…, 99, 100 came out as 100, …, 99).
+ */
 export async function eventsAfter(
   sql: Sql,
   taskId: string,
   afterId: string | null,
   limit: number,
 ): Promise<TaskEvent[]> {
-  const rows = await sql<(Omit<TaskEvent, "createdAt"> & { createdAt: Date })[]>`
-    select id::text, task_id::text as "taskId", run_id::text as "runId", type, data, created_at as "createdAt"
-    from task_events
-    where task_id = ${taskId} ${afterId ? sql`and id > ${afterId}` : sql``}
-    order by id
+  return sql<TaskEvent[]>`
+    select e.id::text as id, e.task_id::text as "taskId", e.run_id::text as "runId", e.type, e.data,
+           ${isoTimeSql(sql, "e.created_at")} as "createdAt"
+    from task_events e
+    where e.task_id = ${taskId} ${afterId ? sql`and e.id > ${afterId}` : sql``}
+    order by e.id
     limit ${limit}`;
-  return rows.map((r) => ({ ...r, createdAt: isoTime(r.createdAt) }));
 }
 
 /** The event types that close a task: a stream ends after sending one. */

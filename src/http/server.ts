@@ -16,7 +16,11 @@ export async function buildServer(
   services: Omit<Services, "events">,
   logger: Logger,
 ): Promise<FastifyInstance> {
-  const events = new EventHub({ sql: services.database.sql, logger });
+  const events = new EventHub({
+    sql: services.database.sql,
+    logger,
+    sweepIntervalMs: services.config.sseHeartbeatMs,
+  });
   const fastify = Fastify({
     loggerInstance: logger as FastifyBaseLogger,
     bodyLimit: JSON_BODY_LIMIT,

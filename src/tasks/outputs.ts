@@ -37,9 +37,10 @@ async function succeededOutputs(
   runId?: string,
 ): Promise<RunOutput[]> {
   const rows = await sql<{ runId: string; inputName: string; outputFileName: string | null }[]>`
-    select id::text as "runId", input_name as "inputName", result ->> 'outputFileName' as "outputFileName"
-    from runs where task_id = ${taskId} and status = 'succeeded' ${runId ? sql`and id = ${runId}` : sql``}
-    order by id`;
+    select r.id::text as "runId", r.input_name as "inputName", r.result ->> 'outputFileName' as "outputFileName"
+    from runs r
+    where r.task_id = ${taskId} and r.status = 'succeeded' ${runId ? sql`and r.id = ${runId}` : sql``}
+    order by r.id`;
   return rows
     .filter((r) => r.outputFileName && SAFE_NAME.test(r.outputFileName))
     .map((r) => ({

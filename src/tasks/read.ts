@@ -1,6 +1,8 @@
 // Reading tasks and runs for the API: owner-scoped (admins see all), newest first, keyset pagination.
 import type { Principal } from "../auth/tokens.ts";
 import { isoTime, type Sql } from "../db/client.ts";
+import { INT8_OID } from "../queue/sql.ts";
+import { TERMINAL_TASK_STATUSES } from "./states.ts";
 
 export interface TaskView {
   taskId: string;
@@ -62,6 +64,15 @@ export const visible = (sql: Sql, p: Principal) => sql`(${p.role === "admin"} or
 export async function taskVisible(sql: Sql, p: Principal, taskId: string): Promise<boolean> {
   const rows = await sql`select 1 from tasks t where t.id = ${taskId} and ${visible(sql, p)}`;
   return rows.length === 1;
+}
+
+/** Which of `taskIds` exist and have not ended (no visibility check: callers made it). */
+export async function tasksOpen(sql: Sql, taskIds: readonly string[]): Promise<Set<string>> {
+  const rows = await sql<{ id: string }[]>`
+    select t.id::text as id from tasks t
+    where t.id = any(${sql.array([...taskIds], INT8_OID)}::bigint[])
+      and t.status not in ${sql([...TERMINAL_TASK_STATUSES])}`;
+  return new Set(rows.map((r) => r.id));
 }
 
 function taskSelect(sql: Sql) {

@@ -42,7 +42,7 @@ test("the database stops for 10 s mid-run: everything reconnects and every run f
   const dataDir = path.join(dir, "data");
   fs.mkdirSync(path.join(dataDir, "files"), { recursive: true });
   await tokenCreate(sql, "outage", "admin");
-  const [user] = await sql<{ id: number }[]>`select id::int from users where name = 'outage'`;
+  const [user] = await sql<{ id: number }[]>`select id::float8 from users where name = 'outage'`;
   const rows = ["a,b"];
   for (let i = 0; i < 1_500_000; i++) rows.push(`${i},${i % 7}`);
   const content = `${rows.join("\n")}\n`;

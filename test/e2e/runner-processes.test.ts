@@ -70,7 +70,7 @@ test("a worker killed mid-run: its analysis dies with it, the lease expires, ano
   survivor.child.kill("SIGTERM");
   await survivor.exited;
   assert.equal(task.status, "succeeded");
-  const [run] = await env.db.sql`select id::int, attempt from runs where task_id = ${taskId}`;
+  const [run] = await env.db.sql`select id::float8, attempt from runs where task_id = ${taskId}`;
   assert.equal(run?.attempt, 2);
   const tree = outputTree(`${env.outputsRoot}/${taskId}`);
   assert.deepEqual(

@@ -21,7 +21,7 @@ before(async () => {
   await t.app.listen({ host: "127.0.0.1", port: 0 });
   base = `http://127.0.0.1:${(t.app.server.address() as { port: number }).port}`;
   token = await t.token("viewer", "admin");
-  const [u] = await t.db.sql`select id::int from users where name = 'viewer'`;
+  const [u] = await t.db.sql`select id::float8 from users where name = 'viewer'`;
   owner = { userId: u?.id as number, name: "viewer", role: "admin" };
 });
 after(() => t.close());
@@ -214,4 +214,17 @@ test("two API processes and a worker process: subscribers on both APIs see the w
   } finally {
     for (const p of apis) p.kill("SIGTERM");
   }
+});
+
+test("the hub's own sweep ends a stream whose task ended without it (no sweepOnce call)", async () => {
+  const taskId = await createTask(t.db.sql, owner, "sse-sweep", 1);
+  // Last-Event-ID above every id: the closing event is filtered out, only the sweep can end it.
+  const s = await openSse(`${base}/api/analysis-tasks/${taskId}/events`, token, "999999999999999999");
+  assert.equal(s.status, 200);
+  const w = worker("sse-sweep", async () => ({ status: "succeeded" }));
+  await w.start();
+  await s.ended; // the keep-alive interval here is 200 ms, and so is the sweep's
+  await w.stop();
+  assert.deepEqual(s.events, []);
+  assert.ok((await t.db.sql`select 1 from tasks where id = ${taskId} and status = 'succeeded'`).length === 1);
 });

@@ -8,7 +8,7 @@ import { TERMINAL_TASK_STATUSES } from "../../src/tasks/states.ts";
 export async function seedUser(sql: Sql, name: string, role: Role = "user"): Promise<Principal> {
   const [row] = await sql<{ id: number }[]>`
     insert into users (name, role) values (${name}, ${role})
-    on conflict (name) do update set role = excluded.role returning id::int`;
+    on conflict (name) do update set role = excluded.role returning id::float8`;
   return { userId: row?.id as number, name, role };
 }
 
@@ -89,3 +89,24 @@ export const waitForTerminal = (sql: Sql, taskId: string, timeoutMs = 60_000) =>
     timeoutMs,
     `task ${taskId} to finish`,
   );
+
+/**
+ * Moves `table`'s id sequence so that its next ids cross a power of ten after `before` of them
+ * (…97, …98, …99, 100…): ids compared or sorted as text then come out in the wrong order.
+ * Returns the first id at or above the power of ten.
+ */
+export async function idsCrossPowerOfTen(sql: Sql, table: string, before: number): Promise<bigint> {
+  const [row] = await sql<{ next: string }[]>`
+    select nextval(pg_get_serial_sequence(${table}, 'id'))::text as next`;
+  let power = 10n;
+  while (power <= BigInt(row?.next ?? 1) + BigInt(before)) power *= 10n;
+  await sql`select setval(pg_get_serial_sequence(${table}, 'id'), ${(power - BigInt(before) - 1n).toString()})`;
+  return power;
+}
+
+/** A task's events straight from the table, as [id, type], in numeric id order. */
+export async function tableEvents(sql: Sql, taskId: string, after = "0"): Promise<[string, string][]> {
+  const rows = await sql<{ id: string; type: string }[]>`
+    select e.id, e.type from task_events e where e.task_id = ${taskId} and e.id > ${after} order by e.id`;
+  return rows.map((r) => [String(r.id), r.type]);
+}

@@ -132,7 +132,17 @@ describe("GET /api/files/:fileId", () => {
   });
 
   test("missing, non-numeric and absurd ids are 404, never 500", async () => {
-    for (const id of ["999999", "abc", "0", "-1", "1.5", "01", "9".repeat(40), "1%20OR%201=1", "%00"]) {
+    for (const id of [
+      "999999999999999",
+      "abc",
+      "0",
+      "-1",
+      "1.5",
+      "01",
+      "9".repeat(40),
+      "1%20OR%201=1",
+      "%00",
+    ]) {
       const res = await t.app.inject({ url: `/api/files/${id}`, headers: bearer(alice) });
       assert.equal(res.statusCode, 404, id);
       assert.equal(res.json().code, "FILE_NOT_FOUND", id);

@@ -32,7 +32,7 @@ async function runOne(
   const task = await waitForTerminal(env.db.sql, taskId, 30_000);
   await w.stop();
   const [run] = await env.db.sql`
-    select id::int, status, error_code, error_message, result, attempt from runs where task_id = ${taskId}`;
+    select id::float8, status, error_code, error_message, result, attempt from runs where task_id = ${taskId}`;
   return {
     task,
     run: run as {
@@ -95,7 +95,7 @@ describe("starting", () => {
     assert.equal(run.status, "succeeded");
     const dir = path.join(
       env.outputsRoot,
-      String((await env.db.sql`select task_id::int from runs where id = ${run.id}`)[0]?.task_id),
+      String((await env.db.sql`select task_id::float8 from runs where id = ${run.id}`)[0]?.task_id),
       String(run.id),
     );
     const seen = JSON.parse(fs.readFileSync(path.join(dir, "params.json"), "utf8"));

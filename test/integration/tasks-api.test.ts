@@ -152,7 +152,13 @@ describe("POST /api/analysis-tasks", () => {
 
   test("a missing, malformed or foreign file → 404 FILE_NOT_FOUND with nothing written; an admin may use anyone's", async () => {
     const before = await counts();
-    for (const ids of [["999999"], [aliceFiles[0], "999999"], [aliceFiles[0], bobFile], ["abc"], ["-1"]]) {
+    for (const ids of [
+      ["999999999999999"],
+      [aliceFiles[0], "999999999999999"],
+      [aliceFiles[0], bobFile],
+      ["abc"],
+      ["-1"],
+    ]) {
       const res = await create(alice, { analysisType: "summary", inputFileIds: ids });
       assert.equal(res.statusCode, 404, JSON.stringify(ids));
       assert.equal(res.json().code, "FILE_NOT_FOUND");
@@ -222,11 +228,16 @@ describe("reading tasks", () => {
         message: "The analysis task does not exist.",
       });
     }
-    for (const id of ["abc", "0", "99999999", "9".repeat(30)]) {
-      assert.equal(
-        (await t.app.inject({ url: `/api/analysis-tasks/${id}`, headers: bearer(alice) })).statusCode,
-        404,
-      );
+    // Ids of other kinds (the test template numbers each table from its own range) are not task ids.
+    const [run] = await t.db.sql`select id::text as id from runs where task_id = ${taskId}`;
+    const [event] = await t.db.sql`select id::text as id from task_events where task_id = ${taskId} limit 1`;
+    const otherKinds = [aliceFiles[0] as string, run?.id as string, event?.id as string];
+    for (const id of ["abc", "0", "999999999999999", "9".repeat(30), ...otherKinds]) {
+      for (const suffix of ["", "/runs", "/logs", "/download"]) {
+        const res = await t.app.inject({ url: `/api/analysis-tasks/${id}${suffix}`, headers: bearer(alice) });
+        assert.equal(res.statusCode, 404, `${id}${suffix}`);
+        assert.equal(res.json().code, "ANALYSIS_TASK_NOT_FOUND", `${id}${suffix}`);
+      }
     }
   });
 

@@ -322,7 +322,7 @@ describe("logs", () => {
     await w.start();
     await waitForTerminal(db.sql, taskId);
     await w.stop();
-    const runs = await db.sql`select id::int, attempt from runs where task_id = ${taskId}`;
+    const runs = await db.sql`select id::float8, attempt from runs where task_id = ${taskId}`;
     for (const r of runs) {
       const mine = lines.filter((l) => l.runId === r.id);
       const count = (msg: string) => mine.filter((l) => l.msg === msg).length;
@@ -446,7 +446,7 @@ test("finishing: the next run is claimed while the process exits, and starts onl
   await waitForTerminal(db.sql, taskId);
   await w.stop();
   const claims = await db.sql<{ id: number; claimedAt: Date }[]>`
-    select id::int, started_at as "claimedAt" from runs where task_id = ${taskId} order by id`;
+    select id::float8, started_at as "claimedAt" from runs where task_id = ${taskId} order by id`;
   assert.equal(claims.length, 3);
   for (let i = 1; i < claims.length; i++) {
     const previous = claims[i - 1] as { id: number };
@@ -474,7 +474,7 @@ test("a run claimed ahead waits for its slot with a live lease, is cancelled wit
     const [r] = await db.sql<
       { id: number; status: string; attempt: number; owner: string | null; expires: Date }[]
     >`
-      select id::int, status, attempt, lease_owner as owner, lease_expires_at as expires from runs where task_id = ${taskId}`;
+      select id::float8, status, attempt, lease_owner as owner, lease_expires_at as expires from runs where task_id = ${taskId}`;
     return r as { id: number; status: string; attempt: number; owner: string | null; expires: Date };
   };
 

@@ -4,7 +4,7 @@ import { Type } from "typebox";
 import type { Sql } from "../../db/client.ts";
 import type { EventHub } from "../../events/hub.ts";
 import { eventsAfter, isFinalEvent, type TaskEvent } from "../../events/read.ts";
-import { taskVisible } from "../../tasks/read.ts";
+import { tasksOpen, taskVisible } from "../../tasks/read.ts";
 import { principalOf } from "../auth.ts";
 import { notFound, validationFailed } from "../errors.ts";
 import { Envelope, errorResponses, IdParam, isId, ok } from "../schemas.ts";
@@ -48,8 +48,10 @@ export interface StreamTarget {
  * Serves one task's events to `target`: the backlog after `after` from the table, then live events from
  * the hub, without gaps or repeats (the subscription starts before the backlog is read and buffers until
  * it is done; every write skips ids already sent). Live events are written synchronously from the hub's
- * delivery, one shared frame each. Ends after the event that closes the task, when `signal` aborts, or
- * when the client falls too far behind.
+ * delivery, one shared frame each. Ends after the event that closes the task; at once after the backlog
+ * when the task has already ended (a client resuming from the closing event's id, or a larger one, is
+ * owed nothing more); when the hub's sweep finds the task ended or deleted; when `signal` aborts; or when
+ * the client falls too far behind.
  */
 export async function serveTaskEvents(
   hub: EventHub,
@@ -76,10 +78,18 @@ export async function serveTaskEvents(
     target.write(frame(event));
     if (isFinalEvent(event) || target.writableLength > MAX_BUFFERED_BYTES) finish();
   };
-  const unsubscribe = hub.subscribe(taskId, after, (events) => {
-    if (live) for (const e of events) write(e);
-    else pending.push(...events);
-  });
+  const unsubscribe = hub.subscribe(
+    taskId,
+    after,
+    (events) => {
+      if (live) for (const e of events) write(e);
+      else pending.push(...events);
+    },
+    // The sweep found the task ended: before the backlog is sent, the check after it ends the stream.
+    () => {
+      if (live) finish();
+    },
+  );
   signal.addEventListener("abort", finish);
   if (signal.aborted) return finish();
   try {
@@ -87,6 +97,12 @@ export async function serveTaskEvents(
       const page = await eventsAfter(sql, taskId, last.toString(), BACKLOG_PAGE);
       for (const event of page) write(event);
       if (done || page.length < BACKLOG_PAGE) break;
+    }
+    // Read after subscribing and after the backlog: a task that has ended by now has every event in
+    // the table, and the backlog (with what the hub buffered meanwhile) held all that is due.
+    if (!done && !(await tasksOpen(sql, [taskId])).has(taskId)) {
+      for (const event of pending.splice(0)) write(event);
+      return finish();
     }
   } catch (err) {
     finish();
@@ -149,6 +165,11 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
       },
     },
     async (request, reply) => {
+      // Listen for the client going away before the first await: a client that leaves while the task
+      // is looked up or the hub starts would otherwise leave a subscription until the task ends.
+      const closed = new AbortController();
+      reply.raw.once("close", () => closed.abort());
+      if (reply.raw.destroyed) closed.abort();
       const { taskId } = request.params;
       const sql = app.services.database.sql;
       if (!isId(taskId) || !(await taskVisible(sql, principalOf(request), taskId)))
@@ -158,11 +179,11 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
         throw validationFailed("Last-Event-ID must be an event id.");
       }
       await app.services.events.ready();
-      // Commit the 200 and the headers now: a client waiting on a quiet task must not wait for them.
+      // Commit the 200 and the headers now: a client waiting on a quiet task must not wait for them
+      // (writeHead alone holds them back until the first write: the first keep-alive, or never).
       reply.sse.sendHeaders();
+      reply.raw.flushHeaders();
       reply.sse.keepAlive();
-      const closed = new AbortController();
-      reply.sse.onClose(() => closed.abort());
       const raw = reply.raw;
       await serveTaskEvents(
         app.services.events,

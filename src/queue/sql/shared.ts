@@ -1,7 +1,7 @@
 // Shared pieces of the queue statements: channels, limits, and the tails that every statement
 // which ends runs or writes events uses. Locking order, everywhere: run rows first, then task rows in
 // id order; a statement touching several tasks locks them with `... order by id for update` first.
-import type { Sql } from "../../db/client.ts";
+import { isoTimeSql, type Sql } from "../../db/client.ts";
 import { LIVE_RUN_STATUSES, RUN_STATUSES } from "../../tasks/states.ts";
 
 /** Retry delays never exceed this. */
@@ -158,7 +158,7 @@ export function notifyEvents(sql: Sql) {
         select task_id, max(id) as max_id,
                json_build_object('taskId', task_id::text, 'events', json_agg(json_build_object(
                  'id', id::text, 'taskId', task_id::text, 'runId', run_id::text, 'type', type,
-                 'data', data, 'createdAt', created_at) order by id))::text as full_payload
+                 'data', data, 'createdAt', ${isoTimeSql(sql, "created_at")}) order by id))::text as full_payload
         from events group by task_id
       ) p
     )`;

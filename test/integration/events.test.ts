@@ -1,0 +1,266 @@
+// The event record (issue 13): every read of task_events in numeric id order across a power of ten,
+// streams that end with their task whatever Last-Event-ID says, no subscription outliving its client,
+// and one createdAt format on every path.
+import assert from "node:assert/strict";
+import net from "node:net";
+import { after, before, describe, test } from "node:test";
+import type { Principal } from "../../src/auth/tokens.ts";
+import type { TaskEvent } from "../../src/events/read.ts";
+import { createLogger } from "../../src/log.ts";
+import { type Handler, Worker } from "../../src/queue/worker.ts";
+import { bearer, startTestApp, type TestApp } from "../helpers/app.ts";
+import {
+  createTask,
+  idsCrossPowerOfTen,
+  seedUser,
+  tableEvents,
+  waitFor,
+  waitForTerminal,
+} from "../helpers/queue.ts";
+import { openSse } from "../helpers/sse.ts";
+
+let t: TestApp;
+let base: string;
+let token: string;
+let owner: Principal;
+
+before(async () => {
+  // A long keep-alive interval: a stream that ends here ended by itself, not by a keep-alive sweep.
+  t = await startTestApp({ ASSAY_SSE_HEARTBEAT_MS: "60000" });
+  await t.app.listen({ host: "127.0.0.1", port: 0 });
+  base = `http://127.0.0.1:${(t.app.server.address() as { port: number }).port}`;
+  token = await t.token("event-reader");
+  owner = await seedUser(t.db.sql, "event-reader");
+});
+after(() => t.close());
+
+function worker(type: string, handler: Handler): Worker {
+  return new Worker({
+    sql: t.db.sql,
+    logger: createLogger({ level: "silent" }),
+    types: { [type]: { handler } },
+    concurrency: 4,
+    leaseTtlMs: 30_000,
+    pollIntervalMs: 100,
+    retryBaseMs: 50,
+  });
+}
+
+/** A test that hangs fails instead of holding up the suite. */
+const LIMIT = { timeout: 30_000 };
+
+const succeed: Handler = async () => ({ status: "succeeded" });
+
+/** A finished task of `runs` runs whose events cross a power of ten about halfway. */
+async function finishedTaskCrossing(type: string, runs = 20): Promise<string> {
+  await idsCrossPowerOfTen(t.db.sql, "task_events", Math.floor(runs / 2));
+  const taskId = await createTask(t.db.sql, owner, type, runs);
+  const w = worker(type, succeed);
+  await w.start();
+  await waitForTerminal(t.db.sql, taskId);
+  await w.stop();
+  const events = await tableEvents(t.db.sql, taskId);
+  assert.ok(events.length >= runs + 2, `${events.length} events`);
+  const digits = new Set(events.map(([id]) => id.length));
+  assert.equal(digits.size, 2, "the task's event ids cross a power of ten");
+  return taskId;
+}
+
+const sseUrl = (taskId: string) => `${base}/api/analysis-tasks/${taskId}/events`;
+
+describe("/logs", () => {
+  test(
+    "pages of 3 chained by nextCursor return every event once, in id order, across a power of ten",
+    LIMIT,
+    async () => {
+      const taskId = await finishedTaskCrossing("ev-logs");
+      const seen: string[] = [];
+      let cursor: string | null = null;
+      let pages = 0;
+      do {
+        const res: Awaited<ReturnType<typeof t.app.inject>> = await t.app.inject({
+          url: `/api/analysis-tasks/${taskId}/logs?limit=3${cursor ? `&after=${cursor}` : ""}`,
+          headers: bearer(token),
+        });
+        assert.equal(res.statusCode, 200);
+        const { items, nextCursor } = res.json().data as { items: TaskEvent[]; nextCursor: string | null };
+        assert.ok(items.length <= 3);
+        seen.push(...items.map((e) => e.id));
+        cursor = nextCursor;
+        assert.ok(++pages < 100, "pagination ends");
+      } while (cursor);
+      assert.deepEqual(
+        seen,
+        (await tableEvents(t.db.sql, taskId)).map(([id]) => id),
+      );
+    },
+  );
+});
+
+describe("SSE over a finished task", () => {
+  test("a fresh stream sends every event in id order and ends", LIMIT, async () => {
+    const taskId = await finishedTaskCrossing("ev-fresh");
+    const s = await openSse(sseUrl(taskId), token);
+    await s.ended;
+    assert.deepEqual(
+      s.events.map((e) => [e.id, e.event]),
+      await tableEvents(t.db.sql, taskId),
+    );
+  });
+
+  test("a resumed stream sends exactly the events after Last-Event-ID and ends", LIMIT, async () => {
+    const taskId = await finishedTaskCrossing("ev-resume");
+    const all = await tableEvents(t.db.sql, taskId);
+    for (const k of [0, 3, all.length - 2]) {
+      const lastEventId = all[k]?.[0] as string;
+      const s = await openSse(sseUrl(taskId), token, lastEventId);
+      await s.ended;
+      assert.deepEqual(
+        s.events.map((e) => [e.id, e.event]),
+        all.slice(k + 1),
+        `resumed after event #${k} (${lastEventId})`,
+      );
+    }
+  });
+
+  test(
+    "resumed with the final event's id, or a larger one, the stream ends at once with nothing sent",
+    LIMIT,
+    async () => {
+      const taskId = await finishedTaskCrossing("ev-final", 3);
+      const all = await tableEvents(t.db.sql, taskId);
+      const finalId = all.at(-1)?.[0] as string;
+      for (const lastEventId of [finalId, (BigInt(finalId) + 1n).toString(), "999999999999999999"]) {
+        const s = await openSse(sseUrl(taskId), token, lastEventId);
+        assert.equal(s.status, 200);
+        await s.ended; // with a 60 s keep-alive interval, only the stream itself can end it in time
+        assert.deepEqual(s.events, [], `Last-Event-ID ${lastEventId}`);
+      }
+      assert.equal(t.app.services.events.size, 0, "no subscription left behind");
+    },
+  );
+});
+
+describe("the hub", () => {
+  test(
+    "catch-up after pg_terminate_backend on the LISTEN connection delivers in id order",
+    LIMIT,
+    async () => {
+      const taskId = await finishedTaskCrossing("ev-catchup");
+      const all = await tableEvents(t.db.sql, taskId);
+      const hub = t.app.services.events;
+      await hub.ready();
+      const firstId = all[0]?.[0] as string;
+      const delivered: string[] = [];
+      const unsubscribe = hub.subscribe(taskId, firstId, (events) =>
+        delivered.push(...events.map((e) => e.id)),
+      );
+      try {
+        const killed = await t.db.sql`
+        select pg_terminate_backend(pid) from pg_stat_activity
+        where datname = current_database() and query ~* '^(un)?listen "' and pid <> pg_backend_pid()`;
+        assert.ok(killed.length >= 1, "found the LISTEN connection");
+        await waitFor(async () => delivered.length >= all.length - 1, 10_000, "the catch-up");
+        assert.deepEqual(
+          delivered,
+          all.slice(1).map(([id]) => id),
+        );
+      } finally {
+        unsubscribe();
+      }
+    },
+  );
+
+  test(
+    "a stream never outlives its task: Last-Event-ID above every id, then the task ends",
+    LIMIT,
+    async () => {
+      let release: () => void = () => {};
+      const gate = new Promise<void>((r) => {
+        release = r;
+      });
+      const taskId = await createTask(t.db.sql, owner, "ev-outlive", 2);
+      const w = worker("ev-outlive", async () => {
+        await gate;
+        return { status: "succeeded" };
+      });
+      await w.start();
+      const hub = t.app.services.events;
+      const s = await openSse(sseUrl(taskId), token, "999999999999999999");
+      assert.equal(s.status, 200);
+      assert.equal(hub.size, 1, "subscribed before the headers were sent");
+      release();
+      await waitForTerminal(t.db.sql, taskId);
+      await w.stop();
+      // One keep-alive interval's sweep: every stream of a finished task ends.
+      await hub.sweepOnce();
+      await s.ended;
+      assert.deepEqual(s.events, []);
+      assert.equal(hub.size, 0);
+    },
+  );
+
+  test("a stream of a task that disappears (retention) ends at the next sweep", LIMIT, async () => {
+    const taskId = await createTask(t.db.sql, owner, "ev-gone", 1);
+    const s = await openSse(sseUrl(taskId), token);
+    await s.waitFor((events) => events.length === 1);
+    await t.db.sql`delete from tasks where id = ${taskId}`;
+    await t.app.services.events.sweepOnce();
+    await s.ended;
+    assert.equal(t.app.services.events.size, 0);
+  });
+});
+
+describe("SSE clients", () => {
+  test("1,000 clients that connect and drop leave the hub with 0 subscribers", LIMIT, async () => {
+    const taskId = await createTask(t.db.sql, owner, "ev-drop", 1); // never runs: streams stay open
+    const { port } = t.app.server.address() as { port: number };
+    const request =
+      `GET /api/analysis-tasks/${taskId}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n` +
+      `Authorization: Bearer ${token}\r\nAccept: text/event-stream\r\n\r\n`;
+    const client = (i: number) =>
+      new Promise<void>((resolve) => {
+        const socket = net.connect(port, "127.0.0.1", () => {
+          socket.write(request);
+          // Drop at every stage: before the request is read, during the ownership check, while the
+          // hub starts, after the headers, after the backlog.
+          if (i % 4 === 0) socket.destroy();
+          else if (i % 4 === 1) setImmediate(() => socket.destroy());
+          else if (i % 4 === 2) setTimeout(() => socket.destroy(), i % 7);
+          else socket.once("data", () => socket.destroy());
+        });
+        socket.on("error", () => {});
+        socket.on("close", () => resolve());
+      });
+    for (let i = 0; i < 1000; i += 100) {
+      await Promise.all(Array.from({ length: 100 }, (_, k) => client(i + k)));
+    }
+    const hub = t.app.services.events;
+    await waitFor(async () => hub.size === 0, 10_000, `0 subscribers (have ${hub.size})`);
+    await waitFor(
+      async () => new Promise<boolean>((resolve) => t.app.server.getConnections((_e, n) => resolve(n === 0))),
+      10_000,
+      "every connection closed",
+    );
+  });
+});
+
+describe("createdAt", () => {
+  test("a live event and the same event from the table carry the same createdAt", LIMIT, async () => {
+    const taskId = await createTask(t.db.sql, owner, "ev-time", 3);
+    const s = await openSse(sseUrl(taskId), token);
+    await s.waitFor((events) => events.length === 1); // the backlog: task.queued
+    const w = worker("ev-time", succeed);
+    await w.start();
+    await s.ended;
+    await w.stop();
+    const res = await t.app.inject({ url: `/api/analysis-tasks/${taskId}/logs`, headers: bearer(token) });
+    const logged = new Map((res.json().data.items as TaskEvent[]).map((e) => [e.id, e.createdAt] as const));
+    assert.ok(s.events.length >= 5);
+    for (const e of s.events) {
+      const createdAt = (e.data as TaskEvent).createdAt;
+      assert.match(createdAt, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+      assert.equal(createdAt, logged.get(e.id as string), `event ${e.id}`);
+    }
+  });
+});
