@@ -100,8 +100,13 @@ export class EventHub {
     const ended = taskIds.filter((id) => !stillOpen.has(id));
     for (const taskId of ended) {
       this.enqueue(taskId, async () => {
-        await this.catchUp(taskId);
-        for (const sub of [...(this.tasks.get(taskId) ?? [])]) sub.end();
+        try {
+          await this.catchUp(taskId);
+        } finally {
+          // Even when the catch-up failed: a client that resumes by Last-Event-ID loses nothing,
+          // while a stream left open would outlive its task.
+          for (const sub of [...(this.tasks.get(taskId) ?? [])]) sub.end();
+        }
       });
     }
     await Promise.all(ended.map((taskId) => this.chains.get(taskId)));

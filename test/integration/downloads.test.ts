@@ -62,7 +62,8 @@ test("a many-file task streams a zip with a folder per input file (repeated name
     zipPath,
   ]).toString();
   const entries = JSON.parse(listing) as Record<string, string>;
-  const runs = await env.db.sql`select id::text from runs where task_id = ${taskId} order by id`;
+  const runs = await env.db
+    .sql`select r.id::text as id from runs r where r.task_id = ${taskId} order by r.id`;
   assert.deepEqual(Object.keys(entries).sort(), [
     "other.csv/out.json",
     `same.csv (run ${runs[0]?.id})/out.json`,
@@ -89,7 +90,8 @@ test("not finished, or nothing succeeded → 409 ANALYSIS_TASK_NOT_READY", async
 test("one run's output; foreign owner, another task's run and path tricks are 404", async () => {
   const taskId = await finishedTask("dl-run", ["p\n1\n", "q\n2\n"], { mode: "ok" });
   const other = await finishedTask("dl-other", ["r\n1\n"], { mode: "ok" });
-  const [run] = await env.db.sql`select id::text from runs where task_id = ${taskId} order by id limit 1`;
+  const [run] = await env.db
+    .sql`select r.id::text as id from runs r where r.task_id = ${taskId} order by r.id limit 1`;
   const ok = await get(`/api/analysis-tasks/${taskId}/runs/${run?.id}/download`);
   assert.equal(ok.statusCode, 200);
   assert.equal(ok.headers["content-type"], "application/json");

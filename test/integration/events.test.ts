@@ -6,8 +6,10 @@ import net from "node:net";
 import { after, before, describe, test } from "node:test";
 import type { Principal } from "../../src/auth/tokens.ts";
 import type { TaskEvent } from "../../src/events/read.ts";
+import { serveTaskEvents } from "../../src/http/routes/events.ts";
 import { createLogger } from "../../src/log.ts";
 import { type Handler, Worker } from "../../src/queue/worker.ts";
+import { taskCancel } from "../../src/tasks/cancel.ts";
 import { bearer, startTestApp, type TestApp } from "../helpers/app.ts";
 import {
   createTask,
@@ -263,4 +265,78 @@ describe("createdAt", () => {
       assert.equal(createdAt, logged.get(e.id as string), `event ${e.id}`);
     }
   });
+});
+
+describe("a task that ends while a stream starts", () => {
+  // The task ends just before one of the stream's first queries runs: the stream must still send
+  // every event, the closing one included, and then end. With a doorbell (an event too large for
+  // the notification) the hub has to read the table before it can deliver.
+  const cases = [
+    { before: "the open-task check", marker: "t.status not in", doorbell: false },
+    { before: "the open-task check", marker: "t.status not in", doorbell: true },
+    { before: "the backlog read", marker: "from task_events e", doorbell: false },
+    { before: "the backlog read", marker: "from task_events e", doorbell: true },
+  ];
+  for (const c of cases) {
+    test(`ended just before ${c.before}${c.doorbell ? ", announced by a doorbell" : ""}`, LIMIT, async () => {
+      const hub = t.app.services.events;
+      await hub.ready();
+      const taskId = await createTask(t.db.sql, owner, "ev-race", 1);
+      const real = t.db.sql;
+      const endTask = async () => {
+        if (c.doorbell) {
+          // As a completion would, with an event too large to travel in the notification.
+          await real.begin(async (tx) => {
+            await tx`update runs set status = 'cancelled' where task_id = ${taskId}`;
+            await tx`update tasks set status = 'cancelled', cancelled_count = 1, finished_at = now() where id = ${taskId}`;
+            const [e] = await tx<{ id: string }[]>`
+              insert into task_events (task_id, type, data)
+              values (${taskId}, 'task.cancelled', ${tx.json({ status: "cancelled", pad: "x".repeat(8000) })})
+              returning id::text as id`;
+            await tx`select pg_notify('assay_events', ${JSON.stringify({ taskId, eventId: e?.id })})`;
+          });
+        } else {
+          await taskCancel(real, owner, taskId);
+        }
+      };
+      let fired = false;
+      const sql = new Proxy(real, {
+        apply(target, thisArg, args: unknown[]) {
+          const strings = args[0] as { raw?: readonly string[] } & readonly string[];
+          if (!fired && strings?.raw && strings.join("").includes(c.marker)) {
+            fired = true;
+            return endTask().then(() => Reflect.apply(target, thisArg, args));
+          }
+          return Reflect.apply(target, thisArg, args);
+        },
+      });
+      const written: string[] = [];
+      let closed: () => void = () => {};
+      const ended = new Promise<void>((r) => {
+        closed = r;
+      });
+      await serveTaskEvents(
+        hub,
+        sql,
+        taskId,
+        null,
+        {
+          write: (chunk) => {
+            written.push(/^id: (\d+)/.exec(chunk)?.[1] ?? "?");
+            return true;
+          },
+          writableLength: 0,
+          close: () => closed(),
+          destroy: () => assert.fail("the stream was broken off"),
+        },
+        new AbortController().signal,
+      );
+      await ended;
+      assert.ok(fired);
+      assert.deepEqual(
+        written,
+        (await tableEvents(t.db.sql, taskId)).map(([id]) => id),
+      );
+    });
+  }
 });

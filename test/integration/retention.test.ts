@@ -57,7 +57,7 @@ test("retention deletes only old finished tasks, with their runs, events and out
     batchSize: 1,
   });
   assert.equal(await retention.runOnce(), 2);
-  const left = (await db.sql`select id::text from tasks order by id`).map((r) => r.id);
+  const left = (await db.sql`select t.id::text as id from tasks t order by t.id`).map((r) => r.id);
   assert.deepEqual(left, [recent, unfinished]);
   for (const gone of [old1, old2]) {
     assert.equal((await db.sql`select 1 from runs where task_id = ${gone}`).length, 0);

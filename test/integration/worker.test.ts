@@ -446,7 +446,7 @@ test("finishing: the next run is claimed while the process exits, and starts onl
   await waitForTerminal(db.sql, taskId);
   await w.stop();
   const claims = await db.sql<{ id: number; claimedAt: Date }[]>`
-    select id::float8, started_at as "claimedAt" from runs where task_id = ${taskId} order by id`;
+    select r.id::float8 as id, r.started_at as "claimedAt" from runs r where r.task_id = ${taskId} order by r.id`;
   assert.equal(claims.length, 3);
   for (let i = 1; i < claims.length; i++) {
     const previous = claims[i - 1] as { id: number };

@@ -42,14 +42,16 @@ export interface StreamTarget {
   readonly writableLength: number;
   /** Ends the stream (idempotent). */
   close(): void;
+  /** Breaks the stream off, so the client sees an error rather than an end (idempotent). */
+  destroy(): void;
 }
 
 /**
  * Serves one task's events to `target`: the backlog after `after` from the table, then live events from
  * the hub, without gaps or repeats (the subscription starts before the backlog is read and buffers until
  * it is done; every write skips ids already sent). Live events are written synchronously from the hub's
- * delivery, one shared frame each. Ends after the event that closes the task; at once after the backlog
- * when the task has already ended (a client resuming from the closing event's id, or a larger one, is
+ * delivery, one shared frame each. Ends after the event that closes the task; right after the backlog
+ * when the task had already ended when the stream subscribed (a client resuming from the closing event's id, or a larger one, is
  * owed nothing more); when the hub's sweep finds the task ended or deleted; when `signal` aborts; or when
  * the client falls too far behind.
  */
@@ -93,19 +95,22 @@ export async function serveTaskEvents(
   signal.addEventListener("abort", finish);
   if (signal.aborted) return finish();
   try {
+    // Asked after subscribing and before the backlog: a task that has ended by now has every event
+    // in the table, so the backlog holds all that is due. (Asked after the backlog, a task that ended
+    // in between would end the stream before the hub delivered its closing event.)
+    const ended = !(await tasksOpen(sql, [taskId])).has(taskId);
     for (;;) {
       const page = await eventsAfter(sql, taskId, last.toString(), BACKLOG_PAGE);
       for (const event of page) write(event);
       if (done || page.length < BACKLOG_PAGE) break;
     }
-    // Read after subscribing and after the backlog: a task that has ended by now has every event in
-    // the table, and the backlog (with what the hub buffered meanwhile) held all that is due.
-    if (!done && !(await tasksOpen(sql, [taskId])).has(taskId)) {
-      for (const event of pending.splice(0)) write(event);
-      return finish();
-    }
+    if (ended) return finish();
   } catch (err) {
-    finish();
+    // Not a clean end: the client must not take a failed read for the end of the task.
+    done = true;
+    unsubscribe();
+    signal.removeEventListener("abort", finish);
+    target.destroy();
     throw err;
   }
   live = true;
@@ -196,6 +201,7 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
             return raw.writableLength;
           },
           close: () => reply.sse.close(),
+          destroy: () => raw.destroy(),
         },
         AbortSignal.any([closed.signal, opts.streams]),
       );
