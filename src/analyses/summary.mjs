@@ -2,6 +2,12 @@
 // summary: a CSV with a header → rows, columns, per-column type, non-null count, and min/max/mean of
 // numeric columns → summary.json. Node.js only, no dependencies; streams its input.
 // Protocol: JSON Lines on stdout (progress, one result); exit 2 bad parameters, 3 unusable data.
+// CSV rules shared with python_stats.py and r_report.R (test/e2e/programs.test.ts has the table):
+// UTF-8 only (a leading byte-order mark is dropped), RFC 4180 quoting, LF or CRLF line ends, blank
+// lines ignored, every record as long as the header; cells are trimmed of spaces, tabs, CR and LF;
+// "" and NA are missing; NaN/Inf/Infinity (any case, signed) and numbers beyond the double range are
+// missing too and counted in a note; a column is numeric when it has a number and no text. A
+// statistic that a double cannot hold is null, with the note "<statistic> overflows" in its column.
 import fs from "node:fs";
 import path from "node:path";
 import { parseArgs } from "node:util";
@@ -37,45 +43,80 @@ if (
   die(2, "summary takes no parameters");
 }
 
-/** A streaming CSV record splitter (RFC 4180: quotes, doubled quotes, CRLF, newlines in quotes). */
+/**
+ * A streaming CSV record splitter (RFC 4180: quotes, doubled quotes, newlines in quotes; LF or CRLF
+ * line ends). A quote opens a quoted field only as its first character, elsewhere it is literal; after
+ * a closing quote only a comma or a line end may follow; a CR must be followed by LF (exit 3 if not).
+ */
+const FIELD_START = 0;
+const UNQUOTED = 1;
+const QUOTED = 2;
+const QUOTE_IN_QUOTED = 3; // a quote inside a quoted field: the end of the field, or the first of ""
+const AFTER_CR = 4;
+
 function* records(text, state) {
   for (let i = 0; i < text.length; i++) {
     const ch = text[i];
-    if (state.quoted) {
-      if (ch === '"') {
-        if (text[i + 1] === '"') {
-          state.field += '"';
-          i++;
-        } else if (i + 1 === text.length) {
-          state.pendingQuote = true;
-          state.quoted = false;
-        } else state.quoted = false;
-      } else state.field += ch;
-      continue;
-    }
-    if (state.pendingQuote) {
-      state.pendingQuote = false;
-      if (ch === '"') {
-        state.field += '"';
-        state.quoted = true;
+    switch (state.mode) {
+      case QUOTED:
+        if (ch === '"') state.mode = QUOTE_IN_QUOTED;
+        else state.field += ch;
         continue;
-      }
+      case AFTER_CR:
+        if (ch !== "\n") die(3, "malformed CSV: a CR not followed by LF");
+        yield endRecord(state);
+        continue;
+      case QUOTE_IN_QUOTED:
+        if (ch === '"') {
+          state.field += '"';
+          state.mode = QUOTED;
+          continue;
+        }
+        if (ch !== "," && ch !== "\n" && ch !== "\r") die(3, "malformed CSV: text after a closing quote");
+        break;
+      default:
+        if (ch === '"' && state.mode === FIELD_START) {
+          state.mode = QUOTED;
+          continue;
+        }
     }
-    if (ch === '"' && state.field === "") state.quoted = true;
-    else if (ch === ",") {
+    if (ch === ",") {
       state.row.push(state.field);
       state.field = "";
-    } else if (ch === "\n") {
-      state.row.push(state.field.endsWith("\r") ? state.field.slice(0, -1) : state.field);
-      state.field = "";
-      yield state.row;
-      state.row = [];
-    } else state.field += ch;
+      state.mode = FIELD_START;
+    } else if (ch === "\n") yield endRecord(state);
+    else if (ch === "\r") state.mode = AFTER_CR;
+    else {
+      state.field += ch;
+      state.mode = UNQUOTED;
+    }
   }
 }
 
+function endRecord(state) {
+  const row = state.row;
+  row.push(state.field);
+  state.row = [];
+  state.field = "";
+  state.mode = FIELD_START;
+  return row;
+}
+
+const trim = (s) => s.replace(/^[ \t\r\n]+|[ \t\r\n]+$/g, "");
+const NUMBER = /^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$/;
+const NON_FINITE = /^[+-]?(nan|inf|infinity)$/i;
+
+/** A power of two near |x|, so that x / scale is exact and at least 1, below 2 (x ≠ 0). */
+function scaleOf(x) {
+  const e = Math.min(Math.max(Math.floor(Math.log2(Math.abs(x))), -1074), 1023);
+  let scale = 2 ** e;
+  if (Math.abs(x) / scale >= 2 && e < 1023) scale *= 2;
+  else if (Math.abs(x) / scale < 1 && e > -1074) scale /= 2;
+  return scale;
+}
+
 const size = fs.statSync(args.input).size;
-const state = { quoted: false, pendingQuote: false, field: "", row: [] };
+const state = { mode: FIELD_START, field: "", row: [] };
 const decoder = new TextDecoder("utf-8", { fatal: true });
 let header;
 let rows = 0;
@@ -87,35 +128,50 @@ emit({ type: "progress", percent: 0, message: "reading input" });
 function consume(record) {
   if (record.length === 1 && record[0] === "" && !header) return;
   if (!header) {
-    header = record.map((h) => h.trim());
+    header = record.map(trim);
     if (header.length === 0 || header.some((h) => h === "")) die(3, "the first line is not a CSV header");
+    const duplicate = header.find((h, i) => header.indexOf(h) !== i);
+    if (duplicate !== undefined) die(3, `duplicate column name: ${duplicate}`);
+    // The sum is kept divided by `scale`, a power of two near the largest magnitude seen: exact, and
+    // it cannot overflow where the mean is representable (1.7e308 twice has the mean 1.7e308).
     columns = header.map((name) => ({
       name,
       nonNull: 0,
       numeric: 0,
       text: 0,
+      nonFinite: 0,
       min: Infinity,
       max: -Infinity,
-      sum: 0,
+      scale: 0,
+      scaledSum: 0,
     }));
     return;
   }
   if (record.length === 1 && record[0] === "") return;
   if (record.length !== header.length)
-    die(3, `line ${rows + 2}: ${record.length} fields, the header has ${header.length}`);
+    die(3, `record ${rows + 2}: ${record.length} fields, the header has ${header.length}`);
   rows++;
   for (let c = 0; c < record.length; c++) {
-    const raw = record[c].trim();
+    const raw = trim(record[c]);
     if (raw === "" || raw.toUpperCase() === "NA") continue;
     const col = columns[c];
-    col.nonNull++;
-    const n = Number(raw);
+    const n = NUMBER.test(raw) ? Number(raw) : Number.NaN;
     if (Number.isFinite(n)) {
+      col.nonNull++;
       col.numeric++;
-      col.sum += n;
+      if (n !== 0 && (col.scale === 0 || Math.abs(n) >= 2 * col.scale)) {
+        const scale = scaleOf(n);
+        col.scaledSum *= col.scale / scale;
+        col.scale = scale;
+      }
+      if (n !== 0) col.scaledSum += n / col.scale;
       if (n < col.min) col.min = n;
       if (n > col.max) col.max = n;
-    } else col.text++;
+    } else if (NUMBER.test(raw) || NON_FINITE.test(raw)) col.nonFinite++;
+    else {
+      col.nonNull++;
+      col.text++;
+    }
   }
 }
 
@@ -140,8 +196,15 @@ try {
 } catch (err) {
   die(2, `cannot read the input: ${err.code ?? err.message}`);
 }
-if (state.quoted) die(3, "unterminated quoted field");
-if (state.field !== "" || state.row.length > 0) consume([...state.row, state.field.replace(/\r$/, "")]);
+let rest;
+try {
+  rest = decoder.decode(); // the end of the input: an incomplete UTF-8 sequence is an error
+} catch {
+  die(3, "the input is not UTF-8 text");
+}
+for (const record of records(rest, state)) consume(record);
+if (state.mode === QUOTED) die(3, "unterminated quoted field");
+if (state.mode !== FIELD_START || state.row.length > 0) consume(endRecord(state));
 if (!header) die(3, "the input is empty");
 if (!columns.some((c) => c.numeric > 0 && c.text === 0)) die(3, "no numeric column");
 
@@ -150,7 +213,15 @@ const summary = {
   columns: columns.map((c) => {
     const type = c.nonNull === 0 ? "empty" : c.text === 0 ? "number" : c.numeric === 0 ? "string" : "mixed";
     const base = { name: c.name, type, nonNull: c.nonNull };
-    return type === "number" ? { ...base, min: c.min, max: c.max, mean: c.sum / c.numeric } : base;
+    const notes = [];
+    let stats = {};
+    if (type === "number") {
+      const mean = (c.scaledSum / c.numeric) * (c.scale || 1);
+      if (!Number.isFinite(mean)) notes.push("mean overflows");
+      stats = { min: c.min, max: c.max, mean: Number.isFinite(mean) ? mean : null };
+    }
+    if (c.nonFinite > 0) notes.push(`${c.nonFinite} NaN/Infinity values treated as missing`);
+    return { ...base, ...stats, ...(notes.length > 0 ? { notes } : {}) };
   }),
 };
 emit({ type: "progress", percent: 95, message: "writing summary.json" });

@@ -1,4 +1,5 @@
-// The three production programs, run by the production registry through the process runner.
+// The three production programs, run by the production registry through the process runner; then a
+// shared corpus of hostile CSVs (test/fixtures/csv/) that all three must read the same way.
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import os from "node:os";
@@ -7,6 +8,7 @@ import { after, describe, test } from "node:test";
 import { findPrograms, type Program } from "../../src/analyses/programs.ts";
 import { childEnv } from "../../src/runner/handler.ts";
 import { type ProcessResult, runProcess } from "../../src/runner/run-process.ts";
+import { ROOT } from "../helpers/cli.ts";
 
 const work = fs.mkdtempSync(path.join(os.tmpdir(), "assay-programs-"));
 after(() => fs.rmSync(work, { recursive: true, force: true }));
@@ -129,7 +131,6 @@ for (const c of cases) {
 
     test("unusable data (ragged rows, binary junk, no numeric column, empty) → exit 3", async () => {
       for (const name of ["ragged", "binary", "text", "empty"] as const) {
-        if (c.type === "r-report" && name === "ragged") continue; // read.csv pads short rows with NA
         const params = c.type === "python-stats" ? { method: "mean" } : c.params;
         const { r } = await run(p as Program, file(name), params);
         assert.equal(r.exitCode, 3, `${name}: ${r.stderrTail}`);
@@ -156,4 +157,327 @@ test("summary streams: progress at least every 5% of a multi-megabyte input", as
   const gaps = progress.slice(1).map((x, i) => x - (progress[i] as number));
   assert.ok(progress.length >= 15, `only ${progress.length} progress events`);
   assert.ok(Math.max(...gaps.slice(0, -2)) <= 10, `progress jumped by ${Math.max(...gaps)}`);
+});
+
+// ---------------------------------------------------------------------------------------------------
+// The hostile-CSV corpus. The semantics all three programs follow (each script's header repeats them):
+// - Encoding: UTF-8 only. A leading byte-order mark (Excel's "CSV UTF-8") is dropped. Other bytes
+//   (Latin-1 é, a sequence cut off at the end of the file) and NUL bytes → exit 3; nothing is guessed.
+// - Syntax: RFC 4180. Lines end in LF or CRLF (a CR without LF → exit 3). A quote opens a quoted field
+//   only as its first character (elsewhere it is a literal character); quoted fields hold commas,
+//   doubled quotes and line breaks; text after a closing quote, or a quote open at the end → exit 3.
+// - Shape: blank lines are ignored anywhere. The first record is the header: names trimmed, non-empty
+//   and distinct (else exit 3). Every other record has exactly as many fields as the header: short or
+//   long rows → exit 3 (no padding, no row names). A 0-byte file → exit 3; a header without rows has
+//   no numeric column → exit 3.
+// - Cells: trimmed of spaces, tabs, CR and LF; quoting does not change a type (" 50 " in quotes is 50).
+//   "" and NA (any case) are missing. A number is decimal: [+-]digits[.digits][e[+-]digits] (no hex,
+//   no 1_000). NaN, Inf, Infinity (any case, signed) and numbers beyond the double range (1e400) are
+//   missing too, never a value, and counted in the column's note "N NaN/Infinity values treated as
+//   missing". Anything else is text. A column is numeric when it has a number and no text; a file
+//   without a numeric column → exit 3.
+// - Numbers: sums and squares are computed on values scaled by a power of two, so every statistic a
+//   double can hold comes out right (the mean of 1.7e308 twice is 1.7e308); one it cannot hold is null
+//   (a blank cell in r-report) with the note "<statistic> overflows", e.g. "stdev overflows": summary
+//   in the column's "notes", python-stats in "notes" by column, r-report in the table's notes column.
+//   No output file or stdout line holds NaN or Infinity.
+// For exit 0 the figures all three report: rows, column names (summary: all; python-stats and r-report:
+// the numeric ones, r-report also the number of columns), and per numeric column [count, mean].
+type Expected =
+  | { exit: 3 }
+  | { exit: 0; rows: number; columns: string[]; numeric: Record<string, [count: number, mean: number]> };
+
+const CORPUS: Record<string, Expected> = {
+  "normal.csv": {
+    exit: 0,
+    rows: 4,
+    columns: ["id", "height", "weight", "name"],
+    numeric: { id: [4, 2.5], height: [3, (170.5 + 180 + 165) / 3], weight: [3, (65 + 80 + 72) / 3] },
+  },
+  "bom.csv": { exit: 0, rows: 3, columns: ["a", "b"], numeric: { a: [3, 7 / 3] } },
+  // BOM, CRLF, quoted header, quoted number, UTF-8 é
+  "excel-utf8.csv": {
+    exit: 0,
+    rows: 3,
+    columns: ["id", "price", "label"],
+    numeric: { id: [3, 2], price: [3, 31 / 3] },
+  },
+  // CRLF, and no line end after the last row
+  "crlf.csv": { exit: 0, rows: 3, columns: ["x", "y"], numeric: { x: [3, 3], y: [3, 4] } },
+  // quoted commas, doubled quotes, quoted LF and CRLF, a quoted empty cell, a quoted " 50 "
+  "quoted.csv": {
+    exit: 0,
+    rows: 5,
+    columns: ["id", "label", "value"],
+    numeric: { id: [5, 3], value: [5, 30] },
+  },
+  "blank-lines.csv": { exit: 0, rows: 2, columns: ["a", "b"], numeric: { a: [2, 2], b: [2, 3] } },
+  "empty-column.csv": { exit: 0, rows: 3, columns: ["a", "b", "c"], numeric: { a: [3, 2] } },
+  // NaN, Infinity, -inf, nan, +INF: missing, not text (x and y stay numeric)
+  "nonfinite-text.csv": {
+    exit: 0,
+    rows: 5,
+    columns: ["id", "x", "y"],
+    numeric: { id: [5, 3], x: [2, 5], y: [3, 2] },
+  },
+  "extreme.csv": {
+    exit: 0,
+    rows: 2,
+    columns: ["big", "tiny", "largest"],
+    numeric: { big: [2, 1e308], tiny: [2, 5e-324], largest: [2, Number.MAX_VALUE] },
+  },
+  // x: 1e200, -1e200, 5 (stdev ≈ 1e200); y: 1.7e308 twice; z: ±1.7e308 (stdev overflows)
+  "overflow.csv": {
+    exit: 0,
+    rows: 3,
+    columns: ["x", "y", "z"],
+    numeric: { x: [3, 5 / 3], y: [2, 1.7e308], z: [2, 0] },
+  },
+  "ragged-short.csv": { exit: 3 },
+  "ragged-long.csv": { exit: 3 }, // a header one field shorter than the rows
+  "ragged-late.csv": { exit: 3 }, // a short row after the first five
+  "latin1.csv": { exit: 3 },
+  "latin1-at-end.csv": { exit: 3 }, // the last byte starts a sequence that never ends
+  "empty.csv": { exit: 3 }, // 0 bytes
+  "header-only.csv": { exit: 3 },
+  "duplicate-header.csv": { exit: 3 },
+  "text-after-quote.csv": { exit: 3 },
+  "unterminated-quote.csv": { exit: 3 },
+};
+const CORPUS_DIR = path.join(ROOT, "test/fixtures/csv");
+
+interface Figures {
+  rows: number;
+  /** Every column's name, where the program reports them all. */
+  columns?: string[];
+  columnCount?: number;
+  numeric: Record<string, [count: number, mean: number | null]>;
+}
+
+const readJson = (out: string, name: string) => JSON.parse(fs.readFileSync(path.join(out, name), "utf8"));
+
+interface ReportRow {
+  name: string;
+  n: number;
+  mean: number | null;
+  stdev: number | null;
+  min: number | null;
+  median: number | null;
+  max: number | null;
+  notes: string;
+}
+const unescapeHtml = (s: string) =>
+  s
+    .replace(/&lt;/g, "<")
+    .replace(/&gt;/g, ">")
+    .replace(/&quot;/g, '"')
+    .replace(/&#39;/g, "'")
+    .replace(/&amp;/g, "&");
+function reportTable(html: string): ReportRow[] {
+  const num = (s: string) => (s === "" ? null : Number(s));
+  // 7 cells after the name; 6 in reports without the notes column (r_report.R before it had one)
+  const cells = /<tr><td>([\s\S]*?)<\/td>((?:<td>[^<]*<\/td>){6,7})<\/tr>/g;
+  return [...html.matchAll(cells)].map((m) => {
+    const [n, mean, stdev, min, median, max, notes = ""] = [
+      ...(m[2] as string).matchAll(/<td>([^<]*)<\/td>/g),
+    ].map((c) => c[1] as string) as [string, string, string, string, string, string, string?];
+    return {
+      name: unescapeHtml(m[1] as string),
+      n: Number(n),
+      mean: num(mean),
+      stdev: num(stdev),
+      min: num(min),
+      median: num(median),
+      max: num(max),
+      notes: unescapeHtml(notes),
+    };
+  });
+}
+
+const corpusRuns: { type: string; params: Record<string, unknown>; figures: (out: string) => Figures }[] = [
+  {
+    type: "summary",
+    params: {},
+    figures: (out) => {
+      const s = readJson(out, "summary.json");
+      const cols = s.columns as { name: string; type: string; nonNull: number; mean?: number | null }[];
+      return {
+        rows: s.rows,
+        columns: cols.map((c) => c.name),
+        numeric: Object.fromEntries(
+          cols.filter((c) => c.type === "number").map((c) => [c.name, [c.nonNull, c.mean ?? null]]),
+        ),
+      };
+    },
+  },
+  {
+    type: "python-stats",
+    params: { method: "mean" },
+    figures: (out) => {
+      const s = readJson(out, "stats.json");
+      const csv = fs.readFileSync(path.join(out, "stats.csv"), "utf8");
+      assert.doesNotMatch(csv, /(^|,)[+-]?(nan|inf)/im, "stats.csv holds a non-finite number");
+      return {
+        rows: s.rows,
+        numeric: Object.fromEntries(Object.keys(s.columns).map((k) => [k, [s.counts[k], s.columns[k]]])),
+      };
+    },
+  },
+  {
+    type: "r-report",
+    params: {},
+    figures: (out) => {
+      const html = fs.readFileSync(path.join(out, "report.html"), "utf8");
+      const head = /<p>(\d+) rows, (\d+) columns, (\d+) numeric\.<\/p>/.exec(html);
+      assert.ok(head, "the report states its rows and columns");
+      assert.doesNotMatch(html, /<td>-?(NA|NaN|Inf|Infinity)<\/td>/, "the table shows a non-finite value");
+      return {
+        rows: Number(head[1]),
+        columnCount: Number(head[2]),
+        numeric: Object.fromEntries(reportTable(html).map((r) => [r.name, [r.n, r.mean]])),
+      };
+    },
+  },
+];
+
+/** a and b equal to `digits` significant digits (r-report prints 6). */
+function assertClose(actual: number | null, expected: number, digits: number, what: string) {
+  assert.ok(actual !== null, `${what}: null, expected ${expected}`);
+  const tolerance = 10 ** -digits * Math.max(Math.abs(actual), Math.abs(expected));
+  assert.ok(Math.abs(actual - expected) <= tolerance, `${what}: ${actual}, expected ${expected}`);
+}
+
+for (const c of corpusRuns) {
+  const p = program(c.type);
+  const skip = !p && process.env.CI !== "true" ? `${c.type} is not available on this machine` : false;
+  describe(`${c.type} on the hostile-CSV corpus`, { skip }, () => {
+    for (const [file, expected] of Object.entries(CORPUS)) {
+      test(`${file} → exit ${expected.exit}`, async () => {
+        const { r, out } = await run(p as Program, path.join(CORPUS_DIR, file), c.params);
+        assert.equal(r.protocolError, undefined, "every stdout line is a protocol event (valid JSON)");
+        assert.equal(r.exitCode, expected.exit, r.stderrTail);
+        if (expected.exit !== 0) return;
+        const f = c.figures(out);
+        assert.equal(f.rows, expected.rows);
+        assert.equal(r.result?.metrics.rows, expected.rows);
+        if (f.columns) assert.deepEqual(f.columns, expected.columns);
+        if (f.columnCount !== undefined) assert.equal(f.columnCount, expected.columns.length);
+        assert.deepEqual(Object.keys(f.numeric), Object.keys(expected.numeric), "numeric columns");
+        for (const [name, [count, mean]] of Object.entries(expected.numeric)) {
+          const [n, m] = f.numeric[name] as [number, number | null];
+          assert.equal(n, count, `${name}: count`);
+          assertClose(m, mean, c.type === "r-report" ? 5 : 12, `${name}: mean`);
+        }
+      });
+    }
+  });
+}
+
+// One test per fault of the issue "programs right on real-world CSVs" (the corpus covers them too).
+const corpus = (name: string) => path.join(CORPUS_DIR, name);
+const skipUnless = (...types: string[]) =>
+  types.every((t) => program(t)) || process.env.CI === "true" ? false : `needs ${types.join(", ")}`;
+
+test("python-stats: a byte-order mark is not part of the first column's name", {
+  skip: skipUnless("python-stats"),
+}, async () => {
+  const { r, out } = await run(program("python-stats") as Program, corpus("bom.csv"), {
+    method: "mean",
+    columns: ["a"],
+  });
+  assert.equal(r.exitCode, 0, r.stderrTail);
+  assert.deepEqual(readJson(out, "stats.json").columns, { a: 7 / 3 });
+});
+
+// overflow.csv: x = 1e200, -1e200, 5 (deviations of about ±1e200 and 0, so stdev = sqrt(2e400 / 2) =
+// 1e200); y = 1.7e308 twice (mean 1.7e308); z = ±1.7e308 (stdev 2.4e308: beyond the double range).
+test("summary: the mean of 1.7e308 twice is 1.7e308", { skip: skipUnless("summary") }, async () => {
+  const { r, out } = await run(program("summary") as Program, corpus("overflow.csv"), {});
+  assert.equal(r.exitCode, 0, r.stderrTail);
+  const y = readJson(out, "summary.json").columns[1];
+  assert.deepEqual(y, { name: "y", type: "number", nonNull: 2, min: 1.7e308, max: 1.7e308, mean: 1.7e308 });
+});
+
+test("python-stats: no overflow where the statistic is representable, null and a note where not", {
+  skip: skipUnless("python-stats"),
+}, async () => {
+  const expected: Record<string, Record<string, number | null>> = {
+    stdev: { x: 1e200, y: 0, z: null },
+    mean: { x: 5 / 3, y: 1.7e308, z: 0 },
+    median: { x: 5, y: 1.7e308, z: 0 },
+  };
+  for (const [method, want] of Object.entries(expected)) {
+    const { r, out } = await run(program("python-stats") as Program, corpus("overflow.csv"), { method });
+    assert.equal(r.protocolError, undefined);
+    assert.equal(r.exitCode, 0, `${method}: ${r.stderrTail}`);
+    const s = readJson(out, "stats.json"); // JSON.parse refuses NaN and Infinity
+    for (const [name, value] of Object.entries(want)) {
+      if (value === null) assert.equal(s.columns[name], null, `${method} of ${name}`);
+      else assertClose(s.columns[name], value, 12, `${method} of ${name}`);
+    }
+    assert.deepEqual(s.notes ?? {}, method === "stdev" ? { z: ["stdev overflows"] } : {});
+    assert.doesNotMatch(fs.readFileSync(path.join(out, "stats.csv"), "utf8"), /nan|inf/i);
+  }
+});
+
+test("r-report: no overflow where the statistic is representable, a blank and a note where not", {
+  skip: skipUnless("r-report"),
+}, async () => {
+  const { r, out } = await run(program("r-report") as Program, corpus("overflow.csv"), {});
+  assert.equal(r.exitCode, 0, r.stderrTail);
+  const [x, y, z] = reportTable(fs.readFileSync(path.join(out, "report.html"), "utf8")) as ReportRow[];
+  assertClose(x?.mean ?? null, 5 / 3, 5, "mean of x");
+  assertClose(x?.stdev ?? null, 1e200, 5, "stdev of x");
+  assertClose(y?.mean ?? null, 1.7e308, 5, "mean of y");
+  assert.equal(z?.stdev, null);
+  assert.equal(z?.notes, "stdev overflows");
+});
+
+test("r-report: the title is rendered exactly as given, whatever backslashes it holds", {
+  skip: skipUnless("r-report"),
+}, async () => {
+  const titles = [
+    "C:\\new dir",
+    'C:\\\\server\\share\\t \\u0041 \\" "quoted" / \\/ é ✓ 😀',
+    "two\nlines\ttab",
+  ];
+  for (const title of titles) {
+    const { r, out } = await run(program("r-report") as Program, corpus("normal.csv"), { title });
+    assert.equal(r.exitCode, 0, r.stderrTail);
+    const html = fs.readFileSync(path.join(out, "report.html"), "utf8");
+    const escaped = title.replace(/&/g, "&amp;").replace(/"/g, "&quot;");
+    assert.ok(html.includes(`<title>${escaped}</title>`), `${JSON.stringify(title)} not in the <title>`);
+    assert.ok(html.includes(`<h1>${escaped}</h1>`));
+  }
+});
+
+test("r-report: every numeric column is plotted, on one stated scale, up to a stated cap", {
+  skip: skipUnless("r-report"),
+}, async () => {
+  const pngSize = (html: string) => {
+    const b64 = /src="data:image\/png;base64,([^"]+)"/.exec(html)?.[1] as string;
+    const png = Buffer.from(b64, "base64");
+    return { width: png.readUInt32BE(16), height: png.readUInt32BE(20) };
+  };
+  // normal.csv starts with a row id: the ids are plotted, and so are height and weight.
+  const normal = await run(program("r-report") as Program, corpus("normal.csv"), {});
+  assert.equal(normal.r.exitCode, 0, normal.r.stderrTail);
+  const html = fs.readFileSync(path.join(normal.out, "report.html"), "utf8");
+  assert.match(html, /<p class="plotted">Plotted: id, height, weight\.<\/p>/);
+  assert.match(html, /<p class="scale">[^<]*vertical axis is shared by all panels[^<]*<\/p>/);
+  assert.doesNotMatch(html, /not-plotted/);
+
+  // 15 numeric columns (and a text one): the first 12 are plotted, the 3 others named.
+  const names = Array.from({ length: 15 }, (_, i) => `m${i + 1}`);
+  const lines = [["label", ...names].join(",")];
+  for (let row = 0; row < 30; row++)
+    lines.push([`r${row}`, ...names.map((_, i) => (row * (i + 1)) % 17)].join(","));
+  const wide = path.join(work, "wide.csv");
+  fs.writeFileSync(wide, `${lines.join("\n")}\n`);
+  const many = await run(program("r-report") as Program, wide, {});
+  assert.equal(many.r.exitCode, 0, many.r.stderrTail);
+  const manyHtml = fs.readFileSync(path.join(many.out, "report.html"), "utf8");
+  assert.ok(manyHtml.includes(`<p class="plotted">Plotted: ${names.slice(0, 12).join(", ")}.</p>`));
+  assert.match(manyHtml, /<p class="not-plotted">Not plotted \(at most 12 panels\): m13, m14, m15\.<\/p>/);
+  assert.ok(pngSize(manyHtml).height > pngSize(html).height, "12 panels take more room than 3");
 });
