@@ -29,7 +29,7 @@ function perTypeFields() {
     };
     fields[`${key}TimeoutMs`] = {
       env: `ASSAY_${infix}_TIMEOUT_MS`,
-      schema: Type.Integer({ minimum: 100, default: 600_000 }),
+      ...durationMs(100, 600_000),
       description: `Wall-clock limit of one ${type} attempt; then it is killed and the run ends timed_out.`,
     };
   }
@@ -41,6 +41,17 @@ function perTypeFields() {
 
 interface IntegerField extends Field {
   schema: TInteger;
+}
+
+/** The longest a Node timer can wait: a longer delay fires after 1 ms instead. */
+export const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/** A duration in milliseconds that some timer waits for: bounded by what a timer can wait. */
+function durationMs(minimum: number, defaultMs: number): Pick<IntegerField, "schema" | "hint"> {
+  return {
+    schema: Type.Integer({ minimum, maximum: MAX_TIMER_MS, default: defaultMs }),
+    hint: `must be a whole number of milliseconds from ${minimum} to ${MAX_TIMER_MS} (about 24.8 days, the longest a timer can wait)`,
+  };
 }
 
 interface Field {
@@ -112,29 +123,29 @@ const FIELDS = {
   },
   leaseTtlMs: {
     env: "ASSAY_LEASE_TTL_MS",
-    schema: Type.Integer({ minimum: 1000, default: 30_000 }),
+    ...durationMs(1000, 30_000),
     description:
       "How long a worker's claim on a run lasts without a heartbeat (heartbeats every third of it). A dead worker's runs are recovered after at most this plus the reap interval.",
   },
   reapIntervalMs: {
     env: "ASSAY_REAP_INTERVAL_MS",
-    schema: Type.Integer({ minimum: 100, default: 5000 }),
+    ...durationMs(100, 5000),
     description: "How often each worker runs the lease reaper (jittered).",
   },
   pollIntervalMs: {
     env: "ASSAY_POLL_INTERVAL_MS",
-    schema: Type.Integer({ minimum: 50, default: 2000 }),
+    ...durationMs(50, 2000),
     description: "Backstop poll for new runs when no NOTIFY arrives (jittered).",
   },
   workerWaitMs: {
     env: "ASSAY_WORKER_WAIT_MS",
-    schema: Type.Integer({ minimum: 1000, default: 600_000 }),
+    ...durationMs(1000, 600_000),
     description:
       "How long queued runs of a type wait for any live worker that can execute it before failing with ANALYSIS_WORKER_UNAVAILABLE.",
   },
   retryBaseMs: {
     env: "ASSAY_RETRY_BASE_MS",
-    schema: Type.Integer({ minimum: 1, default: 1000 }),
+    ...durationMs(1, 1000),
     description:
       "First retry delay after a transient failure; doubles per attempt (with jitter), capped at 5 minutes.",
   },
@@ -146,24 +157,24 @@ const FIELDS = {
   },
   retentionDays: {
     env: "ASSAY_RETENTION_DAYS",
-    schema: Type.Number({ exclusiveMinimum: 0, default: 30 }),
+    schema: Type.Number({ exclusiveMinimum: 0, maximum: 36_500, default: 30 }),
     description:
       "Finished tasks (with their runs, events and output files) are deleted this many days after they finished.",
   },
   retentionIntervalMs: {
     env: "ASSAY_RETENTION_INTERVAL_MS",
-    schema: Type.Integer({ minimum: 1000, default: 3_600_000 }),
+    ...durationMs(1000, 3_600_000),
     description: "How often each worker runs the retention pass (jittered).",
   },
   sseHeartbeatMs: {
     env: "ASSAY_SSE_HEARTBEAT_MS",
-    schema: Type.Integer({ minimum: 100, default: 15_000 }),
+    ...durationMs(100, 15_000),
     description:
       "Keep-alive comment interval on Server-Sent Events streams; a stream whose task ended without it (or was deleted) ends within one interval.",
   },
   killGraceMs: {
     env: "ASSAY_KILL_GRACE_MS",
-    schema: Type.Integer({ minimum: 0, default: 5000 }),
+    ...durationMs(0, 5000),
     description: "Between SIGTERM and SIGKILL to an analysis process group on timeout, cancel or shutdown.",
   },
   childNice: {
@@ -174,7 +185,7 @@ const FIELDS = {
   },
   shutdownGraceMs: {
     env: "ASSAY_SHUTDOWN_GRACE_MS",
-    schema: Type.Integer({ minimum: 0, default: 25_000 }),
+    ...durationMs(0, 25_000),
     description:
       "On SIGTERM, how long a worker lets running analyses finish before aborting them (their runs go back to the queue unspent).",
   },

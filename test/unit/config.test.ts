@@ -107,3 +107,25 @@ test("the README's configuration table lists every field", async () => {
     assert.ok(rows.has(cells(line)), `README is missing: ${line}`);
   }
 });
+
+test("durations a timer cannot wait for (over 2^31−1 ms, ~24.8 days) are refused at start-up, naming the field", () => {
+  const thirtyDays = String(30 * 24 * 3600 * 1000);
+  const durations = configTable()
+    .split("\n")
+    .map((line) => /^\| `([A-Z0-9_]+_MS)` /.exec(line)?.[1])
+    .filter((env): env is string => env !== undefined);
+  assert.ok(durations.length >= 12, `found ${durations.length} duration settings`);
+  for (const env of durations) {
+    assert.throws(
+      () => loadConfig({ [env]: thirtyDays }),
+      (err: unknown) =>
+        err instanceof ConfigError &&
+        err.problems.length === 1 &&
+        err.problems[0]?.startsWith(`${env}="${thirtyDays}"`) === true &&
+        /2147483647/.test(err.problems[0] ?? ""),
+      env,
+    );
+    assert.doesNotThrow(() => loadConfig({ [env]: String(2 ** 31 - 1) }), env);
+  }
+  assert.throws(() => loadConfig({ ASSAY_RETENTION_DAYS: "1e300" }), ConfigError);
+});
