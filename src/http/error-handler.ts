@@ -46,6 +46,10 @@ function classify(err: FastifyError): { status: number; code: ErrorCode; message
 export function errorHandler(err: FastifyError, request: FastifyRequest, reply: FastifyReply) {
   const { status, code, message } = classify(err);
   if (status >= 500) request.log.error({ err }, "request failed");
-  else request.log.info({ code, cause: err.message }, "request rejected");
+  else
+    request.log.info(
+      { code, cause: err.cause instanceof Error ? err.cause.message : err.message },
+      "request rejected",
+    );
   return reply.status(status).send({ code, message });
 }

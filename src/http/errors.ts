@@ -3,6 +3,7 @@
 export const PUBLIC_MESSAGES = {
   VALIDATION_FAILED: "The request is invalid.",
   INVALID_JSON: "The request body is not valid JSON.",
+  INVALID_MULTIPART: "The request body is not valid multipart/form-data.",
   BAD_REQUEST: "The request could not be processed.",
   UNAUTHORIZED: "A valid bearer token is required.",
   NOT_FOUND: "No such route.",
@@ -26,8 +27,10 @@ export class ApiError extends Error {
     readonly code: ErrorCode,
     /** Public detail; defaults to the code's stable message. Never put a cause here. */
     readonly publicMessage: string = PUBLIC_MESSAGES[code],
+    /** What went wrong underneath: logged, never returned. */
+    cause?: unknown,
   ) {
-    super(`${code}: ${publicMessage}`);
+    super(`${code}: ${publicMessage}`, cause === undefined ? undefined : { cause });
     this.name = "ApiError";
   }
 }

@@ -27,8 +27,12 @@ async function upload(token: string, content: Buffer | string, filename = "data.
   });
 }
 
-const filesOnDisk = () => fs.readdirSync(path.join(t.config.dataDir, "files")).sort();
-const partials = () => fs.readdirSync(path.join(t.config.dataDir, ".partial"));
+const listing = (dir: string) =>
+  fs.existsSync(path.join(t.config.dataDir, dir))
+    ? fs.readdirSync(path.join(t.config.dataDir, dir)).sort()
+    : [];
+const filesOnDisk = () => listing("files");
+const partials = () => listing(".partial");
 const fileRows = async () => (await t.db.sql`select count(*)::int as n from files`)[0]?.n as number;
 
 describe("POST /api/files", () => {
@@ -104,6 +108,63 @@ describe("POST /api/files", () => {
     });
     assert.equal(res.statusCode, 400);
     assert.equal(res.json().code, "VALIDATION_FAILED");
+  });
+
+  test("malformed multipart → 400 INVALID_MULTIPART, logged at info, nothing stored", async () => {
+    const rows = await fileRows();
+    const files = filesOnDisk();
+    const { payload } = multipart("file", "a,b\n1,2\n");
+    const boundary = /^------assay[0-9a-f]+/.exec(payload.toString())?.[0]?.slice(2) as string;
+    const bodies: [string, Record<string, string>, Buffer | string][] = [
+      ["no boundary", { "content-type": "multipart/form-data" }, payload],
+      [
+        "no closing boundary",
+        { "content-type": `multipart/form-data; boundary=${boundary}` },
+        payload.subarray(0, payload.length - boundary.length - 8),
+      ],
+      [
+        "a body that is not multipart at all",
+        { "content-type": `multipart/form-data; boundary=${boundary}` },
+        "hello",
+      ],
+    ];
+    for (const [what, headers, body] of bodies) {
+      const before = t.logs.length;
+      const res = await t.app.inject({
+        method: "POST",
+        url: "/api/files",
+        payload: body,
+        headers: { ...bearer(alice), ...headers },
+      });
+      console.error(
+        "DBG",
+        what,
+        res.statusCode,
+        res.body,
+        JSON.stringify(
+          t.logs
+            .slice(before)
+            .map((l) => [
+              l.level,
+              l.msg,
+              (l.err as { message?: string; code?: string })?.message,
+              (l.err as { code?: string })?.code,
+              l.cause,
+            ]),
+        ),
+      );
+      assert.equal(res.statusCode, 400, `${what}: ${res.body}`);
+      assert.equal(res.json().code, "INVALID_MULTIPART", what);
+      const lines = t.logs.slice(before);
+      assert.ok(!lines.some((l) => (l.level as number) >= 50), `${what}: logged as an error`);
+      assert.ok(
+        lines.some((l) => l.code === "INVALID_MULTIPART" && l.level === 30),
+        `${what}: logged at info`,
+      );
+    }
+    assert.equal(await fileRows(), rows);
+    assert.deepEqual(filesOnDisk(), files);
+    assert.deepEqual(partials(), []);
   });
 
   test("without a token → 401 and nothing stored", async () => {

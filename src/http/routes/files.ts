@@ -1,6 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
 import { Type } from "typebox";
 import { fileCreate, fileGet, sanitizeFileName } from "../../files/files.ts";
+import { PayloadTooLargeError } from "../../storage/local.ts";
 import { principalOf } from "../auth.ts";
 import { ApiError, notFound } from "../errors.ts";
 import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok } from "../schemas.ts";
@@ -13,6 +14,18 @@ const FileBody = Type.Object({
   sha256: Type.String(),
   createdAt: Type.String({ format: "date-time" }),
 });
+
+/**
+ * An error from reading the multipart body: the parser's own (no boundary, a body that ends before
+ * its closing boundary, a malformed part header) become 400 INVALID_MULTIPART; errors with a code of
+ * their own (size limits, not multipart at all) and I/O errors of the server (a full disk) pass
+ * through to the error handler unchanged.
+ */
+function rejectMalformed(err: unknown): never {
+  const e = err as { code?: unknown; syscall?: unknown };
+  if (err instanceof PayloadTooLargeError || typeof e.code === "string" || e.syscall !== undefined) throw err;
+  throw new ApiError(400, "INVALID_MULTIPART", undefined, err);
+}
 
 export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.post(
@@ -28,13 +41,13 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request, reply) => {
       const { database, storage, config } = app.services;
-      const part = await request.file();
+      const part = await request.file().catch(rejectMalformed);
       if (part?.fieldname !== "file") {
         // Drain whatever part arrived so the connection can be reused.
         part?.file.resume();
         throw new ApiError(400, "VALIDATION_FAILED", "The request must carry a `file` part.");
       }
-      const staged = await storage.stage(part.file, config.maxUploadBytes);
+      const staged = await storage.stage(part.file, config.maxUploadBytes).catch(rejectMalformed);
       // @fastify/multipart truncates at its own limit instead of erroring in some paths.
       if (part.file.truncated) {
         await staged.discard();
