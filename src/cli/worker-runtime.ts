@@ -12,7 +12,7 @@ import { Reaper } from "../queue/reaper.ts";
 import { Retention } from "../queue/retention.ts";
 import { type TypeOptions, Worker } from "../queue/worker.ts";
 import { GroupGuard } from "../runner/group-guard.ts";
-import { discardAttempt, processHandler } from "../runner/handler.ts";
+import { discardAttempt, processHandler, removeLeftovers } from "../runner/handler.ts";
 import type { LocalStorage } from "../storage/local.ts";
 
 export interface WorkerRuntime {
@@ -70,6 +70,7 @@ export async function startWorkerRuntime(
     retryBaseMs: config.retryBaseMs,
     prefetch: config.prefetch,
     onDiscard: discardAttempt(outputsRoot),
+    onRecorded: removeLeftovers(outputsRoot),
     observer,
   });
   const reaper = new Reaper({

@@ -140,6 +140,12 @@ export const runs = pgTable(
     errorCode: text("error_code"),
     errorMessage: text("error_message"),
     result: jsonb("result"),
+    /**
+     * The succeeded attempt's output folder (object prefix), relative to the outputs root, written by
+     * the completion that won the lease fence. Null for other outcomes, and for runs that succeeded
+     * before this column existed (their outputs are at `<taskId>/<runId>`).
+     */
+    outputKey: text("output_key"),
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
     startedAt: timestamp("started_at", { withTimezone: true }),
     finishedAt: timestamp("finished_at", { withTimezone: true }),

@@ -21,7 +21,15 @@ export interface HandlerContext {
 }
 
 export type HandlerOutcome =
-  | { status: "succeeded"; result?: Record<string, unknown> }
+  | {
+      status: "succeeded";
+      result?: Record<string, unknown>;
+      /**
+       * Where this attempt's outputs are (relative to the outputs root). Recorded as the run's output
+       * only when the completion wins the lease fence; otherwise the worker discards the attempt.
+       */
+      outputKey?: string;
+    }
   | {
       status: "failed";
       errorCode: string;
@@ -46,11 +54,13 @@ export type Decision =
   | { kind: "retry"; retry: Retry };
 
 /**
- * The worker's abort reason wins over what the handler returned: a lost lease records nothing, a
- * shutdown goes back to the queue with the attempt refunded, a cancel ends cancelled, a timeout ends
- * timed out. Otherwise: success; transient failures (and thrown errors) retry with backoff while
- * attempts are left; anything else fails (a "cancelled" nobody asked for included: only a run marked
- * cancelling may end cancelled).
+ * A lost lease records nothing, whatever the handler returned. A success stands against every other
+ * abort: a cancel, timeout or shutdown that arrived after the program had finished its work (while its
+ * outputs were checked) changes nothing about that work. Otherwise the worker's abort reason wins over
+ * what the handler returned: a shutdown goes back to the queue with the attempt refunded, a cancel ends
+ * cancelled, a timeout ends timed out. Then: transient failures (and thrown errors) retry with backoff
+ * while attempts are left; anything else fails (a "cancelled" nobody asked for included: only a run
+ * marked cancelling may end cancelled).
  */
 export function decide(
   run: ClaimedRun,
@@ -64,6 +74,13 @@ export function decide(
     outcome: { ...lease, ...outcome },
   });
   if (reason === "lost") return { kind: "discard" };
+  if (ending.status === "succeeded") {
+    return complete({
+      status: "succeeded",
+      result: ending.result ?? null,
+      outputKey: ending.outputKey ?? null,
+    });
+  }
   if (reason === "shutdown") {
     return {
       kind: "retry",
@@ -79,7 +96,6 @@ export function decide(
       errorMessage: message ?? "the attempt exceeded its time limit",
     });
   }
-  if (ending.status === "succeeded") return complete({ status: "succeeded", result: ending.result ?? null });
   if (ending.status === "cancelled") {
     // Only a run being cancelled may end cancelled; a handler that gave up unasked has failed.
     return complete({

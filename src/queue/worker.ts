@@ -58,6 +58,11 @@ export interface WorkerOptions {
   prefetch?: number;
   /** Called for an attempt whose outcome was fenced off or abandoned (its output must go). */
   onDiscard?: (run: ClaimedRun) => Promise<void>;
+  /**
+   * Called once an attempt's terminal outcome is recorded (no other attempt of the run can win now),
+   * with the output key it recorded (a success's), so leftovers of earlier attempts can go.
+   */
+  onRecorded?: (run: ClaimedRun, outputKey: string | null) => Promise<void>;
   /** Told about claims, attempts and lost leases (metrics). */
   observer?: QueueObserver;
   id?: string;
@@ -106,6 +111,8 @@ export class Worker {
   private stopping = false;
   private rotation = 0;
   private timers: NodeJS.Timeout[] = [];
+  /** One wake-up for the earliest retry this worker queued that is not due yet. */
+  private retryWake: { at: number; timer: NodeJS.Timeout } | undefined;
   private unlisten: (() => Promise<void>) | undefined;
 
   constructor(options: WorkerOptions) {
@@ -314,13 +321,27 @@ export class Worker {
         return;
       case "retry":
         this.queueRetry(run, seconds, decision.retry);
-        if (decision.retry.delayMs > 0)
-          this.timers.push(setTimeout(() => this.wake(), decision.retry.delayMs + 5).unref());
+        if (decision.retry.delayMs > 0) this.wakeAt(Date.now() + decision.retry.delayMs + 5);
         return;
       case "complete":
         this.queueOutcome(run, seconds, decision.outcome);
         return;
     }
+  }
+
+  /**
+   * Wakes the claim loop at `at` (a retry of ours is due then). One timer: an earlier time replaces
+   * it, a later one is covered by the wake-up it causes (the poll and later retries do the rest).
+   */
+  private wakeAt(at: number): void {
+    if (this.stopping || (this.retryWake && this.retryWake.at <= at)) return;
+    if (this.retryWake) clearTimeout(this.retryWake.timer);
+    const timer = setTimeout(() => {
+      this.retryWake = undefined;
+      this.wake();
+    }, at - Date.now());
+    timer.unref();
+    this.retryWake = { at, timer };
   }
 
   private queueOutcome(run: ClaimedRun, seconds: number | null, outcome: Outcome): void {
@@ -358,6 +379,14 @@ export class Worker {
     }
   }
 
+  private async recorded(run: ClaimedRun, outputKey: string | null): Promise<void> {
+    try {
+      await this.o.onRecorded?.(run, outputKey);
+    } catch (err) {
+      this.o.logger.warn({ err, runId: run.id }, "could not remove earlier attempts' outputs");
+    }
+  }
+
   /** Starts a flush unless one is running; the running one picks up everything queued meanwhile. */
   private flush(): Promise<void> {
     this.flushing ??= this.flushAll().finally(() => {
@@ -375,7 +404,7 @@ export class Worker {
       this.outcomes = [];
       this.retries = [];
       try {
-        const [completion, requeued] = await Promise.all([
+        const [completion, retried] = await Promise.all([
           runComplete(
             this.o.sql,
             outcomes.map((o) => o.value),
@@ -387,7 +416,8 @@ export class Worker {
         ]);
         // Each transition is logged once, after it was recorded.
         const done = new Set(completion.completed);
-        const back = new Set(requeued);
+        const back = new Set(retried.requeued);
+        const cancelled = new Set(retried.cancelled);
         for (const p of outcomes) {
           const { run, value: outcome } = p;
           if (done.has(run.id)) {
@@ -396,11 +426,20 @@ export class Worker {
               "run finished",
             );
             this.ended(p, outcome.status);
+            void this.recorded(run, outcome.outputKey ?? null);
           } else this.fenced(p);
         }
         for (const p of retries) {
           const { run, value: retry } = p;
-          if (back.has(run.id)) {
+          if (cancelled.has(run.id)) {
+            // Cancelled while it failed or was shut down: it ended, it is not retried.
+            this.o.logger.info(
+              { ...this.fields(run), status: "cancelled", errorCode: "ANALYSIS_PROCESS_CANCELLED" },
+              "run finished",
+            );
+            this.ended(p, "cancelled");
+            void this.recorded(run, null);
+          } else if (back.has(run.id)) {
             this.ended(p, retry.refund ? "requeued" : "retried");
             this.o.logger.info(
               {
@@ -414,10 +453,13 @@ export class Worker {
             );
           } else this.fenced(p);
         }
-        for (const t of completion.finishedTasks) {
+        for (const t of [...completion.finishedTasks, ...retried.finishedTasks]) {
           this.o.logger.info({ taskId: t.taskId, status: t.status }, "task finished");
         }
-        await this.wakeOthers(outcomes.map((o) => o.run));
+        await this.wakeOthers([
+          ...outcomes.map((o) => o.run),
+          ...retries.filter((r) => cancelled.has(r.run.id)).map((r) => r.run),
+        ]);
       } catch (err) {
         this.o.logger.warn({ err, workerId: this.id }, "completion write failed; retrying");
         this.outcomes.unshift(...outcomes);
@@ -534,6 +576,8 @@ export class Worker {
     await this.flush();
     for (const t of this.timers) clearTimeout(t);
     this.timers = [];
+    clearTimeout(this.retryWake?.timer);
+    this.retryWake = undefined;
     await this.unlisten?.().catch(() => {});
     await workerDelete(this.o.sql, this.id).catch((err) =>
       this.o.logger.warn({ err, workerId: this.id }, "could not deregister"),

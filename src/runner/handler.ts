@@ -1,6 +1,7 @@
 // The queue handler that runs an analysis program for a claimed run: input path from the run's
-// snapshot (under the storage root), a per-attempt output directory, the process, and the mapping of
-// how it ended to an outcome (DESIGN §5).
+// snapshot (under the storage root), a per-attempt output folder, the process, and the mapping of
+// how it ended to an outcome (DESIGN §5). A successful attempt keeps its folder and names it in its
+// outcome; whether it becomes the run's output is decided by the completion's lease fence.
 import fs from "node:fs";
 import fsp from "node:fs/promises";
 import os from "node:os";
@@ -9,7 +10,7 @@ import type { Program } from "../analyses/programs.ts";
 import type { ClaimedRun, Handler, HandlerOutcome } from "../queue/worker.ts";
 import type { LocalStorage } from "../storage/local.ts";
 import type { GroupRegistry } from "./group-guard.ts";
-import { attemptDirs, checkOutputs, discardOutputs, publishOutputs } from "./outputs.ts";
+import { attemptOutput, checkOutputs, discardOutputs, removeOtherAttempts } from "./outputs.ts";
 import { type ProcessResult, runProcess } from "./run-process.ts";
 
 export interface ProcessHandlerDeps {
@@ -96,7 +97,7 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
   // One private HOME per handler, made on first use: programs get a writable home, not ours.
   let home: Promise<string> | undefined;
   return async (run, { signal, reportProgress, releaseSlot, finishing }) => {
-    const dirs = attemptDirs(deps.outputsRoot, run.taskId, run.id, run.attempt, run.leaseToken);
+    const output = attemptOutput(deps.outputsRoot, run.taskId, run.id, run.attempt, run.leaseToken);
     let inputPath: string;
     try {
       inputPath = deps.storage.resolve(run.inputStorageKey);
@@ -124,9 +125,9 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
     // Named by the lease token: no other attempt writes here. Synchronous, like the checks above:
     // a local metadata call is cheaper than a thread-pool round trip, and it sits on the path from
     // claim to spawn.
-    fs.mkdirSync(dirs.tmp, { recursive: true });
+    fs.mkdirSync(output.dir, { recursive: true });
     home ??= fsp.mkdtemp(path.join(os.tmpdir(), "assay-home-"));
-    let published = false;
+    let keep = false;
     try {
       const result = await runProcess(
         {
@@ -136,7 +137,7 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
             "--input",
             inputPath,
             "--output-dir",
-            dirs.tmp,
+            output.dir,
             "--params",
             JSON.stringify(run.parameters),
           ],
@@ -160,16 +161,16 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
         !result.protocolError &&
         !result.isCanceled &&
         !result.timedOut
-          ? checkOutputs(dirs.tmp, result.result.outputFileName)
+          ? checkOutputs(output.dir, result.result.outputFileName)
           : undefined;
       const outcome = outcomeOf(result, check);
-      if (outcome.status === "succeeded" && result.result) {
-        await publishOutputs(dirs, result.result.outputFileName);
-        published = true;
-      }
-      return outcome;
+      if (outcome.status !== "succeeded") return outcome;
+      // Kept as it is: the completion records this folder only if it wins the fence; if it loses,
+      // the worker discards the folder (onDiscard).
+      keep = true;
+      return { ...outcome, outputKey: output.key };
     } finally {
-      if (!published) await fsp.rm(dirs.tmp, { recursive: true, force: true });
+      if (!keep) await discardOutputs(output);
     }
   };
 }
@@ -177,5 +178,16 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
 /** For Worker.onDiscard: an attempt whose outcome was fenced off or abandoned leaves nothing behind. */
 export function discardAttempt(outputsRoot: string) {
   return (run: ClaimedRun) =>
-    discardOutputs(attemptDirs(outputsRoot, run.taskId, run.id, run.attempt, run.leaseToken));
+    discardOutputs(attemptOutput(outputsRoot, run.taskId, run.id, run.attempt, run.leaseToken));
+}
+
+/**
+ * For Worker.onRecorded: once a run's outcome is recorded, no other attempt of it can win, so the
+ * folders that earlier attempts left (a worker killed mid-run) go. Only runs past their first attempt
+ * can have any.
+ */
+export function removeLeftovers(outputsRoot: string) {
+  return async (run: ClaimedRun, outputKey: string | null) => {
+    if (run.attempt > 1) await removeOtherAttempts(outputsRoot, run.taskId, run.id, outputKey);
+  };
 }

@@ -1,9 +1,11 @@
-// Per-attempt output directories: each attempt writes into
-// `<root>/<taskId>/<runId>.<attempt>.<leaseToken>.tmp/`, which is checked and then published with one
-// atomic rename to `<root>/<taskId>/<runId>/`, or removed on every other ending. The lease token is in
-// the name because an attempt number can repeat (a refunded attempt; a claim lost in a database crash,
-// see runClaim) while the earlier attempt's process may still be running: each attempt owns its folder.
-import { randomBytes } from "node:crypto";
+// Per-attempt output folders. Each attempt writes into its own folder,
+// `<root>/<taskId>/<runId>.<attempt>.<leaseToken>/`, and nothing ever renames or replaces it: after the
+// output check, the attempt's completion names the folder (`runs.output_key`), and only a completion
+// that wins the lease fence is recorded. So publication is decided by the fence: an attempt that lost
+// its lease can neither replace nor delete the outputs of the attempt that won — it only ever removes
+// its own folder. The lease token is in the name because an attempt number can repeat (a refunded
+// attempt; a claim lost in a database crash, see runClaim) while the earlier attempt's process may
+// still be running: each attempt owns its folder.
 import fs from "node:fs";
 import fsp from "node:fs/promises";
 import path from "node:path";
@@ -18,31 +20,22 @@ export const OUTPUT_LIMITS = {
 /** Names a script may give its outputs: a plain file name, no path, no leading dot. */
 export const SAFE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
-export interface AttemptDirs {
-  tmp: string;
-  final: string;
-  /**
-   * The name that says which attempt published a directory: `.attempt-<attempt>-<lease token>`,
-   * hidden (downloads list SAFE_NAME files only).
-   */
-  marker: string;
-  attempt: number;
+export interface AttemptOutput {
+  /** The folder the attempt writes into. */
+  dir: string;
+  /** The folder relative to the outputs root: what the run records when this attempt's completion wins. */
+  key: string;
 }
 
-export function attemptDirs(
+export function attemptOutput(
   root: string,
   taskId: number,
   runId: number,
   attempt: number,
   token: string,
-): AttemptDirs {
-  const taskDir = path.join(root, String(taskId));
-  return {
-    tmp: path.join(taskDir, `${runId}.${attempt}.${token}.tmp`),
-    final: path.join(taskDir, String(runId)),
-    marker: `.attempt-${attempt}-${token}`,
-    attempt,
-  };
+): AttemptOutput {
+  const key = `${taskId}/${runId}.${attempt}.${token}`;
+  return { dir: path.join(root, key), key };
 }
 
 export type OutputCheck = { ok: true; files: string[] } | { ok: false; message: string };
@@ -85,61 +78,29 @@ export function checkOutputs(dir: string, resultName: string): OutputCheck {
   return { ok: true, files: names.sort() };
 }
 
-/**
- * Publishes `dirs.tmp` as `dirs.final` with one rename, replacing an earlier attempt's output.
- * Synchronous but for removing what it replaced (see checkOutputs). `resultFile` is the checked
- * result file in `dirs.tmp`.
- */
-export async function publishOutputs(dirs: AttemptDirs, resultFile: string): Promise<void> {
-  // The marker is a second name for the result file, not a file of its own: a link allocates no
-  // inode, and a new inode was the dearest call on the success path (~0.4 ms of CPU per run on an
-  // ext4 without a journal, which searches its inode bitmap past recently deleted inodes).
-  // A file system without hard links gets an empty file of that name instead.
-  const marker = path.join(dirs.tmp, dirs.marker);
-  try {
-    fs.linkSync(path.join(dirs.tmp, resultFile), marker);
-  } catch {
-    fs.writeFileSync(marker, "");
-  }
-  // Usually there is nothing to replace: look first rather than fail a rename (an exception each run).
-  if (fs.existsSync(dirs.final)) await moveAside(dirs.final);
-  fs.renameSync(dirs.tmp, dirs.final);
-  if (dirs.attempt > 1) await removeEarlierAttempts(dirs);
+/** Removes an attempt's folder: it failed, was cancelled or shut down, or its completion was fenced off. */
+export async function discardOutputs(output: AttemptOutput): Promise<void> {
+  await fsp.rm(output.dir, { recursive: true, force: true });
 }
 
-/** The tmp directories of earlier attempts of this run (a worker killed mid-run leaves one). */
-async function removeEarlierAttempts(dirs: AttemptDirs): Promise<void> {
-  const taskDir = path.dirname(dirs.final);
-  const runId = path.basename(dirs.final);
+/**
+ * Removes the folders of run `runId`'s other attempts, once an outcome of the run has been recorded
+ * (no other attempt can win any more): what a killed worker left behind. `keep` is the recorded
+ * attempt's folder, if it has one. Reads the task's folder, so callers only call it for runs that had
+ * an earlier attempt.
+ */
+export async function removeOtherAttempts(
+  root: string,
+  taskId: number,
+  runId: number,
+  keep: string | null,
+): Promise<void> {
+  const taskDir = path.join(root, String(taskId));
   const names = await fsp.readdir(taskDir).catch(() => [] as string[]);
+  const prefix = `${runId}.`;
   for (const name of names) {
-    const m = /^(\d+)\.(\d+)\.[0-9a-f-]+\.tmp$/.exec(name);
-    if (m && m[1] === runId && Number(m[2]) < dirs.attempt) {
-      await fsp.rm(path.join(taskDir, name), { recursive: true, force: true });
-    }
+    if (!name.startsWith(prefix) || `${taskId}/${name}` === keep) continue;
+    if (!/^\d+\.\d+\.[0-9a-f-]+$/.test(name)) continue;
+    await fsp.rm(path.join(taskDir, name), { recursive: true, force: true });
   }
-}
-
-/**
- * Removes whatever this attempt left: its tmp directory, and its published directory if (and only
- * if) the published one is still this attempt's (a fenced-off late completion).
- */
-export async function discardOutputs(dirs: AttemptDirs): Promise<void> {
-  await fsp.rm(dirs.tmp, { recursive: true, force: true });
-  const mine = await fsp.access(path.join(dirs.final, dirs.marker)).then(
-    () => true,
-    () => false,
-  );
-  if (mine) await moveAside(dirs.final);
-}
-
-async function moveAside(dir: string): Promise<void> {
-  const trash = `${dir}.trash-${randomBytes(4).toString("hex")}`;
-  try {
-    await fsp.rename(dir, trash);
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === "ENOENT") return;
-    throw err;
-  }
-  await fsp.rm(trash, { recursive: true, force: true });
 }

@@ -114,12 +114,17 @@ export function runProcess(
         if (child.pid !== undefined) killGroup(child.pid, "SIGKILL");
       }, limits.killGraceMs);
     };
+    // The program has exited: what it did stands, and an abort or timeout arriving before `close`
+    // (the pipes still draining) changes nothing.
+    let exited = false;
     const onAbort = () => {
+      if (exited) return;
       state.isCanceled = true;
       state.abortReason = signal.reason;
       terminate();
     };
     const onTimeout = () => {
+      if (exited) return;
       state.timedOut = true;
       terminate();
     };
@@ -179,6 +184,7 @@ export function runProcess(
     child.stderr?.on("data", (chunk: Buffer) => stderr.write(chunk));
     // The leader is gone: whatever it left in its group dies too, so the pipes close.
     child.on("exit", () => {
+      exited = true;
       if (child.pid !== undefined) killGroup(child.pid, "SIGKILL");
     });
     child.on("close", (code, sig) => {

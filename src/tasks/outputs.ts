@@ -21,6 +21,9 @@ export type DownloadPlan =
   | { kind: "single"; taskId: string; output: RunOutput }
   | { kind: "zip"; taskId: string; outputs: RunOutput[] };
 
+/** What an output key may look like (see runner/outputs.ts): never anything that leaves the outputs root. */
+const OUTPUT_KEY = /^[0-9]+\/[0-9]+(\.[0-9]+\.[0-9a-f-]+)?$/;
+
 /** The published files of one output directory (the attempt marker and anything odd left out). */
 export async function outputFiles(dir: string): Promise<string[]> {
   const entries = await fsp.readdir(dir, { withFileTypes: true }).catch(() => []);
@@ -36,18 +39,22 @@ async function succeededOutputs(
   taskId: string,
   runId?: string,
 ): Promise<RunOutput[]> {
-  const rows = await sql<{ runId: string; inputName: string; outputFileName: string | null }[]>`
-    select r.id::text as "runId", r.input_name as "inputName", r.result ->> 'outputFileName' as "outputFileName"
+  // A run that succeeded before runs.output_key existed published to `<taskId>/<runId>`.
+  const rows = await sql<
+    { runId: string; inputName: string; outputFileName: string | null; outputKey: string }[]
+  >`
+    select r.id::text as "runId", r.input_name as "inputName", r.result ->> 'outputFileName' as "outputFileName",
+           coalesce(r.output_key, r.task_id::text || '/' || r.id::text) as "outputKey"
     from runs r
     where r.task_id = ${taskId} and r.status = 'succeeded' ${runId ? sql`and r.id = ${runId}` : sql``}
     order by r.id`;
   return rows
-    .filter((r) => r.outputFileName && SAFE_NAME.test(r.outputFileName))
+    .filter((r) => r.outputFileName && SAFE_NAME.test(r.outputFileName) && OUTPUT_KEY.test(r.outputKey))
     .map((r) => ({
       runId: r.runId,
       inputName: r.inputName,
       outputFileName: r.outputFileName as string,
-      dir: path.join(outputsRoot, taskId, r.runId),
+      dir: path.join(outputsRoot, r.outputKey),
     }));
 }
 

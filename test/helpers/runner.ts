@@ -10,7 +10,7 @@ import { expectedMigrationCount } from "../../src/db/migrate.ts";
 import { buildServer } from "../../src/http/server.ts";
 import { createLogger } from "../../src/log.ts";
 import { type TypeOptions, Worker } from "../../src/queue/worker.ts";
-import { discardAttempt, processHandler } from "../../src/runner/handler.ts";
+import { discardAttempt, processHandler, removeLeftovers } from "../../src/runner/handler.ts";
 import { LocalStorage } from "../../src/storage/local.ts";
 import { taskCreate } from "../../src/tasks/create.ts";
 import { ROOT } from "./cli.ts";
@@ -104,6 +104,7 @@ export async function runnerEnv(): Promise<RunnerEnv> {
         pollIntervalMs: 100,
         retryBaseMs: 50,
         onDiscard: discardAttempt(outputsRoot),
+        onRecorded: removeLeftovers(outputsRoot),
       });
       workers.push(w);
       return w;
@@ -139,4 +140,33 @@ export const alive = (pid: number) => {
 export function outputTree(root: string): string[] {
   if (!fs.existsSync(root)) return [];
   return (fs.readdirSync(root, { recursive: true }) as string[]).sort();
+}
+
+/** A succeeded run's output folder, as its completion recorded it. */
+export async function runOutputDir(env: RunnerEnv, runId: number | string): Promise<string> {
+  const [row] = await env.db.sql<
+    { key: string | null }[]
+  >`select output_key as key from runs where id = ${runId}`;
+  if (!row?.key) throw new Error(`run ${runId} has no recorded output`);
+  return path.join(env.outputsRoot, row.key);
+}
+
+/**
+ * Attempt folders under the outputs root that no run records as its output: what a failed, cancelled,
+ * fenced-off or killed attempt would have left behind. Relative to the outputs root.
+ */
+export async function strayOutputs(env: RunnerEnv): Promise<string[]> {
+  if (!fs.existsSync(env.outputsRoot)) return [];
+  const recorded = new Set(
+    (
+      await env.db.sql<{ key: string }[]>`select output_key as key from runs where output_key is not null`
+    ).map((r) => r.key),
+  );
+  const folders: string[] = [];
+  for (const task of fs.readdirSync(env.outputsRoot)) {
+    for (const entry of fs.readdirSync(path.join(env.outputsRoot, task), { withFileTypes: true })) {
+      if (entry.isDirectory()) folders.push(`${task}/${entry.name}`);
+    }
+  }
+  return folders.filter((f) => !recorded.has(f));
 }

@@ -4,8 +4,23 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
+import { tokenCreate } from "../../src/auth/tokens.ts";
+import { decide } from "../../src/queue/outcomes.ts";
+import { type ClaimedRun, type Outcome, runClaim, runComplete, runReapExpired } from "../../src/queue/sql.ts";
+import type { HandlerContext, HandlerOutcome } from "../../src/queue/worker.ts";
+import { discardAttempt, processHandler } from "../../src/runner/handler.ts";
+import { bearer } from "../helpers/app.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
-import { alive, FIXTURE, fixtureProgram, outputTree, type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
+import {
+  alive,
+  FIXTURE,
+  fixtureProgram,
+  outputTree,
+  type RunnerEnv,
+  runnerEnv,
+  runOutputDir,
+  strayOutputs,
+} from "../helpers/runner.ts";
 
 let env: RunnerEnv;
 let input: string;
@@ -57,18 +72,14 @@ async function reportedPid(taskId: string, label: "pid" | "grandchild"): Promise
   return Number(new RegExp(`${label} (\\d+)`).exec(event?.data.message)?.[1]);
 }
 
-const noTmpLeft = () =>
-  assert.deepEqual(
-    outputTree(env.outputsRoot).filter((p) => p.includes(".tmp")),
-    [],
-  );
+const noStrayOutputs = async () => assert.deepEqual(await strayOutputs(env), []);
 
 describe("starting", () => {
   test("command missing → ANALYSIS_PROCESS_START_FAILED", async () => {
     const { run } = await runOne({ mode: "ok" }, { executable: "/nonexistent/bin/python9" });
     assert.equal(run.status, "failed");
     assert.equal(run.error_code, "ANALYSIS_PROCESS_START_FAILED");
-    noTmpLeft();
+    await noStrayOutputs();
   });
 
   test("script path missing → ANALYSIS_PROCESS_START_FAILED", async () => {
@@ -93,11 +104,7 @@ describe("starting", () => {
     const evil = { mode: "echo-params", title: "$(touch /tmp/assay-pwned); `id` | rm -rf / && echo ${HOME}" };
     const { run } = await runOne(evil);
     assert.equal(run.status, "succeeded");
-    const dir = path.join(
-      env.outputsRoot,
-      String((await env.db.sql`select task_id::float8 from runs where id = ${run.id}`)[0]?.task_id),
-      String(run.id),
-    );
+    const dir = await runOutputDir(env, run.id);
     const seen = JSON.parse(fs.readFileSync(path.join(dir, "params.json"), "utf8"));
     assert.deepEqual(seen.params, evil);
     assert.equal(fs.existsSync("/tmp/assay-pwned"), false);
@@ -121,11 +128,11 @@ describe("starting", () => {
 
 describe("stdout protocol", () => {
   test("valid JSON Lines → succeeded with metrics, output published", async () => {
-    const { run, taskId } = await runOne({ mode: "ok" });
+    const { run } = await runOne({ mode: "ok" });
     assert.equal(run.status, "succeeded");
     assert.deepEqual(run.result, { outputFileName: "out.json", metrics: { bytes: 1 } });
-    assert.ok(fs.existsSync(path.join(env.outputsRoot, taskId, String(run.id), "out.json")));
-    noTmpLeft();
+    assert.ok(fs.existsSync(path.join(await runOutputDir(env, run.id), "out.json")));
+    await noStrayOutputs();
   });
 
   test("an invalid JSON line → ANALYSIS_OUTPUT_INVALID, the process is killed", async () => {
@@ -133,7 +140,7 @@ describe("stdout protocol", () => {
     const { run } = await runOne({ mode: "invalid-json" });
     assert.equal(run.error_code, "ANALYSIS_OUTPUT_INVALID");
     assert.ok(Date.now() - t0 < 10_000, "killed, not waited out");
-    noTmpLeft();
+    await noStrayOutputs();
   });
 
   test("a JSON line split across chunks is one event", async () => {
@@ -209,7 +216,7 @@ describe("ending early", () => {
     const [run] = await env.db.sql`select error_code from runs where task_id = ${taskId}`;
     assert.equal(run?.error_code, "ANALYSIS_PROCESS_TIMEOUT");
     assert.equal(alive(pid), false);
-    noTmpLeft();
+    await noStrayOutputs();
   });
 
   test("user cancel (run marked cancelling) → group killed, tmp removed, run cancelled", async () => {
@@ -229,7 +236,7 @@ describe("ending early", () => {
     const [run] = await env.db.sql`select status, error_code from runs where task_id = ${taskId}`;
     assert.deepEqual({ ...run }, { status: "cancelled", error_code: "ANALYSIS_PROCESS_CANCELLED" });
     await waitFor(async () => !alive(grandchild), 5000, "the grandchild to die");
-    noTmpLeft();
+    await noStrayOutputs();
   });
 
   test("a script that ignores SIGTERM is killed after the grace period", async () => {
@@ -302,6 +309,82 @@ describe("ending early", () => {
     const task = await waitForTerminal(env.db.sql, taskId);
     await second.stop();
     assert.equal(task.status, "succeeded", "max_attempts is 1, so a spent attempt would have failed it");
-    noTmpLeft();
+    await noStrayOutputs();
   });
 });
+
+describe("publication is decided by the fence", () => {
+  const claim = async (type: string) => {
+    const [run] = await runClaim(env.db.sql, {
+      workerId: "fence-test",
+      analysisType: type,
+      limit: 1,
+      globalLimit: 0,
+      leaseTtlMs: 30_000,
+    });
+    assert.ok(run, "claimed");
+    return run;
+  };
+  const ctx = (): HandlerContext => ({
+    signal: new AbortController().signal,
+    reportProgress: () => {},
+    releaseSlot: () => {},
+    finishing: () => {},
+  });
+
+  test("a stale attempt that finishes after the winner neither replaces nor deletes its outputs", async () => {
+    const type = `fx-${++typeSeq}`;
+    const program = fixtureProgram(type);
+    const handler = processHandler(program, {
+      storage: env.storage,
+      outputsRoot: env.outputsRoot,
+      killGraceMs: 500,
+    });
+    const discard = discardAttempt(env.outputsRoot);
+    const taskId = await env.task(type, [input], { mode: "ok" }, 3);
+    // Attempt 1 is claimed, then loses its lease to the reaper while its process still runs.
+    const stale = await claim(type);
+    await env.db.sql`update runs set lease_expires_at = now() - interval '1 second' where id = ${stale.id}`;
+    const reaped = await runReapExpired(env.db.sql, { batchSize: 10, retryBaseMs: 0, workerWaitMs: 60_000 });
+    assert.equal(reaped.requeued, 1);
+    await env.db.sql`update runs set run_after = now() where id = ${stale.id}`;
+    // Attempt 2 runs, succeeds and is recorded.
+    const winner = await claim(type);
+    const won = await handler(winner, ctx());
+    assert.equal(won.status, "succeeded");
+    const recorded = await runComplete(env.db.sql, [
+      { ...outcomeFields(won), id: winner.id, token: winner.leaseToken },
+    ]);
+    assert.deepEqual(recorded.completed, [winner.id]);
+    // Then the stale attempt finishes too: its completion is fenced off and its outputs discarded.
+    const late = await handler(stale, ctx());
+    assert.equal(late.status, "succeeded");
+    const fenced = await runComplete(env.db.sql, [
+      { ...outcomeFields(late), id: stale.id, token: stale.leaseToken },
+    ]);
+    assert.deepEqual(fenced.completed, []);
+    await discard(stale);
+    // The winner's output is still the run's output, and downloadable.
+    const app = await env.app();
+    const token = (await tokenCreate(env.db.sql, "runner")).token;
+    const res = await app.inject({ url: `/api/analysis-tasks/${taskId}/download`, headers: bearer(token) });
+    assert.equal(res.statusCode, 200);
+    assert.deepEqual(res.json(), { input: 8 });
+    const left = outputTree(path.join(env.outputsRoot, taskId)).filter((p) => p.endsWith("out.json"));
+    assert.equal(left.length, 1, `one attempt's outputs remain: ${left.join(", ")}`);
+  });
+});
+
+/** The fields of a handler's outcome that a completion records. */
+function outcomeFields(o: HandlerOutcome): Omit<Outcome, "id" | "token"> {
+  const decided = decide(
+    { id: 0, leaseToken: "", attempt: 1, maxAttempts: 1 } as ClaimedRun,
+    undefined,
+    o,
+    0,
+  );
+  assert.equal(decided.kind, "complete");
+  if (decided.kind !== "complete") throw new Error("not a completion");
+  const { id: _id, token: _token, ...rest } = decided.outcome;
+  return rest;
+}

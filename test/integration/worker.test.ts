@@ -465,7 +465,8 @@ test("a run claimed ahead waits for its slot with a live lease, is cancelled wit
     started.push(String(run.taskId));
     finishing(); // "the result arrived", but the process never exits until shutdown
     await new Promise((resolve) => signal.addEventListener("abort", resolve));
-    return { status: "succeeded" };
+    // Killed by the abort, as the process handler reports it (a success would stand, see decide()).
+    return { status: "cancelled" };
   };
   const w = worker({ "t-ahead": handler }, { concurrency: 1 });
   await w.start();

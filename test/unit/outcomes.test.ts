@@ -14,23 +14,40 @@ const permanent: Ending = {
   result: { stderrTail: "x" },
 };
 
-test("the abort reason wins over what the handler returned", () => {
+test("a lost lease records nothing; otherwise the abort reason wins over anything but a success", () => {
   assert.deepEqual(decide(run(1), "lost", ok, 100), { kind: "discard" });
-  const shutdown = decide(run(1), "shutdown", ok, 100);
+  const killed: Ending = { status: "cancelled" };
+  const shutdown = decide(run(1), "shutdown", killed, 100);
   assert.equal(shutdown.kind, "retry");
   assert.ok(shutdown.kind === "retry" && shutdown.retry.refund && shutdown.retry.delayMs === 0);
-  const cancel = decide(run(1), "cancel", ok, 100);
+  const cancel = decide(run(1), "cancel", transient, 100);
   assert.ok(cancel.kind === "complete" && cancel.outcome.status === "cancelled");
-  const timeout = decide(run(1), "timeout", { status: "cancelled" }, 100);
+  const timeout = decide(run(1), "timeout", killed, 100);
   assert.ok(timeout.kind === "complete" && timeout.outcome.status === "timed_out");
   assert.ok(timeout.kind === "complete" && timeout.outcome.errorCode === "ANALYSIS_PROCESS_TIMEOUT");
+});
+
+test("a success stands against a cancel, timeout or shutdown that came after the program finished", () => {
+  const done: Ending = { status: "succeeded", result: { metrics: { rows: 1 } }, outputKey: "1/7.1.t" };
+  for (const reason of ["cancel", "timeout", "shutdown"] as const) {
+    assert.deepEqual(decide(run(1), reason, done, 100), {
+      kind: "complete",
+      outcome: {
+        id: 7,
+        token: "t",
+        status: "succeeded",
+        result: { metrics: { rows: 1 } },
+        outputKey: "1/7.1.t",
+      },
+    });
+  }
 });
 
 test("outcomes without an abort", () => {
   const s = decide(run(1), undefined, ok, 100);
   assert.deepEqual(s, {
     kind: "complete",
-    outcome: { id: 7, token: "t", status: "succeeded", result: { metrics: { rows: 1 } } },
+    outcome: { id: 7, token: "t", status: "succeeded", result: { metrics: { rows: 1 } }, outputKey: null },
   });
   const r = decide(run(1), undefined, transient, 100);
   assert.ok(r.kind === "retry" && !r.retry.refund && r.retry.delayMs >= 50 && r.retry.delayMs <= 100);

@@ -1,18 +1,18 @@
 // Per-attempt output folders, without a database: each attempt owns its folder even when attempt
-// numbers repeat, publishing replaces earlier attempts, and a late attempt never removes a newer one.
+// numbers repeat, discarding an attempt removes its own folder only, and once a run's outcome is
+// recorded the folders of its other attempts go.
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, test } from "node:test";
 import {
-  attemptDirs,
+  attemptOutput,
   checkOutputs,
   discardOutputs,
   OUTPUT_LIMITS,
-  publishOutputs,
+  removeOtherAttempts,
 } from "../../src/runner/outputs.ts";
-import { outputFiles } from "../../src/tasks/outputs.ts";
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), "assay-outputs-"));
 after(() => fs.rmSync(root, { recursive: true, force: true }));
@@ -26,51 +26,35 @@ function write(dir: string, name: string, content: string) {
   fs.writeFileSync(path.join(dir, name), content);
 }
 
-test("the same attempt number under two leases: two folders; the abandoned one's discard leaves the other's output", async () => {
+test("the same attempt number under two leases: two folders; discarding one leaves the other", async () => {
   // A claim lost in a database crash: run 7 is claimed again as attempt 1 while the first process runs.
-  const old = attemptDirs(root, 1, 7, 1, TOKEN_A);
-  const current = attemptDirs(root, 1, 7, 1, TOKEN_B);
-  assert.notEqual(old.tmp, current.tmp);
-  write(old.tmp, "result.json", "old");
-  write(current.tmp, "result.json", "new");
-  await publishOutputs(current, "result.json");
+  const old = attemptOutput(root, 1, 7, 1, TOKEN_A);
+  const current = attemptOutput(root, 1, 7, 1, TOKEN_B);
+  assert.notEqual(old.dir, current.dir);
+  assert.equal(current.key, `1/7.1.${TOKEN_B}`);
+  assert.equal(current.dir, path.join(root, current.key));
+  write(old.dir, "result.json", "old");
+  write(current.dir, "result.json", "new");
   await discardOutputs(old); // the old attempt's completion was fenced off
-  assert.equal(fs.readFileSync(path.join(current.final, "result.json"), "utf8"), "new");
-  assert.ok(!fs.existsSync(old.tmp));
+  assert.equal(fs.readFileSync(path.join(current.dir, "result.json"), "utf8"), "new");
+  assert.ok(!fs.existsSync(old.dir));
 });
 
-test("publishing attempt n removes earlier attempts' folders, never a later one's", async () => {
-  const first = attemptDirs(root, 2, 8, 1, TOKEN_A); // left by a killed worker
-  const second = attemptDirs(root, 2, 8, 2, TOKEN_B);
-  const third = attemptDirs(root, 2, 8, 3, TOKEN_C); // a newer attempt, still running
-  write(first.tmp, "result.json", "1");
-  write(second.tmp, "result.json", "2");
-  write(third.tmp, "partial.json", "3");
-  await publishOutputs(second, "result.json");
-  assert.ok(!fs.existsSync(first.tmp), "the earlier attempt's leftover is gone");
-  assert.ok(fs.existsSync(third.tmp), "the later attempt's folder is untouched");
-  assert.equal(fs.readFileSync(path.join(second.final, "result.json"), "utf8"), "2");
-});
-
-test("a late attempt's discard removes the published folder only when it published it", async () => {
-  const late = attemptDirs(root, 3, 9, 1, TOKEN_A);
-  const newer = attemptDirs(root, 3, 9, 2, TOKEN_B);
-  write(late.tmp, "result.json", "late");
-  await publishOutputs(late, "result.json");
-  write(newer.tmp, "result.json", "newer");
-  await publishOutputs(newer, "result.json");
-  await discardOutputs(late);
-  assert.equal(fs.readFileSync(path.join(newer.final, "result.json"), "utf8"), "newer");
-
-  const fenced = attemptDirs(root, 3, 10, 1, TOKEN_C);
-  write(fenced.tmp, "result.json", "fenced");
-  await publishOutputs(fenced, "result.json");
-  // The marker is a second name of the result file (no inode of its own), hidden from downloads.
-  const marker = path.join(fenced.final, fenced.marker);
-  assert.equal(fs.statSync(marker).ino, fs.statSync(path.join(fenced.final, "result.json")).ino);
-  assert.deepEqual(await outputFiles(fenced.final), ["result.json"]);
-  await discardOutputs(fenced); // its completion was fenced off after it published
-  assert.ok(!fs.existsSync(fenced.final));
+test("removeOtherAttempts removes the run's other attempts, keeps the recorded one, touches nothing else", async () => {
+  const first = attemptOutput(root, 2, 8, 1, TOKEN_A); // left by a killed worker
+  const second = attemptOutput(root, 2, 8, 2, TOKEN_B); // the recorded success
+  const stale = attemptOutput(root, 2, 8, 2, TOKEN_C); // a fenced-off attempt still writing
+  const otherRun = attemptOutput(root, 2, 80, 1, TOKEN_A); // run 80 starts with "8" too
+  const legacy = path.join(root, "2", "81"); // published before output keys existed
+  for (const dir of [first.dir, second.dir, stale.dir, otherRun.dir, legacy]) write(dir, "result.json", "x");
+  await removeOtherAttempts(root, 2, 8, second.key);
+  assert.deepEqual(
+    fs.readdirSync(path.join(root, "2")).sort(),
+    ["80.1.aaaaaaaa-0000-4000-8000-000000000001", "8.2.bbbbbbbb-0000-4000-8000-000000000002", "81"].sort(),
+  );
+  await removeOtherAttempts(root, 2, 80, null); // a failed run: all of its folders go
+  assert.ok(!fs.existsSync(otherRun.dir));
+  await removeOtherAttempts(root, 3, 1, null); // no folder at all: nothing to do
 });
 
 test("checkOutputs: the named file among allowed files passes; every limit is enforced", () => {

@@ -2,13 +2,15 @@
 // (DESIGN §4.5–4.6).
 import type { Sql } from "../../db/client.ts";
 import type { TerminalRunStatus } from "../../tasks/states.ts";
-import { byId, countIntoTasks, type Json, type Lease, matchesLease, notifyEvents } from "./shared.ts";
+import { byId, countIntoTasks, type Json, type Lease, matchesLease } from "./shared.ts";
 
 export interface Outcome extends Lease {
   status: TerminalRunStatus;
   errorCode?: string | null;
   errorMessage?: string | null;
   result?: Record<string, unknown> | null;
+  /** A success's output folder, relative to the outputs root (see runner/outputs.ts). */
+  outputKey?: string | null;
 }
 
 export interface CompletionResult {
@@ -33,13 +35,15 @@ export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<Comple
     error_code: o.errorCode ?? null,
     error_message: o.errorMessage ?? null,
     result: o.result ?? null,
+    output_key: o.outputKey ?? null,
   }));
   const [row] = await sql<
     { completed: number[] | null; finished: CompletionResult["finishedTasks"] | null }[]
   >`
     with i as (
       select * from jsonb_to_recordset(${sql.json(input as unknown as Json)})
-        as i(id bigint, token uuid, status text, error_code text, error_message text, result jsonb)
+        as i(id bigint, token uuid, status text, error_code text, error_message text, result jsonb,
+             output_key text)
     ),
     done as (
       update runs r set
@@ -48,6 +52,8 @@ export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<Comple
         error_code = i.error_code,
         error_message = i.error_message,
         result = i.result,
+        -- The fence decides publication: only the attempt whose completion matches names the outputs.
+        output_key = i.output_key,
         progress = case when i.status = 'succeeded' then 100 else r.progress end,
         lease_token = null,
         lease_owner = null,
@@ -74,13 +80,25 @@ export interface Retry extends Lease {
   errorMessage: string | null;
 }
 
+export interface RetryResult {
+  /** Runs put back in the queue. */
+  requeued: number[];
+  /** Runs that were being cancelled: they end cancelled instead, counted like any other ending. */
+  cancelled: number[];
+  /** Tasks that turned terminal in this statement. */
+  finishedTasks: { taskId: number; status: string }[];
+}
+
 /**
  * Puts attempts back in the queue (DESIGN §4.6): transient failures with attempts left (after a
- * backoff), and attempts aborted by a shutdown (refunded). Fenced; counts nothing. Returns the runs
- * that matched.
+ * backoff), and attempts aborted by a shutdown (refunded). Fenced; counts nothing for them. A run that
+ * was marked `cancelling` meanwhile (its worker had not heard of the cancel yet) is not retried: it ends
+ * `cancelled` at once, counted through the shared tail, instead of waiting for the reaper. The runs are
+ * locked in id order first (`matched`), like every batch statement, so a retry cannot deadlock with a
+ * cancel or another batch.
  */
-export async function runRetry(sql: Sql, retries: Retry[]): Promise<number[]> {
-  if (retries.length === 0) return [];
+export async function runRetry(sql: Sql, retries: Retry[]): Promise<RetryResult> {
+  if (retries.length === 0) return { requeued: [], cancelled: [], finishedTasks: [] };
   const input = byId(retries).map((r) => ({
     id: r.id,
     token: r.token,
@@ -89,8 +107,24 @@ export async function runRetry(sql: Sql, retries: Retry[]): Promise<number[]> {
     error_code: r.errorCode,
     error_message: r.errorMessage,
   }));
-  const rows = await sql<{ id: number }[]>`
-    with requeued as (
+  const [row] = await sql<
+    {
+      requeued: number[] | null;
+      cancelled: number[] | null;
+      finished: RetryResult["finishedTasks"] | null;
+    }[]
+  >`
+    with i as (
+      select * from jsonb_to_recordset(${sql.json(input as unknown as Json)})
+        as i(id bigint, token uuid, delay_ms int, refund boolean, error_code text, error_message text)
+    ),
+    matched as materialized (
+      select r.id, r.status from runs r, i
+      where ${matchesLease(sql)}
+      order by r.id
+      for update of r
+    ),
+    requeued as (
       update runs r set
         status = 'queued',
         run_after = now() + i.delay_ms * interval '1 millisecond',
@@ -98,25 +132,32 @@ export async function runRetry(sql: Sql, retries: Retry[]): Promise<number[]> {
         error_code = i.error_code,
         error_message = i.error_message,
         lease_token = null, lease_owner = null, lease_expires_at = null, heartbeat_at = null
-      from jsonb_to_recordset(${sql.json(input as unknown as Json)})
-        as i(id bigint, token uuid, delay_ms int, refund boolean, error_code text, error_message text)
-      where r.id = i.id and r.lease_token = i.token and r.status in ('starting', 'running')
+      from matched m join i on i.id = m.id
+      where r.id = m.id and m.status <> 'cancelling'
       returning r.id, r.task_id, r.attempt, r.error_code, r.run_after
     ),
-    locked as materialized (
-      select id from tasks where id in (select task_id from requeued) order by id for update
+    done as (
+      update runs r set
+        status = 'cancelled',
+        error_code = 'ANALYSIS_PROCESS_CANCELLED',
+        error_message = 'cancelled',
+        finished_at = now(),
+        lease_token = null, lease_owner = null, lease_expires_at = null
+      from matched m
+      where r.id = m.id and m.status = 'cancelling'
+      returning r.id, r.task_id, r.status, r.attempt, r.error_code
     ),
-    events as (
-      insert into task_events (task_id, run_id, type, data)
-      select task_id, id, 'run.retry',
-             jsonb_build_object('status', 'queued', 'attempt', attempt, 'errorCode', error_code, 'runAfter', run_after)
-      from requeued where task_id in (select id from locked)
-      order by id
-      returning id, task_id, run_id, type, data, created_at
-    ),
-    ${notifyEvents(sql)}
-    select id::float8 as id, (select count(*) from notified) as notified from requeued`;
-  return rows.map((r) => r.id);
+    ${countIntoTasks(sql, true)}
+    select (select json_agg(id::float8) from requeued) as requeued,
+           (select json_agg(id::float8) from done) as cancelled,
+           (select json_agg(json_build_object('taskId', id::float8, 'status', status))
+              from counted where finished) as finished,
+           (select count(*) from notified) as notified`;
+  return {
+    requeued: row?.requeued ?? [],
+    cancelled: row?.cancelled ?? [],
+    finishedTasks: row?.finished ?? [],
+  };
 }
 
 /** Ends a task's queued runs as cancelled, counted like any other ending. Returns how many. */

@@ -65,7 +65,8 @@ export function byId<T extends { id: number }>(rows: readonly T[]): T[] {
 /**
  * The tail shared by every statement that ends runs (completion, reaper): given a CTE `done`
  * (id, task_id, status, attempt, error_code) of runs that just turned terminal — and, with
- * `withRequeued`, a CTE `requeued` (id, task_id, attempt, error_code) of runs put back in the queue —
+ * `withRequeued`, a CTE `requeued` (id, task_id, attempt, error_code, run_after) of runs put back in
+ * the queue —
  * locks their tasks in id order, adds the outcomes to the counters, flips tasks whose counters reach
  * their total, appends the events and announces them. Defines `counted` (id, status, finished) and
  * `notified`.
@@ -128,7 +129,8 @@ export function countIntoTasks(sql: Sql, withRequeued = false) {
           withRequeued
             ? sql`union all
         select task_id, id, 'run.retry',
-               jsonb_build_object('status', 'queued', 'attempt', attempt, 'errorCode', error_code), 0, id
+               jsonb_build_object('status', 'queued', 'attempt', attempt, 'errorCode', error_code,
+                                  'runAfter', ${isoTimeSql(sql, "run_after")}), 0, id
         from requeued where task_id in (select id from locked)`
             : sql``
         }

@@ -1,0 +1,166 @@
+// Races between an attempt's ending and what happens to its run meanwhile (issue 14): a cancel that the
+// worker has not heard of yet, a cancel or timeout that lands after the program has finished, a
+// shutdown during a cancel, and the worker's retry wake-ups.
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import type { Principal } from "../../src/auth/tokens.ts";
+import { createLogger } from "../../src/log.ts";
+import { type Handler, Worker, type WorkerOptions } from "../../src/queue/worker.ts";
+import { taskCancel } from "../../src/tasks/cancel.ts";
+import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
+import { createTask, seedUser, taskRow, waitFor, waitForTerminal } from "../helpers/queue.ts";
+
+let db: TestDatabase;
+let owner: Principal;
+
+before(async () => {
+  db = await createTestDatabase();
+  owner = await seedUser(db.sql, "race-tests");
+});
+after(() => db.drop());
+
+/** Long leases: anything that ends within a few seconds here did not wait for the reaper. */
+function worker(types: Record<string, Handler>, extra: Partial<WorkerOptions> = {}): Worker {
+  return new Worker({
+    sql: db.sql,
+    logger: createLogger({ level: "silent" }),
+    types: Object.fromEntries(Object.entries(types).map(([t, handler]) => [t, { handler }])),
+    concurrency: 2,
+    leaseTtlMs: 60_000,
+    pollIntervalMs: 100,
+    retryBaseMs: 50,
+    ...extra,
+  });
+}
+
+/** Marks a task and its live runs cancelling the way a cancel does, but sends no NOTIFY (one missed). */
+async function cancelSilently(taskId: string): Promise<void> {
+  await db.sql.begin(async (tx) => {
+    await tx`update runs set status = 'cancelling' where task_id = ${taskId} and status in ('starting', 'running')`;
+    await tx`update tasks set status = 'cancelling' where id = ${taskId}`;
+  });
+}
+
+const runStatus = async (taskId: string) =>
+  (await db.sql<{ status: string }[]>`select status from runs where task_id = ${taskId}`).map(
+    (r) => r.status,
+  );
+
+const runningRun = (taskId: string) =>
+  waitFor(
+    async () =>
+      (await db.sql`select 1 from runs where task_id = ${taskId} and status in ('starting', 'running')`)
+        .length > 0,
+    10_000,
+    "the run to be claimed",
+  );
+
+test("a transient failure of a run being cancelled ends it cancelled at once, not after the lease", async () => {
+  let release: () => void = () => {};
+  const gate = new Promise<void>((r) => {
+    release = r;
+  });
+  const taskId = await createTask(db.sql, owner, "r-cancel-transient", 1, { maxAttempts: 3 });
+  const w = worker({
+    "r-cancel-transient": async () => {
+      await gate;
+      return { status: "failed", errorCode: "ANALYSIS_DEPENDENCY_FAILED", transient: true };
+    },
+  });
+  await w.start();
+  await runningRun(taskId);
+  await cancelSilently(taskId);
+  release();
+  const task = await waitForTerminal(db.sql, taskId, 5_000);
+  await w.stop();
+  assert.equal(task.status, "cancelled");
+  assert.equal(task.cancelled, 1);
+  assert.deepEqual(await runStatus(taskId), ["cancelled"]);
+});
+
+test("a shutdown during a cancel ends the run cancelled at once", async () => {
+  const taskId = await createTask(db.sql, owner, "r-cancel-shutdown", 1);
+  const w = worker({
+    "r-cancel-shutdown": async (_run, { signal }) => {
+      await new Promise((r) => signal.addEventListener("abort", r));
+      return { status: "failed", errorCode: "ANALYSIS_PROCESS_FAILED" };
+    },
+  });
+  await w.start();
+  await runningRun(taskId);
+  await cancelSilently(taskId);
+  await w.stop(0);
+  const row = await taskRow(db.sql, taskId);
+  assert.equal(row.status, "cancelled");
+  assert.deepEqual(await runStatus(taskId), ["cancelled"]);
+});
+
+test("a cancel that lands after the program finished does not undo its success", async () => {
+  const taskId = await createTask(db.sql, owner, "r-late-cancel", 1);
+  const w = worker({
+    "r-late-cancel": async (_run, { signal }) => {
+      // The process has exited with its result; outputs are being checked when the cancel lands.
+      const aborted = new Promise((r) => signal.addEventListener("abort", r));
+      const cancelled = await taskCancel(db.sql, owner, taskId);
+      assert.equal(cancelled.kind, "cancelling");
+      await aborted;
+      assert.equal(signal.reason, "cancel");
+      return { status: "succeeded", result: { metrics: { rows: 1 } } };
+    },
+  });
+  await w.start();
+  const task = await waitForTerminal(db.sql, taskId, 10_000);
+  await w.stop();
+  assert.deepEqual(await runStatus(taskId), ["succeeded"]);
+  assert.equal(task.succeeded, 1);
+  // The task was cancelling, so it ends cancelled, but the run's result stands and is counted.
+  assert.equal(task.status, "cancelled");
+});
+
+test("a timeout that fires after the program finished does not undo its success", async () => {
+  const taskId = await createTask(db.sql, owner, "r-late-timeout", 1);
+  const w = new Worker({
+    sql: db.sql,
+    logger: createLogger({ level: "silent" }),
+    types: {
+      "r-late-timeout": {
+        timeoutMs: 100,
+        handler: async (_run, { signal }) => {
+          await new Promise((r) => signal.addEventListener("abort", r));
+          assert.equal(signal.reason, "timeout");
+          return { status: "succeeded" };
+        },
+      },
+    },
+    concurrency: 1,
+    leaseTtlMs: 60_000,
+    pollIntervalMs: 100,
+    retryBaseMs: 50,
+  });
+  await w.start();
+  const task = await waitForTerminal(db.sql, taskId, 10_000);
+  await w.stop();
+  assert.equal(task.status, "succeeded");
+});
+
+test("retry wake-ups do not accumulate: one timer, however many retries", async () => {
+  const taskId = await createTask(db.sql, owner, "r-wakeups", 20, { maxAttempts: 6 });
+  const w = worker(
+    {
+      "r-wakeups": async (run) =>
+        run.attempt < 6
+          ? { status: "failed", errorCode: "ANALYSIS_DEPENDENCY_FAILED", transient: true }
+          : { status: "succeeded" },
+    },
+    { retryBaseMs: 1, concurrency: 4 },
+  );
+  await w.start();
+  const task = await waitForTerminal(db.sql, taskId, 30_000);
+  const timers = (w as unknown as { timers: unknown[] }).timers.length;
+  await w.stop();
+  assert.equal(task.succeeded, 20);
+  const [retries] = await db.sql<{ n: number }[]>`
+    select count(*)::int as n from task_events where task_id = ${taskId} and type = 'run.retry'`;
+  assert.equal(retries?.n, 100);
+  assert.ok(timers <= 3, `the worker holds ${timers} timers after 100 retries`);
+});
