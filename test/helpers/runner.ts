@@ -2,6 +2,7 @@
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import { Writable } from "node:stream";
 import type { FastifyInstance } from "fastify";
 import type { Program } from "../../src/analyses/programs.ts";
 import type { Principal } from "../../src/auth/tokens.ts";
@@ -46,8 +47,8 @@ export interface RunnerEnv {
     programs: (Program & { timeoutMs?: number })[],
     options?: { concurrency?: number; leaseTtlMs?: number; killGraceMs?: number; nice?: number },
   ): Worker;
-  /** The HTTP app over this database and data directory (closed with the env). */
-  app(): Promise<FastifyInstance>;
+  /** The HTTP app over this database and data directory (closed with the env); logs into `logs` if given. */
+  app(logs?: Record<string, unknown>[]): Promise<FastifyInstance>;
   close(): Promise<void>;
 }
 
@@ -109,11 +110,22 @@ export async function runnerEnv(): Promise<RunnerEnv> {
       workers.push(w);
       return w;
     },
-    app: async () => {
+    app: async (logs) => {
       const config = loadConfig({ ASSAY_DATA_DIR: dataDir, DATABASE_URL: db.url });
+      const logger = logs
+        ? createLogger({
+            level: "info",
+            destination: new Writable({
+              write(chunk: Buffer, _enc, done) {
+                for (const line of chunk.toString().split("\n")) if (line) logs.push(JSON.parse(line));
+                done();
+              },
+            }),
+          })
+        : createLogger({ level: "silent" });
       const app = await buildServer(
         { config, database: db, storage, expectedMigrations: expectedMigrationCount() },
-        createLogger({ level: "silent" }),
+        logger,
       );
       apps.push(app);
       return app;

@@ -1,6 +1,8 @@
 // Downloads: one run's output file, or a streamed zip of every succeeded run's outputs.
 import fs from "node:fs";
+import fsp from "node:fs/promises";
 import path from "node:path";
+import type { Readable } from "node:stream";
 import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
 import type { FastifyReply } from "fastify";
 import { Type } from "typebox";
@@ -46,33 +48,91 @@ function folderNames(outputs: RunOutput[]): Map<string, string> {
   );
 }
 
+/** A recorded output that is not there: the store lost it. A logged 500, before any byte is sent. */
+function outputMissing(reply: FastifyReply, output: RunOutput, err?: unknown): ApiError {
+  reply.log.error({ err, runId: output.runId, dir: output.dir }, "a succeeded run's output is missing");
+  return new ApiError(500, "INTERNAL_ERROR");
+}
+
 async function send(plan: DownloadPlan, reply: FastifyReply) {
   if (plan.kind === "not-found") throw notFound("ANALYSIS_TASK_NOT_FOUND");
   if (plan.kind === "not-ready") throw new ApiError(409, "ANALYSIS_TASK_NOT_READY");
   reply.header("x-content-type-options", "nosniff");
-  if (plan.kind === "single") {
-    const file = path.join(plan.output.dir, plan.output.outputFileName);
-    const stat = await fs.promises.stat(file).catch(() => undefined);
-    if (!stat?.isFile()) throw new ApiError(409, "ANALYSIS_TASK_NOT_READY");
-    reply.header(
-      "content-type",
-      CONTENT_TYPES[path.extname(file).toLowerCase()] ?? "application/octet-stream",
-    );
-    reply.header("content-length", stat.size);
-    reply.header("content-disposition", contentDisposition(plan.output.outputFileName));
-    return reply.send(fs.createReadStream(file));
-  }
-  const zip = new ZipFile();
+  if (plan.kind === "single") return sendFile(plan.output, reply);
+  const entries: { file: string; name: string }[] = [];
   const folders = folderNames(plan.outputs);
   for (const output of plan.outputs) {
-    for (const name of await outputFiles(output.dir)) {
-      zip.addFile(path.join(output.dir, name), `${folders.get(output.runId)}/${name}`);
+    const names = await outputFiles(output.dir);
+    if (!names.includes(output.outputFileName)) throw outputMissing(reply, output);
+    for (const name of names) {
+      entries.push({ file: path.join(output.dir, name), name: `${folders.get(output.runId)}/${name}` });
     }
   }
-  zip.end();
   reply.header("content-type", "application/zip");
   reply.header("content-disposition", contentDisposition(`task-${plan.taskId}.zip`));
-  return reply.send(zip.outputStream);
+  return reply.send(zipStream(entries, reply));
+}
+
+/**
+ * One file, opened before the headers are sent: a file that is gone is a logged 500, and one that goes
+ * while it is sent cannot cut the response short (the open descriptor keeps it). The stream closes the
+ * descriptor when it ends or when Fastify destroys it because the client left.
+ */
+async function sendFile(output: RunOutput, reply: FastifyReply) {
+  const file = path.join(output.dir, output.outputFileName);
+  const handle = await fsp.open(file, "r").catch((err: unknown) => {
+    throw outputMissing(reply, output, err);
+  });
+  let stat: fs.Stats;
+  try {
+    stat = await handle.stat();
+    if (!stat.isFile()) throw new Error("not a regular file");
+  } catch (err) {
+    await handle.close();
+    throw outputMissing(reply, output, err);
+  }
+  reply.header("content-type", CONTENT_TYPES[path.extname(file).toLowerCase()] ?? "application/octet-stream");
+  reply.header("content-length", stat.size);
+  reply.header("content-disposition", contentDisposition(output.outputFileName));
+  return reply.send(handle.createReadStream());
+}
+
+/**
+ * A zip of `entries`, streamed: yazl reads one file at a time, opened only when its turn comes, so a
+ * zip of any size holds one descriptor and a few chunks. Every way it can end is handled here:
+ * - a file that cannot be read (deleted by retention mid-download, say) breaks the response off — the
+ *   client sees a failed transfer, never a complete-looking truncated zip — and is logged; it never
+ *   becomes an uncaught exception;
+ * - a client that goes away (Fastify destroys the returned stream) closes the file being read.
+ */
+function zipStream(entries: { file: string; name: string }[], reply: FastifyReply): Readable {
+  const zip = new ZipFile();
+  // yazl's typings say ReadableStream; it is a PassThrough.
+  const out = zip.outputStream as unknown as Readable;
+  let reading: fs.ReadStream | undefined;
+  let failed = false;
+  const fail = (err: unknown) => {
+    if (failed) return;
+    failed = true;
+    reply.log.error({ err }, "zip download broken off: an output could not be read");
+    reading?.destroy();
+    out.destroy(err instanceof Error ? err : new Error(String(err)));
+  };
+  zip.on("error", fail);
+  out.once("close", () => reading?.destroy());
+  for (const entry of entries) {
+    zip.addReadStreamLazy(entry.name, (done) => {
+      const stream = fs.createReadStream(entry.file);
+      reading = stream;
+      stream.once("error", fail);
+      stream.once("close", () => {
+        if (reading === stream) reading = undefined;
+      });
+      done(null, stream);
+    });
+  }
+  zip.end();
+  return out;
 }
 
 export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
