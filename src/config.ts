@@ -5,6 +5,7 @@ import path from "node:path";
 import { type Static, type TInteger, type TSchema, Type } from "typebox";
 import { Value } from "typebox/value";
 import { ANALYSIS_TYPES, type AnalysisType, typeEnvInfix } from "./analyses/types.ts";
+import { MAX_TIMER_MS } from "./timers.ts";
 
 const LOG_LEVELS = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
 
@@ -42,9 +43,6 @@ function perTypeFields() {
 interface IntegerField extends Field {
   schema: TInteger;
 }
-
-/** The longest a Node timer can wait: a longer delay fires after 1 ms instead. */
-export const MAX_TIMER_MS = 2 ** 31 - 1;
 
 /** A duration in milliseconds that some timer waits for: bounded by what a timer can wait. */
 function durationMs(minimum: number, defaultMs: number): Pick<IntegerField, "schema" | "hint"> {

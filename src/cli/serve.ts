@@ -8,6 +8,7 @@ import { createLogger } from "../log.ts";
 import { processRegistry } from "../metrics/registry.ts";
 import { serveMetrics } from "../metrics/server.ts";
 import { LocalStorage } from "../storage/local.ts";
+import { timerDelay } from "../timers.ts";
 import { need, parse, UsageError } from "./usage.ts";
 import { startWorkerRuntime } from "./worker-runtime.ts";
 
@@ -80,7 +81,7 @@ export async function serveCommand(
   /** `assay worker`'s own /metrics endpoint (the API serves its registry itself). */
   let metricsServer: Awaited<ReturnType<typeof serveMetrics>> | undefined;
   const closer = closeWithGrace(
-    { delay: cfg.shutdownGraceMs + SHUTDOWN_MARGIN_MS, logger },
+    { delay: timerDelay(cfg.shutdownGraceMs + SHUTDOWN_MARGIN_MS), logger },
     async ({ signal, err }) => {
       if (err) logger.error({ err }, "shutting down after an unexpected error");
       else logger.info({ signal }, "shutting down");

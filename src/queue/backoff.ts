@@ -1,10 +1,11 @@
 import { setTimeout as delay } from "node:timers/promises";
+import { timerDelay } from "../timers.ts";
 import { MAX_BACKOFF_MS } from "./sql.ts";
 
 export const sleep = (ms: number) => delay(ms, undefined, { ref: false });
 
 /** ±20% jitter, so a fleet of workers does not poll or reap in lockstep. */
-export const jitter = (ms: number) => Math.round(ms * (0.8 + Math.random() * 0.4));
+export const jitter = (ms: number) => timerDelay(Math.round(ms * (0.8 + Math.random() * 0.4)));
 
 /**
  * Delay before the next attempt after `attempt` failed transiently: exponential (base · 2^(attempt−1)),

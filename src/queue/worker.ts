@@ -7,6 +7,7 @@ import os from "node:os";
 import type { Sql } from "../db/client.ts";
 import { listenAll } from "../db/listen.ts";
 import type { Logger } from "../log.ts";
+import { timerDelay } from "../timers.ts";
 import { jitter, sleep } from "./backoff.ts";
 import { type AttemptOutcome, NO_OBSERVER, type QueueObserver } from "./observer.ts";
 import {
@@ -20,12 +21,15 @@ import {
 import {
   CANCEL_CHANNEL,
   type ClaimedRun,
+  type CompletionResult,
   type Lease,
   type Outcome,
   type Retry,
+  type RetryResult,
   runClaim,
   runComplete,
   runHeartbeat,
+  runOutputsRecorded,
   runProgress,
   runRetry,
   runWake,
@@ -111,7 +115,9 @@ export class Worker {
   private stopping = false;
   private rotation = 0;
   private timers: NodeJS.Timeout[] = [];
-  /** One wake-up for the earliest retry this worker queued that is not due yet. */
+  /** When this worker's own retries that are not due yet become due, in order. */
+  private retriesDue: number[] = [];
+  /** One wake-up, for the earliest of them. */
   private retryWake: { at: number; timer: NodeJS.Timeout } | undefined;
   private unlisten: (() => Promise<void>) | undefined;
 
@@ -330,16 +336,31 @@ export class Worker {
   }
 
   /**
-   * Wakes the claim loop at `at` (a retry of ours is due then). One timer: an earlier time replaces
-   * it, a later one is covered by the wake-up it causes (the poll and later retries do the rest).
+   * Wakes the claim loop at `at` (a retry of ours is due then). One timer, armed for the earliest due
+   * time; when it fires it re-arms for the next one. The list holds only retries not yet due.
    */
   private wakeAt(at: number): void {
-    if (this.stopping || (this.retryWake && this.retryWake.at <= at)) return;
+    if (this.stopping) return;
+    const i = this.retriesDue.findIndex((t) => t > at);
+    this.retriesDue.splice(i === -1 ? this.retriesDue.length : i, 0, at);
+    if (this.retryWake && this.retryWake.at <= at) return;
+    this.armRetryWake();
+  }
+
+  private armRetryWake(): void {
     if (this.retryWake) clearTimeout(this.retryWake.timer);
-    const timer = setTimeout(() => {
-      this.retryWake = undefined;
-      this.wake();
-    }, at - Date.now());
+    this.retryWake = undefined;
+    const at = this.retriesDue[0];
+    if (at === undefined || this.stopping) return;
+    const timer = setTimeout(
+      () => {
+        const now = Date.now();
+        while ((this.retriesDue[0] ?? Number.POSITIVE_INFINITY) <= now) this.retriesDue.shift();
+        this.wake();
+        this.armRetryWake();
+      },
+      timerDelay(at - Date.now()),
+    );
     timer.unref();
     this.retryWake = { at, timer };
   }
@@ -395,78 +416,132 @@ export class Worker {
     return this.flushing;
   }
 
-  // This must not throw and must not drop an outcome: on a database error it keeps the batch (whose
-  // leases the heartbeat keeps extending) and tries again.
+  // This must not throw and must not drop an outcome: on a database error it keeps what was not
+  // written (whose leases the heartbeat keeps extending) and tries again. The two statements are
+  // settled separately: a batch is put back only when its own statement failed, so a completion that
+  // committed is never sent again because the retry beside it failed.
   private async flushAll(): Promise<void> {
     while (this.outcomes.length > 0 || this.retries.length > 0) {
       const outcomes = this.outcomes;
       const retries = this.retries;
       this.outcomes = [];
       this.retries = [];
-      try {
-        const [completion, retried] = await Promise.all([
-          runComplete(
-            this.o.sql,
-            outcomes.map((o) => o.value),
-          ),
-          runRetry(
-            this.o.sql,
-            retries.map((r) => r.value),
-          ),
-        ]);
-        // Each transition is logged once, after it was recorded.
-        const done = new Set(completion.completed);
-        const back = new Set(retried.requeued);
-        const cancelled = new Set(retried.cancelled);
-        for (const p of outcomes) {
-          const { run, value: outcome } = p;
-          if (done.has(run.id)) {
-            this.o.logger.info(
-              { ...this.fields(run), status: outcome.status, errorCode: outcome.errorCode ?? null },
-              "run finished",
-            );
-            this.ended(p, outcome.status);
-            void this.recorded(run, outcome.outputKey ?? null);
-          } else this.fenced(p);
+      const [completion, retried] = await Promise.allSettled([
+        runComplete(
+          this.o.sql,
+          outcomes.map((o) => o.value),
+        ),
+        runRetry(
+          this.o.sql,
+          retries.map((r) => r.value),
+        ),
+      ]);
+      const errors: unknown[] = [];
+      const released: ClaimedRun[] = [];
+      if (completion.status === "fulfilled") {
+        try {
+          released.push(...(await this.completed(outcomes, completion.value)));
+        } catch (err) {
+          errors.push(err);
         }
-        for (const p of retries) {
-          const { run, value: retry } = p;
-          if (cancelled.has(run.id)) {
-            // Cancelled while it failed or was shut down: it ended, it is not retried.
-            this.o.logger.info(
-              { ...this.fields(run), status: "cancelled", errorCode: "ANALYSIS_PROCESS_CANCELLED" },
-              "run finished",
-            );
-            this.ended(p, "cancelled");
-            void this.recorded(run, null);
-          } else if (back.has(run.id)) {
-            this.ended(p, retry.refund ? "requeued" : "retried");
-            this.o.logger.info(
-              {
-                ...this.fields(run),
-                status: "queued",
-                delayMs: retry.delayMs,
-                refunded: retry.refund,
-                errorCode: retry.errorCode,
-              },
-              "run re-queued",
-            );
-          } else this.fenced(p);
-        }
-        for (const t of [...completion.finishedTasks, ...retried.finishedTasks]) {
-          this.o.logger.info({ taskId: t.taskId, status: t.status }, "task finished");
-        }
-        await this.wakeOthers([
-          ...outcomes.map((o) => o.run),
-          ...retries.filter((r) => cancelled.has(r.run.id)).map((r) => r.run),
-        ]);
-      } catch (err) {
-        this.o.logger.warn({ err, workerId: this.id }, "completion write failed; retrying");
+      } else {
         this.outcomes.unshift(...outcomes);
+        errors.push(completion.reason);
+      }
+      if (retried.status === "fulfilled") released.push(...this.retried(retries, retried.value));
+      else {
         this.retries.unshift(...retries);
+        errors.push(retried.reason);
+      }
+      await this.wakeOthers(released).catch((err) => errors.push(err));
+      if (errors.length > 0) {
+        this.o.logger.warn({ err: errors[0], workerId: this.id }, "completion write failed; retrying");
         await sleep(FLUSH_RETRY_MS);
       }
     }
+  }
+
+  /**
+   * Logs and reports the outcomes a completion statement recorded; the others were fenced off and
+   * are discarded — except a success whose run already records this attempt's outputs: its
+   * completion committed on an earlier try whose answer was lost (the connection dropped after the
+   * commit), so it is ours, and discarding it would delete the run's outputs. When that cannot be
+   * checked, those outcomes go back into the batch (and this throws): nothing is discarded unless it
+   * is known not to be ours. Returns the runs whose ending was recorded.
+   */
+  private async completed(outcomes: Pending<Outcome>[], completion: CompletionResult): Promise<ClaimedRun[]> {
+    const done = new Set(completion.completed);
+    const unsure = outcomes.filter((p) => !done.has(p.run.id) && p.value.outputKey);
+    let earlier = new Set<number>();
+    let lookup: unknown;
+    if (unsure.length > 0) {
+      try {
+        earlier = new Set(
+          await runOutputsRecorded(
+            this.o.sql,
+            unsure.map((p) => ({ id: p.run.id, outputKey: p.value.outputKey as string })),
+          ),
+        );
+      } catch (err) {
+        lookup = err;
+      }
+    }
+    const recorded: ClaimedRun[] = [];
+    for (const p of outcomes) {
+      const { run, value: outcome } = p;
+      if (done.has(run.id) || earlier.has(run.id)) {
+        // Each transition is logged once, after it was recorded.
+        this.o.logger.info(
+          { ...this.fields(run), status: outcome.status, errorCode: outcome.errorCode ?? null },
+          "run finished",
+        );
+        this.ended(p, outcome.status);
+        void this.recorded(run, outcome.outputKey ?? null);
+        recorded.push(run);
+      } else if (lookup !== undefined && outcome.outputKey) this.outcomes.push(p);
+      else this.fenced(p);
+    }
+    for (const t of completion.finishedTasks) {
+      this.o.logger.info({ taskId: t.taskId, status: t.status }, "task finished");
+    }
+    if (lookup !== undefined) throw lookup;
+    return recorded;
+  }
+
+  /** Logs and reports what a retry statement did. Returns the runs that ended (cancelled) instead. */
+  private retried(retries: Pending<Retry>[], retried: RetryResult): ClaimedRun[] {
+    const back = new Set(retried.requeued);
+    const cancelled = new Set(retried.cancelled);
+    const ended: ClaimedRun[] = [];
+    for (const p of retries) {
+      const { run, value: retry } = p;
+      if (cancelled.has(run.id)) {
+        // Cancelled while it failed or was shut down: it ended, it is not retried.
+        this.o.logger.info(
+          { ...this.fields(run), status: "cancelled", errorCode: "ANALYSIS_PROCESS_CANCELLED" },
+          "run finished",
+        );
+        this.ended(p, "cancelled");
+        void this.recorded(run, null);
+        ended.push(run);
+      } else if (back.has(run.id)) {
+        this.ended(p, retry.refund ? "requeued" : "retried");
+        this.o.logger.info(
+          {
+            ...this.fields(run),
+            status: "queued",
+            delayMs: retry.delayMs,
+            refunded: retry.refund,
+            errorCode: retry.errorCode,
+          },
+          "run re-queued",
+        );
+      } else this.fenced(p);
+    }
+    for (const t of retried.finishedTasks) {
+      this.o.logger.info({ taskId: t.taskId, status: t.status }, "task finished");
+    }
+    return ended;
   }
 
   /** Slots of globally limited types were released: other workers may now claim them. */
@@ -578,6 +653,7 @@ export class Worker {
     this.timers = [];
     clearTimeout(this.retryWake?.timer);
     this.retryWake = undefined;
+    this.retriesDue = [];
     await this.unlisten?.().catch(() => {});
     await workerDelete(this.o.sql, this.id).catch((err) =>
       this.o.logger.warn({ err, workerId: this.id }, "could not deregister"),

@@ -183,11 +183,12 @@ export function discardAttempt(outputsRoot: string) {
 
 /**
  * For Worker.onRecorded: once a run's outcome is recorded, no other attempt of it can win, so the
- * folders that earlier attempts left (a worker killed mid-run) go. Only runs past their first attempt
- * can have any.
+ * folders that earlier attempts left go. Only an attempt that lost its lease (a worker killed mid-run,
+ * put back by the reaper) can have left one — every other ending removes its own — so only runs claimed
+ * after such an attempt look (it reads the task's folder).
  */
 export function removeLeftovers(outputsRoot: string) {
   return async (run: ClaimedRun, outputKey: string | null) => {
-    if (run.attempt > 1) await removeOtherAttempts(outputsRoot, run.taskId, run.id, outputKey);
+    if (run.afterLostLease) await removeOtherAttempts(outputsRoot, run.taskId, run.id, outputKey);
   };
 }

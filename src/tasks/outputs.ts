@@ -13,6 +13,11 @@ export interface RunOutput {
   outputFileName: string;
   /** Absolute directory of the published outputs. */
   dir: string;
+  /**
+   * False when the row names no safe result file or no valid output key: the run's outputs cannot be
+   * served, and a download says so (a logged 500) instead of leaving the run out.
+   */
+  usable: boolean;
 }
 
 export type DownloadPlan =
@@ -48,14 +53,16 @@ async function succeededOutputs(
     from runs r
     where r.task_id = ${taskId} and r.status = 'succeeded' ${runId ? sql`and r.id = ${runId}` : sql``}
     order by r.id`;
-  return rows
-    .filter((r) => r.outputFileName && SAFE_NAME.test(r.outputFileName) && OUTPUT_KEY.test(r.outputKey))
-    .map((r) => ({
+  return rows.map((r) => {
+    const usable = SAFE_NAME.test(r.outputFileName ?? "") && OUTPUT_KEY.test(r.outputKey);
+    return {
       runId: r.runId,
       inputName: r.inputName,
-      outputFileName: r.outputFileName as string,
-      dir: path.join(outputsRoot, r.outputKey),
-    }));
+      outputFileName: usable ? (r.outputFileName as string) : "",
+      dir: usable ? path.join(outputsRoot, r.outputKey) : "",
+      usable,
+    };
+  });
 }
 
 /** Owner or admin; terminal with at least one success (DESIGN §7). */

@@ -112,3 +112,15 @@ test("one run's output; foreign owner, another task's run and path tricks are 40
     assert.equal(res.statusCode, 404, url);
   }
 });
+
+test("a run whose recorded output cannot be served is a 500, never a zip that leaves it out", async () => {
+  const taskId = await finishedTask("dl-unusable", ["a\n1\n", "b\n2\n"], { mode: "ok" });
+  const [run] = await env.db.sql<{ id: string }[]>`
+    select r.id::text as id from runs r where r.task_id = ${taskId} order by r.id limit 1`;
+  await env.db.sql`update runs set output_key = '../../etc' where id = ${run?.id as string}`;
+  const zip = await get(`/api/analysis-tasks/${taskId}/download`);
+  assert.equal(zip.statusCode, 500);
+  assert.equal(zip.json().code, "INTERNAL_ERROR");
+  const one = await get(`/api/analysis-tasks/${taskId}/runs/${run?.id}/download`);
+  assert.equal(one.statusCode, 500);
+});

@@ -5,6 +5,7 @@ import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import type { Principal } from "../../src/auth/tokens.ts";
 import { createLogger } from "../../src/log.ts";
+import { runComplete } from "../../src/queue/sql.ts";
 import { type Handler, Worker, type WorkerOptions } from "../../src/queue/worker.ts";
 import { taskCancel } from "../../src/tasks/cancel.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
@@ -163,4 +164,125 @@ test("retry wake-ups do not accumulate: one timer, however many retries", async 
     select count(*)::int as n from task_events where task_id = ${taskId} and type = 'run.retry'`;
   assert.equal(retries?.n, 100);
   assert.ok(timers <= 3, `the worker holds ${timers} timers after 100 retries`);
+});
+
+test("a completion that committed but whose answer was lost is recognised, not discarded as fenced off", async () => {
+  const taskId = await createTask(db.sql, owner, "r-lost-answer", 1);
+  const discarded: number[] = [];
+  const w = worker(
+    {
+      "r-lost-answer": async (run) => {
+        const outputKey = `${run.taskId}/${run.id}.${run.attempt}.${run.leaseToken}`;
+        // The worker's first try at this completion committed; its answer never arrived.
+        await runComplete(db.sql, [{ id: run.id, token: run.leaseToken, status: "succeeded", outputKey }]);
+        return { status: "succeeded", outputKey };
+      },
+    },
+    { onDiscard: async (run) => void discarded.push(run.id) },
+  );
+  await w.start();
+  const task = await waitForTerminal(db.sql, taskId, 10_000);
+  await w.stop();
+  assert.equal(task.status, "succeeded");
+  assert.deepEqual(discarded, [], "the run's own outputs were not discarded");
+});
+
+test("a retry that fails beside a completion that committed does not replay the completion", async () => {
+  // The first re-queue of a run fails once (as a dropped connection would fail that statement).
+  await db.sql`create sequence requeue_failures`;
+  await db.sql.unsafe(`
+    create function fail_first_requeue() returns trigger language plpgsql as $$
+    begin
+      if new.status = 'queued' and old.status <> 'queued' and nextval('requeue_failures') = 1 then
+        raise exception 'injected: the re-queue failed';
+      end if;
+      return new;
+    end $$`);
+  await db.sql.unsafe(
+    "create trigger fail_first_requeue before update on runs for each row execute function fail_first_requeue()",
+  );
+  try {
+    const taskId = await createTask(db.sql, owner, "r-split-flush", 3, { maxAttempts: 3 });
+    const [blocker, winner, flaky] = (
+      await db.sql<{ id: number }[]>`
+        select r.id::float8 as id from runs r where r.task_id = ${taskId} order by r.id`
+    ).map((r) => r.id) as [number, number, number];
+    const gates = new Map<number, () => void>();
+    const gate = (id: number) => new Promise<void>((resolve) => gates.set(id, resolve));
+    const returned = new Set<number>();
+    const discarded: number[] = [];
+    const w = worker(
+      {
+        "r-split-flush": async (run) => {
+          if (run.attempt === 1) await gate(run.id);
+          returned.add(run.id);
+          if (run.id === flaky && run.attempt === 1)
+            return { status: "failed", errorCode: "ANALYSIS_DEPENDENCY_FAILED", transient: true };
+          return {
+            status: "succeeded",
+            outputKey: `${run.taskId}/${run.id}.${run.attempt}.${run.leaseToken}`,
+          };
+        },
+      },
+      { concurrency: 3, onDiscard: async (run) => void discarded.push(run.id) },
+    );
+    await w.start();
+    await waitFor(async () => gates.size === 3, 10_000, "three attempts running");
+    // Hold the blocker's row: its completion waits, and the next two endings form one batch.
+    let unlock: () => void = () => {};
+    const held = new Promise<void>((resolve) => {
+      unlock = resolve;
+    });
+    let locked: () => void = () => {};
+    const isLocked = new Promise<void>((resolve) => {
+      locked = resolve;
+    });
+    const lock = db.sql.begin(async (tx) => {
+      await tx`select 1 from runs where id = ${blocker} for update`;
+      locked();
+      await held;
+    });
+    await isLocked;
+    gates.get(blocker)?.();
+    await waitFor(
+      async () =>
+        (
+          await db.sql`select 1 from pg_stat_activity
+                       where datname = current_database() and wait_event_type = 'Lock'`
+        ).length > 0,
+      10_000,
+      "the blocker's completion to wait for the row",
+    );
+    gates.get(winner)?.();
+    gates.get(flaky)?.();
+    await waitFor(async () => returned.has(winner) && returned.has(flaky));
+    unlock();
+    await lock;
+    const task = await waitForTerminal(db.sql, taskId, 10_000);
+    await w.stop();
+    assert.equal(task.succeeded, 3);
+    const [failures] = await db.sql<{ n: string }[]>`select last_value::text as n from requeue_failures`;
+    assert.ok(Number(failures?.n) >= 1, "the injected failure happened");
+    assert.deepEqual(discarded, [], "no recorded success was discarded");
+  } finally {
+    await db.sql`drop trigger fail_first_requeue on runs`;
+  }
+});
+
+test("each retry of this worker's wakes it when due, not at the next poll", async () => {
+  const taskId = await createTask(db.sql, owner, "r-due", 4, { maxAttempts: 2 });
+  const w = worker(
+    {
+      "r-due": async (run) =>
+        run.attempt === 1
+          ? { status: "failed", errorCode: "ANALYSIS_DEPENDENCY_FAILED", transient: true }
+          : { status: "succeeded" },
+    },
+    // Retries are due 0.5–1 s after they fail, at four different times; the poll is a minute away.
+    { retryBaseMs: 1000, pollIntervalMs: 60_000, concurrency: 4 },
+  );
+  await w.start();
+  const task = await waitForTerminal(db.sql, taskId, 10_000);
+  await w.stop();
+  assert.equal(task.succeeded, 4);
 });

@@ -62,7 +62,7 @@ async function send(plan: DownloadPlan, reply: FastifyReply) {
   const entries: { file: string; name: string }[] = [];
   const folders = folderNames(plan.outputs);
   for (const output of plan.outputs) {
-    const names = await outputFiles(output.dir);
+    const names = output.usable ? await outputFiles(output.dir) : [];
     if (!names.includes(output.outputFileName)) throw outputMissing(reply, output);
     for (const name of names) {
       entries.push({ file: path.join(output.dir, name), name: `${folders.get(output.runId)}/${name}` });
@@ -79,6 +79,7 @@ async function send(plan: DownloadPlan, reply: FastifyReply) {
  * descriptor when it ends or when Fastify destroys it because the client left.
  */
 async function sendFile(output: RunOutput, reply: FastifyReply) {
+  if (!output.usable) throw outputMissing(reply, output);
   const file = path.join(output.dir, output.outputFileName);
   const handle = await fsp.open(file, "r").catch((err: unknown) => {
     throw outputMissing(reply, output, err);

@@ -20,6 +20,11 @@ export interface ClaimedRun {
   parameters: Record<string, unknown>;
   /** Seconds the run waited between becoming due (created, or its retry's run_after) and this claim. */
   waitedSeconds: number;
+  /**
+   * The run's previous attempt lost its lease (the reaper put it back): that attempt's worker may
+   * have died and left its outputs behind.
+   */
+  afterLostLease: boolean;
 }
 
 export interface ClaimOptions {
@@ -93,14 +98,15 @@ function claimStatement(sql: Sql, o: ClaimOptions, k: number, durable = false): 
       where r.id = any(array(select id from candidates))
       returning r.id, r.task_id, r.analysis_type, r.attempt, r.max_attempts, r.lease_token,
                 r.input_file_id, r.input_storage_key, r.input_name, r.input_size_bytes, r.input_sha256,
-                r.run_after
+                r.run_after, r.error_code
     )
     select c.id::float8 as id, c.task_id::float8 as "taskId", c.analysis_type as "analysisType",
            c.attempt, c.max_attempts as "maxAttempts", c.lease_token::text as "leaseToken",
            c.input_file_id::float8 as "inputFileId", c.input_storage_key as "inputStorageKey",
            c.input_name as "inputName", c.input_size_bytes::float8 as "inputSizeBytes",
            c.input_sha256 as "inputSha256", t.parameters,
-           extract(epoch from now() - c.run_after)::float8 as "waitedSeconds"
+           extract(epoch from now() - c.run_after)::float8 as "waitedSeconds",
+           c.error_code is not distinct from 'ANALYSIS_WORKER_UNAVAILABLE' as "afterLostLease"
     from claimed c join tasks t on t.id = c.task_id
     -- Always true; evaluated once. Sets how this statement's own transaction commits (see above);
     -- "durable" keeps the server's setting, whatever it is.

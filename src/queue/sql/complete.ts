@@ -72,6 +72,25 @@ export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<Comple
   return { completed: row?.completed ?? [], finishedTasks: row?.finished ?? [] };
 }
 
+/**
+ * Which of these runs record exactly these output keys: a success whose completion committed on an
+ * earlier try whose answer was lost is recognised by it (its lease token is gone from the row, so the
+ * completion itself no longer matches). Returns the run ids.
+ */
+export async function runOutputsRecorded(
+  sql: Sql,
+  runs: { id: number; outputKey: string }[],
+): Promise<number[]> {
+  if (runs.length === 0) return [];
+  const input = runs.map((r) => ({ id: r.id, output_key: r.outputKey }));
+  const rows = await sql<{ id: number }[]>`
+    select r.id::float8 as id
+    from runs r join jsonb_to_recordset(${sql.json(input as unknown as Json)}) as i(id bigint, output_key text)
+      on r.id = i.id
+    where r.output_key = i.output_key`;
+  return rows.map((r) => r.id);
+}
+
 export interface Retry extends Lease {
   delayMs: number;
   /** Give the attempt back (shutdown): the run does not use up an attempt. */
