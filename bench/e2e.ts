@@ -13,7 +13,8 @@ import { createLogger } from "../src/log.ts";
 import { NO_OBSERVER } from "../src/queue/observer.ts";
 import { Worker } from "../src/queue/worker.ts";
 import { childEnv, discardAttempt, processHandler } from "../src/runner/handler.ts";
-import { LocalStorage } from "../src/storage/local.ts";
+import { openWorkDir } from "../src/runner/workdir.ts";
+import { LocalStore } from "../src/storage/local.ts";
 import { taskCreate } from "../src/tasks/create.ts";
 import { benchDatabase, report } from "./lib/db.ts";
 
@@ -30,7 +31,7 @@ if (!summary) throw new Error("summary program not found");
 const bench = await benchDatabase();
 const { sql, close } = createDatabase(bench.url);
 const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-bench-e2e-"));
-const storage = new LocalStorage(dataDir);
+const storage = new LocalStore(dataDir);
 try {
   fs.mkdirSync(path.join(dataDir, "files"));
   const [user] = await sql<
@@ -69,7 +70,7 @@ try {
               [
                 summary.script,
                 "--input",
-                storage.resolve(`files/${id}`),
+                storage.localPath(`files/${id}`),
                 "--output-dir",
                 out,
                 "--params",
@@ -89,7 +90,6 @@ try {
   };
 
   // Through Assay: one task of N runs, one worker at concurrency C, the production handler.
-  const outputsRoot = path.join(dataDir, "outputs");
   let waiting = { left: 0, done: () => {} };
   // The worker as `assay worker` runs it: kill grace, the analysis processes' CPU priority and
   // prefetch from the configuration (its defaults, or ASSAY_* from the environment).
@@ -100,8 +100,8 @@ try {
     types: {
       summary: {
         handler: processHandler(summary, {
-          storage,
-          outputsRoot,
+          store: storage,
+          workDir: (await openWorkDir(dataDir)).dir,
           killGraceMs: config.killGraceMs,
           nice: config.childNice,
         }),
@@ -111,7 +111,7 @@ try {
     leaseTtlMs: 30_000,
     pollIntervalMs: 2000,
     retryBaseMs: 1000,
-    onDiscard: discardAttempt(outputsRoot),
+    onDiscard: discardAttempt(storage),
     // The end of a round is signalled by the worker itself once it has recorded N endings: neither
     // polling nor LISTEN, whose queries and notifications would be the benchmark's own load.
     observer: {

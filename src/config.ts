@@ -94,7 +94,47 @@ const FIELDS = {
   dataDir: {
     env: "ASSAY_DATA_DIR",
     schema: Type.String({ minLength: 1, default: "./.assay" }),
-    description: "Directory for uploaded files, outputs and the embedded database.",
+    description:
+      "This process's own directory: the embedded database, a worker's scratch space, and — with ASSAY_STORAGE=local — uploaded files and outputs.",
+  },
+  storage: {
+    env: "ASSAY_STORAGE",
+    schema: Type.Union([Type.Literal("local"), Type.Literal("s3")], { default: "local" }),
+    description:
+      "Where uploaded files and outputs live: local (under ASSAY_DATA_DIR; every process must share it) or s3 (an S3-compatible bucket; API and workers may run on any machines).",
+  },
+  s3Bucket: {
+    env: "ASSAY_S3_BUCKET",
+    schema: Type.String({ minLength: 3, maxLength: 63 }),
+    optional: true,
+    description:
+      "With ASSAY_STORAGE=s3: the bucket (required). Credentials come from the AWS SDK's default chain.",
+  },
+  s3Prefix: {
+    env: "ASSAY_S3_PREFIX",
+    schema: Type.String({ pattern: "^([A-Za-z0-9._-]+/)*[A-Za-z0-9._-]*$", default: "" }),
+    hint: "must be a key prefix such as assay/ (letters, digits, . _ - and /)",
+    description:
+      "With ASSAY_STORAGE=s3: a prefix for every key, so one bucket can hold several installations.",
+  },
+  s3Endpoint: {
+    env: "ASSAY_S3_ENDPOINT",
+    schema: Type.String({ pattern: "^https?://" }),
+    optional: true,
+    hint: "must be an http:// or https:// URL",
+    description: "With ASSAY_STORAGE=s3: the service's URL, for anything but AWS S3 (MinIO, R2, Ceph RGW).",
+  },
+  s3Region: {
+    env: "ASSAY_S3_REGION",
+    schema: Type.String({ minLength: 1 }),
+    optional: true,
+    description: "With ASSAY_STORAGE=s3: the region (default: the AWS SDK's own, e.g. AWS_REGION).",
+  },
+  s3ForcePathStyle: {
+    env: "ASSAY_S3_FORCE_PATH_STYLE",
+    schema: Type.Union([Type.Literal("true"), Type.Literal("false")], { default: "false" }),
+    description:
+      "With ASSAY_STORAGE=s3: address the bucket in the path, not the host name (MinIO and most self-hosted services need true).",
   },
   logLevel: {
     env: "LOG_LEVEL",
@@ -253,6 +293,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
           : given;
     if (Value.Check(field.schema, value)) out[key] = value;
     else problems.push(describeProblem(field, given, value));
+  }
+  if (out.storage === "s3" && out.s3Bucket === undefined) {
+    problems.push("ASSAY_S3_BUCKET: is required with ASSAY_STORAGE=s3");
   }
   if (problems.length > 0) throw new ConfigError(problems);
   const config = out as Settings;

@@ -1,7 +1,8 @@
 // The test runner behind `make test`: one PostgreSQL for the whole run (DATABASE_URL when given,
-// else an embedded cluster in a temporary directory), one migrated template database, then
-// node:test over the given files, concurrently — each file clones its own database from the
-// template (test/helpers/db.ts). Fails when zero tests ran.
+// else an embedded cluster in a temporary directory), one migrated template database, one
+// S3-compatible server (s3rver, from npm) on 127.0.0.1, then node:test over the given files,
+// concurrently — each file clones its own database from the template (test/helpers/db.ts) and makes
+// its own bucket when it needs one (test/helpers/s3.ts). Fails when zero tests ran.
 //
 //   npx tsx test/run.ts test/unit/config.test.ts ...
 import { spawn } from "node:child_process";
@@ -35,6 +36,8 @@ const embedded = process.env.DATABASE_URL
       settings: { fsync: "off", synchronous_commit: "off", full_page_writes: "off", max_connections: 400 },
     });
 const adminUrl = process.env.DATABASE_URL ?? (embedded?.adminUrl as string);
+// Any S3-compatible server would do; s3rver checks signatures against its own fixed key pair.
+const s3 = await startS3Server(path.join(scratch, "s3"));
 const admin = postgres(adminUrl, { max: 1, onnotice: () => {} });
 const runId = randomBytes(4).toString("hex");
 const template = `assay_tpl_${runId}`;
@@ -65,6 +68,25 @@ async function numberAcrossDigitBoundaries(url: string): Promise<void> {
   }
 }
 
+/** The test S3 server in a process of its own (see test/fixtures/s3-server.mjs). */
+async function startS3Server(directory: string): Promise<{ endpoint: string; stop(): void }> {
+  const child = spawn(
+    process.execPath,
+    ["--openssl-legacy-provider", path.join(import.meta.dirname, "fixtures/s3-server.mjs"), directory],
+    { stdio: ["pipe", "pipe", "inherit"] },
+  );
+  const port = await new Promise<string>((resolve, reject) => {
+    let out = "";
+    child.stdout.on("data", (chunk: Buffer) => {
+      out += chunk.toString();
+      const m = /listening (\d+)/.exec(out);
+      if (m?.[1]) resolve(m[1]);
+    });
+    child.once("exit", (code) => reject(new Error(`the S3 test server exited (${code})`)));
+  });
+  return { endpoint: `http://127.0.0.1:${port}`, stop: () => child.kill("SIGTERM") };
+}
+
 let exitCode = 1;
 try {
   await admin`create database ${admin(template)}`;
@@ -93,6 +115,12 @@ try {
         ASSAY_TEST_ADMIN_URL: adminUrl,
         ASSAY_TEST_TEMPLATE: template,
         ASSAY_TEST_RUN: runId,
+        ASSAY_TEST_S3_ENDPOINT: s3.endpoint,
+        AWS_ACCESS_KEY_ID: "S3RVER",
+        AWS_SECRET_ACCESS_KEY: "S3RVER",
+        AWS_REGION: "us-east-1",
+        // The SDK warns on every start under Node 20; the tests know.
+        AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED: "true",
       },
     },
   );
@@ -119,6 +147,7 @@ try {
     await admin`drop database if exists ${admin(datname)} with (force)`.catch(() => {});
   }
   await admin.end({ timeout: 5 });
+  s3.stop();
   await embedded?.stop();
   fs.rmSync(scratch, { recursive: true, force: true });
 }

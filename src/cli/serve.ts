@@ -4,10 +4,12 @@ import { tokenCreate } from "../auth/tokens.ts";
 import type { Config } from "../config.ts";
 import { expectedMigrationCount } from "../db/migrate.ts";
 import { openDatabase } from "../db/open.ts";
-import { createLogger } from "../log.ts";
+import { createLogger, type Logger } from "../log.ts";
 import { processRegistry } from "../metrics/registry.ts";
 import { serveMetrics } from "../metrics/server.ts";
-import { LocalStorage } from "../storage/local.ts";
+import { LocalStore } from "../storage/local.ts";
+import { openStore } from "../storage/open.ts";
+import type { ObjectStore } from "../storage/store.ts";
 import { timerDelay } from "../timers.ts";
 import { need, parse, UsageError } from "./usage.ts";
 import { startWorkerRuntime } from "./worker-runtime.ts";
@@ -36,6 +38,24 @@ const SHUTDOWN_MARGIN_MS = 15_000;
 /** Partial uploads older than this are what a killed process left behind. */
 const PARTIAL_UPLOAD_MAX_AGE_MS = 60 * 60 * 1000;
 
+/**
+ * Waits until the object store answers, retrying with a growing pause (a bucket that is down at start
+ * is waited for, as a database is): the cause is logged each time, never a credential.
+ */
+async function waitForStore(store: ObjectStore, logger: Logger): Promise<void> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await store.check();
+      if (attempt > 1) logger.info({ storage: store.kind }, "object store reachable");
+      return;
+    } catch (err) {
+      const pauseMs = Math.min(10_000, 250 * 2 ** attempt);
+      logger.warn({ err, storage: store.kind, retryInMs: pauseMs }, "object store unreachable; waiting");
+      await new Promise((r) => setTimeout(r, pauseMs));
+    }
+  }
+}
+
 export async function serveCommand(
   mode: "api" | "worker" | "all",
   argv: string[],
@@ -60,9 +80,12 @@ export async function serveCommand(
   const cfg = need(config);
   const logger = createLogger({ level: cfg.logLevel, pretty: cfg.logFormat === "pretty" });
   const database = await openDatabase(cfg, logger, { applicationName: `assay-${mode}` });
-  const storage = new LocalStorage(cfg.dataDir);
-  const swept = await storage.sweepPartials(PARTIAL_UPLOAD_MAX_AGE_MS);
-  if (swept > 0) logger.info({ swept }, "removed partial uploads left by an earlier process");
+  const storage = await openStore(cfg);
+  if (storage instanceof LocalStore) {
+    const swept = await storage.sweepPartials(PARTIAL_UPLOAD_MAX_AGE_MS);
+    if (swept > 0) logger.info({ swept }, "removed partial uploads left by an earlier process");
+  }
+  await waitForStore(storage, logger);
 
   const metrics = processRegistry();
   // Imported only where needed: a worker without the HTTP stack is smaller, and the cost of every

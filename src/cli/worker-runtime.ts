@@ -1,6 +1,5 @@
 // The production worker of `assay worker` / `assay all`: the programs this machine can run, their
 // process handlers, the queue worker and the reaper.
-import path from "node:path";
 import type { Registry } from "prom-client";
 import { findPrograms } from "../analyses/programs.ts";
 import type { AnalysisType } from "../analyses/types.ts";
@@ -13,7 +12,8 @@ import { Retention } from "../queue/retention.ts";
 import { type TypeOptions, Worker } from "../queue/worker.ts";
 import { GroupGuard } from "../runner/group-guard.ts";
 import { discardAttempt, processHandler, removeLeftovers } from "../runner/handler.ts";
-import type { LocalStorage } from "../storage/local.ts";
+import { openWorkDir } from "../runner/workdir.ts";
+import type { ObjectStore } from "../storage/store.ts";
 
 export interface WorkerRuntime {
   worker: Worker;
@@ -25,7 +25,7 @@ export interface WorkerRuntime {
 export async function startWorkerRuntime(
   config: Config,
   sql: Sql,
-  storage: LocalStorage,
+  store: ObjectStore,
   logger: Logger,
   concurrency: number,
   metrics: Registry,
@@ -37,7 +37,7 @@ export async function startWorkerRuntime(
   for (const m of found.missing) {
     logger.warn({ analysisType: m.type, reason: m.reason }, "this worker will not claim this analysis type");
   }
-  const outputsRoot = path.join(config.dataDir, "outputs");
+  const work = await openWorkDir(config.dataDir);
   const guard = GroupGuard.start(() =>
     logger.error(
       "the group guard process ended: analyses of this worker will outlive it if it is killed outright",
@@ -48,8 +48,8 @@ export async function startWorkerRuntime(
     const settings = typeSettings(config, program.type as AnalysisType);
     types[program.type] = {
       handler: processHandler(program, {
-        storage,
-        outputsRoot,
+        store,
+        workDir: work.dir,
         killGraceMs: config.killGraceMs,
         guard,
         nice: config.childNice,
@@ -69,8 +69,8 @@ export async function startWorkerRuntime(
     pollIntervalMs: config.pollIntervalMs,
     retryBaseMs: config.retryBaseMs,
     prefetch: config.prefetch,
-    onDiscard: discardAttempt(outputsRoot),
-    onRecorded: removeLeftovers(outputsRoot),
+    onDiscard: discardAttempt(store),
+    onRecorded: removeLeftovers(store),
     observer,
   });
   const reaper = new Reaper({
@@ -85,7 +85,7 @@ export async function startWorkerRuntime(
   const retention = new Retention({
     sql,
     logger,
-    outputsRoot,
+    store,
     retentionDays: config.retentionDays,
     intervalMs: config.retentionIntervalMs,
   });
@@ -99,6 +99,7 @@ export async function startWorkerRuntime(
       await Promise.all([reaper.stop(), retention.stop()]);
       await worker.stop(config.shutdownGraceMs);
       await guard.close();
+      await work.close();
     },
   };
 }

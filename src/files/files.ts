@@ -1,7 +1,9 @@
 // Uploaded files: metadata rows in `files`, bytes in storage under `files/<id>`.
+
+import type { Readable } from "node:stream";
 import type { Principal } from "../auth/tokens.ts";
 import { isoTime, type Sql } from "../db/client.ts";
-import type { LocalStorage, StagedObject } from "../storage/local.ts";
+import type { ObjectStore } from "../storage/store.ts";
 
 export interface FileRecord {
   fileId: string;
@@ -28,40 +30,41 @@ export function sanitizeFileName(raw: string | undefined): string {
 }
 
 /**
- * Records a staged upload and publishes its bytes under `files/<id>`. The row is committed only
- * after the rename succeeded, and the bytes are removed if the commit fails: a crash or an error
- * leaves neither a row without bytes nor (beyond a partial upload swept later) bytes without a row.
+ * Stores an upload under `files/<id>` and records it. The id is taken first, the bytes are streamed to
+ * the store (hashed and counted, never whole in memory; over `maxBytes` nothing is left), and only then
+ * is the row inserted: a row never names bytes that are not there. If the insert fails, the object is
+ * deleted; a crash in between leaves an object no row names, which the store sweep removes a day later.
  */
 export async function fileCreate(
   sql: Sql,
-  storage: LocalStorage,
+  store: ObjectStore,
   owner: Principal,
-  staged: StagedObject,
-  meta: { name: string; contentType: string },
+  source: Readable,
+  meta: { name: string; contentType: string; maxBytes: number },
 ): Promise<FileRecord> {
-  let publishedKey: string | undefined;
+  const [next] = await sql<
+    { id: string }[]
+  >`select nextval(pg_get_serial_sequence('files', 'id'))::text as id`;
+  const id = next?.id as string;
+  const key = fileKey(id);
+  const stored = await store.put(key, source, meta.maxBytes);
   try {
-    return await sql.begin(async (tx) => {
-      const [row] = await tx<(FileRecord & { storageKey: string })[]>`
-        with next as (select nextval(pg_get_serial_sequence('files', 'id')) as id)
-        insert into files (id, owner_id, name, content_type, size_bytes, sha256, storage_key)
-        select id, ${owner.userId}, ${meta.name}, ${meta.contentType}, ${staged.sizeBytes},
-               ${staged.sha256}, 'files/' || id from next
-        returning id::text as "fileId", name, content_type as "contentType",
-                  size_bytes::float8 as "sizeBytes", sha256, created_at as "createdAt",
-                  storage_key as "storageKey"`;
-      if (!row) throw new Error("file insert returned no row");
-      await staged.commit(row.storageKey);
-      publishedKey = row.storageKey;
-      const { storageKey: _key, ...record } = row;
-      return { ...record, createdAt: isoTime(record.createdAt) };
-    });
+    const [row] = await sql<FileRecord[]>`
+      insert into files (id, owner_id, name, content_type, size_bytes, sha256, storage_key)
+      values (${id}, ${owner.userId}, ${meta.name}, ${meta.contentType}, ${stored.sizeBytes},
+              ${stored.sha256}, ${key})
+      returning id::text as "fileId", name, content_type as "contentType",
+                size_bytes::float8 as "sizeBytes", sha256, created_at as "createdAt"`;
+    if (!row) throw new Error("file insert returned no row");
+    return { ...row, createdAt: isoTime(row.createdAt) };
   } catch (err) {
-    await staged.discard();
-    if (publishedKey) await storage.delete(publishedKey);
+    await store.delete([key]).catch(() => {});
     throw err;
   }
 }
+
+/** The storage key of an uploaded file. */
+export const fileKey = (fileId: string | number) => `files/${fileId}`;
 
 /** A file visible to `principal` (its owner, or any admin), or undefined. */
 export async function fileGet(

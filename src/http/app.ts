@@ -11,7 +11,7 @@ import type { Database } from "../db/client.ts";
 import type { EventHub } from "../events/hub.ts";
 import { apiMetrics } from "../metrics/api.ts";
 import { processRegistry } from "../metrics/registry.ts";
-import type { LocalStorage } from "../storage/local.ts";
+import type { ObjectStore } from "../storage/store.ts";
 import { requireBearer } from "./auth.ts";
 import { errorHandler } from "./error-handler.ts";
 import { ApiError } from "./errors.ts";
@@ -25,7 +25,7 @@ import { ErrorBody } from "./schemas.ts";
 export interface Services {
   config: Config;
   database: Database;
-  storage: LocalStorage;
+  storage: ObjectStore;
   /** Fans task events out to SSE streams; started and stopped by whoever builds the app. */
   events: EventHub;
   /** Migrations the code expects; /readyz compares the database against it. */
@@ -57,7 +57,9 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
   });
   await fastify.register(swaggerUi, { routePrefix: "/docs" });
   await fastify.register(multipart, {
-    limits: { fileSize: opts.services.config.maxUploadBytes, files: 1, fields: 10, parts: 20 },
+    // One byte above ours: the store's meter rejects an upload past the limit first (413, nothing
+    // stored); at exactly this limit @fastify/multipart would truncate the stream instead.
+    limits: { fileSize: opts.services.config.maxUploadBytes + 1, files: 1, fields: 10, parts: 20 },
   });
 
   await fastify.register(fastifySSE, { heartbeatInterval: opts.services.config.sseHeartbeatMs });

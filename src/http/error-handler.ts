@@ -1,7 +1,7 @@
 // Turns anything thrown in a request into the error envelope. Public text comes only from
 // PUBLIC_MESSAGES or an ApiError's deliberate detail; the cause goes to the log.
 import type { FastifyError, FastifyReply, FastifyRequest } from "fastify";
-import { PayloadTooLargeError } from "../storage/local.ts";
+import { PayloadTooLargeError } from "../storage/store.ts";
 import { ApiError, type ErrorCode, PUBLIC_MESSAGES } from "./errors.ts";
 
 const TOO_LARGE = new Set(["FST_ERR_CTP_BODY_TOO_LARGE", "FST_REQ_FILE_TOO_LARGE", "FST_FILES_LIMIT"]);

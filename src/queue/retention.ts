@@ -1,19 +1,17 @@
 // Retention (maintenance): deletes terminal tasks finished more than ASSAY_RETENTION_DAYS ago — their
-// runs and events go with them (ON DELETE CASCADE) — and then their output directories, a few tasks per
+// runs and events go with them (ON DELETE CASCADE) — and then their output objects, a few tasks per
 // statement, so the queue tables stay small. A service with start/stop/runOnce; safe to run in every
 // worker at once (SKIP LOCKED). Uploaded input files are not touched.
-import fsp from "node:fs/promises";
-import path from "node:path";
 import type { Sql } from "../db/client.ts";
 import type { Logger } from "../log.ts";
+import { type ObjectStore, taskOutputsPrefix } from "../storage/store.ts";
 import { IntervalService } from "./service.ts";
 import { taskDeleteExpired } from "./sql.ts";
 
 export interface RetentionOptions {
   sql: Sql;
   logger: Logger;
-  /** `$ASSAY_DATA_DIR/outputs`. */
-  outputsRoot: string;
+  store: ObjectStore;
   retentionDays: number;
   intervalMs: number;
   /** Tasks per statement. */
@@ -33,10 +31,9 @@ export class Retention extends IntervalService<number> {
     let total = 0;
     for (;;) {
       const deleted = await taskDeleteExpired(this.o.sql, this.o.retentionDays, batch);
-      // After the commit: a crash here leaves directories of deleted tasks, never rows without outputs.
-      for (const id of deleted) {
-        await fsp.rm(path.join(this.o.outputsRoot, id), { recursive: true, force: true });
-      }
+      // After the commit: a crash here leaves objects of deleted tasks (the store sweep removes them),
+      // never rows without outputs.
+      for (const id of deleted) await this.o.store.deletePrefix(taskOutputsPrefix(id));
       total += deleted.length;
       if (deleted.length < batch || this.stopping) break;
     }

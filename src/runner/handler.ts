@@ -8,20 +8,103 @@ import os from "node:os";
 import path from "node:path";
 import type { Program } from "../analyses/programs.ts";
 import type { ClaimedRun, Handler, HandlerOutcome } from "../queue/worker.ts";
-import type { LocalStorage } from "../storage/local.ts";
+import { ObjectMissingError, type ObjectStore, outputObjectKey } from "../storage/store.ts";
 import type { GroupRegistry } from "./group-guard.ts";
-import { attemptOutput, checkOutputs, discardOutputs, removeOtherAttempts } from "./outputs.ts";
+import { attemptOutputKey, checkOutputs, type OutputFile } from "./outputs.ts";
 import { type ProcessResult, runProcess } from "./run-process.ts";
 
 export interface ProcessHandlerDeps {
-  storage: LocalStorage;
-  /** `$ASSAY_DATA_DIR/outputs`. */
-  outputsRoot: string;
+  /** Where inputs are read from and outputs go. */
+  store: ObjectStore;
+  /**
+   * This worker's scratch folder (`$ASSAY_DATA_DIR/work/<pid>.<random>`, see workdir.ts). Each attempt
+   * writes its outputs into a folder of its own here — and, with a remote store, fetches its input into
+   * it — and only outputs that are kept reach the store: uploaded, or on a local store (the same
+   * filesystem) moved there with one rename. The folder is removed after every attempt, whatever the
+   * outcome; a killed worker's is removed by the next worker that starts on the machine.
+   */
+  workDir: string;
   killGraceMs: number;
   /** Kills this worker's process groups if it dies (see group-guard.ts). */
   guard?: GroupRegistry;
   /** CPU priority of the analysis processes (ASSAY_CHILD_NICE). */
   nice?: number;
+}
+
+/** Where one attempt reads its input and writes its outputs, and how its outputs reach the store. */
+interface AttemptPlace {
+  inputPath: string;
+  outputDir: string;
+  /** Makes the checked outputs the store's, under the attempt's key (a remote store: uploads them). */
+  keep(files: readonly OutputFile[]): Promise<void>;
+  /** Removes what the attempt leaves locally, and its outputs too unless they were kept. */
+  close(kept: boolean): Promise<void>;
+}
+
+/**
+ * The attempt's place on a local store: programs read the stored input in place, and write into the
+ * attempt's scratch folder, which becomes the stored output folder with one rename when it is kept
+ * (the scratch folder is under the data directory: one filesystem).
+ */
+function localPlace(
+  store: ObjectStore & { localPath(key: string): string },
+  workDir: string,
+  run: ClaimedRun,
+  outputKey: string,
+): AttemptPlace {
+  const inputPath = store.localPath(run.inputStorageKey);
+  const outputDir = path.join(workDir, `${run.id}.${run.attempt}.${run.leaseToken}`);
+  // Synchronous: a local metadata call is cheaper than a thread-pool round trip, and it sits on the
+  // path from claim to spawn.
+  fs.mkdirSync(outputDir);
+  return {
+    inputPath,
+    outputDir,
+    keep: async () => {
+      const target = store.localPath(`outputs/${outputKey}`);
+      fs.mkdirSync(path.dirname(target), { recursive: true });
+      fs.renameSync(outputDir, target);
+    },
+    close: async (kept) => {
+      if (!kept) await fsp.rm(outputDir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** The attempt's place with a remote store: a scratch folder with the fetched input and the outputs. */
+async function remotePlace(
+  store: ObjectStore,
+  workDir: string,
+  run: ClaimedRun,
+  outputKey: string,
+): Promise<AttemptPlace> {
+  const dir = path.join(workDir, `${run.id}.${run.attempt}.${run.leaseToken}`);
+  const inputPath = path.join(dir, "input");
+  const outputDir = path.join(dir, "out");
+  await fsp.mkdir(outputDir, { recursive: true });
+  const place: AttemptPlace = {
+    inputPath,
+    outputDir,
+    keep: async (files) => {
+      try {
+        for (const f of files)
+          await store.putFile(outputObjectKey(outputKey, f.name), path.join(outputDir, f.name));
+      } catch (err) {
+        await store.deletePrefix(`outputs/${outputKey}/`).catch(() => {});
+        throw err;
+      }
+    },
+    close: async () => {
+      await fsp.rm(dir, { recursive: true, force: true });
+    },
+  };
+  try {
+    await store.download(run.inputStorageKey, inputPath);
+  } catch (err) {
+    await place.close(false);
+    throw err;
+  }
+  return place;
 }
 
 /** The child's whole environment: an allowlist, never the service's own (no DATABASE_URL, no tokens). */
@@ -96,18 +179,8 @@ function inputReadable(file: string): boolean {
 export function processHandler(program: Program, deps: ProcessHandlerDeps): Handler {
   // One private HOME per handler, made on first use: programs get a writable home, not ours.
   let home: Promise<string> | undefined;
+  const { store } = deps;
   return async (run, { signal, reportProgress, releaseSlot, finishing }) => {
-    const output = attemptOutput(deps.outputsRoot, run.taskId, run.id, run.attempt, run.leaseToken);
-    let inputPath: string;
-    try {
-      inputPath = deps.storage.resolve(run.inputStorageKey);
-    } catch {
-      return {
-        status: "failed",
-        errorCode: "ANALYSIS_INPUT_INVALID",
-        errorMessage: "the input file is outside storage",
-      };
-    }
     if (!fs.existsSync(program.script)) {
       return {
         status: "failed",
@@ -115,29 +188,41 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
         errorMessage: "the analysis script is missing",
       };
     }
-    if (!inputReadable(inputPath)) {
-      return {
-        status: "failed",
-        errorCode: "ANALYSIS_INPUT_INVALID",
-        errorMessage: "the input file cannot be read",
-      };
-    }
-    // Named by the lease token: no other attempt writes here. Synchronous, like the checks above:
-    // a local metadata call is cheaper than a thread-pool round trip, and it sits on the path from
-    // claim to spawn.
-    fs.mkdirSync(output.dir, { recursive: true });
-    home ??= fsp.mkdtemp(path.join(os.tmpdir(), "assay-home-"));
-    let keep = false;
+    const outputKey = attemptOutputKey(run.taskId, run.id, run.attempt, run.leaseToken);
+    let place: AttemptPlace;
     try {
+      place = store.localPath
+        ? localPlace(store as ObjectStore & { localPath(key: string): string }, deps.workDir, run, outputKey)
+        : await remotePlace(store, deps.workDir, run, outputKey);
+    } catch (err) {
+      if (err instanceof ObjectMissingError || /storage key/.test(String(err))) {
+        return {
+          status: "failed",
+          errorCode: "ANALYSIS_INPUT_INVALID",
+          errorMessage: "the input file is not in storage",
+        };
+      }
+      throw err; // the store cannot be reached: retried with backoff
+    }
+    let kept = false;
+    try {
+      if (!inputReadable(place.inputPath)) {
+        return {
+          status: "failed",
+          errorCode: "ANALYSIS_INPUT_INVALID",
+          errorMessage: "the input file cannot be read",
+        };
+      }
+      home ??= fsp.mkdtemp(path.join(os.tmpdir(), "assay-home-"));
       const result = await runProcess(
         {
           executable: program.executable,
           args: [
             program.script,
             "--input",
-            inputPath,
+            place.inputPath,
             "--output-dir",
-            output.dir,
+            place.outputDir,
             "--params",
             JSON.stringify(run.parameters),
           ],
@@ -161,34 +246,45 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
         !result.protocolError &&
         !result.isCanceled &&
         !result.timedOut
-          ? checkOutputs(output.dir, result.result.outputFileName)
+          ? checkOutputs(place.outputDir, result.result.outputFileName)
           : undefined;
       const outcome = outcomeOf(result, check);
-      if (outcome.status !== "succeeded") return outcome;
-      // Kept as it is: the completion records this folder only if it wins the fence; if it loses,
-      // the worker discards the folder (onDiscard).
-      keep = true;
-      return { ...outcome, outputKey: output.key };
+      if (outcome.status !== "succeeded" || !check?.ok) return outcome;
+      // Kept under the attempt's own key: the completion records it only if it wins the fence; if it
+      // loses, the worker discards it (onDiscard).
+      await place.keep(check.files);
+      kept = true;
+      return { ...outcome, result: { ...outcome.result, files: check.files }, outputKey };
     } finally {
-      if (!keep) await discardOutputs(output);
+      await place.close(kept);
     }
   };
 }
 
 /** For Worker.onDiscard: an attempt whose outcome was fenced off or abandoned leaves nothing behind. */
-export function discardAttempt(outputsRoot: string) {
-  return (run: ClaimedRun) =>
-    discardOutputs(attemptOutput(outputsRoot, run.taskId, run.id, run.attempt, run.leaseToken));
+export function discardAttempt(store: ObjectStore) {
+  return async (run: ClaimedRun) => {
+    await store.deletePrefix(`outputs/${attemptOutputKey(run.taskId, run.id, run.attempt, run.leaseToken)}/`);
+  };
 }
 
 /**
  * For Worker.onRecorded: once a run's outcome is recorded, no other attempt of it can win, so the
- * folders that earlier attempts left go. Only an attempt that lost its lease (a worker killed mid-run,
- * put back by the reaper) can have left one — every other ending removes its own — so only runs claimed
- * after such an attempt look (it reads the task's folder).
+ * outputs that earlier attempts left go. Only an attempt that lost its lease (a worker killed mid-run,
+ * put back by the reaper) can have left any — every other ending removes its own — so only runs claimed
+ * after such an attempt look (a listing of the task's outputs under the run's prefix).
  */
-export function removeLeftovers(outputsRoot: string) {
+export function removeLeftovers(store: ObjectStore) {
   return async (run: ClaimedRun, outputKey: string | null) => {
-    if (run.afterLostLease) await removeOtherAttempts(outputsRoot, run.taskId, run.id, outputKey);
+    if (!run.afterLostLease) return;
+    const prefix = `outputs/${run.taskId}/${run.id}.`;
+    const keep = outputKey === null ? undefined : `outputs/${outputKey}/`;
+    for (let after: string | undefined; ; ) {
+      const page = await store.list(prefix, after === undefined ? {} : { after });
+      const gone = page.map((o) => o.key).filter((k) => keep === undefined || !k.startsWith(keep));
+      if (gone.length > 0) await store.delete(gone);
+      if (page.length < 1000) return;
+      after = page.at(-1)?.key;
+    }
   };
 }

@@ -1,35 +1,47 @@
-// Object storage by key on a local directory. Keys are server-made (`files/123`), never a user's
-// file name; every key is resolved under the root and anything escaping it is refused.
-// An S3-compatible backend can implement the same surface later.
+// The object store on a local directory (`ASSAY_STORAGE=local`, the default): a key is a file under
+// the root (`$ASSAY_DATA_DIR`). Writes go to `.partial/` first and are published with one rename, so a
+// key never names half a file. Programs read inputs in place (`localPath`).
 import { createHash, randomBytes } from "node:crypto";
 import fs from "node:fs";
 import fsp from "node:fs/promises";
 import path from "node:path";
 import { type Readable, Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
+import {
+  checkKey,
+  checkPrefix,
+  type ObjectInfo,
+  ObjectMissingError,
+  type ObjectStore,
+  type OpenObject,
+  PayloadTooLargeError,
+  type PutResult,
+} from "./store.ts";
 
-export class PayloadTooLargeError extends Error {
-  constructor(readonly limit: number) {
-    super(`payload exceeds ${limit} bytes`);
-    this.name = "PayloadTooLargeError";
-  }
-}
+export { PayloadTooLargeError } from "./store.ts";
 
-/** Bytes written to a temporary name, not yet visible under any key. */
-export interface StagedObject {
-  readonly sizeBytes: number;
-  readonly sha256: string;
-  /** Publishes the bytes under `key` with one atomic rename. */
-  commit(key: string): Promise<void>;
-  /** Removes the temporary bytes (idempotent). */
-  discard(): Promise<void>;
-}
-
-const KEY_SHAPE = /^[a-z0-9][a-z0-9._/-]*$/;
 /** Uploads in progress, under the root so the final rename stays on one filesystem. */
 const PARTIAL_DIR = ".partial";
 
-export class LocalStorage {
+/** Counts and hashes what passes; fails past `maxBytes`. */
+export function meter(maxBytes: number) {
+  const hash = createHash("sha256");
+  let size = 0;
+  const stream = new Transform({
+    transform(chunk: Buffer, _enc, done) {
+      size += chunk.length;
+      if (size > maxBytes) return done(new PayloadTooLargeError(maxBytes));
+      hash.update(chunk);
+      done(null, chunk);
+    },
+  });
+  return { stream, result: (): PutResult => ({ sizeBytes: size, sha256: hash.digest("hex") }) };
+}
+
+const missing = (err: unknown) => (err as NodeJS.ErrnoException).code === "ENOENT";
+
+export class LocalStore implements ObjectStore {
+  readonly kind = "local";
   readonly root: string;
 
   constructor(root: string) {
@@ -37,50 +49,128 @@ export class LocalStorage {
   }
 
   /** The absolute path of `key`, refusing anything outside the root. */
-  resolve(key: string): string {
-    if (!KEY_SHAPE.test(key) || key.split("/").some((p) => p === "." || p === "..")) {
-      throw new Error(`invalid storage key: ${JSON.stringify(key)}`);
-    }
-    const full = path.resolve(this.root, key);
+  localPath(key: string): string {
+    const full = path.resolve(this.root, checkKey(key));
     if (!full.startsWith(this.root + path.sep)) throw new Error(`storage key escapes the root: ${key}`);
     return full;
   }
 
-  /**
-   * Streams `source` to a temporary file while hashing it. Throws PayloadTooLargeError (after
-   * removing what was written) when more than `maxBytes` arrive.
-   */
-  async stage(source: Readable, maxBytes: number): Promise<StagedObject> {
-    const tmpDir = path.join(this.root, PARTIAL_DIR);
-    await fsp.mkdir(tmpDir, { recursive: true });
-    const tmpPath = path.join(tmpDir, `${Date.now()}-${randomBytes(8).toString("hex")}`);
-    const hash = createHash("sha256");
-    let size = 0;
-    const meter = new Transform({
-      transform(chunk: Buffer, _enc, done) {
-        size += chunk.length;
-        if (size > maxBytes) return done(new PayloadTooLargeError(maxBytes));
-        hash.update(chunk);
-        done(null, chunk);
-      },
-    });
+  private async partial(): Promise<string> {
+    const dir = path.join(this.root, PARTIAL_DIR);
+    await fsp.mkdir(dir, { recursive: true });
+    return path.join(dir, `${Date.now()}-${randomBytes(8).toString("hex")}`);
+  }
+
+  private async publish(tmp: string, key: string): Promise<void> {
+    const target = this.localPath(key);
+    await fsp.mkdir(path.dirname(target), { recursive: true });
+    await fsp.rename(tmp, target);
+  }
+
+  async put(key: string, source: Readable, maxBytes = Number.POSITIVE_INFINITY): Promise<PutResult> {
+    this.localPath(key);
+    const tmp = await this.partial();
+    const m = meter(maxBytes);
     try {
-      await pipeline(source, meter, fs.createWriteStream(tmpPath, { flags: "wx", mode: 0o640 }));
+      await pipeline(source, m.stream, fs.createWriteStream(tmp, { flags: "wx", mode: 0o640 }));
+      await this.publish(tmp, key);
     } catch (err) {
-      await fsp.rm(tmpPath, { force: true });
+      await fsp.rm(tmp, { force: true });
       throw err;
     }
-    const sha256 = hash.digest("hex");
-    return {
-      sizeBytes: size,
-      sha256,
-      commit: async (key) => {
-        const target = this.resolve(key);
-        await fsp.mkdir(path.dirname(target), { recursive: true });
-        await fsp.rename(tmpPath, target);
-      },
-      discard: () => fsp.rm(tmpPath, { force: true }),
+    return m.result();
+  }
+
+  async putFile(key: string, file: string): Promise<void> {
+    this.localPath(key);
+    const tmp = await this.partial();
+    try {
+      await fsp.copyFile(file, tmp);
+      await this.publish(tmp, key);
+    } catch (err) {
+      await fsp.rm(tmp, { force: true });
+      throw err;
+    }
+  }
+
+  /**
+   * Opens the file before returning: a key that is gone is known before anything is sent, and one
+   * deleted while it is read is read to its end (the descriptor keeps it). The stream closes the
+   * descriptor when it ends or is destroyed.
+   */
+  async open(key: string): Promise<OpenObject> {
+    const handle = await fsp.open(this.localPath(key), "r").catch((err: unknown) => {
+      throw missing(err) ? new ObjectMissingError(key) : err;
+    });
+    try {
+      const stat = await handle.stat();
+      if (!stat.isFile()) throw new ObjectMissingError(key);
+      return { stream: handle.createReadStream(), size: stat.size };
+    } catch (err) {
+      await handle.close();
+      throw err;
+    }
+  }
+
+  async download(key: string, file: string): Promise<void> {
+    await fsp.copyFile(this.localPath(key), file).catch((err: unknown) => {
+      throw missing(err) ? new ObjectMissingError(key) : err;
+    });
+  }
+
+  async delete(keys: readonly string[]): Promise<void> {
+    for (const key of keys) await fsp.rm(this.localPath(key), { force: true });
+  }
+
+  async deletePrefix(prefix: string): Promise<number> {
+    const n = await this.count(checkPrefix(prefix));
+    await fsp.rm(this.localPath(prefix.slice(0, -1)), { recursive: true, force: true });
+    return n;
+  }
+
+  private async count(prefix: string): Promise<number> {
+    let n = 0;
+    for (let after: string | undefined, page: ObjectInfo[]; ; after = page.at(-1)?.key) {
+      page = await this.list(prefix, after === undefined ? {} : { after });
+      n += page.length;
+      if (page.length < 1000) return n;
+    }
+  }
+
+  /**
+   * Walks the directory the prefix names (a local store is small enough for that; S3 lists by
+   * prefix natively). Keys come out in the same order S3 gives them: by their UTF-8 bytes.
+   */
+  async list(prefix: string, o: { after?: string; limit?: number } = {}): Promise<ObjectInfo[]> {
+    const slash = prefix.lastIndexOf("/");
+    const dirKey = slash === -1 ? "" : prefix.slice(0, slash);
+    if (dirKey !== "") checkKey(dirKey);
+    const base = dirKey === "" ? this.root : this.localPath(dirKey);
+    const found: ObjectInfo[] = [];
+    const walk = async (dir: string, keyPrefix: string): Promise<void> => {
+      const entries = await fsp.readdir(dir, { withFileTypes: true }).catch((err: unknown) => {
+        if (missing(err) || (err as NodeJS.ErrnoException).code === "ENOTDIR") return [];
+        throw err;
+      });
+      for (const e of entries) {
+        const key = `${keyPrefix}${e.name}`;
+        if (e.isDirectory()) {
+          if (`${key}/`.startsWith(prefix) || prefix.startsWith(`${key}/`))
+            await walk(path.join(dir, e.name), `${key}/`);
+        } else if (e.isFile() && key.startsWith(prefix) && (o.after === undefined || key > o.after)) {
+          const stat = await fsp.stat(path.join(dir, e.name)).catch(() => undefined);
+          if (stat) found.push({ key, size: stat.size, modified: stat.mtime });
+        }
+      }
     };
+    await walk(base, dirKey === "" ? "" : `${dirKey}/`);
+    found.sort((a, b) => Buffer.compare(Buffer.from(a.key), Buffer.from(b.key)));
+    return found.slice(0, o.limit ?? 1000);
+  }
+
+  async check(): Promise<void> {
+    await fsp.mkdir(this.root, { recursive: true });
+    await fsp.access(this.root, fs.constants.R_OK | fs.constants.W_OK);
   }
 
   /**
@@ -100,20 +190,5 @@ export class LocalStorage {
       }
     }
     return removed;
-  }
-
-  open(key: string): fs.ReadStream {
-    return fs.createReadStream(this.resolve(key));
-  }
-
-  async delete(key: string): Promise<void> {
-    await fsp.rm(this.resolve(key), { force: true });
-  }
-
-  async exists(key: string): Promise<boolean> {
-    return fsp.access(this.resolve(key)).then(
-      () => true,
-      () => false,
-    );
   }
 }

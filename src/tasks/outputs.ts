@@ -1,9 +1,8 @@
-// What a finished task offers for download: the succeeded runs' published output directories.
-import fsp from "node:fs/promises";
-import path from "node:path";
+// What a finished task offers for download: the succeeded runs' recorded outputs in the object store.
 import type { Principal } from "../auth/tokens.ts";
 import type { Sql } from "../db/client.ts";
-import { SAFE_NAME } from "../runner/outputs.ts";
+import { type OutputFile, SAFE_NAME } from "../runner/outputs.ts";
+import { outputObjectKey } from "../storage/store.ts";
 import { taskVisible, visible } from "./read.ts";
 import { TERMINAL_TASK_STATUSES } from "./states.ts";
 
@@ -11,8 +10,10 @@ export interface RunOutput {
   runId: string;
   inputName: string;
   outputFileName: string;
-  /** Absolute directory of the published outputs. */
-  dir: string;
+  /** The recorded output key (runs.output_key), relative to `outputs/`. */
+  outputKey: string;
+  /** The output files as the run's result recorded them; null for runs from before that was kept. */
+  files: OutputFile[] | null;
   /**
    * False when the row names no safe result file or no valid output key: the run's outputs cannot be
    * served, and a download says so (a logged 500) instead of leaving the run out.
@@ -26,30 +27,25 @@ export type DownloadPlan =
   | { kind: "single"; taskId: string; output: RunOutput }
   | { kind: "zip"; taskId: string; outputs: RunOutput[] };
 
-/** What an output key may look like (see runner/outputs.ts): never anything that leaves the outputs root. */
+/** What an output key may look like (see runner/outputs.ts): never anything that leaves `outputs/`. */
 const OUTPUT_KEY = /^[0-9]+\/[0-9]+(\.[0-9]+\.[0-9a-f-]+)?$/;
 
-/** The published files of one output directory (the attempt marker and anything odd left out). */
-export async function outputFiles(dir: string): Promise<string[]> {
-  const entries = await fsp.readdir(dir, { withFileTypes: true }).catch(() => []);
-  return entries
-    .filter((e) => e.isFile() && SAFE_NAME.test(e.name))
-    .map((e) => e.name)
-    .sort();
-}
+export const outputKeyOf = (output: RunOutput, name: string) => outputObjectKey(output.outputKey, name);
 
-async function succeededOutputs(
-  sql: Sql,
-  outputsRoot: string,
-  taskId: string,
-  runId?: string,
-): Promise<RunOutput[]> {
+async function succeededOutputs(sql: Sql, taskId: string, runId?: string): Promise<RunOutput[]> {
   // A run that succeeded before runs.output_key existed published to `<taskId>/<runId>`.
   const rows = await sql<
-    { runId: string; inputName: string; outputFileName: string | null; outputKey: string }[]
+    {
+      runId: string;
+      inputName: string;
+      outputFileName: string | null;
+      outputKey: string;
+      files: OutputFile[] | null;
+    }[]
   >`
     select r.id::text as "runId", r.input_name as "inputName", r.result ->> 'outputFileName' as "outputFileName",
-           coalesce(r.output_key, r.task_id::text || '/' || r.id::text) as "outputKey"
+           coalesce(r.output_key, r.task_id::text || '/' || r.id::text) as "outputKey",
+           r.result -> 'files' as files
     from runs r
     where r.task_id = ${taskId} and r.status = 'succeeded' ${runId ? sql`and r.id = ${runId}` : sql``}
     order by r.id`;
@@ -59,24 +55,20 @@ async function succeededOutputs(
       runId: r.runId,
       inputName: r.inputName,
       outputFileName: usable ? (r.outputFileName as string) : "",
-      dir: usable ? path.join(outputsRoot, r.outputKey) : "",
+      outputKey: r.outputKey,
+      files: Array.isArray(r.files) ? r.files : null,
       usable,
     };
   });
 }
 
 /** Owner or admin; terminal with at least one success (DESIGN §7). */
-export async function taskDownloadPlan(
-  sql: Sql,
-  p: Principal,
-  outputsRoot: string,
-  taskId: string,
-): Promise<DownloadPlan> {
+export async function taskDownloadPlan(sql: Sql, p: Principal, taskId: string): Promise<DownloadPlan> {
   const [task] = await sql<{ status: string; total: number }[]>`
     select t.status, t.total_count as total from tasks t where t.id = ${taskId} and ${visible(sql, p)}`;
   if (!task) return { kind: "not-found" };
   if (!(TERMINAL_TASK_STATUSES as readonly string[]).includes(task.status)) return { kind: "not-ready" };
-  const outputs = await succeededOutputs(sql, outputsRoot, taskId);
+  const outputs = await succeededOutputs(sql, taskId);
   if (outputs.length === 0) return { kind: "not-ready" };
   return task.total === 1
     ? { kind: "single", taskId, output: outputs[0] as RunOutput }
@@ -87,13 +79,12 @@ export async function taskDownloadPlan(
 export async function runDownloadPlan(
   sql: Sql,
   p: Principal,
-  outputsRoot: string,
   taskId: string,
   runId: string,
 ): Promise<DownloadPlan> {
   if (!(await taskVisible(sql, p, taskId))) return { kind: "not-found" };
   const [run] = await sql`select 1 from runs where id = ${runId} and task_id = ${taskId}`;
   if (!run) return { kind: "not-found" };
-  const [output] = await succeededOutputs(sql, outputsRoot, taskId, runId);
+  const [output] = await succeededOutputs(sql, taskId, runId);
   return output ? { kind: "single", taskId, output } : { kind: "not-ready" };
 }

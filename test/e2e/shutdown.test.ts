@@ -6,7 +6,7 @@ import { after, before, test } from "node:test";
 import { freePort } from "../../src/db/embedded.ts";
 import { cleanEnv, collect, spawnCli, watch } from "../helpers/cli.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
-import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
+import { type RunnerEnv, runnerEnv, strayOutputs } from "../helpers/runner.ts";
 
 let env: RunnerEnv;
 let bigFile: string;
@@ -65,11 +65,8 @@ test("SIGTERM mid-run: the worker exits 0 within its grace, the run goes back un
   assert.ok(Date.now() - t0 < 15_000, "bounded shutdown");
   const [mid] = await env.db.sql`select status, attempt from runs where task_id = ${taskId}`;
   assert.deepEqual({ ...mid }, { status: "queued", attempt: 0 });
-  assert.deepEqual(
-    fs.readdirSync(path.join(env.outputsRoot, taskId)).filter((n) => n.endsWith(".tmp")),
-    [],
-    "the aborted attempt's partial output is gone",
-  );
+  assert.deepEqual(await strayOutputs(env), [], "the aborted attempt's partial output is gone");
+  assert.deepEqual(fs.readdirSync(path.join(env.dataDir, "work")), [], "and so is its scratch folder");
 
   const second = spawnCli(["worker"], workerEnv({ ASSAY_METRICS_PORT: String(secondPort) }));
   const secondDone = collect(second);

@@ -9,14 +9,15 @@ import { type Config, loadConfig } from "../../src/config.ts";
 import { expectedMigrationCount } from "../../src/db/migrate.ts";
 import { buildServer } from "../../src/http/server.ts";
 import { createLogger } from "../../src/log.ts";
-import { LocalStorage } from "../../src/storage/local.ts";
+import { openStore } from "../../src/storage/open.ts";
+import type { ObjectStore } from "../../src/storage/store.ts";
 import { createTestDatabase, type TestDatabase } from "./db.ts";
 
 export interface TestApp {
   app: FastifyInstance;
   db: TestDatabase;
   config: Config;
-  storage: LocalStorage;
+  storage: ObjectStore;
   /** Every log line the app wrote, as parsed JSON. */
   logs: Record<string, unknown>[];
   /** A fresh token for `name` (created with `role` if new). */
@@ -36,7 +37,7 @@ export async function startTestApp(env: Record<string, string> = {}): Promise<Te
     },
   });
   const logger = createLogger({ level: "info", destination });
-  const storage = new LocalStorage(config.dataDir);
+  const storage = await openStore(config);
   const app = await buildServer(
     { config, database: db, storage, expectedMigrations: expectedMigrationCount() },
     logger,

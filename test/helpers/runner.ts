@@ -2,7 +2,7 @@
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { Writable } from "node:stream";
+import { Readable, Writable } from "node:stream";
 import type { FastifyInstance } from "fastify";
 import type { Program } from "../../src/analyses/programs.ts";
 import type { Principal } from "../../src/auth/tokens.ts";
@@ -12,7 +12,8 @@ import { buildServer } from "../../src/http/server.ts";
 import { createLogger } from "../../src/log.ts";
 import { type TypeOptions, Worker } from "../../src/queue/worker.ts";
 import { discardAttempt, processHandler, removeLeftovers } from "../../src/runner/handler.ts";
-import { LocalStorage } from "../../src/storage/local.ts";
+import { LocalStore } from "../../src/storage/local.ts";
+import type { ObjectStore } from "../../src/storage/store.ts";
 import { taskCreate } from "../../src/tasks/create.ts";
 import { ROOT } from "./cli.ts";
 import { createTestDatabase, type TestDatabase } from "./db.ts";
@@ -32,7 +33,7 @@ export const fixtureProgram = (type: string, overrides: Partial<Program> = {}): 
 export interface RunnerEnv {
   db: TestDatabase;
   dataDir: string;
-  storage: LocalStorage;
+  storage: ObjectStore;
   outputsRoot: string;
   owner: Principal;
   /** Stores `content` as an uploaded file; returns its id. */
@@ -52,10 +53,15 @@ export interface RunnerEnv {
   close(): Promise<void>;
 }
 
-export async function runnerEnv(): Promise<RunnerEnv> {
+/** With `store` (an S3 test bucket's, say) files and outputs live there; by default under `dataDir`. */
+export async function runnerEnv(
+  o: { store?: ObjectStore; configEnv?: Record<string, string> } = {},
+): Promise<RunnerEnv> {
   const db = await createTestDatabase();
   const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-runner-"));
-  const storage = new LocalStorage(dataDir);
+  const storage = o.store ?? new LocalStore(dataDir);
+  const workDir = path.join(dataDir, "work");
+  fs.mkdirSync(workDir);
   const outputsRoot = path.join(dataDir, "outputs");
   const owner = await seedUser(db.sql, "runner");
   const workers: Worker[] = [];
@@ -73,9 +79,8 @@ export async function runnerEnv(): Promise<RunnerEnv> {
         select id, ${owner.userId}, 'in.csv', 'text/csv', ${Buffer.byteLength(content)}, repeat('0', 64), 'files/' || id
         from next returning id::text`;
       const id = row?.id as string;
-      fs.mkdirSync(path.join(dataDir, "files"), { recursive: true });
-      fs.writeFileSync(path.join(dataDir, "files", id), content, { mode });
-      fs.chmodSync(path.join(dataDir, "files", id), mode);
+      await storage.put(`files/${id}`, Readable.from([Buffer.from(content)]));
+      if (storage.localPath) fs.chmodSync(storage.localPath(`files/${id}`), mode);
       return id;
     },
     task: async (type, fileIds, parameters, maxAttempts = 1) => {
@@ -88,8 +93,8 @@ export async function runnerEnv(): Promise<RunnerEnv> {
       for (const p of programs) {
         types[p.type] = {
           handler: processHandler(p, {
-            storage,
-            outputsRoot,
+            store: storage,
+            workDir,
             killGraceMs: o.killGraceMs ?? 500,
             ...(o.nice === undefined ? {} : { nice: o.nice }),
           }),
@@ -104,14 +109,14 @@ export async function runnerEnv(): Promise<RunnerEnv> {
         leaseTtlMs: o.leaseTtlMs ?? 30_000,
         pollIntervalMs: 100,
         retryBaseMs: 50,
-        onDiscard: discardAttempt(outputsRoot),
-        onRecorded: removeLeftovers(outputsRoot),
+        onDiscard: discardAttempt(storage),
+        onRecorded: removeLeftovers(storage),
       });
       workers.push(w);
       return w;
     },
     app: async (logs) => {
-      const config = loadConfig({ ASSAY_DATA_DIR: dataDir, DATABASE_URL: db.url });
+      const config = loadConfig({ ASSAY_DATA_DIR: dataDir, DATABASE_URL: db.url, ...o.configEnv });
       const logger = logs
         ? createLogger({
             level: "info",
@@ -164,21 +169,29 @@ export async function runOutputDir(env: RunnerEnv, runId: number | string): Prom
 }
 
 /**
- * Attempt folders under the outputs root that no run records as its output: what a failed, cancelled,
- * fenced-off or killed attempt would have left behind. Relative to the outputs root.
+ * Attempt outputs that no run records as its output: what a failed, cancelled, fenced-off or killed
+ * attempt would have left behind — objects in the store, and (local store) folders on disk, as
+ * `<taskId>/<runId>.<attempt>.<token>`.
  */
 export async function strayOutputs(env: RunnerEnv): Promise<string[]> {
-  if (!fs.existsSync(env.outputsRoot)) return [];
   const recorded = new Set(
     (
       await env.db.sql<{ key: string }[]>`select output_key as key from runs where output_key is not null`
     ).map((r) => r.key),
   );
-  const folders: string[] = [];
-  for (const task of fs.readdirSync(env.outputsRoot)) {
-    for (const entry of fs.readdirSync(path.join(env.outputsRoot, task), { withFileTypes: true })) {
-      if (entry.isDirectory()) folders.push(`${task}/${entry.name}`);
+  const found = new Set<string>();
+  for (let after: string | undefined; ; ) {
+    const page = await env.storage.list("outputs/", after === undefined ? {} : { after });
+    for (const o of page) found.add(o.key.split("/").slice(1, 3).join("/"));
+    if (page.length < 1000) break;
+    after = page.at(-1)?.key;
+  }
+  if (env.storage.localPath && fs.existsSync(env.outputsRoot)) {
+    for (const task of fs.readdirSync(env.outputsRoot)) {
+      for (const entry of fs.readdirSync(path.join(env.outputsRoot, task), { withFileTypes: true })) {
+        if (entry.isDirectory()) found.add(`${task}/${entry.name}`);
+      }
     }
   }
-  return folders.filter((f) => !recorded.has(f));
+  return [...found].filter((f) => !recorded.has(f) && f.includes("/")).sort();
 }

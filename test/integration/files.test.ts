@@ -136,23 +136,6 @@ describe("POST /api/files", () => {
         payload: body,
         headers: { ...bearer(alice), ...headers },
       });
-      console.error(
-        "DBG",
-        what,
-        res.statusCode,
-        res.body,
-        JSON.stringify(
-          t.logs
-            .slice(before)
-            .map((l) => [
-              l.level,
-              l.msg,
-              (l.err as { message?: string; code?: string })?.message,
-              (l.err as { code?: string })?.code,
-              l.cause,
-            ]),
-        ),
-      );
       assert.equal(res.statusCode, 400, `${what}: ${res.body}`);
       assert.equal(res.json().code, "INVALID_MULTIPART", what);
       const lines = t.logs.slice(before);

@@ -130,7 +130,11 @@ describe("stdout protocol", () => {
   test("valid JSON Lines → succeeded with metrics, output published", async () => {
     const { run } = await runOne({ mode: "ok" });
     assert.equal(run.status, "succeeded");
-    assert.deepEqual(run.result, { outputFileName: "out.json", metrics: { bytes: 1 } });
+    assert.deepEqual(run.result, {
+      outputFileName: "out.json",
+      metrics: { bytes: 1 },
+      files: [{ name: "out.json", size: 11 }],
+    });
     assert.ok(fs.existsSync(path.join(await runOutputDir(env, run.id), "out.json")));
     await noStrayOutputs();
   });
@@ -336,11 +340,11 @@ describe("publication is decided by the fence", () => {
     const type = `fx-${++typeSeq}`;
     const program = fixtureProgram(type);
     const handler = processHandler(program, {
-      storage: env.storage,
-      outputsRoot: env.outputsRoot,
+      store: env.storage,
+      workDir: path.join(env.dataDir, "work"),
       killGraceMs: 500,
     });
-    const discard = discardAttempt(env.outputsRoot);
+    const discard = discardAttempt(env.storage);
     const taskId = await env.task(type, [input], { mode: "ok" }, 3);
     // Attempt 1 is claimed, then loses its lease to the reaper while its process still runs.
     const stale = await claim(type);

@@ -1,60 +1,19 @@
-// Per-attempt output folders, without a database: each attempt owns its folder even when attempt
-// numbers repeat, discarding an attempt removes its own folder only, and once a run's outcome is
-// recorded the folders of its other attempts go.
+// Output checks, without a database: the named file among allowed files passes, and every limit is
+// enforced. (Where outputs go, and who may remove them, is tested with the stores and the worker.)
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, test } from "node:test";
-import {
-  attemptOutput,
-  checkOutputs,
-  discardOutputs,
-  OUTPUT_LIMITS,
-  removeOtherAttempts,
-} from "../../src/runner/outputs.ts";
+import { attemptOutputKey, checkOutputs, OUTPUT_LIMITS } from "../../src/runner/outputs.ts";
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), "assay-outputs-"));
 after(() => fs.rmSync(root, { recursive: true, force: true }));
 
-const TOKEN_A = "aaaaaaaa-0000-4000-8000-000000000001";
-const TOKEN_B = "bbbbbbbb-0000-4000-8000-000000000002";
-const TOKEN_C = "cccccccc-0000-4000-8000-000000000003";
-
-function write(dir: string, name: string, content: string) {
-  fs.mkdirSync(dir, { recursive: true });
-  fs.writeFileSync(path.join(dir, name), content);
-}
-
-test("the same attempt number under two leases: two folders; discarding one leaves the other", async () => {
-  // A claim lost in a database crash: run 7 is claimed again as attempt 1 while the first process runs.
-  const old = attemptOutput(root, 1, 7, 1, TOKEN_A);
-  const current = attemptOutput(root, 1, 7, 1, TOKEN_B);
-  assert.notEqual(old.dir, current.dir);
-  assert.equal(current.key, `1/7.1.${TOKEN_B}`);
-  assert.equal(current.dir, path.join(root, current.key));
-  write(old.dir, "result.json", "old");
-  write(current.dir, "result.json", "new");
-  await discardOutputs(old); // the old attempt's completion was fenced off
-  assert.equal(fs.readFileSync(path.join(current.dir, "result.json"), "utf8"), "new");
-  assert.ok(!fs.existsSync(old.dir));
-});
-
-test("removeOtherAttempts removes the run's other attempts, keeps the recorded one, touches nothing else", async () => {
-  const first = attemptOutput(root, 2, 8, 1, TOKEN_A); // left by a killed worker
-  const second = attemptOutput(root, 2, 8, 2, TOKEN_B); // the recorded success
-  const stale = attemptOutput(root, 2, 8, 2, TOKEN_C); // a fenced-off attempt still writing
-  const otherRun = attemptOutput(root, 2, 80, 1, TOKEN_A); // run 80 starts with "8" too
-  const legacy = path.join(root, "2", "81"); // published before output keys existed
-  for (const dir of [first.dir, second.dir, stale.dir, otherRun.dir, legacy]) write(dir, "result.json", "x");
-  await removeOtherAttempts(root, 2, 8, second.key);
-  assert.deepEqual(
-    fs.readdirSync(path.join(root, "2")).sort(),
-    ["80.1.aaaaaaaa-0000-4000-8000-000000000001", "8.2.bbbbbbbb-0000-4000-8000-000000000002", "81"].sort(),
-  );
-  await removeOtherAttempts(root, 2, 80, null); // a failed run: all of its folders go
-  assert.ok(!fs.existsSync(otherRun.dir));
-  await removeOtherAttempts(root, 3, 1, null); // no folder at all: nothing to do
+test("an attempt's output key names the task, the run, the attempt and its lease", () => {
+  const token = "aaaaaaaa-0000-4000-8000-000000000001";
+  assert.equal(attemptOutputKey(12, 345, 2, token), `12/345.2.${token}`);
+  assert.notEqual(attemptOutputKey(12, 345, 1, token), attemptOutputKey(12, 345, 1, token.replace("a", "b")));
 });
 
 test("checkOutputs: the named file among allowed files passes; every limit is enforced", () => {
@@ -72,7 +31,10 @@ test("checkOutputs: the named file among allowed files passes; every limit is en
   const MiB = 1024 * 1024;
   assert.deepEqual(checkOutputs(folder({ "stats.json": 10, "stats.csv": 20 }), "stats.json"), {
     ok: true,
-    files: ["stats.csv", "stats.json"],
+    files: [
+      { name: "stats.csv", size: 20 },
+      { name: "stats.json", size: 10 },
+    ],
   });
   const fails = (dir: string, name: string) => {
     const r = checkOutputs(dir, name);

@@ -1,7 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
 import { Type } from "typebox";
 import { fileCreate, fileGet, sanitizeFileName } from "../../files/files.ts";
-import { PayloadTooLargeError } from "../../storage/local.ts";
+import { PayloadTooLargeError } from "../../storage/store.ts";
 import { principalOf } from "../auth.ts";
 import { ApiError, notFound } from "../errors.ts";
 import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok } from "../schemas.ts";
@@ -16,14 +16,12 @@ const FileBody = Type.Object({
 });
 
 /**
- * An error from reading the multipart body: the parser's own (no boundary, a body that ends before
- * its closing boundary, a malformed part header) become 400 INVALID_MULTIPART; errors with a code of
- * their own (size limits, not multipart at all) and I/O errors of the server (a full disk) pass
- * through to the error handler unchanged.
+ * An error from starting to read the multipart body: the parser's own (no boundary, a malformed part
+ * header) become 400 INVALID_MULTIPART; errors with a code of their own (size limits, not multipart at
+ * all) pass through to the error handler unchanged.
  */
 function rejectMalformed(err: unknown): never {
-  const e = err as { code?: unknown; syscall?: unknown };
-  if (err instanceof PayloadTooLargeError || typeof e.code === "string" || e.syscall !== undefined) throw err;
+  if (typeof (err as { code?: unknown }).code === "string") throw err;
   throw new ApiError(400, "INVALID_MULTIPART", undefined, err);
 }
 
@@ -47,15 +45,19 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
         part?.file.resume();
         throw new ApiError(400, "VALIDATION_FAILED", "The request must carry a `file` part.");
       }
-      const staged = await storage.stage(part.file, config.maxUploadBytes).catch(rejectMalformed);
-      // @fastify/multipart truncates at its own limit instead of erroring in some paths.
-      if (part.file.truncated) {
-        await staged.discard();
-        throw new ApiError(413, "PAYLOAD_TOO_LARGE");
-      }
-      const record = await fileCreate(database.sql, storage, principalOf(request), staged, {
+      // Only an error of the part's own stream is the body's fault (it ends before its closing
+      // boundary, say) — it may have failed before this line, so ask the stream, not a listener; the
+      // store's and the database's errors are ours. The store's meter fails one byte past the limit,
+      // before @fastify/multipart (whose limit is a byte higher) would cut the stream short.
+      const record = await fileCreate(database.sql, storage, principalOf(request), part.file, {
         name: sanitizeFileName(part.filename),
         contentType: part.mimetype || "application/octet-stream",
+        maxBytes: config.maxUploadBytes,
+      }).catch((err: unknown) => {
+        if (err === part.file.errored && !(err instanceof PayloadTooLargeError)) {
+          throw new ApiError(400, "INVALID_MULTIPART", undefined, err);
+        }
+        throw err;
       });
       request.log.info({ fileId: record.fileId, sizeBytes: record.sizeBytes }, "file uploaded");
       return reply.status(201).send(ok(record, "File uploaded"));

@@ -1,0 +1,90 @@
+// The object store: where uploaded files and analysis outputs live, by key. Two backends implement it
+// — a local directory (`local.ts`) and any S3-compatible service (`s3.ts`) — and pass one contract test
+// suite (test/integration/storage.test.ts). Nothing outside src/storage/ knows which one it talks to,
+// except through `localPath`, which only a local store offers (programs then read inputs in place).
+//
+// Keys are made by the service, never taken from a user: `files/<fileId>` and
+// `outputs/<taskId>/<runId>.<attempt>.<leaseToken>/<name>`.
+import type { Readable } from "node:stream";
+
+export class PayloadTooLargeError extends Error {
+  constructor(readonly limit: number) {
+    super(`payload exceeds ${limit} bytes`);
+    this.name = "PayloadTooLargeError";
+  }
+}
+
+/** The key names no object. */
+export class ObjectMissingError extends Error {
+  constructor(readonly key: string) {
+    super(`no object ${JSON.stringify(key)}`);
+    this.name = "ObjectMissingError";
+  }
+}
+
+export interface PutResult {
+  sizeBytes: number;
+  sha256: string;
+}
+
+export interface ObjectInfo {
+  key: string;
+  size: number;
+  modified: Date;
+}
+
+export interface OpenObject {
+  stream: Readable;
+  size: number;
+}
+
+export interface ObjectStore {
+  /** `local` or `s3`, for logs and readiness messages. */
+  readonly kind: string;
+  /**
+   * Streams `source` to `key` while hashing and counting it, never whole in memory. Nothing is visible
+   * under `key` unless every byte was written. Over `maxBytes`: PayloadTooLargeError, and nothing is
+   * left behind (a multipart upload is aborted).
+   */
+  put(key: string, source: Readable, maxBytes?: number): Promise<PutResult>;
+  /** Writes a local file under `key`. */
+  putFile(key: string, file: string): Promise<void>;
+  /** Opens `key` for reading; ObjectMissingError when there is no such object. */
+  open(key: string): Promise<OpenObject>;
+  /** Copies `key` into the local file `file` (created or replaced). */
+  download(key: string, file: string): Promise<void>;
+  /** Deletes these keys; keys without an object are fine. */
+  delete(keys: readonly string[]): Promise<void>;
+  /** Deletes every object whose key starts with `prefix` (which must end with `/`); returns how many. */
+  deletePrefix(prefix: string): Promise<number>;
+  /** Objects whose key starts with `prefix`, in key order, after `after`, at most `limit` (default 1000). */
+  list(prefix: string, o?: { after?: string; limit?: number }): Promise<ObjectInfo[]>;
+  /** Throws, with the cause, when the store cannot be reached. */
+  check(): Promise<void>;
+  /** The local file of `key`, when the store is a local directory; absent on remote stores. */
+  localPath?(key: string): string;
+}
+
+const KEY_SHAPE = /^[a-z0-9][a-z0-9._/-]*$/;
+
+/** Refuses keys that are not the service's own shape: no `..`, no empty segment, no leading `/`. */
+export function checkKey(key: string): string {
+  const parts = key.split("/");
+  if (!KEY_SHAPE.test(key) || parts.some((p) => p === "" || p === "." || p === "..")) {
+    throw new Error(`invalid storage key: ${JSON.stringify(key)}`);
+  }
+  return key;
+}
+
+/** A prefix to list or delete under: a key shape ending with `/`. */
+export function checkPrefix(prefix: string): string {
+  if (!prefix.endsWith("/")) throw new Error(`a prefix must end with "/": ${JSON.stringify(prefix)}`);
+  checkKey(prefix.slice(0, -1));
+  return prefix;
+}
+
+/** The storage key of an output file: `outputs/<outputKey>/<name>` (outputKey as runs.output_key has it). */
+export const outputObjectKey = (outputKey: string, name: string) => `outputs/${outputKey}/${name}`;
+
+/** The prefix of every output object of a task. */
+export const taskOutputsPrefix = (taskId: string | number) => `outputs/${taskId}/`;

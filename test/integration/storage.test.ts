@@ -1,0 +1,187 @@
+// One contract, both object stores: a local directory and an S3-compatible server (s3rver, started by
+// test/run.ts). Everything the service relies on from a store is asserted here, for each backend alike.
+import assert from "node:assert/strict";
+import { createHash, randomBytes } from "node:crypto";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { Readable } from "node:stream";
+import { buffer } from "node:stream/consumers";
+import { after, before, describe, test } from "node:test";
+import { LocalStore } from "../../src/storage/local.ts";
+import { S3Store } from "../../src/storage/s3.ts";
+import { ObjectMissingError, type ObjectStore, PayloadTooLargeError } from "../../src/storage/store.ts";
+import { createTestBucket, s3Endpoint, type TestBucket } from "../helpers/s3.ts";
+
+const scratch = fs.mkdtempSync(path.join(os.tmpdir(), "assay-store-"));
+let bucket: TestBucket;
+before(async () => {
+  bucket = await createTestBucket();
+});
+after(async () => {
+  await bucket.drop();
+  fs.rmSync(scratch, { recursive: true, force: true });
+});
+
+const sha256 = (b: Buffer) => createHash("sha256").update(b).digest("hex");
+/** Larger than one multipart part (5 MiB): S3 uploads it in parts. */
+const BIG = 6 * 1024 * 1024 + 123;
+
+/** A source that sends some bytes, then fails (a client that went away mid-upload). */
+function failingSource(bytes: number): Readable {
+  let sent = false;
+  return new Readable({
+    read() {
+      if (!sent) {
+        sent = true;
+        this.push(randomBytes(bytes));
+      } else this.destroy(new Error("the client went away"));
+    },
+  });
+}
+
+const backends: [string, () => ObjectStore][] = [
+  ["local", () => new LocalStore(fs.mkdtempSync(path.join(scratch, "local-")))],
+  ["s3", () => bucket.store(`c${randomBytes(3).toString("hex")}/`)],
+];
+
+for (const [kind, make] of backends) {
+  describe(`${kind} store`, () => {
+    let store: ObjectStore;
+    before(() => {
+      store = make();
+    });
+
+    test("put streams, hashes and counts; open gives the bytes and their size; list shows them", async () => {
+      const body = randomBytes(BIG);
+      const put = await store.put(
+        "files/1",
+        Readable.from([body.subarray(0, 1000), body.subarray(1000)]),
+        BIG,
+      );
+      assert.deepEqual(put, { sizeBytes: BIG, sha256: sha256(body) });
+      const { stream, size } = await store.open("files/1");
+      assert.equal(size, BIG);
+      assert.ok((await buffer(stream)).equals(body));
+      const [info] = await store.list("files/");
+      assert.equal(info?.key, "files/1");
+      assert.equal(info?.size, BIG);
+      assert.ok(info && Date.now() - info.modified.getTime() < 60_000);
+    });
+
+    test("over maxBytes → PayloadTooLargeError, and nothing is left under the key", async () => {
+      for (const [key, bytes, max] of [
+        ["files/too-small", 200, 100],
+        ["files/too-big", BIG + 1024 * 1024, BIG],
+      ] as const) {
+        await assert.rejects(
+          store.put(key, Readable.from([randomBytes(bytes)]), max),
+          (err) => err instanceof PayloadTooLargeError,
+          key,
+        );
+        await assert.rejects(store.open(key), (err) => err instanceof ObjectMissingError, key);
+      }
+      assert.deepEqual(
+        (await store.list("files/too")).map((o) => o.key),
+        [],
+      );
+    });
+
+    test("a source that fails mid-way leaves nothing", async () => {
+      await assert.rejects(store.put("files/cut", failingSource(BIG), 10 * BIG), /went away/);
+      await assert.rejects(store.open("files/cut"), (err) => err instanceof ObjectMissingError);
+    });
+
+    test("a missing key is ObjectMissingError for open and download", async () => {
+      await assert.rejects(store.open("files/none"), (err) => err instanceof ObjectMissingError);
+      await assert.rejects(
+        store.download("files/none", path.join(scratch, "none")),
+        (err) => err instanceof ObjectMissingError,
+      );
+    });
+
+    test("putFile and download copy a file in and out, byte for byte", async () => {
+      const body = randomBytes(BIG);
+      const src = path.join(scratch, `${kind}-in`);
+      const dst = path.join(scratch, `${kind}-out`);
+      fs.writeFileSync(src, body);
+      await store.putFile("outputs/5/50.1.aa/report.html", src);
+      await store.download("outputs/5/50.1.aa/report.html", dst);
+      assert.ok(fs.readFileSync(dst).equals(body));
+    });
+
+    test("list pages in key order; deletePrefix removes exactly what is under the prefix", async () => {
+      const keys = [
+        "outputs/7/70.1.aa/a.json",
+        "outputs/7/70.1.aa/b.csv",
+        "outputs/7/71.2.bb/a.json",
+        "outputs/70/700.1.cc/a.json",
+        "outputs/8/80.1.dd/a.json",
+      ];
+      for (const key of keys) await store.put(key, Readable.from([Buffer.from(key)]));
+      const first = await store.list("outputs/7/", { limit: 2 });
+      assert.deepEqual(
+        first.map((o) => o.key),
+        keys.slice(0, 2),
+      );
+      const rest = await store.list("outputs/7/", { after: first.at(-1)?.key as string });
+      assert.deepEqual(
+        rest.map((o) => o.key),
+        [keys[2]],
+      );
+      assert.deepEqual(
+        (await store.list("outputs/7/70.")).map((o) => o.key),
+        keys.slice(0, 2),
+      );
+      assert.equal(await store.deletePrefix("outputs/7/"), 3);
+      assert.deepEqual(
+        (await store.list("outputs/")).map((o) => o.key).filter((k) => !k.startsWith("outputs/5/")),
+        [keys[3], keys[4]],
+      );
+      await assert.rejects(store.deletePrefix("outputs/70"), /must end with/);
+    });
+
+    test("delete removes the keys given; missing keys are fine", async () => {
+      await store.put("files/d1", Readable.from([Buffer.from("1")]));
+      await store.put("files/d2", Readable.from([Buffer.from("2")]));
+      await store.delete(["files/d1", "files/never"]);
+      await assert.rejects(store.open("files/d1"), (err) => err instanceof ObjectMissingError);
+      assert.equal((await store.open("files/d2")).size, 1);
+    });
+
+    test("keys that are not the service's own shape are refused", async () => {
+      for (const bad of ["../x", "files/../etc", "/etc/passwd", "files//7", "", "Files/7", "files\\7"]) {
+        await assert.rejects(store.put(bad, Readable.from([Buffer.from("x")])), /storage key/, bad);
+        await assert.rejects(store.open(bad), /storage key/, bad);
+      }
+    });
+
+    test("an open stream destroyed half-way is released", async () => {
+      const { stream } = await store.open("files/1");
+      await new Promise<void>((resolve) => stream.once("data", () => resolve()));
+      stream.destroy();
+      await new Promise<void>((resolve) => (stream.closed ? resolve() : stream.once("close", resolve)));
+    });
+
+    test("check passes on a reachable store", async () => {
+      await store.check();
+    });
+  });
+}
+
+test("s3: check fails with the cause for a bucket that does not exist or a server that cannot be reached", async () => {
+  const missing = new S3Store({
+    bucket: "assay-no-such-bucket",
+    endpoint: s3Endpoint(),
+    forcePathStyle: true,
+  });
+  await assert.rejects(missing.check());
+  const unreachable = new S3Store({
+    bucket: bucket.name,
+    endpoint: "http://127.0.0.1:9",
+    forcePathStyle: true,
+  });
+  await assert.rejects(unreachable.check(), /ECONNREFUSED|connect/i);
+  missing.client.destroy();
+  unreachable.client.destroy();
+});
