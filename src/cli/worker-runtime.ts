@@ -9,6 +9,7 @@ import type { Logger } from "../log.ts";
 import { workerMetrics } from "../metrics/worker.ts";
 import { Reaper } from "../queue/reaper.ts";
 import { Retention } from "../queue/retention.ts";
+import { StoreSweep } from "../queue/store-sweep.ts";
 import { type TypeOptions, Worker } from "../queue/worker.ts";
 import { GroupGuard } from "../runner/group-guard.ts";
 import { discardAttempt, processHandler, removeLeftovers } from "../runner/handler.ts";
@@ -89,14 +90,17 @@ export async function startWorkerRuntime(
     retentionDays: config.retentionDays,
     intervalMs: config.retentionIntervalMs,
   });
+  // Objects no row references (a crash between storing and recording): as often as retention runs.
+  const sweep = new StoreSweep({ sql, logger, store, intervalMs: config.retentionIntervalMs });
   await worker.start();
   reaper.start();
   retention.start();
+  sweep.start();
   return {
     worker,
     reaper,
     stop: async () => {
-      await Promise.all([reaper.stop(), retention.stop()]);
+      await Promise.all([reaper.stop(), retention.stop(), sweep.stop()]);
       await worker.stop(config.shutdownGraceMs);
       await guard.close();
       await work.close();

@@ -1,0 +1,85 @@
+// The store sweep (maintenance): deletes objects that no row references and that are older than a day
+// — what a crash between storing an object and writing its row leaves (an upload whose row was never
+// inserted, outputs of a task whose deletion was interrupted, an attempt whose worker died mid-upload
+// and whose run then ended elsewhere). Bounded: each pass looks at one page of each prefix, resuming
+// where the last pass stopped and wrapping around at the end. A service with start/stop/runOnce; safe in
+// every worker at once (deleting an object twice is harmless).
+import type { Sql } from "../db/client.ts";
+import type { Logger } from "../log.ts";
+import type { ObjectInfo, ObjectStore } from "../storage/store.ts";
+import { IntervalService } from "./service.ts";
+import { fileIdsKnown, type OutputFolder, outputFoldersReferenced } from "./sql.ts";
+
+export interface StoreSweepOptions {
+  sql: Sql;
+  logger: Logger;
+  store: ObjectStore;
+  intervalMs: number;
+  /** Objects younger than this are never swept: their rows may be about to be written. */
+  minAgeMs?: number;
+  /** Objects looked at per prefix and pass. */
+  pageSize?: number;
+}
+
+const DEFAULT_MIN_AGE_MS = 24 * 3600 * 1000;
+const DEFAULT_PAGE = 1000;
+const PREFIXES = ["files/", "outputs/"] as const;
+const FILE_KEY = /^files\/([1-9][0-9]{0,17})$/;
+const OUTPUT_KEY = /^outputs\/([1-9][0-9]{0,17})\/(([1-9][0-9]{0,17})(?:\.[0-9]+\.([0-9a-f-]{36}))?)\/[^/]+$/;
+
+export class StoreSweep extends IntervalService<number> {
+  /** Where the next pass resumes, per prefix (in memory: a restart starts over, which is harmless). */
+  private readonly cursors = new Map<string, string>();
+
+  constructor(private readonly o: StoreSweepOptions) {
+    super("store sweep", o.intervalMs, o.logger);
+  }
+
+  /** Looks at one page of each prefix; deletes the old objects no row references. Returns how many. */
+  async runOnce(): Promise<number> {
+    let deleted = 0;
+    for (const prefix of PREFIXES) deleted += await this.sweep(prefix);
+    if (deleted > 0)
+      this.o.logger.info({ objects: deleted }, "store sweep removed objects no row references");
+    return deleted;
+  }
+
+  private async sweep(prefix: (typeof PREFIXES)[number]): Promise<number> {
+    const limit = this.o.pageSize ?? DEFAULT_PAGE;
+    const after = this.cursors.get(prefix);
+    const page = await this.o.store.list(prefix, { limit, ...(after === undefined ? {} : { after }) });
+    const last = page.at(-1)?.key;
+    if (page.length < limit || last === undefined) this.cursors.delete(prefix);
+    else this.cursors.set(prefix, last);
+    const cutoff = Date.now() - (this.o.minAgeMs ?? DEFAULT_MIN_AGE_MS);
+    const old = page.filter((o) => o.modified.getTime() < cutoff);
+    const orphans = prefix === "files/" ? await this.orphanFiles(old) : await this.orphanOutputs(old);
+    if (orphans.length > 0) await this.o.store.delete(orphans);
+    return orphans.length;
+  }
+
+  private async orphanFiles(objects: ObjectInfo[]): Promise<string[]> {
+    const ids = new Map<string, string>();
+    for (const o of objects) {
+      const id = FILE_KEY.exec(o.key)?.[1];
+      if (id) ids.set(o.key, id); // a key of another shape is not ours to judge: left alone
+    }
+    const known = await fileIdsKnown(this.o.sql, [...ids.values()]);
+    return [...ids].filter(([, id]) => !known.has(id)).map(([key]) => key);
+  }
+
+  private async orphanOutputs(objects: ObjectInfo[]): Promise<string[]> {
+    const folders = new Map<string, OutputFolder>();
+    const keys: [string, string][] = [];
+    for (const o of objects) {
+      const m = OUTPUT_KEY.exec(o.key);
+      if (!m) continue;
+      const [, taskId, folder, runId, token] = m as unknown as [string, string, string, string, string?];
+      const key = `${taskId}/${folder}`;
+      folders.set(key, { key, taskId, runId, token: token ?? null });
+      keys.push([o.key, key]);
+    }
+    const referenced = await outputFoldersReferenced(this.o.sql, [...folders.values()]);
+    return keys.filter(([, folder]) => !referenced.has(folder)).map(([key]) => key);
+  }
+}

@@ -1,0 +1,97 @@
+// The store sweep: objects no row references, older than a day, go — in a local and an S3 store alike;
+// everything a row references, and anything young, stays.
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { Readable } from "node:stream";
+import { after, before, test } from "node:test";
+import type { Principal } from "../../src/auth/tokens.ts";
+import { createLogger } from "../../src/log.ts";
+import { runClaim, runComplete } from "../../src/queue/sql.ts";
+import { StoreSweep } from "../../src/queue/store-sweep.ts";
+import { LocalStore } from "../../src/storage/local.ts";
+import type { ObjectStore } from "../../src/storage/store.ts";
+import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
+import { createTask, seedFiles, seedUser } from "../helpers/queue.ts";
+import { createTestBucket, type TestBucket } from "../helpers/s3.ts";
+
+let db: TestDatabase;
+let owner: Principal;
+let bucket: TestBucket;
+const root = fs.mkdtempSync(path.join(os.tmpdir(), "assay-sweep-"));
+before(async () => {
+  db = await createTestDatabase();
+  owner = await seedUser(db.sql, "sweep");
+  bucket = await createTestBucket();
+});
+after(async () => {
+  await db.drop();
+  await bucket.drop();
+  fs.rmSync(root, { recursive: true, force: true });
+});
+
+const put = (store: ObjectStore, key: string) => store.put(key, Readable.from([Buffer.from(key)]));
+const keys = async (store: ObjectStore, prefix: string) => (await store.list(prefix)).map((o) => o.key);
+
+for (const [kind, makeStore] of [
+  ["local", () => new LocalStore(root)],
+  ["s3", () => bucket.store("sweep/")],
+] as const) {
+  test(`${kind}: the sweep deletes old objects no row references, and nothing else`, async () => {
+    const store = makeStore();
+    // Referenced: an uploaded file, a recorded output, the output of an attempt still holding its lease,
+    // and a run's output from before output keys (the old scheme).
+    const [fileId] = await seedFiles(db.sql, owner, 1);
+    const taskId = await createTask(db.sql, owner, `sweep-${kind}`, 3);
+    const [done, live, legacy] = await runClaim(db.sql, {
+      workerId: "w",
+      analysisType: `sweep-${kind}`,
+      limit: 3,
+      globalLimit: 0,
+      leaseTtlMs: 30_000,
+    });
+    assert.ok(done && live && legacy);
+    const doneKey = `${taskId}/${done.id}.1.${done.leaseToken}`;
+    await runComplete(db.sql, [
+      { id: done.id, token: done.leaseToken, status: "succeeded", outputKey: doneKey },
+      { id: legacy.id, token: legacy.leaseToken, status: "succeeded" },
+    ]);
+    const kept = [
+      `files/${fileId}`,
+      `outputs/${doneKey}/out.json`,
+      `outputs/${taskId}/${live.id}.1.${live.leaseToken}/out.json`,
+      `outputs/${taskId}/${legacy.id}/out.json`,
+    ];
+    // Not referenced: an upload whose row was never written, a fenced-off attempt's outputs, the
+    // outputs of a task that no longer exists.
+    const orphans = [
+      "files/999999999999",
+      `outputs/${taskId}/${done.id}.1.00000000-0000-4000-8000-000000000000/out.json`,
+      "outputs/999999999/999999999999.1.00000000-0000-4000-8000-000000000001/out.json",
+    ];
+    const foreign = "files/readme.txt"; // not a key of ours: never judged
+    for (const key of [...kept, ...orphans, foreign]) await put(store, key);
+
+    const sweep = (minAgeMs: number, pageSize = 1000) =>
+      new StoreSweep({
+        sql: db.sql,
+        logger: createLogger({ level: "silent" }),
+        store,
+        intervalMs: 60_000,
+        minAgeMs,
+        pageSize,
+      });
+    // Young objects are never swept, referenced or not.
+    assert.equal(await sweep(3_600_000).runOnce(), 0);
+    // Once they are old enough (here: any age), the orphans go, a page at a time.
+    const paged = sweep(0, 2);
+    let deleted = 0;
+    for (let pass = 0; pass < 4; pass++) deleted += await paged.runOnce();
+    assert.equal(deleted, orphans.length);
+    assert.deepEqual(
+      [...(await keys(store, "files/")), ...(await keys(store, "outputs/"))].sort(),
+      [...kept, foreign].sort(),
+    );
+  });
+}
