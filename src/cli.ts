@@ -2,6 +2,7 @@
 
 import { migrateCommand } from "./cli/migrate.ts";
 import { serveCommand } from "./cli/serve.ts";
+import { storageCommand } from "./cli/storage.ts";
 import { tokenCommand } from "./cli/token.ts";
 import { UsageError } from "./cli/usage.ts";
 import { ConfigError, configTable, loadConfig } from "./config.ts";
@@ -15,6 +16,7 @@ Commands:
   migrate             apply the database migrations in migrations/
   token create|revoke|list
                       manage API tokens
+  storage migrate     copy a local installation's files into the S3 bucket
   config              print the configuration settings (environment variables)
 
 Run \`assay <command> --help\` for a command's options.
@@ -46,6 +48,8 @@ async function main(argv: string[]): Promise<number> {
       return migrateCommand(rest, config);
     case "token":
       return tokenCommand(rest, config);
+    case "storage":
+      return storageCommand(rest, config);
     default:
       throw new UsageError(`unknown command: ${command}\n\n${HELP}`);
   }
