@@ -8,13 +8,52 @@ import { runMigrations } from "../../src/db/migrate.ts";
 
 export interface BenchDatabase {
   url: string;
+  /**
+   * CPU milliseconds the PostgreSQL server has used so far (all its processes, from /proc), or
+   * undefined when the server is not ours to look at (DATABASE_URL).
+   */
+  serverCpuMs(): number | undefined;
   stop(): Promise<void>;
+}
+
+const TICKS_PER_SECOND = 100; // USER_HZ on Linux
+
+/** utime, stime, cutime, cstime and ppid of a process, from /proc/<pid>/stat. */
+function procStat(pid: number): { own: number; children: number; ppid: number } | undefined {
+  try {
+    const text = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
+    const f = text
+      .slice(text.lastIndexOf(")") + 2)
+      .split(" ")
+      .map(Number);
+    return {
+      ppid: f[1] as number,
+      own: ((f[11] as number) + (f[12] as number)) * (1000 / TICKS_PER_SECOND),
+      children: ((f[13] as number) + (f[14] as number)) * (1000 / TICKS_PER_SECOND),
+    };
+  } catch {
+    return undefined;
+  }
+}
+
+/** The postmaster and its live children, and what its exited children used (counted when reaped). */
+function clusterCpuMs(postmasterPid: number): number {
+  const postmaster = procStat(postmasterPid);
+  if (!postmaster) return Number.NaN;
+  let total = postmaster.own + postmaster.children;
+  for (const name of fs.readdirSync("/proc")) {
+    const pid = Number(name);
+    if (!Number.isInteger(pid)) continue;
+    const stat = procStat(pid);
+    if (stat?.ppid === postmasterPid) total += stat.own;
+  }
+  return total;
 }
 
 export async function benchDatabase(): Promise<BenchDatabase> {
   if (process.env.DATABASE_URL) {
     await runMigrations(process.env.DATABASE_URL);
-    return { url: process.env.DATABASE_URL, stop: async () => {} };
+    return { url: process.env.DATABASE_URL, serverCpuMs: () => undefined, stop: async () => {} };
   }
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-bench-"));
   const settings = process.env.BENCH_PG_SETTINGS
@@ -22,8 +61,11 @@ export async function benchDatabase(): Promise<BenchDatabase> {
     : {};
   const pg = await startEmbeddedPostgres({ dataDir: path.join(dir, "pg"), persistent: false, settings });
   await runMigrations(pg.url);
+  const pidFile = path.join(fs.realpathSync(path.join(dir, "pg")), "postmaster.pid");
+  const postmasterPid = Number(fs.readFileSync(pidFile, "utf8").split("\n")[0]);
   return {
     url: pg.url,
+    serverCpuMs: () => clusterCpuMs(postmasterPid),
     stop: async () => {
       await pg.stop();
       fs.rmSync(dir, { recursive: true, force: true });

@@ -71,10 +71,14 @@ export class LocalStore implements ObjectStore {
     this.localPath(key);
     const tmp = await this.partial();
     const m = meter(maxBytes);
+    const file = fs.createWriteStream(tmp, { flags: "wx", mode: 0o640 });
     try {
-      await pipeline(source, m.stream, fs.createWriteStream(tmp, { flags: "wx", mode: 0o640 }));
+      await pipeline(source, m.stream, file);
       await this.publish(tmp, key);
     } catch (err) {
+      // A source that had failed already fails the pipeline before the file is even open: wait until
+      // it is closed, or the removal would run first and the file appear after it.
+      if (!file.closed) await new Promise<void>((resolve) => file.once("close", () => resolve()));
       await fsp.rm(tmp, { force: true });
       throw err;
     }

@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import { Readable } from "node:stream";
 import { after, test } from "node:test";
 import { sanitizeFileName } from "../../src/files/files.ts";
 import { LocalStore } from "../../src/storage/local.ts";
@@ -45,4 +46,15 @@ test("sanitizeFileName keeps only a safe base name", () => {
   assert.equal(sanitizeFileName(undefined), "upload");
   assert.equal(sanitizeFileName(".."), "upload");
   assert.equal(sanitizeFileName("x".repeat(300)).length, 255);
+});
+
+test("a source that failed before the store read it leaves no partial file", async () => {
+  const own = new LocalStore(fs.mkdtempSync(path.join(root, "failed-")));
+  for (let i = 0; i < 100; i++) {
+    const source = new Readable({ read() {} });
+    source.on("error", () => {}); // its owner (the multipart parser) listens, as here
+    source.destroy(new Error("the body ended early"));
+    await assert.rejects(own.put(`files/${i}`, source), /ended early/);
+  }
+  assert.deepEqual(fs.readdirSync(path.join(own.root, ".partial")), []);
 });
