@@ -15,6 +15,7 @@ import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import postgres from "postgres";
+import { isAlive } from "../proc.ts";
 
 /** Where root stages binaries and clusters, readable by the `postgres` user. */
 export const STAGE_ROOT = "/var/lib/assay-embedded";
@@ -180,22 +181,8 @@ function runningServer(clusterDir: string): { pid: number; port: number } | unde
   const lines = text.split("\n");
   const pid = Number(lines[0]);
   const port = Number(lines[3]);
-  if (!Number.isInteger(pid) || !Number.isInteger(port)) return undefined;
-  try {
-    process.kill(pid, 0);
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== "EPERM") return undefined;
-  }
+  if (!Number.isInteger(pid) || !Number.isInteger(port) || !isAlive(pid)) return undefined;
   return { pid, port };
-}
-
-function isAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === "EPERM";
-  }
 }
 
 /** Stops a server we did not spawn (an adopted orphan): fast shutdown, then immediate, then wait. */

@@ -4,6 +4,7 @@
 import { randomBytes } from "node:crypto";
 import fsp from "node:fs/promises";
 import path from "node:path";
+import { isAlive } from "../proc.ts";
 
 export interface WorkDir {
   readonly dir: string;
@@ -11,21 +12,12 @@ export interface WorkDir {
   close(): Promise<void>;
 }
 
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === "EPERM";
-  }
-}
-
 export async function openWorkDir(dataDir: string): Promise<WorkDir> {
   const root = path.join(dataDir, "work");
   await fsp.mkdir(root, { recursive: true, mode: 0o700 });
   for (const name of await fsp.readdir(root)) {
     const pid = Number(/^(\d+)\./.exec(name)?.[1]);
-    if (Number.isInteger(pid) && pid !== process.pid && !alive(pid)) {
+    if (Number.isInteger(pid) && pid !== process.pid && !isAlive(pid)) {
       await fsp.rm(path.join(root, name), { recursive: true, force: true });
     }
   }

@@ -2,7 +2,6 @@
 // leave mid-stream, retention deleting tasks while they are downloaded — the process survives, answers,
 // and holds no descriptor afterwards.
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import fs from "node:fs";
 import http from "node:http";
@@ -16,6 +15,7 @@ import { Retention } from "../../src/queue/retention.ts";
 import { ROOT } from "../helpers/cli.ts";
 import { taskRow, waitFor, waitForTerminal } from "../helpers/queue.ts";
 import { type RunnerEnv, runnerEnv, runOutputDir } from "../helpers/runner.ts";
+import { zipNames } from "../helpers/zip.ts";
 
 const COPY = path.join(ROOT, "test/fixtures/scripts/copy.sh");
 /** A program that starts in a millisecond: many runs, or large outputs, cheaply. */
@@ -132,22 +132,6 @@ async function healthy(): Promise<void> {
   assert.equal(res.complete, true);
 }
 
-const zipEntries = (zip: Buffer): string[] => {
-  const file = path.join(env.dataDir, `check-${randomBytes(4).toString("hex")}.zip`);
-  fs.writeFileSync(file, zip);
-  try {
-    return JSON.parse(
-      execFileSync("python3", [
-        "-c",
-        "import json,sys,zipfile; z=zipfile.ZipFile(sys.argv[1]); z.testzip(); print(json.dumps(z.namelist()))",
-        file,
-      ]).toString(),
-    ) as string[];
-  } finally {
-    fs.rmSync(file);
-  }
-};
-
 test("an output deleted mid-download breaks the zip off; the error is logged; the process goes on", async () => {
   const taskId = await finishedTask("dl-vanish", [hex(2 << 20), hex(2 << 20), hex(2 << 20)]);
   const runs = await env.db.sql<{ id: string }[]>`
@@ -184,7 +168,7 @@ test("clients that leave mid-download leave no descriptor open (zip and single f
   await healthy();
   const whole = await download(zipUrl(many), { keep: true });
   assert.equal(whole.complete, true);
-  assert.equal(zipEntries(whole.body).length, 2);
+  assert.equal(zipNames(whole.body).length, 2);
 });
 
 test("stress: zips of a 500-run task while clients drop and retention deletes tasks being downloaded", {
@@ -254,7 +238,7 @@ test("stress: zips of a 500-run task while clients drop and retention deletes ta
     assert.equal(d.status, 200);
     assert.equal(d.complete, true);
   }
-  const entries = zipEntries(fulls[0]?.body as Buffer);
+  const entries = zipNames(fulls[0]?.body as Buffer);
   assert.equal(entries.length, 500);
   for (const d of await Promise.all(dropped)) assert.equal(d.complete, false);
   const broken = await Promise.all(doomedDownloads);

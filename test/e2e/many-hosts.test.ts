@@ -6,7 +6,6 @@
 // cancel reaches a run on another host. Needs root (CI runs as root).
 import assert from "node:assert/strict";
 import type { ChildProcess } from "node:child_process";
-import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import { after, before, test } from "node:test";
@@ -17,6 +16,7 @@ import { createHosts, type Host, type Hosts } from "../helpers/hosts.ts";
 import { waitFor } from "../helpers/queue.ts";
 import { createTestBucket, type TestBucket } from "../helpers/s3.ts";
 import { openSse } from "../helpers/sse.ts";
+import { zipNames } from "../helpers/zip.ts";
 
 const isRoot = process.getuid?.() === 0;
 const skip = isRoot ? false : "needs root: OS users, network namespaces and veth pairs";
@@ -183,16 +183,7 @@ test("50 files through all three analysis types across hosts: SSE to the end, wh
     const res = await fetch(`${api}/api/analysis-tasks/${taskId}/download`, { headers: auth() });
     assert.equal(res.status, 200);
     const zip = Buffer.from(await res.arrayBuffer());
-    const file = path.join(hosts.code, "..", `${type}.zip`);
-    fs.writeFileSync(file, zip);
-    const names = JSON.parse(
-      execFileSync("python3", [
-        "-c",
-        "import json,sys,zipfile; z=zipfile.ZipFile(sys.argv[1]); z.testzip(); print(json.dumps(z.namelist()))",
-        file,
-      ]).toString(),
-    ) as string[];
-    fs.rmSync(file);
+    const names = zipNames(zip);
     assert.equal(new Set(names.map((n) => n.split("/")[0])).size, 50, `${type}: a folder per input file`);
   }
   // Files live in the bucket only: the API keeps none, and idle workers keep none.
