@@ -66,6 +66,29 @@ export async function fileCreate(
 /** The storage key of an uploaded file. */
 export const fileKey = (fileId: string | number) => `files/${fileId}`;
 
+/**
+ * The files `principal` may see (its own; an admin: everyone's), newest first, `limit` at a time after
+ * `cursor` (a file id); with `sha256`, only files with those bytes (a client that would upload a file it
+ * already has asks first).
+ */
+export async function fileList(
+  sql: Sql,
+  principal: Principal,
+  o: { limit: number; cursor?: string; sha256?: string },
+): Promise<{ items: FileRecord[]; nextCursor: string | null }> {
+  const rows = await sql<FileRecord[]>`
+    select f.id::text as "fileId", f.name, f.content_type as "contentType", f.size_bytes::float8 as "sizeBytes",
+           f.sha256, f.created_at as "createdAt"
+    from files f
+    where (${principal.role === "admin"} or f.owner_id = ${principal.userId})
+      ${o.sha256 ? sql`and f.sha256 = ${o.sha256}` : sql``}
+      ${o.cursor ? sql`and f.id < ${o.cursor}` : sql``}
+    order by f.id desc
+    limit ${o.limit + 1}`;
+  const items = rows.slice(0, o.limit).map((r) => ({ ...r, createdAt: isoTime(r.createdAt) }));
+  return { items, nextCursor: rows.length > o.limit ? (items.at(-1)?.fileId ?? null) : null };
+}
+
 /** A file visible to `principal` (its owner, or any admin), or undefined. */
 export async function fileGet(
   sql: Sql,

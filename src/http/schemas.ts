@@ -29,3 +29,15 @@ export const errorResponses = {
   413: ErrorBody,
   500: ErrorBody,
 };
+
+/** Query fields of a paged list: the page size and the previous page's `nextCursor`. */
+export const PageQuery = {
+  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 100, default: 20 })),
+  cursor: Type.Optional(
+    Type.String({ pattern: "^[1-9][0-9]{0,14}$", description: "nextCursor of the previous page" }),
+  ),
+};
+
+/** A page of a list: its items and the cursor of the next page (null on the last). */
+export const Page = <T extends TSchema>(item: T) =>
+  Type.Object({ items: Type.Array(item), nextCursor: Type.Union([Type.String(), Type.Null()]) });

@@ -196,3 +196,40 @@ describe("GET /api/files/:fileId", () => {
     assert.equal(dots.statusCode, 404);
   });
 });
+
+describe("GET /api/files", () => {
+  test("own files newest first in pages; an admin sees all; sha256 finds copies; bad queries are 400", async () => {
+    const mine: string[] = [];
+    for (const c of ["p\n1\n", "q\n2\n", "r\n3\n", "p\n1\n"])
+      mine.push((await upload(bob, c)).json().data.fileId);
+    const theirs = (await upload(alice, "zzz\n9\n")).json().data.fileId;
+    const seen: string[] = [];
+    let cursor: string | null = null;
+    do {
+      const res: Awaited<ReturnType<typeof t.app.inject>> = await t.app.inject({
+        url: `/api/files?limit=3${cursor ? `&cursor=${cursor}` : ""}`,
+        headers: bearer(bob),
+      });
+      assert.equal(res.statusCode, 200);
+      const page = res.json().data as { items: { fileId: string }[]; nextCursor: string | null };
+      seen.push(...page.items.map((f) => f.fileId));
+      cursor = page.nextCursor;
+    } while (cursor);
+    assert.deepEqual(seen, [...mine].reverse(), "bob's files only, newest first, each once");
+    const hash = createHash("sha256").update("p\n1\n").digest("hex");
+    const copies = await t.app.inject({ url: `/api/files?sha256=${hash}`, headers: bearer(bob) });
+    assert.deepEqual(
+      copies.json().data.items.map((f: { fileId: string }) => f.fileId),
+      [mine[3], mine[0]],
+    );
+    const all = await t.app.inject({ url: "/api/files?limit=100", headers: bearer(admin) });
+    const ids = all.json().data.items.map((f: { fileId: string }) => f.fileId);
+    assert.ok(ids.includes(theirs) && mine.every((id) => ids.includes(id)), "an admin sees everyone's");
+    for (const q of ["sha256=xyz", "limit=0", "limit=101", "cursor=abc", "other=1"]) {
+      const bad = await t.app.inject({ url: `/api/files?${q}`, headers: bearer(bob) });
+      assert.equal(bad.statusCode, 400, q);
+      assert.equal(bad.json().code, "VALIDATION_FAILED", q);
+    }
+    assert.equal((await t.app.inject({ url: "/api/files" })).statusCode, 401);
+  });
+});

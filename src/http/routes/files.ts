@@ -1,10 +1,10 @@
 import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
 import { Type } from "typebox";
-import { fileCreate, fileGet, sanitizeFileName } from "../../files/files.ts";
+import { fileCreate, fileGet, fileList, sanitizeFileName } from "../../files/files.ts";
 import { PayloadTooLargeError } from "../../storage/store.ts";
 import { principalOf } from "../auth.ts";
 import { ApiError, notFound } from "../errors.ts";
-import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok } from "../schemas.ts";
+import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok, Page, PageQuery } from "../schemas.ts";
 
 const FileBody = Type.Object({
   fileId: Type.String(),
@@ -61,6 +61,37 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
       });
       request.log.info({ fileId: record.fileId, sizeBytes: record.sizeBytes }, "file uploaded");
       return reply.status(201).send(ok(record, "File uploaded"));
+    },
+  );
+
+  app.get(
+    "/files",
+    {
+      schema: {
+        summary: "The caller's files (an admin: everyone's), newest first, in pages; `sha256` finds copies",
+        tags: ["files"],
+        security: [{ bearer: [] }],
+        querystring: Type.Object(
+          {
+            sha256: Type.Optional(
+              Type.String({ pattern: "^[0-9a-f]{64}$", description: "Only files with this content hash" }),
+            ),
+            ...PageQuery,
+          },
+          { additionalProperties: false },
+        ),
+        response: { 200: Envelope(Page(FileBody)), ...errorResponses },
+      },
+    },
+    async (request) => {
+      const { sha256, limit, cursor } = request.query;
+      return ok(
+        await fileList(app.services.database.sql, principalOf(request), {
+          limit: limit ?? 20,
+          ...(sha256 === undefined ? {} : { sha256 }),
+          ...(cursor === undefined ? {} : { cursor }),
+        }),
+      );
     },
   );
 

@@ -8,7 +8,7 @@ import { runList, taskGet, taskList } from "../../tasks/read.ts";
 import { TASK_STATUSES } from "../../tasks/states.ts";
 import { principalOf } from "../auth.ts";
 import { ApiError, notFound, validationFailed } from "../errors.ts";
-import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok } from "../schemas.ts";
+import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok, Page, PageQuery } from "../schemas.ts";
 
 const FileId = Type.String({ minLength: 1, maxLength: 32, description: "A file id from POST /api/files" });
 
@@ -67,15 +67,6 @@ const RunBody = Type.Object({
   startedAt: Type.Union([Type.String(), Type.Null()]),
   finishedAt: Type.Union([Type.String(), Type.Null()]),
 });
-
-const PageQuery = {
-  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 100, default: 20 })),
-  cursor: Type.Optional(
-    Type.String({ pattern: "^[1-9][0-9]{0,14}$", description: "nextCursor of the previous page" }),
-  ),
-};
-const Page = <T extends TSchema>(item: T) =>
-  Type.Object({ items: Type.Array(item), nextCursor: Type.Union([Type.String(), Type.Null()]) });
 
 const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,200}$/;
 
