@@ -2,6 +2,8 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 BIN := node_modules/.bin
+# The runtime is Node 24, installed by npm (the `node` package) so every machine runs the same one.
+NODE := $(BIN)/node
 # node_modules is (re)installed when missing or older than package-lock.json.
 DEPS := node_modules/.installed
 
@@ -15,12 +17,12 @@ $(DEPS): package-lock.json
 	@touch $@
 
 dev: $(DEPS) ## API + worker with the embedded database and readable logs; prints a dev token (Ctrl-C stops all)
-	@LOG_FORMAT=$${LOG_FORMAT:-pretty} exec node bin/assay.js all --dev-token
+	@LOG_FORMAT=$${LOG_FORMAT:-pretty} exec $(NODE) bin/assay.js all --dev-token
 
 test: $(DEPS) typecheck lint ## typecheck, lint and every test file against a real PostgreSQL
 	@files=$$(find test -name '*.test.ts' | sort); \
 	if [ -z "$$files" ]; then echo "no test files found" >&2; exit 1; fi; \
-	node --import tsx test/run.ts $$files
+	$(NODE) --import tsx test/run.ts $$files
 
 typecheck: $(DEPS) ## tsc, strict
 	$(BIN)/tsc --noEmit
@@ -32,7 +34,7 @@ format: $(DEPS) ## biome: apply formatting and safe fixes
 	$(BIN)/biome check --write .
 
 migrate: $(DEPS) ## apply migrations to DATABASE_URL (or the embedded database)
-	node bin/assay.js migrate
+	$(NODE) bin/assay.js migrate
 
 db/generate: $(DEPS) ## generate a migration from src/db/schema.ts (drizzle-kit)
 	$(BIN)/drizzle-kit generate
@@ -45,4 +47,4 @@ verify: $(DEPS) ## fail if db/generate would change migrations/
 	else echo "migrations/ is out of date: run make db/generate and commit the result" >&2; exit 1; fi
 
 bench: $(DEPS) ## benchmarks, one JSON line per workload
-	@for f in $$(find bench -name '*.ts' -not -path '*/lib/*' | sort); do node --import tsx $$f || exit 1; done
+	@for f in $$(find bench -name '*.ts' -not -path '*/lib/*' | sort); do $(NODE) --import tsx $$f || exit 1; done

@@ -11,7 +11,7 @@ import { createLogger } from "../src/log.ts";
 import { Worker } from "../src/queue/worker.ts";
 import { taskCreate } from "../src/tasks/create.ts";
 import { benchDatabase, report } from "./lib/db.ts";
-import { createNoopTask, drainTask, seedOwnerAndFiles } from "./lib/drain.ts";
+import { createNoopTask, drainTask, drainTasks, seedOwnerAndFiles, seedUsersAndFiles } from "./lib/drain.ts";
 
 const N = Number(process.env.BENCH_N ?? 10_000);
 const C = 10;
@@ -19,6 +19,23 @@ const LATENCY_TASKS = Number(process.env.BENCH_LATENCY_N ?? 200);
 /** Runs (jobs) drained before measuring, unreported, by Assay and graphile-worker alike. */
 const WARMUP = Number(process.env.BENCH_WARMUP ?? 1000);
 const logger = createLogger({ level: "warn", destination: process.stderr });
+/** drain:fair: users, one task each, N runs in all. */
+const FAIR_USERS = 100;
+/** pickup:fair: A's task, and B's samples taken while it drains. */
+const FAIR_BIG = Number(process.env.BENCH_FAIR_BIG ?? 20_000);
+const FAIR_SAMPLES = 100;
+let drainSeconds = Number.NaN;
+
+/** Until `n` runs of the task are done (the drain has reached its steady state). */
+async function waitForRunsDone(sql: typeof db.sql, taskId: string, n: number): Promise<void> {
+  for (;;) {
+    const [t] = await sql<
+      { done: number }[]
+    >`select succeeded_count::int as done from tasks where id = ${taskId}`;
+    if ((t?.done ?? 0) >= n) return;
+    await new Promise((res) => setTimeout(res, 5));
+  }
+}
 
 const bench = await benchDatabase();
 const db = createDatabase(bench.url, { max: 10 });
@@ -49,10 +66,85 @@ try {
   ] as const) {
     const taskId = workload === "drain" ? first : await createNoopTask(sql, owner, fileIds);
     const d = await drainTask(sql, taskId, N, C, prefetch);
+    if (workload === "drain") drainSeconds = d.seconds;
     report(workload, N, C, d.seconds, d.latencies, d.ok, {
       prefetch,
       note: "latencies: claim → completion per run",
     });
+  }
+  // drain:fair — the same N runs spread over 100 users' tasks (fair share serves them in turn), beside
+  // the single-task drain above (target ≥ 0.9×).
+  {
+    const users = await seedUsersAndFiles(sql, "fair", FAIR_USERS, Math.ceil(N / FAIR_USERS));
+    await sql`vacuum analyze`;
+    const tasks: string[] = [];
+    for (const u of users) tasks.push(await createNoopTask(sql, u.owner, u.fileIds));
+    const total = users.reduce((n, u) => n + u.fileIds.length, 0);
+    const d = await drainTasks(sql, tasks, total, C);
+    report("drain:fair", total, C, d.seconds, d.latencies, d.ok, {
+      users: FAIR_USERS,
+      vsDrain: Number((total / d.seconds / (N / drainSeconds)).toFixed(2)),
+      note: "one task per user; ratio vsDrain against the single-task drain",
+    });
+  }
+  // pickup:fair — B's one-run tasks, one at a time, while A's FAIR_BIG-run task drains on the same
+  // worker: create → B's handler start. Without fair share B waits for A's whole backlog.
+  {
+    const [a] = await seedUsersAndFiles(sql, "fair-a", 1, FAIR_BIG);
+    const [b] = await seedUsersAndFiles(sql, "fair-b", 1, FAIR_SAMPLES);
+    if (!a || !b) throw new Error("seed failed");
+    await sql`vacuum analyze`;
+    // Keyed by input file: B's handler may start before its create call has returned.
+    const bFiles = new Map<string, (t: number) => void>();
+    const w = new Worker({
+      sql,
+      logger,
+      types: {
+        noop: {
+          handler: async (run) => {
+            bFiles.get(String(run.inputFileId))?.(performance.now());
+            return { status: "succeeded" };
+          },
+        },
+      },
+      concurrency: C,
+      leaseTtlMs: 30_000,
+      pollIntervalMs: 2000,
+      retryBaseMs: 1000,
+    });
+    const big = await createNoopTask(sql, a.owner, a.fileIds);
+    await w.start();
+    await waitForRunsDone(sql, big, 1000);
+    const samples: number[] = [];
+    for (const fileId of b.fileIds) {
+      const started = new Promise<number>((resolve) => bFiles.set(fileId, resolve));
+      const s0 = performance.now();
+      const r = await taskCreate(sql, b.owner, {
+        analysisType: "noop",
+        fileIds: [fileId],
+        parameters: {},
+        maxAttempts: 3,
+      });
+      if (r.kind !== "created") throw new Error("create failed");
+      samples.push((await started) - s0);
+      bFiles.delete(fileId);
+    }
+    const [left] = await sql<{ done: number }[]>`
+      select (succeeded_count + failed_count)::int as done from tasks where id = ${big}`;
+    await w.stop();
+    report(
+      "pickup:fair",
+      samples.length,
+      C,
+      samples.reduce((x, y) => x + y, 0) / 1000,
+      samples,
+      (left?.done ?? FAIR_BIG) < FAIR_BIG,
+      {
+        bigTask: FAIR_BIG,
+        bigDoneAtEnd: left?.done,
+        note: "create → handler start of B's one-run tasks while A's task drains; ok = A still draining at the end",
+      },
+    );
   }
   // graphile-worker 0.18 on the same database, jobs incrementing a parent counter.
   await sql`create table if not exists bench_parent (id int primary key, n int not null)`;

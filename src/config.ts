@@ -1,5 +1,5 @@
 // Configuration: built from the environment once, at start-up, validated by one TypeBox schema.
-// Every field is documented here (`description`) and in the README's table; `assay config`
+// Every field is documented here (`description`) and in docs/configuration.md's table; `assay config`
 // prints the table from this file so the two cannot drift apart.
 import path from "node:path";
 import { type Static, type TInteger, type TSchema, Type } from "typebox";
@@ -156,8 +156,9 @@ const FIELDS = {
   },
   maxTaskRuns: {
     env: "ASSAY_MAX_TASK_RUNS",
-    schema: Type.Integer({ minimum: 1, maximum: 1_000_000, default: 10_000 }),
-    description: "Most input files (runs) one task may have.",
+    schema: Type.Integer({ minimum: 1, maximum: 1_000_000, default: 100_000 }),
+    description:
+      "Most input files (runs) one task may have. The JSON body limit follows it (1 MiB plus 32 bytes per file id).",
   },
   leaseTtlMs: {
     env: "ASSAY_LEASE_TTL_MS",
@@ -192,6 +193,12 @@ const FIELDS = {
     schema: Type.Integer({ minimum: 0, maximum: 1000, default: 0 }),
     description:
       "Runs a worker claims ahead of its free slots (0: only free slots, plus one for each slot whose program has reported its result and is exiting). Only for very short handlers: prefetched runs hold leases while they wait.",
+  },
+  userConcurrency: {
+    env: "ASSAY_USER_CONCURRENCY",
+    schema: Type.Integer({ minimum: 0, maximum: 1_000_000, default: 0 }),
+    description:
+      "Most live runs one user may have at once across all workers and types (0: no limit). Exact, like the per-type limits: a dead worker's runs count until the reaper recovers them.",
   },
   retentionDays: {
     env: "ASSAY_RETENTION_DAYS",
@@ -253,9 +260,11 @@ type Settings = {
 export type Config = Readonly<Settings>;
 
 export class ConfigError extends Error {
-  constructor(readonly problems: string[]) {
+  readonly problems: string[];
+  constructor(problems: string[]) {
     super(`invalid configuration:\n${problems.map((p) => `  ${p}`).join("\n")}`);
     this.name = "ConfigError";
+    this.problems = problems;
   }
 }
 
@@ -302,7 +311,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   return { ...config, dataDir: path.resolve(config.dataDir) };
 }
 
-/** The settings table, as the README shows it. */
+/** The settings table, as docs/configuration.md shows it. */
 export function configTable(): string {
   const rows = Object.values(FIELDS).map((f: Field) => {
     const def = (f.schema as { default?: unknown }).default;

@@ -26,6 +26,16 @@ export async function seedOwnerAndFiles(sql: Sql, name: string, n: number) {
   return { owner, fileIds };
 }
 
+/** `users` users (user role) with `files` files each, for fair-share workloads. */
+export async function seedUsersAndFiles(sql: Sql, prefix: string, users: number, files: number) {
+  const out: { owner: { userId: number; name: string; role: "admin" }; fileIds: string[] }[] = [];
+  for (let i = 0; i < users; i++) {
+    const seeded = await seedOwnerAndFiles(sql, `${prefix}-${i}`, files);
+    out.push(seeded);
+  }
+  return out;
+}
+
 /** One task of `fileIds.length` runs of the no-op type; returns its id. */
 export async function createNoopTask(
   sql: Sql,
@@ -53,6 +63,17 @@ export async function drainTask(
   concurrency: number,
   prefetch = 0,
 ): Promise<DrainResult> {
+  return drainTasks(sql, [taskId], n, concurrency, prefetch);
+}
+
+/** drainTask over several tasks (of `n` runs in all): timed until every one has succeeded. */
+export async function drainTasks(
+  sql: Sql,
+  taskIds: string[],
+  n: number,
+  concurrency: number,
+  prefetch = 0,
+): Promise<DrainResult> {
   const worker = new Worker({
     sql,
     logger: createLogger({ level: "warn", destination: process.stderr }),
@@ -65,18 +86,20 @@ export async function drainTask(
   });
   const start = performance.now();
   await worker.start();
+  const ids = sql.array(taskIds, 20);
   for (;;) {
-    const [t] = await sql`select status from tasks where id = ${taskId}`;
-    if (t?.status === "succeeded") break;
+    const [t] = await sql<{ open: number }[]>`
+      select count(*)::int as open from tasks where id = any(${ids}::bigint[]) and status <> 'succeeded'`;
+    if (t?.open === 0) break;
     await new Promise((res) => setTimeout(res, 5));
   }
   const seconds = (performance.now() - start) / 1000;
   await worker.stop();
   const [check] = await sql<{ counted: number; actual: number; latencies: number[] }[]>`
-    select t.succeeded_count as counted,
-           (select count(*)::int from runs where task_id = t.id and status = 'succeeded') as actual,
-           (select array_agg(extract(epoch from finished_at - started_at) * 1000) from runs where task_id = t.id) as latencies
-    from tasks t where t.id = ${taskId}`;
+    select (select sum(t.succeeded_count)::int from tasks t where t.id = any(${ids}::bigint[])) as counted,
+           (select count(*)::int from runs r where r.task_id = any(${ids}::bigint[]) and r.status = 'succeeded') as actual,
+           (select array_agg(extract(epoch from r.finished_at - r.started_at) * 1000) from runs r
+              where r.task_id = any(${ids}::bigint[])) as latencies`;
   return {
     seconds,
     ok: check?.counted === n && check?.actual === n,

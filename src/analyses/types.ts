@@ -37,6 +37,14 @@ export const PARAMETER_SCHEMAS = {
   ),
 } as const;
 
+/** One line per type, for clients that offer a choice (GET /api/analysis-types). */
+export const DESCRIPTIONS: Record<AnalysisType, string> = {
+  summary: "Rows, columns, and per column its type, non-null count and numeric min/max/mean (summary.json).",
+  "python-stats":
+    "One statistic (mean, median, stdev, min or max) of every numeric column, or of the chosen ones (stats.json, stats.csv).",
+  "r-report": "An HTML report with a statistics table and a histogram of each numeric column (report.html).",
+};
+
 export type AnalysisParameters = {
   [K in AnalysisType]: Static<(typeof PARAMETER_SCHEMAS)[K]>;
 };

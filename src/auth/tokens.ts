@@ -1,6 +1,7 @@
 // API tokens: random secrets shown once, stored only as their SHA-256.
 import { createHash, randomBytes } from "node:crypto";
 import type { Sql } from "../db/client.ts";
+import { TOKENS_CHANNEL, type TokenCache } from "./token-cache.ts";
 
 export type Role = "admin" | "user";
 export const ROLES: readonly Role[] = ["admin", "user"];
@@ -9,6 +10,11 @@ export interface Principal {
   userId: number;
   name: string;
   role: Role;
+}
+
+/** A principal as authenticated by a bearer token, with the token's id. */
+export interface Authenticated extends Principal {
+  tokenId: number;
 }
 
 const TOKEN_PREFIX = "assay_";
@@ -52,14 +58,19 @@ export async function tokenCreate(sql: Sql, userName: string, role?: Role): Prom
       insert into api_tokens (user_id, token_hash) values (${user.id}, ${hashToken(token)})
       returning id::float8`;
     if (!row) throw new Error("token insert returned no row");
+    // A role may have changed: cached principals of the user's other tokens must not keep the old one.
+    if (role) await tx`select pg_notify(${TOKENS_CHANNEL}, '*')`;
     return { tokenId: row.id, userId: user.id, role: user.role, token };
   });
 }
 
-/** Revokes a token; false when there is no such live token. */
+/** Revokes a token; false when there is no such live token. API processes forget it at once. */
 export async function tokenRevoke(sql: Sql, tokenId: number): Promise<boolean> {
   const rows = await sql`
-    update api_tokens set revoked_at = now() where id = ${tokenId} and revoked_at is null returning id`;
+    with revoked as (
+      update api_tokens set revoked_at = now() where id = ${tokenId} and revoked_at is null returning id
+    )
+    select id, pg_notify(${TOKENS_CHANNEL}, id::text) from revoked`;
   return rows.length === 1;
 }
 
@@ -81,17 +92,26 @@ export async function tokenList(sql: Sql): Promise<TokenInfo[]> {
 }
 
 /** The principal a bearer token stands for, or undefined for a malformed, unknown or revoked token. */
-export async function tokenAuthenticate(sql: Sql, token: string): Promise<Principal | undefined> {
+export async function tokenAuthenticate(
+  sql: Sql,
+  token: string,
+  cache?: TokenCache,
+): Promise<Authenticated | undefined> {
   if (!TOKEN_SHAPE.test(token)) return undefined;
+  const hash = hashToken(token);
+  const cached = cache?.get(hash);
+  if (cached) return cached;
   const [row] = await sql<(Principal & { tokenId: number; stale: boolean })[]>`
     select u.id::float8 as "userId", u.name, u.role, t.id::float8 as "tokenId",
            (t.last_used_at is null or t.last_used_at < now() - interval '1 minute') as stale
     from api_tokens t join users u on u.id = t.user_id
-    where t.token_hash = ${hashToken(token)} and t.revoked_at is null`;
+    where t.token_hash = ${hash} and t.revoked_at is null`;
   if (!row) return undefined;
   if (row.stale) {
     // Coarse bookkeeping, at most once a minute per token; a failure here must not fail the request.
     sql`update api_tokens set last_used_at = now() where id = ${row.tokenId}`.catch(() => {});
   }
-  return { userId: row.userId, name: row.name, role: row.role };
+  const principal = { userId: row.userId, name: row.name, role: row.role, tokenId: row.tokenId };
+  cache?.set(hash, principal);
+  return principal;
 }

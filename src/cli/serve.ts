@@ -82,7 +82,7 @@ export async function serveCommand(
   const database = await openDatabase(cfg, logger, { applicationName: `assay-${mode}` });
   const storage = await openStore(cfg);
   if (storage instanceof LocalStore) {
-    const swept = await storage.sweepPartials(PARTIAL_UPLOAD_MAX_AGE_MS);
+    const swept = await storage.abortIncompleteUploads(new Date(Date.now() - PARTIAL_UPLOAD_MAX_AGE_MS));
     if (swept > 0) logger.info({ swept }, "removed partial uploads left by an earlier process");
   }
   await waitForStore(storage, logger);
@@ -131,6 +131,10 @@ export async function serveCommand(
       [
         "",
         `Assay is listening on ${address}  (docs: ${address}/docs)`,
+        // The token rides in the fragment, which a browser never sends to a server (nor to its logs);
+        // the dashboard stores it and removes it from the address bar.
+        "Dashboard (signs you in as dev):",
+        `  ${address}/#token=${encodeURIComponent(token)}`,
         "Development token (user dev, admin):",
         `  export ASSAY_TOKEN=${token}`,
         "Try:",

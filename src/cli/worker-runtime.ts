@@ -70,9 +70,11 @@ export async function startWorkerRuntime(
     pollIntervalMs: config.pollIntervalMs,
     retryBaseMs: config.retryBaseMs,
     prefetch: config.prefetch,
+    userLimit: config.userConcurrency,
     onDiscard: discardAttempt(store),
     onRecorded: removeLeftovers(store),
     observer,
+    unavailable: found.missing,
   });
   const reaper = new Reaper({
     sql,

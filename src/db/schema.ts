@@ -9,6 +9,7 @@ import {
   integer,
   jsonb,
   pgTable,
+  primaryKey,
   text,
   timestamp,
   uniqueIndex,
@@ -87,6 +88,8 @@ export const tasks = pgTable(
     failedCount: integer("failed_count").notNull().default(0),
     timedOutCount: integer("timed_out_count").notNull().default(0),
     cancelledCount: integer("cancelled_count").notNull().default(0),
+    /** 0–9, lower first; beats fair share. Only an admin sets it (default 5). Copied into its runs. */
+    priority: integer("priority").notNull().default(5),
     idempotencyKey: text("idempotency_key"),
     /** SHA-256 of the canonical request, to tell a replay from a different request under the same key. */
     requestHash: text("request_hash"),
@@ -103,6 +106,7 @@ export const tasks = pgTable(
       .on(t.ownerId, t.idempotencyKey)
       .where(sql`${t.idempotencyKey} is not null`),
     check("tasks_total_positive", sql`${t.totalCount} > 0`),
+    check("tasks_priority_range", sql`${t.priority} between 0 and 9`),
     check(
       "tasks_counts_within_total",
       sql`${t.succeededCount} + ${t.failedCount} + ${t.timedOutCount} + ${t.cancelledCount} <= ${t.totalCount}`,
@@ -122,11 +126,18 @@ export const runs = pgTable(
       .notNull()
       .references(() => tasks.id, { onDelete: "cascade" }),
     analysisType: text("analysis_type").notNull(),
+    /** The task's owner, copied here so the claim can take runs user by user (fair share). */
+    ownerId: bigint("owner_id", { mode: "number" }).notNull(),
     status: text("status").notNull().default("queued"),
     attempt: integer("attempt").notNull().default(0),
     maxAttempts: integer("max_attempts").notNull(),
     runAfter: timestamp("run_after", { withTimezone: true }).notNull().defaultNow(),
-    priority: integer("priority").notNull().default(0),
+    priority: integer("priority").notNull().default(5),
+    /**
+     * Its place in its owner's queue of the type and priority: a new task's runs take turns from where
+     * the owner's queued runs stand, so the owner's tasks interleave (see queue_owners for users).
+     */
+    turn: bigint("turn", { mode: "number" }).notNull().default(0),
     leaseOwner: text("lease_owner"),
     leaseToken: uuid("lease_token"),
     leaseExpiresAt: timestamp("lease_expires_at", { withTimezone: true }),
@@ -137,6 +148,8 @@ export const runs = pgTable(
     inputSizeBytes: bigint("input_size_bytes", { mode: "number" }).notNull(),
     inputSha256: text("input_sha256").notNull(),
     progress: integer("progress").notNull().default(0),
+    /** The latest progress message of the run's attempts (runProgress keeps it when a report has none). */
+    message: text("message"),
     errorCode: text("error_code"),
     errorMessage: text("error_message"),
     result: jsonb("result"),
@@ -153,14 +166,41 @@ export const runs = pgTable(
   (t) => [
     uniqueIndex("runs_task_file_key").on(t.taskId, t.inputFileId),
     index("runs_task_idx").on(t.taskId, t.id),
-    // The claim: queued runs of a type in priority order.
-    index("runs_claim_idx").on(t.analysisType, t.priority, t.id).where(sql`${t.status} = 'queued'`),
+    // The claim: an owner's queued runs of a type and priority, in turn order.
+    index("runs_claim_idx")
+      .on(t.analysisType, t.ownerId, t.priority, t.turn, t.id)
+      .where(sql`${t.status} = 'queued'`),
+    // An owner's live runs (the per-user limit), and a task's (its progress: few rows, whatever its size).
+    index("runs_owner_live_idx")
+      .on(t.ownerId, t.taskId)
+      .where(sql`${t.status} in ('starting', 'running', 'cancelling')`),
     // The reaper and the global limit: live runs by type and lease expiry.
     index("runs_live_idx")
       .on(t.analysisType, t.leaseExpiresAt)
       .where(sql`${t.status} in ('starting', 'running', 'cancelling')`),
     check("runs_progress_range", sql`${t.progress} between 0 and 100`),
   ],
+);
+
+/**
+ * Fair share: one row per (analysis type, priority, owner) that has queued runs, with how many runs
+ * the owner has been given at that level (`pass`). The claim serves the owners with the lowest pass
+ * first, one run each in turn; a newcomer starts at the lowest pass of those waiting. Every statement
+ * that makes a run queued upserts its row; the reaper deletes rows whose owner has nothing queued. A
+ * row only orders the claim: runs are claimed from `runs`.
+ */
+export const queueOwners = pgTable(
+  "queue_owners",
+  {
+    analysisType: text("analysis_type").notNull(),
+    priority: integer("priority").notNull(),
+    ownerId: bigint("owner_id", { mode: "number" }).notNull(),
+    pass: bigint("pass", { mode: "number" }).notNull().default(0),
+  },
+  // No index on pass: every claim moves the passes it serves, and an index on them would collect a
+  // dead entry per claim at the front of every scan; the claim sorts the rows instead, and the
+  // updates stay HOT (the migration sets fillfactor 30 so they find room on their page).
+  (t) => [primaryKey({ columns: [t.analysisType, t.priority, t.ownerId] })],
 );
 
 /** Live worker processes: who they are, what they can run, when they last said so. */
@@ -170,6 +210,11 @@ export const workers = pgTable("workers", {
   pid: integer("pid").notNull(),
   analysisTypes: text("analysis_types").array().notNull(),
   concurrency: integer("concurrency").notNull(),
+  /**
+   * The analysis types this worker cannot run and why (`[{type, reason}]`, e.g. "Rscript not found"),
+   * as it found its programs at start: what GET /api/analysis-types reports for an unavailable type.
+   */
+  unavailable: jsonb("unavailable").notNull().default([]),
   startedAt: timestamp("started_at", { withTimezone: true }).notNull().defaultNow(),
   heartbeatAt: timestamp("heartbeat_at", { withTimezone: true }).notNull().defaultNow(),
 });

@@ -41,7 +41,11 @@ export class EventHub {
   /** Notifications received, and how many were doorbells (the events were too large to carry). */
   readonly received = { notifications: 0, doorbells: 0 };
 
-  constructor(private readonly o: EventHubOptions) {}
+  private readonly o: EventHubOptions;
+
+  constructor(o: EventHubOptions) {
+    this.o = o;
+  }
 
   /** Starts listening on first use (a failed start is retried by the next caller). */
   ready(): Promise<void> {

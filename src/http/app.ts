@@ -6,6 +6,7 @@ import swagger from "@fastify/swagger";
 import swaggerUi from "@fastify/swagger-ui";
 import type { FastifyInstance } from "fastify";
 import type { Registry } from "prom-client";
+import type { TokenCache } from "../auth/token-cache.ts";
 import type { Config } from "../config.ts";
 import type { Database } from "../db/client.ts";
 import type { EventHub } from "../events/hub.ts";
@@ -15,7 +16,9 @@ import type { ObjectStore } from "../storage/store.ts";
 import { requireBearer } from "./auth.ts";
 import { errorHandler } from "./error-handler.ts";
 import { ApiError } from "./errors.ts";
-import { downloadRoutes } from "./routes/downloads.ts";
+import { analysisTypeRoutes } from "./routes/analysis-types.ts";
+import { dashboardRoutes, meRoutes } from "./routes/dashboard.ts";
+import { downloadRoutes, viewRoutes } from "./routes/downloads.ts";
 import { eventRoutes } from "./routes/events.ts";
 import { fileRoutes } from "./routes/files.ts";
 import { healthRoutes } from "./routes/health.ts";
@@ -28,6 +31,8 @@ export interface Services {
   storage: ObjectStore;
   /** Fans task events out to SSE streams; started and stopped by whoever builds the app. */
   events: EventHub;
+  /** Authenticated tokens for a few seconds (absent: every request asks the database). */
+  tokens?: TokenCache;
   /** Migrations the code expects; /readyz compares the database against it. */
   expectedMigrations: number;
   /** Served at /metrics; `assay all` shares it with the worker. Default: a new one. */
@@ -80,11 +85,15 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
   });
 
   await fastify.register(healthRoutes);
+  await fastify.register(dashboardRoutes);
+  await fastify.register(viewRoutes);
   await fastify.register(
     async (api) => {
       requireBearer(api);
+      await api.register(meRoutes);
       await api.register(fileRoutes);
       await api.register(taskRoutes);
+      await api.register(analysisTypeRoutes);
       await api.register(eventRoutes, { streams: streams.signal });
       await api.register(downloadRoutes);
     },

@@ -1,12 +1,12 @@
 // Bearer-token authentication for every /api route. Missing, malformed, unknown and revoked
 // tokens all get the same 401: a caller learns nothing about which it was.
 import type { FastifyInstance, FastifyRequest } from "fastify";
-import { type Principal, tokenAuthenticate } from "../auth/tokens.ts";
+import { type Authenticated, hashToken, tokenAuthenticate } from "../auth/tokens.ts";
 import { ApiError } from "./errors.ts";
 
 declare module "fastify" {
   interface FastifyRequest {
-    principal: Principal | undefined;
+    principal: Authenticated | undefined;
   }
 }
 
@@ -16,14 +16,23 @@ const BEARER = /^Bearer ([^\s]+)$/;
 export function requireBearer(scope: FastifyInstance) {
   scope.addHook("onRequest", async (request) => {
     const match = BEARER.exec(request.headers.authorization ?? "");
-    const principal = match?.[1] ? await tokenAuthenticate(scope.services.database.sql, match[1]) : undefined;
+    const principal = match?.[1]
+      ? await tokenAuthenticate(scope.services.database.sql, match[1], scope.services.tokens)
+      : undefined;
     if (!principal) throw new ApiError(401, "UNAUTHORIZED");
     request.principal = principal;
   });
 }
 
 /** The authenticated principal; only for handlers behind `requireBearer`. */
-export function principalOf(request: FastifyRequest): Principal {
+export function principalOf(request: FastifyRequest): Authenticated {
   if (!request.principal) throw new Error("principalOf called outside an authenticated scope");
   return request.principal;
+}
+
+/** The stored hash of the request's bearer token; only for handlers behind `requireBearer`. */
+export function bearerHashOf(request: FastifyRequest): string {
+  const token = BEARER.exec(request.headers.authorization ?? "")?.[1];
+  if (!token) throw new Error("bearerHashOf called outside an authenticated scope");
+  return hashToken(token);
 }

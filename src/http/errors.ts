@@ -12,6 +12,7 @@ export const PUBLIC_MESSAGES = {
   ANALYSIS_TASK_NOT_FOUND: "The analysis task does not exist.",
   ANALYSIS_TASK_ALREADY_FINISHED: "The analysis task has already finished.",
   ANALYSIS_TASK_NOT_READY: "The analysis task has no output to download yet.",
+  OUTPUT_NOT_FOUND: "The run has no output of that name.",
   IDEMPOTENCY_KEY_REUSED: "The Idempotency-Key was already used for a different request.",
   PAYLOAD_TOO_LARGE: "The upload exceeds the size limit.",
   UNSUPPORTED_MEDIA_TYPE: "The content type is not supported.",
@@ -22,19 +23,27 @@ export const PUBLIC_MESSAGES = {
 export type ErrorCode = keyof typeof PUBLIC_MESSAGES;
 
 export class ApiError extends Error {
+  readonly statusCode: number;
+  readonly code: ErrorCode;
+  /** Public detail; defaults to the code's stable message. Never put a cause here. */
+  readonly publicMessage: string;
+
   constructor(
-    readonly statusCode: number,
-    readonly code: ErrorCode,
-    /** Public detail; defaults to the code's stable message. Never put a cause here. */
-    readonly publicMessage: string = PUBLIC_MESSAGES[code],
+    statusCode: number,
+    code: ErrorCode,
+    publicMessage: string = PUBLIC_MESSAGES[code],
     /** What went wrong underneath: logged, never returned. */
     cause?: unknown,
   ) {
     super(`${code}: ${publicMessage}`, cause === undefined ? undefined : { cause });
     this.name = "ApiError";
+    this.statusCode = statusCode;
+    this.code = code;
+    this.publicMessage = publicMessage;
   }
 }
 
-export const notFound = (code: "FILE_NOT_FOUND" | "NOT_FOUND" | "ANALYSIS_TASK_NOT_FOUND") =>
-  new ApiError(404, code);
+export const notFound = (
+  code: "FILE_NOT_FOUND" | "NOT_FOUND" | "ANALYSIS_TASK_NOT_FOUND" | "OUTPUT_NOT_FOUND",
+) => new ApiError(404, code);
 export const validationFailed = (detail: string) => new ApiError(400, "VALIDATION_FAILED", detail);

@@ -4,16 +4,21 @@ import { randomUUID } from "node:crypto";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
 import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
 import fp from "fastify-plugin";
+import { TokenCache } from "../auth/token-cache.ts";
 import { EventHub } from "../events/hub.ts";
 import type { Logger } from "../log.ts";
 import { app, type Services } from "./app.ts";
 
-/** JSON bodies are small; uploads are multipart and limited by ASSAY_MAX_UPLOAD_BYTES instead. */
-const JSON_BODY_LIMIT = 1024 * 1024;
+/**
+ * JSON bodies are small but for a task's file ids: 1 MiB, plus room for ASSAY_MAX_TASK_RUNS ids (an id
+ * and its quotes and comma take at most 19 bytes; 32 leaves room for spacing). Uploads are multipart
+ * and limited by ASSAY_MAX_UPLOAD_BYTES instead.
+ */
+export const jsonBodyLimit = (maxTaskRuns: number) => 1024 * 1024 + 32 * maxTaskRuns;
 
 /** Builds the app; it owns its event hub (one LISTEN connection, opened on the first stream). */
 export async function buildServer(
-  services: Omit<Services, "events">,
+  services: Omit<Services, "events" | "tokens">,
   logger: Logger,
 ): Promise<FastifyInstance> {
   const events = new EventHub({
@@ -23,7 +28,7 @@ export async function buildServer(
   });
   const fastify = Fastify({
     loggerInstance: logger as FastifyBaseLogger,
-    bodyLimit: JSON_BODY_LIMIT,
+    bodyLimit: jsonBodyLimit(services.config.maxTaskRuns),
     genReqId: (req) => {
       const given = req.headers["x-request-id"];
       return typeof given === "string" && /^[\w.-]{1,64}$/.test(given) ? given : randomUUID();
@@ -38,10 +43,15 @@ export async function buildServer(
     },
     return503OnClosing: true,
   });
-  fastify.addHook("onClose", async () => events.stop());
+  const tokens = new TokenCache();
+  await tokens.start(services.database.sql, logger);
+  fastify.addHook("onClose", async () => {
+    await tokens.stop();
+    await events.stop();
+  });
   await fastify
     .withTypeProvider<TypeBoxTypeProvider>()
-    .register(fp(app), { services: { ...services, events } });
+    .register(fp(app), { services: { ...services, events, tokens } });
   await fastify.ready();
   return fastify;
 }

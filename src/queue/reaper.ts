@@ -4,7 +4,14 @@ import type { Sql } from "../db/client.ts";
 import type { Logger } from "../log.ts";
 import type { QueueObserver } from "./observer.ts";
 import { IntervalService } from "./service.ts";
-import { type ReapResult, runFailUnserved, runReapExpired, workerDeleteStale } from "./sql.ts";
+import {
+  queueOwnersPrune,
+  type ReapResult,
+  runFailUnserved,
+  runReapExpired,
+  WORKER_STALE_TTLS,
+  workerDeleteStale,
+} from "./sql.ts";
 
 export interface ReaperOptions {
   sql: Sql;
@@ -24,12 +31,13 @@ export interface ReapPass extends ReapResult {
 }
 
 const DEFAULT_BATCH = 500;
-/** Worker rows are dropped after this many lease TTLs without a heartbeat. */
-const STALE_WORKER_TTLS = 3;
 
 export class Reaper extends IntervalService<ReapPass> {
-  constructor(private readonly o: ReaperOptions) {
+  private readonly o: ReaperOptions;
+
+  constructor(o: ReaperOptions) {
     super("reaper", o.intervalMs, o.logger);
+    this.o = o;
   }
 
   /** One full pass: expired leases, unserved types, stale workers. */
@@ -46,7 +54,9 @@ export class Reaper extends IntervalService<ReapPass> {
     };
     while (add(await runReapExpired(this.o.sql, options)) >= batchSize) {}
     while (add(await runFailUnserved(this.o.sql, options)) >= batchSize) {}
-    total.staleWorkers = await workerDeleteStale(this.o.sql, this.o.leaseTtlMs * STALE_WORKER_TTLS);
+    total.staleWorkers = await workerDeleteStale(this.o.sql, this.o.leaseTtlMs * WORKER_STALE_TTLS);
+    // Owners with nothing queued leave the claim's rotation (they rejoin with their next run).
+    await queueOwnersPrune(this.o.sql);
     this.o.observer?.reaped(total);
     if (total.requeued + total.failed + total.cancelled + total.staleWorkers > 0) {
       this.o.logger.info(total, "reaper recovered runs");

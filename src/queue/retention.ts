@@ -21,8 +21,11 @@ export interface RetentionOptions {
 const DEFAULT_BATCH = 20;
 
 export class Retention extends IntervalService<number> {
-  constructor(private readonly o: RetentionOptions) {
+  private readonly o: RetentionOptions;
+
+  constructor(o: RetentionOptions) {
     super("retention", o.intervalMs, o.logger);
+    this.o = o;
   }
 
   /** Deletes everything due, batch by batch; returns how many tasks went. */

@@ -10,11 +10,15 @@ export abstract class IntervalService<T> {
   /** Set by stop(): a long pass may check it between batches. */
   protected stopping = false;
 
-  protected constructor(
-    private readonly name: string,
-    private readonly intervalMs: number,
-    protected readonly logger: Logger,
-  ) {}
+  private readonly name: string;
+  private readonly intervalMs: number;
+  protected readonly logger: Logger;
+
+  protected constructor(name: string, intervalMs: number, logger: Logger) {
+    this.name = name;
+    this.intervalMs = intervalMs;
+    this.logger = logger;
+  }
 
   /** One full pass. */
   abstract runOnce(): Promise<T>;

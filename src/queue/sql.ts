@@ -2,12 +2,14 @@
 // services call these; they contain no SQL of their own. One module, in several files.
 export * from "./sql/claim.ts";
 export * from "./sql/complete.ts";
+export * from "./sql/fair.ts";
 export * from "./sql/reap.ts";
 export * from "./sql/retention.ts";
 export {
   CANCEL_CHANNEL,
   EVENTS_CHANNEL,
   INT8_OID,
+  inLive,
   type Lease,
   MAX_BACKOFF_MS,
   NOTIFY_MAX_BYTES,

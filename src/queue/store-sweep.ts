@@ -31,17 +31,46 @@ export class StoreSweep extends IntervalService<number> {
   /** Where the next pass resumes, per prefix (in memory: a restart starts over, which is harmless). */
   private readonly cursors = new Map<string, string>();
 
-  constructor(private readonly o: StoreSweepOptions) {
+  private readonly o: StoreSweepOptions;
+
+  constructor(o: StoreSweepOptions) {
     super("store sweep", o.intervalMs, o.logger);
+    this.o = o;
   }
 
-  /** Looks at one page of each prefix; deletes the old objects no row references. Returns how many. */
+  /** Whether the store said it cannot list incomplete uploads (said once, in the log). */
+  private uploadsUnsupported = false;
+
+  /**
+   * Looks at one page of each prefix; deletes the old objects no row references, and ends uploads
+   * that never completed. Returns how many objects and uploads it removed.
+   */
   async runOnce(): Promise<number> {
     let deleted = 0;
     for (const prefix of PREFIXES) deleted += await this.sweep(prefix);
     if (deleted > 0)
       this.o.logger.info({ objects: deleted }, "store sweep removed objects no row references");
-    return deleted;
+    return deleted + (await this.abortIncomplete());
+  }
+
+  private async abortIncomplete(): Promise<number> {
+    if (this.uploadsUnsupported) return 0;
+    const cutoff = new Date(Date.now() - (this.o.minAgeMs ?? DEFAULT_MIN_AGE_MS));
+    try {
+      const aborted = await this.o.store.abortIncompleteUploads(cutoff);
+      if (aborted > 0) this.o.logger.info({ uploads: aborted }, "store sweep ended incomplete uploads");
+      return aborted;
+    } catch (err) {
+      // Some S3-compatible services do not list multipart uploads: a bucket lifecycle rule
+      // (AbortIncompleteMultipartUpload) must do it there.
+      if ((err as { name?: string }).name !== "NotImplemented") throw err;
+      this.uploadsUnsupported = true;
+      this.o.logger.warn(
+        { err },
+        "the store cannot list incomplete uploads: add a lifecycle rule that aborts them after a day",
+      );
+      return 0;
+    }
   }
 
   private async sweep(prefix: (typeof PREFIXES)[number]): Promise<number> {

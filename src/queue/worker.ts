@@ -33,6 +33,7 @@ import {
   runProgress,
   runRetry,
   runWake,
+  type TypeUnavailable,
   WAKEUP_CHANNEL,
   workerDelete,
   workerHeartbeat,
@@ -60,6 +61,8 @@ export interface WorkerOptions {
   retryBaseMs: number;
   /** Runs claimed ahead of free slots (ASSAY_PREFETCH). */
   prefetch?: number;
+  /** Most live runs of one owner across all workers (ASSAY_USER_CONCURRENCY); 0 or absent = none. */
+  userLimit?: number;
   /** Called for an attempt whose outcome was fenced off or abandoned (its output must go). */
   onDiscard?: (run: ClaimedRun) => Promise<void>;
   /**
@@ -69,6 +72,8 @@ export interface WorkerOptions {
   onRecorded?: (run: ClaimedRun, outputKey: string | null) => Promise<void>;
   /** Told about claims, attempts and lost leases (metrics). */
   observer?: QueueObserver;
+  /** Types this worker cannot run and why, stored with its registration (GET /api/analysis-types). */
+  unavailable?: TypeUnavailable[];
   id?: string;
 }
 
@@ -139,6 +144,7 @@ export class Worker {
       pid: process.pid,
       analysisTypes: this.typeNames,
       concurrency: this.o.concurrency,
+      unavailable: this.o.unavailable ?? [],
     };
   }
 
@@ -212,6 +218,7 @@ export class Worker {
         analysisType: type,
         limit: want,
         globalLimit: this.o.types[type]?.globalLimit ?? 0,
+        userLimit: this.o.userLimit ?? 0,
         leaseTtlMs: this.o.leaseTtlMs,
       });
       this.observer.claimed(
@@ -544,10 +551,14 @@ export class Worker {
     return ended;
   }
 
-  /** Slots of globally limited types were released: other workers may now claim them. */
+  /**
+   * Slots of globally limited types, or of users at their limit, were released: other workers may now
+   * claim them.
+   */
   private async wakeOthers(finished: ClaimedRun[]): Promise<void> {
+    const perUser = (this.o.userLimit ?? 0) > 0;
     const limited = new Set(
-      finished.map((r) => r.analysisType).filter((t) => (this.o.types[t]?.globalLimit ?? 0) > 0),
+      finished.map((r) => r.analysisType).filter((t) => perUser || (this.o.types[t]?.globalLimit ?? 0) > 0),
     );
     for (const type of limited) await runWake(this.o.sql, type);
   }

@@ -19,7 +19,11 @@ export interface GroupRegistry {
 export class GroupGuard implements GroupRegistry {
   private closing = false;
 
-  private constructor(private readonly child: ChildProcess) {}
+  private readonly child: ChildProcess;
+
+  private constructor(child: ChildProcess) {
+    this.child = child;
+  }
 
   /**
    * Starts the helper; it lives until close() or until this process dies. `onLost` is called if it

@@ -16,12 +16,12 @@ export interface ResultEvent {
 export type ProtocolEvent = ProgressEvent | ResultEvent;
 
 export class ProtocolError extends Error {
-  constructor(
-    readonly reason: "line-too-long" | "output-too-large" | "invalid-json" | "invalid-event",
-    detail: string,
-  ) {
+  readonly reason: "line-too-long" | "output-too-large" | "invalid-json" | "invalid-event";
+
+  constructor(reason: ProtocolError["reason"], detail: string) {
     super(detail);
     this.name = "ProtocolError";
+    this.reason = reason;
   }
 }
 
@@ -84,7 +84,11 @@ export class JsonLinesReader {
   private partialBytes = 0;
   private total = 0;
 
-  constructor(private readonly limits: JsonLinesLimits = DEFAULT_JSONL_LIMITS) {}
+  private readonly limits: JsonLinesLimits;
+
+  constructor(limits: JsonLinesLimits = DEFAULT_JSONL_LIMITS) {
+    this.limits = limits;
+  }
 
   /** Feeds a chunk; returns the complete events in it. Throws ProtocolError on the first violation. */
   push(chunk: Buffer): ProtocolEvent[] {

@@ -9,7 +9,11 @@ export class RingBuffer {
   private end = 0;
   private filled = false;
 
-  constructor(readonly capacity = 64 * 1024) {}
+  readonly capacity: number;
+
+  constructor(capacity = 64 * 1024) {
+    this.capacity = capacity;
+  }
 
   write(chunk: Buffer): void {
     if (chunk.length === 0) return;

@@ -1,27 +1,97 @@
-// A worker's scratch folder, `$ASSAY_DATA_DIR/work/<pid>.<random>/` (mode 0700): with a remote store each
-// attempt fetches its input and writes its outputs in a folder of its own here. Folders of workers
-// that are gone (a SIGKILL leaves its folder) are removed when the next worker on the machine starts.
-import { randomBytes } from "node:crypto";
+// A worker's scratch folder, `$ASSAY_DATA_DIR/work/<machine>.<pid>.<random>/` (mode 0700): each attempt
+// writes its outputs (and, with a remote store, fetches its input) in a folder of its own here.
+//
+// A worker killed outright leaves its folder behind; other workers remove such leftovers. The data
+// directory may be shared by workers that cannot see each other's processes (containers on one volume,
+// hosts on NFS), so a pid alone says nothing: a folder is judged by its pid only when its `<machine>`
+// tag — hostname, boot and pid namespace — is this process's own, where pids mean the same thing.
+// Every other folder is judged by its age: a live worker touches its folder every minute, and a
+// folder untouched for an hour belongs to no one.
+import { createHash, randomBytes } from "node:crypto";
+import fs from "node:fs";
 import fsp from "node:fs/promises";
+import os from "node:os";
 import path from "node:path";
 import { isAlive } from "../proc.ts";
 
+/** How often a live worker touches its folder. */
+export const WORKDIR_TOUCH_MS = 60_000;
+/** A folder of another machine (or pid namespace) untouched this long is a leftover. */
+export const WORKDIR_ABANDONED_MS = 60 * 60_000;
+/** How often a worker looks for leftovers (besides at start). */
+const SWEEP_EVERY_TOUCHES = 10;
+
 export interface WorkDir {
   readonly dir: string;
-  /** Removes the folder and whatever is left in it. */
+  /** Stops touching the folder and removes it and whatever is left in it. */
   close(): Promise<void>;
 }
 
-export async function openWorkDir(dataDir: string): Promise<WorkDir> {
-  const root = path.join(dataDir, "work");
-  await fsp.mkdir(root, { recursive: true, mode: 0o700 });
-  for (const name of await fsp.readdir(root)) {
-    const pid = Number(/^(\d+)\./.exec(name)?.[1]);
-    if (Number.isInteger(pid) && pid !== process.pid && !isAlive(pid)) {
+function readOr(file: string, fallback: string): string {
+  try {
+    return fs.readFileSync(file, "utf8").trim();
+  } catch {
+    return fallback;
+  }
+}
+
+function pidNamespace(): string {
+  try {
+    return fs.readlinkSync("/proc/self/ns/pid");
+  } catch {
+    return "";
+  }
+}
+
+/** This process's machine tag: processes with the same tag see the same pids. */
+export function machineTag(): string {
+  const identity = [os.hostname(), readOr("/proc/sys/kernel/random/boot_id", ""), pidNamespace()].join("\n");
+  return createHash("sha256").update(identity).digest("hex").slice(0, 12);
+}
+
+/** Whether the folder `name` (in `root`) is a leftover of a worker that is gone. */
+async function abandoned(root: string, name: string, tag: string, now: number): Promise<boolean> {
+  const m = /^([0-9a-f]{12})\.(\d+)\.[0-9a-f]+$/.exec(name);
+  if (m?.[1] === tag) {
+    const pid = Number(m[2]);
+    // Same machine and namespace: the pid is the truth (ours, the one this process is, excepted).
+    return pid !== process.pid && !isAlive(pid);
+  }
+  const stat = await fsp.stat(path.join(root, name)).catch(() => undefined);
+  return stat !== undefined && now - stat.mtimeMs > WORKDIR_ABANDONED_MS;
+}
+
+/** Removes the leftovers of workers that are gone; returns how many. */
+export async function sweepWorkDirs(root: string, tag = machineTag(), now = Date.now()): Promise<number> {
+  let removed = 0;
+  for (const name of await fsp.readdir(root).catch(() => [])) {
+    if (await abandoned(root, name, tag, now)) {
       await fsp.rm(path.join(root, name), { recursive: true, force: true });
+      removed++;
     }
   }
-  const dir = path.join(root, `${process.pid}.${randomBytes(4).toString("hex")}`);
+  return removed;
+}
+
+export async function openWorkDir(dataDir: string, o: { touchMs?: number } = {}): Promise<WorkDir> {
+  const root = path.join(dataDir, "work");
+  await fsp.mkdir(root, { recursive: true, mode: 0o700 });
+  const tag = machineTag();
+  await sweepWorkDirs(root, tag);
+  const dir = path.join(root, `${tag}.${process.pid}.${randomBytes(4).toString("hex")}`);
   await fsp.mkdir(dir, { mode: 0o700 });
-  return { dir, close: () => fsp.rm(dir, { recursive: true, force: true }) };
+  let touches = 0;
+  const timer = setInterval(() => {
+    const now = new Date();
+    fsp.utimes(dir, now, now).catch(() => {});
+    if (++touches % SWEEP_EVERY_TOUCHES === 0) sweepWorkDirs(root, tag).catch(() => {});
+  }, o.touchMs ?? WORKDIR_TOUCH_MS);
+  timer.unref();
+  return {
+    dir,
+    close: async () => {
+      clearInterval(timer);
+      await fsp.rm(dir, { recursive: true, force: true });
+    },
+  };
 }

@@ -16,6 +16,7 @@ import {
   type OpenObject,
   PayloadTooLargeError,
   type PutResult,
+  watchPut,
 } from "./store.ts";
 
 export { PayloadTooLargeError } from "./store.ts";
@@ -55,16 +56,28 @@ export class LocalStore implements ObjectStore {
     return full;
   }
 
+  /** The partial folder is made once per store (a folder removed meanwhile is made again). */
+  private partialReady = false;
+
   private async partial(): Promise<string> {
     const dir = path.join(this.root, PARTIAL_DIR);
-    await fsp.mkdir(dir, { recursive: true });
+    if (!this.partialReady || !fs.existsSync(dir)) {
+      await fsp.mkdir(dir, { recursive: true });
+      this.partialReady = true;
+    }
     return path.join(dir, `${Date.now()}-${randomBytes(8).toString("hex")}`);
   }
 
+  /** One rename; the target's folder is made only when it is missing (a put costs no mkdir). */
   private async publish(tmp: string, key: string): Promise<void> {
     const target = this.localPath(key);
-    await fsp.mkdir(path.dirname(target), { recursive: true });
-    await fsp.rename(tmp, target);
+    try {
+      await fsp.rename(tmp, target);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== "ENOENT" || !fs.existsSync(tmp)) throw err;
+      await fsp.mkdir(path.dirname(target), { recursive: true });
+      await fsp.rename(tmp, target);
+    }
   }
 
   async put(key: string, source: Readable, maxBytes = Number.POSITIVE_INFINITY): Promise<PutResult> {
@@ -72,8 +85,11 @@ export class LocalStore implements ObjectStore {
     const tmp = await this.partial();
     const m = meter(maxBytes);
     const file = fs.createWriteStream(tmp, { flags: "wx", mode: 0o640 });
+    const failure = watchPut(source, [m.stream, file]);
     try {
-      await pipeline(source, m.stream, file);
+      await pipeline(source, m.stream, file).catch((err: unknown) => {
+        throw failure(err);
+      });
       await this.publish(tmp, key);
     } catch (err) {
       // A source that had failed already fails the pipeline before the file is even open: wait until
@@ -178,17 +194,17 @@ export class LocalStore implements ObjectStore {
   }
 
   /**
-   * Removes partial uploads older than `olderThanMs`: what a process killed mid-upload left behind.
-   * Returns how many were removed.
+   * Removes partial uploads started before `olderThan`: what a process killed mid-upload left behind
+   * (a live upload writes its partial file all the time, so its modification time is recent).
    */
-  async sweepPartials(olderThanMs: number): Promise<number> {
+  async abortIncompleteUploads(olderThan: Date): Promise<number> {
     const dir = path.join(this.root, PARTIAL_DIR);
     const names = await fsp.readdir(dir).catch(() => [] as string[]);
     let removed = 0;
     for (const name of names) {
       const full = path.join(dir, name);
       const stat = await fsp.stat(full).catch(() => undefined);
-      if (stat && Date.now() - stat.mtimeMs > olderThanMs) {
+      if (stat && stat.mtimeMs < olderThan.getTime()) {
         await fsp.rm(full, { force: true });
         removed++;
       }

@@ -6,9 +6,11 @@ import fs from "node:fs";
 import type { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import {
+  AbortMultipartUploadCommand,
   DeleteObjectsCommand,
   GetObjectCommand,
   HeadBucketCommand,
+  ListMultipartUploadsCommand,
   ListObjectsV2Command,
   NoSuchKey,
   S3Client,
@@ -24,6 +26,7 @@ import {
   type ObjectStore,
   type OpenObject,
   type PutResult,
+  watchPut,
 } from "./store.ts";
 
 export interface S3StoreOptions {
@@ -70,17 +73,17 @@ export class S3Store implements ObjectStore {
     // pipeline() destroys the source when the meter fails (too large) and the meter when the source
     // fails; the upload sees either as a failed body. If the upload fails by itself, the meter is
     // destroyed so that the pipeline (and the source) end too. At most a few parts are in memory.
-    // The source's or the meter's own error, if that is what failed the upload: callers tell a body
-    // that was cut off or too large from a store that failed by itself.
-    let bodyError: unknown;
-    for (const s of [source, m.stream]) s.once("error", (err) => (bodyError ??= err));
+    // What failed first decides the error: the body (SourceError), the meter (too large), or the
+    // store by itself (its own error). Decided before the meter is destroyed, which fails the source.
+    const failure = watchPut(source, [m.stream]);
     const piped = pipeline(source, m.stream);
     try {
       await upload.done();
     } catch (err) {
+      const thrown = failure(err);
       m.stream.destroy();
       await piped.catch(() => {});
-      throw bodyError ?? err;
+      throw thrown;
     }
     await piped;
     return m.result();
@@ -97,7 +100,13 @@ export class S3Store implements ObjectStore {
   async open(key: string): Promise<OpenObject> {
     try {
       const res = await this.client.send(new GetObjectCommand({ Bucket: this.bucket, Key: this.full(key) }));
-      return { stream: res.Body as Readable, size: res.ContentLength ?? 0 };
+      const stream = res.Body as Readable;
+      if (res.ContentLength === undefined) {
+        // A server that streams without a length: a download would promise 0 bytes and send more.
+        stream.destroy();
+        throw new Error(`the store sent ${JSON.stringify(key)} without a Content-Length`);
+      }
+      return { stream, size: res.ContentLength };
     } catch (err) {
       throw isMissing(err) ? new ObjectMissingError(key) : err;
     }
@@ -155,6 +164,30 @@ export class S3Store implements ObjectStore {
 
   async check(): Promise<void> {
     await this.client.send(new HeadBucketCommand({ Bucket: this.bucket }));
+  }
+
+  /** At most 10 pages of uploads per call (one sweep pass); the next pass goes on. */
+  async abortIncompleteUploads(olderThan: Date): Promise<number> {
+    let aborted = 0;
+    let markers: { KeyMarker?: string; UploadIdMarker?: string } = {};
+    for (let page = 0; page < 10; page++) {
+      const res = await this.client.send(
+        new ListMultipartUploadsCommand({ Bucket: this.bucket, Prefix: this.prefix, ...markers }),
+      );
+      for (const u of res.Uploads ?? []) {
+        if (!u.Key || !u.UploadId || !u.Initiated || u.Initiated >= olderThan) continue;
+        await this.client.send(
+          new AbortMultipartUploadCommand({ Bucket: this.bucket, Key: u.Key, UploadId: u.UploadId }),
+        );
+        aborted++;
+      }
+      if (!res.IsTruncated) break;
+      markers = {
+        ...(res.NextKeyMarker ? { KeyMarker: res.NextKeyMarker } : {}),
+        ...(res.NextUploadIdMarker ? { UploadIdMarker: res.NextUploadIdMarker } : {}),
+      };
+    }
+    return aborted;
   }
 }
 

@@ -8,17 +8,55 @@
 import type { Readable } from "node:stream";
 
 export class PayloadTooLargeError extends Error {
-  constructor(readonly limit: number) {
+  readonly limit: number;
+
+  constructor(limit: number) {
     super(`payload exceeds ${limit} bytes`);
     this.name = "PayloadTooLargeError";
+    this.limit = limit;
   }
+}
+
+/**
+ * The body being stored failed by itself (cut off, malformed multipart): the sender's fault, not the
+ * store's. `cause` is the body's error.
+ */
+export class SourceError extends Error {
+  constructor(cause: unknown) {
+    super(`the body failed: ${cause instanceof Error ? cause.message : String(cause)}`, { cause });
+    this.name = "SourceError";
+  }
+}
+
+/**
+ * Remembers which stream of a put failed first. When one stream of a pipeline fails, the pipeline
+ * destroys the others with the same error, so the error alone does not say whose fault it was (a full
+ * disk would look like a malformed body): the first `error` event does. Listeners are attached before
+ * the pipeline's, so they see the origin first.
+ */
+export function watchPut(
+  source: Readable,
+  ours: readonly NodeJS.EventEmitter[],
+): (fallback: unknown) => unknown {
+  let first: { fromSource: boolean; err: unknown } | undefined =
+    source.errored === null ? undefined : { fromSource: true, err: source.errored };
+  source.once("error", (err) => (first ??= { fromSource: true, err }));
+  for (const s of ours) s.once("error", (err) => (first ??= { fromSource: false, err }));
+  /** The error a failed put throws: a SourceError when the body failed first, else what failed first. */
+  return (fallback) => {
+    if (first === undefined) return fallback;
+    return first.fromSource ? new SourceError(first.err) : first.err;
+  };
 }
 
 /** The key names no object. */
 export class ObjectMissingError extends Error {
-  constructor(readonly key: string) {
+  readonly key: string;
+
+  constructor(key: string) {
     super(`no object ${JSON.stringify(key)}`);
     this.name = "ObjectMissingError";
+    this.key = key;
   }
 }
 
@@ -61,11 +99,19 @@ export interface ObjectStore {
   list(prefix: string, o?: { after?: string; limit?: number }): Promise<ObjectInfo[]>;
   /** Throws, with the cause, when the store cannot be reached. */
   check(): Promise<void>;
+  /**
+   * Ends uploads started before `olderThan` that never completed (a process killed mid-upload):
+   * partial files of a local store, incomplete multipart uploads of a bucket, which take space (and
+   * are billed) but are not objects, so no listing shows them. Returns how many.
+   */
+  abortIncompleteUploads(olderThan: Date): Promise<number>;
   /** The local file of `key`, when the store is a local directory; absent on remote stores. */
   localPath?(key: string): string;
 }
 
-const KEY_SHAPE = /^[a-z0-9][a-z0-9._/-]*$/;
+// Output names may hold capitals (runner/outputs.ts SAFE_NAME): every name the runner accepts must be
+// a key the store accepts, or a program's success would fail at publication.
+const KEY_SHAPE = /^[A-Za-z0-9][A-Za-z0-9._/-]*$/;
 
 /** Refuses keys that are not the service's own shape: no `..`, no empty segment, no leading `/`. */
 export function checkKey(key: string): string {

@@ -3,7 +3,7 @@
 import { createHash } from "node:crypto";
 import type { Principal } from "../auth/tokens.ts";
 import type { Sql } from "../db/client.ts";
-import { INT8_OID, WAKEUP_CHANNEL } from "../queue/sql.ts";
+import { DEFAULT_PRIORITY, INT8_OID, queueOwnersJoin, WAKEUP_CHANNEL } from "../queue/sql.ts";
 
 export interface TaskCreateInput {
   analysisType: string;
@@ -11,6 +11,7 @@ export interface TaskCreateInput {
   fileIds: string[];
   parameters: Record<string, unknown>;
   maxAttempts: number;
+  /** 0–9, lower first (default 5); only an admin may set it (checked by the route). */
   priority?: number;
   idempotencyKey?: string;
 }
@@ -27,6 +28,8 @@ function requestHash(input: TaskCreateInput): string {
     input.analysisType,
     [...input.fileIds].sort(),
     sortKeys(input.parameters),
+    // Only when given, so the hashes of requests made before priorities existed stay the same.
+    ...(input.priority === undefined ? [] : [input.priority]),
   ]);
   return createHash("sha256").update(canonical).digest("hex");
 }
@@ -51,6 +54,7 @@ export async function taskCreate(
   if (input.fileIds.length === 0)
     throw new Error("taskCreate needs at least one file (checked by the caller)");
   const hash = requestHash(input);
+  const priority = input.priority ?? DEFAULT_PRIORITY;
   if (input.idempotencyKey) {
     const existing = await taskByIdempotencyKey(sql, owner.userId, input.idempotencyKey, hash);
     if (existing) return existing;
@@ -66,20 +70,38 @@ export async function taskCreate(
       ),
       complete as (select count(*) = ${input.fileIds.length} as ok from f),
       t as (
-        insert into tasks (owner_id, analysis_type, parameters, total_count, idempotency_key, request_hash)
+        insert into tasks (owner_id, analysis_type, parameters, total_count, priority, idempotency_key,
+                           request_hash)
         select ${owner.userId}, ${input.analysisType}, ${sql.json(input.parameters as never)},
-               ${input.fileIds.length}, ${input.idempotencyKey ?? null}, ${hash}
+               ${input.fileIds.length}, ${priority}, ${input.idempotencyKey ?? null}, ${hash}
         from complete where ok
         returning id
       ),
-      r as (
-        insert into runs (task_id, analysis_type, max_attempts, priority, input_file_id,
-                          input_storage_key, input_name, input_size_bytes, input_sha256)
-        select t.id, ${input.analysisType}, ${input.maxAttempts}, ${input.priority ?? 0}, f.id,
-               f.storage_key, f.name, f.size_bytes, f.sha256
-        from t, f
-        order by f.id
+      -- Fair share within the owner: the new runs take turns from where the owner's queued runs of
+      -- this type and priority stand now, so this task interleaves with the owner's others instead of
+      -- waiting behind them.
+      frontier as (
+        select coalesce(min(q.turn), 0) as turn from runs q
+        where q.status = 'queued' and q.analysis_type = ${input.analysisType}
+          and q.owner_id = ${owner.userId} and q.priority = ${priority}
       ),
+      r as (
+        insert into runs (task_id, analysis_type, owner_id, max_attempts, priority, turn, input_file_id,
+                          input_storage_key, input_name, input_size_bytes, input_sha256)
+        select t.id, ${input.analysisType}, ${owner.userId}, ${input.maxAttempts}, ${priority},
+               frontier.turn + row_number() over (order by f.id) - 1, f.id,
+               f.storage_key, f.name, f.size_bytes, f.sha256
+        from t, f, frontier
+        order by f.id
+        returning 1
+      ),
+      -- Fair share between owners: the owner joins the claim's rotation (see queueOwnersJoin) — after
+      -- every run is inserted (it reads r), so the owner's row is locked only for the commit, not while
+      -- 100,000 runs go in (claims serving the owner wait for that lock).
+      joined as (${queueOwnersJoin(
+        sql,
+        sql`select ${input.analysisType}::text, ${priority}::int, ${owner.userId}::bigint from t, (select count(*) from r) n`,
+      )}),
       -- The first event goes to the table only: nobody can be subscribed to a task that did not
       -- exist before this statement, and every stream starts by reading its backlog.
       events as (
@@ -88,7 +110,8 @@ export async function taskCreate(
         from t
       ),
       wake as (select pg_notify(${WAKEUP_CHANNEL}, ${input.analysisType}) from t)
-      select (select id::text from t) as id, (select count(*) from wake) as woken`;
+      select (select id::text from t) as id, (select count(*) from wake) as woken,
+             (select count(*) from joined) as joined`;
     return row?.id ? { kind: "created", taskId: row.id } : { kind: "files-missing" };
   } catch (err) {
     // Two requests with one idempotency key raced: the loser returns the winner's task.

@@ -2,7 +2,7 @@
 import type { Principal } from "../auth/tokens.ts";
 import type { Sql } from "../db/client.ts";
 import { type OutputFile, SAFE_NAME } from "../runner/outputs.ts";
-import { outputObjectKey } from "../storage/store.ts";
+import { type ObjectStore, outputObjectKey } from "../storage/store.ts";
 import { taskVisible, visible } from "./read.ts";
 import { TERMINAL_TASK_STATUSES } from "./states.ts";
 
@@ -75,6 +75,12 @@ export async function taskDownloadPlan(sql: Sql, p: Principal, taskId: string): 
     : { kind: "zip", taskId, outputs };
 }
 
+/** Whether the task still exists (retention may delete it while its outputs are read). */
+export async function taskExists(sql: Sql, taskId: string): Promise<boolean> {
+  const [row] = await sql`select 1 from tasks t where t.id = ${taskId}`;
+  return row !== undefined;
+}
+
 /** One run's output: the run must have succeeded (its task need not be finished). */
 export async function runDownloadPlan(
   sql: Sql,
@@ -87,4 +93,43 @@ export async function runDownloadPlan(
   if (!run) return { kind: "not-found" };
   const [output] = await succeededOutputs(sql, taskId, runId);
   return output ? { kind: "single", taskId, output } : { kind: "not-ready" };
+}
+
+export type RunOutputsPlan =
+  | { kind: "not-found" }
+  /** The run exists but did not succeed (yet): it has no outputs. */
+  | { kind: "none" }
+  | { kind: "outputs"; output: RunOutput };
+
+/** One run's outputs, for listing and serving one by one: any run of a visible task, finished or not. */
+export async function runOutputsPlan(
+  sql: Sql,
+  p: Principal,
+  taskId: string,
+  runId: string,
+): Promise<RunOutputsPlan> {
+  if (!(await taskVisible(sql, p, taskId))) return { kind: "not-found" };
+  const [run] = await sql`select 1 from runs where id = ${runId} and task_id = ${taskId}`;
+  if (!run) return { kind: "not-found" };
+  const [output] = await succeededOutputs(sql, taskId, runId);
+  return output ? { kind: "outputs", output } : { kind: "none" };
+}
+
+/**
+ * The files of a succeeded run: as its completion recorded them (`runs.result.files`), or — for runs
+ * from before that was kept — as the store lists them under the run's output key (safe names only).
+ */
+export async function runOutputFiles(store: ObjectStore, output: RunOutput): Promise<OutputFile[]> {
+  if (output.files) return output.files.filter((f) => SAFE_NAME.test(f.name));
+  const prefix = outputObjectKey(output.outputKey, "");
+  const files: OutputFile[] = [];
+  for (let after: string | undefined; ; ) {
+    const page = await store.list(prefix, after === undefined ? {} : { after });
+    for (const o of page) {
+      const name = o.key.slice(prefix.length);
+      if (SAFE_NAME.test(name)) files.push({ name, size: o.size });
+    }
+    if (page.length < 1000) return files;
+    after = page.at(-1)?.key;
+  }
 }

@@ -1,12 +1,14 @@
 // Reading tasks and runs for the API: owner-scoped (admins see all), newest first, keyset pagination.
 import type { Principal } from "../auth/tokens.ts";
 import { isoTime, type Sql } from "../db/client.ts";
-import { INT8_OID } from "../queue/sql.ts";
+import { INT8_OID, inLive } from "../queue/sql.ts";
 import { TERMINAL_TASK_STATUSES } from "./states.ts";
 
 export interface TaskView {
   taskId: string;
   analysisType: string;
+  /** The owner's user name. */
+  owner: string;
   status: string;
   totalCount: number;
   succeededCount: number;
@@ -16,9 +18,27 @@ export interface TaskView {
   /** Finished runs count 100, live runs their reported progress, queued runs 0. */
   progressPercent: number;
   parameters: Record<string, unknown>;
+  /** 0–9, lower first. */
+  priority: number;
+  /**
+   * Where a queued task stands: about how many runs of others will start before its first, an
+   * estimate (see taskQueueEstimates). Null unless the task is queued.
+   */
+  queue: QueueEstimate | null;
   createdAt: string;
   startedAt: string | null;
   finishedAt: string | null;
+}
+
+export interface QueueEstimate {
+  /** About how many runs start before this task's first one. */
+  runsAhead: number;
+  /** Other users waiting at the same priority, served in turn with this task's owner. */
+  usersWaiting: number;
+  /** Runs of a higher priority waiting (counted up to ESTIMATE_CAP), all of which go first. */
+  higherPriority: number;
+  /** Always true: the number depends on what arrives and finishes meanwhile. */
+  estimate: true;
 }
 
 export interface RunView {
@@ -30,6 +50,8 @@ export interface RunView {
   errorCode: string | null;
   errorMessage: string | null;
   progressPercent: number;
+  /** The latest progress message the run's program reported; null when none. */
+  message: string | null;
   metrics: Record<string, unknown> | null;
   startedAt: string | null;
   finishedAt: string | null;
@@ -37,7 +59,7 @@ export interface RunView {
 
 const opt = (v: string | Date | null) => (v === null ? null : isoTime(v));
 
-type TaskRow = Omit<TaskView, "createdAt" | "startedAt" | "finishedAt" | "progressPercent"> & {
+type TaskRow = Omit<TaskView, "createdAt" | "startedAt" | "finishedAt" | "progressPercent" | "queue"> & {
   createdAt: string;
   startedAt: string | null;
   finishedAt: string | null;
@@ -51,6 +73,7 @@ function taskView(r: TaskRow): TaskView {
   return {
     ...rest,
     progressPercent: Math.min(100, percent),
+    queue: null,
     createdAt: isoTime(r.createdAt),
     startedAt: opt(r.startedAt),
     finishedAt: opt(r.finishedAt),
@@ -77,25 +100,100 @@ export async function tasksOpen(sql: Sql, taskIds: readonly string[]): Promise<S
 
 function taskSelect(sql: Sql) {
   return sql`
-    t.id::text as "taskId", t.analysis_type as "analysisType", t.status, t.total_count as "totalCount",
+    t.id::text as "taskId", t.analysis_type as "analysisType",
+    (select u.name from users u where u.id = t.owner_id) as owner, t.status, t.total_count as "totalCount",
     t.succeeded_count as "succeededCount", t.failed_count as "failedCount",
-    t.timed_out_count as "timedOutCount", t.cancelled_count as "cancelledCount", t.parameters,
+    t.timed_out_count as "timedOutCount", t.cancelled_count as "cancelledCount", t.parameters, t.priority,
     t.created_at as "createdAt", t.started_at as "startedAt", t.finished_at as "finishedAt"`;
 }
 
-/** Progress of unfinished tasks needs their runs; finished tasks are 100 without reading them. */
+/**
+ * A task's progress: 100 for every finished run (its counters), plus what its live runs reported —
+ * read from the live-runs index (owner, task), so a task of 100,000 runs costs a few rows, not a scan
+ * of its runs. Queued runs count 0 (a retried run starts again).
+ */
 function progressSum(sql: Sql) {
   return sql`case when t.finished_at is not null then 0 else
-    (select coalesce(sum(case when r.status in ('succeeded','failed','timed_out','cancelled') then 100
-                              else r.progress end), 0)::int
-       from runs r where r.task_id = t.id) end as "progressSum"`;
+    100 * (t.succeeded_count + t.failed_count + t.timed_out_count + t.cancelled_count)
+    + (select coalesce(sum(r.progress), 0)::int from runs r
+       where r.owner_id = t.owner_id and r.task_id = t.id and r.status ${inLive(sql)}) end as "progressSum"`;
 }
 
 export async function taskGet(sql: Sql, p: Principal, taskId: string): Promise<TaskView | undefined> {
   const [row] = await sql<TaskRow[]>`
     select ${taskSelect(sql)}, ${progressSum(sql)}
     from tasks t where t.id = ${taskId} and ${visible(sql, p)}`;
-  return row && taskView(row);
+  return row && (await withQueueEstimates(sql, [taskView(row)]))[0];
+}
+
+/** Counts in an estimate stop here: a backlog is never counted whole. */
+export const ESTIMATE_CAP = 10_000;
+
+/**
+ * Where queued tasks stand, estimated from the claim's rotation (src/queue/sql/fair.ts) without
+ * counting any backlog whole: the owner's own queued runs ahead of the task's first (its tasks take
+ * turns by `turn`), `m`; each other user waiting at the same priority gets about as many runs in
+ * turn, m + 1 or what it has queued if less (counted up to m + 1); every queued run of a higher
+ * priority goes first (counted up to ESTIMATE_CAP). Runs of tasks that arrive later at a higher
+ * priority, or of users whose turn comes, can change it: it is labelled an estimate.
+ */
+export async function taskQueueEstimates(sql: Sql, taskIds: string[]): Promise<Map<string, QueueEstimate>> {
+  if (taskIds.length === 0) return new Map();
+  const rows = await sql<{ taskId: string; mine: number; others: number; users: number; higher: number }[]>`
+    select t.id::text as "taskId", m.n as mine, coalesce(o.runs, 0)::int as others, coalesce(o.users, 0)::int as users,
+           h.n as higher
+    from tasks t
+    cross join lateral (
+      select r.turn, r.id from runs r where r.task_id = t.id and r.status = 'queued' order by r.turn, r.id limit 1
+    ) f
+    cross join lateral (
+      select count(*)::int as n from (
+        select 1 from runs q
+        where q.status = 'queued' and q.analysis_type = t.analysis_type and q.owner_id = t.owner_id
+          and q.priority = t.priority and (q.turn, q.id) < (f.turn, f.id)
+        limit ${ESTIMATE_CAP}
+      ) x
+    ) m
+    cross join lateral (
+      select count(*) as users, sum(least(c.n, m.n + 1)) as runs from queue_owners w
+      cross join lateral (
+        select count(*)::int as n from (
+          select 1 from runs q
+          where q.status = 'queued' and q.analysis_type = w.analysis_type and q.owner_id = w.owner_id
+            and q.priority = w.priority
+          limit m.n + 1
+        ) y
+      ) c
+      where w.analysis_type = t.analysis_type and w.priority = t.priority and w.owner_id <> t.owner_id and c.n > 0
+    ) o
+    cross join lateral (
+      select count(*)::int as n from (
+        select 1 from queue_owners w
+        join runs q on q.status = 'queued' and q.analysis_type = w.analysis_type and q.owner_id = w.owner_id
+          and q.priority = w.priority
+        where w.analysis_type = t.analysis_type and w.priority < t.priority
+        limit ${ESTIMATE_CAP}
+      ) z
+    ) h
+    where t.id = any(${sql.array(taskIds, INT8_OID)}::bigint[])`;
+  return new Map(
+    rows.map((r) => [
+      r.taskId,
+      {
+        runsAhead: r.mine + r.others + r.higher,
+        usersWaiting: r.users,
+        higherPriority: r.higher,
+        estimate: true,
+      },
+    ]),
+  );
+}
+
+/** The tasks with their queue estimates filled in (queued tasks only). */
+async function withQueueEstimates(sql: Sql, tasks: TaskView[]): Promise<TaskView[]> {
+  const queued = tasks.filter((t) => t.status === "queued").map((t) => t.taskId);
+  const estimates = await taskQueueEstimates(sql, queued);
+  return tasks.map((t) => ({ ...t, queue: estimates.get(t.taskId) ?? null }));
 }
 
 export interface Page<T> {
@@ -106,35 +204,37 @@ export interface Page<T> {
 export async function taskList(
   sql: Sql,
   p: Principal,
-  o: { status?: string; limit: number; cursor?: string },
+  o: { status?: string; analysisType?: string; limit: number; cursor?: string },
 ): Promise<Page<TaskView>> {
   const rows = await sql<TaskRow[]>`
     select ${taskSelect(sql)}, ${progressSum(sql)}
     from tasks t
     where ${visible(sql, p)}
       ${o.status ? sql`and t.status = ${o.status}` : sql``}
+      ${o.analysisType ? sql`and t.analysis_type = ${o.analysisType}` : sql``}
       ${o.cursor ? sql`and t.id < ${o.cursor}` : sql``}
     order by t.id desc
     limit ${o.limit + 1}`;
-  const items = rows.slice(0, o.limit).map(taskView);
+  const items = await withQueueEstimates(sql, rows.slice(0, o.limit).map(taskView));
   return { items, nextCursor: rows.length > o.limit ? (items.at(-1)?.taskId ?? null) : null };
 }
 
-/** Runs of a task visible to `p`, in id order; undefined when the task is not visible. */
+/** Runs of a task visible to `p`, in id order (of one status, if given); undefined when the task is not visible. */
 export async function runList(
   sql: Sql,
   p: Principal,
   taskId: string,
-  o: { limit: number; cursor?: string },
+  o: { status?: string; limit: number; cursor?: string },
 ): Promise<Page<RunView> | undefined> {
   if (!(await taskVisible(sql, p, taskId))) return undefined;
   const rows = await sql<(RunView & { startedAt: string | null; finishedAt: string | null })[]>`
     select r.id::text as "runId", r.input_file_id::text as "inputFileId", r.input_name as "fileName",
            r.status, r.attempt, r.error_code as "errorCode", r.error_message as "errorMessage",
-           r.progress as "progressPercent", r.result -> 'metrics' as metrics,
+           r.progress as "progressPercent", r.message, r.result -> 'metrics' as metrics,
            r.started_at as "startedAt", r.finished_at as "finishedAt"
     from runs r
     where r.task_id = ${taskId} ${o.cursor ? sql`and r.id > ${o.cursor}` : sql``}
+      ${o.status ? sql`and r.status = ${o.status}` : sql``}
     order by r.id
     limit ${o.limit + 1}`;
   const items = rows

@@ -132,3 +132,60 @@ test("global limit 2 with 3 workers × concurrency 4: never more than 2 live, sa
   assert.ok((await maxOverlap(db.sql, runIds)) <= 2, "handler executions never overlapped more than 2");
   assert.equal((await taskRow(db.sql, taskId)).succeeded, 60);
 });
+
+test("per-user limit 3 with 3 workers × concurrency 4 and a SIGKILL: never more than 3 live per user", async () => {
+  const spec = {
+    types: { peruser: { sleepMs: 40 } },
+    concurrency: 4,
+    userLimit: 3,
+    leaseTtlMs: 1000,
+    reapIntervalMs: 200,
+  };
+  const [victim, ...others] = await Promise.all([start(spec), start(spec), start(spec)]);
+  const users = await Promise.all(["limited-u1", "limited-u2"].map((n) => seedUser(db.sql, n)));
+  const tasks = await Promise.all(users.map((u) => createTask(db.sql, u, "peruser", 40)));
+  const maxLive = new Map<string, number>();
+  let samples = 0;
+  let killed = false;
+  for (;;) {
+    const rows = await db.sql<{ owner: string; live: number; done: number }[]>`
+      select r.owner_id::text as owner,
+             count(*) filter (where r.status in ('starting', 'running', 'cancelling'))::int as live,
+             count(*) filter (where r.status = 'succeeded')::int as done
+      from runs r where r.task_id in (${tasks[0] as string}, ${tasks[1] as string}) group by r.owner_id`;
+    samples++;
+    for (const r of rows) maxLive.set(r.owner, Math.max(maxLive.get(r.owner) ?? 0, r.live));
+    const done = rows.reduce((n, r) => n + r.done, 0);
+    if (!killed && done >= 20) {
+      // Mid-drain: the victim's leases count until the reaper recovers them, so the limit still holds.
+      victim?.child.kill("SIGKILL");
+      await victim?.exited;
+      killed = true;
+    }
+    if (done === 80) break;
+  }
+  await Promise.all(others.map(stop));
+  assert.ok(killed && samples > 50, `sampled ${samples} times`);
+  for (const u of users) {
+    assert.equal(
+      maxLive.get(String(u.userId)),
+      3,
+      `user ${u.name}: at most 3 live (saw ${maxLive.get(String(u.userId))})`,
+    );
+  }
+  for (const taskId of tasks) {
+    const runIds = (await db.sql`select id from runs where task_id = ${taskId}`).map((r) => Number(r.id));
+    assert.ok(
+      (await maxOverlap(db.sql, runIds, true)) <= 3,
+      "finished executions of one user never overlapped more than 3",
+    );
+    assert.deepEqual(await taskRow(db.sql, taskId), {
+      status: "succeeded",
+      total: 40,
+      succeeded: 40,
+      failed: 0,
+      timedOut: 0,
+      cancelled: 0,
+    });
+  }
+});

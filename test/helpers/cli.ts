@@ -52,8 +52,13 @@ export interface Watched {
 
 export function watch(child: ChildProcess): Watched {
   let buffer = "";
+  let errors = "";
   let ended = false;
   const waiters = new Set<() => void>();
+  // The last of stderr, for the message when the process ends too early.
+  child.stderr?.on("data", (chunk: Buffer) => {
+    errors = (errors + chunk.toString()).slice(-4000);
+  });
   child.stdout?.on("data", (chunk: Buffer) => {
     buffer += chunk.toString();
     for (const w of waiters) w();
@@ -73,7 +78,7 @@ export function watch(child: ChildProcess): Watched {
             resolve(match);
           } else if (ended) {
             waiters.delete(check);
-            reject(new Error(`process exited before printing ${pattern}:\n${buffer}`));
+            reject(new Error(`process exited before printing ${pattern}:\n${buffer}\nstderr:\n${errors}`));
           }
         };
         waiters.add(check);

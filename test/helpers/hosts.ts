@@ -76,10 +76,16 @@ export async function createHosts(names: string[]): Promise<Hosts> {
   // the checkout itself may sit in a directory only root can enter.
   const code = path.join(base, "code");
   fs.mkdirSync(code, { mode: 0o755 });
-  for (const entry of ["bin", "src", "migrations", "node_modules", "package.json", "tsconfig.json"]) {
+  for (const entry of ["bin", "src", "web", "migrations", "node_modules", "package.json", "tsconfig.json"]) {
     sh("cp", ["-rl", path.join(ROOT, entry), code]);
   }
   sh("chmod", ["-R", "a+rX", code]);
+  // The runtime too: Node 24 lives in node_modules (the `node` package), under the checkout that hosts
+  // may not be able to enter; they run the hard-linked copy. A Node from outside the checkout is used as is.
+  const realNode = fs.realpathSync(process.execPath);
+  const fromRoot = path.relative(fs.realpathSync(ROOT), realNode);
+  const nodeBin =
+    fromRoot.startsWith("..") || path.isAbsolute(fromRoot) ? realNode : path.join(code, fromRoot);
 
   const hosts: Record<string, Host> = {};
   try {
@@ -151,14 +157,14 @@ export async function createHosts(names: string[]): Promise<Hosts> {
         server.listen(0, host.gateway, () => resolve((server.address() as net.AddressInfo).port));
       }),
     assay: (host, args, env) =>
-      spawn("ip", asHost(host, [process.execPath, path.join(code, "bin", "assay.js"), ...args]), {
+      spawn("ip", asHost(host, [nodeBin, path.join(code, "bin", "assay.js"), ...args]), {
         cwd: code,
         env: hostEnv(host, env),
         stdio: ["ignore", "pipe", "pipe"],
       }),
     node: (host, script) =>
       new Promise((resolve) => {
-        const child = spawn("ip", asHost(host, [process.execPath, "-e", script]), {
+        const child = spawn("ip", asHost(host, [nodeBin, "-e", script]), {
           cwd: "/",
           env: hostEnv(host, {}),
           stdio: ["ignore", "pipe", "pipe"],

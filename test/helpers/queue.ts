@@ -27,7 +27,7 @@ export async function createTask(
   owner: Principal,
   type: string,
   files: number | string[],
-  options: { maxAttempts?: number; parameters?: Record<string, unknown> } = {},
+  options: { maxAttempts?: number; parameters?: Record<string, unknown>; priority?: number } = {},
 ): Promise<string> {
   const fileIds = typeof files === "number" ? await seedFiles(sql, owner, files) : files;
   const result = await taskCreate(sql, owner, {
@@ -35,6 +35,7 @@ export async function createTask(
     fileIds,
     parameters: options.parameters ?? {},
     maxAttempts: options.maxAttempts ?? 3,
+    ...(options.priority === undefined ? {} : { priority: options.priority }),
   });
   if (result.kind !== "created") throw new Error(`task not created: ${result.kind}`);
   return result.taskId;

@@ -9,6 +9,8 @@ export interface WorkerSpec {
   types: Record<string, { sleepMs: number; globalLimit?: number; program?: boolean }>;
   dataDir?: string;
   concurrency: number;
+  /** ASSAY_USER_CONCURRENCY. */
+  userLimit?: number;
   leaseTtlMs: number;
   reapIntervalMs: number;
   graceMs?: number;
@@ -43,12 +45,16 @@ export async function createExecutionsTable(sql: Sql): Promise<void> {
     )`;
 }
 
-/** The most executions that overlapped in time (ended ones, plus open ones as still running). */
-export async function maxOverlap(sql: Sql, runIds?: number[]): Promise<number> {
+/**
+ * The most executions that overlapped in time (ended ones, plus open ones as still running; with
+ * `endedOnly`, ended ones only — an execution of a SIGKILLed worker never ends).
+ */
+export async function maxOverlap(sql: Sql, runIds?: number[], endedOnly = false): Promise<number> {
   const [row] = await sql<{ n: number }[]>`
     with e as (
       select started_at, coalesce(ended_at, 'infinity') as ended_at from test_executions
-      ${runIds ? sql`where run_id = any(${sql.array(runIds, 20)}::bigint[])` : sql``}
+      where ${runIds ? sql`run_id = any(${sql.array(runIds, 20)}::bigint[])` : sql`true`}
+        and (${!endedOnly} or ended_at is not null)
     ),
     points as (select started_at as t, 1 as d from e union all select ended_at, -1 from e)
     select coalesce(max(running), 0)::int as n from (

@@ -1,10 +1,13 @@
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { tokenCreate } from "../../src/auth/tokens.ts";
+import { LocalStore } from "../../src/storage/local.ts";
+import { taskOutputsPrefix } from "../../src/storage/store.ts";
 import { bearer } from "../helpers/app.ts";
 import { waitForTerminal } from "../helpers/queue.ts";
 import { fixtureProgram, type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
@@ -66,6 +69,7 @@ test("a many-file task streams a zip with a folder per input file (repeated name
     .sql`select r.id::text as id from runs r where r.task_id = ${taskId} order by r.id`;
   assert.deepEqual(Object.keys(entries).sort(), [
     "other.csv/out.json",
+    "results.csv",
     `same.csv (run ${runs[0]?.id})/out.json`,
     `same.csv (run ${runs[1]?.id})/out.json`,
   ]);
@@ -123,4 +127,55 @@ test("a run whose recorded output cannot be served is a 500, never a zip that le
   assert.equal(zip.json().code, "INTERNAL_ERROR");
   const one = await get(`/api/analysis-tasks/${taskId}/runs/${run?.id}/download`);
   assert.equal(one.statusCode, 500);
+});
+
+test("retention deleting the task between the plan and the read → 404, not a logged 500", async () => {
+  // The store under a second app: before the read, "retention" commits (task row and its objects go).
+  const local = new LocalStore(fs.mkdtempSync(path.join(os.tmpdir(), "assay-dl-race-")));
+  let race: (() => Promise<void>) | undefined;
+  const store = new Proxy(local, {
+    get(target, prop, receiver) {
+      const value = Reflect.get(target, prop, receiver);
+      if ((prop !== "open" && prop !== "list") || typeof value !== "function") return value;
+      return async (...args: unknown[]) => {
+        const before = race;
+        race = undefined;
+        await before?.();
+        return value.apply(target, args);
+      };
+    },
+  });
+  const raced = await runnerEnv({ store });
+  try {
+    const logs: Record<string, unknown>[] = [];
+    const racedApp = await raced.app(logs);
+    const user = (await tokenCreate(raced.db.sql, "racer")).token;
+    const w = raced.worker([fixtureProgram("dl-race")]);
+    await w.start();
+    const one = await raced.task("dl-race", [await raced.file("a\n1\n")], { mode: "ok" });
+    const many = await raced.task("dl-race", [await raced.file("a\n1\n"), await raced.file("b\n2\n")], {
+      mode: "ok",
+    });
+    await waitForTerminal(raced.db.sql, one);
+    await waitForTerminal(raced.db.sql, many);
+    await w.stop();
+    await raced.db.sql`update tasks set owner_id = (select id from users where name = 'racer')`;
+    for (const taskId of [one, many]) {
+      race = async () => {
+        await raced.db.sql`delete from tasks where id = ${taskId}`;
+        await local.deletePrefix(taskOutputsPrefix(taskId));
+      };
+      const before = logs.length;
+      const res = await racedApp.inject({
+        url: `/api/analysis-tasks/${taskId}/download`,
+        headers: bearer(user),
+      });
+      assert.equal(res.statusCode, 404, `task ${taskId}: ${res.body}`);
+      assert.equal(res.json().code, "ANALYSIS_TASK_NOT_FOUND");
+      assert.equal(race, undefined, "the race ran");
+      assert.ok(!logs.slice(before).some((l) => (l.level as number) >= 50), "nothing logged as an error");
+    }
+  } finally {
+    await raced.close();
+  }
 });

@@ -1,12 +1,14 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
+import { TOKEN_CACHE_TTL_MS } from "../../src/auth/token-cache.ts";
 import { hashToken, tokenCreate, tokenRevoke } from "../../src/auth/tokens.ts";
 import { createDatabase } from "../../src/db/client.ts";
 import { expectedMigrationCount } from "../../src/db/migrate.ts";
-import { buildServer } from "../../src/http/server.ts";
+import { buildServer, jsonBodyLimit } from "../../src/http/server.ts";
 import { createLogger } from "../../src/log.ts";
 import { bearer, startTestApp, type TestApp } from "../helpers/app.ts";
 import { createTestDatabase } from "../helpers/db.ts";
+import { waitFor } from "../helpers/queue.ts";
 
 let t: TestApp;
 let alice: string;
@@ -79,11 +81,13 @@ describe("errors", () => {
     assert.equal(res.json().code, "INVALID_JSON");
   });
 
-  test("JSON body over the limit → 413 PAYLOAD_TOO_LARGE", async () => {
+  test("JSON body over the limit (1 MiB + 32 bytes per ASSAY_MAX_TASK_RUNS) → 413 PAYLOAD_TOO_LARGE", async () => {
+    const limit = jsonBodyLimit(t.config.maxTaskRuns);
+    assert.ok(limit >= 1024 * 1024 + 19 * t.config.maxTaskRuns, "room for a task of the most file ids");
     const res = await t.app.inject({
       method: "POST",
       url: "/api/files",
-      payload: JSON.stringify({ x: "y".repeat(2 * 1024 * 1024) }),
+      payload: JSON.stringify({ x: "y".repeat(limit) }),
       headers: { "content-type": "application/json", ...bearer(alice) },
     });
     assert.equal(res.statusCode, 413);
@@ -145,14 +149,34 @@ describe("auth", () => {
     });
   }
 
-  test("a revoked token → 401; the user's other tokens keep working", async () => {
+  test("a revoked token → 401 at once (the API's token cache hears of it), the user's other tokens work", async () => {
     const first = await t.token("carol");
     const second = await t.token("carol");
     const [row] = await t.db.sql`select id from api_tokens where token_hash = ${hashToken(first)}`;
-    assert.equal((await t.app.inject({ url: "/api/files/1", headers: bearer(first) })).statusCode, 404);
+    // Twice: the second answer comes from the cache.
+    for (let i = 0; i < 2; i++) {
+      assert.equal((await t.app.inject({ url: "/api/files/1", headers: bearer(first) })).statusCode, 404);
+    }
+    assert.ok((t.app.services.tokens?.size ?? 0) > 0, "the token is cached");
+    const revokedAt = Date.now();
     assert.equal(await tokenRevoke(t.db.sql, Number(row?.id)), true);
-    assert.equal((await t.app.inject({ url: "/api/files/1", headers: bearer(first) })).statusCode, 401);
+    // The revoke's NOTIFY empties the cache: well before the cache's own expiry.
+    await waitFor(
+      async () => (await t.app.inject({ url: "/api/files/1", headers: bearer(first) })).statusCode === 401,
+      TOKEN_CACHE_TTL_MS / 2,
+      "the revoked token to be refused",
+    );
+    assert.ok(Date.now() - revokedAt < TOKEN_CACHE_TTL_MS / 2);
     assert.equal((await t.app.inject({ url: "/api/files/1", headers: bearer(second) })).statusCode, 404);
+  });
+
+  test("a role change reaches cached tokens at once", async () => {
+    const token = await t.token("dora");
+    const me = async () => (await t.app.inject({ url: "/api/me", headers: bearer(token) })).json().data.role;
+    assert.equal(await me(), "user");
+    assert.equal(await me(), "user");
+    await t.token("dora", "admin");
+    await waitFor(async () => (await me()) === "admin", TOKEN_CACHE_TTL_MS / 2, "the new role");
   });
 
   test("the Authorization header and the token never reach the logs", async () => {

@@ -27,7 +27,7 @@ const RUNS = 2000;
 
 /** How each hot statement is told apart in pg_prepared_statements. */
 const STATEMENTS = {
-  claim: /with candidates as/,
+  claim: /picked as materialized/,
   progress: /prev as \(/,
   heartbeat: /update runs r set lease_expires_at/,
   completion: /done as \(\s*update runs/,

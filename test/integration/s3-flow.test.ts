@@ -114,7 +114,7 @@ test("a task runs from the bucket: inputs fetched, outputs uploaded under the at
   const zip = await app.inject({ url: `/api/analysis-tasks/${taskId}/download`, headers: bearer(token) });
   assert.equal(zip.statusCode, 200);
   const names = zipNames(zip.rawPayload);
-  assert.equal(names.length, 3);
+  assert.equal(names.length, 4); // results.csv and a file per run
 
   // An object the store lost: a logged 500 before any byte, for the zip and the single file.
   await store.delete([`outputs/${runs[1]?.key}/out.json`]);

@@ -10,7 +10,12 @@ import { buffer } from "node:stream/consumers";
 import { after, before, describe, test } from "node:test";
 import { LocalStore } from "../../src/storage/local.ts";
 import { S3Store } from "../../src/storage/s3.ts";
-import { ObjectMissingError, type ObjectStore, PayloadTooLargeError } from "../../src/storage/store.ts";
+import {
+  ObjectMissingError,
+  type ObjectStore,
+  PayloadTooLargeError,
+  SourceError,
+} from "../../src/storage/store.ts";
 import { createTestBucket, s3Endpoint, type TestBucket } from "../helpers/s3.ts";
 
 const scratch = fs.mkdtempSync(path.join(os.tmpdir(), "assay-store-"));
@@ -85,11 +90,18 @@ for (const [kind, make] of backends) {
         (await store.list("files/too")).map((o) => o.key),
         [],
       );
+      // Nor half an upload: every upload that ended is complete or aborted (a cutoff in the future
+      // would end any upload still there).
+      assert.equal(await store.abortIncompleteUploads(new Date(Date.now() + 3_600_000)), 0);
     });
 
-    test("a source that fails mid-way leaves nothing", async () => {
-      await assert.rejects(store.put("files/cut", failingSource(BIG), 10 * BIG), /went away/);
+    test("a source that fails mid-way leaves nothing, and is blamed on the body (SourceError)", async () => {
+      await assert.rejects(
+        store.put("files/cut", failingSource(BIG), 10 * BIG),
+        (err) => err instanceof SourceError && /went away/.test(String((err as Error).cause)),
+      );
       await assert.rejects(store.open("files/cut"), (err) => err instanceof ObjectMissingError);
+      assert.equal(await store.abortIncompleteUploads(new Date(Date.now() + 3_600_000)), 0);
     });
 
     test("a missing key is ObjectMissingError for open and download", async () => {
@@ -146,14 +158,28 @@ for (const [kind, make] of backends) {
       await store.put("files/d2", Readable.from([Buffer.from("2")]));
       await store.delete(["files/d1", "files/never"]);
       await assert.rejects(store.open("files/d1"), (err) => err instanceof ObjectMissingError);
-      assert.equal((await store.open("files/d2")).size, 1);
+      const opened = await store.open("files/d2");
+      assert.equal(opened.size, 1);
+      opened.stream.destroy();
     });
 
     test("keys that are not the service's own shape are refused", async () => {
-      for (const bad of ["../x", "files/../etc", "/etc/passwd", "files//7", "", "Files/7", "files\\7"]) {
+      for (const bad of ["../x", "files/../etc", "/etc/passwd", "files//7", "", "files\\7", "files/a b"]) {
         await assert.rejects(store.put(bad, Readable.from([Buffer.from("x")])), /storage key/, bad);
         await assert.rejects(store.open(bad), /storage key/, bad);
       }
+    });
+
+    test("every output name the runner accepts is a key the store accepts (capitals included)", async () => {
+      const key = "outputs/9/90.1.ab/Report-2026.Final.html";
+      await store.put(key, Readable.from([Buffer.from("<p>x</p>")]));
+      const opened = await store.open(key);
+      assert.equal(opened.size, 8);
+      opened.stream.destroy();
+      assert.deepEqual(
+        (await store.list("outputs/9/")).map((o) => o.key),
+        [key],
+      );
     });
 
     test("an open stream destroyed half-way is released", async () => {
@@ -168,6 +194,22 @@ for (const [kind, make] of backends) {
     });
   });
 }
+
+test("s3: a store that fails by itself mid-upload is not blamed on the body", async () => {
+  const missing = new S3Store({
+    bucket: "assay-no-such-bucket",
+    endpoint: s3Endpoint(),
+    region: "us-east-1",
+    forcePathStyle: true,
+  });
+  for (const bytes of [1000, BIG]) {
+    await assert.rejects(
+      missing.put("files/1", Readable.from([randomBytes(bytes)]), 10 * BIG),
+      (err) => !(err instanceof SourceError) && /bucket/i.test(String(err)),
+      `${bytes} bytes`,
+    );
+  }
+});
 
 test("s3: check fails with the cause for a bucket that does not exist or a server that cannot be reached", async () => {
   const missing = new S3Store({

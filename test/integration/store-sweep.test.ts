@@ -6,6 +6,11 @@ import os from "node:os";
 import path from "node:path";
 import { Readable } from "node:stream";
 import { after, before, test } from "node:test";
+import {
+  CreateMultipartUploadCommand,
+  ListMultipartUploadsCommand,
+  UploadPartCommand,
+} from "@aws-sdk/client-s3";
 import type { Principal } from "../../src/auth/tokens.ts";
 import { createLogger } from "../../src/log.ts";
 import { runClaim, runComplete } from "../../src/queue/sql.ts";
@@ -93,5 +98,51 @@ for (const [kind, makeStore] of [
       [...(await keys(store, "files/")), ...(await keys(store, "outputs/"))].sort(),
       [...kept, foreign].sort(),
     );
+  });
+
+  test(`${kind}: the sweep ends uploads that never completed (a process killed mid-upload), once old`, async () => {
+    const store = makeStore();
+    const key = "files/1234567";
+    if (store instanceof LocalStore) {
+      fs.mkdirSync(path.join(root, ".partial"), { recursive: true });
+      fs.writeFileSync(path.join(root, ".partial", "1700000000000-abandoned"), "half a file");
+    } else {
+      const { UploadId } = await store.client.send(
+        new CreateMultipartUploadCommand({ Bucket: bucket.name, Key: `sweep/${key}` }),
+      );
+      await store.client.send(
+        new UploadPartCommand({
+          Bucket: bucket.name,
+          Key: `sweep/${key}`,
+          UploadId,
+          PartNumber: 1,
+          Body: "half",
+        }),
+      );
+    }
+    const incomplete = async () =>
+      store instanceof LocalStore
+        ? fs.readdirSync(path.join(root, ".partial")).length
+        : ((
+            await store.client.send(
+              new ListMultipartUploadsCommand({ Bucket: bucket.name, Prefix: "sweep/" }),
+            )
+          ).Uploads?.length ?? 0);
+    assert.equal(await incomplete(), 1);
+    const sweep = (minAgeMs: number) =>
+      new StoreSweep({
+        sql: db.sql,
+        logger: createLogger({ level: "silent" }),
+        store,
+        intervalMs: 60_000,
+        minAgeMs,
+      });
+    // The local partial file is dated 2023 by its name only: its modification time is now, so it is young.
+    await sweep(3_600_000).runOnce();
+    assert.equal(await incomplete(), 1, "a young upload may still be running: kept");
+    // With every age counting as old, it goes (objects young or old are not at stake here).
+    assert.ok((await sweep(-1000).runOnce()) >= 1);
+    assert.equal(await incomplete(), 0);
+    await assert.rejects(store.open(key), /no object/);
   });
 }

@@ -257,8 +257,11 @@ describe("reading tasks", () => {
       "createdAt",
       "failedCount",
       "finishedAt",
+      "owner",
       "parameters",
+      "priority",
       "progressPercent",
+      "queue",
       "startedAt",
       "status",
       "succeededCount",
@@ -267,6 +270,7 @@ describe("reading tasks", () => {
       "totalCount",
     ]);
     assert.deepEqual(data.parameters, { method: "max" });
+    assert.equal(data.owner, "alice");
     const runs = (
       await t.app.inject({ url: `/api/analysis-tasks/${taskId}/runs`, headers: bearer(alice) })
     ).json().data;
@@ -278,6 +282,7 @@ describe("reading tasks", () => {
       "fileName",
       "finishedAt",
       "inputFileId",
+      "message",
       "metrics",
       "progressPercent",
       "runId",
@@ -285,6 +290,7 @@ describe("reading tasks", () => {
       "status",
     ]);
     assert.equal(runs.items[0].fileName, "data.csv");
+    assert.equal(runs.items[0].message, null);
     assert.equal(runs.nextCursor, null);
   });
 
@@ -354,5 +360,85 @@ describe("GET /api/analysis-tasks/:taskId/logs", () => {
         .statusCode,
       400,
     );
+  });
+});
+
+describe("priority and where a queued task stands", () => {
+  test("a user who sets priority gets 400 VALIDATION_FAILED naming it; nothing is created", async () => {
+    const before = await counts();
+    const res = await create(alice, { analysisType: "summary", inputFileId: aliceFiles[0], priority: 0 });
+    assert.equal(res.statusCode, 400);
+    assert.equal(res.json().code, "VALIDATION_FAILED");
+    assert.match(res.json().message, /priority/);
+    for (const priority of [-1, 10, 2.5, "high"]) {
+      const bad = await create(admin, { analysisType: "summary", inputFileId: aliceFiles[0], priority });
+      assert.equal(bad.statusCode, 400, String(priority));
+      assert.match(bad.json().message, /priority/, String(priority));
+    }
+    assert.deepEqual(await counts(), before);
+  });
+
+  test("an admin's priority is the task's and its runs'; the default is 5", async () => {
+    const urgent = await create(admin, {
+      analysisType: "summary",
+      inputFileIds: aliceFiles.slice(0, 2),
+      priority: 0,
+    });
+    assert.equal(urgent.statusCode, 201);
+    const normal = await create(alice, { analysisType: "summary", inputFileId: aliceFiles[2] });
+    for (const [res, priority] of [
+      [urgent, 0],
+      [normal, 5],
+    ] as const) {
+      const id = res.json().data.taskId as string;
+      const got = await t.app.inject({ url: `/api/analysis-tasks/${id}`, headers: bearer(admin) });
+      assert.equal(got.json().data.priority, priority);
+      const runs = await t.db.sql`select distinct priority from runs where task_id = ${id}`;
+      assert.deepEqual(
+        runs.map((r) => r.priority),
+        [priority],
+      );
+    }
+  });
+
+  test("a queued task says about how many runs are ahead of it, labelled an estimate", async () => {
+    // No worker runs here: everything created above waits. Bob's new task waits behind Alice's
+    // (same priority, served in turn) and behind the admin's priority-0 runs.
+    const res = await create(bob, { analysisType: "summary", inputFileId: bobFile });
+    const id = res.json().data.taskId as string;
+    const got = (await t.app.inject({ url: `/api/analysis-tasks/${id}`, headers: bearer(bob) })).json().data;
+    assert.equal(got.status, "queued");
+    // The estimate's definition, from the raw queue: Bob's own runs ahead of this task's first (m),
+    // each other user at this priority in turn (up to m + 1 runs each), every higher-priority run.
+    const queued = await t.db.sql<
+      { id: string; task: string; owner: string; priority: number; turn: number }[]
+    >`
+      select r.id::text as id, r.task_id::text as task, r.owner_id::text as owner, r.priority, r.turn::float8 as turn
+      from runs r where r.status = 'queued' and r.analysis_type = 'summary' order by r.turn, r.id`;
+    const mine = queued.filter((r) => r.task === id)[0];
+    assert.ok(mine);
+    const before = (r: (typeof queued)[number]) =>
+      r.turn < mine.turn || (r.turn === mine.turn && BigInt(r.id) < BigInt(mine.id));
+    const m = queued.filter((r) => r.owner === mine.owner && r.priority === 5 && before(r)).length;
+    const others = new Map<string, number>();
+    for (const r of queued)
+      if (r.owner !== mine.owner && r.priority === 5) others.set(r.owner, (others.get(r.owner) ?? 0) + 1);
+    const higher = queued.filter((r) => r.priority < 5).length;
+    const fromOthers = [...others.values()].reduce((n, q) => n + Math.min(q, m + 1), 0);
+    assert.ok(higher > 0 && others.size > 0, "the test has runs of both kinds ahead");
+    assert.deepEqual(got.queue, {
+      runsAhead: m + fromOthers + higher,
+      usersWaiting: others.size,
+      higherPriority: higher,
+      estimate: true,
+    });
+    // In the list too; a task that is not queued has none.
+    const list = (await t.app.inject({ url: "/api/analysis-tasks?limit=100", headers: bearer(bob) })).json()
+      .data;
+    assert.deepEqual(list.items.find((x: { taskId: string }) => x.taskId === id)?.queue, got.queue);
+    await t.db.sql`update tasks set status = 'cancelling' where id = ${id}`;
+    const cancelling = (await t.app.inject({ url: `/api/analysis-tasks/${id}`, headers: bearer(bob) })).json()
+      .data;
+    assert.equal(cancelling.queue, null);
   });
 });

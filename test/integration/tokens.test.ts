@@ -31,6 +31,7 @@ test("role defaults to user, --role sets it, and a later create without --role k
     userId: again.userId,
     name: "erin",
     role: "admin",
+    tokenId: again.tokenId,
   });
 });
 

@@ -5,7 +5,9 @@ import path from "node:path";
 import { Readable } from "node:stream";
 import { after, test } from "node:test";
 import { sanitizeFileName } from "../../src/files/files.ts";
+import { SAFE_NAME } from "../../src/runner/outputs.ts";
 import { LocalStore } from "../../src/storage/local.ts";
+import { checkKey, outputObjectKey } from "../../src/storage/store.ts";
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), "assay-storage-"));
 after(() => fs.rmSync(root, { recursive: true, force: true }));
@@ -13,27 +15,19 @@ const storage = new LocalStore(root);
 
 test("keys are resolved under the root; escapes are refused", () => {
   assert.equal(storage.localPath("files/7"), path.join(root, "files", "7"));
-  for (const bad of [
-    "../x",
-    "files/../../etc/passwd",
-    "/etc/passwd",
-    "files/./7",
-    "",
-    "Files/7",
-    "files\\7",
-  ]) {
+  for (const bad of ["../x", "files/../../etc/passwd", "/etc/passwd", "files/./7", "", "files\\7"]) {
     assert.throws(() => storage.localPath(bad), /storage key/, bad);
   }
 });
 
-test("sweepPartials removes only old partial uploads", async () => {
+test("abortIncompleteUploads removes only old partial uploads", async () => {
   const dir = path.join(root, ".partial");
   fs.mkdirSync(dir, { recursive: true });
   fs.writeFileSync(path.join(dir, "old"), "x");
   fs.writeFileSync(path.join(dir, "new"), "x");
   const past = new Date(Date.now() - 2 * 3600_000);
   fs.utimesSync(path.join(dir, "old"), past, past);
-  assert.equal(await storage.sweepPartials(3600_000), 1);
+  assert.equal(await storage.abortIncompleteUploads(new Date(Date.now() - 3600_000)), 1);
   assert.deepEqual(fs.readdirSync(dir), ["new"]);
   fs.rmSync(path.join(dir, "new"));
 });
@@ -57,4 +51,21 @@ test("a source that failed before the store read it leaves no partial file", asy
     await assert.rejects(own.put(`files/${i}`, source), /ended early/);
   }
   assert.deepEqual(fs.readdirSync(path.join(own.root, ".partial")), []);
+});
+
+test("every output name the runner accepts makes a valid storage key", () => {
+  const alphabet = "ABCXYZabcxyz0189._-";
+  let checked = 0;
+  for (let i = 0; i < 5000; i++) {
+    let name = "";
+    const length = 1 + (i % 40);
+    for (let j = 0; j < length; j++) name += alphabet[(i * 7 + j * 13 + j * j) % alphabet.length];
+    if (!SAFE_NAME.test(name)) continue;
+    assert.equal(
+      checkKey(outputObjectKey("1000/10000000000.2.abc", name)),
+      `outputs/1000/10000000000.2.abc/${name}`,
+    );
+    checked++;
+  }
+  assert.ok(checked > 1000, `only ${checked} names checked`);
 });

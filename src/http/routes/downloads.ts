@@ -2,9 +2,12 @@
 import path from "node:path";
 import type { Readable } from "node:stream";
 import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
-import type { FastifyReply } from "fastify";
+import type { FastifyInstance, FastifyReply } from "fastify";
 import { Type } from "typebox";
 import { ZipFile } from "yazl";
+import type { Principal } from "../../auth/tokens.ts";
+import { type ViewTarget, viewLinkCheck, viewLinkPath } from "../../auth/view-links.ts";
+import type { Sql } from "../../db/client.ts";
 import { SAFE_NAME } from "../../runner/outputs.ts";
 import { ObjectMissingError, type ObjectStore, taskOutputsPrefix } from "../../storage/store.ts";
 import {
@@ -12,11 +15,22 @@ import {
   outputKeyOf,
   type RunOutput,
   runDownloadPlan,
+  runOutputFiles,
+  runOutputsPlan,
   taskDownloadPlan,
+  taskExists,
 } from "../../tasks/outputs.ts";
-import { principalOf } from "../auth.ts";
+import { taskVisible } from "../../tasks/read.ts";
+import { RESULTS_FILE_NAME, resultMetricKeys, resultsCsv } from "../../tasks/results.ts";
+import { bearerHashOf, principalOf } from "../auth.ts";
 import { ApiError, notFound } from "../errors.ts";
-import { ErrorBody, errorResponses, IdParam, isId } from "../schemas.ts";
+import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok } from "../schemas.ts";
+
+const OutputBody = Type.Object({
+  name: Type.String(),
+  sizeBytes: Type.Integer({ minimum: 0 }),
+  contentType: Type.String(),
+});
 
 const CONTENT_TYPES: Record<string, string> = {
   ".json": "application/json",
@@ -28,15 +42,22 @@ const CONTENT_TYPES: Record<string, string> = {
   ".md": "text/markdown; charset=utf-8",
 };
 
-/** `attachment` with an ASCII fallback and the exact UTF-8 name (RFC 6266 / 5987). */
-export function contentDisposition(name: string): string {
+/** The Content-Type of an output, by its extension (outputs are limited to these). */
+export const contentTypeOf = (name: string) =>
+  CONTENT_TYPES[path.extname(name).toLowerCase()] ?? "application/octet-stream";
+
+/** `attachment` (or `inline`) with an ASCII fallback and the exact UTF-8 name (RFC 6266 / 5987). */
+export function contentDisposition(name: string, kind: "attachment" | "inline" = "attachment"): string {
   const ascii = name.replace(/[^\x20-\x7e]|["\\]/g, "_");
-  return `attachment; filename="${ascii}"; filename*=UTF-8''${encodeURIComponent(name)}`;
+  return `${kind}; filename="${ascii}"; filename*=UTF-8''${encodeURIComponent(name)}`;
 }
 
-/** Folder names inside the zip: the input file's name, made unique with the run id when repeated. */
+/**
+ * Folder names inside the zip: the input file's name, made unique with the run id when repeated or
+ * when it is the name of the results table at the root.
+ */
 function folderNames(outputs: RunOutput[]): Map<string, string> {
-  const counts = new Map<string, number>();
+  const counts = new Map<string, number>([[RESULTS_FILE_NAME, 1]]);
   for (const o of outputs) counts.set(o.inputName, (counts.get(o.inputName) ?? 0) + 1);
   // Input names were sanitised at upload (a base name, no control characters); be strict anyway.
   const safe = (s: string) => s.replace(/[/\\]/g, "_").replace(/^\.+/, "_") || "input";
@@ -48,8 +69,18 @@ function folderNames(outputs: RunOutput[]): Map<string, string> {
   );
 }
 
-/** A recorded output that is not there: the store lost it. A logged 500, before any byte is sent. */
-function outputMissing(reply: FastifyReply, output: RunOutput, err?: unknown): ApiError {
+/**
+ * A recorded output that is not there. When its task is gone too, retention deleted both between the
+ * plan and the read: a 404, as if the request had come a moment later. Otherwise the store lost it: a
+ * logged 500, before any byte is sent.
+ */
+async function outputMissing(
+  reply: FastifyReply,
+  output: RunOutput,
+  taskExists: () => Promise<boolean>,
+  err?: unknown,
+): Promise<ApiError> {
+  if (!(await taskExists())) return notFound("ANALYSIS_TASK_NOT_FOUND");
   reply.log.error(
     { err, runId: output.runId, outputKey: output.outputKey },
     "a succeeded run's output is missing",
@@ -57,24 +88,37 @@ function outputMissing(reply: FastifyReply, output: RunOutput, err?: unknown): A
   return new ApiError(500, "INTERNAL_ERROR");
 }
 
-async function send(store: ObjectStore, plan: DownloadPlan, reply: FastifyReply) {
+async function send(
+  sql: Sql,
+  store: ObjectStore,
+  plan: DownloadPlan,
+  reply: FastifyReply,
+  taskExists: () => Promise<boolean>,
+) {
   if (plan.kind === "not-found") throw notFound("ANALYSIS_TASK_NOT_FOUND");
   if (plan.kind === "not-ready") throw new ApiError(409, "ANALYSIS_TASK_NOT_READY");
   reply.header("x-content-type-options", "nosniff");
-  if (plan.kind === "single") return sendObject(store, plan.output, reply);
+  if (plan.kind === "single") return sendObject(store, plan.output, reply, taskExists);
   const stored = await storedOutputs(store, plan.taskId);
-  const entries: ZipEntry[] = [];
+  const keys = await resultMetricKeys(sql, plan.taskId);
+  const entries: ZipEntry[] = [
+    { name: RESULTS_FILE_NAME, open: async () => resultsCsv(sql, plan.taskId, keys) },
+  ];
   const folders = folderNames(plan.outputs);
   for (const output of plan.outputs) {
     const names = output.usable ? (stored.get(output.outputKey) ?? []) : [];
-    if (!names.includes(output.outputFileName)) throw outputMissing(reply, output);
+    if (!names.includes(output.outputFileName)) throw await outputMissing(reply, output, taskExists);
     for (const name of names) {
-      entries.push({ key: outputKeyOf(output, name), name: `${folders.get(output.runId)}/${name}` });
+      const key = outputKeyOf(output, name);
+      entries.push({
+        name: `${folders.get(output.runId)}/${name}`,
+        open: async () => (await store.open(key)).stream,
+      });
     }
   }
   reply.header("content-type", "application/zip");
   reply.header("content-disposition", contentDisposition(`task-${plan.taskId}.zip`));
-  return reply.send(zipStream(store, entries, reply));
+  return reply.send(zipStream(entries, reply));
 }
 
 /**
@@ -106,27 +150,29 @@ async function storedOutputs(store: ObjectStore, taskId: string): Promise<Map<st
  * One output, opened before the headers are sent: an object that is gone is a logged 500. The stream
  * is released when it ends or when Fastify destroys it because the client left.
  */
-async function sendObject(store: ObjectStore, output: RunOutput, reply: FastifyReply) {
-  if (!output.usable) throw outputMissing(reply, output);
-  const { stream, size } = await store
-    .open(outputKeyOf(output, output.outputFileName))
-    .catch((err: unknown) => {
-      throw err instanceof ObjectMissingError ? outputMissing(reply, output, err) : err;
-    });
-  reply.header(
-    "content-type",
-    CONTENT_TYPES[path.extname(output.outputFileName).toLowerCase()] ?? "application/octet-stream",
-  );
+async function sendObject(
+  store: ObjectStore,
+  output: RunOutput,
+  reply: FastifyReply,
+  taskExists: () => Promise<boolean>,
+  name = output.outputFileName,
+  disposition: "attachment" | "inline" = "attachment",
+) {
+  if (!output.usable) throw await outputMissing(reply, output, taskExists);
+  const { stream, size } = await store.open(outputKeyOf(output, name)).catch(async (err: unknown) => {
+    throw err instanceof ObjectMissingError ? await outputMissing(reply, output, taskExists, err) : err;
+  });
+  reply.header("content-type", contentTypeOf(name));
   reply.header("content-length", size);
-  reply.header("content-disposition", contentDisposition(output.outputFileName));
+  reply.header("content-disposition", contentDisposition(name, disposition));
   return reply.send(stream);
 }
 
 interface ZipEntry {
-  /** The object's storage key. */
-  key: string;
   /** Its path inside the zip. */
   name: string;
+  /** Opens its content (an object of the store, or the results table), when its turn comes. */
+  open: () => Promise<Readable>;
 }
 
 /**
@@ -138,7 +184,7 @@ interface ZipEntry {
  *   becomes an uncaught exception;
  * - a client that goes away (Fastify destroys the returned stream) releases the object being read.
  */
-function zipStream(store: ObjectStore, entries: ZipEntry[], reply: FastifyReply): Readable {
+function zipStream(entries: ZipEntry[], reply: FastifyReply): Readable {
   const zip = new ZipFile();
   // yazl's typings say ReadableStream; it is a PassThrough.
   const out = zip.outputStream as unknown as Readable;
@@ -159,7 +205,7 @@ function zipStream(store: ObjectStore, entries: ZipEntry[], reply: FastifyReply)
   for (const entry of entries) {
     zip.addReadStreamLazy(entry.name, (done) => {
       if (failed) return;
-      store.open(entry.key).then(({ stream }) => {
+      entry.open().then((stream) => {
         if (failed) {
           stream.destroy();
           return;
@@ -195,10 +241,43 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const { taskId } = request.params;
       if (!isId(taskId)) throw notFound("ANALYSIS_TASK_NOT_FOUND");
       return send(
+        app.services.database.sql,
         app.services.storage,
         await taskDownloadPlan(app.services.database.sql, principalOf(request), taskId),
         reply,
+        () => taskExists(app.services.database.sql, taskId),
       );
+    },
+  );
+
+  app.get(
+    "/analysis-tasks/:taskId/results.csv",
+    {
+      schema: {
+        summary:
+          "The task's runs as one CSV table (a row per run, a column per metric key); streamed, also while the task runs",
+        tags: ["tasks"],
+        security: [{ bearer: [] }],
+        params: Type.Object({ taskId: IdParam }),
+        response: errorResponses,
+      },
+    },
+    async (request, reply) => {
+      const { taskId } = request.params;
+      const { sql } = app.services.database;
+      if (!isId(taskId) || !(await taskVisible(sql, principalOf(request), taskId))) {
+        throw notFound("ANALYSIS_TASK_NOT_FOUND");
+      }
+      const keys = await resultMetricKeys(sql, taskId);
+      reply.header("content-type", "text/csv; charset=utf-8");
+      reply.header("content-disposition", contentDisposition(`task-${taskId}-results.csv`));
+      reply.header("x-content-type-options", "nosniff");
+      const csv = resultsCsv(sql, taskId, keys);
+      // A page that cannot be read mid-stream breaks the response off (never a complete-looking
+      // truncated table); Fastify destroys the connection, this says why.
+      csv.once("error", (err) => reply.log.error({ err, taskId }, "results.csv broken off"));
+      // The response schema lists errors only: the body is a stream, not JSON.
+      return (reply as FastifyReply).send(csv);
     },
   );
 
@@ -217,10 +296,159 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const { taskId, runId } = request.params;
       if (!isId(taskId) || !isId(runId)) throw notFound("ANALYSIS_TASK_NOT_FOUND");
       return send(
+        app.services.database.sql,
         app.services.storage,
         await runDownloadPlan(app.services.database.sql, principalOf(request), taskId, runId),
         reply,
+        () => taskExists(app.services.database.sql, taskId),
+      );
+    },
+  );
+
+  app.get(
+    "/analysis-tasks/:taskId/runs/:runId/outputs",
+    {
+      schema: {
+        summary: "The output files of a run: its succeeded attempt's, or none",
+        tags: ["tasks"],
+        security: [{ bearer: [] }],
+        params: Type.Object({ taskId: IdParam, runId: IdParam }),
+        response: { 200: Envelope(Type.Object({ items: Type.Array(OutputBody) })), ...errorResponses },
+      },
+    },
+    async (request, reply) => {
+      const { taskId, runId } = request.params;
+      if (!isId(taskId) || !isId(runId)) throw notFound("ANALYSIS_TASK_NOT_FOUND");
+      const { sql } = app.services.database;
+      const plan = await runOutputsPlan(sql, principalOf(request), taskId, runId);
+      if (plan.kind === "not-found") throw notFound("ANALYSIS_TASK_NOT_FOUND");
+      if (plan.kind === "none") return ok({ items: [] });
+      if (!plan.output.usable) throw await outputMissing(reply, plan.output, () => taskExists(sql, taskId));
+      const files = await runOutputFiles(app.services.storage, plan.output);
+      return ok({
+        items: files.map((f) => ({ name: f.name, sizeBytes: f.size, contentType: contentTypeOf(f.name) })),
+      });
+    },
+  );
+
+  app.get(
+    "/analysis-tasks/:taskId/runs/:runId/outputs/:name",
+    {
+      schema: {
+        summary: "One output file of a run, shown inline in a sandbox (no script runs in this origin)",
+        tags: ["tasks"],
+        security: [{ bearer: [] }],
+        params: Type.Object({ taskId: IdParam, runId: IdParam, name: Type.String() }),
+        response: errorResponses,
+      },
+    },
+    async (request, reply) => {
+      const { taskId, runId, name } = request.params;
+      const found = await findOutput(app, principalOf(request), { taskId, runId, name }, reply);
+      // An HTML or SVG report is the program's, not ours: shown in a sandbox (a unique origin, no
+      // script), it cannot read Assay's storage or call the API as the viewer.
+      reply.header("content-security-policy", "sandbox");
+      reply.header("x-content-type-options", "nosniff");
+      return sendObject(app.services.storage, found.output, reply, found.exists, name, "inline");
+    },
+  );
+
+  app.post(
+    "/analysis-tasks/:taskId/runs/:runId/outputs/:name/link",
+    {
+      schema: {
+        summary:
+          "A view link to one output: a URL that shows it for a few minutes without a token (for frames)",
+        description:
+          "For what cannot send an Authorization header, such as an iframe showing an HTML report. The link shows this one output, expires after ten minutes and stops working when the token that made it is revoked; it is served from /view/… in a sandbox with its own styles allowed and nothing fetched.",
+        tags: ["tasks"],
+        security: [{ bearer: [] }],
+        params: Type.Object({ taskId: IdParam, runId: IdParam, name: Type.String() }),
+        response: {
+          200: Envelope(Type.Object({ url: Type.String(), expiresAt: Type.String({ format: "date-time" }) })),
+          ...errorResponses,
+        },
+      },
+    },
+    async (request, reply) => {
+      const { taskId, runId, name } = request.params;
+      const principal = principalOf(request);
+      await findOutput(app, principal, { taskId, runId, name }, reply);
+      const { path, expiresAt } = viewLinkPath(principal.tokenId, bearerHashOf(request), {
+        taskId,
+        runId,
+        name,
+      });
+      return ok({ url: path, expiresAt });
+    },
+  );
+};
+
+/**
+ * `GET /view/:link/:name`, outside the /api scope: the output a view link names, checked by the link's
+ * signature instead of a bearer token. Its policy sandboxes it (an opaque origin, no script, no form,
+ * no fetch) and lets the document style itself and show inline images.
+ */
+export const viewRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  app.get(
+    "/view/:link/:name",
+    {
+      schema: { hide: true, params: Type.Object({ link: Type.String(), name: Type.String() }) },
+      // The link is a capability: the request lines that name it stay out of the info log.
+      logLevel: "warn",
+    },
+    async (request, reply) => {
+      const checked = await viewLinkCheck(
+        app.services.database.sql,
+        request.params.link,
+        request.params.name,
+      );
+      if (!checked) throw notFound("OUTPUT_NOT_FOUND");
+      const found = await findOutput(app, checked.principal, checked.target, reply);
+      reply.header("content-security-policy", VIEW_CSP);
+      reply.header("x-content-type-options", "nosniff");
+      reply.header("referrer-policy", "no-referrer");
+      reply.header("cache-control", "private, no-store");
+      return sendObject(
+        app.services.storage,
+        found.output,
+        reply,
+        found.exists,
+        checked.target.name,
+        "inline",
       );
     },
   );
 };
+
+/** The policy of a document shown through a view link. */
+export const VIEW_CSP = [
+  "sandbox",
+  "default-src 'none'",
+  "style-src 'unsafe-inline'",
+  "img-src data:",
+  "frame-ancestors 'self'",
+].join("; ");
+
+/**
+ * The recorded output `name` of a run the principal may see; 404 for an id that cannot exist, a task
+ * they cannot see, a run without outputs, or a name the run did not record (`..`, slashes decoded from
+ * %2F and anything else the runner would not have accepted never reach the store).
+ */
+async function findOutput(
+  app: FastifyInstance,
+  principal: Principal,
+  t: ViewTarget,
+  reply: FastifyReply,
+): Promise<{ output: RunOutput; exists: () => Promise<boolean> }> {
+  if (!isId(t.taskId) || !isId(t.runId)) throw notFound("ANALYSIS_TASK_NOT_FOUND");
+  const { sql } = app.services.database;
+  const plan = await runOutputsPlan(sql, principal, t.taskId, t.runId);
+  if (plan.kind === "not-found") throw notFound("ANALYSIS_TASK_NOT_FOUND");
+  if (plan.kind === "none" || !SAFE_NAME.test(t.name)) throw notFound("OUTPUT_NOT_FOUND");
+  const exists = () => taskExists(sql, t.taskId);
+  if (!plan.output.usable) throw await outputMissing(reply, plan.output, exists);
+  const files = await runOutputFiles(app.services.storage, plan.output);
+  if (!files.some((f) => f.name === t.name)) throw notFound("OUTPUT_NOT_FOUND");
+  return { output: plan.output, exists };
+}

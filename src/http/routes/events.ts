@@ -5,20 +5,12 @@ import type { Sql } from "../../db/client.ts";
 import type { EventHub } from "../../events/hub.ts";
 import { eventsAfter, isFinalEvent, type TaskEvent } from "../../events/read.ts";
 import { tasksOpen, taskVisible } from "../../tasks/read.ts";
+import { LogsPageBody, LogsQuery } from "../api-types.ts";
 import { principalOf } from "../auth.ts";
 import { notFound, validationFailed } from "../errors.ts";
 import { Envelope, errorResponses, IdParam, isId, ok } from "../schemas.ts";
 
 const BACKLOG_PAGE = 500;
-
-const EventBody = Type.Object({
-  id: Type.String(),
-  taskId: Type.String(),
-  runId: Type.Union([Type.String(), Type.Null()]),
-  type: Type.String(),
-  data: Type.Record(Type.String(), Type.Unknown()),
-  createdAt: Type.String(),
-});
 
 /** A stream whose client reads slower than this much buffered output is closed; it resumes by Last-Event-ID. */
 const MAX_BUFFERED_BYTES = 1024 * 1024;
@@ -126,24 +118,8 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
         tags: ["tasks"],
         security: [{ bearer: [] }],
         params: Type.Object({ taskId: IdParam }),
-        querystring: Type.Object(
-          {
-            after: Type.Optional(
-              Type.String({ pattern: "^[0-9]{1,18}$", description: "Return events after this id" }),
-            ),
-            limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, default: 100 })),
-          },
-          { additionalProperties: false },
-        ),
-        response: {
-          200: Envelope(
-            Type.Object({
-              items: Type.Array(EventBody),
-              nextCursor: Type.Union([Type.String(), Type.Null()]),
-            }),
-          ),
-          ...errorResponses,
-        },
+        querystring: LogsQuery,
+        response: { 200: Envelope(LogsPageBody), ...errorResponses },
       },
     },
     async (request) => {

@@ -1,19 +1,11 @@
 import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
 import { Type } from "typebox";
 import { fileCreate, fileGet, fileList, sanitizeFileName } from "../../files/files.ts";
-import { PayloadTooLargeError } from "../../storage/store.ts";
+import { SourceError } from "../../storage/store.ts";
+import { FileBody, FileListQuery } from "../api-types.ts";
 import { principalOf } from "../auth.ts";
 import { ApiError, notFound } from "../errors.ts";
-import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok, Page, PageQuery } from "../schemas.ts";
-
-const FileBody = Type.Object({
-  fileId: Type.String(),
-  name: Type.String(),
-  contentType: Type.String(),
-  sizeBytes: Type.Integer(),
-  sha256: Type.String(),
-  createdAt: Type.String({ format: "date-time" }),
-});
+import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok, Page } from "../schemas.ts";
 
 /**
  * An error from starting to read the multipart body: the parser's own (no boundary, a malformed part
@@ -45,18 +37,17 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
         part?.file.resume();
         throw new ApiError(400, "VALIDATION_FAILED", "The request must carry a `file` part.");
       }
-      // Only an error of the part's own stream is the body's fault (it ends before its closing
-      // boundary, say) — it may have failed before this line, so ask the stream, not a listener; the
-      // store's and the database's errors are ours. The store's meter fails one byte past the limit,
-      // before @fastify/multipart (whose limit is a byte higher) would cut the stream short.
+      // Only a failure that started in the part's own stream is the body's fault (it ends before its
+      // closing boundary, say): the store says so with a SourceError. A full disk or a failing bucket
+      // destroys the part's stream too, with its own error, and stays ours (500). The store's meter
+      // fails one byte past the limit, before @fastify/multipart (whose limit is a byte higher) would
+      // cut the stream short.
       const record = await fileCreate(database.sql, storage, principalOf(request), part.file, {
         name: sanitizeFileName(part.filename),
         contentType: part.mimetype || "application/octet-stream",
         maxBytes: config.maxUploadBytes,
       }).catch((err: unknown) => {
-        if (err === part.file.errored && !(err instanceof PayloadTooLargeError)) {
-          throw new ApiError(400, "INVALID_MULTIPART", undefined, err);
-        }
+        if (err instanceof SourceError) throw new ApiError(400, "INVALID_MULTIPART", undefined, err.cause);
         throw err;
       });
       request.log.info({ fileId: record.fileId, sizeBytes: record.sizeBytes }, "file uploaded");
@@ -71,15 +62,7 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
         summary: "The caller's files (an admin: everyone's), newest first, in pages; `sha256` finds copies",
         tags: ["files"],
         security: [{ bearer: [] }],
-        querystring: Type.Object(
-          {
-            sha256: Type.Optional(
-              Type.String({ pattern: "^[0-9a-f]{64}$", description: "Only files with this content hash" }),
-            ),
-            ...PageQuery,
-          },
-          { additionalProperties: false },
-        ),
+        querystring: FileListQuery,
         response: { 200: Envelope(Page(FileBody)), ...errorResponses },
       },
     },

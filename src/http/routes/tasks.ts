@@ -1,72 +1,23 @@
 import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
-import { type TSchema, Type } from "typebox";
-import { ANALYSIS_TYPES, isAnalysisType, PARAMETER_SCHEMAS } from "../../analyses/types.ts";
+import { Type } from "typebox";
+import { isAnalysisType } from "../../analyses/types.ts";
 import { typeSettings } from "../../config.ts";
 import { taskCancel } from "../../tasks/cancel.ts";
 import { taskCreate } from "../../tasks/create.ts";
 import { runList, taskGet, taskList } from "../../tasks/read.ts";
-import { TASK_STATUSES } from "../../tasks/states.ts";
+import {
+  CancelAcceptedBody,
+  CreateBody,
+  RunBody,
+  RunListQuery,
+  TaskBody,
+  TaskCreatedBody,
+  TaskListQuery,
+  TaskReplayedBody,
+} from "../api-types.ts";
 import { principalOf } from "../auth.ts";
 import { ApiError, notFound, validationFailed } from "../errors.ts";
-import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok, Page, PageQuery } from "../schemas.ts";
-
-const FileId = Type.String({ minLength: 1, maxLength: 32, description: "A file id from POST /api/files" });
-
-/**
- * The create body: a union discriminated on `analysisType`, so Ajv validates `parameters` against the
- * chosen type's schema and reports an unknown type as such (mapped to ANALYSIS_TYPE_UNSUPPORTED).
- */
-const CreateBody = Type.Unsafe<{
-  analysisType: string;
-  inputFileId?: string;
-  inputFileIds?: string[];
-  parameters?: Record<string, unknown>;
-}>({
-  type: "object",
-  required: ["analysisType"],
-  discriminator: { propertyName: "analysisType" },
-  oneOf: ANALYSIS_TYPES.map((type) =>
-    Type.Object(
-      {
-        analysisType: Type.Literal(type),
-        inputFileId: Type.Optional(FileId),
-        inputFileIds: Type.Optional(Type.Array(FileId, { maxItems: 100_000 })),
-        parameters: Type.Optional(PARAMETER_SCHEMAS[type] as TSchema),
-      },
-      { additionalProperties: false },
-    ),
-  ),
-});
-
-const TaskBody = Type.Object({
-  taskId: Type.String(),
-  analysisType: Type.String(),
-  status: Type.String(),
-  totalCount: Type.Integer(),
-  succeededCount: Type.Integer(),
-  failedCount: Type.Integer(),
-  timedOutCount: Type.Integer(),
-  cancelledCount: Type.Integer(),
-  progressPercent: Type.Integer(),
-  parameters: Type.Record(Type.String(), Type.Unknown()),
-  createdAt: Type.String(),
-  startedAt: Type.Union([Type.String(), Type.Null()]),
-  finishedAt: Type.Union([Type.String(), Type.Null()]),
-});
-
-const RunBody = Type.Object({
-  runId: Type.String(),
-  inputFileId: Type.String(),
-  fileName: Type.String(),
-  status: Type.String(),
-  attempt: Type.Integer(),
-  errorCode: Type.Union([Type.String(), Type.Null()]),
-  errorMessage: Type.Union([Type.String(), Type.Null()]),
-  progressPercent: Type.Integer(),
-  metrics: Type.Union([Type.Record(Type.String(), Type.Unknown()), Type.Null()]),
-  startedAt: Type.Union([Type.String(), Type.Null()]),
-  finishedAt: Type.Union([Type.String(), Type.Null()]),
-});
+import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok, Page } from "../schemas.ts";
 
 const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,200}$/;
 
@@ -81,8 +32,8 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
         headers: Type.Object({ "idempotency-key": Type.Optional(Type.String()) }),
         body: CreateBody,
         response: {
-          200: Envelope(Type.Object({ taskId: Type.String(), status: Type.String() })),
-          201: Envelope(Type.Object({ taskId: Type.String(), status: Type.Literal("queued") })),
+          200: Envelope(TaskReplayedBody),
+          201: Envelope(TaskCreatedBody),
           409: ErrorBody,
           ...errorResponses,
         },
@@ -106,11 +57,17 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
       if (key !== undefined && !IDEMPOTENCY_KEY.test(key)) {
         throw validationFailed("The Idempotency-Key header must be 1–200 visible ASCII characters.");
       }
-      const result = await taskCreate(database.sql, principalOf(request), {
+      const principal = principalOf(request);
+      // Never silently ignored: a user who asks for a priority is told it is not theirs to set.
+      if (body.priority !== undefined && principal.role !== "admin") {
+        throw validationFailed("body/priority may only be set by an admin.");
+      }
+      const result = await taskCreate(database.sql, principal, {
         analysisType: body.analysisType,
         fileIds,
         parameters: body.parameters ?? {},
         maxAttempts: typeSettings(config, body.analysisType).maxAttempts,
+        ...(body.priority === undefined ? {} : { priority: body.priority }),
         ...(key === undefined ? {} : { idempotencyKey: key }),
       });
       switch (result.kind) {
@@ -138,18 +95,16 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
         summary: "List tasks, newest first",
         tags: ["tasks"],
         security: [{ bearer: [] }],
-        querystring: Type.Object(
-          { status: Type.Optional(Type.Union(TASK_STATUSES.map((s) => Type.Literal(s)))), ...PageQuery },
-          { additionalProperties: false },
-        ),
+        querystring: TaskListQuery,
         response: { 200: Envelope(Page(TaskBody)), ...errorResponses },
       },
     },
     async (request) => {
-      const { status, limit, cursor } = request.query;
+      const { status, analysisType, limit, cursor } = request.query;
       const page = await taskList(app.services.database.sql, principalOf(request), {
         limit: limit ?? 20,
         ...(status === undefined ? {} : { status }),
+        ...(analysisType === undefined ? {} : { analysisType }),
         ...(cursor === undefined ? {} : { cursor }),
       });
       return ok(page);
@@ -185,16 +140,17 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ["tasks"],
         security: [{ bearer: [] }],
         params: Type.Object({ taskId: IdParam }),
-        querystring: Type.Object(PageQuery, { additionalProperties: false }),
+        querystring: RunListQuery,
         response: { 200: Envelope(Page(RunBody)), ...errorResponses },
       },
     },
     async (request) => {
       const { taskId } = request.params;
-      const { limit, cursor } = request.query;
+      const { status, limit, cursor } = request.query;
       const page = isId(taskId)
         ? await runList(app.services.database.sql, principalOf(request), taskId, {
             limit: limit ?? 50,
+            ...(status === undefined ? {} : { status }),
             ...(cursor === undefined ? {} : { cursor }),
           })
         : undefined;
@@ -212,7 +168,7 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
         security: [{ bearer: [] }],
         params: Type.Object({ taskId: IdParam }),
         response: {
-          202: Envelope(Type.Object({ taskId: Type.String(), status: Type.String() })),
+          202: Envelope(CancelAcceptedBody),
           409: ErrorBody,
           ...errorResponses,
         },

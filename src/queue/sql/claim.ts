@@ -1,6 +1,6 @@
 // Claiming runs and keeping their leases (DESIGN §4.2–4.4).
 import type { Sql } from "../../db/client.ts";
-import { byId, inLive, type Json, type Lease, matchesLease, notifyEvents } from "./shared.ts";
+import { byId, INT8_OID, inLive, type Json, type Lease, matchesLease, notifyEvents } from "./shared.ts";
 
 /** Advisory-lock namespace of the per-type claim lock (the second key is hashtext(type)). */
 const CLAIM_LOCK_NAMESPACE = 0x636c6169; // "clai"
@@ -34,40 +34,99 @@ export interface ClaimOptions {
   limit: number;
   /** Global limit on live runs of the type across all workers; 0 = none. */
   globalLimit: number;
+  /** Limit on one owner's live runs (of every type) across all workers (ASSAY_USER_CONCURRENCY); 0 = none. */
+  userLimit?: number;
   leaseTtlMs: number;
+}
+
+/** An owner the claim may serve, and how many runs it may give them (the per-user limit's room). */
+interface OwnerCap {
+  owner_id: string;
+  cap: number;
 }
 
 /**
  * Claims up to `limit` due runs of one type (DESIGN §4.2) and returns them with their task's
- * parameters. The claim writes run rows only: a task turns `running` when the first of its runs is
- * recorded running (runProgress) or ends after starting (countIntoTasks), so the claim — the path
- * from a NOTIFY to a started handler — does not lock and rewrite the task row as well.
+ * parameters, in fair share: priority first; within a priority the owners in turn, least served
+ * first (queue_owners' pass); within an owner, its runs by turn, so its tasks interleave; within a
+ * task, file order. The claim writes run rows and the served owners' passes only: a task turns
+ * `running` when the first of its runs is recorded running (runProgress) or ends after starting
+ * (countIntoTasks), so the claim — the path from a NOTIFY to a started handler — does not lock and
+ * rewrite the task row as well.
  *
- * With a global limit, claims of the type are serialised by an advisory transaction lock, and the
- * number of live runs is counted after taking it: the count cannot be stale, so the limit cannot be
- * exceeded.
+ * With a global limit for the type, or a per-user limit, claims are serialised by advisory
+ * transaction locks (the type's; then each candidate owner's, in owner order), and live runs are
+ * counted after taking them: the count cannot be stale, so no limit can be exceeded.
  *
- * A claim of a type without a global limit commits asynchronously (synchronous_commit off for that
- * one transaction): it does not wait for its WAL flush, which under load queues behind the
- * completions' flushes and was the longest part of the claim round trip. Losing a claim can only
- * happen when the database server itself crashes, and leaves the run queued as before: the worker's
- * next heartbeat or completion finds its lease unknown and abandons the attempt — the same path as a
- * reaped lease, so the run executes again and is counted once. A later synchronous commit (any
- * completion) makes every earlier claim durable, since WAL is flushed in order. A globally limited
- * claim stays durable: a lost claim would free a slot whose process still runs.
+ * A claim without limits commits asynchronously (synchronous_commit off for that one transaction):
+ * it does not wait for its WAL flush, which under load queues behind the completions' flushes and was
+ * the longest part of the claim round trip. Losing a claim can only happen when the database server
+ * itself crashes, and leaves the run queued as before: the worker's next heartbeat or completion
+ * finds its lease unknown and abandons the attempt — the same path as a reaped lease, so the run
+ * executes again and is counted once. A later synchronous commit (any completion) makes every earlier
+ * claim durable, since WAL is flushed in order. A limited claim stays durable: a lost claim would free
+ * a slot whose process still runs.
  */
 export async function runClaim(sql: Sql, o: ClaimOptions): Promise<ClaimedRun[]> {
   if (o.limit <= 0) return [];
-  if (o.globalLimit <= 0) return claimStatement(sql, o, o.limit, false);
+  const userLimit = o.userLimit ?? 0;
+  if (o.globalLimit <= 0 && userLimit <= 0) return claimStatement(sql, o, o.limit, null, false);
   return sql.begin(async (tx): Promise<ClaimedRun[]> => {
-    await tx`select pg_advisory_xact_lock(${CLAIM_LOCK_NAMESPACE}, hashtext(${o.analysisType}))`;
-    // A separate statement: its snapshot is taken after the lock, so it sees every earlier claim.
-    const [row] = await tx<{ live: number }[]>`
-      select count(*)::int as live from runs
-      where analysis_type = ${o.analysisType} and status ${inLive(tx)}`;
-    const free = Math.min(o.limit, o.globalLimit - (row?.live ?? 0));
-    return free > 0 ? claimStatement(tx as unknown as Sql, o, free, true) : [];
+    const t = tx as unknown as Sql;
+    let free = o.limit;
+    if (o.globalLimit > 0) {
+      await tx`select pg_advisory_xact_lock(${CLAIM_LOCK_NAMESPACE}, hashtext(${o.analysisType}))`;
+      // A separate statement: its snapshot is taken after the lock, so it sees every earlier claim.
+      const [row] = await tx<{ live: number }[]>`
+        select count(*)::int as live from runs
+        where analysis_type = ${o.analysisType} and status ${inLive(tx)}`;
+      free = Math.min(free, o.globalLimit - (row?.live ?? 0));
+      if (free <= 0) return [];
+    }
+    let caps: OwnerCap[] | null = null;
+    if (userLimit > 0) {
+      caps = await ownerCaps(t, o.analysisType, userLimit, free);
+      if (caps.length === 0) return [];
+    }
+    return claimStatement(t, o, free, caps, true);
   });
+}
+
+/**
+ * The most runs one owner is given in its turn within one claim (deficit round robin's quantum): with
+ * slots freeing one at a time, every claim serves the next owner in turn anyway; a claim of many slots
+ * gives each owner up to this many in a row, so a completion batch spans a few tasks, not one per
+ * run. Over time every owner gets the same share either way: the pass counts runs.
+ */
+export const CLAIM_QUANTUM = 4;
+
+/** Advisory-lock namespace of the per-owner claim lock (the second key is hashint8(owner)). */
+const OWNER_LOCK_NAMESPACE = 0x6f776e72; // "ownr"
+
+/**
+ * The per-user limit: up to `k` owners next in turn with room below the limit, locked in owner
+ * order, with their room counted after the lock (the first count only chooses whom to lock).
+ */
+async function ownerCaps(tx: Sql, analysisType: string, userLimit: number, k: number): Promise<OwnerCap[]> {
+  const candidates = await tx<{ owner_id: string }[]>`
+    select q.owner_id::text from queue_owners q
+    where q.analysis_type = ${analysisType}
+      and exists (select 1 from runs e where e.status = 'queued' and e.analysis_type = q.analysis_type
+                    and e.owner_id = q.owner_id and e.priority = q.priority and e.run_after <= now())
+      and (select count(*) from runs l where l.owner_id = q.owner_id and l.status ${inLive(tx)}) < ${userLimit}
+    order by q.priority, q.pass, q.owner_id
+    limit ${k}`;
+  if (candidates.length === 0) return [];
+  const owners = [...new Set(candidates.map((c) => c.owner_id))];
+  await tx`
+    select pg_advisory_xact_lock(${OWNER_LOCK_NAMESPACE}, k)
+    from (select distinct hashint8(o) as k from unnest(${tx.array(owners, INT8_OID)}::bigint[]) as o order by 1) x`;
+  return tx<OwnerCap[]>`
+    select o::text as owner_id, (${userLimit} - count(l.id))::int as cap
+    from unnest(${tx.array(owners, INT8_OID)}::bigint[]) as o
+    left join runs l on l.owner_id = o and l.status ${inLive(tx)}
+    group by o
+    having count(l.id) < ${userLimit}`;
 }
 
 // Written so that PostgreSQL can plan it once (see inLive): the limit is a literal — a parameter
@@ -76,15 +135,61 @@ export async function runClaim(sql: Sql, o: ClaimOptions): Promise<ClaimedRun[]>
 // concurrency + prefetch) — and the update finds its rows by primary key from an array. (While
 // `runs` is young and its statistics say it is tiny, PostgreSQL still scans it sequentially here;
 // after ANALYZE it is an index scan.)
-function claimStatement(sql: Sql, o: ClaimOptions, k: number, durable = false): Promise<ClaimedRun[]> {
+//
+// The rotation: `picked` walks the owners waiting at this type in (priority, pass) order — all of
+// them, sorted: queue_owners has one row per owner, and sorting it costs less than an index on pass,
+// which every claim would churn — and takes from each, in turn order, up to its quota of due runs
+// (ceil(k / owners at the best priority), or less under the per-user limit), locked with SKIP LOCKED,
+// until k are found: one run per owner when there are k owners or more, more each when there are
+// fewer. The lateral runs per owner with its keys as parameters — an index lookup whatever a young
+// table's statistics say (as an EXISTS probe it became a semi-join that read every queued run of the
+// type per owner) — and the fence (offset 0) keeps the walk above the sort, so it stops at k.
+// `advanced` adds what each owner was given to its pass, the rows locked in owner order first (two
+// claims serving the same owners wait for each other instead of deadlocking). At most k runs are
+// locked whatever the backlog: the claim never scans it.
+function claimStatement(
+  sql: Sql,
+  o: ClaimOptions,
+  k: number,
+  caps: OwnerCap[] | null,
+  durable: boolean,
+): Promise<ClaimedRun[]> {
   if (!Number.isInteger(k) || k <= 0) throw new Error(`claim size must be a positive integer, got ${k}`);
+  const K = sql.unsafe(String(k));
+  const Q = sql.unsafe(String(Math.min(k, CLAIM_QUANTUM)));
   return sql<ClaimedRun[]>`
-    with candidates as (
-      select id from runs
-      where status = 'queued' and analysis_type = ${o.analysisType} and run_after <= now()
-      order by priority, id
-      limit ${sql.unsafe(String(k))}
-      for update skip locked
+    with caps as (
+      select * from jsonb_to_recordset(${sql.json((caps ?? []) as unknown as Json)}) as c(owner_id bigint, cap int)
+    ),
+    level as (
+      select count(*)::float8 as n from queue_owners q
+      where q.analysis_type = ${o.analysisType}
+        and q.priority = (select min(m.priority) from queue_owners m where m.analysis_type = ${o.analysisType})
+    ),
+    picked as materialized (
+      select p.id, w.priority, w.owner_id from (
+        select q.priority, q.owner_id,
+               least(greatest(ceil(${K}::float8 / greatest((select n from level), 1))::int, ${Q}),
+                     coalesce((select c.cap from caps c where c.owner_id = q.owner_id), ${K})) as quota
+        from queue_owners q
+        where q.analysis_type = ${o.analysisType}
+          -- Under the per-user limit an owner's room is given at its best priority only: its rows at
+          -- other priorities would each get the whole room again.
+          and (${caps === null} or (q.owner_id in (select owner_id from caps)
+               and q.priority = (select min(b.priority) from queue_owners b
+                                 where b.analysis_type = q.analysis_type and b.owner_id = q.owner_id)))
+        order by q.priority, q.pass, q.owner_id
+        offset 0
+      ) w
+      cross join lateral (
+        select r.id from runs r
+        where r.status = 'queued' and r.analysis_type = ${o.analysisType} and r.owner_id = w.owner_id
+          and r.priority = w.priority and r.run_after <= now()
+        order by r.turn, r.id
+        limit w.quota
+        for update of r skip locked
+      ) p
+      limit ${K}
     ),
     claimed as (
       update runs r set
@@ -95,19 +200,33 @@ function claimStatement(sql: Sql, o: ClaimOptions, k: number, durable = false): 
         lease_expires_at = now() + ${o.leaseTtlMs} * interval '1 millisecond',
         heartbeat_at = now(),
         started_at = coalesce(r.started_at, now())
-      where r.id = any(array(select id from candidates))
+      where r.id = any(array(select id from picked))
       returning r.id, r.task_id, r.analysis_type, r.attempt, r.max_attempts, r.lease_token,
                 r.input_file_id, r.input_storage_key, r.input_name, r.input_size_bytes, r.input_sha256,
                 r.run_after, r.error_code
+    ),
+    served as materialized (
+      select q.priority, q.owner_id from queue_owners q
+      where q.analysis_type = ${o.analysisType} and (q.priority, q.owner_id) in (select priority, owner_id from picked)
+      order by q.owner_id, q.priority
+      for update of q
+    ),
+    advanced as (
+      update queue_owners q set pass = q.pass + g.n
+      from (select priority, owner_id, count(*) as n from picked group by priority, owner_id) g
+      where q.analysis_type = ${o.analysisType} and q.priority = g.priority and q.owner_id = g.owner_id
+        and (q.priority, q.owner_id) in (select priority, owner_id from served)
     )
     select c.id::float8 as id, c.task_id::float8 as "taskId", c.analysis_type as "analysisType",
            c.attempt, c.max_attempts as "maxAttempts", c.lease_token::text as "leaseToken",
            c.input_file_id::float8 as "inputFileId", c.input_storage_key as "inputStorageKey",
            c.input_name as "inputName", c.input_size_bytes::float8 as "inputSizeBytes",
-           c.input_sha256 as "inputSha256", t.parameters,
+           c.input_sha256 as "inputSha256",
+           -- By primary key per run, whatever a young table's statistics say.
+           (select t.parameters from tasks t where t.id = c.task_id) as parameters,
            extract(epoch from now() - c.run_after)::float8 as "waitedSeconds",
            c.error_code is not distinct from 'ANALYSIS_WORKER_UNAVAILABLE' as "afterLostLease"
-    from claimed c join tasks t on t.id = c.task_id
+    from claimed c
     -- Always true; evaluated once. Sets how this statement's own transaction commits (see above);
     -- "durable" keeps the server's setting, whatever it is.
     where (select set_config('synchronous_commit',
@@ -142,8 +261,8 @@ export interface ProgressUpdate extends Lease {
 }
 
 /**
- * Records that attempts are running (starting → running) and their latest progress, fenced by the
- * lease token, and appends `run.running` / `run.progress` events. Returns the runs that matched, with
+ * Records that attempts are running (starting → running) and their latest progress and message,
+ * fenced by the lease token, and appends `run.running` / `run.progress` events. Returns the runs that matched, with
  * their status.
  */
 export function runProgress(sql: Sql, updates: ProgressUpdate[]): Promise<{ id: number; status: string }[]> {
@@ -163,7 +282,9 @@ export function runProgress(sql: Sql, updates: ProgressUpdate[]): Promise<{ id: 
     moved as (
       update runs r set
         status = case when r.status = 'starting' then 'running' else r.status end,
-        progress = coalesce(i.progress, r.progress)
+        progress = coalesce(i.progress, r.progress),
+        -- A report without a message keeps the last one (the dashboard shows the latest).
+        message = coalesce(i.message, r.message)
       from i
       where ${matchesLease(sql)}
       returning r.id, r.task_id, r.status, r.attempt

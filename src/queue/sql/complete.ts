@@ -2,6 +2,7 @@
 // (DESIGN §4.5–4.6).
 import type { Sql } from "../../db/client.ts";
 import type { TerminalRunStatus } from "../../tasks/states.ts";
+import { requeuedRejoin } from "./fair.ts";
 import { byId, countIntoTasks, type Json, type Lease, matchesLease } from "./shared.ts";
 
 export interface Outcome extends Lease {
@@ -153,7 +154,7 @@ export async function runRetry(sql: Sql, retries: Retry[]): Promise<RetryResult>
         lease_token = null, lease_owner = null, lease_expires_at = null, heartbeat_at = null
       from matched m join i on i.id = m.id
       where r.id = m.id and m.status <> 'cancelling'
-      returning r.id, r.task_id, r.attempt, r.error_code, r.run_after
+      returning r.id, r.task_id, r.attempt, r.error_code, r.run_after, r.analysis_type, r.priority, r.owner_id
     ),
     done as (
       update runs r set
@@ -166,7 +167,8 @@ export async function runRetry(sql: Sql, retries: Retry[]): Promise<RetryResult>
       where r.id = m.id and m.status = 'cancelling'
       returning r.id, r.task_id, r.status, r.attempt, r.error_code
     ),
-    ${countIntoTasks(sql, true)}
+    ${countIntoTasks(sql, true)},
+    ${requeuedRejoin(sql)}
     select (select json_agg(id::float8) from requeued) as requeued,
            (select json_agg(id::float8) from done) as cancelled,
            (select json_agg(json_build_object('taskId', id::float8, 'status', status))

@@ -1,5 +1,6 @@
 // The reaper's statements (DESIGN §4.7).
 import type { Sql } from "../../db/client.ts";
+import { requeuedRejoin } from "./fair.ts";
 import { countIntoTasks, inLive, MAX_BACKOFF_MS } from "./shared.ts";
 
 export interface ReapOptions {
@@ -42,7 +43,7 @@ export async function runReapExpired(sql: Sql, o: ReapOptions): Promise<ReapResu
         lease_token = null, lease_owner = null, lease_expires_at = null, heartbeat_at = null
       from expired e
       where r.id = e.id and e.status <> 'cancelling' and e.attempt < e.max_attempts
-      returning r.id, r.task_id, r.attempt, r.error_code, r.run_after
+      returning r.id, r.task_id, r.attempt, r.error_code, r.run_after, r.analysis_type, r.priority, r.owner_id
     ),
     done as (
       update runs r set
@@ -57,7 +58,8 @@ export async function runReapExpired(sql: Sql, o: ReapOptions): Promise<ReapResu
       where r.id = e.id and (e.status = 'cancelling' or e.attempt >= e.max_attempts)
       returning r.id, r.task_id, r.status, r.attempt, r.error_code
     ),
-    ${countIntoTasks(sql, true)}
+    ${countIntoTasks(sql, true)},
+    ${requeuedRejoin(sql)}
     select (select count(*)::int from requeued) as requeued,
            (select count(*)::int from done where status = 'failed') as failed,
            (select count(*)::int from done where status = 'cancelled') as cancelled,

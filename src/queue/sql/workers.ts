@@ -2,21 +2,38 @@
 import type { Sql } from "../../db/client.ts";
 import { WAKEUP_CHANNEL } from "./shared.ts";
 
+/** A type a worker cannot run, and why ("Rscript not found"). */
+export interface TypeUnavailable {
+  type: string;
+  reason: string;
+}
+
 export interface WorkerInfo {
   id: string;
   host: string;
   pid: number;
   analysisTypes: string[];
   concurrency: number;
+  /** Types this worker cannot run, with the reason it logged at start. */
+  unavailable?: TypeUnavailable[];
 }
+
+/**
+ * A worker row counts as live while its heartbeat is younger than this many lease TTLs: the reaper
+ * deletes older rows, and GET /api/analysis-types judges availability by the same rule.
+ */
+export const WORKER_STALE_TTLS = 3;
 
 /** Registers (or re-registers) a worker and records that its types are served. */
 export async function workerRegister(sql: Sql, w: WorkerInfo): Promise<void> {
+  const unavailable = (w.unavailable ?? []).map((u) => ({ type: u.type, reason: u.reason }));
   await sql`
     with w as (
-      insert into workers (id, host, pid, analysis_types, concurrency)
-      values (${w.id}, ${w.host}, ${w.pid}, ${w.analysisTypes}::text[], ${w.concurrency})
-      on conflict (id) do update set heartbeat_at = now()
+      insert into workers (id, host, pid, analysis_types, concurrency, unavailable)
+      values (${w.id}, ${w.host}, ${w.pid}, ${w.analysisTypes}::text[], ${w.concurrency},
+              ${sql.json(unavailable)})
+      on conflict (id) do update set heartbeat_at = now(), analysis_types = excluded.analysis_types,
+        concurrency = excluded.concurrency, unavailable = excluded.unavailable
     )
     insert into analysis_type_seen (analysis_type, last_seen_at)
     select unnest(${w.analysisTypes}::text[]), now()
@@ -37,6 +54,47 @@ export async function workerDeleteStale(sql: Sql, staleMs: number): Promise<numb
   const rows = await sql`
     delete from workers where heartbeat_at < now() - ${staleMs} * interval '1 millisecond' returning id`;
   return rows.length;
+}
+
+export interface TypeAvailability {
+  type: string;
+  /** Live workers that offer the type. */
+  workers: number;
+  /** Live workers in all. */
+  liveWorkers: number;
+  /** The distinct reasons live workers gave for not offering it, with how many gave each. */
+  reasons: { reason: string; workers: number }[];
+}
+
+/**
+ * For each of `types`, the live workers (heartbeat younger than `staleMs`, as the reaper judges) that
+ * offer it and the reasons of those that do not. One statement; the workers table holds a row per
+ * worker process, so it is small.
+ */
+export async function workerTypeAvailability(
+  sql: Sql,
+  types: readonly string[],
+  staleMs: number,
+): Promise<TypeAvailability[]> {
+  return sql<TypeAvailability[]>`
+    with live as materialized (
+      select w.analysis_types, w.unavailable from workers w
+      where w.heartbeat_at >= now() - ${staleMs} * interval '1 millisecond'
+    )
+    select ty.type,
+           (select count(*)::int from live where ty.type = any(live.analysis_types)) as workers,
+           (select count(*)::int from live) as "liveWorkers",
+           coalesce((
+             select json_agg(json_build_object('reason', u.reason, 'workers', u.n) order by u.reason)
+             from (
+               select x ->> 'reason' as reason, count(*)::int as n
+               from live, jsonb_array_elements(live.unavailable) x
+               where x ->> 'type' = ty.type and jsonb_typeof(x -> 'reason') = 'string'
+               group by 1
+             ) u
+           ), '[]'::json) as reasons
+    from unnest(${[...types]}::text[]) with ordinality as ty(type, ord)
+    order by ty.ord`;
 }
 
 /** Wakes workers that can run `analysisType` (delivered at commit when called in a transaction). */

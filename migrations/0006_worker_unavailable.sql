@@ -1,0 +1,1 @@
+ALTER TABLE "workers" ADD COLUMN "unavailable" jsonb DEFAULT '[]'::jsonb NOT NULL;

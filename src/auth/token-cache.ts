@@ -1,0 +1,82 @@
+// A short-lived cache of authenticated tokens, so a request does not pay a database round trip for its
+// token: the API's hot reads (a task, a page of runs, an upload) are one statement each instead of two.
+// A revoke or a role change notifies TOKENS_CHANNEL and every API process empties its cache at once;
+// should that notification be lost (the listener reconnecting), an entry still lives at most
+// TOKEN_CACHE_TTL_MS. Keys are the tokens' SHA-256 (what the database stores), never the tokens.
+import type { Sql } from "../db/client.ts";
+import type { Logger } from "../log.ts";
+import type { Authenticated } from "./tokens.ts";
+
+/** Revokes and role changes are announced here (payload: the token id, or "*" for every token). */
+export const TOKENS_CHANNEL = "assay_tokens";
+/** The longest a cached token is trusted without asking the database. */
+export const TOKEN_CACHE_TTL_MS = 5_000;
+/** Entries kept; the oldest go first. */
+const MAX_ENTRIES = 10_000;
+
+export class TokenCache {
+  private readonly entries = new Map<string, { principal: Authenticated; expires: number }>();
+  private unlisten: (() => Promise<void>) | undefined;
+  /** False until the listener is up: until then nothing is cached (a revoke could not reach it). */
+  private listening = false;
+  readonly ttlMs: number;
+
+  constructor(ttlMs = TOKEN_CACHE_TTL_MS) {
+    this.ttlMs = ttlMs;
+  }
+
+  get(hash: string, now = Date.now()): Authenticated | undefined {
+    const entry = this.entries.get(hash);
+    if (!entry) return undefined;
+    if (entry.expires <= now) {
+      this.entries.delete(hash);
+      return undefined;
+    }
+    return entry.principal;
+  }
+
+  set(hash: string, principal: Authenticated, now = Date.now()): void {
+    if (!this.listening || this.ttlMs <= 0) return;
+    if (this.entries.size >= MAX_ENTRIES) {
+      const oldest = this.entries.keys().next().value;
+      if (oldest !== undefined) this.entries.delete(oldest);
+    }
+    this.entries.set(hash, { principal, expires: now + this.ttlMs });
+  }
+
+  clear(): void {
+    this.entries.clear();
+  }
+
+  get size(): number {
+    return this.entries.size;
+  }
+
+  /**
+   * Listens for revokes (on postgres.js's LISTEN connection, shared with the event hub). A reconnect
+   * empties the cache: notifications may have been missed meanwhile.
+   */
+  async start(sql: Sql, logger: Logger): Promise<void> {
+    try {
+      const { unlisten } = await sql.listen(
+        TOKENS_CHANNEL,
+        () => this.clear(),
+        () => {
+          this.clear();
+          this.listening = true;
+        },
+      );
+      this.unlisten = unlisten;
+    } catch (err) {
+      // Without the listener the cache stays empty: every request asks the database.
+      logger.warn({ err }, "token cache disabled: could not listen for revokes");
+    }
+  }
+
+  async stop(): Promise<void> {
+    this.listening = false;
+    this.clear();
+    await this.unlisten?.().catch(() => {});
+    this.unlisten = undefined;
+  }
+}

@@ -1,0 +1,80 @@
+// `assay download <taskId>`: a finished task's outputs into a folder.
+import path from "node:path";
+import { runsOf, taskGet } from "../client/api.ts";
+import { downloadOutputs, folderNames } from "../client/download.ts";
+import { EXIT, TaskStateError } from "../client/exit.ts";
+import { shown } from "../client/output.ts";
+import { isTerminal } from "../client/sse.ts";
+import { summaryLine } from "../client/summary.ts";
+import { type ClientContext, intOption, runClientCommand, taskIdArg } from "./client-common.ts";
+
+// ---- download --------------------------------------------------------------------------------
+
+const DOWNLOAD_HELP = `Usage: assay download <taskId> [--out DIR] [--concurrency N]
+
+Downloads a finished task's outputs: DIR/<input file name>/<output files> for every run that
+succeeded (a repeated input name gets " (run <id>)"), and DIR/results.csv with a row per run.
+DIR defaults to task-<taskId>. Exits 0 when the task succeeded, 1 when it ended otherwise (the
+outputs of the runs that succeeded are still downloaded) or has not ended yet.
+
+Example:
+  assay download 100000042 --out results/`;
+
+export const downloadCommand = (argv: string[]) =>
+  runClientCommand(
+    {
+      help: DOWNLOAD_HELP,
+      options: { out: { type: "string", short: "o" }, concurrency: { type: "string" } } as const,
+      run: async (
+        ctx: ClientContext,
+        { values, positionals }: { values: { out?: string; concurrency?: string }; positionals: string[] },
+      ) => {
+        const taskId = taskIdArg(positionals, "assay download <taskId> [--out DIR]");
+        const concurrency = intOption(values.concurrency, "concurrency", 8, 64);
+        const task = await taskGet(ctx.client, taskId);
+        if (!isTerminal(task.status)) {
+          throw new TaskStateError(
+            `task ${taskId} has not ended (${task.status}): wait with assay follow ${taskId}`,
+          );
+        }
+        if (task.succeededCount === 0)
+          throw new TaskStateError(`task ${taskId} ${task.status}: no run has outputs`);
+        const out = path.resolve(values.out ?? `task-${taskId}`);
+        const runs = await runsOf(ctx.client, taskId, "succeeded");
+        const folders = folderNames(runs);
+        const { got, files } = await downloadReported(
+          ctx,
+          taskId,
+          runs.map((run) => ({ run, folder: folders.get(run.runId) as string })),
+          out,
+          concurrency,
+        );
+        ctx.out.say(
+          `Downloaded ${files} files of ${got.runs.length} runs to ${shown(out)}; ${summaryLine(task)}`,
+        );
+        return task.status === "succeeded" ? EXIT.OK : EXIT.TASK_NOT_SUCCEEDED;
+      },
+    },
+    argv,
+  );
+
+/**
+ * Downloads `items` into `out` and reports each run's folder and the total as JSON lines (`download`,
+ * `downloaded`); shared by `assay download` and `assay submit --out`.
+ */
+export async function downloadReported(
+  ctx: ClientContext,
+  taskId: string,
+  items: Parameters<typeof downloadOutputs>[2],
+  out: string,
+  concurrency: number,
+) {
+  const got = await downloadOutputs(ctx.client, taskId, items, out, {
+    concurrency,
+    signal: ctx.signal,
+    onRun: (d) => ctx.out.line("download", { dir: path.join(out, d.folder), ...d }),
+  });
+  const files = got.runs.reduce((a, r) => a + r.files.length, 0);
+  ctx.out.line("downloaded", { dir: out, runs: got.runs.length, files, resultsCsv: got.resultsCsv });
+  return { got, files };
+}

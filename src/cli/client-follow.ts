@@ -1,0 +1,203 @@
+// `assay follow <taskId>` and `assay logs <taskId> [--follow]`, and the live view `submit --follow`
+// shares: on a terminal the task's bars, otherwise one JSON line per event of the task's log — every
+// event once, in order, across dropped connections and API restarts.
+import { logsPage, runsOf, taskGet } from "../client/api.ts";
+import { EXIT, Interrupted } from "../client/exit.ts";
+import { shown } from "../client/output.ts";
+import { TaskTracker } from "../client/progress.ts";
+import { type StreamState, taskEvents } from "../client/sse.ts";
+import { summaryLine } from "../client/summary.ts";
+import type { Run, Task, TaskEvent } from "../http/api-types.ts";
+import { type ClientContext, runClientCommand, taskIdArg } from "./client-common.ts";
+
+export interface FollowResult {
+  task: Task;
+  /** Runs that ended other than succeeded, with their errors. */
+  problems: Run[];
+}
+
+interface View {
+  event(e: TaskEvent): void;
+  state(state: StreamState, detail: string): void;
+  stop(): void;
+}
+
+/** Draws the task on a terminal. */
+async function barsView(ctx: ClientContext, task: Task): Promise<View> {
+  const { FollowBars } = await import("../client/tty.ts");
+  const tracker = new TaskTracker(task.taskId, task.totalCount, await runsOf(ctx.client, task.taskId));
+  const bars = new FollowBars(ctx.out.stream, tracker);
+  return {
+    event(e) {
+      const change = tracker.apply(e);
+      if (change.kind === "run" && (change.ended || change.retried) && change.run.status !== "succeeded") {
+        const what = change.retried ? `retrying (attempt ${change.run.attempt + 1})` : change.run.status;
+        bars.log(
+          `${what.padEnd(10)} ${shown(change.run.name)} (run ${change.run.runId}): ${change.run.errorCode ?? ""}`,
+        );
+      }
+      bars.update(change.kind === "run" ? change.run : undefined);
+    },
+    state(state, detail) {
+      bars.setNote(state === "reconnecting" ? "reconnecting…" : "");
+      bars.log(
+        state === "reconnecting" ? `connection lost (${shown(detail)}); reconnecting…` : "reconnected",
+      );
+    },
+    stop: () => bars.stop(),
+  };
+}
+
+/** One JSON line per event (scripts). */
+function jsonView(ctx: ClientContext): View {
+  return {
+    event: (e) => ctx.out.line("event", e),
+    state: (state, detail) =>
+      ctx.out.note(state === "reconnecting" ? `connection lost (${detail}); reconnecting` : "reconnected"),
+    stop: () => {},
+  };
+}
+
+const quietView: View = { event: () => {}, state: () => {}, stop: () => {} };
+
+/** The task as it ended and its runs that did not succeed. */
+export async function outcomeOf(ctx: ClientContext, taskId: string): Promise<FollowResult> {
+  const task = await taskGet(ctx.client, taskId);
+  const problems: Run[] = [];
+  if (task.failedCount > 0) problems.push(...(await runsOf(ctx.client, taskId, "failed")));
+  if (task.timedOutCount > 0) problems.push(...(await runsOf(ctx.client, taskId, "timed_out")));
+  if (task.cancelledCount > 0) problems.push(...(await runsOf(ctx.client, taskId, "cancelled")));
+  problems.sort((a, b) => (BigInt(a.runId) < BigInt(b.runId) ? -1 : 1));
+  return { task, problems };
+}
+
+/**
+ * Follows a task to its end: `show` draws it (terminal) or prints its events (JSON); without, it
+ * only waits. Throws Interrupted on Ctrl-C, leaving the task running.
+ */
+export async function followTask(
+  ctx: ClientContext,
+  taskId: string,
+  o: { show: boolean },
+): Promise<FollowResult> {
+  const first = await taskGet(ctx.client, taskId, ctx.signal);
+  const view = !o.show ? quietView : ctx.out.tty ? await barsView(ctx, first) : jsonView(ctx);
+  try {
+    for await (const e of taskEvents(ctx.client, taskId, { signal: ctx.signal, onState: view.state }))
+      view.event(e);
+  } finally {
+    view.stop();
+  }
+  if (ctx.signal.aborted) throw new Interrupted(`stopped following task ${taskId}`);
+  return outcomeOf(ctx, taskId);
+}
+
+/** The closing report: a summary line and a line per run that did not succeed. Returns the exit code. */
+export function report(ctx: ClientContext, { task, problems }: FollowResult): number {
+  const failedRuns = problems.map((r) => ({
+    runId: r.runId,
+    fileName: r.fileName,
+    status: r.status,
+    errorCode: r.errorCode,
+    errorMessage: r.errorMessage,
+  }));
+  ctx.out.line("summary", { ...task, failedRuns });
+  ctx.out.say(summaryLine(task));
+  for (const r of problems) {
+    ctx.out.say(
+      `  ${r.status.padEnd(10)} ${shown(r.fileName)} (run ${r.runId}): ${r.errorCode ?? ""}${r.errorMessage ? ` — ${shown(r.errorMessage)}` : ""}`,
+    );
+  }
+  return task.status === "succeeded" ? EXIT.OK : EXIT.TASK_NOT_SUCCEEDED;
+}
+
+/** What Ctrl-C while following says: the task goes on. */
+export function leftRunning(ctx: ClientContext, taskId: string): number {
+  const message = `stopped following; task ${taskId} is still running (assay follow ${taskId} to watch it again, assay cancel ${taskId} to stop it)`;
+  ctx.out.line("interrupted", { taskId, message });
+  ctx.out.note(message);
+  return EXIT.INTERRUPTED;
+}
+
+const FOLLOW_HELP = `Usage: assay follow <taskId>
+
+Shows a task live until it ends: an overall bar with counts, a line per running run with its
+progress and latest message, errors as they happen, then a summary naming every run that did not
+succeed. Without a terminal (or with --json): one JSON line per event of the task's log, then a
+"summary" line. Survives API restarts and dropped connections (resumes with Last-Event-ID; nothing
+is shown twice). Ctrl-C stops following and leaves the task running.
+
+Example:
+  assay follow 100000042`;
+
+export const followSpec = {
+  help: FOLLOW_HELP,
+  options: {},
+  run: async (ctx: ClientContext, { positionals }: { positionals: string[] }) => {
+    const taskId = taskIdArg(positionals, "assay follow <taskId>");
+    try {
+      return report(ctx, await followTask(ctx, taskId, { show: true }));
+    } catch (err) {
+      if (err instanceof Interrupted) return leftRunning(ctx, taskId);
+      throw err;
+    }
+  },
+};
+
+export const followCommand = (argv: string[]) => runClientCommand(followSpec, argv);
+
+const LOGS_HELP = `Usage: assay logs <taskId> [--follow]
+
+Prints the task's events (its lifecycle and every progress report), oldest first. With --follow,
+keeps printing new events until the task ends, then exits with the task's outcome. Without a
+terminal (or with --json): one JSON line per event.
+
+Examples:
+  assay logs 100000042
+  assay logs 100000042 --follow --json | jq -c 'select(.type == "run.failed")'`;
+
+/** An event as one line for people. */
+export function eventLine(e: TaskEvent, names: Map<string, string>): string {
+  const who = e.runId === null ? "task" : `${shown(names.get(e.runId) ?? "")} (run ${e.runId})`;
+  const d = e.data;
+  let what = "";
+  if (e.type === "run.progress")
+    what = `${d.percent ?? "?"}%${typeof d.message === "string" ? ` ${shown(d.message)}` : ""}`;
+  else if (typeof d.errorCode === "string") what = d.errorCode;
+  else if (e.type === "task.queued") what = `${d.totalCount ?? "?"} runs`;
+  return `${e.createdAt}  ${e.type.padEnd(16)} ${who}${what ? `  ${what}` : ""}`;
+}
+
+async function printLogs(ctx: ClientContext, taskId: string, follow: boolean): Promise<number> {
+  const names = new Map(
+    ctx.out.json ? [] : (await runsOf(ctx.client, taskId)).map((r) => [r.runId, r.fileName]),
+  );
+  const print = (e: TaskEvent) => {
+    ctx.out.line("event", e);
+    ctx.out.say(eventLine(e, names));
+  };
+  let after: string | null = null;
+  for (;;) {
+    const page = await logsPage(ctx.client, taskId, after);
+    for (const e of page.items) print(e);
+    after = page.items.at(-1)?.id ?? after;
+    if (page.nextCursor === null) break;
+  }
+  if (!follow) return EXIT.OK;
+  for await (const e of taskEvents(ctx.client, taskId, { signal: ctx.signal, after })) print(e);
+  if (ctx.signal.aborted) return leftRunning(ctx, taskId);
+  const task = await taskGet(ctx.client, taskId);
+  ctx.out.say(summaryLine(task));
+  return task.status === "succeeded" ? EXIT.OK : EXIT.TASK_NOT_SUCCEEDED;
+}
+
+export const logsSpec = {
+  help: LOGS_HELP,
+  options: { follow: { type: "boolean", short: "f" } },
+  run: (
+    ctx: ClientContext,
+    { values, positionals }: { values: { follow?: boolean }; positionals: string[] },
+  ) => printLogs(ctx, taskIdArg(positionals, "assay logs <taskId> [--follow]"), values.follow === true),
+} as const;
+
+export const logsCommand = (argv: string[]) => runClientCommand(logsSpec, argv);

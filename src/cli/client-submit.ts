@@ -1,0 +1,309 @@
+// `assay submit`: from a folder of files to a task (and, with --out, to a folder of results).
+// Order matters for "nothing half-created": the type and its parameters are checked and --out is
+// made before anything is uploaded; Ctrl-C during hashing or uploads cancels the requests in
+// flight (the server keeps nothing of an unfinished upload) and creates no task; the create itself
+// is one request that Ctrl-C does not cut off, so a task either exists whole or not at all.
+import { randomUUID } from "node:crypto";
+import fs from "node:fs";
+import path from "node:path";
+import { analysisTypes, runsOf, taskCreate } from "../client/api.ts";
+import { folderFromLabel } from "../client/download.ts";
+import { ClientUsageError, EXIT, Interrupted } from "../client/exit.ts";
+import { type ApiClient, ConnectionError } from "../client/http.ts";
+import type { LocalInput } from "../client/inputs.ts";
+import { listInputs } from "../client/inputs.ts";
+import { bytes, seconds, shown } from "../client/output.ts";
+import { type JsonSchema, knownParams, paramProblems, parseParams } from "../client/params.ts";
+import { mapLimit, sleep } from "../client/pool.ts";
+import { findCopies, hashInputs, uploadFile } from "../client/upload.ts";
+import type { AnalysisTypeInfo, FileRecord, TaskCreated } from "../http/api-types.ts";
+import { type ClientContext, intOption, runClientCommand } from "./client-common.ts";
+import { downloadReported } from "./client-download.ts";
+import { followTask, leftRunning, report } from "./client-follow.ts";
+
+const HELP = `Usage: assay submit --type <type> [--param key=value]… <file|dir>… [--follow] [--out DIR]
+                    [--idempotency-key K] [--concurrency N]
+
+Uploads the files (directories are walked, hidden files skipped), skipping every file you already
+uploaded with the same content (same SHA-256), and creates one task with a run per file. Prints the
+task id. The parameters are checked against the type's schema before anything is uploaded.
+
+  --type T             the analysis type (assay types lists them)
+  --param key=value    a parameter; repeat a list parameter's key for each item
+                       (--param columns=a --param columns=b), or give a JSON array
+  --follow             show the task live until it ends (as assay follow)
+  --out DIR            when the task ends, download its outputs: DIR/<input path>/<output files>,
+                       and DIR/results.csv
+  --idempotency-key K  the same key again returns the same task instead of a new one
+  --concurrency N      uploads (and downloads) at once (default 8)
+
+Exit codes: 0 created (with --follow or --out: the task succeeded); 1 the task failed, partially
+succeeded, timed out or was cancelled; 2 bad arguments or parameters (nothing uploaded); 3 the
+server cannot be reached or refuses the token; 130 Ctrl-C (during uploads: no task was created;
+while following: the task goes on).
+
+Examples:
+  assay submit --type summary data/ --follow --out results/
+  assay submit --type python-stats --param method=median --param columns=price data/*.csv
+  assay submit --type r-report --param title="Q3 report" q3.csv --json | jq -r 'select(.kind=="task").taskId'`;
+
+const OPTIONS = {
+  type: { type: "string", short: "t" },
+  param: { type: "string", short: "p", multiple: true },
+  follow: { type: "boolean", short: "f" },
+  out: { type: "string", short: "o" },
+  "idempotency-key": { type: "string" },
+  concurrency: { type: "string" },
+} as const;
+
+interface SubmitValues {
+  type?: string;
+  param?: string[];
+  follow?: boolean;
+  out?: string;
+  "idempotency-key"?: string;
+  concurrency?: string;
+}
+
+/** The analysis type by name, with a list of the known ones when it is not one. */
+async function chooseType(c: ApiClient, name: string | undefined): Promise<AnalysisTypeInfo> {
+  const types = await analysisTypes(c);
+  const known = types.map((t) => t.name).join(", ");
+  if (!name) throw new ClientUsageError(`--type is required (one of ${known})`);
+  const type = types.find((t) => t.name === name);
+  if (!type) throw new ClientUsageError(`unknown analysis type ${name} (one of ${known})`);
+  return type;
+}
+
+async function checkedParams(type: AnalysisTypeInfo, pairs: string[]): Promise<Record<string, unknown>> {
+  const schema = type.parameters as JsonSchema;
+  const params = parseParams(pairs, schema, type.name);
+  const problems = await paramProblems(params, schema);
+  if (problems.length > 0) {
+    throw new ClientUsageError(
+      `invalid parameters for ${type.name}: ${problems.join("; ")} (${knownParams(schema)})`,
+    );
+  }
+  return params;
+}
+
+/** --out made (and shown writable) before anything is uploaded. */
+function prepareOut(dir: string | undefined): string | undefined {
+  if (dir === undefined) return undefined;
+  const full = path.resolve(dir);
+  try {
+    fs.mkdirSync(full, { recursive: true });
+    fs.accessSync(full, fs.constants.W_OK);
+  } catch (err) {
+    throw new ClientUsageError(`cannot write to --out ${dir}: ${(err as Error).message}`);
+  }
+  return full;
+}
+
+interface Sent {
+  inputs: LocalInput[];
+  records: FileRecord[];
+  uploaded: number;
+}
+
+type Bars = import("../client/tty.ts").UploadBars | undefined;
+
+async function hashAll(
+  ctx: ClientContext,
+  listed: { path: string; label: string }[],
+  bars: Bars,
+  concurrency: number,
+) {
+  const total = listed.reduce((a, f) => a + fs.statSync(f.path).size, 0);
+  const hashed = bars?.hashing(total, listed.length);
+  let doneBytes = 0;
+  let doneFiles = 0;
+  return hashInputs(listed, concurrency, ctx.signal, (n) => {
+    doneBytes += n;
+    doneFiles++;
+    hashed?.(doneBytes, doneFiles);
+  });
+}
+
+/** Uploads `inputs[i]` for every i of `missing`; their records by index. */
+async function uploadAll(
+  ctx: ClientContext,
+  inputs: LocalInput[],
+  missing: number[],
+  bars: Bars,
+  concurrency: number,
+): Promise<Map<number, FileRecord>> {
+  if (missing.length === 0) return new Map();
+  bars?.uploading(
+    missing.reduce((a, i) => a + (inputs[i]?.sizeBytes ?? 0), 0),
+    missing.length,
+  );
+  const uploader = await ctx.client.uploader(concurrency);
+  try {
+    const uploads = await mapLimit(missing, concurrency, async (i) => {
+      const input = inputs[i] as LocalInput;
+      const record = await uploadFile(uploader, input, ctx.signal, (n) =>
+        bars?.sent(n, false, missing.length),
+      );
+      bars?.sent(0, true, missing.length);
+      fileLine(ctx, input, record, true);
+      return [i, record] as const;
+    });
+    return new Map(uploads);
+  } finally {
+    uploader.close();
+  }
+}
+
+/** Hashes, finds copies, uploads the rest: one record per input, in order. */
+async function sendFiles(
+  ctx: ClientContext,
+  listed: { path: string; label: string }[],
+  concurrency: number,
+): Promise<Sent> {
+  const t0 = performance.now();
+  const bars: Bars = ctx.out.tty
+    ? new (await import("../client/tty.ts")).UploadBars(ctx.out.stream)
+    : undefined;
+  try {
+    const inputs = await hashAll(ctx, listed, bars, concurrency);
+    const t1 = performance.now();
+    const copies = await findCopies(ctx.client, inputs, concurrency, ctx.signal);
+    const t2 = performance.now();
+    const missing = inputs.map((_, i) => i).filter((i) => !copies.has(i));
+    const fresh = await uploadAll(ctx, inputs, missing, bars, concurrency);
+    const t3 = performance.now();
+    const records = inputs.map((input, i) => {
+      const copy = copies.get(i);
+      if (copy) fileLine(ctx, input, copy, false);
+      return copy ?? (fresh.get(i) as FileRecord);
+    });
+    bars?.stop();
+    const sentBytes = missing.reduce((a, i) => a + (inputs[i]?.sizeBytes ?? 0), 0);
+    const sec = (a: number, b: number) => Math.round(b - a) / 1000;
+    ctx.out.line("upload", {
+      files: inputs.length,
+      uploaded: missing.length,
+      reused: copies.size,
+      bytes: sentBytes,
+      seconds: sec(t0, t3),
+      hashSeconds: sec(t0, t1),
+      lookupSeconds: sec(t1, t2),
+      uploadSeconds: sec(t2, t3),
+    });
+    ctx.out.say(
+      `${inputs.length} files: ${missing.length} uploaded (${bytes(sentBytes)}), ${copies.size} already on the server (${seconds(t3 - t0)})`,
+    );
+    return { inputs, records, uploaded: missing.length };
+  } finally {
+    bars?.stop();
+  }
+}
+
+function fileLine(ctx: ClientContext, input: LocalInput, record: FileRecord, uploaded: boolean): void {
+  ctx.out.line("file", { path: input.label, uploaded, ...record });
+}
+
+/**
+ * POST the task, retried with the same Idempotency-Key when the connection fails (the retry returns
+ * the task if the first attempt got through). Not cut off by Ctrl-C.
+ */
+async function createTask(
+  c: ApiClient,
+  type: string,
+  sent: Sent,
+  parameters: Record<string, unknown>,
+  key: string,
+): Promise<TaskCreated> {
+  const body = { analysisType: type, inputFileIds: sent.records.map((r) => r.fileId), parameters };
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await taskCreate(c, body, key);
+    } catch (err) {
+      if (!(err instanceof ConnectionError) || attempt === 3) throw err;
+      await sleep(500 * attempt);
+    }
+  }
+}
+
+async function downloadTo(ctx: ClientContext, taskId: string, out: string, sent: Sent, concurrency: number) {
+  const labelOf = new Map(sent.records.map((r, i) => [r.fileId, sent.inputs[i]?.label ?? r.name]));
+  const runs = await runsOf(ctx.client, taskId, "succeeded");
+  const { got, files } = await downloadReported(
+    ctx,
+    taskId,
+    runs.map((run) => ({
+      run,
+      folder: folderFromLabel(labelOf.get(run.inputFileId) ?? run.fileName, run.runId),
+    })),
+    out,
+    concurrency,
+  );
+  ctx.out.say(
+    `Downloaded ${files} files of ${got.runs.length} runs to ${shown(out)} (and ${path.basename(got.resultsCsv)})`,
+  );
+}
+
+async function submit(ctx: ClientContext, values: SubmitValues, positionals: string[]): Promise<number> {
+  const concurrency = intOption(values.concurrency, "concurrency", 8, 64);
+  const listed = listInputs(positionals);
+  const out = prepareOut(values.out);
+  const type = await chooseType(ctx.client, values.type);
+  const parameters = await checkedParams(type, values.param ?? []);
+  if (!type.available)
+    ctx.out.note(`no worker runs ${type.name} right now (${type.reason}); its runs will wait for one`);
+  let sent: Sent;
+  try {
+    sent = await sendFiles(ctx, listed, concurrency);
+  } catch (err) {
+    if (!(err instanceof Interrupted) && !ctx.signal.aborted) throw err;
+    const message = "interrupted: no task was created (files uploaded in full are reused next time)";
+    ctx.out.line("interrupted", { message });
+    ctx.out.note(message);
+    return EXIT.INTERRUPTED;
+  }
+  const key = values["idempotency-key"] ?? `assay-cli-${randomUUID()}`;
+  const created = await createTask(ctx.client, type.name, sent, parameters, key);
+  ctx.out.line("task", {
+    taskId: created.taskId,
+    status: created.status,
+    analysisType: type.name,
+    runs: listed.length,
+  });
+  ctx.out.say(`Task ${created.taskId} created: ${type.name} over ${listed.length} files`);
+  if (ctx.signal.aborted) return leftRunning(ctx, created.taskId);
+  if (!values.follow && !out) {
+    ctx.out.say(`Follow it with: assay follow ${created.taskId}`);
+    return EXIT.OK;
+  }
+  if (!values.follow)
+    ctx.out.say(`Waiting for task ${created.taskId} to end, then downloading into ${shown(out ?? "")}…`);
+  let result: Awaited<ReturnType<typeof followTask>>;
+  try {
+    result = await followTask(ctx, created.taskId, { show: values.follow === true });
+  } catch (err) {
+    if (err instanceof Interrupted || ctx.signal.aborted) return leftRunning(ctx, created.taskId);
+    throw err;
+  }
+  if (out && result.task.succeededCount > 0) {
+    try {
+      await downloadTo(ctx, created.taskId, out, sent, concurrency);
+    } catch (err) {
+      if (!(err instanceof Interrupted) && !ctx.signal.aborted) throw err;
+      const message = `download interrupted; assay download ${created.taskId} --out ${out} fetches it again`;
+      ctx.out.line("interrupted", { taskId: created.taskId, message });
+      ctx.out.note(message);
+      return EXIT.INTERRUPTED;
+    }
+  }
+  return report(ctx, result);
+}
+
+export const submitSpec = {
+  help: HELP,
+  options: OPTIONS,
+  run: (ctx: ClientContext, { values, positionals }: { values: SubmitValues; positionals: string[] }) =>
+    submit(ctx, values, positionals),
+};
+
+export const submitCommand = (argv: string[]) => runClientCommand(submitSpec, argv);

@@ -1,0 +1,254 @@
+// The small client commands: tasks, status, cancel, files, types.
+import { analysisTypes, filePage, runsOf, taskCancel, taskGet, taskPage } from "../client/api.ts";
+import { ClientUsageError, EXIT, TaskStateError } from "../client/exit.ts";
+import { ApiRequestError } from "../client/http.ts";
+import { bytes, fit, shown, table } from "../client/output.ts";
+import { describeParam, type JsonSchema } from "../client/params.ts";
+import { isTerminal } from "../client/sse.ts";
+import { summaryLine } from "../client/summary.ts";
+import type { FileRecord, PageOf, Task, TaskStatus } from "../http/api-types.ts";
+import { type ClientContext, intOption, runClientCommand, taskIdArg } from "./client-common.ts";
+
+// The task statuses, checked against the server's list: a status added there fails the build here.
+const STATUS_LIST: Record<TaskStatus, true> = {
+  queued: true,
+  running: true,
+  cancelling: true,
+  succeeded: true,
+  partially_succeeded: true,
+  failed: true,
+  timed_out: true,
+  cancelled: true,
+};
+const TASK_STATUSES = Object.keys(STATUS_LIST) as TaskStatus[];
+
+/** Up to `limit` items of a paged list, asking for pages of at most 100. */
+async function upTo<T>(
+  limit: number,
+  page: (q: { limit: number; cursor?: string }) => Promise<PageOf<T>>,
+): Promise<T[]> {
+  const items: T[] = [];
+  for (let cursor: string | undefined; items.length < limit; ) {
+    const p = await page({
+      limit: Math.min(100, limit - items.length),
+      ...(cursor === undefined ? {} : { cursor }),
+    });
+    items.push(...p.items);
+    if (p.nextCursor === null) break;
+    cursor = p.nextCursor;
+  }
+  return items;
+}
+
+const when = (iso: string | null) => (iso ? iso.replace("T", " ").replace(/\.\d+Z$/, "Z") : "-");
+
+// ---- tasks -----------------------------------------------------------------------------------
+
+const TASKS_HELP = `Usage: assay tasks [--status S] [--type T] [--limit N]
+
+Lists your tasks (an admin's: everyone's), newest first: id, type, status, runs done of total,
+progress, created. --status is one of ${TASK_STATUSES.join(", ")}.
+
+Examples:
+  assay tasks --status running
+  assay tasks --limit 200 --json | jq -r 'select(.status=="failed").taskId'`;
+
+export const tasksCommand = (argv: string[]) =>
+  runClientCommand(
+    {
+      help: TASKS_HELP,
+      options: { status: { type: "string" }, type: { type: "string" }, limit: { type: "string" } } as const,
+      run: async (
+        ctx: ClientContext,
+        { values }: { values: { status?: string; type?: string; limit?: string } },
+      ) => {
+        const limit = intOption(values.limit, "limit", 20, 10_000);
+        const status = values.status as TaskStatus | undefined;
+        if (status !== undefined && !TASK_STATUSES.includes(status)) {
+          throw new ClientUsageError(`--status must be one of ${TASK_STATUSES.join(", ")}`);
+        }
+        const tasks = await upTo(limit, (q) =>
+          taskPage(ctx.client, {
+            ...q,
+            ...(status === undefined ? {} : { status }),
+            ...(values.type === undefined ? {} : { analysisType: values.type }),
+          }),
+        );
+        for (const t of tasks) ctx.out.line("task", t);
+        ctx.out.say(
+          tasks.length === 0
+            ? "No tasks."
+            : table(
+                ["ID", "TYPE", "STATUS", "RUNS", "PROGRESS", "CREATED"],
+                tasks.map((t) => [
+                  t.taskId,
+                  t.analysisType,
+                  t.status,
+                  `${done(t)}/${t.totalCount}`,
+                  `${t.progressPercent}%`,
+                  when(t.createdAt),
+                ]),
+              ),
+        );
+        return EXIT.OK;
+      },
+    },
+    argv,
+  );
+
+const done = (t: Task) => t.succeededCount + t.failedCount + t.timedOutCount + t.cancelledCount;
+
+// ---- status ----------------------------------------------------------------------------------
+
+const STATUS_HELP = `Usage: assay status <taskId>
+
+Shows a task (status, counts, progress, times) and each of its runs (status, attempt, progress,
+input file, error). Exits 0 whatever the task's state; assay follow waits for its end.
+
+Example:
+  assay status 100000042`;
+
+export const statusCommand = (argv: string[]) =>
+  runClientCommand(
+    {
+      help: STATUS_HELP,
+      options: {},
+      run: async (ctx: ClientContext, { positionals }: { positionals: string[] }) => {
+        const taskId = taskIdArg(positionals, "assay status <taskId>");
+        const [task, runs] = await Promise.all([taskGet(ctx.client, taskId), runsOf(ctx.client, taskId)]);
+        ctx.out.line("task", task);
+        for (const r of runs) ctx.out.line("run", r);
+        ctx.out.say(
+          [
+            isTerminal(task.status)
+              ? summaryLine(task)
+              : `Task ${task.taskId} ${task.status}: ${done(task)} of ${task.totalCount} runs done, ${task.progressPercent}%`,
+            `  type ${task.analysisType}, owner ${shown(task.owner)}, parameters ${JSON.stringify(task.parameters)}`,
+            `  created ${when(task.createdAt)}, started ${when(task.startedAt)}, finished ${when(task.finishedAt)}`,
+            "",
+            table(
+              ["RUN", "STATUS", "ATTEMPT", "PROGRESS", "FILE", "ERROR"],
+              runs.map((r) => [
+                r.runId,
+                r.status,
+                String(r.attempt),
+                `${r.progressPercent}%`,
+                fit(shown(r.fileName), 40),
+                r.errorCode
+                  ? `${r.errorCode}${r.errorMessage ? `: ${fit(shown(r.errorMessage), 60)}` : ""}`
+                  : shown(r.message),
+              ]),
+            ),
+          ].join("\n"),
+        );
+        return EXIT.OK;
+      },
+    },
+    argv,
+  );
+
+// ---- cancel ----------------------------------------------------------------------------------
+
+const CANCEL_HELP = `Usage: assay cancel <taskId>
+
+Cancels a task: its queued runs end at once, running programs are stopped. Exits 1 when the task
+had already ended.
+
+Example:
+  assay cancel 100000042`;
+
+export const cancelCommand = (argv: string[]) =>
+  runClientCommand(
+    {
+      help: CANCEL_HELP,
+      options: {},
+      run: async (ctx: ClientContext, { positionals }: { positionals: string[] }) => {
+        const taskId = taskIdArg(positionals, "assay cancel <taskId>");
+        try {
+          const r = await taskCancel(ctx.client, taskId);
+          ctx.out.line("cancel", r);
+          ctx.out.say(`Cancellation accepted: task ${r.taskId} is ${r.status}`);
+          return EXIT.OK;
+        } catch (err) {
+          if (err instanceof ApiRequestError && err.code === "ANALYSIS_TASK_ALREADY_FINISHED") {
+            const task = await taskGet(ctx.client, taskId);
+            throw new TaskStateError(`task ${taskId} had already ended (${task.status})`);
+          }
+          throw err;
+        }
+      },
+    },
+    argv,
+  );
+
+// ---- files -----------------------------------------------------------------------------------
+
+const FILES_HELP = `Usage: assay files [--limit N]
+
+Lists your uploaded files (an admin's: everyone's), newest first: id, size, SHA-256, uploaded, name.
+
+Example:
+  assay files --limit 100`;
+
+export const filesCommand = (argv: string[]) =>
+  runClientCommand(
+    {
+      help: FILES_HELP,
+      options: { limit: { type: "string" } } as const,
+      run: async (ctx: ClientContext, { values }: { values: { limit?: string } }) => {
+        const limit = intOption(values.limit, "limit", 20, 100_000);
+        const files: FileRecord[] = await upTo(limit, (q) => filePage(ctx.client, q));
+        for (const f of files) ctx.out.line("file", f);
+        ctx.out.say(
+          files.length === 0
+            ? "No files."
+            : table(
+                ["ID", "SIZE", "SHA256", "UPLOADED", "NAME"],
+                files.map((f) => [
+                  f.fileId,
+                  bytes(f.sizeBytes),
+                  f.sha256.slice(0, 12),
+                  when(f.createdAt),
+                  shown(f.name),
+                ]),
+              ),
+        );
+        return EXIT.OK;
+      },
+    },
+    argv,
+  );
+
+// ---- types -----------------------------------------------------------------------------------
+
+const TYPES_HELP = `Usage: assay types
+
+Lists the analysis types: whether a live worker runs them, what they do, and their parameters.
+
+Example:
+  assay types`;
+
+export const typesCommand = (argv: string[]) =>
+  runClientCommand(
+    {
+      help: TYPES_HELP,
+      options: {},
+      run: async (ctx: ClientContext) => {
+        const types = await analysisTypes(ctx.client);
+        for (const t of types) ctx.out.line("type", t);
+        for (const t of types) {
+          const schema = t.parameters as JsonSchema;
+          const required = new Set(schema.required ?? []);
+          ctx.out.say(
+            `${t.name} — ${t.available ? `${t.workers} worker(s)` : `unavailable: ${shown(t.reason)}`}`,
+          );
+          ctx.out.say(`  ${t.description}`);
+          for (const [name, prop] of Object.entries(schema.properties ?? {})) {
+            ctx.out.say(`  --param ${describeParam(name, prop, required.has(name))}`);
+          }
+        }
+        return EXIT.OK;
+      },
+    },
+    argv,
+  );

@@ -1,0 +1,90 @@
+// The API's routes as typed functions. Request and response types are the server's own
+// (src/http/api-types.ts): a change to a body there breaks the build here.
+import type {
+  AnalysisTypeInfo,
+  CancelAccepted,
+  CreateTaskRequest,
+  FileRecord,
+  LogsPage,
+  Output,
+  PageOf,
+  Run,
+  RunStatus,
+  Task,
+  TaskCreated,
+  TaskListParams,
+} from "../http/api-types.ts";
+import { type ApiClient, errorOf } from "./http.ts";
+
+/** The largest page the list routes serve. */
+const PAGE = 100;
+
+const enc = encodeURIComponent;
+
+export const analysisTypes = async (c: ApiClient) =>
+  (await c.get<{ items: AnalysisTypeInfo[] }>("/api/analysis-types")).items;
+
+/** Every item of a paged list, following `nextCursor`. */
+async function allPages<T>(
+  c: ApiClient,
+  path: string,
+  query: Record<string, string | number | undefined>,
+  signal?: AbortSignal,
+): Promise<T[]> {
+  const items: T[] = [];
+  for (let cursor: string | undefined; ; ) {
+    const page = await c.get<PageOf<T>>(path, { ...query, limit: PAGE, cursor }, signal);
+    items.push(...page.items);
+    if (page.nextCursor === null) return items;
+    cursor = page.nextCursor;
+  }
+}
+
+/** The files the caller can see with these bytes (an admin: anyone's). */
+export const filesBySha256 = (c: ApiClient, sha256: string, signal?: AbortSignal) =>
+  allPages<FileRecord>(c, "/api/files", { sha256 }, signal);
+
+export const filePage = (c: ApiClient, q: { limit: number; cursor?: string }) =>
+  c.get<PageOf<FileRecord>>("/api/files", q);
+
+export async function taskCreate(
+  c: ApiClient,
+  body: CreateTaskRequest,
+  idempotencyKey: string,
+): Promise<TaskCreated> {
+  return c.json<TaskCreated>("POST", "/api/analysis-tasks", {
+    json: body,
+    headers: { "idempotency-key": idempotencyKey },
+  });
+}
+
+export const taskGet = (c: ApiClient, taskId: string, signal?: AbortSignal) =>
+  c.get<Task>(`/api/analysis-tasks/${enc(taskId)}`, undefined, signal);
+
+export const taskPage = (c: ApiClient, q: TaskListParams) =>
+  c.get<PageOf<Task>>("/api/analysis-tasks", { ...q });
+
+/** Every run of a task (with `status`, only those), in run id order. */
+export const runsOf = (c: ApiClient, taskId: string, status?: RunStatus) =>
+  allPages<Run>(c, `/api/analysis-tasks/${enc(taskId)}/runs`, { status });
+
+export const taskCancel = (c: ApiClient, taskId: string) =>
+  c.json<CancelAccepted>("POST", `/api/analysis-tasks/${enc(taskId)}/cancel`);
+
+export const logsPage = (c: ApiClient, taskId: string, after: string | null, limit = 1000) =>
+  c.get<LogsPage>(`/api/analysis-tasks/${enc(taskId)}/logs`, { limit, after: after ?? undefined });
+
+export const runOutputs = async (c: ApiClient, taskId: string, runId: string) =>
+  (await c.get<{ items: Output[] }>(`/api/analysis-tasks/${enc(taskId)}/runs/${enc(runId)}/outputs`)).items;
+
+/** A streamed body (an output file, results.csv); an error status becomes an ApiRequestError. */
+export async function fetchBody(c: ApiClient, path: string, signal?: AbortSignal): Promise<Response> {
+  const res = await c.send("GET", path, { timeoutMs: 0, ...(signal === undefined ? {} : { signal }) });
+  if (!res.ok) throw await errorOf(res);
+  return res;
+}
+
+export const outputPath = (taskId: string, runId: string, name: string) =>
+  `/api/analysis-tasks/${enc(taskId)}/runs/${enc(runId)}/outputs/${enc(name)}`;
+
+export const resultsCsvPath = (taskId: string) => `/api/analysis-tasks/${enc(taskId)}/results.csv`;

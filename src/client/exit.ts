@@ -1,0 +1,69 @@
+// Exit codes of the client commands, one meaning each, so scripts can branch on them (docs/cli.md).
+import { ApiRequestError, ConnectionError } from "./http.ts";
+
+export const EXIT = {
+  /** Done; for a command that waits on a task, the task succeeded. */
+  OK: 0,
+  /** The task failed, partially succeeded, timed out or was cancelled (or had ended already). */
+  TASK_NOT_SUCCEEDED: 1,
+  /** A usage or validation error: bad arguments, parameters, type, or an id that names nothing of yours. */
+  USAGE: 2,
+  /** The server cannot be reached, failed (5xx), or does not accept the token. */
+  SERVER: 3,
+  /** Ctrl-C. */
+  INTERRUPTED: 130,
+} as const;
+
+/** A problem with the command line or its inputs, found before (or without) asking the server. */
+export class ClientUsageError extends Error {
+  override name = "ClientUsageError";
+}
+
+/** The server cannot be used: no token, unreachable, 401, 5xx. */
+export class ServerProblem extends Error {
+  override name = "ServerProblem";
+}
+
+/** A task that ended other than succeeded where the command needed it to (cancel, download). */
+export class TaskStateError extends Error {
+  override name = "TaskStateError";
+}
+
+/** Ctrl-C, as an abort reason. */
+export class Interrupted extends Error {
+  override name = "Interrupted";
+}
+
+export function exitCodeOf(err: unknown): number {
+  if (err instanceof Interrupted) return EXIT.INTERRUPTED;
+  if (err instanceof ClientUsageError) return EXIT.USAGE;
+  if (err instanceof TaskStateError) return EXIT.TASK_NOT_SUCCEEDED;
+  if (err instanceof ServerProblem || err instanceof ConnectionError) return EXIT.SERVER;
+  if (err instanceof ApiRequestError) {
+    if (err.status === 401 || err.status >= 500) return EXIT.SERVER;
+    return EXIT.USAGE;
+  }
+  // A local file that cannot be read or written (ENOENT, EACCES, ENOSPC…) is the command's input.
+  if (typeof (err as NodeJS.ErrnoException).code === "string") return EXIT.USAGE;
+  return EXIT.SERVER;
+}
+
+/** The `code` of a JSON error line. */
+export function errorCodeOf(err: unknown): string {
+  if (err instanceof ApiRequestError) return err.code;
+  if (err instanceof ConnectionError) return "CONNECTION_FAILED";
+  if (err instanceof ClientUsageError) return "USAGE";
+  if (err instanceof ServerProblem) return "SERVER";
+  if (err instanceof TaskStateError) return "TASK_STATE";
+  if (err instanceof Interrupted) return "INTERRUPTED";
+  return "CLIENT_ERROR";
+}
+
+/** A one-line message for the user; an API error names its code. */
+export function messageOf(err: unknown): string {
+  if (err instanceof ApiRequestError) {
+    if (err.status === 401) return `the server did not accept the token (${err.code}): check ASSAY_TOKEN`;
+    return `${err.message} (${err.code})`;
+  }
+  return err instanceof Error ? err.message : String(err);
+}

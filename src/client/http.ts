@@ -1,0 +1,230 @@
+// The CLI client's HTTP layer: one base URL and one bearer token, the API's envelope unwrapped, and
+// every failure sorted into what the user can do about it (exit codes in ./exit.ts). It talks to the
+// server over HTTP only and loads nothing of the server: the API's types come from
+// src/http/api-types.ts as types alone, which Node erases.
+import type { EnvelopeOf, ErrorResponse } from "../http/api-types.ts";
+
+/** The server answered, with an error body. */
+export class ApiRequestError extends Error {
+  override name = "ApiRequestError";
+  readonly status: number;
+  readonly code: string;
+  constructor(status: number, code: string, message: string) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+/** The server could not be reached (refused, reset, timed out, not HTTP). */
+export class ConnectionError extends Error {
+  override name = "ConnectionError";
+}
+
+export interface RequestOptions {
+  query?: Record<string, string | number | undefined>;
+  /** A JSON body; or pass `rawBody` with your own content type. */
+  json?: unknown;
+  rawBody?: NonNullable<RequestInit["body"]>;
+  headers?: Record<string, string>;
+  signal?: AbortSignal;
+  /** Milliseconds until the whole exchange is given up; default 30 s; 0: never (streams, uploads). */
+  timeoutMs?: number;
+}
+
+const DEFAULT_TIMEOUT_MS = 30_000;
+
+/** The cause's code (`ECONNREFUSED`, `UND_ERR_SOCKET`…) or name, for a one-line message. */
+function networkReason(err: unknown): string {
+  const cause = (err as { cause?: { code?: unknown; message?: unknown } }).cause;
+  if (typeof cause?.code === "string") return cause.code;
+  if (typeof cause?.message === "string") return cause.message;
+  return err instanceof Error ? err.message : String(err);
+}
+
+export class ApiClient {
+  readonly base: URL;
+  readonly #token: string;
+
+  /** Streamed uploads with this client's server and token. */
+  uploader(connections: number): Promise<Uploader> {
+    return Uploader.open(this, this.#token, connections);
+  }
+
+  constructor(baseUrl: string, token: string) {
+    this.base = new URL(baseUrl.endsWith("/") ? baseUrl : `${baseUrl}/`);
+    this.#token = token;
+  }
+
+  /** The base URL as it may be shown: without any user name or password in it. */
+  get shownUrl(): string {
+    const u = new URL(this.base);
+    u.username = "";
+    u.password = "";
+    return u.origin + u.pathname.replace(/\/$/, "");
+  }
+
+  url(path: string, query: RequestOptions["query"] = {}): URL {
+    const u = new URL(path.replace(/^\//, ""), this.base);
+    for (const [k, v] of Object.entries(query)) if (v !== undefined) u.searchParams.set(k, String(v));
+    return u;
+  }
+
+  /** The response, whatever its status; throws ConnectionError when there is none. */
+  async send(method: string, path: string, o: RequestOptions = {}): Promise<Response> {
+    const headers: Record<string, string> = { authorization: `Bearer ${this.#token}`, ...o.headers };
+    let body: NonNullable<RequestInit["body"]> | undefined = o.rawBody;
+    if (o.json !== undefined) {
+      headers["content-type"] = "application/json";
+      body = JSON.stringify(o.json);
+    }
+    const ms = o.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    const timeout = ms > 0 ? AbortSignal.timeout(ms) : undefined;
+    const signals = [o.signal, timeout].filter((s): s is AbortSignal => s !== undefined);
+    const signal = signals.length > 0 ? AbortSignal.any(signals) : undefined;
+    try {
+      return await fetch(this.url(path, o.query), {
+        method,
+        headers,
+        ...(signal === undefined ? {} : { signal }),
+        ...(body === undefined ? {} : { body, duplex: "half" }),
+      } as RequestInit);
+    } catch (err) {
+      if (o.signal?.aborted) throw o.signal.reason;
+      if (timeout?.aborted) throw new ConnectionError(`${this.shownUrl} did not answer in time`);
+      throw new ConnectionError(`cannot reach ${this.shownUrl} (${networkReason(err)})`);
+    }
+  }
+
+  /** The `data` of a successful envelope; an error status becomes an ApiRequestError. */
+  async json<T>(method: string, path: string, o: RequestOptions = {}): Promise<T> {
+    const res = await this.send(method, path, o);
+    if (!res.ok) throw await errorOf(res);
+    const text = await readText(res, this.shownUrl);
+    return (parseJson(text, this.shownUrl) as EnvelopeOf<T>).data;
+  }
+
+  get<T>(path: string, query?: RequestOptions["query"], signal?: AbortSignal): Promise<T> {
+    return this.json<T>("GET", path, {
+      ...(query === undefined ? {} : { query }),
+      ...(signal === undefined ? {} : { signal }),
+    });
+  }
+}
+
+async function readText(res: Response, shownUrl: string): Promise<string> {
+  try {
+    return await res.text();
+  } catch (err) {
+    throw new ConnectionError(`the connection to ${shownUrl} broke (${networkReason(err)})`);
+  }
+}
+
+function parseJson(text: string, shownUrl: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new ConnectionError(`${shownUrl} did not answer with JSON: is it an Assay server?`);
+  }
+}
+
+/** An error response as an ApiRequestError: the body's code and message when it has them. */
+export async function errorOf(res: Response): Promise<ApiRequestError> {
+  return errorFromBody(res.status, res.statusText, await res.text().catch(() => ""));
+}
+
+function errorFromBody(status: number, statusText: string, text: string): ApiRequestError {
+  let body: Partial<ErrorResponse> = {};
+  try {
+    body = JSON.parse(text) as Partial<ErrorResponse>;
+  } catch {
+    // Not our error body (a proxy's page, say): the status alone will do.
+  }
+  const code = typeof body.code === "string" ? body.code : `HTTP_${status}`;
+  const message = typeof body.message === "string" ? body.message : `HTTP ${status} ${statusText}`;
+  return new ApiRequestError(status, code, message);
+}
+
+/** Writes a request body: chunks in order, each resolved once the connection has taken it. */
+export type BodyWriter = (write: (chunk: Buffer) => Promise<void>) => Promise<void>;
+
+/**
+ * Streamed POSTs over node:http(s) with keep-alive connections, for uploads. fetch with a streamed
+ * body costs about a millisecond of CPU more per request (web streams), which is most of what a
+ * thousand small uploads cost the client; and a write callback says when bytes were really handed
+ * to the connection, so an upload bar counts bytes sent, not bytes read. `close()` when done.
+ */
+export class Uploader {
+  readonly #client: ApiClient;
+  readonly #token: string;
+  readonly #agent: import("node:http").Agent;
+  readonly #request: typeof import("node:http").request;
+
+  private constructor(
+    client: ApiClient,
+    token: string,
+    mod: typeof import("node:http"),
+    connections: number,
+  ) {
+    this.#client = client;
+    this.#token = token;
+    this.#request = mod.request;
+    this.#agent = new mod.Agent({ keepAlive: true, maxSockets: connections });
+  }
+
+  static async open(client: ApiClient, token: string, connections: number): Promise<Uploader> {
+    const mod = client.base.protocol === "https:" ? await import("node:https") : await import("node:http");
+    return new Uploader(client, token, mod as typeof import("node:http"), connections);
+  }
+
+  /** The response's status and body text; throws ConnectionError when there is none. */
+  post(
+    path: string,
+    headers: Record<string, string>,
+    body: BodyWriter,
+    signal: AbortSignal,
+  ): Promise<{ status: number; text: string }> {
+    const shown = this.#client.shownUrl;
+    return new Promise((resolve, reject) => {
+      const req = this.#request(this.#client.url(path), {
+        method: "POST",
+        agent: this.#agent,
+        signal,
+        headers: { authorization: `Bearer ${this.#token}`, ...headers },
+      });
+      let bodyError: unknown;
+      const fail = (err: unknown) => {
+        if (signal.aborted) reject(signal.reason);
+        else if (bodyError !== undefined) reject(bodyError);
+        else reject(new ConnectionError(`cannot upload to ${shown} (${networkReason({ cause: err })})`));
+      };
+      req.on("error", fail);
+      req.on("response", (res) => {
+        let text = "";
+        res.setEncoding("utf8");
+        res.on("data", (c: string) => {
+          text += c;
+        });
+        res.on("end", () => {
+          const status = res.statusCode ?? 0;
+          if (status >= 200 && status < 300) resolve({ status, text });
+          else reject(errorFromBody(status, res.statusMessage ?? "", text));
+        });
+        res.on("error", fail);
+      });
+      const write = (chunk: Buffer) =>
+        new Promise<void>((done, broke) => req.write(chunk, (err) => (err ? broke(err) : done())));
+      body(write).then(
+        () => req.end(),
+        (err: unknown) => {
+          bodyError = err;
+          req.destroy(err instanceof Error ? err : new Error(String(err)));
+        },
+      );
+    });
+  }
+
+  close(): void {
+    this.#agent.destroy();
+  }
+}

@@ -1,0 +1,94 @@
+// A task's state as its events tell it, for the live view: one entry per run (status, progress,
+// latest message) and the counters. Built from the task's whole log, in order, so it never counts a
+// run twice and needs no snapshot to reconcile with.
+import type { Run, TaskEvent } from "../http/api-types.ts";
+
+export interface RunState {
+  runId: string;
+  name: string;
+  status: string;
+  percent: number;
+  message: string | null;
+  attempt: number;
+  errorCode: string | null;
+}
+
+export type Outcome = "succeeded" | "failed" | "timed_out" | "cancelled";
+const OUTCOMES: readonly string[] = ["succeeded", "failed", "timed_out", "cancelled"];
+const isOutcome = (s: string): s is Outcome => OUTCOMES.includes(s);
+
+/** What an event changed, for the view to redraw or report. */
+export type Change =
+  | { kind: "task"; status: string }
+  | { kind: "run"; run: RunState; ended: boolean; retried: boolean }
+  | { kind: "none" };
+
+export class TaskTracker {
+  readonly taskId: string;
+  status = "queued";
+  total: number;
+  readonly counts: Record<Outcome, number> = { succeeded: 0, failed: 0, timed_out: 0, cancelled: 0 };
+  readonly runs = new Map<string, RunState>();
+
+  constructor(taskId: string, total: number, runs: Pick<Run, "runId" | "fileName">[] = []) {
+    this.taskId = taskId;
+    this.total = total;
+    for (const r of runs) this.runs.set(r.runId, fresh(r.runId, r.fileName));
+  }
+
+  get done(): number {
+    return this.counts.succeeded + this.counts.failed + this.counts.timed_out + this.counts.cancelled;
+  }
+
+  /** Runs with a live attempt, oldest first. */
+  get running(): RunState[] {
+    return [...this.runs.values()].filter((r) => ["starting", "running", "cancelling"].includes(r.status));
+  }
+
+  apply(e: TaskEvent): Change {
+    if (e.runId === null) return this.#task(e);
+    let run = this.runs.get(e.runId);
+    if (!run) {
+      run = fresh(e.runId, `run ${e.runId}`);
+      this.runs.set(e.runId, run);
+    }
+    const kind = e.type.slice("run.".length);
+    const wasEnded = isOutcome(run.status);
+    if (typeof e.data.attempt === "number") run.attempt = e.data.attempt;
+    if (kind === "progress") {
+      if (typeof e.data.percent === "number") run.percent = e.data.percent;
+      if (typeof e.data.message === "string") run.message = e.data.message;
+      if (!wasEnded && run.status !== "cancelling") run.status = "running";
+    } else if (kind === "retry") {
+      Object.assign(run, { status: "queued", percent: 0, errorCode: str(e.data.errorCode) });
+      return { kind: "run", run, ended: false, retried: true };
+    } else if (isOutcome(kind)) {
+      Object.assign(run, { status: kind, errorCode: str(e.data.errorCode) });
+      if (kind === "succeeded") run.percent = 100;
+      if (!wasEnded) this.counts[kind]++;
+      return { kind: "run", run, ended: !wasEnded, retried: false };
+    } else if (!wasEnded) {
+      run.status = kind; // running, cancelling
+    }
+    return { kind: "run", run, ended: false, retried: false };
+  }
+
+  #task(e: TaskEvent): Change {
+    if (e.type === "task.queued" && typeof e.data.totalCount === "number") this.total = e.data.totalCount;
+    const status = typeof e.data.status === "string" ? e.data.status : e.type.slice("task.".length);
+    this.status = status;
+    return { kind: "task", status };
+  }
+}
+
+const fresh = (runId: string, name: string): RunState => ({
+  runId,
+  name,
+  status: "queued",
+  percent: 0,
+  message: null,
+  attempt: 0,
+  errorCode: null,
+});
+
+const str = (v: unknown) => (typeof v === "string" ? v : null);

@@ -1,0 +1,216 @@
+// A task's Server-Sent Events for the CLI: the stream read with fetch (the token travels in the
+// Authorization header), resumed with Last-Event-ID after any drop — an API restart, a reset
+// connection, a silent one — so every event is delivered once, in id order. Ids are compared as
+// BigInts: they are decimal strings that outgrow both string order and a Number's precision.
+import type { TaskEvent, TerminalTaskStatus } from "../http/api-types.ts";
+import { logsPage, taskGet } from "./api.ts";
+import { type ApiClient, ApiRequestError, ConnectionError, errorOf } from "./http.ts";
+import { sleep } from "./pool.ts";
+
+export interface SseFrame {
+  id: string | null;
+  event: string | null;
+  data: string;
+}
+
+/** An incremental text/event-stream parser: feed it text as it arrives, get the complete frames. */
+export class SseParser {
+  #buffer = "";
+  #data: string[] = [];
+  #id: string | null = null;
+  #event: string | null = null;
+
+  feed(text: string): SseFrame[] {
+    this.#buffer += text;
+    const frames: SseFrame[] = [];
+    for (;;) {
+      const nl = this.#buffer.search(/\r\n|\r|\n/);
+      // A CR at the very end may be the first half of a CRLF: wait for the next chunk.
+      if (nl < 0 || (nl === this.#buffer.length - 1 && this.#buffer.endsWith("\r"))) break;
+      const line = this.#buffer.slice(0, nl);
+      this.#buffer = this.#buffer.slice(nl + (this.#buffer.startsWith("\r\n", nl) ? 2 : 1));
+      const frame = this.#line(line);
+      if (frame) frames.push(frame);
+    }
+    return frames;
+  }
+
+  #line(line: string): SseFrame | undefined {
+    if (line === "") {
+      const frame =
+        this.#data.length > 0 ? { id: this.#id, event: this.#event, data: this.#data.join("\n") } : undefined;
+      this.#data = [];
+      this.#event = null;
+      return frame;
+    }
+    if (line.startsWith(":")) return undefined;
+    const colon = line.indexOf(":");
+    const field = colon < 0 ? line : line.slice(0, colon);
+    const value = colon < 0 ? "" : line.slice(colon + (line[colon + 1] === " " ? 2 : 1));
+    if (field === "data") this.#data.push(value);
+    else if (field === "id") this.#id = value;
+    else if (field === "event") this.#event = value;
+    return undefined;
+  }
+}
+
+const TERMINAL: readonly TerminalTaskStatus[] = [
+  "succeeded",
+  "partially_succeeded",
+  "failed",
+  "timed_out",
+  "cancelled",
+];
+// Fails the build when the server gains a terminal status this list lacks.
+const _allTerminal: Record<TerminalTaskStatus, true> = {
+  succeeded: true,
+  partially_succeeded: true,
+  failed: true,
+  timed_out: true,
+  cancelled: true,
+};
+void _allTerminal;
+
+export const isTerminal = (status: string): status is TerminalTaskStatus =>
+  (TERMINAL as readonly string[]).includes(status);
+
+/** The event that closes a task: the server ends the stream after it. */
+export const isClosingEvent = (e: TaskEvent) =>
+  e.runId === null && e.type.startsWith("task.") && isTerminal(e.type.slice(5));
+
+export type StreamState = "live" | "reconnecting";
+
+export interface FollowOptions {
+  signal: AbortSignal;
+  /** Resume after this event id (exclusive); from the start when null. */
+  after?: string | null;
+  /** Told when the stream drops ("reconnecting", why) and when it is back ("live"). */
+  onState?: (state: StreamState, detail: string) => void;
+  /** Give up with a ConnectionError after this long without a working stream (default 10 min). */
+  giveUpMs?: number;
+  /** A stream silent this long (not even a keep-alive) is taken for dead and reopened (default 60 s). */
+  idleMs?: number;
+}
+
+const backoff = (failures: number) => Math.min(250 * 2 ** (failures - 1), 5000) * (0.75 + Math.random() / 2);
+
+/**
+ * The task's events after `after`, in id order, each once, until the closing event. Drops are
+ * retried with backoff and resumed from the last id delivered; a 4xx (401, 404) ends it with an
+ * ApiRequestError. Returns quietly when `signal` aborts.
+ */
+export async function* taskEvents(c: ApiClient, taskId: string, o: FollowOptions): AsyncGenerator<TaskEvent> {
+  const cursor = { last: o.after == null ? null : BigInt(o.after) };
+  let failures = 0;
+  let failingSince: number | null = null;
+  let dropped = false;
+  while (!o.signal.aborted) {
+    try {
+      const outcome = yield* oneStream(c, taskId, cursor, o, () => {
+        if (dropped) o.onState?.("live", "reconnected");
+        dropped = false;
+        failures = 0;
+        failingSince = null;
+      });
+      if (outcome === "closed") return;
+      // A clean end without the closing event: the server is going away, or the task ended in a
+      // way the stream did not carry. A finished task has all its events in the log.
+      const task = await taskGet(c, taskId, o.signal);
+      if (isTerminal(task.status)) return yield* rest(c, taskId, cursor);
+      await sleep(100, o.signal);
+    } catch (err) {
+      if (o.signal.aborted) return;
+      if (err instanceof ApiRequestError && err.status < 500) throw err;
+      failures++;
+      failingSince ??= Date.now();
+      const why = err instanceof Error ? err.message : String(err);
+      if (Date.now() - failingSince > (o.giveUpMs ?? 600_000)) {
+        throw new ConnectionError(`gave up following task ${taskId}: ${why}`);
+      }
+      dropped = true;
+      o.onState?.("reconnecting", why);
+      await sleep(backoff(failures), o.signal);
+    }
+  }
+}
+
+type Cursor = { last: bigint | null };
+
+/** One connection: yields new events; "closed" after the closing event, "ended" when the server ends it. */
+async function* oneStream(
+  c: ApiClient,
+  taskId: string,
+  cursor: Cursor,
+  o: FollowOptions,
+  onOpen: () => void,
+): AsyncGenerator<TaskEvent, "closed" | "ended"> {
+  const connection = new AbortController();
+  const signal = AbortSignal.any([o.signal, connection.signal]);
+  let idle: NodeJS.Timeout | undefined;
+  const armIdle = () => {
+    clearTimeout(idle);
+    idle = setTimeout(
+      () => connection.abort(new ConnectionError("the stream went silent")),
+      o.idleMs ?? 60_000,
+    );
+  };
+  try {
+    armIdle();
+    const res = await c.send("GET", `/api/analysis-tasks/${encodeURIComponent(taskId)}/events`, {
+      signal,
+      timeoutMs: 0,
+      headers: {
+        accept: "text/event-stream",
+        ...(cursor.last === null ? {} : { "last-event-id": String(cursor.last) }),
+      },
+    });
+    if (!res.ok || !res.body) {
+      const err = await errorOf(res);
+      throw err.status < 500 ? err : new ConnectionError(`${err.message} (${err.code})`);
+    }
+    onOpen();
+    const parser = new SseParser();
+    const decoder = new TextDecoder();
+    for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+      armIdle();
+      for (const frame of parser.feed(decoder.decode(chunk, { stream: true }))) {
+        const event = fresh(frame, cursor);
+        if (!event) continue;
+        yield event;
+        if (isClosingEvent(event)) return "closed";
+      }
+    }
+    return "ended";
+  } catch (err) {
+    if (connection.signal.aborted && !o.signal.aborted) throw connection.signal.reason;
+    if (err instanceof ApiRequestError || err instanceof ConnectionError || o.signal.aborted) throw err;
+    // A body that broke off mid-stream ("terminated", a reset socket).
+    throw new ConnectionError(`the stream broke off (${(err as Error).message})`);
+  } finally {
+    clearTimeout(idle);
+    connection.abort();
+  }
+}
+
+/** The frame's event if its id is past the cursor (which then moves to it). */
+function fresh(frame: SseFrame, cursor: Cursor): TaskEvent | undefined {
+  if (frame.id === null || !/^[0-9]+$/.test(frame.id)) return undefined;
+  const id = BigInt(frame.id);
+  if (cursor.last !== null && id <= cursor.last) return undefined;
+  cursor.last = id;
+  return JSON.parse(frame.data) as TaskEvent;
+}
+
+/** What the log holds after the cursor, page by page (a finished task's stream had less). */
+async function* rest(c: ApiClient, taskId: string, cursor: Cursor): AsyncGenerator<TaskEvent> {
+  for (;;) {
+    const page = await logsPage(c, taskId, cursor.last === null ? null : String(cursor.last));
+    for (const e of page.items) {
+      const id = BigInt(e.id);
+      if (cursor.last !== null && id <= cursor.last) continue;
+      cursor.last = id;
+      yield e;
+    }
+    if (page.nextCursor === null) return;
+  }
+}

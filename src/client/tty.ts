@@ -1,0 +1,196 @@
+// What a client command draws on a terminal, with cli-progress: the upload's bars (bytes hashed,
+// bytes sent) and a followed task (an overall bar with counts, one line per running run with its
+// progress and latest message, errors printed above the bars as they happen). Loaded only when
+// something draws.
+import cliProgress from "cli-progress";
+import { bytes, fit, shown } from "./output.ts";
+import type { RunState, TaskTracker } from "./progress.ts";
+
+const utf8 = /utf-?8/i.test(process.env.LC_ALL || process.env.LC_CTYPE || process.env.LANG || "");
+const BAR_CHARS = utf8
+  ? { barCompleteChar: "\u2588", barIncompleteChar: "\u2591" }
+  : { barCompleteChar: "#", barIncompleteChar: "-" };
+
+/** Draws what log() buffered (stop() alone would drop it), then stops; once. */
+function finish(bars: cliProgress.MultiBar): void {
+  if (!bars.isActive) return;
+  bars.update();
+  bars.stop();
+}
+
+function multiBar(stream: NodeJS.WriteStream, format: string): cliProgress.MultiBar {
+  return new cliProgress.MultiBar({
+    stream,
+    format,
+    hideCursor: true,
+    clearOnComplete: false,
+    barsize: 30,
+    fps: 10,
+    autopadding: true,
+    ...BAR_CHARS,
+  });
+}
+
+/** Hashing, then uploading: two bars counted in bytes, with file counts. */
+export class UploadBars {
+  readonly #bars: cliProgress.MultiBar;
+  #hash: cliProgress.SingleBar | undefined;
+  #send: cliProgress.SingleBar | undefined;
+  #sent = 0;
+  #sentFiles = 0;
+
+  constructor(stream: NodeJS.WriteStream) {
+    this.#bars = multiBar(stream, "{label} [{bar}] {percentage}% | {done}/{size} | {files}");
+  }
+
+  hashing(totalBytes: number, totalFiles: number): (bytesDone: number, filesDone: number) => void {
+    this.#hash = this.#bars.create(Math.max(1, totalBytes), 0, {
+      label: "Hashing  ",
+      done: bytes(0),
+      size: bytes(totalBytes),
+      files: `0/${totalFiles} files`,
+    });
+    return (b, f) => this.#hash?.update(b, { done: bytes(b), files: `${f}/${totalFiles} files` });
+  }
+
+  uploading(totalBytes: number, totalFiles: number): void {
+    this.#send = this.#bars.create(Math.max(1, totalBytes), 0, {
+      label: "Uploading",
+      done: bytes(0),
+      size: bytes(totalBytes),
+      files: `0/${totalFiles} files`,
+    });
+  }
+
+  /** Bytes sent (negative: taken back after a failed attempt); `fileDone` when a file completed. */
+  sent(n: number, fileDone: boolean, totalFiles: number): void {
+    this.#sent += n;
+    if (fileDone) this.#sentFiles++;
+    this.#send?.update(this.#sent, {
+      done: bytes(this.#sent),
+      files: `${this.#sentFiles}/${totalFiles} files`,
+    });
+  }
+
+  log(text: string): void {
+    this.#bars.log(`${text}\n`);
+  }
+
+  stop(): void {
+    finish(this.#bars);
+  }
+}
+
+/** The live view of a followed task. */
+export class FollowBars {
+  readonly #bars: cliProgress.MultiBar;
+  readonly #tracker: TaskTracker;
+  readonly #overall: cliProgress.SingleBar;
+  readonly #lines = new Map<string, cliProgress.SingleBar>();
+  #more: cliProgress.SingleBar | undefined;
+  readonly #maxLines: number;
+  readonly #width: () => number;
+  #note = "";
+
+  constructor(stream: NodeJS.WriteStream, tracker: TaskTracker) {
+    this.#tracker = tracker;
+    this.#bars = multiBar(stream, "{text}");
+    this.#width = () => stream.columns || 100;
+    this.#maxLines = Math.max(1, Math.min(12, (stream.rows || 24) - 6));
+    this.#overall = this.#bars.create(Math.max(1, tracker.total), 0, this.#overallPayload(), {
+      format: "Task {taskId} {status} [{bar}] {value}/{total} runs | {counts} | {duration_formatted}{note}",
+    });
+  }
+
+  #overallPayload() {
+    const t = this.#tracker;
+    const c = t.counts;
+    const started = t.done > 0 || t.running.length > 0;
+    return {
+      taskId: t.taskId,
+      status: t.status === "queued" && started ? "running" : t.status,
+      counts: `${c.succeeded} succeeded, ${c.failed} failed, ${c.timed_out} timed out, ${c.cancelled} cancelled`,
+      note: this.#note,
+    };
+  }
+
+  /** Redraws after the tracker changed (for `run`, its line). */
+  update(run?: RunState): void {
+    const t = this.#tracker;
+    this.#overall.setTotal(Math.max(1, t.total));
+    this.#overall.update(t.done, this.#overallPayload());
+    if (run) this.#runLine(run);
+    this.#moreLine();
+  }
+
+  #runLine(run: RunState): void {
+    const live = ["starting", "running", "cancelling"].includes(run.status);
+    const bar = this.#lines.get(run.runId);
+    if (!live) {
+      if (bar) {
+        this.#bars.remove(bar);
+        this.#lines.delete(run.runId);
+      }
+      return;
+    }
+    const payload = this.#runPayload(run);
+    if (bar) bar.update(run.percent, payload);
+    else if (this.#lines.size < this.#maxLines) {
+      this.#lines.set(
+        run.runId,
+        this.#bars.create(100, run.percent, payload, {
+          format: "  {name} [{bar}] {percentage}% {message}",
+          barsize: 20,
+        }),
+      );
+    }
+  }
+
+  #runPayload(run: RunState) {
+    const nameWidth = Math.min(32, Math.max(12, Math.floor(this.#width() / 3)));
+    const name = fit(shown(run.name), nameWidth).padEnd(nameWidth);
+    const rest = this.#width() - nameWidth - 34;
+    const status =
+      run.status === "cancelling" ? "cancelling " : run.attempt > 1 ? `attempt ${run.attempt} ` : "";
+    return { name, message: fit(status + shown(run.message), rest) };
+  }
+
+  /** "… and N more running" when not every running run has a line. */
+  #moreLine(): void {
+    const hidden = this.#tracker.running.filter((r) => !this.#lines.has(r.runId)).length;
+    // Promote hidden runs into free lines first.
+    if (hidden > 0 && this.#lines.size < this.#maxLines) {
+      for (const r of this.#tracker.running) if (!this.#lines.has(r.runId)) this.#runLine(r);
+    }
+    const still = this.#tracker.running.filter((r) => !this.#lines.has(r.runId)).length;
+    if (still > 0) {
+      this.#more ??= this.#bars.create(1, 0, { text: "" });
+      this.#more.update(0, { text: `  … and ${still} more running` });
+    } else if (this.#more) {
+      this.#bars.remove(this.#more);
+      this.#more = undefined;
+    }
+  }
+
+  /** A note in the overall line (reconnecting); empty to clear. */
+  setNote(note: string): void {
+    this.#note = note ? ` | ${note}` : "";
+    this.update();
+  }
+
+  /** A line printed above the bars. */
+  log(text: string): void {
+    this.#bars.log(`${text}\n`);
+  }
+
+  /** Stops drawing: removes the run lines, leaves the overall line as it last was. */
+  stop(): void {
+    if (!this.#bars.isActive) return;
+    for (const bar of this.#lines.values()) this.#bars.remove(bar);
+    this.#lines.clear();
+    if (this.#more) this.#bars.remove(this.#more);
+    this.#more = undefined;
+    this.#overall.update(this.#tracker.done, this.#overallPayload());
+    finish(this.#bars);
+  }
+}

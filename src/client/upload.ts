@@ -1,0 +1,168 @@
+// Getting local files onto the server for a task: hash each, reuse a copy the user already has there
+// (GET /api/files?sha256=…), upload the rest with bounded concurrency, counting every byte sent.
+// Each local file gets a file id of its own — two local files with the same bytes need two copies, or
+// the task would have one run for both.
+import { randomBytes } from "node:crypto";
+import fs from "node:fs";
+import path from "node:path";
+import type { FileRecord, PageOf } from "../http/api-types.ts";
+import { filesBySha256 } from "./api.ts";
+import { ClientUsageError } from "./exit.ts";
+import { type ApiClient, ApiRequestError, type BodyWriter, type Uploader } from "./http.ts";
+import { hashFile, type LocalInput, serverName } from "./inputs.ts";
+import { mapLimit } from "./pool.ts";
+
+/** Hashes every input (`onHashed` after each), `concurrency` at a time. */
+export async function hashInputs(
+  listed: { path: string; label: string }[],
+  concurrency: number,
+  signal: AbortSignal,
+  onHashed?: (bytes: number) => void,
+): Promise<LocalInput[]> {
+  return mapLimit(listed, concurrency, async (f) => {
+    const h = await hashFile(f.path, signal);
+    onHashed?.(h.sizeBytes);
+    return { ...f, ...h };
+  });
+}
+
+/**
+ * All the caller's files by hash, when there are few: the list read newest first, at most `pages`
+ * pages of 100; undefined when it goes on longer (then asking by hash is cheaper).
+ */
+async function fewFiles(
+  c: ApiClient,
+  pages: number,
+  signal: AbortSignal,
+): Promise<Map<string, FileRecord[]> | undefined> {
+  const byHash = new Map<string, FileRecord[]>();
+  let cursor: string | undefined;
+  for (let i = 0; i < pages; i++) {
+    const page = await c.get<PageOf<FileRecord>>("/api/files", { limit: 100, cursor }, signal);
+    for (const f of page.items) byHash.set(f.sha256, [...(byHash.get(f.sha256) ?? []), f]);
+    if (page.nextCursor === null) return byHash;
+    cursor = page.nextCursor;
+  }
+  return undefined;
+}
+
+/**
+ * The server copy each input can use instead of an upload, by index: a file of the same hash (and
+ * size) that no other input took, one with the same name first. Inputs missing from the map must be
+ * uploaded. The copies are found in the caller's list of files when that is short (a page per 100
+ * inputs, plus one), else by one GET /api/files?sha256= per distinct hash.
+ */
+export async function findCopies(
+  c: ApiClient,
+  inputs: LocalInput[],
+  concurrency: number,
+  signal: AbortSignal,
+): Promise<Map<number, FileRecord>> {
+  const byHash = new Map<string, number[]>();
+  for (const [i, input] of inputs.entries())
+    byHash.set(input.sha256, [...(byHash.get(input.sha256) ?? []), i]);
+  const listed = await fewFiles(c, Math.ceil(inputs.length / 100) + 1, signal);
+  const found = new Map<number, FileRecord>();
+  await mapLimit([...byHash], concurrency, async ([sha256, indexes]) => {
+    const candidates = listed ? (listed.get(sha256) ?? []) : await filesBySha256(c, sha256, signal);
+    const size = inputs[indexes[0] as number]?.sizeBytes;
+    assignCopies(
+      inputs,
+      indexes,
+      candidates.filter((f) => f.sizeBytes === size),
+      found,
+    );
+  });
+  return found;
+}
+
+function assignCopies(
+  inputs: LocalInput[],
+  indexes: number[],
+  copies: FileRecord[],
+  found: Map<number, FileRecord>,
+) {
+  const free = [...copies];
+  const take = (i: number, pick: (f: FileRecord) => boolean) => {
+    const at = free.findIndex(pick);
+    if (at < 0) return;
+    found.set(i, free[at] as FileRecord);
+    free.splice(at, 1);
+  };
+  for (const i of indexes) take(i, (f) => f.name === serverName(inputs[i]?.label ?? ""));
+  for (const i of indexes) if (!found.has(i)) take(i, () => true);
+}
+
+const SMALL_FILE = 1024 * 1024;
+
+const CONTENT_TYPES: Record<string, string> = {
+  ".csv": "text/csv",
+  ".tsv": "text/tab-separated-values",
+  ".txt": "text/plain",
+  ".json": "application/json",
+};
+
+/**
+ * The multipart head of a file part. The name goes as browsers send it: UTF-8 in the quoted
+ * `filename`, a quote as %22 (control characters were dropped by serverName already).
+ */
+function partHead(boundary: string, name: string): Buffer {
+  const type = CONTENT_TYPES[path.extname(name).toLowerCase()] ?? "application/octet-stream";
+  return Buffer.from(
+    `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="${name.replace(/"/g, "%22")}"\r\n` +
+      `Content-Type: ${type}\r\n\r\n`,
+  );
+}
+
+/**
+ * Uploads one file (POST /api/files), streamed from disk; `onBytes(n)` as the connection takes each
+ * chunk, and once with minus everything counted when the upload fails. An abort cancels the request:
+ * the server keeps nothing of a body that did not end.
+ */
+export async function uploadFile(
+  uploader: Uploader,
+  input: LocalInput,
+  signal: AbortSignal,
+  onBytes: (n: number) => void,
+): Promise<FileRecord> {
+  const boundary = `assay-${randomBytes(16).toString("hex")}`;
+  const head = partHead(boundary, serverName(input.label));
+  const tail = Buffer.from(`\r\n--${boundary}--\r\n`);
+  let counted = 0;
+  const send = async (write: (chunk: Buffer) => Promise<void>, chunk: Buffer) => {
+    await write(chunk);
+    counted += chunk.length;
+    onBytes(chunk.length);
+  };
+  const body: BodyWriter = async (write) => {
+    await write(head);
+    // A small file in one read (one request to the thread pool instead of open, reads and close).
+    if (input.sizeBytes <= SMALL_FILE) await send(write, await fs.promises.readFile(input.path, { signal }));
+    else {
+      for await (const chunk of fs.createReadStream(input.path, { highWaterMark: 256 * 1024, signal })) {
+        await send(write, chunk as Buffer);
+      }
+    }
+    await write(tail);
+  };
+  try {
+    const res = await uploader.post(
+      "/api/files",
+      {
+        "content-type": `multipart/form-data; boundary=${boundary}`,
+        "content-length": String(head.length + input.sizeBytes + tail.length),
+      },
+      body,
+      signal,
+    );
+    const record = (JSON.parse(res.text) as { data: FileRecord }).data;
+    if (record.sha256 !== input.sha256)
+      throw new ClientUsageError(`${input.label} changed while it was uploaded`);
+    return record;
+  } catch (err) {
+    onBytes(-counted);
+    if (err instanceof ApiRequestError)
+      throw new ApiRequestError(err.status, err.code, `${input.label}: ${err.message}`);
+    throw err;
+  }
+}

@@ -1,0 +1,121 @@
+// The fan-in result of a task as one table: a CSV row per run, in run id order, with a column per
+// metric key any run reported. Served as GET …/results.csv and at the root of the task's zip; both
+// stream it from here, a page of runs at a time, so a task of any size is never held in memory.
+import { Readable } from "node:stream";
+import { isoTime, type Sql } from "../db/client.ts";
+
+/** Runs read per query. */
+const PAGE = 1000;
+
+export const RESULTS_FILE_NAME = "results.csv";
+
+const FIXED_COLUMNS = [
+  "run_id",
+  "input_file",
+  "status",
+  "attempt",
+  "error_code",
+  "error_message",
+  "started_at",
+  "finished_at",
+  "duration_ms",
+] as const;
+
+/**
+ * A cell that a spreadsheet would take for a formula (`=`, `+`, `-`, `@`, and tab or carriage return,
+ * which some programs skip before looking) gets a leading `'`, so opening the file runs nothing. For
+ * text only: numbers are written as numbers (a negative one stays `-3`).
+ */
+export function guardFormula(text: string): string {
+  return /^[=+\-@\t\r]/.test(text) ? `'${text}` : text;
+}
+
+/** RFC 4180: quoted when it holds a quote, comma or line break; quotes doubled. */
+export function csvField(text: string): string {
+  return /[",\r\n]/.test(text) ? `"${text.replace(/"/g, '""')}"` : text;
+}
+
+/** A text cell: formula-guarded, then escaped. */
+const textCell = (s: string | null) => (s === null ? "" : csvField(guardFormula(s)));
+
+/** A metric's cell: numbers and booleans as they are, strings as text, objects and arrays as JSON. */
+export function metricCell(value: unknown): string {
+  if (value === undefined || value === null) return "";
+  if (typeof value === "number" || typeof value === "boolean") return String(value);
+  if (typeof value === "string") return textCell(value);
+  return textCell(JSON.stringify(value));
+}
+
+const csvLine = (cells: string[]) => `${cells.join(",")}\r\n`;
+
+/** Every metric key the task's runs reported, sorted (by code unit, the same on every machine). */
+export async function resultMetricKeys(sql: Sql, taskId: string): Promise<string[]> {
+  const rows = await sql<{ key: string }[]>`
+    select distinct k.key from runs r, jsonb_object_keys(r.result -> 'metrics') as k(key)
+    where r.task_id = ${taskId} and jsonb_typeof(r.result -> 'metrics') = 'object'`;
+  return rows.map((r) => r.key).sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+}
+
+interface ResultRow {
+  runId: string;
+  inputName: string;
+  status: string;
+  attempt: number;
+  errorCode: string | null;
+  errorMessage: string | null;
+  startedAt: Date | null;
+  finishedAt: Date | null;
+  metrics: Record<string, unknown> | null;
+}
+
+function rowLine(r: ResultRow, keys: readonly string[]): string {
+  const metrics = r.metrics !== null && typeof r.metrics === "object" ? r.metrics : {};
+  return csvLine([
+    r.runId,
+    textCell(r.inputName),
+    textCell(r.status),
+    String(r.attempt),
+    textCell(r.errorCode),
+    textCell(r.errorMessage),
+    r.startedAt === null ? "" : isoTime(r.startedAt),
+    r.finishedAt === null ? "" : isoTime(r.finishedAt),
+    // From the two times as written (milliseconds), so the columns agree with each other.
+    r.startedAt === null || r.finishedAt === null
+      ? ""
+      : String(r.finishedAt.getTime() - r.startedAt.getTime()),
+    ...keys.map((k) => metricCell(Object.hasOwn(metrics, k) ? metrics[k] : null)),
+  ]);
+}
+
+/**
+ * The table's lines: the header, then one line per run in id order, read a page at a time (keyset by
+ * run id, one short query per page: no cursor holds a connection while a slow client reads). The
+ * metric columns are read first; a run finishing meanwhile with a new key does not add a column.
+ */
+export async function* resultLines(
+  sql: Sql,
+  taskId: string,
+  keys: readonly string[],
+): AsyncGenerator<string> {
+  yield csvLine([...FIXED_COLUMNS, ...keys.map((k) => textCell(k))]);
+  for (let after = "0"; ; ) {
+    const rows = await sql<ResultRow[]>`
+      select r.id::text as "runId", r.input_name as "inputName", r.status, r.attempt,
+             r.error_code as "errorCode", r.error_message as "errorMessage",
+             r.started_at as "startedAt", r.finished_at as "finishedAt",
+             r.result -> 'metrics' as metrics
+      from runs r
+      where r.task_id = ${taskId} and r.id > ${after}
+      order by r.id
+      limit ${PAGE}`;
+    if (rows.length > 0) yield rows.map((r) => rowLine(r, keys)).join("");
+    const last = rows.at(-1);
+    if (rows.length < PAGE || !last) return;
+    after = last.runId;
+  }
+}
+
+/** The CSV as a byte stream (UTF-8), with the metric columns read beforehand (resultMetricKeys). */
+export function resultsCsv(sql: Sql, taskId: string, keys: readonly string[]): Readable {
+  return Readable.from(resultLines(sql, taskId, keys), { objectMode: false });
+}

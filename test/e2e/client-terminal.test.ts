@@ -1,0 +1,122 @@
+// The client in a real terminal: `assay submit --follow` inside tmux, the screen read with
+// capture-pane while it runs. The bars must move (uploads, then runs done and per-run progress) and
+// the session must end with the summary line.
+import assert from "node:assert/strict";
+import { execFileSync, spawnSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { after, before, test } from "node:test";
+import { ASSAY_BIN, cleanEnv } from "../helpers/cli.ts";
+import { type ClientServer, csv, startClientServer } from "../helpers/client.ts";
+import { waitFor } from "../helpers/queue.ts";
+
+const TMUX = process.env.ASSAY_TEST_TMUX ?? "/usr/bin/tmux";
+const haveTmux = fs.existsSync(TMUX);
+// In CI a missing tmux is a failure, not a skip (.ci/run installs it).
+const skip = haveTmux || process.env.CI === "true" ? false : `no tmux at ${TMUX}`;
+const SOCKET = `assay-test-${process.pid}`;
+
+let server: ClientServer;
+let work: string;
+
+before(async () => {
+  if (skip) return;
+  server = await startClientServer({ concurrency: 2 });
+  work = fs.mkdtempSync(path.join(os.tmpdir(), "assay-client-tty-"));
+});
+
+after(async () => {
+  if (skip) return;
+  spawnSync(TMUX, ["-L", SOCKET, "kill-server"]);
+  await server.close();
+  fs.rmSync(work, { recursive: true, force: true });
+});
+
+const quote = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
+
+test("a terminal session shows the bars moving and ends with the summary line", { skip }, async () => {
+  const token = await server.token("erin");
+  const dir = path.join(work, "inputs");
+  fs.mkdirSync(dir);
+  for (let i = 0; i < 20; i++) fs.writeFileSync(path.join(dir, `série ${i}.csv`), csv(40_000, i + 2));
+  const command = [
+    process.execPath,
+    ASSAY_BIN,
+    "submit",
+    "--type",
+    "python-stats",
+    "--param",
+    "method=median",
+    dir,
+    "--follow",
+  ]
+    .map(quote)
+    .join(" ");
+  const env = cleanEnv({
+    ASSAY_URL: server.url,
+    ASSAY_TOKEN: token,
+    LANG: "C.UTF-8",
+    TERM: "xterm-256color",
+  });
+  execFileSync(
+    TMUX,
+    [
+      "-L",
+      SOCKET,
+      "-f",
+      "/dev/null",
+      "new-session",
+      "-d",
+      "-s",
+      "client",
+      "-x",
+      "130",
+      "-y",
+      "40",
+      `${command}; echo ASSAY-EXIT=$?; sleep 600`,
+    ],
+    { env },
+  );
+  const frames: string[] = [];
+  const capture = () =>
+    execFileSync(TMUX, ["-L", SOCKET, "capture-pane", "-p", "-t", "client"], { env }).toString();
+  await waitFor(
+    async () => {
+      const screen = capture();
+      if (frames.at(-1) !== screen) frames.push(screen);
+      await new Promise((r) => setTimeout(r, 50));
+      return screen.includes("ASSAY-EXIT=");
+    },
+    120_000,
+    "the client to finish in tmux",
+  );
+  const final = frames.at(-1) as string;
+  assert.match(final, /ASSAY-EXIT=0/);
+  const lines = final
+    .split("\n")
+    .map((l) => l.trimEnd())
+    .filter(Boolean);
+  const exitAt = lines.findIndex((l) => l.startsWith("ASSAY-EXIT="));
+  assert.match(
+    lines[exitAt - 1] ?? "",
+    /^Task \d+ succeeded: 20 succeeded, 0 failed, 0 timed out, 0 cancelled of 20 runs in [\d.]+ s$/,
+    final,
+  );
+  assert.match(final, /^Uploading \[█+\] 100% \| .* \| 20\/20 files$/m);
+
+  // The overall bar moved through several counts below 20, and run lines showed their progress.
+  const counts = new Set<number>();
+  let runLines = 0;
+  for (const frame of frames) {
+    for (const m of frame.matchAll(
+      /^Task \d+ (?:queued|running) \[[█░]+\] (\d+)\/20 runs \| \d+ succeeded/gm,
+    )) {
+      counts.add(Number(m[1]));
+    }
+    if (/^ {2}série \d+\.csv +\[[█░]+\] +\d+% /m.test(frame)) runLines++;
+  }
+  assert.ok([...counts].filter((n) => n < 20).length >= 2, `the overall bar moved: ${[...counts]}`);
+  assert.ok(runLines >= 2, "frames show running runs with their progress");
+  for (const frame of frames) assert.ok(!frame.includes(token), "the token is never on screen");
+});

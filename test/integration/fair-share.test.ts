@@ -1,0 +1,292 @@
+// Fair share: the claim serves users in turn (least served first), a user's tasks in turn, and
+// priority before both. A real worker with two slots and short handlers that record the order in
+// which runs start; the database's own timestamps say what had finished when.
+import assert from "node:assert/strict";
+import { after, afterEach, before, test } from "node:test";
+import type { Principal } from "../../src/auth/tokens.ts";
+import { createLogger } from "../../src/log.ts";
+import { Reaper } from "../../src/queue/reaper.ts";
+import { CLAIM_QUANTUM, runClaim } from "../../src/queue/sql.ts";
+import { type Handler, Worker } from "../../src/queue/worker.ts";
+import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
+import { createTask, seedUser, taskRow, waitFor, waitForTerminal } from "../helpers/queue.ts";
+
+const logger = createLogger({ level: "silent" });
+let db: TestDatabase;
+let running: Worker | undefined;
+/** Task ids in the order their runs started, across the whole file. */
+const starts: string[] = [];
+
+before(async () => {
+  db = await createTestDatabase();
+});
+afterEach(async () => {
+  await running?.stop();
+  running = undefined;
+});
+after(() => db.drop());
+
+const sleep = (ms: number, signal: AbortSignal) =>
+  new Promise<void>((resolve) => {
+    const t = setTimeout(resolve, ms);
+    signal.addEventListener("abort", () => {
+      clearTimeout(t);
+      resolve();
+    });
+  });
+
+function handler(ms: number): Handler {
+  return async (run, { signal }) => {
+    starts.push(String(run.taskId));
+    await sleep(ms, signal);
+    return { status: "succeeded", result: { metrics: {} } };
+  };
+}
+
+async function startWorker(type: string, ms = 4, concurrency = 2): Promise<Worker> {
+  const w = new Worker({
+    sql: db.sql,
+    logger,
+    types: { [type]: { handler: handler(ms) } },
+    concurrency,
+    leaseTtlMs: 30_000,
+    pollIntervalMs: 100,
+    retryBaseMs: 20,
+  });
+  await w.start();
+  running = w;
+  return w;
+}
+
+/** How many of `taskId`'s runs had finished when `otherTaskId` finished (from the database's clock). */
+async function doneWhenFinished(taskId: string, otherTaskId: string): Promise<number> {
+  const [row] = await db.sql<{ n: number }[]>`
+    select count(*)::int as n from runs r
+    where r.task_id = ${taskId} and r.finished_at <= (select t.finished_at from tasks t where t.id = ${otherTaskId})`;
+  return row?.n ?? -1;
+}
+
+/**
+ * How many runs of `otherTaskId` were claimed after `taskId` was created and before its first run was
+ * (the database's clock): the slots that went to others although `taskId` was waiting.
+ */
+async function claimedBeforeFirst(taskId: string, otherTaskId: string): Promise<number> {
+  const [row] = await db.sql<{ n: number }[]>`
+    select count(*)::int as n from runs r
+    where r.task_id = ${otherTaskId}
+      and r.started_at > (select t.created_at from tasks t where t.id = ${taskId})
+      and r.started_at < (select min(q.started_at) from runs q where q.task_id = ${taskId})`;
+  return row?.n ?? -1;
+}
+
+/**
+ * How many runs of `others` were claimed after `taskId` was created and before its last run was: what
+ * went to them although `taskId` still had runs waiting.
+ */
+async function claimedWhileWaiting(taskId: string, others: string[]): Promise<number> {
+  const [row] = await db.sql<{ n: number }[]>`
+    select count(*)::int as n from runs r
+    where r.task_id = any(${db.sql.array(others, 20)}::bigint[])
+      and r.started_at > (select t.created_at from tasks t where t.id = ${taskId})
+      and r.started_at < (select max(q.started_at) from runs q where q.task_id = ${taskId})`;
+  return row?.n ?? -1;
+}
+
+/** Index in `starts` of each start of `taskId` at or after `from`. */
+const startsOf = (taskId: string, from: number) =>
+  starts.map((t, i) => (t === taskId && i >= from ? i : -1)).filter((i) => i >= 0);
+
+test("B's 3 runs behind A's 300: they start at the next free slots and B ends before A is half done", async () => {
+  const a = await seedUser(db.sql, "fair-a");
+  const b = await seedUser(db.sql, "fair-b");
+  await startWorker("fair1", 15);
+  const big = await createTask(db.sql, a, "fair1", 300);
+  await waitFor(async () => startsOf(big, 0).length >= 10, 20_000, "A's task to be running");
+  const small = await createTask(db.sql, b, "fair1", 3);
+  await waitForTerminal(db.sql, small);
+  const bStarts = startsOf(small, 0);
+  assert.equal(bStarts.length, 3);
+  // Two slots; a claim may have been on its way while B's task was being created.
+  const before = await claimedBeforeFirst(small, big);
+  assert.ok(before <= 2, `${before} of A's runs were claimed while B's first waited`);
+  // In turn with A: one of A's runs between B's, give or take a claim in flight.
+  assert.ok(
+    (bStarts[2] as number) - (bStarts[0] as number) <= 5,
+    `B's runs were starts ${bStarts.join(", ")}`,
+  );
+  const aDone = await doneWhenFinished(big, small);
+  assert.ok(aDone < 150, `A had ${aDone} of 300 done when B finished`);
+  await waitForTerminal(db.sql, big, 60_000);
+  assert.equal((await taskRow(db.sql, big)).succeeded, 300);
+});
+
+test("tasks of 200, 20 and 2 runs from three users, submitted in that order, finish 2, 20, 200", async () => {
+  const users = await Promise.all(["fair-c1", "fair-c2", "fair-c3"].map((n) => seedUser(db.sql, n)));
+  await startWorker("fair2");
+  const [u1, u2, u3] = users as [Principal, Principal, Principal];
+  const t200 = await createTask(db.sql, u1, "fair2", 200);
+  const t20 = await createTask(db.sql, u2, "fair2", 20);
+  const t2 = await createTask(db.sql, u3, "fair2", 2);
+  await waitForTerminal(db.sql, t200, 60_000);
+  const finished = await db.sql<{ id: string }[]>`
+    select t.id::text from tasks t where t.id in (${t200}, ${t20}, ${t2}) order by t.finished_at, t.id`;
+  assert.deepEqual(
+    finished.map((r) => r.id),
+    [t2, t20, t200],
+  );
+  // Round robin: while the 20-run task ran, the 200-run task got about as many runs, not ten times more.
+  const big = await doneWhenFinished(t200, t20);
+  assert.ok(big <= 30, `the 200-run task had ${big} done when the 20-run task finished`);
+});
+
+test("a user's own tasks take turns: a new small task does not wait behind the user's big one", async () => {
+  const u = await seedUser(db.sql, "fair-own");
+  await startWorker("fair3", 15);
+  const big = await createTask(db.sql, u, "fair3", 120);
+  await waitFor(async () => startsOf(big, 0).length >= 10, 20_000, "the big task to be running");
+  const small = await createTask(db.sql, u, "fair3", 5);
+  await waitForTerminal(db.sql, small);
+  const before = await claimedBeforeFirst(small, big);
+  assert.ok(before <= 2, `${before} of the big task's runs were claimed while the small one's first waited`);
+  const bigDone = await doneWhenFinished(big, small);
+  assert.ok(bigDone < 40, `the big task had ${bigDone} of 120 done when the small one finished`);
+  await waitForTerminal(db.sql, big, 60_000);
+});
+
+test("priority beats arrival: 0 before 5 before 9, whatever came first", async () => {
+  const [p9, p5, p0] = await Promise.all(["prio-9", "prio-5", "prio-0"].map((n) => seedUser(db.sql, n)));
+  await startWorker("fair4", 15);
+  const low = await createTask(db.sql, p9 as Principal, "fair4", 60, { priority: 9 });
+  await waitFor(async () => startsOf(low, 0).length >= 4, 20_000, "the priority-9 task to be running");
+  const normal = await createTask(db.sql, p5 as Principal, "fair4", 30);
+  await waitFor(async () => startsOf(normal, 0).length >= 4, 20_000, "the priority-5 task to be running");
+  const urgent = await createTask(db.sql, p0 as Principal, "fair4", 3, { priority: 0 });
+  await waitForTerminal(db.sql, urgent);
+  await waitForTerminal(db.sql, normal);
+  // After the urgent task arrived, the others got only the claims in flight until its 3 had started.
+  const urgentBefore = await claimedWhileWaiting(urgent, [normal, low]);
+  assert.ok(urgentBefore <= 2, `${urgentBefore} other runs were claimed while the urgent task waited`);
+  // After the normal task arrived, the priority-9 task got only the claims in flight until the normal
+  // one had started every run.
+  const lowBefore = await claimedWhileWaiting(normal, [low]);
+  assert.ok(lowBefore <= 2, `${lowBefore} priority-9 runs were claimed while the priority-5 task waited`);
+  await waitForTerminal(db.sql, low, 60_000);
+});
+
+test("an owner whose only run went back to the queue after leaving the rotation is served again", async () => {
+  const u = await seedUser(db.sql, "fair-rejoin");
+  const taskId = await createTask(db.sql, u, "fair5", 1, { maxAttempts: 3 });
+  const reaper = new Reaper({
+    sql: db.sql,
+    logger,
+    intervalMs: 60_000,
+    leaseTtlMs: 30_000,
+    retryBaseMs: 1,
+    workerWaitMs: 600_000,
+  });
+  let calls = 0;
+  const w = new Worker({
+    sql: db.sql,
+    logger,
+    types: {
+      fair5: {
+        handler: async () => {
+          calls++;
+          if (calls === 1) {
+            // Its only run is claimed: the owner has nothing queued and leaves the rotation.
+            await reaper.runOnce();
+            const [row] = await db.sql<{ n: number }[]>`
+              select count(*)::int as n from queue_owners where owner_id = ${u.userId} and analysis_type = 'fair5'`;
+            assert.equal(row?.n, 0, "the idle owner was pruned");
+            return { status: "failed", errorCode: "ANALYSIS_DEPENDENCY_FAILED", transient: true };
+          }
+          return { status: "succeeded", result: { metrics: {} } };
+        },
+      },
+    },
+    concurrency: 1,
+    leaseTtlMs: 30_000,
+    pollIntervalMs: 100,
+    retryBaseMs: 1,
+  });
+  await w.start();
+  running = w;
+  const row = await waitForTerminal(db.sql, taskId, 20_000);
+  assert.equal(row.status, "succeeded");
+  assert.equal(calls, 2);
+});
+
+test("a claim of many slots serves users in turn, a quantum each, and leaves the backlog unscanned", async () => {
+  const owners = await Promise.all(Array.from({ length: 12 }, (_, i) => seedUser(db.sql, `fair-many-${i}`)));
+  for (const o of owners) await createTask(db.sql, o, "fair6", 50);
+  const claimed = await runClaim(db.sql, {
+    workerId: "w-many",
+    analysisType: "fair6",
+    limit: 10,
+    globalLimit: 0,
+    leaseTtlMs: 30_000,
+  });
+  assert.equal(claimed.length, 10);
+  const byOwner = await db.sql<{ owner: string; n: number }[]>`
+    select r.owner_id::text as owner, count(*)::int as n from runs r
+    where r.id = any(${db.sql.array(
+      claimed.map((c) => c.id),
+      20,
+    )}::bigint[]) group by r.owner_id`;
+  // 10 slots, up to CLAIM_QUANTUM runs per user in their turn: 4 + 4 + 2.
+  assert.deepEqual(
+    byOwner.map((r) => r.n).sort((a, b) => b - a),
+    [CLAIM_QUANTUM, CLAIM_QUANTUM, 10 - 2 * CLAIM_QUANTUM],
+  );
+  // Users who got nothing are first in line next time, one turn each.
+  const next = await runClaim(db.sql, {
+    workerId: "w-many",
+    analysisType: "fair6",
+    limit: 2,
+    globalLimit: 0,
+    leaseTtlMs: 30_000,
+  });
+  const nextOwners = await db.sql<{ owner: string }[]>`
+    select distinct r.owner_id::text as owner from runs r where r.id = any(${db.sql.array(
+      next.map((c) => c.id),
+      20,
+    )}::bigint[])`;
+  const served = new Set(byOwner.map((r) => r.owner));
+  assert.equal(nextOwners.length, 1, "two slots: one user's turn");
+  assert.ok(
+    nextOwners.every((o) => !served.has(o.owner)),
+    "the next claim serves a user who waited",
+  );
+  const [one] = await db.sql<{ n: number }[]>`
+    select count(*)::int as n from runs r where r.id = any(${db.sql.array(
+      next.map((c) => c.id),
+      20,
+    )}::bigint[])`;
+  assert.equal(one?.n, 2);
+  // Only the runs it gives out are locked and written: 10 + 2 runs out of 600.
+  const [live] = await db.sql<{ n: number }[]>`
+    select count(*)::int as n from runs where analysis_type = 'fair6' and status <> 'queued'`;
+  assert.equal(live?.n, 12);
+});
+
+test("the per-user limit holds for an owner with queued runs at two priorities", async () => {
+  const admin = await seedUser(db.sql, "fair-two-levels", "admin");
+  await createTask(db.sql, admin, "fair7", 5, { priority: 3 });
+  await createTask(db.sql, admin, "fair7", 5, { priority: 5 });
+  const claim = (limit: number) =>
+    runClaim(db.sql, {
+      workerId: "w-levels",
+      analysisType: "fair7",
+      limit,
+      globalLimit: 0,
+      userLimit: 2,
+      leaseTtlMs: 30_000,
+    });
+  const first = await claim(4);
+  assert.equal(first.length, 2, "two runs: the owner's room");
+  assert.equal((await claim(4)).length, 0, "no room left");
+  const [live] = await db.sql<{ n: number; best: number }[]>`
+    select count(*)::int as n, min(priority)::int as best from runs
+    where owner_id = ${admin.userId} and status in ('starting', 'running', 'cancelling')`;
+  assert.deepEqual({ ...live }, { n: 2, best: 3 });
+});

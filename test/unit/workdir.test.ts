@@ -1,0 +1,83 @@
+// Scratch folders of workers: a folder is judged by its pid only on its own machine and pid namespace;
+// anyone else's folder (another container or host on a shared data directory) only by its age.
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { test } from "node:test";
+import { machineTag, openWorkDir, sweepWorkDirs, WORKDIR_ABANDONED_MS } from "../../src/runner/workdir.ts";
+import { waitFor } from "../helpers/queue.ts";
+
+/** A pid that no process has: a child that has exited and been reaped. */
+async function deadPid(): Promise<number> {
+  const child = spawn(process.execPath, ["-e", ""], { stdio: "ignore" });
+  await new Promise((resolve) => child.once("close", resolve));
+  return child.pid as number;
+}
+
+function folder(root: string, name: string, ageMs = 0): string {
+  const dir = path.join(root, name);
+  fs.mkdirSync(path.join(dir, "7.1.tok"), { recursive: true });
+  fs.writeFileSync(path.join(dir, "7.1.tok", "input.csv"), "a,b\n1,2\n");
+  const t = new Date(Date.now() - ageMs);
+  fs.utimesSync(dir, t, t);
+  return dir;
+}
+
+test("leftovers: own machine by pid, other machines by age; a live worker's folder stays", async () => {
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), "assay-work-"));
+  try {
+    const tag = machineTag();
+    const other = tag === "0123456789ab" ? "ba9876543210" : "0123456789ab";
+    const dead = await deadPid();
+    const live = spawn(process.execPath, ["-e", "setInterval(() => {}, 1000)"], { stdio: "ignore" });
+    try {
+      const ownDead = folder(root, `${tag}.${dead}.aa11`);
+      const ownLive = folder(root, `${tag}.${live.pid}.bb22`, 2 * WORKDIR_ABANDONED_MS);
+      // The review's case: another container on the same volume, whose pid means nothing here.
+      const otherFresh = folder(root, `${other}.${dead}.cc33`);
+      const otherStale = folder(root, `${other}.${live.pid}.dd44`, WORKDIR_ABANDONED_MS + 60_000);
+      const oldFormatFresh = folder(root, `${dead}.ee55`);
+      const oldFormatStale = folder(root, `${dead}.ff66`, WORKDIR_ABANDONED_MS + 60_000);
+
+      assert.equal(await sweepWorkDirs(root, tag), 3);
+      assert.equal(fs.existsSync(ownDead), false, "own machine, pid gone: removed");
+      assert.equal(fs.existsSync(ownLive), true, "own machine, pid alive: kept however old");
+      assert.equal(fs.existsSync(otherFresh), true, "another machine's fresh folder is not judged by pid");
+      assert.equal(
+        fs.existsSync(otherStale),
+        false,
+        "another machine's folder untouched for an hour: removed",
+      );
+      assert.equal(fs.existsSync(oldFormatFresh), true);
+      assert.equal(fs.existsSync(oldFormatStale), false);
+    } finally {
+      live.kill("SIGKILL");
+    }
+  } finally {
+    fs.rmSync(root, { recursive: true, force: true });
+  }
+});
+
+test("a worker's folder is touched while it lives, swept by nobody, and removed on close", async () => {
+  const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-work-"));
+  try {
+    const work = await openWorkDir(dataDir, { touchMs: 20 });
+    assert.match(path.basename(work.dir), new RegExp(`^${machineTag()}\\.${process.pid}\\.[0-9a-f]+$`));
+    const old = new Date(Date.now() - 2 * WORKDIR_ABANDONED_MS);
+    fs.utimesSync(work.dir, old, old);
+    await waitFor(
+      async () => Date.now() - fs.statSync(work.dir).mtimeMs < 60_000,
+      5_000,
+      "the live folder to be touched",
+    );
+    // Seen from another machine (another tag), the folder is fresh: nobody removes it.
+    assert.equal(await sweepWorkDirs(path.dirname(work.dir), "ffffffffffff"), 0);
+    assert.equal(await sweepWorkDirs(path.dirname(work.dir)), 0, "its own pid is alive");
+    await work.close();
+    assert.equal(fs.existsSync(work.dir), false);
+  } finally {
+    fs.rmSync(dataDir, { recursive: true, force: true });
+  }
+});

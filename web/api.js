@@ -1,0 +1,103 @@
+// The API client: every request carries the token in the Authorization header (never in a URL).
+const TOKEN_KEY = "assay.token";
+
+export const session = {
+  get token() {
+    return localStorage.getItem(TOKEN_KEY);
+  },
+  signIn(token) {
+    localStorage.setItem(TOKEN_KEY, token);
+  },
+  signOut() {
+    localStorage.removeItem(TOKEN_KEY);
+    window.dispatchEvent(new Event("assay:signed-out"));
+  },
+};
+
+export class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+function headers(extra = {}) {
+  return { authorization: `Bearer ${session.token ?? ""}`, ...extra };
+}
+
+async function failure(res) {
+  const body = await res.json().catch(() => null);
+  if (res.status === 401) session.signOut();
+  return new ApiError(res.status, body?.code ?? `HTTP_${res.status}`, body?.message ?? res.statusText);
+}
+
+/** JSON request to /api; returns the envelope's data. */
+export async function api(path, { method = "GET", body, signal, extraHeaders } = {}) {
+  const init = { method, signal, headers: headers(extraHeaders) };
+  if (body !== undefined) {
+    init.body = JSON.stringify(body);
+    init.headers["content-type"] = "application/json";
+  }
+  const res = await fetch(`/api${path}`, init);
+  if (!res.ok) throw await failure(res);
+  return (await res.json()).data;
+}
+
+/** A response body as a Blob (outputs, zips, CSV), with its content type. */
+export async function apiBlob(path, { signal } = {}) {
+  const res = await fetch(`/api${path}`, { headers: headers(), signal });
+  if (!res.ok) throw await failure(res);
+  return res.blob();
+}
+
+/** The raw response of an authenticated GET (for streams). */
+export function apiFetch(path, init = {}) {
+  return fetch(`/api${path}`, { ...init, headers: headers(init.headers ?? {}) });
+}
+
+/** Saves a Blob under `name` through a temporary link. */
+export function saveBlob(blob, name) {
+  const url = URL.createObjectURL(blob);
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = name;
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60_000);
+}
+
+/**
+ * Uploads one file with progress (fetch cannot report upload progress; XMLHttpRequest can).
+ * Resolves with the file record; rejects with ApiError. `signal` aborts it.
+ */
+export function uploadFile(file, onProgress, signal) {
+  return new Promise((resolve, reject) => {
+    const xhr = new XMLHttpRequest();
+    xhr.open("POST", "/api/files");
+    xhr.setRequestHeader("authorization", `Bearer ${session.token ?? ""}`);
+    xhr.upload.onprogress = (e) => {
+      if (e.lengthComputable) onProgress(e.loaded, e.total);
+    };
+    xhr.onload = () => {
+      let body = null;
+      try {
+        body = JSON.parse(xhr.responseText);
+      } catch {}
+      if (xhr.status === 201 && body) resolve(body.data);
+      else {
+        if (xhr.status === 401) session.signOut();
+        reject(
+          new ApiError(xhr.status, body?.code ?? `HTTP_${xhr.status}`, body?.message ?? "Upload failed"),
+        );
+      }
+    };
+    xhr.onerror = () => reject(new ApiError(0, "NETWORK", "The upload could not reach the server."));
+    xhr.onabort = () => reject(new ApiError(0, "ABORTED", "Upload cancelled."));
+    signal?.addEventListener("abort", () => xhr.abort(), { once: true });
+    const form = new FormData();
+    form.append("file", file, file.name);
+    xhr.send(form);
+  });
+}

@@ -1,0 +1,124 @@
+// The dashboard's entry: sign-in, the hash router, the header. A sign-in link from `make dev` carries
+// the token in the URL fragment (#token=…), which browsers never send to a server; it is stored and
+// removed from the address bar at once.
+import { api, session } from "./api.js";
+import { FilesView } from "./files.js";
+import { html, render, useEffect, useState } from "./lib.js";
+import { NewTaskView } from "./new-task.js";
+import { TaskView } from "./task.js";
+import { TasksView } from "./tasks.js";
+import { ErrorNote } from "./widgets.js";
+
+function takeTokenFromFragment() {
+  const m = /^#token=([^&]+)/.exec(location.hash);
+  if (!m) return;
+  session.signIn(decodeURIComponent(m[1]));
+  history.replaceState(null, "", `${location.pathname}#/`);
+}
+
+function route() {
+  const hash = location.hash.replace(/^#/, "") || "/";
+  const [path, query = ""] = hash.split("?");
+  const params = new URLSearchParams(query);
+  const m = /^\/tasks\/(\d{1,18})$/.exec(path);
+  if (m) return { view: "task", taskId: m[1] };
+  if (path === "/new")
+    return { view: "new", files: (params.get("files") ?? "").split(",").filter((s) => /^\d{1,18}$/.test(s)) };
+  if (path === "/files") return { view: "files" };
+  if (path === "/" || path === "/tasks") return { view: "tasks" };
+  return { view: "missing" };
+}
+
+function SignIn({ onSignedIn, problem }) {
+  const [token, setToken] = useState("");
+  const [error, setError] = useState(problem);
+  async function submit(e) {
+    e.preventDefault();
+    session.signIn(token.trim());
+    try {
+      onSignedIn(await api("/me"));
+    } catch (err) {
+      session.signOut();
+      setError(err.status === 401 ? { message: "That token is not valid (unknown or revoked)." } : err);
+    }
+  }
+  return html`<main class="signin">
+    <h1>Assay</h1>
+    <form onSubmit=${submit}>
+      <label for="token">API token</label>
+      <input id="token" type="password" autocomplete="off" spellcheck="false" required value=${token}
+        onInput=${(e) => setToken(e.currentTarget.value)} placeholder="assay_…" />
+      <small>Kept in this browser only. Create one with <code>assay token create &lt;name&gt;</code>.</small>
+      <${ErrorNote} error=${error} />
+      <button type="submit" class="primary">Sign in</button>
+    </form>
+  </main>`;
+}
+
+function App() {
+  const [me, setMe] = useState(null);
+  const [checking, setChecking] = useState(Boolean(session.token));
+  const [problem, setProblem] = useState(null);
+  const [where, setWhere] = useState(route);
+  const [types, setTypes] = useState(null);
+
+  useEffect(() => {
+    const onHash = () => setWhere(route());
+    const onSignedOut = () => {
+      setMe(null);
+      setTypes(null);
+    };
+    window.addEventListener("hashchange", onHash);
+    window.addEventListener("assay:signed-out", onSignedOut);
+    if (session.token)
+      api("/me").then(
+        (m) => {
+          setMe(m);
+          setChecking(false);
+        },
+        (err) => {
+          setProblem(err.status === 401 ? { message: "Your token is no longer valid: sign in again." } : err);
+          setChecking(false);
+        },
+      );
+    return () => {
+      window.removeEventListener("hashchange", onHash);
+      window.removeEventListener("assay:signed-out", onSignedOut);
+    };
+  }, []);
+  useEffect(() => {
+    if (me)
+      api("/analysis-types").then(
+        (d) => setTypes(d.items),
+        () => setTypes([]),
+      );
+  }, [me, where.view === "new"]);
+
+  if (checking) return html`<p class="muted">Signing in…</p>`;
+  if (!me) return html`<${SignIn} onSignedIn=${setMe} problem=${problem} />`;
+  const nav = [
+    ["tasks", "#/", "Tasks"],
+    ["new", "#/new", "New task"],
+    ["files", "#/files", "Files"],
+  ];
+  let view;
+  if (where.view === "task") view = html`<${TaskView} key=${where.taskId} taskId=${where.taskId} me=${me} />`;
+  else if (where.view === "new") view = html`<${NewTaskView} types=${types} preselected=${where.files} />`;
+  else if (where.view === "files") view = html`<${FilesView} me=${me} />`;
+  else if (where.view === "tasks") view = html`<${TasksView} me=${me} types=${types} />`;
+  else view = html`<section><h1>Not found</h1><p><a href="#/">All tasks</a></p></section>`;
+  return html`<div class="layout">
+    <header class="top">
+      <a class="brand" href="#/">Assay</a>
+      <nav aria-label="Main">
+        ${nav.map(([id, href, label]) => html`<a href=${href} aria-current=${where.view === id ? "page" : undefined}>${label}</a>`)}
+      </nav>
+      <span class="who">${me.name}${me.role === "admin" ? " (admin)" : ""}</span>
+      <button type="button" class="link" onClick=${() => session.signOut()}>Sign out</button>
+    </header>
+    <main>${view}</main>
+  </div>`;
+}
+
+takeTokenFromFragment();
+render(html`<${App} />`, document.getElementById("app"));

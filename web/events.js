@@ -1,0 +1,86 @@
+// A task's Server-Sent Events, read with fetch so the token travels in the Authorization header
+// (EventSource cannot send headers, and a token in the URL would reach logs). After any drop — the API
+// restarting, the network — it reconnects with Last-Event-ID: the server sends exactly the events after
+// it, and ids already seen are skipped here too, so nothing is shown twice or lost.
+import { apiFetch } from "./api.js";
+
+const TERMINAL = new Set(["succeeded", "partially_succeeded", "failed", "timed_out", "cancelled"]);
+export const isTerminal = (status) => TERMINAL.has(status);
+
+const sleep = (ms, signal) =>
+  new Promise((resolve) => {
+    const t = setTimeout(resolve, ms);
+    signal.addEventListener(
+      "abort",
+      () => {
+        clearTimeout(t);
+        resolve();
+      },
+      { once: true },
+    );
+  });
+
+/**
+ * Follows task `taskId` until it ends or `signal` aborts. `onEvents(events)` gets batches in id order;
+ * `onState(state)` gets "connecting" | "live" | "reconnecting" | "ended" | "gone".
+ * `isFinished()` is asked when a stream ends without the task's closing event (the server ends a
+ * finished task's stream at once when resuming past its last event).
+ */
+export async function followTask(taskId, { onEvents, onState, isFinished, signal, after = null }) {
+  let lastId = after === null ? null : BigInt(after);
+  let failures = 0;
+  onState("connecting");
+  while (!signal.aborted) {
+    let closed = false;
+    try {
+      const res = await apiFetch(`/analysis-tasks/${taskId}/events`, {
+        signal,
+        headers: {
+          accept: "text/event-stream",
+          ...(lastId === null ? {} : { "last-event-id": String(lastId) }),
+        },
+      });
+      if (res.status === 404 || res.status === 401) return onState("gone");
+      if (!res.ok || !res.body) throw new Error(`HTTP ${res.status}`);
+      onState("live");
+      failures = 0;
+      const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buffer = "";
+      let data = [];
+      let id = null;
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += value;
+        const batch = [];
+        for (let nl = buffer.search(/\r\n|\r|\n/); nl >= 0; nl = buffer.search(/\r\n|\r|\n/)) {
+          const line = buffer.slice(0, nl);
+          buffer = buffer.slice(nl + (buffer.startsWith("\r\n", nl) ? 2 : 1));
+          if (line === "") {
+            if (data.length > 0 && id !== null) {
+              const n = BigInt(id);
+              if (lastId === null || n > lastId) {
+                lastId = n;
+                const event = JSON.parse(data.join("\n"));
+                batch.push(event);
+                if (event.runId === null && event.type.startsWith("task.") && isTerminal(event.data?.status))
+                  closed = true;
+              }
+            }
+            data = [];
+            id = null;
+          } else if (line.startsWith("data:")) data.push(line.slice(line.startsWith("data: ") ? 6 : 5));
+          else if (line.startsWith("id:")) id = line.slice(3).trim();
+        }
+        if (batch.length > 0) onEvents(batch);
+      }
+      if (closed || (await isFinished())) return onState("ended");
+    } catch {
+      if (signal.aborted) return;
+      failures++;
+    }
+    if (closed) return onState("ended");
+    onState("reconnecting");
+    await sleep(Math.min(500 * 2 ** failures, 5000), signal);
+  }
+}

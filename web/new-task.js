@@ -1,0 +1,208 @@
+// New task: pick files (drop them, or a file picker; many at once, each uploaded with its own
+// progress) and/or files already uploaded, choose the analysis type — types no live worker can run are
+// shown unavailable with the reason — fill in its parameters, submit.
+import { api, uploadFile } from "./api.js";
+import { bytes, when } from "./format.js";
+import { html, useEffect, useRef, useState } from "./lib.js";
+import { parametersFrom, SchemaForm } from "./schema-form.js";
+import { ErrorNote, RunBar } from "./widgets.js";
+
+const UPLOADS_AT_ONCE = 3;
+let nextKey = 1;
+
+export function NewTaskView({ types, preselected }) {
+  const [type, setType] = useState("");
+  const [values, setValues] = useState({});
+  const [uploads, setUploads] = useState([]); // {key, file, loaded, total, state, error, record}
+  const [chosen, setChosen] = useState(() => new Set(preselected));
+  const [known, setKnown] = useState(null);
+  const [error, setError] = useState(null);
+  const [busy, setBusy] = useState(false);
+  const [dragging, setDragging] = useState(false);
+  const controllers = useRef(new Map());
+  const picker = useRef(null);
+
+  useEffect(() => {
+    const ctrl = new AbortController();
+    api("/files?limit=50", { signal: ctrl.signal }).then(
+      setKnown,
+      (err) => ctrl.signal.aborted || setError(err),
+    );
+    return () => {
+      ctrl.abort();
+      for (const c of controllers.current.values()) c.abort();
+    };
+  }, []);
+  useEffect(() => {
+    if (!type && types) setType(types.find((t) => t.available)?.name ?? types[0]?.name ?? "");
+  }, [types]);
+
+  const patch = (key, change) =>
+    setUploads((list) => list.map((u) => (u.key === key ? { ...u, ...change } : u)));
+
+  async function start(key, file) {
+    const ctrl = new AbortController();
+    controllers.current.set(key, ctrl);
+    patch(key, { state: "uploading" });
+    try {
+      const record = await uploadFile(file, (loaded, total) => patch(key, { loaded, total }), ctrl.signal);
+      patch(key, { state: "done", record, loaded: file.size, total: file.size });
+    } catch (err) {
+      const message =
+        err.code === "PAYLOAD_TOO_LARGE" ? `${file.name} is too large: ${err.message}` : err.message;
+      patch(key, { state: "failed", error: { code: err.code, message } });
+    } finally {
+      controllers.current.delete(key);
+    }
+  }
+
+  // Uploads start as soon as files are picked, a few at a time.
+  useEffect(() => {
+    const running = uploads.filter((u) => u.state === "uploading").length;
+    const waiting = uploads
+      .filter((u) => u.state === "waiting")
+      .slice(0, Math.max(0, UPLOADS_AT_ONCE - running));
+    for (const u of waiting) start(u.key, u.file);
+  }, [uploads]);
+
+  function add(fileList) {
+    const added = [...fileList].map((file) => ({
+      key: nextKey++,
+      file,
+      loaded: 0,
+      total: file.size,
+      state: "waiting",
+    }));
+    setUploads((list) => [...list, ...added]);
+  }
+  function remove(key) {
+    controllers.current.get(key)?.abort();
+    setUploads((list) => list.filter((u) => u.key !== key));
+  }
+
+  const spec = types?.find((t) => t.name === type);
+  const pending = uploads.some((u) => u.state === "waiting" || u.state === "uploading");
+  const fileIds = [...uploads.filter((u) => u.state === "done").map((u) => u.record.fileId), ...chosen];
+  const uniqueIds = [...new Set(fileIds)];
+
+  async function submit(e) {
+    e.preventDefault();
+    setError(null);
+    if (!spec) return setError({ message: "Choose an analysis type." });
+    const { parameters, problems } = parametersFrom(spec.parameters, values);
+    if (problems.length > 0) return setError({ code: "VALIDATION_FAILED", message: problems.join("; ") });
+    if (uniqueIds.length === 0) return setError({ message: "Add at least one file." });
+    setBusy(true);
+    try {
+      const task = await api("/analysis-tasks", {
+        method: "POST",
+        body: { analysisType: type, inputFileIds: uniqueIds, parameters },
+      });
+      location.hash = `#/tasks/${task.taskId}`;
+    } catch (err) {
+      setError(err);
+      setBusy(false);
+    }
+  }
+
+  const choose = (name) => {
+    setType(name);
+    setValues({});
+  };
+  const dragOver = (e) => {
+    e.preventDefault();
+    setDragging(true);
+  };
+  const drop = (e) => {
+    e.preventDefault();
+    setDragging(false);
+    add(e.dataTransfer.files);
+  };
+  const picked = (e) => {
+    add(e.currentTarget.files);
+    e.currentTarget.value = "";
+  };
+  const toggle = (id) => {
+    const next = new Set(chosen);
+    next.has(id) ? next.delete(id) : next.add(id);
+    setChosen(next);
+  };
+
+  return html`<section>
+    <h1>New task</h1>
+    <form onSubmit=${submit}>
+      <fieldset>
+        <legend>Analysis</legend>
+        <div class="types" role="radiogroup" aria-label="Analysis type">
+          ${(types ?? []).map(
+            (t) => html`<label class=${`type ${t.available ? "" : "unavailable"}`}>
+              <input type="radio" name="type" value=${t.name} checked=${type === t.name}
+                onChange=${() => choose(t.name)} />
+              <strong>${t.name}</strong>
+              <span>${t.description ?? ""}</span>
+              ${t.available ? null : html`<em class="bad">unavailable: ${t.reason ?? "no worker can run it"}</em>`}
+            </label>`,
+          )}
+        </div>
+        ${spec ? html`<${SchemaForm} schema=${spec.parameters} values=${values} onChange=${setValues} />` : null}
+      </fieldset>
+
+      <fieldset>
+        <legend>Files</legend>
+        <div class=${`drop ${dragging ? "over" : ""}`}
+          onDragOver=${dragOver}
+          onDragLeave=${() => setDragging(false)}
+          onDrop=${drop}>
+          <p>Drop files here, or</p>
+          <label class="button">Choose files
+            <input ref=${picker} class="visually-hidden" type="file" multiple
+              onChange=${picked} />
+          </label>
+        </div>
+        ${
+          uploads.length > 0
+            ? html`<ul class="uploads" aria-label="Uploads">
+              ${uploads.map(
+                (u) => html`<li key=${u.key} class=${`upload ${u.state}`}>
+                  <span class="name">${u.file.name}</span>
+                  <span class="size">${bytes(u.file.size)}</span>
+                  <${RunBar} percent=${u.total ? (100 * u.loaded) / u.total : 0}
+                    status=${u.state === "done" ? "succeeded" : u.state === "failed" ? "failed" : "running"}
+                    label=${`upload of ${u.file.name}`} />
+                  <span class="state">${u.state === "failed" ? "" : u.state}</span>
+                  <button type="button" class="link" onClick=${() => remove(u.key)}
+                    aria-label=${`Remove ${u.file.name}`}>remove</button>
+                  ${u.error ? html`<${ErrorNote} error=${u.error} />` : null}
+                </li>`,
+              )}
+            </ul>`
+            : null
+        }
+        <details open=${chosen.size > 0}>
+          <summary>Or choose uploaded files (${chosen.size} chosen)</summary>
+          ${
+            known === null
+              ? html`<p class="muted">Loading…</p>`
+              : known.items.length === 0
+                ? html`<p class="muted">No uploaded files yet.</p>`
+                : html`<ul class="known">
+                  ${known.items.map(
+                    (f) => html`<li key=${f.fileId}><label>
+                      <input type="checkbox" checked=${chosen.has(f.fileId)} onChange=${() => toggle(f.fileId)} />
+                      <span class="name">${f.name}</span> <span class="muted">${bytes(f.sizeBytes)} · ${when(f.createdAt)}</span>
+                    </label></li>`,
+                  )}
+                </ul>`
+          }
+        </details>
+      </fieldset>
+
+      <${ErrorNote} error=${error} />
+      <div class="row">
+        <button type="submit" class="primary" disabled=${busy || pending || uniqueIds.length === 0 || !spec}>
+          ${pending ? "Uploading…" : `Start ${type || "task"} over ${uniqueIds.length} file${uniqueIds.length === 1 ? "" : "s"}`}
+        </button>
+      </div>
+    </form>
+  </section>`;
+}

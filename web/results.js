@@ -1,0 +1,94 @@
+// The fan-in result: one row per input file with its status, error and metrics (the API's
+// results.csv, the same table as results.csv at the root of the task's zip), sortable, downloadable,
+// and a chart of the column it is sorted by when that column is numeric.
+import { apiBlob, saveBlob } from "./api.js";
+import { parseCsv } from "./csv.js";
+import { html, useEffect, useMemo, useState } from "./lib.js";
+import { ErrorNote } from "./widgets.js";
+
+const SHOWN = 200;
+
+const numeric = (v) => v !== "" && Number.isFinite(Number(v));
+
+function Chart({ rows, column, label }) {
+  const values = rows.slice(0, SHOWN).map((r) => ({ name: r[1], v: Number(r[column]) }));
+  const max = Math.max(...values.map((x) => Math.abs(x.v)), 1e-300);
+  const w = 600;
+  const barH = 14;
+  return html`<figure class="chart">
+    <svg viewBox=${`0 0 ${w} ${values.length * barH + 4}`} role="img" aria-label=${`${label} per input file`}>
+      ${values.map(
+        (x, i) => html`<g>
+          <title>${x.name}: ${x.v}</title>
+          <rect x="180" y=${i * barH + 2} width=${Math.max(1, (Math.abs(x.v) / max) * (w - 260))} height=${barH - 3}
+            class=${x.v < 0 ? "neg" : "pos"} />
+          <text x="176" y=${i * barH + barH - 3} text-anchor="end">${x.name.length > 28 ? `${x.name.slice(0, 27)}…` : x.name}</text>
+          <text x=${184 + (Math.abs(x.v) / max) * (w - 260)} y=${i * barH + barH - 3}>${x.v}</text>
+        </g>`,
+      )}
+    </svg>
+    <figcaption>${label}${rows.length > SHOWN ? ` (first ${SHOWN} rows in this order)` : ""}</figcaption>
+  </figure>`;
+}
+
+export function ResultsTable({ taskId, version }) {
+  const [table, setTable] = useState(null);
+  const [error, setError] = useState(null);
+  const [sort, setSort] = useState({ column: 0, dir: 1 });
+  useEffect(() => {
+    const ctrl = new AbortController();
+    apiBlob(`/analysis-tasks/${taskId}/results.csv`, { signal: ctrl.signal })
+      .then((b) => b.text())
+      .then(
+        (text) => {
+          setTable(parseCsv(text));
+          setError(null);
+        },
+        (err) => ctrl.signal.aborted || setError(err),
+      );
+    return () => ctrl.abort();
+  }, [taskId, version]);
+  const [head = [], ...rows] = table ?? [];
+  const sorted = useMemo(() => {
+    const c = sort.column;
+    const num = rows.every((r) => r[c] === "" || numeric(r[c]));
+    return [...rows].sort((a, b) => {
+      const x = a[c] ?? "";
+      const y = b[c] ?? "";
+      if (num) return sort.dir * ((x === "" ? -Infinity : Number(x)) - (y === "" ? -Infinity : Number(y)));
+      return sort.dir * x.localeCompare(y);
+    });
+  }, [table, sort]);
+  const download = async () => {
+    try {
+      saveBlob(await apiBlob(`/analysis-tasks/${taskId}/results.csv`), `task-${taskId}-results.csv`);
+    } catch (err) {
+      setError(err);
+    }
+  };
+  if (error) return html`<${ErrorNote} error=${error} />`;
+  if (table === null) return html`<p class="muted">Loading results…</p>`;
+  const chartable =
+    sort.column > 8 &&
+    rows.some((r) => numeric(r[sort.column])) &&
+    rows.every((r) => r[sort.column] === "" || numeric(r[sort.column]));
+  return html`<div>
+    <div class="row">
+      <p class="muted">${rows.length} input file${rows.length === 1 ? "" : "s"}. Click a column to sort${head.length > 9 ? "; a metric column is also charted" : ""}.</p>
+      <button type="button" onClick=${download}>Download results.csv</button>
+    </div>
+    ${chartable ? html`<${Chart} rows=${sorted} column=${sort.column} label=${head[sort.column]} />` : null}
+    <div class="scroll"><table class="results">
+      <thead><tr>${head.map(
+        (
+          h,
+          i,
+        ) => html`<th scope="col" aria-sort=${sort.column === i ? (sort.dir > 0 ? "ascending" : "descending") : "none"}>
+          <button type="button" class="link" onClick=${() => setSort({ column: i, dir: sort.column === i ? -sort.dir : 1 })}>
+            ${h}${sort.column === i ? (sort.dir > 0 ? " ▲" : " ▼") : ""}</button></th>`,
+      )}</tr></thead>
+      <tbody>${sorted.slice(0, SHOWN).map((r) => html`<tr>${r.map((c) => html`<td>${c}</td>`)}</tr>`)}</tbody>
+    </table></div>
+    ${rows.length > SHOWN ? html`<p class="muted">Showing ${SHOWN} of ${rows.length} rows; the download has them all.</p>` : null}
+  </div>`;
+}

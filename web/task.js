@@ -1,0 +1,346 @@
+// A task: its bar and counts, one row per run (paged: a task may have 100,000), the event log, cancel,
+// downloads, each run's outputs, and the fan-in result. Live from the task's event stream: events are
+// applied in batches once per animation frame, and the task and the visible runs are re-read (at most
+// twice a second) when a run or the task changes state.
+import { api, apiBlob, saveBlob } from "./api.js";
+import { followTask, isTerminal } from "./events.js";
+import { duration, RUN_STATUSES, STATUS_LABEL, when } from "./format.js";
+import { html, useEffect, useRef, useState } from "./lib.js";
+import { RunOutputs } from "./outputs.js";
+import { ResultsTable } from "./results.js";
+import { ErrorNote, Pager, QueuePlace, RunBar, Status, TaskBar } from "./widgets.js";
+
+const RUNS_PAGE = 100;
+const LOG_KEPT = 1000;
+const REREAD_MS = 500;
+
+const STREAM_LABEL = {
+  connecting: "connecting…",
+  live: "live",
+  reconnecting: "reconnecting…",
+  ended: "finished",
+  gone: "unavailable",
+};
+
+function describe(e) {
+  const d = e.data ?? {};
+  if (e.type === "run.progress") return `${d.percent ?? ""}%${d.message ? ` ${d.message}` : ""}`;
+  if (e.type === "run.retry")
+    return `attempt ${d.attempt ?? ""} failed${d.errorCode ? ` (${d.errorCode})` : ""}; retry`;
+  const parts = [];
+  if (d.attempt !== undefined) parts.push(`attempt ${d.attempt}`);
+  if (d.errorCode) parts.push(d.errorCode);
+  return parts.join(" · ");
+}
+
+export function TaskView({ taskId }) {
+  const [task, setTask] = useState(null);
+  const [runs, setRuns] = useState(null);
+  const [paging, setPaging] = useState({ cursors: [], cursor: null });
+  const [runFilter, setRunFilter] = useState("");
+  const [live, setLive] = useState({}); // runId → fields from events newer than the last read
+  const [log, setLog] = useState([]);
+  const [stream, setStream] = useState("connecting");
+  const [tab, setTab] = useState("runs");
+  const [expanded, setExpanded] = useState(null);
+  const [error, setError] = useState(null);
+  const [loadProblem, setLoadProblem] = useState(null);
+  const [notice, setNotice] = useState(null);
+  const [busy, setBusy] = useState(false);
+  const [resultsVersion, setResultsVersion] = useState(0);
+  const taskRef = useRef(null);
+  const reread = useRef({ timer: null, task: false, runs: false });
+  const pending = useRef([]);
+  const frame = useRef(0);
+  const pageQuery = useRef("");
+
+  const loadTask = () =>
+    api(`/analysis-tasks/${taskId}`).then(
+      (t) => {
+        taskRef.current = t;
+        setTask(t);
+        setLoadProblem(null);
+        return t;
+      },
+      (err) => {
+        // A task that is gone is the page's answer; a failed read (the API restarting) lasts until
+        // the next read succeeds.
+        if (err.status === 404) setError(err);
+        else setLoadProblem(err);
+        return null;
+      },
+    );
+  const loadRuns = () =>
+    api(`/analysis-tasks/${taskId}/runs?${pageQuery.current}`).then(
+      (p) => {
+        setRuns(p);
+        setLive({});
+      },
+      (err) => (err.status === 404 ? setError(err) : setLoadProblem(err)),
+    );
+
+  function scheduleReread(which) {
+    const r = reread.current;
+    r[which] = true;
+    if (r.timer) return;
+    r.timer = setTimeout(() => {
+      r.timer = null;
+      if (r.task) loadTask();
+      if (r.runs) loadRuns();
+      r.task = r.runs = false;
+    }, REREAD_MS);
+  }
+
+  function flush() {
+    frame.current = 0;
+    const batch = pending.current;
+    pending.current = [];
+    if (batch.length === 0) return;
+    setLog((old) => {
+      const next = old.concat(batch);
+      return next.length > LOG_KEPT ? next.slice(next.length - LOG_KEPT) : next;
+    });
+    setLive((old) => {
+      const next = { ...old };
+      for (const e of batch) {
+        if (!e.runId) continue;
+        const cur = { ...(next[e.runId] ?? {}) };
+        const d = e.data ?? {};
+        if (e.type === "run.progress") {
+          if (d.percent !== undefined) cur.progressPercent = d.percent;
+          if (d.message !== undefined) cur.message = d.message;
+        } else if (e.type === "run.retry") {
+          cur.status = "queued";
+        } else if (d.status) {
+          cur.status = d.status;
+          if (d.status === "running") cur.startedAt ??= e.createdAt;
+          if (isTerminal(d.status)) cur.finishedAt = e.createdAt;
+        }
+        if (d.attempt !== undefined) cur.attempt = d.attempt;
+        if (d.errorCode !== undefined) cur.errorCode = d.errorCode;
+        next[e.runId] = cur;
+      }
+      return next;
+    });
+    if (batch.some((e) => e.type !== "run.progress")) {
+      scheduleReread("task");
+      if (batch.some((e) => e.runId && isTerminal(e.data?.status))) scheduleReread("runs");
+    }
+    if (batch.some((e) => !e.runId && isTerminal(e.data?.status))) setResultsVersion((v) => v + 1);
+  }
+
+  useEffect(() => {
+    const ctrl = new AbortController();
+    setTask(null);
+    setLog([]);
+    loadTask();
+    followTask(taskId, {
+      signal: ctrl.signal,
+      onState: setStream,
+      onEvents: (events) => {
+        pending.current.push(...events);
+        if (!frame.current) frame.current = requestAnimationFrame(flush);
+      },
+      // Asked when a stream ends without the task's closing event. Only an answer ends following: the
+      // task is finished, or it is gone (404). A request that fails (the API restarting) is no answer,
+      // and the stream reconnects.
+      isFinished: async () => {
+        try {
+          const t = await api(`/analysis-tasks/${taskId}`);
+          taskRef.current = t;
+          setTask(t);
+          return isTerminal(t.status);
+        } catch (err) {
+          if (err.status !== 404) return false;
+          setError(err);
+          return true;
+        }
+      },
+    });
+    return () => {
+      ctrl.abort();
+      cancelAnimationFrame(frame.current);
+      clearTimeout(reread.current.timer);
+    };
+  }, [taskId]);
+
+  useEffect(() => {
+    const q = new URLSearchParams({ limit: String(RUNS_PAGE) });
+    if (paging.cursor) q.set("cursor", paging.cursor);
+    if (runFilter) q.set("status", runFilter);
+    pageQuery.current = q.toString();
+    loadRuns();
+  }, [taskId, paging, runFilter]);
+
+  const filterRuns = (e) => {
+    setRunFilter(e.currentTarget.value);
+    setPaging({ cursors: [], cursor: null });
+  };
+
+  async function cancel() {
+    setBusy(true);
+    try {
+      const after = await api(`/analysis-tasks/${taskId}/cancel`, { method: "POST" });
+      const t = (await loadTask()) ?? after;
+      setNotice(`Cancel requested: the task is ${STATUS_LABEL[t.status] ?? t.status}.`);
+    } catch (err) {
+      setError(err);
+    } finally {
+      setBusy(false);
+    }
+  }
+  async function downloadAll() {
+    setBusy(true);
+    try {
+      const blob = await apiBlob(`/analysis-tasks/${taskId}/download`);
+      const name = task.totalCount === 1 ? `task-${taskId}-output` : `task-${taskId}.zip`;
+      saveBlob(blob, name);
+    } catch (err) {
+      setError(err);
+    } finally {
+      setBusy(false);
+    }
+  }
+  async function downloadRun(run) {
+    try {
+      saveBlob(
+        await apiBlob(`/analysis-tasks/${taskId}/runs/${run.runId}/download`),
+        `run-${run.runId}-${run.fileName}`,
+      );
+    } catch (err) {
+      setError(err);
+    }
+  }
+
+  if (error?.status === 404)
+    return html`<section><h1>Task not found</h1><p>There is no task #${taskId} you can see. <a href="#/">All tasks</a></p></section>`;
+  if (task === null)
+    return html`<section><${ErrorNote} error=${error ?? loadProblem} /><p class="muted">Loading task…</p></section>`;
+  const done = task.succeededCount + task.failedCount + task.timedOutCount + task.cancelledCount;
+  const finished = isTerminal(task.status);
+  return html`<section class="task">
+    <header class="row">
+      <h1>Task #${task.taskId} <small>${task.analysisType}</small></h1>
+      <${Status} status=${task.status} />
+      <span class=${`stream ${stream}`} aria-live="polite">${STREAM_LABEL[stream]}</span>
+    </header>
+    <${TaskBar} task=${task} />
+    <dl class="counts">
+      <div><dt>Runs</dt><dd>${done}/${task.totalCount}</dd></div>
+      <div><dt>Succeeded</dt><dd class="ok">${task.succeededCount}</dd></div>
+      <div><dt>Failed</dt><dd class="bad">${task.failedCount}</dd></div>
+      <div><dt>Timed out</dt><dd class="warn">${task.timedOutCount}</dd></div>
+      <div><dt>Cancelled</dt><dd>${task.cancelledCount}</dd></div>
+      <div><dt>Created</dt><dd>${when(task.createdAt)}</dd></div>
+      <div><dt>Duration</dt><dd>${duration(task.startedAt, task.finishedAt)}</dd></div>
+      ${task.owner ? html`<div><dt>Owner</dt><dd>${task.owner}</dd></div>` : null}
+      ${task.priority !== 5 ? html`<div><dt>Priority</dt><dd>${task.priority}</dd></div>` : null}
+      ${task.queue ? html`<div><dt>Queue</dt><dd><${QueuePlace} queue=${task.queue} /></dd></div>` : null}
+    </dl>
+    ${
+      Object.keys(task.parameters ?? {}).length > 0
+        ? html`<p class="muted">Parameters: <code>${JSON.stringify(task.parameters)}</code></p>`
+        : null
+    }
+    <div class="row actions">
+      ${
+        finished
+          ? null
+          : html`<button type="button" class="danger" disabled=${busy || task.status === "cancelling"} onClick=${cancel}>Cancel task</button>`
+      }
+      <button type="button" disabled=${busy || task.succeededCount === 0 || !finished} onClick=${downloadAll}
+        title=${finished ? "" : "available when the task has finished"}>Download all${task.totalCount > 1 ? " (zip)" : ""}</button>
+    </div>
+    ${notice ? html`<p class="notice" role="status">${notice}</p>` : null}
+    <${ErrorNote} error=${error ?? loadProblem} />
+
+    <div class="tabs" role="tablist" aria-label="Task views">
+      ${[
+        ["runs", "Runs"],
+        ["results", "Results"],
+        ["log", "Event log"],
+      ].map(
+        ([id, label]) => html`<button type="button" role="tab" id=${`tab-${id}`} aria-selected=${tab === id}
+          aria-controls=${`panel-${id}`} onClick=${() => setTab(id)}>${label}</button>`,
+      )}
+    </div>
+
+    ${
+      tab === "runs"
+        ? html`<div role="tabpanel" id="panel-runs" aria-labelledby="tab-runs">
+          <form class="filters" onSubmit=${(e) => e.preventDefault()}>
+            <label>Run status
+              <select value=${runFilter} onChange=${filterRuns}>
+                <option value="">any</option>
+                ${RUN_STATUSES.map((s) => html`<option value=${s}>${STATUS_LABEL[s]}</option>`)}
+              </select>
+            </label>
+          </form>
+          ${
+            runs === null
+              ? html`<p class="muted">Loading runs…</p>`
+              : html`<div class="scroll"><table class="runs">
+                <thead><tr>
+                  <th scope="col">Input file</th><th scope="col">Status</th><th scope="col" class="wide">Progress</th>
+                  <th scope="col">Attempt</th><th scope="col">Error</th><th scope="col">Duration</th><th scope="col"><span class="visually-hidden">Actions</span></th>
+                </tr></thead>
+                <tbody>
+                  ${runs.items.map((base) => {
+                    const r = { ...base, ...(live[base.runId] ?? {}) };
+                    const open = expanded === r.runId;
+                    return html`<tr key=${r.runId} data-run=${r.runId} class=${`s-${r.status}`}>
+                        <td class="name">${r.fileName}</td>
+                        <td><${Status} status=${r.status} /></td>
+                        <td class="wide"><${RunBar} percent=${r.status === "succeeded" ? 100 : r.progressPercent} status=${r.status}
+                            label=${`progress of ${r.fileName}`} />
+                          <span class="message">${r.message ?? ""}</span></td>
+                        <td class="num">${r.attempt}</td>
+                        <td>${r.errorCode ? html`<code>${r.errorCode}</code>` : null}${r.errorMessage ? html`<div class="bad">${r.errorMessage}</div>` : null}</td>
+                        <td>${duration(r.startedAt, r.finishedAt)}</td>
+                        <td class="actions">
+                          <button type="button" class="link" aria-expanded=${open} onClick=${() => setExpanded(open ? null : r.runId)}>
+                            ${open ? "hide" : "results"}</button>
+                          ${r.status === "succeeded" ? html`<button type="button" class="link" onClick=${() => downloadRun(r)}>download</button>` : null}
+                        </td>
+                      </tr>
+                      ${
+                        open
+                          ? html`<tr class="detail" key=${`${r.runId}-detail`}><td colspan="7">
+                            <${RunOutputs} key=${`${r.runId}-${r.status}`} taskId=${taskId} run=${r} /></td></tr>`
+                          : null
+                      }`;
+                  })}
+                </tbody>
+              </table></div>
+              <${Pager} cursors=${paging.cursors} next=${runs.nextCursor} labels=${["Previous runs", "Next runs"]}
+                onPage=${(cursors, cursor) => setPaging({ cursors, cursor })} />`
+          }
+        </div>`
+        : null
+    }
+    ${
+      tab === "results"
+        ? html`<div role="tabpanel" id="panel-results" aria-labelledby="tab-results">
+          <${ResultsTable} taskId=${taskId} version=${resultsVersion} />
+        </div>`
+        : null
+    }
+    ${
+      tab === "log"
+        ? html`<div role="tabpanel" id="panel-log" aria-labelledby="tab-log">
+          ${log.length >= LOG_KEPT ? html`<p class="muted">The latest ${LOG_KEPT} events.</p>` : null}
+          <ol class="log" aria-live="off">
+            ${log.map(
+              (e) => html`<li key=${e.id} data-event=${e.id}>
+                <time datetime=${e.createdAt}>${new Date(e.createdAt).toLocaleTimeString()}</time>
+                <span class="etype">${e.type}</span>
+                ${e.runId ? html`<span class="run">run ${e.runId}</span>` : null}
+                <span class="detail">${describe(e)}</span>
+              </li>`,
+            )}
+          </ol>
+        </div>`
+        : null
+    }
+  </section>`;
+}
