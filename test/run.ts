@@ -14,6 +14,11 @@ import postgres from "postgres";
 import { startEmbeddedPostgres } from "../src/db/embedded.ts";
 import { runMigrations } from "../src/db/migrate.ts";
 
+/** Longest a single test may take (the slowest, a browser or many-hosts test, takes well under a minute). */
+const TEST_TIMEOUT_MS = 180_000;
+/** Longest the whole run may take: `make test` takes about 6 minutes on 2 cores. */
+const SUITE_DEADLINE_MS = 30 * 60_000;
+
 const files = process.argv.slice(2);
 if (files.length === 0) {
   console.error("test/run.ts: no test files given");
@@ -102,6 +107,10 @@ try {
       "tsx",
       "--test",
       `--test-concurrency=${concurrency}`,
+      // A test that hangs fails by name instead of holding CI until its deadline; a file whose tests
+      // have all ended exits even when a failed test left a worker or a server running.
+      `--test-timeout=${TEST_TIMEOUT_MS}`,
+      "--test-force-exit",
       "--test-reporter=spec",
       "--test-reporter-destination=stdout",
       "--test-reporter=tap",
@@ -126,7 +135,17 @@ try {
   );
   // Interrupted: stop the tests, then fall through to the cleanup below (no orphaned server).
   for (const signal of ["SIGINT", "SIGTERM"] as const) process.on(signal, () => child.kill(signal));
+  // The whole run has a deadline too: past it the runner is interrupted, which makes node:test list
+  // the files still running, and the run fails.
+  let overran = false;
+  const watchdog = setTimeout(() => {
+    overran = true;
+    console.error(`test/run.ts: the suite ran past ${SUITE_DEADLINE_MS / 60_000} minutes; stopping it`);
+    child.kill("SIGINT");
+    setTimeout(() => child.kill("SIGKILL"), 30_000).unref();
+  }, SUITE_DEADLINE_MS);
   const code = await new Promise<number>((resolve) => child.on("close", (c) => resolve(c ?? 1)));
+  clearTimeout(watchdog);
   const tap = fs.existsSync(tapFile) ? fs.readFileSync(tapFile, "utf8") : "";
   const count = (name: string) => Number(new RegExp(`^# ${name} (\\d+)$`, "m").exec(tap)?.[1] ?? 0);
   const [tests, pass, fail, cancelled, skipped] = [
@@ -138,7 +157,7 @@ try {
   ];
   console.log(`\n${pass} passed, ${fail} failed, ${cancelled} cancelled, ${skipped} skipped`);
   if (tests === 0) console.error("test/run.ts: zero tests ran — that is a failure, not a pass");
-  exitCode = code === 0 && tests > 0 && fail === 0 && cancelled === 0 ? 0 : 1;
+  exitCode = !overran && code === 0 && tests > 0 && fail === 0 && cancelled === 0 ? 0 : 1;
 } finally {
   // Databases a crashed test file could not drop, then the template.
   const leftovers = await admin<{ datname: string }[]>`
