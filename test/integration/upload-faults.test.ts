@@ -35,7 +35,11 @@ after(async () => {
  * Sends a multipart upload of `total` bytes in 64 KiB chunks, one per tick, so the server reads a
  * stream that is still arriving; `cutAfter` ends the connection after that many bytes instead.
  */
-function streamUpload(total: number, cutAfter?: number): Promise<{ status: number; body: string }> {
+function streamUpload(
+  total: number,
+  cutAfter?: number,
+  agent?: http.Agent,
+): Promise<{ status: number; body: string; reusedSocket: boolean }> {
   const boundary = "----assayfaults";
   const head = Buffer.from(
     `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.csv"\r\n` +
@@ -45,6 +49,7 @@ function streamUpload(total: number, cutAfter?: number): Promise<{ status: numbe
   return new Promise((resolve, reject) => {
     const req = http.request(`${base}/api/files`, {
       method: "POST",
+      ...(agent ? { agent } : {}),
       headers: {
         ...bearer(alice),
         "content-type": `multipart/form-data; boundary=${boundary}`,
@@ -55,10 +60,12 @@ function streamUpload(total: number, cutAfter?: number): Promise<{ status: numbe
       let body = "";
       res.setEncoding("utf8");
       res.on("data", (c: string) => (body += c));
-      res.on("end", () => resolve({ status: res.statusCode as number, body }));
+      res.on("end", () =>
+        resolve({ status: res.statusCode as number, body, reusedSocket: req.reusedSocket }),
+      );
     });
     req.on("error", (err) =>
-      cutAfter === undefined ? reject(err) : resolve({ status: 0, body: String(err) }),
+      cutAfter === undefined ? reject(err) : resolve({ status: 0, body: String(err), reusedSocket: false }),
     );
     req.write(head);
     let sent = 0;
@@ -114,4 +121,24 @@ test("a body cut off mid-stream is the client's: INVALID_MULTIPART at info, noth
   assert.ok(logged.some((l) => l.code === "INVALID_MULTIPART" && l.level === 30));
   assert.equal(await rows(), 0);
   assert.deepEqual(fs.readdirSync(path.join(t.config.dataDir, ".partial")), []);
+});
+
+test("after a 413 the connection carries the client's next upload (the refused body is read and discarded)", async () => {
+  // One keep-alive socket, as a browser or the CLI reuses one: the rest of the refused body used to
+  // stay unread in it, and the next request on it waited forever.
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+  try {
+    const big = await streamUpload(20 * 1024 * 1024, undefined, agent);
+    assert.equal(big.status, 413, big.body);
+    const next = await Promise.race([
+      streamUpload(1000, undefined, agent),
+      new Promise<never>((_, reject) =>
+        setTimeout(() => reject(new Error("the next upload on the socket got no answer")), 10_000).unref(),
+      ),
+    ]);
+    assert.equal(next.status, 201, next.body);
+    assert.equal(next.reusedSocket, true, "the same connection carried it");
+  } finally {
+    agent.destroy();
+  }
 });

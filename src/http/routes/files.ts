@@ -1,4 +1,5 @@
 import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
+import type { FastifyReply, FastifyRequest } from "fastify";
 import { Type } from "typebox";
 import { fileCreate, fileGet, fileList, sanitizeFileName } from "../../files/files.ts";
 import { SourceError } from "../../storage/store.ts";
@@ -17,6 +18,27 @@ function rejectMalformed(err: unknown): never {
   throw new ApiError(400, "INVALID_MULTIPART", undefined, err);
 }
 
+/** How long the rest of a refused upload's body is read and discarded before the connection is cut. */
+const DISCARD_TIMEOUT_MS = 30_000;
+
+/**
+ * After an upload failed before its body was read to the end (413, a failing store): reads and
+ * discards the rest, so that the connection can carry the client's next request. Left unread, the
+ * body stays in the socket and the next request on that keep-alive connection — a browser's next
+ * upload, the CLI's next file — waits forever. Node does not do this itself for a body the handler
+ * had started reading. A client still sending after DISCARD_TIMEOUT_MS is cut off.
+ */
+function discardRest(request: FastifyRequest): void {
+  const raw = request.raw;
+  if (raw.readableEnded || raw.destroyed) return;
+  raw.unpipe();
+  const timer = setTimeout(() => raw.socket.destroy(), DISCARD_TIMEOUT_MS);
+  timer.unref();
+  raw.once("end", () => clearTimeout(timer));
+  raw.once("close", () => clearTimeout(timer));
+  raw.resume();
+}
+
 export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.post(
     "/files",
@@ -30,30 +52,39 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
       },
     },
     async (request, reply) => {
-      const { database, storage, config } = app.services;
-      const part = await request.file().catch(rejectMalformed);
-      if (part?.fieldname !== "file") {
-        // Drain whatever part arrived so the connection can be reused.
-        part?.file.resume();
-        throw new ApiError(400, "VALIDATION_FAILED", "The request must carry a `file` part.");
-      }
-      // Only a failure that started in the part's own stream is the body's fault (it ends before its
-      // closing boundary, say): the store says so with a SourceError. A full disk or a failing bucket
-      // destroys the part's stream too, with its own error, and stays ours (500). The store's meter
-      // fails one byte past the limit, before @fastify/multipart (whose limit is a byte higher) would
-      // cut the stream short.
-      const record = await fileCreate(database.sql, storage, principalOf(request), part.file, {
-        name: sanitizeFileName(part.filename),
-        contentType: part.mimetype || "application/octet-stream",
-        maxBytes: config.maxUploadBytes,
-      }).catch((err: unknown) => {
-        if (err instanceof SourceError) throw new ApiError(400, "INVALID_MULTIPART", undefined, err.cause);
+      try {
+        return await upload(request, reply);
+      } catch (err) {
+        discardRest(request);
         throw err;
-      });
-      request.log.info({ fileId: record.fileId, sizeBytes: record.sizeBytes }, "file uploaded");
-      return reply.status(201).send(ok(record, "File uploaded"));
+      }
     },
   );
+
+  async function upload(request: FastifyRequest, reply: FastifyReply) {
+    const { database, storage, config } = app.services;
+    const part = await request.file().catch(rejectMalformed);
+    if (part?.fieldname !== "file") {
+      // Drain whatever part arrived so the connection can be reused.
+      part?.file.resume();
+      throw new ApiError(400, "VALIDATION_FAILED", "The request must carry a `file` part.");
+    }
+    // Only a failure that started in the part's own stream is the body's fault (it ends before its
+    // closing boundary, say): the store says so with a SourceError. A full disk or a failing bucket
+    // destroys the part's stream too, with its own error, and stays ours (500). The store's meter
+    // fails one byte past the limit, before @fastify/multipart (whose limit is a byte higher) would
+    // cut the stream short.
+    const record = await fileCreate(database.sql, storage, principalOf(request), part.file, {
+      name: sanitizeFileName(part.filename),
+      contentType: part.mimetype || "application/octet-stream",
+      maxBytes: config.maxUploadBytes,
+    }).catch((err: unknown) => {
+      if (err instanceof SourceError) throw new ApiError(400, "INVALID_MULTIPART", undefined, err.cause);
+      throw err;
+    });
+    request.log.info({ fileId: record.fileId, sizeBytes: record.sizeBytes }, "file uploaded");
+    return reply.status(201).send(ok(record, "File uploaded"));
+  }
 
   app.get(
     "/files",
