@@ -333,8 +333,8 @@ export class Worker {
         void this.discard(run);
         return;
       case "retry":
+        // The wake-up for it is armed once the retry is recorded (see retried()).
         this.queueRetry(run, seconds, decision.retry);
-        if (decision.retry.delayMs > 0) this.wakeAt(Date.now() + decision.retry.delayMs + 5);
         return;
       case "complete":
         this.queueOutcome(run, seconds, decision.outcome);
@@ -518,6 +518,10 @@ export class Worker {
   /** Logs and reports what a retry statement did. Returns the runs that ended (cancelled) instead. */
   private retried(retries: Pending<Retry>[], retried: RetryResult): ClaimedRun[] {
     const back = new Set(retried.requeued);
+    // Wake when each is due by the database's clock (a timer armed from the worker's own idea of the
+    // delay fired before run_after whenever the statement took longer than the margin, and the run
+    // then waited for the next poll).
+    for (const inMs of retried.dueInMs) if (inMs > 0) this.wakeAt(Date.now() + inMs + 2);
     const cancelled = new Set(retried.cancelled);
     const ended: ClaimedRun[] = [];
     for (const p of retries) {

@@ -201,6 +201,11 @@ test("a retry that fails beside a completion that committed does not replay the 
   await db.sql.unsafe(
     "create trigger fail_first_requeue before update on runs for each row execute function fail_first_requeue()",
   );
+  // Whatever fails below, the held row is released and the worker stopped before the trigger is
+  // dropped: DROP TRIGGER waits for every lock on runs, so a failure here would otherwise hang.
+  let unlock: () => void = () => {};
+  let lock: Promise<unknown> = Promise.resolve();
+  let w: Worker | undefined;
   try {
     const taskId = await createTask(db.sql, owner, "r-split-flush", 3, { maxAttempts: 3 });
     const [blocker, winner, flaky] = (
@@ -211,7 +216,7 @@ test("a retry that fails beside a completion that committed does not replay the 
     const gate = (id: number) => new Promise<void>((resolve) => gates.set(id, resolve));
     const returned = new Set<number>();
     const discarded: number[] = [];
-    const w = worker(
+    w = worker(
       {
         "r-split-flush": async (run) => {
           if (run.attempt === 1) await gate(run.id);
@@ -229,7 +234,6 @@ test("a retry that fails beside a completion that committed does not replay the 
     await w.start();
     await waitFor(async () => gates.size === 3, 10_000, "three attempts running");
     // Hold the blocker's row: its completion waits, and the next two endings form one batch.
-    let unlock: () => void = () => {};
     const held = new Promise<void>((resolve) => {
       unlock = resolve;
     });
@@ -237,7 +241,7 @@ test("a retry that fails beside a completion that committed does not replay the 
     const isLocked = new Promise<void>((resolve) => {
       locked = resolve;
     });
-    const lock = db.sql.begin(async (tx) => {
+    lock = db.sql.begin(async (tx) => {
       await tx`select 1 from runs where id = ${blocker} for update`;
       locked();
       await held;
@@ -265,6 +269,9 @@ test("a retry that fails beside a completion that committed does not replay the 
     assert.ok(Number(failures?.n) >= 1, "the injected failure happened");
     assert.deepEqual(discarded, [], "no recorded success was discarded");
   } finally {
+    unlock();
+    await lock.catch(() => {});
+    await w?.stop(0);
     await db.sql`drop trigger fail_first_requeue on runs`;
   }
 });

@@ -103,6 +103,12 @@ export interface Retry extends Lease {
 export interface RetryResult {
   /** Runs put back in the queue. */
   requeued: number[];
+  /**
+   * Milliseconds until each requeued run is due (same order as `requeued`), by the database's clock
+   * at the end of the statement: a wake-up armed from these is never early, however long the
+   * statement took or however the worker's clock differs from the database's.
+   */
+  dueInMs: number[];
   /** Runs that were being cancelled: they end cancelled instead, counted like any other ending. */
   cancelled: number[];
   /** Tasks that turned terminal in this statement. */
@@ -118,7 +124,7 @@ export interface RetryResult {
  * cancel or another batch.
  */
 export async function runRetry(sql: Sql, retries: Retry[]): Promise<RetryResult> {
-  if (retries.length === 0) return { requeued: [], cancelled: [], finishedTasks: [] };
+  if (retries.length === 0) return { requeued: [], dueInMs: [], cancelled: [], finishedTasks: [] };
   const input = byId(retries).map((r) => ({
     id: r.id,
     token: r.token,
@@ -130,6 +136,7 @@ export async function runRetry(sql: Sql, retries: Retry[]): Promise<RetryResult>
   const [row] = await sql<
     {
       requeued: number[] | null;
+      due: number[] | null;
       cancelled: number[] | null;
       finished: RetryResult["finishedTasks"] | null;
     }[]
@@ -169,13 +176,16 @@ export async function runRetry(sql: Sql, retries: Retry[]): Promise<RetryResult>
     ),
     ${countIntoTasks(sql, true)},
     ${requeuedRejoin(sql)}
-    select (select json_agg(id::float8) from requeued) as requeued,
+    select (select json_agg(id::float8 order by id) from requeued) as requeued,
+           (select json_agg(greatest(0, ceil(extract(epoch from run_after - clock_timestamp()) * 1000))::float8
+                            order by id) from requeued) as due,
            (select json_agg(id::float8) from done) as cancelled,
            (select json_agg(json_build_object('taskId', id::float8, 'status', status))
               from counted where finished) as finished,
            (select count(*) from notified) as notified`;
   return {
     requeued: row?.requeued ?? [],
+    dueInMs: row?.due ?? [],
     cancelled: row?.cancelled ?? [],
     finishedTasks: row?.finished ?? [],
   };
