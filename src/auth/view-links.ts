@@ -13,6 +13,12 @@ import type { Principal, Role } from "./tokens.ts";
 
 /** How long a view link works. The dashboard makes a new one each time it shows a report. */
 export const VIEW_LINK_TTL_SECONDS = 600;
+/**
+ * How far ahead of this instance's clock another instance's may be: a link it minted a moment ago
+ * expires up to this much later than one minted here, and is still valid (behind a load balancer
+ * the dashboard's frame loads from whichever instance answers).
+ */
+const CLOCK_SKEW_SECONDS = 60;
 
 export interface ViewTarget {
   taskId: string;
@@ -59,7 +65,8 @@ export async function viewLinkCheck(
   const [, tokenId, taskId, runId, expiresText, given] = m as unknown as string[];
   const expires = Number(expiresText);
   const nowSeconds = Math.floor(now / 1000);
-  if (expires < nowSeconds || expires > nowSeconds + VIEW_LINK_TTL_SECONDS) return undefined;
+  if (expires < nowSeconds || expires > nowSeconds + VIEW_LINK_TTL_SECONDS + CLOCK_SKEW_SECONDS)
+    return undefined;
   const [row] = await sql<{ tokenHash: string; userId: number; name: string; role: Role }[]>`
     select t.token_hash as "tokenHash", u.id::float8 as "userId", u.name, u.role
     from api_tokens t join users u on u.id = t.user_id

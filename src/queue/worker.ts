@@ -521,7 +521,12 @@ export class Worker {
     // Wake when each is due by the database's clock (a timer armed from the worker's own idea of the
     // delay fired before run_after whenever the statement took longer than the margin, and the run
     // then waited for the next poll).
-    for (const inMs of retried.dueInMs) if (inMs > 0) this.wakeAt(Date.now() + inMs + 2);
+    // A run already due when the statement ended (it outlasted the backoff) needs a claim now: the
+    // wake-up after settle() fired while the statement still ran, and a retry sends no NOTIFY.
+    for (const inMs of retried.dueInMs) {
+      if (inMs > 0) this.wakeAt(Date.now() + inMs + 2);
+      else this.wake();
+    }
     const cancelled = new Set(retried.cancelled);
     const ended: ClaimedRun[] = [];
     for (const p of retries) {

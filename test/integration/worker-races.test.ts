@@ -293,3 +293,35 @@ test("each retry of this worker's wakes it when due, not at the next poll", asyn
   await w.stop();
   assert.equal(task.succeeded, 4);
 });
+
+test("a retry already due when its slow re-queue commits is claimed at once, not at the next poll", async () => {
+  // The re-queue outlasts the backoff (a lock wait, a busy database): the run is due by the time it
+  // is queued again, and no timer of the worker's is still ahead of it.
+  await db.sql.unsafe(`
+    create function slow_requeue() returns trigger language plpgsql as $$
+    begin
+      if new.status = 'queued' and old.status <> 'queued' then perform pg_sleep(0.2); end if;
+      return new;
+    end $$`);
+  await db.sql.unsafe(
+    "create trigger slow_requeue before update on runs for each row execute function slow_requeue()",
+  );
+  const w = worker(
+    {
+      "r-slow-requeue": async (run) =>
+        run.attempt === 1
+          ? { status: "failed", errorCode: "ANALYSIS_DEPENDENCY_FAILED", transient: true }
+          : { status: "succeeded" },
+    },
+    { retryBaseMs: 1, pollIntervalMs: 60_000, concurrency: 1 },
+  );
+  try {
+    const taskId = await createTask(db.sql, owner, "r-slow-requeue", 1, { maxAttempts: 2 });
+    await w.start();
+    const task = await waitForTerminal(db.sql, taskId, 10_000);
+    assert.equal(task.succeeded, 1);
+  } finally {
+    await w.stop(0);
+    await db.sql`drop trigger slow_requeue on runs`;
+  }
+});
