@@ -33,6 +33,10 @@ export const FileListQuery = Type.Object(
 
 // ---- tasks and runs --------------------------------------------------------------------------
 
+/** Whether a type's parameter schema has required fields (so `parameters` may not be left out). */
+const needsParameters = (type: (typeof ANALYSIS_TYPES)[number]) =>
+  ((PARAMETER_SCHEMAS[type] as { required?: string[] }).required?.length ?? 0) > 0;
+
 const FileId = Type.String({ minLength: 1, maxLength: 32, description: "A file id from POST /api/files" });
 
 /**
@@ -56,7 +60,11 @@ export const CreateBody = Type.Unsafe<{
         inputFileId: Type.Optional(FileId),
         // The configured limit (ASSAY_MAX_TASK_RUNS) is checked by the route, with a clear message.
         inputFileIds: Type.Optional(Type.Array(FileId, { maxItems: 1_000_000 })),
-        parameters: Type.Optional(PARAMETER_SCHEMAS[type] as TSchema),
+        // Optional only where the type needs none: python-stats without `parameters` was accepted
+        // and every one of its runs then failed ANALYSIS_INPUT_INVALID.
+        parameters: needsParameters(type)
+          ? (PARAMETER_SCHEMAS[type] as TSchema)
+          : Type.Optional(PARAMETER_SCHEMAS[type] as TSchema),
         priority: Type.Optional(
           Type.Integer({
             minimum: 0,

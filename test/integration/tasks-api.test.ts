@@ -93,6 +93,8 @@ describe("POST /api/analysis-tasks", () => {
         "method",
       ],
       [{ analysisType: "python-stats", inputFileId: aliceFiles[0], parameters: {} }, "method"],
+      // Left out, they are still required where the type needs some.
+      [{ analysisType: "python-stats", inputFileId: aliceFiles[0] }, "parameters"],
       [
         {
           analysisType: "python-stats",
