@@ -10,7 +10,8 @@ const BAD_JSON = new Set(["FST_ERR_CTP_INVALID_JSON_BODY", "FST_ERR_CTP_EMPTY_JS
 function classify(err: FastifyError): { status: number; code: ErrorCode; message: string } {
   if (err instanceof ApiError) return { status: err.statusCode, code: err.code, message: err.publicMessage };
   if (err.validation?.some((v) => v.keyword === "discriminator" && v.instancePath === "")) {
-    // The create body's union has no branch for this analysisType (or it is missing / not a string).
+    // The create body's union has no branch for this analysisType (or it is not a string; a missing
+    // one fails `required` first and is VALIDATION_FAILED naming the field).
     return {
       status: 400,
       code: "ANALYSIS_TYPE_UNSUPPORTED",
