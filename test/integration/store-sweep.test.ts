@@ -25,6 +25,17 @@ let db: TestDatabase;
 let owner: Principal;
 let bucket: TestBucket;
 const root = fs.mkdtempSync(path.join(os.tmpdir(), "assay-sweep-"));
+/** A sweep of `store` for objects older than `minAgeMs`, listing `pageSize` keys a page. */
+const sweepOf = (store: ObjectStore, minAgeMs: number, pageSize?: number) =>
+  new StoreSweep({
+    sql: db.sql,
+    logger: createLogger({ level: "silent" }),
+    store,
+    intervalMs: 60_000,
+    minAgeMs,
+    ...(pageSize === undefined ? {} : { pageSize }),
+  });
+
 before(async () => {
   db = await createTestDatabase();
   owner = await seedUser(db.sql, "sweep");
@@ -78,15 +89,7 @@ for (const [kind, makeStore] of [
     const foreign = "files/readme.txt"; // not a key of ours: never judged
     for (const key of [...kept, ...orphans, foreign]) await put(store, key);
 
-    const sweep = (minAgeMs: number, pageSize = 1000) =>
-      new StoreSweep({
-        sql: db.sql,
-        logger: createLogger({ level: "silent" }),
-        store,
-        intervalMs: 60_000,
-        minAgeMs,
-        pageSize,
-      });
+    const sweep = (minAgeMs: number, pageSize = 1000) => sweepOf(store, minAgeMs, pageSize);
     // Young objects are never swept, referenced or not.
     assert.equal(await sweep(3_600_000).runOnce(), 0);
     // Once they are old enough (here: any age), the orphans go, a page at a time.
@@ -129,14 +132,7 @@ for (const [kind, makeStore] of [
             )
           ).Uploads?.length ?? 0);
     assert.equal(await incomplete(), 1);
-    const sweep = (minAgeMs: number) =>
-      new StoreSweep({
-        sql: db.sql,
-        logger: createLogger({ level: "silent" }),
-        store,
-        intervalMs: 60_000,
-        minAgeMs,
-      });
+    const sweep = (minAgeMs: number) => sweepOf(store, minAgeMs);
     // The local partial file is dated 2023 by its name only: its modification time is now, so it is young.
     await sweep(3_600_000).runOnce();
     assert.equal(await incomplete(), 1, "a young upload may still be running: kept");
