@@ -3,6 +3,14 @@
 // working CLI. Node ≥ 22.18 (the project's runtime is Node 24, installed by npm as the `node`
 // package, so `npx` finds it first on PATH) strips the TypeScript types itself; older Node runs the
 // sources through tsx's loader, which costs about a second of start-up.
+import module from "node:module";
+
+// Node's on-disk compile cache keeps each module's compiled code and, for a .ts file, its stripped
+// source (keyed by content, in $NODE_COMPILE_CACHE or the temporary directory;
+// NODE_DISABLE_COMPILE_CACHE=1 turns it off). Turned on here, before the first .ts file is imported:
+// when every module comes from the cache, Node never loads its TypeScript stripper (amaro, ~50 ms
+// and ~18 MiB): `assay --help` 0.08 s / 67 MiB → 0.03 s / 48 MiB. (Node 22.1+.)
+module.enableCompileCache?.();
 if (!process.features.typescript) {
   const { register } = await import("tsx/esm/api");
   register();

@@ -2,14 +2,7 @@
 
 // Commands are imported when chosen: a client command or --help loads neither the server nor its
 // configuration (a client command talks to a server over HTTP only; see src/cli/client-*.ts).
-import module from "node:module";
 import { UsageError } from "./cli/usage.ts";
-
-// Node's on-disk compile cache keeps each module's stripped and compiled code (keyed by its
-// content, in $NODE_COMPILE_CACHE or the temporary directory; NODE_DISABLE_COMPILE_CACHE=1 turns it
-// off): `assay status` started in ~0.21 s without it and ~0.11 s with it, 91 → 63 MiB peak.
-// (Node 22.1+; the types are @types/node 20's, which do not know it yet.)
-(module as { enableCompileCache?: () => unknown }).enableCompileCache?.();
 
 const HELP = `Usage: assay <command> [options]
 

@@ -1,10 +1,10 @@
-// Configuration: built from the environment once, at start-up, validated by one TypeBox schema.
+// Configuration: built from the environment once, at start-up, each field validated by its schema
+// (JSON Schema, built and checked by ./config-schema.ts: TypeBox's shapes without its load time).
 // Every field is documented here (`description`) and in docs/configuration.md's table; `assay config`
 // prints the table from this file so the two cannot drift apart.
 import path from "node:path";
-import { type Static, type TInteger, type TSchema, Type } from "typebox";
-import { Value } from "typebox/value";
-import { ANALYSIS_TYPES, type AnalysisType, typeEnvInfix } from "./analyses/types.ts";
+import { ANALYSIS_TYPES, type AnalysisType, typeEnvInfix } from "./analyses/names.ts";
+import { type IntegerSchema, type Schema, type Static, schemaError, Type } from "./config-schema.ts";
 import { MAX_TIMER_MS } from "./timers.ts";
 
 const LOG_LEVELS = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
@@ -41,7 +41,7 @@ function perTypeFields() {
 }
 
 interface IntegerField extends Field {
-  schema: TInteger;
+  schema: IntegerSchema;
 }
 
 /** A duration in milliseconds that some timer waits for: bounded by what a timer can wait. */
@@ -54,7 +54,7 @@ function durationMs(minimum: number, defaultMs: number): Pick<IntegerField, "sch
 
 interface Field {
   env: string;
-  schema: TSchema;
+  schema: Schema;
   description: string;
   /** An optional field has no default: absent means "not configured". */
   optional?: true;
@@ -268,17 +268,6 @@ export class ConfigError extends Error {
   }
 }
 
-function describeProblem(field: Field, given: unknown, value: unknown): string {
-  const errors = [...Value.Errors(field.schema, value)];
-  const anyOf = (field.schema as { anyOf?: { const?: unknown }[] }).anyOf;
-  const detail =
-    field.hint ??
-    (anyOf
-      ? `must be one of ${anyOf.map((s) => String(s.const)).join(", ")}`
-      : (errors[0]?.message ?? "is invalid"));
-  return `${field.env}=${JSON.stringify(given)}: ${detail}`;
-}
-
 /**
  * Builds the config from an environment. Empty strings count as unset. Throws ConfigError with
  * one line per bad field.
@@ -300,8 +289,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
         : typeof given === "string" && /^-?\d+(\.\d+)?$/.test(given.trim())
           ? Number(given)
           : given;
-    if (Value.Check(field.schema, value)) out[key] = value;
-    else problems.push(describeProblem(field, given, value));
+    const error = schemaError(field.schema, value);
+    if (error === undefined) out[key] = value;
+    else problems.push(`${field.env}=${JSON.stringify(given)}: ${field.hint ?? error}`);
   }
   if (out.storage === "s3" && out.s3Bucket === undefined) {
     problems.push("ASSAY_S3_BUCKET: is required with ASSAY_STORAGE=s3");

@@ -4,7 +4,7 @@
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import type { AnalysisType } from "./types.ts";
+import type { AnalysisType } from "./names.ts";
 
 export interface Program {
   type: string;

@@ -1,15 +1,9 @@
 // The whitelisted analysis types and their parameter schemas. Nothing a user sends chooses a
 // program: the type picks an entry here (commands arrive with the process runner).
 import { type Static, Type } from "typebox";
+import type { AnalysisType } from "./names.ts";
 
-export const ANALYSIS_TYPES = ["summary", "python-stats", "r-report"] as const;
-export type AnalysisType = (typeof ANALYSIS_TYPES)[number];
-
-export const isAnalysisType = (s: string): s is AnalysisType =>
-  (ANALYSIS_TYPES as readonly string[]).includes(s);
-
-/** `python-stats` → `PYTHON_STATS`: the infix of its per-type settings (`ASSAY_PYTHON_STATS_CONCURRENCY`). */
-export const typeEnvInfix = (type: string) => type.toUpperCase().replace(/-/g, "_");
+export { ANALYSIS_TYPES, type AnalysisType, isAnalysisType, typeEnvInfix } from "./names.ts";
 
 const STATS_METHODS = ["mean", "median", "stdev", "min", "max"] as const;
 

@@ -5,8 +5,6 @@ import type { Config } from "../config.ts";
 import { expectedMigrationCount } from "../db/migrate.ts";
 import { openDatabase } from "../db/open.ts";
 import { createLogger, type Logger } from "../log.ts";
-import { processRegistry } from "../metrics/registry.ts";
-import { serveMetrics } from "../metrics/server.ts";
 import { LocalStore } from "../storage/local.ts";
 import { openStore } from "../storage/open.ts";
 import type { ObjectStore } from "../storage/store.ts";
@@ -80,6 +78,9 @@ export async function serveCommand(
   const cfg = need(config);
   const logger = createLogger({ level: cfg.logLevel, pretty: cfg.logFormat === "pretty" });
   const database = await openDatabase(cfg, logger, { applicationName: `assay-${mode}` });
+  // Opens the pool's first connection (TCP, authentication) while the rest of the process loads,
+  // not on the first request; a failure here is the first request's to report.
+  database.sql`select 1`.catch(() => {});
   const storage = await openStore(cfg);
   if (storage instanceof LocalStore) {
     const swept = await storage.abortIncompleteUploads(new Date(Date.now() - PARTIAL_UPLOAD_MAX_AGE_MS));
@@ -87,11 +88,16 @@ export async function serveCommand(
   }
   await waitForStore(storage, logger);
 
-  const metrics = processRegistry();
+  // `assay worker` without ASSAY_METRICS_PORT has no /metrics, so it keeps no metrics (and does not
+  // load prom-client: ~20 MiB of its idle RSS and ~50 ms of its start, bench/startup.ts).
+  const metrics =
+    mode === "worker" && cfg.metricsPort === 0
+      ? undefined
+      : (await import("../metrics/registry.ts")).processRegistry();
   // Imported only where needed: a worker without the HTTP stack is smaller, and the cost of every
   // spawn (a fork) grows with the parent's resident memory.
   const server =
-    mode === "worker"
+    mode === "worker" || metrics === undefined
       ? undefined
       : await (await import("../http/server.ts")).buildServer(
           { config: cfg, database, storage, expectedMigrations: expectedMigrationCount(), metrics },
@@ -102,7 +108,7 @@ export async function serveCommand(
       ? undefined
       : await startWorkerRuntime(cfg, database.sql, storage, logger, concurrency, metrics);
   /** `assay worker`'s own /metrics endpoint (the API serves its registry itself). */
-  let metricsServer: Awaited<ReturnType<typeof serveMetrics>> | undefined;
+  let metricsServer: { close(): Promise<void> } | undefined;
   const closer = closeWithGrace(
     { delay: timerDelay(cfg.shutdownGraceMs + SHUTDOWN_MARGIN_MS), logger },
     async ({ signal, err }) => {
@@ -115,8 +121,13 @@ export async function serveCommand(
   );
   try {
     if (server) await server.listen({ host: cfg.host, port: cfg.port });
-    else if (cfg.metricsPort > 0)
-      metricsServer = await serveMetrics(metrics, cfg.host, cfg.metricsPort, logger);
+    else if (metrics)
+      metricsServer = await (await import("../metrics/server.ts")).serveMetrics(
+        metrics,
+        cfg.host,
+        cfg.metricsPort,
+        logger,
+      );
   } catch (err) {
     logger.error({ err }, "could not listen");
     closer.uninstall();

@@ -1,12 +1,12 @@
 // The production worker of `assay worker` / `assay all`: the programs this machine can run, their
 // process handlers, the queue worker and the reaper.
 import type { Registry } from "prom-client";
+import type { AnalysisType } from "../analyses/names.ts";
 import { findPrograms } from "../analyses/programs.ts";
-import type { AnalysisType } from "../analyses/types.ts";
 import { type Config, typeSettings } from "../config.ts";
 import type { Sql } from "../db/client.ts";
 import type { Logger } from "../log.ts";
-import { workerMetrics } from "../metrics/worker.ts";
+import { NO_OBSERVER } from "../queue/observer.ts";
 import { Reaper } from "../queue/reaper.ts";
 import { Retention } from "../queue/retention.ts";
 import { StoreSweep } from "../queue/store-sweep.ts";
@@ -29,7 +29,8 @@ export async function startWorkerRuntime(
   store: ObjectStore,
   logger: Logger,
   concurrency: number,
-  metrics: Registry,
+  /** Where the worker's metrics go; undefined when nobody can read them (no /metrics to serve). */
+  metrics: Registry | undefined,
 ): Promise<WorkerRuntime> {
   const found = findPrograms({
     ...(config.python ? { python: config.python } : {}),
@@ -60,7 +61,10 @@ export async function startWorkerRuntime(
     };
     logger.info({ analysisType: program.type, executable: program.executable }, "analysis type available");
   }
-  const observer = workerMetrics(metrics, Object.keys(types));
+  // prom-client is loaded only when its metrics can be read: it is ~20 MiB of a worker's idle RSS.
+  const observer = metrics
+    ? (await import("../metrics/worker.ts")).workerMetrics(metrics, Object.keys(types))
+    : NO_OBSERVER;
   const worker = new Worker({
     sql,
     logger,

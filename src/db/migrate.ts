@@ -3,8 +3,6 @@
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { drizzle } from "drizzle-orm/postgres-js";
-import { migrate } from "drizzle-orm/postgres-js/migrator";
 import postgres from "postgres";
 
 export const MIGRATIONS_DIR = path.resolve(
@@ -25,6 +23,13 @@ export function expectedMigrationCount(): number {
 }
 
 export async function runMigrations(url: string): Promise<void> {
+  // Imported here, not at the top: drizzle's postgres-js driver costs ~0.6 s and ~160 MiB of heap to
+  // load, and a worker or an API that does not migrate (every one but the embedded `assay all` and
+  // `assay migrate`) must not pay for it at start-up (bench/startup.ts).
+  const [{ drizzle }, { migrate }] = await Promise.all([
+    import("drizzle-orm/postgres-js"),
+    import("drizzle-orm/postgres-js/migrator"),
+  ]);
   const sql = postgres(url, { max: 1, onnotice: () => {} });
   try {
     await sql`select pg_advisory_lock(${MIGRATION_LOCK_KEY})`;

@@ -8,6 +8,7 @@ import { TokenCache } from "../auth/token-cache.ts";
 import { EventHub } from "../events/hub.ts";
 import type { Logger } from "../log.ts";
 import { app, type Services } from "./app.ts";
+import { lazyCompilers } from "./lazy-compilers.ts";
 
 /**
  * JSON bodies are small but for a task's file ids: 1 MiB, plus room for ASSAY_MAX_TASK_RUNS ids (an id
@@ -42,6 +43,7 @@ export async function buildServer(
       },
     },
     return503OnClosing: true,
+    schemaController: { compilersFactory: lazyCompilers() },
   });
   const tokens = new TokenCache();
   await tokens.start(services.database.sql, logger);

@@ -1,10 +1,12 @@
 // `assay worker` as a real process: SIGTERM mid-run and a second signal.
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
 import { freePort } from "../../src/db/embedded.ts";
-import { cleanEnv, collect, spawnCli, watch } from "../helpers/cli.ts";
+import { ASSAY_BIN, cleanEnv, collect, ROOT, spawnCli, watch } from "../helpers/cli.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
 import { type RunnerEnv, runnerEnv, strayOutputs } from "../helpers/runner.ts";
 
@@ -103,4 +105,36 @@ test("a second signal exits at once", async () => {
     `${exit.code} ${exit.signal} ${Date.now() - t0}ms\n${exit.stdout.slice(-1500)}`,
   );
   assert.ok(Date.now() - t0 < 5000, `exited after ${Date.now() - t0} ms, not after the 60 s grace`);
+});
+
+test("a worker without ASSAY_METRICS_PORT loads neither the HTTP stack, TypeBox, drizzle nor prom-client", async () => {
+  // What a worker loads is its start-up time and its idle memory (bench/startup.ts: from ~1.1 s and
+  // ~260 MiB when it loaded drizzle's driver and TypeBox to ~0.25 s and ~80 MiB).
+  const taskId = await env.task("summary", [await env.file("a,b\n1,2\n")], {}, 1);
+  const trace = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "assay-trace-")), "imports.txt");
+  const w = spawn(
+    process.execPath,
+    ["--import", path.join(ROOT, "test/helpers/trace-imports.mjs"), ASSAY_BIN, "worker"],
+    { env: { ...workerEnv(), ASSAY_TRACE_IMPORTS: trace }, cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] },
+  );
+  const done = collect(w);
+  try {
+    const task = await waitForTerminal(env.db.sql, taskId, 60_000);
+    assert.equal(task.status, "succeeded");
+  } finally {
+    w.kill("SIGTERM");
+  }
+  const exit = await done;
+  assert.equal(exit.code, 0, exit.stderr);
+  const loaded = fs.readFileSync(trace, "utf8").split("\n").filter(Boolean);
+  assert.ok(
+    loaded.some((u) => u.endsWith("/src/queue/worker.ts")),
+    "the trace sees the worker's modules",
+  );
+  const heavy = loaded.filter((u) =>
+    /node_modules\/(fastify|@fastify|typebox|drizzle-orm|prom-client|@opentelemetry|@aws-sdk|tsx)\/|\/src\/http\//.test(
+      u,
+    ),
+  );
+  assert.deepEqual([...new Set(heavy)], []);
 });

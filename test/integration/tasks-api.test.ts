@@ -199,6 +199,26 @@ describe("POST /api/analysis-tasks", () => {
     assert.equal(bobs.statusCode, 201);
   });
 
+  test("header schemas over real HTTP: an Idempotency-Key named in any case is honoured", async () => {
+    // Route schemas compile on first use (src/http/lazy-compilers.ts), and then Fastify passes
+    // header schemas as written: their keys must stay lower case, as HTTP/1 delivers the names.
+    const url = await t.app.listen({ host: "127.0.0.1", port: 0 });
+    const post = (headers: Record<string, string>) =>
+      fetch(`${url}/api/analysis-tasks`, {
+        method: "POST",
+        headers: { Authorization: `Bearer ${alice}`, "Content-Type": "application/json", ...headers },
+        body: JSON.stringify({ analysisType: "summary", inputFileIds: [aliceFiles[3]] }),
+      });
+    const first = await post({ "Idempotency-Key": "Mixed-Case-1" });
+    assert.equal(first.status, 201);
+    const again = await post({ "IDEMPOTENCY-KEY": "Mixed-Case-1" });
+    assert.equal(again.status, 200, "the same key, however its name is cased, replays");
+    assert.equal(
+      ((await again.json()) as { data: { taskId: string } }).data.taskId,
+      ((await first.json()) as { data: { taskId: string } }).data.taskId,
+    );
+  });
+
   test("concurrent first requests with one Idempotency-Key create exactly one task", async () => {
     const body = { analysisType: "summary", inputFileIds: [aliceFiles[0], aliceFiles[1]] };
     const results = await Promise.all(

@@ -129,3 +129,97 @@ test("durations a timer cannot wait for (over 2^31−1 ms, ~24.8 days) are refus
   }
   assert.throws(() => loadConfig({ ASSAY_RETENTION_DAYS: "1e300" }), ConfigError);
 });
+
+test("the configuration's schema checks agree with TypeBox's on every shape they build", async () => {
+  const { Type: TB } = await import("typebox");
+  const { Value } = await import("typebox/value");
+  const { schemaError, Type } = await import("../../src/config-schema.ts");
+  const pairs = [
+    [Type.Integer({ minimum: 0, maximum: 65535 }), TB.Integer({ minimum: 0, maximum: 65535 })],
+    [Type.Integer({ minimum: 1 }), TB.Integer({ minimum: 1 })],
+    [
+      Type.Number({ exclusiveMinimum: 0, maximum: 36_500 }),
+      TB.Number({ exclusiveMinimum: 0, maximum: 36_500 }),
+    ],
+    [Type.String({ minLength: 3, maxLength: 63 }), TB.String({ minLength: 3, maxLength: 63 })],
+    [Type.String({ pattern: "^https?://" }), TB.String({ pattern: "^https?://" })],
+    [
+      Type.Union([Type.Literal("json"), Type.Literal("pretty")]),
+      TB.Union([TB.Literal("json"), TB.Literal("pretty")]),
+    ],
+  ] as const;
+  const values = [
+    -1,
+    0,
+    0.5,
+    1,
+    30,
+    36_500,
+    36_500.5,
+    65535,
+    65536,
+    Number.NaN,
+    Number.POSITIVE_INFINITY,
+    "",
+    "ab",
+    "abc",
+    "é".repeat(3),
+    "x".repeat(63),
+    "x".repeat(64),
+    "http://h",
+    "https://h",
+    "ftp://h",
+    "json",
+    "pretty",
+    "xml",
+    "1",
+    undefined,
+    null,
+    true,
+  ];
+  for (const [ours, theirs] of pairs) {
+    for (const v of values) {
+      const error = schemaError(ours, v);
+      assert.equal(
+        error === undefined,
+        Value.Check(theirs, v),
+        `${JSON.stringify(ours)} on ${String(v)}: ${error}`,
+      );
+      if (error !== undefined) assert.match(error, /^must /);
+    }
+  }
+  assert.equal(schemaError(Type.Integer({ minimum: 1 }), 0), "must be >= 1");
+  assert.equal(schemaError(Type.Integer({ maximum: 9 }), 10), "must be <= 9");
+  assert.equal(schemaError(Type.Integer(), 1.5), "must be integer");
+  assert.equal(schemaError(Type.Number({ exclusiveMinimum: 0 }), 0), "must be > 0");
+  assert.equal(schemaError(Type.String({ minLength: 3 }), "ab"), "must not have fewer than 3 characters");
+  assert.equal(schemaError(Type.String({ maxLength: 2 }), "abc"), "must not have more than 2 characters");
+  assert.equal(schemaError(Type.String({ pattern: "^a" }), "b"), 'must match pattern "^a"');
+});
+
+test("the configuration does not load TypeBox (a worker's start-up would pay for it)", async () => {
+  const { spawnSync } = await import("node:child_process");
+  const out = spawnSync(
+    process.execPath,
+    [
+      "--input-type=module",
+      "-e",
+      `import { registerHooks } from "node:module";
+       const seen = [];
+       registerHooks({ resolve(s, c, next) { const r = next(s, c); seen.push(r.url); return r; } });
+       await import(${JSON.stringify(new URL("../../src/config.ts", import.meta.url).href)});
+       console.log(JSON.stringify(seen));`,
+    ],
+    { encoding: "utf8" },
+  );
+  assert.equal(out.status, 0, out.stderr);
+  const seen = JSON.parse(out.stdout) as string[];
+  assert.ok(
+    seen.some((u) => u.endsWith("/src/analyses/names.ts")),
+    "the trace saw config.ts's imports",
+  );
+  assert.deepEqual(
+    seen.filter((u) => u.includes("/node_modules/")),
+    [],
+  );
+});
