@@ -340,3 +340,43 @@ describe("a task that ends while a stream starts", () => {
     });
   }
 });
+
+describe("the events NOTIFY", () => {
+  test(
+    "a batch that fits carries its events; one of more events than could fit is a doorbell naming the last",
+    LIMIT,
+    async () => {
+      const heard: { taskId: string; events?: { id: string; type: string }[]; eventId?: string }[] = [];
+      const { unlisten } = await t.db.sql.listen("assay_events", (payload) =>
+        heard.push(JSON.parse(payload)),
+      );
+      try {
+        // Cancelling ends every queued run in one statement: 3 runs → 4 events, 100 runs → 101.
+        const small = await createTask(t.db.sql, owner, "never-claimed-notify", 3);
+        const big = await createTask(t.db.sql, owner, "never-claimed-notify", 100);
+        for (const taskId of [small, big])
+          assert.equal((await taskCancel(t.db.sql, owner, taskId)).kind, "cancelling");
+        const of = (taskId: string) =>
+          heard.filter((n) => n.taskId === taskId && (n.events?.length ?? 0) !== 1);
+        await waitFor(async () => (of(small).length > 0 && of(big).length > 0 ? true : undefined));
+        const smallEvents = (await tableEvents(t.db.sql, small)).filter(
+          ([, type]) => type !== "task.queued" && type !== "task.cancelling",
+        );
+        assert.deepEqual(
+          of(small)[0]?.events?.map((e) => [e.id, e.type]),
+          smallEvents,
+          "the small batch's payload is its events, in order",
+        );
+        const bigEvents = await tableEvents(t.db.sql, big);
+        assert.equal(bigEvents.filter(([, type]) => type === "run.cancelled").length, 100);
+        assert.deepEqual(
+          of(big)[0],
+          { taskId: big, eventId: bigEvents.at(-1)?.[0] },
+          "the big one's is a doorbell",
+        );
+      } finally {
+        await unlisten();
+      }
+    },
+  );
+});
