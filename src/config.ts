@@ -286,7 +286,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     const value =
       given === undefined
         ? (field.schema as { default?: unknown }).default
-        : typeof given === "string" && /^-?\d+(\.\d+)?$/.test(given.trim())
+        : // Numbers only for numeric fields: HOST=10 or a bucket named 123456 stay strings.
+          "type" in field.schema &&
+            (field.schema.type === "integer" || field.schema.type === "number") &&
+            typeof given === "string" &&
+            /^-?\d+(\.\d+)?$/.test(given.trim())
           ? Number(given)
           : given;
     const error = schemaError(field.schema, value);

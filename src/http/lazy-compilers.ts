@@ -3,28 +3,38 @@
 // schemas up front was ~100 ms of `assay api`'s ~650 ms to ready (bench/startup.ts), most of it for
 // routes an instance may never serve (/docs, the dashboard's, the rare error bodies); the first
 // request of a route pays a few milliseconds instead. The compilers and their options are Fastify's
-// defaults, with the same validation and serialization; one Ajv instance per server (see memoized).
+// defaults, with the same validation (coercion of a root value included) and serialization.
 //
 // One behaviour follows from giving Fastify a compiler factory: it counts the validator compiler as
 // custom and passes header schemas as written instead of lower-casing their keys. Ours are written in
-// lower case (HTTP/1 and HTTP/2 header names reach Fastify lower-cased), and a test sends mixed-case
-// headers through both routes that have header schemas.
+// lower case (HTTP/1 and HTTP/2 header names reach Fastify lower-cased); tasks-api.test.ts sends a
+// mixed-case Idempotency-Key over real HTTP, and test/unit/lazy-compilers.test.ts compares these
+// compilers' answers with the defaults' (coerced root values, shared schemas by $ref).
 
 import ValidatorSelector from "@fastify/ajv-compiler";
 import { SerializerSelector } from "@fastify/fast-json-stringify-compiler";
 import type { FastifyServerOptions } from "fastify";
 
-type Validate = ((data: unknown) => unknown) & { errors?: unknown };
+type Validate = ((data: unknown, context?: unknown) => unknown) & { errors?: unknown; schemaEnv?: unknown };
 
-/** A validator that compiles on its first call; Fastify reads `errors` after a `false`. */
+/**
+ * A validator that compiles on first use. Fastify reads `errors` after a `false`, and reads
+ * `schemaEnv` before the call to decide whether to pass the parent (so that Ajv can write a coerced
+ * root value back into the request): both are forwarded, and reading `schemaEnv` compiles.
+ */
 function lazyValidator(compile: () => Validate): Validate {
   let validate: Validate | undefined;
-  const lazy: Validate = (data) => {
+  const compiled = () => {
     validate ??= compile();
-    const result = validate(data);
-    lazy.errors = validate.errors;
+    return validate;
+  };
+  const lazy: Validate = (data, context) => {
+    const v = compiled();
+    const result = context === undefined ? v(data) : v(data, context);
+    lazy.errors = v.errors;
     return result;
   };
+  Object.defineProperty(lazy, "schemaEnv", { get: () => compiled().schemaEnv });
   return lazy;
 }
 
@@ -39,45 +49,22 @@ function lazySerializer(compile: () => (doc: unknown) => string): (doc: unknown)
 type CompilersFactory = NonNullable<
   NonNullable<FastifyServerOptions["schemaController"]>["compilersFactory"]
 >;
-
 type AjvCompile = ReturnType<ReturnType<typeof ValidatorSelector>>;
 
 /**
- * One compiler per distinct set of shared schemas and options. Fastify builds a compiler (for Ajv a
- * new instance, ~10–40 ms with the shared schemas added) in every plugin context that has not
- * inherited one yet: `assay api` built five identical Ajv instances at start-up.
+ * Fastify's default factories, made once per server as Fastify does (the validator's keeps one Ajv
+ * instance per distinct set of shared schemas and options), with each compiled function made lazy.
  */
-function memoized<C>(build: (externalSchemas: unknown, options: unknown) => C) {
-  const built = new Map<string, C>();
-  return (externalSchemas: unknown, options: unknown): C => {
-    const key = JSON.stringify([externalSchemas, options ?? null]);
-    let compiler = built.get(key);
-    if (compiler === undefined) {
-      compiler = build(externalSchemas, options);
-      built.set(key, compiler);
-    }
-    return compiler;
-  };
-}
-
 export function lazyCompilers(): CompilersFactory {
-  const validator = memoized((externalSchemas, options) =>
-    ValidatorSelector()(
-      externalSchemas as Parameters<ReturnType<typeof ValidatorSelector>>[0],
-      options as Parameters<ReturnType<typeof ValidatorSelector>>[1],
-    ),
-  );
-  const serializer = memoized((externalSchemas, options) =>
-    SerializerSelector()(externalSchemas, options as Parameters<ReturnType<typeof SerializerSelector>>[1]),
-  );
+  const validatorFactory = ValidatorSelector();
+  const serializerFactory = SerializerSelector();
   return {
     buildValidator: (externalSchemas, options) => {
-      const compile = validator(externalSchemas, options);
-      // Fastify calls the function and reads `errors`; Ajv's other fields are for Ajv's own callers.
+      const compile = validatorFactory(externalSchemas, options);
       return ((route) => lazyValidator(() => compile(route) as Validate)) as AjvCompile;
     },
     buildSerializer: (externalSchemas, options) => {
-      const compile = serializer(externalSchemas, options);
+      const compile = serializerFactory(externalSchemas, options);
       return (route) => lazySerializer(() => compile(route));
     },
   };

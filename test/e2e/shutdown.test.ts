@@ -109,7 +109,7 @@ test("a second signal exits at once", async () => {
 
 test("a worker without ASSAY_METRICS_PORT loads neither the HTTP stack, TypeBox, drizzle nor prom-client", async () => {
   // What a worker loads is its start-up time and its idle memory (bench/startup.ts: from ~1.1 s and
-  // ~260 MiB when it loaded drizzle's driver and TypeBox to ~0.25 s and ~80 MiB).
+  // ~260 MiB when it loaded drizzle's driver and TypeBox to ~0.2 s and ~63 MiB).
   const taskId = await env.task("summary", [await env.file("a,b\n1,2\n")], {}, 1);
   const trace = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "assay-trace-")), "imports.txt");
   const w = spawn(

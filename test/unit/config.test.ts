@@ -93,6 +93,13 @@ test("invalid values: one clear line per bad field", () => {
   assert.throws(() => loadConfig({ PORT: "70000" }), /PORT="70000"/);
 });
 
+test("digits are a number only where the field is numeric: HOST=10 and a bucket named 123456 are strings", () => {
+  const c = loadConfig({ HOST: "10", ASSAY_STORAGE: "s3", ASSAY_S3_BUCKET: "123456", PORT: "8080" });
+  assert.equal(c.host, "10");
+  assert.equal(c.s3Bucket, "123456");
+  assert.equal(c.port, 8080);
+});
+
 test("docs/configuration.md's table lists every field", async () => {
   const { readFile } = await import("node:fs/promises");
   const readme = await readFile(new URL("../../docs/configuration.md", import.meta.url), "utf8");
