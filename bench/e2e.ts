@@ -1,6 +1,6 @@
 // End-to-end benchmark (issue 4): `summary` over 200 small CSVs through the queue with one worker at
 // concurrency 2, next to a plain loop that spawns the same script directly with the same concurrency
-// (the physical reference). One JSON line each; target ≥ 0.9× the plain loop.
+// (the physical reference). One JSON line each; target ≥ 0.95× the plain loop, and PostgreSQL ≤ 0.5 ms of CPU per run.
 import { spawn } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
@@ -56,6 +56,7 @@ try {
     let next = 0;
     const latencies: number[] = [];
     const cpu0 = process.cpuUsage();
+    const pg0 = bench.serverCpuMs();
     const t0 = performance.now();
     await Promise.all(
       Array.from({ length: C }, async () => {
@@ -86,7 +87,12 @@ try {
         }
       }),
     );
-    return { seconds: (performance.now() - t0) / 1000, cpu: process.cpuUsage(cpu0), latencies, ok: true };
+    const seconds = (performance.now() - t0) / 1000;
+    const pg1 = bench.serverCpuMs();
+    // Nothing of the plain loop's touches PostgreSQL: what it spends meanwhile is deferred work of the
+    // queue's (autovacuum, checkpoints), charged to the Assay rounds below.
+    const pgMs = pg0 === undefined || pg1 === undefined ? Number.NaN : pg1 - pg0;
+    return { seconds, cpu: process.cpuUsage(cpu0), pgMs, latencies, ok: true };
   };
 
   // Through Assay: one task of N runs, one worker at concurrency C, the production handler.
@@ -128,6 +134,7 @@ try {
       waiting = { left: N, done: resolve };
     });
     const cpu0 = process.cpuUsage();
+    const pg0 = bench.serverCpuMs();
     const t0 = performance.now();
     const created = await taskCreate(sql, owner, {
       analysisType: "summary",
@@ -139,6 +146,8 @@ try {
     await finished;
     const seconds = (performance.now() - t0) / 1000;
     const cpu = process.cpuUsage(cpu0);
+    const pg1 = bench.serverCpuMs();
+    const pgMs = pg0 === undefined || pg1 === undefined ? Number.NaN : pg1 - pg0;
     const [check] = await sql<{ status: string; succeeded: number; latencies: number[] }[]>`
       select t.status, t.succeeded_count as succeeded,
              (select array_agg(extract(epoch from finished_at - started_at) * 1000) from runs where task_id = t.id) as latencies
@@ -146,6 +155,7 @@ try {
     return {
       seconds,
       cpu,
+      pgMs,
       latencies: (check?.latencies ?? []).map(Number),
       ok: check?.status === "succeeded" && check.succeeded === N,
     };
@@ -180,10 +190,14 @@ try {
     parentCpuMsPerRound: p.cpuMs,
     parentUserMsPerRound: p.userMs,
   });
+  const pgMs = [...plainRounds, ...assayRounds].reduce((x, r) => x + r.pgMs, 0);
   const assay = report("e2e:assay", N * ROUNDS, C, a.seconds, a.latencies, a.ok, {
     rounds: ROUNDS,
     workerCpuMsPerRound: a.cpuMs,
     workerUserMsPerRound: a.userMs,
+    // PostgreSQL's CPU (all its processes, from /proc) over every round, plain ones included (its
+    // deferred work, autovacuum and checkpoints, lands there), per run through Assay. Target ≤ 0.5.
+    pgCpuMsPerRun: Math.round((pgMs / (N * ROUNDS)) * 1000) / 1000,
   });
   console.log(
     JSON.stringify({
@@ -192,7 +206,7 @@ try {
       perRound: plainRounds.map(
         (r, i) => Math.round((r.seconds / (assayRounds[i] as Round).seconds) * 100) / 100,
       ),
-      target: 0.9,
+      target: 0.95,
     }),
   );
 } finally {

@@ -1,5 +1,5 @@
 // Retention (maintenance): deletes terminal tasks finished more than ASSAY_RETENTION_DAYS ago — their
-// runs and events go with them (ON DELETE CASCADE) — and then their output objects, a few tasks per
+// runs and events go with them (the trigger tasks_delete_children) — and then their output objects, a few tasks per
 // statement, so the queue tables stay small. A service with start/stop/runOnce; safe to run in every
 // worker at once (SKIP LOCKED). Uploaded input files are not touched.
 import type { Sql } from "../db/client.ts";

@@ -22,6 +22,8 @@ export async function taskCancel(sql: Sql, p: Principal, taskId: string): Promis
     if ((TERMINAL_TASK_STATUSES as readonly string[]).includes(task.status))
       return { kind: "finished", status: task.status };
     // Run rows first, then the task row: the same order as completions, so the two cannot deadlock.
+    // Queued runs too (~60 ms for 66,000): runFailUnserved locks queued runs before their task, and
+    // the update below would otherwise take them after the task row.
     await tx`select id from runs where task_id = ${taskId} and status in ('queued', 'starting', 'running')
              order by id for update`;
     const [moved] = await tx<{ status: string }[]>`

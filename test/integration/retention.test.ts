@@ -94,3 +94,30 @@ for (const [kind, makeStore] of [
     assert.equal(await retention.runOnce(), 0);
   });
 }
+
+test("deleting tasks deletes exactly their runs and events, in the same statement (tasks_delete_children)", async () => {
+  const doomed = [await createTask(db.sql, owner, "del-a", 3), await createTask(db.sql, owner, "del-b", 2)];
+  const kept = await createTask(db.sql, owner, "del-c", 4);
+  const counts = async (ids: string[]) => {
+    const [row] = await db.sql<{ runs: number; events: number }[]>`
+      select (select count(*)::int from runs where task_id = any(${ids}::bigint[])) as runs,
+             (select count(*)::int from task_events where task_id = any(${ids}::bigint[])) as events`;
+    return row;
+  };
+  assert.deepEqual(await counts(doomed), { runs: 5, events: 2 });
+  const keptBefore = await counts([kept]);
+  assert.equal(keptBefore?.runs, 4);
+  const deleted = await db.sql`delete from tasks where id = any(${doomed}::bigint[]) returning id`;
+  assert.equal(deleted.length, 2);
+  assert.deepEqual(await counts(doomed), { runs: 0, events: 0 });
+  assert.deepEqual(await counts([kept]), keptBefore);
+  // A delete that is rolled back takes nothing with it.
+  await assert.rejects(
+    db.sql.begin(async (tx) => {
+      await tx`delete from tasks where id = ${kept}`;
+      throw new Error("roll back");
+    }),
+    /roll back/,
+  );
+  assert.deepEqual(await counts([kept]), keptBefore);
+});

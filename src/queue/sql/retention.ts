@@ -5,7 +5,7 @@ import { INT8_OID, type Json } from "./shared.ts";
 
 /**
  * Deletes up to `limit` terminal tasks finished more than `retentionDays` ago, oldest first — their
- * runs and events go with them (ON DELETE CASCADE). Safe to run everywhere at once (SKIP LOCKED).
+ * runs and events go with them (the trigger tasks_delete_children). Safe to run everywhere at once (SKIP LOCKED).
  * Returns the ids of the tasks deleted.
  */
 export async function taskDeleteExpired(sql: Sql, retentionDays: number, limit: number): Promise<string[]> {

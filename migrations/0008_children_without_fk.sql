@@ -1,0 +1,16 @@
+ALTER TABLE "runs" DROP CONSTRAINT "runs_task_id_tasks_id_fk";
+--> statement-breakpoint
+ALTER TABLE "task_events" DROP CONSTRAINT "task_events_task_id_tasks_id_fk";
+--> statement-breakpoint
+-- Hand-edited: the foreign keys' ON DELETE CASCADE, as one set-based trigger per statement (runs and
+-- events are inserted only together with, or under the lock of, their task; see src/db/schema.ts).
+CREATE FUNCTION assay_task_delete_children() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  DELETE FROM task_events e USING deleted_tasks d WHERE e.task_id = d.id;
+  DELETE FROM runs r USING deleted_tasks d WHERE r.task_id = d.id;
+  RETURN NULL;
+END $$;
+--> statement-breakpoint
+CREATE TRIGGER tasks_delete_children AFTER DELETE ON tasks
+  REFERENCING OLD TABLE AS deleted_tasks
+  FOR EACH STATEMENT EXECUTE FUNCTION assay_task_delete_children();
