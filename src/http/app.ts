@@ -13,6 +13,7 @@ import type { EventHub } from "../events/hub.ts";
 import { apiMetrics } from "../metrics/api.ts";
 import { processRegistry } from "../metrics/registry.ts";
 import type { ObjectStore } from "../storage/store.ts";
+import type { TaskCache } from "../tasks/task-cache.ts";
 import { requireBearer } from "./auth.ts";
 import { errorHandler } from "./error-handler.ts";
 import { ApiError } from "./errors.ts";
@@ -33,6 +34,8 @@ export interface Services {
   events: EventHub;
   /** Authenticated tokens for a few seconds (absent: every request asks the database). */
   tokens?: TokenCache;
+  /** Tasks as GET /api/analysis-tasks/:id answers them, for up to a second (absent: never cached). */
+  tasks?: TaskCache;
   /** Migrations the code expects; /readyz compares the database against it. */
   expectedMigrations: number;
   /** Served at /metrics; `assay all` shares it with the worker. Default: a new one. */

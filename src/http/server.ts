@@ -7,6 +7,7 @@ import fp from "fastify-plugin";
 import { TokenCache } from "../auth/token-cache.ts";
 import { EventHub } from "../events/hub.ts";
 import type { Logger } from "../log.ts";
+import { TaskCache } from "../tasks/task-cache.ts";
 import { app, type Services } from "./app.ts";
 import { lazyCompilers } from "./lazy-compilers.ts";
 
@@ -19,7 +20,7 @@ export const jsonBodyLimit = (maxTaskRuns: number) => 1024 * 1024 + 32 * maxTask
 
 /** Builds the app; it owns its event hub (one LISTEN connection, opened on the first stream). */
 export async function buildServer(
-  services: Omit<Services, "events" | "tokens">,
+  services: Omit<Services, "events" | "tokens" | "tasks">,
   logger: Logger,
 ): Promise<FastifyInstance> {
   const events = new EventHub({
@@ -47,13 +48,17 @@ export async function buildServer(
   });
   const tokens = new TokenCache();
   await tokens.start(services.database.sql, logger);
+  // Listens before the event hub does, so an entry is dropped before a stream delivers its event.
+  const tasks = new TaskCache();
+  await tasks.start(services.database.sql, logger);
   fastify.addHook("onClose", async () => {
     await tokens.stop();
+    await tasks.stop();
     await events.stop();
   });
   await fastify
     .withTypeProvider<TypeBoxTypeProvider>()
-    .register(fp(app), { services: { ...services, events, tokens } });
+    .register(fp(app), { services: { ...services, events, tokens, tasks } });
   await fastify.ready();
   return fastify;
 }

@@ -120,10 +120,22 @@ function progressSum(sql: Sql) {
 }
 
 export async function taskGet(sql: Sql, p: Principal, taskId: string): Promise<TaskView | undefined> {
-  const [row] = await sql<TaskRow[]>`
-    select ${taskSelect(sql)}, ${progressSum(sql)}
+  return (await taskGetOwned(sql, p, taskId))?.task;
+}
+
+/** taskGet, with the task's owner (what src/tasks/task-cache.ts checks visibility against). */
+export async function taskGetOwned(
+  sql: Sql,
+  p: Principal,
+  taskId: string,
+): Promise<{ task: TaskView; ownerId: number } | undefined> {
+  const [row] = await sql<(TaskRow & { ownerId: number })[]>`
+    select ${taskSelect(sql)}, ${progressSum(sql)}, t.owner_id::float8 as "ownerId"
     from tasks t where t.id = ${taskId} and ${visible(sql, p)}`;
-  return row && (await withQueueEstimates(sql, [taskView(row)]))[0];
+  if (!row) return undefined;
+  const { ownerId, ...rest } = row;
+  const [task] = await withQueueEstimates(sql, [taskView(rest)]);
+  return task && { task, ownerId };
 }
 
 /** Counts in an estimate stop here: a backlog is never counted whole. */
@@ -226,19 +238,52 @@ export async function runList(
   taskId: string,
   o: { status?: string; limit: number; cursor?: string },
 ): Promise<Page<RunView> | undefined> {
-  if (!(await taskVisible(sql, p, taskId))) return undefined;
-  const rows = await sql<(RunView & { startedAt: string | null; finishedAt: string | null })[]>`
-    select r.id::text as "runId", r.input_file_id::text as "inputFileId", r.input_name as "fileName",
-           r.status, r.attempt, r.error_code as "errorCode", r.error_message as "errorMessage",
-           r.progress as "progressPercent", r.message, r.result -> 'metrics' as metrics,
-           r.started_at as "startedAt", r.finished_at as "finishedAt"
-    from runs r
-    where r.task_id = ${taskId} ${o.cursor ? sql`and r.id > ${o.cursor}` : sql``}
-      ${o.status ? sql`and r.status = ${o.status}` : sql``}
-    order by r.id
-    limit ${o.limit + 1}`;
-  const items = rows
-    .slice(0, o.limit)
-    .map((r) => ({ ...r, startedAt: opt(r.startedAt), finishedAt: opt(r.finishedAt) }));
-  return { items, nextCursor: rows.length > o.limit ? (items.at(-1)?.runId ?? null) : null };
+  return (await runListOwned(sql, p, taskId, o))?.page;
+}
+
+/**
+ * runList, with the task's owner. One
+ * statement: the task's visibility and the page come back together (no row: not visible; one row
+ * without a run: visible, nothing on this page).
+ */
+async function runListOwned(
+  sql: Sql,
+  p: Principal,
+  taskId: string,
+  o: { status?: string; limit: number; cursor?: string },
+): Promise<{ page: Page<RunView>; ownerId: number } | undefined> {
+  type Row = Omit<RunView, "runId"> & { runId: string | null; ownerId: number };
+  const rows = await sql<Row[]>`
+    select t.owner_id::float8 as "ownerId", r."runId", r."inputFileId", r."fileName", r.status, r.attempt,
+           r."errorCode", r."errorMessage", r."progressPercent", r.message, r.metrics, r."startedAt",
+           r."finishedAt"
+    from tasks t
+    left join lateral (
+      select r.id, r.id::text as "runId", r.input_file_id::text as "inputFileId", r.input_name as "fileName",
+             r.status, r.attempt, r.error_code as "errorCode", r.error_message as "errorMessage",
+             r.progress as "progressPercent", r.message, r.result -> 'metrics' as metrics,
+             r.started_at as "startedAt", r.finished_at as "finishedAt"
+      from runs r
+      where r.task_id = ${taskId} ${o.cursor ? sql`and r.id > ${o.cursor}` : sql``}
+        ${o.status ? sql`and r.status = ${o.status}` : sql``}
+      order by r.id
+      limit ${o.limit + 1}
+    ) r on true
+    where t.id = ${taskId} and ${visible(sql, p)}
+    order by r.id`;
+  const first = rows[0];
+  if (!first) return undefined;
+  const runs = first.runId === null ? [] : rows;
+  const items = runs.slice(0, o.limit).map(
+    ({ ownerId: _, runId, startedAt, finishedAt, ...r }): RunView => ({
+      runId: runId as string,
+      ...r,
+      startedAt: opt(startedAt),
+      finishedAt: opt(finishedAt),
+    }),
+  );
+  return {
+    page: { items, nextCursor: runs.length > o.limit ? (items.at(-1)?.runId ?? null) : null },
+    ownerId: first.ownerId,
+  };
 }

@@ -4,7 +4,8 @@ import { isAnalysisType } from "../../analyses/types.ts";
 import { typeSettings } from "../../config.ts";
 import { taskCancel } from "../../tasks/cancel.ts";
 import { taskCreate } from "../../tasks/create.ts";
-import { runList, taskGet, taskList } from "../../tasks/read.ts";
+import { runList, type TaskView, taskGetOwned, taskList } from "../../tasks/read.ts";
+import { visibleTo } from "../../tasks/task-cache.ts";
 import {
   CancelAcceptedBody,
   CreateBody,
@@ -124,11 +125,23 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request) => {
       const { taskId } = request.params;
-      const task = isId(taskId)
-        ? await taskGet(app.services.database.sql, principalOf(request), taskId)
-        : undefined;
-      if (!task) throw notFound("ANALYSIS_TASK_NOT_FOUND");
-      return ok(task);
+      if (!isId(taskId)) throw notFound("ANALYSIS_TASK_NOT_FOUND");
+      const principal = principalOf(request);
+      // A cached task is still checked against the caller (owner or admin), as the statement does.
+      const cache = app.services.tasks;
+      const cached = cache?.get<TaskView>(taskId, "task");
+      if (cached) {
+        if (!visibleTo(principal, cached.ownerId)) throw notFound("ANALYSIS_TASK_NOT_FOUND");
+        return ok(cached.value);
+      }
+      const ticket = cache?.begin();
+      const found = await taskGetOwned(app.services.database.sql, principal, taskId);
+      if (!found) throw notFound("ANALYSIS_TASK_NOT_FOUND");
+      // A queued task's estimate depends on other users' runs: never cached.
+      if (ticket !== undefined && found.task.status !== "queued") {
+        cache?.set(taskId, "task", found.ownerId, found.task, ticket);
+      }
+      return ok(found.task);
     },
   );
 
@@ -179,6 +192,9 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const result = isId(taskId)
         ? await taskCancel(app.services.database.sql, principalOf(request), taskId)
         : undefined;
+      // Whatever it changed, this process answers from the database again at once (the event's
+      // notification would do it too, a moment later).
+      if (result) app.services.tasks?.invalidate(taskId);
       if (!result || result.kind === "not-found") throw notFound("ANALYSIS_TASK_NOT_FOUND");
       if (result.kind === "finished") throw new ApiError(409, "ANALYSIS_TASK_ALREADY_FINISHED");
       request.log.info(

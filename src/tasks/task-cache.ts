@@ -1,0 +1,167 @@
+// A short-lived cache of what GET /api/analysis-tasks/:id answers, one per API process, so a task
+// polled by many clients costs one statement per TASK_CACHE_TTL_MS instead of one per request.
+// Answers are kept per task and key ("task": its view), so other answers about a task can join later.
+// Runs pages are not cached: a claim (`queued` → `starting`) sends no notification, and a client that
+// reads a run right after a statement about it expects what it wrote (test/integration/dashboard-data).
+// The same holds, for the few milliseconds a notification takes to arrive, for a task's view.
+//
+// - Every notification on EVENTS_CHANNEL for a task (a state change, progress, a cancel, a finish)
+//   drops that task's answers, before the event hub delivers the notification to SSE streams (this
+//   listener is registered first). A cancel through this process drops them when its statement returns.
+// - A read that began before an invalidation of its task is not stored (a generation check), so a
+//   notification that arrives while a statement is in flight cannot be overwritten by its older answer.
+// - Nothing is cached until the listener is up, and a (re)connect empties the cache: notifications
+//   may have been missed meanwhile. Changes that send no notification (a claim giving a retried run
+//   its earlier progress back, retention deleting a task) show within TASK_CACHE_TTL_MS.
+// - Queued tasks' views are not cached (the route's rule): their queue estimate depends on other
+//   users' runs.
+// - Visibility is checked on every request against the cached owner (an admin sees all, a user their
+//   own), exactly as the statement's WHERE clause does.
+import type { Principal } from "../auth/tokens.ts";
+import type { Sql } from "../db/client.ts";
+import type { Logger } from "../log.ts";
+import { EVENTS_CHANNEL } from "../queue/sql.ts";
+
+/** The longest a cached answer is served without asking the database. */
+export const TASK_CACHE_TTL_MS = 1_000;
+/** Tasks kept; the oldest go first. */
+const MAX_TASKS = 10_000;
+/** Answers kept per task (runs pages by query); past this the task's are dropped. */
+const MAX_ANSWERS_PER_TASK = 32;
+/** Invalidations remembered for in-flight reads; past this the record is dropped as a whole. */
+const MAX_INVALIDATIONS = 10_000;
+
+/** Returned by begin(): what set() needs to know whether the read is still current. */
+export type ReadTicket = number;
+
+interface Answer {
+  ownerId: number;
+  value: unknown;
+  expires: number;
+}
+
+/** The task id a notification on EVENTS_CHANNEL is about (`{"taskId" : "12", ...}`), if readable. */
+export function taskIdOf(payload: string): string | undefined {
+  const m = /^\{\s*"taskId"\s*:\s*"(\d+)"/.exec(payload);
+  if (m) return m[1];
+  try {
+    const taskId = (JSON.parse(payload) as { taskId?: unknown }).taskId;
+    return typeof taskId === "string" ? taskId : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+export class TaskCache {
+  /** Per task, its answers by key (the view, or a runs page by its query). */
+  private readonly tasks = new Map<string, Map<string, Answer>>();
+  /** Per task, the generation of its latest invalidation (pruned: see MAX_INVALIDATIONS). */
+  private readonly invalidated = new Map<string, number>();
+  private generation = 0;
+  /** Reads that began before this generation are never stored (set by clear()). */
+  private floor = 0;
+  private unlisten: (() => Promise<void>) | undefined;
+  /** False until the listener is up: until then nothing is cached (an event could not reach it). */
+  private listening = false;
+  readonly ttlMs: number;
+
+  constructor(ttlMs = TASK_CACHE_TTL_MS) {
+    this.ttlMs = ttlMs;
+  }
+
+  /**
+   * A fresh answer about `taskId` stored under `key`, with the task's owner: the caller checks
+   * visibility (visibleTo) before using it.
+   */
+  get<T>(taskId: string, key: string, now = Date.now()): { value: T; ownerId: number } | undefined {
+    const answers = this.tasks.get(taskId);
+    const answer = answers?.get(key);
+    if (!answer) return undefined;
+    if (answer.expires <= now) {
+      answers?.delete(key);
+      return undefined;
+    }
+    return { value: answer.value as T, ownerId: answer.ownerId };
+  }
+
+  /** Call before reading from the database; pass the ticket to set(). */
+  begin(): ReadTicket {
+    return this.generation;
+  }
+
+  /** Stores what a read begun at `ticket` found, unless its task was invalidated since. */
+  set(taskId: string, key: string, ownerId: number, value: unknown, ticket: ReadTicket, now = Date.now()) {
+    if (!this.listening || this.ttlMs <= 0) return;
+    if (ticket < this.floor || (this.invalidated.get(taskId) ?? -1) >= ticket) return;
+    let answers = this.tasks.get(taskId);
+    if (!answers) {
+      if (this.tasks.size >= MAX_TASKS) {
+        const oldest = this.tasks.keys().next().value;
+        if (oldest !== undefined) this.tasks.delete(oldest);
+      }
+      answers = new Map();
+      this.tasks.set(taskId, answers);
+    }
+    if (answers.size >= MAX_ANSWERS_PER_TASK && !answers.has(key)) answers.clear();
+    answers.set(key, { ownerId, value, expires: now + this.ttlMs });
+  }
+
+  /** Drops a task's answers, and those of reads of it still in flight. */
+  invalidate(taskId: string): void {
+    this.tasks.delete(taskId);
+    if (this.invalidated.size >= MAX_INVALIDATIONS) {
+      this.invalidated.clear();
+      this.floor = this.generation + 1;
+    }
+    this.invalidated.set(taskId, this.generation++);
+  }
+
+  /** Drops everything, and the answers of every read in flight. */
+  clear(): void {
+    this.tasks.clear();
+    this.invalidated.clear();
+    this.floor = ++this.generation;
+  }
+
+  /** Tasks with answers kept. */
+  get size(): number {
+    return this.tasks.size;
+  }
+
+  /**
+   * Listens for task events (postgres.js's LISTEN connection, shared with the token cache and the
+   * event hub). Start it before the hub, so answers are gone before a stream delivers the event.
+   */
+  async start(sql: Sql, logger: Logger): Promise<void> {
+    try {
+      const { unlisten } = await sql.listen(
+        EVENTS_CHANNEL,
+        (payload) => {
+          const taskId = taskIdOf(payload);
+          if (taskId === undefined) this.clear();
+          else this.invalidate(taskId);
+        },
+        () => {
+          this.clear();
+          this.listening = true;
+        },
+      );
+      this.unlisten = unlisten;
+    } catch (err) {
+      // Without the listener the cache stays empty: every request asks the database.
+      logger.warn({ err }, "task cache disabled: could not listen for task events");
+    }
+  }
+
+  async stop(): Promise<void> {
+    this.listening = false;
+    this.clear();
+    await this.unlisten?.().catch(() => {});
+    this.unlisten = undefined;
+  }
+}
+
+/** The visibility rule of read.ts's `visible`, for a task whose owner is known. */
+export function visibleTo(p: Principal, ownerId: number): boolean {
+  return p.role === "admin" || p.userId === ownerId;
+}

@@ -1,0 +1,171 @@
+// The per-process cache of GET /api/analysis-tasks/:id (src/tasks/task-cache.ts),
+// against a real database: who may see a cached task, invalidation by the task's own notifications
+// and by a cancel through the same process, reads in flight, and the bound on staleness.
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { EVENTS_CHANNEL } from "../../src/queue/sql.ts";
+import { TASK_CACHE_TTL_MS, TaskCache, taskIdOf } from "../../src/tasks/task-cache.ts";
+import { bearer, multipart, startTestApp, type TestApp } from "../helpers/app.ts";
+
+let t: TestApp;
+let alice: string;
+let bob: string;
+let admin: string;
+let aliceFile: string;
+
+before(async () => {
+  t = await startTestApp();
+  [alice, bob, admin] = await Promise.all([t.token("alice"), t.token("bob"), t.token("root", "admin")]);
+  const { payload, headers } = multipart("file", "a,b\n1,2\n");
+  const res = await t.app.inject({
+    method: "POST",
+    url: "/api/files",
+    payload,
+    headers: { ...headers, ...bearer(alice) },
+  });
+  aliceFile = res.json().data.fileId;
+});
+after(() => t.close());
+
+/** A task of alice's, marked running (a queued task's view is never cached). */
+async function runningTask(): Promise<string> {
+  const res = await t.app.inject({
+    method: "POST",
+    url: "/api/analysis-tasks",
+    payload: { analysisType: "summary", inputFileId: aliceFile },
+    headers: bearer(alice),
+  });
+  const taskId = res.json().data.taskId as string;
+  await t.db.sql`update tasks set status = 'running', started_at = now() where id = ${taskId}`;
+  return taskId;
+}
+
+const get = (url: string, token: string) => t.app.inject({ url, headers: bearer(token) });
+const taskUrl = (id: string) => `/api/analysis-tasks/${id}`;
+const runsUrl = (id: string) => `/api/analysis-tasks/${id}/runs?limit=20`;
+const doorbell = (taskId: string) =>
+  t.db
+    .sql`select pg_notify(${EVENTS_CHANNEL}, json_build_object('taskId', ${taskId}::text, 'eventId', '1')::text)`;
+
+/** Polls `read` until `done` holds; returns the milliseconds it took. */
+async function until(read: () => Promise<boolean>, limitMs: number): Promise<number> {
+  const start = performance.now();
+  while (!(await read())) {
+    if (performance.now() - start > limitMs) throw new Error(`not within ${limitMs} ms`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  return performance.now() - start;
+}
+
+describe("task cache", () => {
+  test("a cached task is never shown to another user; an admin sees the same body", async () => {
+    const taskId = await runningTask();
+    for (const url of [taskUrl(taskId)]) {
+      const own = await get(url, alice);
+      assert.equal(own.statusCode, 200);
+      // Served from the cache now: bob still gets the 404 the statement would give him.
+      const again = await get(url, alice);
+      assert.equal(again.body, own.body);
+      const foreign = await get(url, bob);
+      assert.equal(foreign.statusCode, 404);
+      assert.deepEqual(foreign.json(), {
+        code: "ANALYSIS_TASK_NOT_FOUND",
+        message: "The analysis task does not exist.",
+      });
+      const root = await get(url, admin);
+      assert.equal(root.statusCode, 200);
+      assert.equal(root.body, own.body);
+    }
+    assert.ok(t.app.services.tasks?.get(taskId, "task"), "the task was cached");
+  });
+
+  test("the task's own notification drops its answers at once; other tasks keep theirs", async () => {
+    const taskId = await runningTask();
+    const other = await runningTask();
+    await get(taskUrl(taskId), alice);
+    await get(taskUrl(other), alice);
+    // A change that sends no notification is not seen yet: the answers are cached.
+    await t.db.sql`update tasks set succeeded_count = 1 where id = ${taskId}`;
+    assert.equal((await get(taskUrl(taskId), alice)).json().data.succeededCount, 0);
+    // Its notification (the doorbell form, as for a large batch) drops them, well before the expiry.
+    await doorbell(taskId);
+    const ms = await until(async () => t.app.services.tasks?.get(taskId, "task") === undefined, 2_000);
+    assert.ok(ms < TASK_CACHE_TTL_MS / 2, `invalidated after ${ms} ms`);
+    assert.equal((await get(taskUrl(taskId), alice)).json().data.succeededCount, 1);
+    assert.ok(t.app.services.tasks?.get(other, "task"), "another task's answer is kept");
+  });
+
+  test("a cancel through this process is seen by the next read", async () => {
+    const taskId = await runningTask();
+    assert.equal((await get(taskUrl(taskId), alice)).json().data.status, "running");
+    const cancel = await t.app.inject({
+      method: "POST",
+      url: `/api/analysis-tasks/${taskId}/cancel`,
+      headers: bearer(alice),
+    });
+    assert.equal(cancel.statusCode, 202);
+    const after = (await get(taskUrl(taskId), alice)).json().data;
+    assert.equal(after.status, cancel.json().data.status);
+    assert.equal((await get(runsUrl(taskId), alice)).json().data.items[0].status, "cancelled");
+  });
+
+  test("a change that sends no notification shows within the expiry", async () => {
+    const taskId = await runningTask();
+    await get(taskUrl(taskId), alice);
+    const changedAt = performance.now();
+    await t.db.sql`update tasks set failed_count = 1 where id = ${taskId}`;
+    await until(async () => (await get(taskUrl(taskId), alice)).json().data.failedCount === 1, 5_000);
+    const stale = performance.now() - changedAt;
+    assert.ok(stale <= TASK_CACHE_TTL_MS + 250, `stale for ${stale} ms`);
+  });
+
+  test("a queued task's view is not cached (its queue estimate depends on others)", async () => {
+    const res = await t.app.inject({
+      method: "POST",
+      url: "/api/analysis-tasks",
+      payload: { analysisType: "summary", inputFileId: aliceFile },
+      headers: bearer(alice),
+    });
+    const taskId = res.json().data.taskId as string;
+    assert.equal((await get(taskUrl(taskId), alice)).json().data.status, "queued");
+    assert.equal(t.app.services.tasks?.get(taskId, "task"), undefined);
+  });
+
+  test("a read in flight when its task is invalidated is not stored; a reconnect empties the cache", async () => {
+    const cache = new TaskCache(60_000);
+    const logger = t.app.log as unknown as Parameters<TaskCache["start"]>[1];
+    await cache.start(t.db.sql, logger);
+    try {
+      const ticket = cache.begin();
+      cache.invalidate("7");
+      cache.set("7", "task", 1, { stale: true }, ticket);
+      assert.equal(cache.get("7", "task"), undefined, "an answer older than the invalidation");
+      cache.set("7", "task", 1, { fresh: true }, cache.begin());
+      assert.deepEqual(cache.get("7", "task")?.value, { fresh: true });
+      // Another task's invalidation does not affect it; a clear drops it and reads begun before.
+      const before = cache.begin();
+      cache.invalidate("8");
+      cache.set("9", "task", 1, {}, before);
+      assert.ok(cache.get("9", "task"));
+      cache.clear();
+      cache.set("9", "task", 1, {}, before);
+      assert.equal(cache.get("9", "task"), undefined);
+      // A notification from PostgreSQL, in the form that carries events, drops the task's answers.
+      cache.set("7", "task", 1, { fresh: true }, cache.begin());
+      await t.db
+        .sql`select pg_notify(${EVENTS_CHANNEL}, json_build_object('taskId', '7', 'events', json_build_array())::text)`;
+      await until(async () => cache.get("7", "task") === undefined, 5_000);
+      // Expired answers are not served.
+      cache.set("7", "task", 1, {}, cache.begin(), Date.now() - 60_001);
+      assert.equal(cache.get("7", "task"), undefined);
+    } finally {
+      await cache.stop();
+    }
+    // Until it listens, nothing is cached.
+    const idle = new TaskCache();
+    idle.set("1", "task", 1, {}, idle.begin());
+    assert.equal(idle.get("1", "task"), undefined);
+    assert.equal(taskIdOf('{"taskId" : "12", "events" : []}'), "12");
+    assert.equal(taskIdOf("not json"), undefined);
+  });
+});
