@@ -290,8 +290,13 @@ export function runProgress(sql: Sql, updates: ProgressUpdate[]): Promise<{ id: 
       returning r.id, r.task_id, r.status, r.attempt
     ),
     -- Events are inserted under their task's lock, so a task's event ids follow commit order.
+    -- The task ids come from an array() of all of moved: data-modifying CTEs run as their rows are
+    -- read, and a semi-join on moved (id in (select task_id from moved)) stops at a task's first
+    -- run, so the task was locked while the rest of the batch's runs were still to be updated; a
+    -- completion holding one of those runs and waiting for the task deadlocked with it. array()
+    -- reads the whole CTE before the first task row is looked at: every run first, then the tasks.
     locked as materialized (
-      select id from tasks where id in (select task_id from moved) order by id for update
+      select id from tasks where id = any(array(select task_id from moved)) order by id for update
     ),
     -- A task is running once one of its runs is (the claim leaves the task row alone).
     started as (
