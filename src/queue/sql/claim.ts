@@ -139,7 +139,8 @@ async function ownerCaps(tx: Sql, analysisType: string, userLimit: number, k: nu
 // The rotation: `picked` walks the owners waiting at this type in (priority, pass) order — all of
 // them, sorted: queue_owners has one row per owner, and sorting it costs less than an index on pass,
 // which every claim would churn — and takes from each, in turn order, up to its quota of due runs
-// (ceil(k / owners at the best priority), or less under the per-user limit), locked with SKIP LOCKED,
+// (ceil(k / owners at its priority, counted by a window over the same walk), at least the quantum;
+// under the per-user limit at most its room), locked with SKIP LOCKED,
 // until k are found: one run per owner when there are k owners or more, more each when there are
 // fewer. The lateral runs per owner with its keys as parameters — an index lookup whatever a young
 // table's statistics say (as an EXISTS probe it became a semi-join that read every queued run of the
@@ -157,30 +158,34 @@ function claimStatement(
   if (!Number.isInteger(k) || k <= 0) throw new Error(`claim size must be a positive integer, got ${k}`);
   const K = sql.unsafe(String(k));
   const Q = sql.unsafe(String(Math.min(k, CLAIM_QUANTUM)));
-  return sql<ClaimedRun[]>`
-    with caps as (
-      select * from jsonb_to_recordset(${sql.json((caps ?? []) as unknown as Json)}) as c(owner_id bigint, cap int)
-    ),
-    level as (
-      select count(*)::float8 as n from queue_owners q
-      where q.analysis_type = ${o.analysisType}
-        and q.priority = (select min(m.priority) from queue_owners m where m.analysis_type = ${o.analysisType})
-    ),
-    picked as materialized (
-      select p.id, w.priority, w.owner_id from (
+  // Each owner's quota: ceil(k / owners at its priority), at least the quantum, and under the
+  // per-user limit at most its room.
+  const walk =
+    caps === null
+      ? sql`
         select q.priority, q.owner_id,
-               least(greatest(ceil(${K}::float8 / greatest((select n from level), 1))::int, ${Q}),
-                     coalesce((select c.cap from caps c where c.owner_id = q.owner_id), ${K})) as quota
+               greatest(ceil(${K}::float8 / count(*) over (partition by q.priority))::int, ${Q}) as quota
         from queue_owners q
         where q.analysis_type = ${o.analysisType}
-          -- Under the per-user limit an owner's room is given at its best priority only: its rows at
-          -- other priorities would each get the whole room again.
-          and (${caps === null} or (q.owner_id in (select owner_id from caps)
-               and q.priority = (select min(b.priority) from queue_owners b
-                                 where b.analysis_type = q.analysis_type and b.owner_id = q.owner_id)))
         order by q.priority, q.pass, q.owner_id
-        offset 0
-      ) w
+        offset 0`
+      : sql`
+        select q.priority, q.owner_id,
+               least(greatest(ceil(${K}::float8 / count(*) over (partition by q.priority))::int, ${Q}),
+                     c.cap) as quota
+        from queue_owners q
+        join jsonb_to_recordset(${sql.json(caps as unknown as Json)}) as c(owner_id bigint, cap int)
+          on c.owner_id = q.owner_id
+        where q.analysis_type = ${o.analysisType}
+          -- An owner's room is given at its best priority only: its rows at other priorities would
+          -- each get the whole room again.
+          and q.priority = (select min(b.priority) from queue_owners b
+                            where b.analysis_type = q.analysis_type and b.owner_id = q.owner_id)
+        order by q.priority, q.pass, q.owner_id
+        offset 0`;
+  return sql<ClaimedRun[]>`
+    with picked as materialized (
+      select p.id, w.priority, w.owner_id from (${walk}) w
       cross join lateral (
         select r.id from runs r
         where r.status = 'queued' and r.analysis_type = ${o.analysisType} and r.owner_id = w.owner_id
