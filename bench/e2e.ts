@@ -97,8 +97,8 @@ try {
 
   // Through Assay: one task of N runs, one worker at concurrency C, the production handler.
   let waiting = { left: 0, done: () => {} };
-  // The worker as `assay worker` runs it: kill grace, the analysis processes' CPU priority and
-  // prefetch from the configuration (its defaults, or ASSAY_* from the environment).
+  // The worker as `assay worker` runs it: kill grace, the analysis processes' CPU priority,
+  // prefetch and the completion delay from the configuration (its defaults, or ASSAY_* from the environment).
   const config = loadConfig();
   const worker = new Worker({
     sql,
@@ -127,6 +127,7 @@ try {
       },
     },
     prefetch: config.prefetch,
+    completionDelayMs: config.completionDelayMs,
   });
   await worker.start();
   const assayRound = async () => {

@@ -194,6 +194,12 @@ const FIELDS = {
     description:
       "Runs a worker claims ahead of its free slots (0: only free slots, plus one for each slot whose program has reported its result and is exiting). Only for very short handlers: prefetched runs hold leases while they wait.",
   },
+  completionDelayMs: {
+    env: "ASSAY_COMPLETION_DELAY_MS",
+    ...durationMs(0, 25),
+    description:
+      "How long a worker may hold a finished run's outcome to record it together with others that finish meanwhile, in one statement (0: record each at once). A full batch (as many as the worker has slots) is recorded at once; a shutdown records everything at once.",
+  },
   userConcurrency: {
     env: "ASSAY_USER_CONCURRENCY",
     schema: Type.Integer({ minimum: 0, maximum: 1_000_000, default: 0 }),

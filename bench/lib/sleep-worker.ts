@@ -47,6 +47,7 @@ const worker = new Worker({
   pollIntervalMs: config.pollIntervalMs,
   retryBaseMs: config.retryBaseMs,
   prefetch: config.prefetch,
+  completionDelayMs: config.completionDelayMs,
 });
 const reaper = new Reaper({
   sql: database.sql,

@@ -61,6 +61,11 @@ export interface WorkerOptions {
   retryBaseMs: number;
   /** Runs claimed ahead of free slots (ASSAY_PREFETCH). */
   prefetch?: number;
+  /**
+   * How long a finished attempt's outcome may wait to be recorded with others in one completion
+   * statement (ASSAY_COMPLETION_DELAY_MS); 0 or absent: recorded at once.
+   */
+  completionDelayMs?: number;
   /** Most live runs of one owner across all workers (ASSAY_USER_CONCURRENCY); 0 or absent = none. */
   userLimit?: number;
   /** Called for an attempt whose outcome was fenced off or abandoned (its output must go). */
@@ -114,6 +119,8 @@ export class Worker {
     { token: string; progress: number | null; message: string | null }
   >();
   private flushing: Promise<void> | undefined;
+  /** The pending flush of a completion batch that is still filling (see queueOutcome). */
+  private flushTimer: NodeJS.Timeout | undefined;
   private loop: Promise<void> | undefined;
   private wakeUp: (() => void) | undefined;
   private woken = false;
@@ -372,9 +379,27 @@ export class Worker {
     this.retryWake = { at, timer };
   }
 
+  /**
+   * Queues an outcome for the next completion statement. With a completion delay, a batch that is
+   * not full waits up to that long for more outcomes: a statement's fixed cost is most of what a
+   * completion costs PostgreSQL, and with slots finishing one at a time every outcome was a statement
+   * of its own. The slot is free already (the delay costs no throughput); the lease is heartbeated
+   * meanwhile (heldLeases), and a shutdown records the batch at once.
+   */
   private queueOutcome(run: ClaimedRun, seconds: number | null, outcome: Outcome): void {
     this.outcomes.push({ run, seconds, value: outcome });
-    this.flush();
+    const delay = this.o.completionDelayMs ?? 0;
+    if (delay <= 0 || this.stopping || this.outcomes.length >= this.o.concurrency) {
+      this.flushNow();
+      return;
+    }
+    this.flushTimer ??= setTimeout(() => this.flushNow(), delay);
+  }
+
+  private flushNow(): void {
+    clearTimeout(this.flushTimer);
+    this.flushTimer = undefined;
+    void this.flush();
   }
 
   private queueRetry(run: ClaimedRun, seconds: number | null, retry: Retry): void {
@@ -668,6 +693,8 @@ export class Worker {
     for (const a of this.active.values()) a.controller.abort("shutdown");
     await all();
     await this.flushProgress();
+    clearTimeout(this.flushTimer);
+    this.flushTimer = undefined;
     await this.flush();
     for (const t of this.timers) clearTimeout(t);
     this.timers = [];

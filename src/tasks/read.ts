@@ -238,23 +238,11 @@ export async function runList(
   taskId: string,
   o: { status?: string; limit: number; cursor?: string },
 ): Promise<Page<RunView> | undefined> {
-  return (await runListOwned(sql, p, taskId, o))?.page;
-}
-
-/**
- * runList, with the task's owner. One
- * statement: the task's visibility and the page come back together (no row: not visible; one row
- * without a run: visible, nothing on this page).
- */
-async function runListOwned(
-  sql: Sql,
-  p: Principal,
-  taskId: string,
-  o: { status?: string; limit: number; cursor?: string },
-): Promise<{ page: Page<RunView>; ownerId: number } | undefined> {
-  type Row = Omit<RunView, "runId"> & { runId: string | null; ownerId: number };
+  // One statement: the task's visibility and the page come back together (no row: not visible;
+  // one row without a run: visible, nothing on this page).
+  type Row = Omit<RunView, "runId"> & { runId: string | null };
   const rows = await sql<Row[]>`
-    select t.owner_id::float8 as "ownerId", r."runId", r."inputFileId", r."fileName", r.status, r.attempt,
+    select r."runId", r."inputFileId", r."fileName", r.status, r.attempt,
            r."errorCode", r."errorMessage", r."progressPercent", r.message, r.metrics, r."startedAt",
            r."finishedAt"
     from tasks t
@@ -275,15 +263,12 @@ async function runListOwned(
   if (!first) return undefined;
   const runs = first.runId === null ? [] : rows;
   const items = runs.slice(0, o.limit).map(
-    ({ ownerId: _, runId, startedAt, finishedAt, ...r }): RunView => ({
+    ({ runId, startedAt, finishedAt, ...r }): RunView => ({
       runId: runId as string,
       ...r,
       startedAt: opt(startedAt),
       finishedAt: opt(finishedAt),
     }),
   );
-  return {
-    page: { items, nextCursor: runs.length > o.limit ? (items.at(-1)?.runId ?? null) : null },
-    ownerId: first.ownerId,
-  };
+  return { items, nextCursor: runs.length > o.limit ? (items.at(-1)?.runId ?? null) : null };
 }

@@ -505,3 +505,93 @@ test("a run claimed ahead waits for its slot with a live lease, is cancelled wit
     assert.deepEqual({ status: r.status, attempt: r.attempt }, { status: "queued", attempt: 0 });
   }
 });
+
+describe("completion batching (ASSAY_COMPLETION_DELAY_MS)", () => {
+  /** A handler that ends when the test says so; `started` resolves once `n` attempts wait in it. */
+  function gated(n: number) {
+    const release: (() => void)[] = [];
+    let allStarted!: () => void;
+    const started = new Promise<void>((resolve) => (allStarted = resolve));
+    const handler: Handler = async () => {
+      await new Promise<void>((resolve) => {
+        release.push(resolve);
+        if (release.length === n) allStarted();
+      });
+      return { status: "succeeded" };
+    };
+    return { handler, release, started };
+  }
+
+  const finishedAt = async (taskId: string) =>
+    (
+      await db.sql<{ id: string; status: string; finished: string | null }[]>`
+        select r.id::text as id, r.status, r.finished_at::text as finished from runs r
+        where r.task_id = ${taskId} order by r.id`
+    ).map((r) => ({ status: r.status, finished: r.finished }));
+
+  test("outcomes that end within the delay are recorded by one statement; with no delay, each at once", async () => {
+    for (const delayMs of [0, 1500]) {
+      const type = `t-batch-${delayMs}`;
+      const taskId = await createTask(db.sql, owner, type, 2);
+      const g = gated(2);
+      const w = worker({ [type]: g.handler }, { concurrency: 3, completionDelayMs: delayMs });
+      await w.start();
+      await g.started;
+      g.release[0]?.();
+      if (delayMs === 0) {
+        // Recorded on its own before the second ends.
+        await waitFor(async () => (await finishedAt(taskId)).some((r) => r.status === "succeeded"), 10_000);
+      } else {
+        // The first outcome waits for company: still unrecorded after its handler returned (the
+        // runs are starting, or running once a progress flush has marked them).
+        await new Promise((resolve) => setImmediate(resolve));
+        assert.deepEqual(
+          (await finishedAt(taskId)).filter((r) => r.finished !== null),
+          [],
+        );
+      }
+      g.release[1]?.();
+      await waitForTerminal(db.sql, taskId, 10_000);
+      await w.stop();
+      const runs = await finishedAt(taskId);
+      assert.deepEqual(
+        runs.map((r) => r.status),
+        ["succeeded", "succeeded"],
+      );
+      // now() is the transaction's start: one statement gives both runs the same finished_at.
+      if (delayMs === 0) assert.notEqual(runs[0]?.finished, runs[1]?.finished);
+      else assert.equal(runs[0]?.finished, runs[1]?.finished);
+    }
+  });
+
+  test("a full batch (as many outcomes as slots) is recorded without waiting for the delay", async () => {
+    const taskId = await createTask(db.sql, owner, "t-batch-full", 2);
+    const g = gated(2);
+    const w = worker({ "t-batch-full": g.handler }, { concurrency: 2, completionDelayMs: 600_000 });
+    await w.start();
+    await g.started;
+    for (const release of g.release) release();
+    const row = await waitForTerminal(db.sql, taskId, 20_000);
+    await w.stop();
+    assert.equal(row.succeeded, 2);
+  });
+
+  test("a shutdown records a waiting outcome at once", async () => {
+    const taskId = await createTask(db.sql, owner, "t-batch-stop", 1);
+    const g = gated(1);
+    const w = worker({ "t-batch-stop": g.handler }, { concurrency: 3, completionDelayMs: 600_000 });
+    await w.start();
+    await g.started;
+    g.release[0]?.();
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.equal(
+      (await taskRow(db.sql, taskId)).succeeded,
+      0,
+      "recorded before the delay: nothing was batched",
+    );
+    const began = Date.now();
+    await w.stop();
+    assert.ok(Date.now() - began < 20_000, "stop waited for the completion delay");
+    assert.equal((await taskRow(db.sql, taskId)).status, "succeeded");
+  });
+});

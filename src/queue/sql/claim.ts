@@ -139,8 +139,9 @@ async function ownerCaps(tx: Sql, analysisType: string, userLimit: number, k: nu
 // The rotation: `picked` walks the owners waiting at this type in (priority, pass) order — all of
 // them, sorted: queue_owners has one row per owner, and sorting it costs less than an index on pass,
 // which every claim would churn — and takes from each, in turn order, up to its quota of due runs
-// (ceil(k / owners at its priority, counted by a window over the same walk), at least the quantum;
-// under the per-user limit at most its room), locked with SKIP LOCKED,
+// (ceil(k / owners at its priority, counted by a window over the same walk — under the per-user
+// limit, the candidate owners the walk is given — at least the quantum, and under the per-user limit
+// at most its room), locked with SKIP LOCKED,
 // until k are found: one run per owner when there are k owners or more, more each when there are
 // fewer. The lateral runs per owner with its keys as parameters — an index lookup whatever a young
 // table's statistics say (as an EXISTS probe it became a semi-join that read every queued run of the
