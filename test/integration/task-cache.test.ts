@@ -27,15 +27,20 @@ before(async () => {
 });
 after(() => t.close());
 
-/** A task of alice's, marked running (a queued task's view is never cached). */
-async function runningTask(): Promise<string> {
+/** A new task of alice's, queued. */
+async function queuedTask(): Promise<string> {
   const res = await t.app.inject({
     method: "POST",
     url: "/api/analysis-tasks",
     payload: { analysisType: "summary", inputFileId: aliceFile },
     headers: bearer(alice),
   });
-  const taskId = res.json().data.taskId as string;
+  return res.json().data.taskId as string;
+}
+
+/** A task of alice's, marked running (a queued task's view is never cached). */
+async function runningTask(): Promise<string> {
+  const taskId = await queuedTask();
   await t.db.sql`update tasks set status = 'running', started_at = now() where id = ${taskId}`;
   return taskId;
 }
@@ -120,13 +125,7 @@ describe("task cache", () => {
   });
 
   test("a queued task's view is not cached (its queue estimate depends on others)", async () => {
-    const res = await t.app.inject({
-      method: "POST",
-      url: "/api/analysis-tasks",
-      payload: { analysisType: "summary", inputFileId: aliceFile },
-      headers: bearer(alice),
-    });
-    const taskId = res.json().data.taskId as string;
+    const taskId = await queuedTask();
     assert.equal((await get(taskUrl(taskId), alice)).json().data.status, "queued");
     assert.equal(t.app.services.tasks?.get(taskId, "task"), undefined);
   });
