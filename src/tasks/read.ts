@@ -119,11 +119,7 @@ function progressSum(sql: Sql) {
        where r.owner_id = t.owner_id and r.task_id = t.id and r.status ${inLive(sql)}) end as "progressSum"`;
 }
 
-export async function taskGet(sql: Sql, p: Principal, taskId: string): Promise<TaskView | undefined> {
-  return (await taskGetOwned(sql, p, taskId))?.task;
-}
-
-/** taskGet, with the task's owner (what src/tasks/task-cache.ts checks visibility against). */
+/** A task visible to `p`, with its owner (what src/tasks/task-cache.ts checks visibility against). */
 export async function taskGetOwned(
   sql: Sql,
   p: Principal,

@@ -1,6 +1,5 @@
 // A short-lived cache of what GET /api/analysis-tasks/:id answers, one per API process, so a task
 // polled by many clients costs one statement per TASK_CACHE_TTL_MS instead of one per request.
-// Answers are kept per task and key ("task": its view), so other answers about a task can join later.
 // Runs pages are not cached: a claim (`queued` → `starting`) sends no notification, and a client that
 // reads a run right after a statement about it expects what it wrote (test/integration/dashboard-data).
 // The same holds, for the few milliseconds a notification takes to arrive, for a task's view.
@@ -26,8 +25,6 @@ import { EVENTS_CHANNEL } from "../queue/sql.ts";
 export const TASK_CACHE_TTL_MS = 1_000;
 /** Tasks kept; the oldest go first. */
 const MAX_TASKS = 10_000;
-/** Answers kept per task (runs pages by query); past this the task's are dropped. */
-const MAX_ANSWERS_PER_TASK = 32;
 /** Invalidations remembered for in-flight reads; past this the record is dropped as a whole. */
 const MAX_INVALIDATIONS = 10_000;
 
@@ -53,8 +50,8 @@ export function taskIdOf(payload: string): string | undefined {
 }
 
 export class TaskCache {
-  /** Per task, its answers by key (the view, or a runs page by its query). */
-  private readonly tasks = new Map<string, Map<string, Answer>>();
+  /** Per task, its view. */
+  private readonly tasks = new Map<string, Answer>();
   /** Per task, the generation of its latest invalidation (pruned: see MAX_INVALIDATIONS). */
   private readonly invalidated = new Map<string, number>();
   private generation = 0;
@@ -69,16 +66,12 @@ export class TaskCache {
     this.ttlMs = ttlMs;
   }
 
-  /**
-   * A fresh answer about `taskId` stored under `key`, with the task's owner: the caller checks
-   * visibility (visibleTo) before using it.
-   */
-  get<T>(taskId: string, key: string, now = Date.now()): { value: T; ownerId: number } | undefined {
-    const answers = this.tasks.get(taskId);
-    const answer = answers?.get(key);
+  /** A task's fresh view, with its owner: the caller checks visibility (visibleTo) before using it. */
+  get<T>(taskId: string, now = Date.now()): { value: T; ownerId: number } | undefined {
+    const answer = this.tasks.get(taskId);
     if (!answer) return undefined;
     if (answer.expires <= now) {
-      answers?.delete(key);
+      this.tasks.delete(taskId);
       return undefined;
     }
     return { value: answer.value as T, ownerId: answer.ownerId };
@@ -90,20 +83,14 @@ export class TaskCache {
   }
 
   /** Stores what a read begun at `ticket` found, unless its task was invalidated since. */
-  set(taskId: string, key: string, ownerId: number, value: unknown, ticket: ReadTicket, now = Date.now()) {
+  set(taskId: string, ownerId: number, value: unknown, ticket: ReadTicket, now = Date.now()) {
     if (!this.listening || this.ttlMs <= 0) return;
     if (ticket < this.floor || (this.invalidated.get(taskId) ?? -1) >= ticket) return;
-    let answers = this.tasks.get(taskId);
-    if (!answers) {
-      if (this.tasks.size >= MAX_TASKS) {
-        const oldest = this.tasks.keys().next().value;
-        if (oldest !== undefined) this.tasks.delete(oldest);
-      }
-      answers = new Map();
-      this.tasks.set(taskId, answers);
+    if (!this.tasks.has(taskId) && this.tasks.size >= MAX_TASKS) {
+      const oldest = this.tasks.keys().next().value;
+      if (oldest !== undefined) this.tasks.delete(oldest);
     }
-    if (answers.size >= MAX_ANSWERS_PER_TASK && !answers.has(key)) answers.clear();
-    answers.set(key, { ownerId, value, expires: now + this.ttlMs });
+    this.tasks.set(taskId, { ownerId, value, expires: now + this.ttlMs });
   }
 
   /** Drops a task's answers, and those of reads of it still in flight. */

@@ -81,7 +81,7 @@ describe("task cache", () => {
       assert.equal(root.statusCode, 200);
       assert.equal(root.body, own.body);
     }
-    assert.ok(t.app.services.tasks?.get(taskId, "task"), "the task was cached");
+    assert.ok(t.app.services.tasks?.get(taskId), "the task was cached");
   });
 
   test("the task's own notification drops its answers at once; other tasks keep theirs", async () => {
@@ -94,10 +94,10 @@ describe("task cache", () => {
     assert.equal((await get(taskUrl(taskId), alice)).json().data.succeededCount, 0);
     // Its notification (the doorbell form, as for a large batch) drops them, well before the expiry.
     await doorbell(taskId);
-    const ms = await until(async () => t.app.services.tasks?.get(taskId, "task") === undefined, 2_000);
+    const ms = await until(async () => t.app.services.tasks?.get(taskId) === undefined, 2_000);
     assert.ok(ms < TASK_CACHE_TTL_MS / 2, `invalidated after ${ms} ms`);
     assert.equal((await get(taskUrl(taskId), alice)).json().data.succeededCount, 1);
-    assert.ok(t.app.services.tasks?.get(other, "task"), "another task's answer is kept");
+    assert.ok(t.app.services.tasks?.get(other), "another task's answer is kept");
   });
 
   test("a cancel through this process is seen by the next read", async () => {
@@ -127,7 +127,7 @@ describe("task cache", () => {
   test("a queued task's view is not cached (its queue estimate depends on others)", async () => {
     const taskId = await queuedTask();
     assert.equal((await get(taskUrl(taskId), alice)).json().data.status, "queued");
-    assert.equal(t.app.services.tasks?.get(taskId, "task"), undefined);
+    assert.equal(t.app.services.tasks?.get(taskId), undefined);
   });
 
   test("a read in flight when its task is invalidated is not stored; a reconnect empties the cache", async () => {
@@ -137,33 +137,33 @@ describe("task cache", () => {
     try {
       const ticket = cache.begin();
       cache.invalidate("7");
-      cache.set("7", "task", 1, { stale: true }, ticket);
-      assert.equal(cache.get("7", "task"), undefined, "an answer older than the invalidation");
-      cache.set("7", "task", 1, { fresh: true }, cache.begin());
-      assert.deepEqual(cache.get("7", "task")?.value, { fresh: true });
+      cache.set("7", 1, { stale: true }, ticket);
+      assert.equal(cache.get("7"), undefined, "an answer older than the invalidation");
+      cache.set("7", 1, { fresh: true }, cache.begin());
+      assert.deepEqual(cache.get("7")?.value, { fresh: true });
       // Another task's invalidation does not affect it; a clear drops it and reads begun before.
       const before = cache.begin();
       cache.invalidate("8");
-      cache.set("9", "task", 1, {}, before);
-      assert.ok(cache.get("9", "task"));
+      cache.set("9", 1, {}, before);
+      assert.ok(cache.get("9"));
       cache.clear();
-      cache.set("9", "task", 1, {}, before);
-      assert.equal(cache.get("9", "task"), undefined);
+      cache.set("9", 1, {}, before);
+      assert.equal(cache.get("9"), undefined);
       // A notification from PostgreSQL, in the form that carries events, drops the task's answers.
-      cache.set("7", "task", 1, { fresh: true }, cache.begin());
+      cache.set("7", 1, { fresh: true }, cache.begin());
       await t.db
         .sql`select pg_notify(${EVENTS_CHANNEL}, json_build_object('taskId', '7', 'events', json_build_array())::text)`;
-      await until(async () => cache.get("7", "task") === undefined, 5_000);
+      await until(async () => cache.get("7") === undefined, 5_000);
       // Expired answers are not served.
-      cache.set("7", "task", 1, {}, cache.begin(), Date.now() - 60_001);
-      assert.equal(cache.get("7", "task"), undefined);
+      cache.set("7", 1, {}, cache.begin(), Date.now() - 60_001);
+      assert.equal(cache.get("7"), undefined);
     } finally {
       await cache.stop();
     }
     // Until it listens, nothing is cached.
     const idle = new TaskCache();
-    idle.set("1", "task", 1, {}, idle.begin());
-    assert.equal(idle.get("1", "task"), undefined);
+    idle.set("1", 1, {}, idle.begin());
+    assert.equal(idle.get("1"), undefined);
     assert.equal(taskIdOf('{"taskId" : "12", "events" : []}'), "12");
     assert.equal(taskIdOf("not json"), undefined);
   });

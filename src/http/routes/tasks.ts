@@ -129,7 +129,7 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const principal = principalOf(request);
       // A cached task is still checked against the caller (owner or admin), as the statement does.
       const cache = app.services.tasks;
-      const cached = cache?.get<TaskView>(taskId, "task");
+      const cached = cache?.get<TaskView>(taskId);
       if (cached) {
         if (!visibleTo(principal, cached.ownerId)) throw notFound("ANALYSIS_TASK_NOT_FOUND");
         return ok(cached.value);
@@ -139,7 +139,7 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
       if (!found) throw notFound("ANALYSIS_TASK_NOT_FOUND");
       // A queued task's estimate depends on other users' runs: never cached.
       if (ticket !== undefined && found.task.status !== "queued") {
-        cache?.set(taskId, "task", found.ownerId, found.task, ticket);
+        cache?.set(taskId, found.ownerId, found.task, ticket);
       }
       return ok(found.task);
     },
