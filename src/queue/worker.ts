@@ -68,6 +68,8 @@ export interface WorkerOptions {
   completionDelayMs?: number;
   /** Most live runs of one owner across all workers (ASSAY_USER_CONCURRENCY); 0 or absent = none. */
   userLimit?: number;
+  /** Progress flush interval and the age an attempt must reach before its first write (PROGRESS_FLUSH_MS). */
+  progressFlushMs?: number;
   /** Called for an attempt whose outcome was fenced off or abandoned (its output must go). */
   onDiscard?: (run: ClaimedRun) => Promise<void>;
   /**
@@ -86,6 +88,8 @@ interface Attempt {
   run: ClaimedRun;
   controller: AbortController;
   done: Promise<void>;
+  /** performance.now() when the handler was started. */
+  began: number;
 }
 
 /** An ending waiting to be written; `seconds` is the attempt's run time (null: it never started). */
@@ -95,8 +99,12 @@ interface Pending<T> {
   value: T;
 }
 
-/** Progress and running-marks are written at most this often. */
-const PROGRESS_FLUSH_MS = 250;
+/**
+ * Progress and running-marks are written at most this often, and an attempt's first write waits
+ * until it has been going this long: an attempt shorter than that is recorded by its completion alone
+ * (`starting` → its ending), which spares PostgreSQL a statement per few runs when runs are short.
+ */
+export const PROGRESS_FLUSH_MS = 250;
 /** Delay before retrying a failed completion write (e.g. the database is down). */
 const FLUSH_RETRY_MS = 1000;
 const DEFAULT_TIMEOUT_MS = 600_000;
@@ -170,7 +178,7 @@ export class Worker {
     ]);
     const heartbeatEvery = Math.max(100, Math.floor(this.o.leaseTtlMs / 3));
     this.timers.push(setInterval(() => void this.heartbeat(), heartbeatEvery));
-    this.timers.push(setInterval(() => void this.flushProgress(), PROGRESS_FLUSH_MS));
+    this.timers.push(setInterval(() => void this.progressOnce(), this.progressFlushMs()));
     this.loop = this.claimLoop();
     this.o.logger.info(
       { workerId: this.id, types: this.typeNames, concurrency: this.o.concurrency },
@@ -307,7 +315,7 @@ export class Worker {
       },
     };
     // Active before the handler runs: it may call releaseSlot()/finishing() before its first await.
-    const attempt: Attempt = { run, controller, done: Promise.resolve() };
+    const attempt: Attempt = { run, controller, done: Promise.resolve(), began };
     this.active.set(run.id, attempt);
     attempt.done = (async () => {
       let outcome: Ending;
@@ -650,12 +658,28 @@ export class Worker {
     }
   }
 
-  private async flushProgress(): Promise<void> {
+  private progressFlushMs(): number {
+    return this.o.progressFlushMs ?? PROGRESS_FLUSH_MS;
+  }
+
+  /**
+   * One progress flush: writes the progress (and the `running` mark) of live attempts at least
+   * progressFlushMs old, and aborts those found `cancelling`. Never throws.
+   */
+  async progressOnce(): Promise<void> {
     if (this.progress.size === 0) return;
-    const updates = [...this.progress.entries()]
-      .filter(([id]) => this.active.has(id))
-      .map(([id, p]) => ({ id, token: p.token, progress: p.progress, message: p.message }));
-    this.progress.clear();
+    // Younger attempts wait for a later flush (most short ones end first).
+    const youngest = performance.now() - this.progressFlushMs();
+    const updates: { id: number; token: string; progress: number | null; message: string | null }[] = [];
+    for (const [id, p] of this.progress) {
+      const attempt = this.active.get(id);
+      if (!attempt) this.progress.delete(id);
+      else if (attempt.began <= youngest) {
+        updates.push({ id, token: p.token, progress: p.progress, message: p.message });
+        this.progress.delete(id);
+      }
+    }
+    if (updates.length === 0) return;
     try {
       const rows = await runProgress(this.o.sql, updates);
       const cancelling = rows.filter((r) => r.status === "cancelling");
@@ -692,7 +716,7 @@ export class Worker {
     }
     for (const a of this.active.values()) a.controller.abort("shutdown");
     await all();
-    await this.flushProgress();
+    await this.progressOnce();
     clearTimeout(this.flushTimer);
     this.flushTimer = undefined;
     await this.flush();

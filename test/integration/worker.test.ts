@@ -342,6 +342,75 @@ describe("logs", () => {
   });
 });
 
+test("an attempt younger than the progress interval is not written; an older one is marked running", async () => {
+  const taskId = await createTask(db.sql, owner, "t-young", 1);
+  let started: () => void = () => {};
+  const running = new Promise<void>((r) => {
+    started = r;
+  });
+  let finish: () => void = () => {};
+  const gate = new Promise<void>((r) => {
+    finish = r;
+  });
+  const handler: Handler = async (_run, { reportProgress }) => {
+    reportProgress(40, "reading");
+    started();
+    await gate;
+    return { status: "succeeded" };
+  };
+  // An interval far longer than the test: only progressOnce() writes, and the attempt stays young.
+  const young = worker({ "t-young": handler }, { progressFlushMs: 3_600_000 });
+  await young.start();
+  await running;
+  await young.progressOnce();
+  const state = async () => {
+    const [r] = await db.sql<{ status: string; progress: number | null }[]>`
+      select status, progress from runs where task_id = ${taskId}`;
+    const events = await db.sql<{ type: string }[]>`
+      select type from task_events where task_id = ${taskId} order by id`;
+    return { ...r, events: events.map((e) => e.type) };
+  };
+  assert.deepEqual(await state(), { status: "starting", progress: 0, events: ["task.queued"] });
+  finish();
+  await waitForTerminal(db.sql, taskId);
+  await young.stop();
+  // The short attempt went from starting to its ending, with no progress write in between.
+  const ended = await state();
+  assert.deepEqual(ended.events, ["task.queued", "run.succeeded", "task.succeeded"]);
+
+  // With a 1 ms interval the same attempt is old enough at once: running, with its progress.
+  const older = await createTask(db.sql, owner, "t-older", 1);
+  let startedOld: () => void = () => {};
+  const runningOld = new Promise<void>((r) => {
+    startedOld = r;
+  });
+  let finishOld: () => void = () => {};
+  const gateOld = new Promise<void>((r) => {
+    finishOld = r;
+  });
+  const w = worker(
+    {
+      "t-older": async (_run, { reportProgress }) => {
+        reportProgress(40, "reading");
+        startedOld();
+        await gateOld;
+        return { status: "succeeded" };
+      },
+    },
+    { progressFlushMs: 1 },
+  );
+  await w.start();
+  await runningOld;
+  await new Promise((r) => setTimeout(r, 5));
+  await w.progressOnce();
+  const [r] = await db.sql<{ status: string; progress: number | null }[]>`
+    select status, progress from runs where task_id = ${older}`;
+  finishOld();
+  await waitForTerminal(db.sql, older);
+  await w.stop();
+  assert.ok(r?.status === "running" && r.progress === 40, `got ${JSON.stringify(r)}`);
+});
+
 test("a task turns running when a run is recorded running or ends after starting, not at the claim", async () => {
   const status = async (taskId: string) => {
     const [t] = await db.sql<{ status: string; started: boolean }[]>`
