@@ -6,7 +6,7 @@ import { after, afterEach, before, test } from "node:test";
 import type { Principal } from "../../src/auth/tokens.ts";
 import { createLogger } from "../../src/log.ts";
 import { Reaper } from "../../src/queue/reaper.ts";
-import { CLAIM_QUANTUM, runClaim } from "../../src/queue/sql.ts";
+import { CLAIM_QUANTUM, runClaim, walkHead } from "../../src/queue/sql.ts";
 import { type Handler, Worker } from "../../src/queue/worker.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import { createTask, seedUser, taskRow, waitFor, waitForTerminal } from "../helpers/queue.ts";
@@ -267,6 +267,45 @@ test("a claim of many slots serves users in turn, a quantum each, and leaves the
   const [live] = await db.sql<{ n: number }[]>`
     select count(*)::int as n from runs where analysis_type = 'fair6' and status <> 'queued'`;
   assert.equal(live?.n, 12);
+});
+
+test("a claim sorts the owners next in turn first and reaches the rest when those have nothing due", async () => {
+  const k = 1;
+  const head = walkHead(k);
+  const claimOne = () =>
+    runClaim(db.sql, {
+      workerId: "w-head",
+      analysisType: "fair-head",
+      limit: k,
+      globalLimit: 0,
+      leaseTtlMs: 30_000,
+    });
+  // More owners than the head, each with one run in backoff, all ahead in turn (pass 0)...
+  const waiting = await Promise.all(
+    Array.from({ length: head + 8 }, (_, i) => seedUser(db.sql, `fair-head-${i}`)),
+  );
+  for (const o of waiting) await createTask(db.sql, o, "fair-head", 1);
+  await db.sql`update runs set run_after = now() + interval '1 hour' where analysis_type = 'fair-head'`;
+  // ...and one owner far behind in turn, whose run is due.
+  const late = await seedUser(db.sql, "fair-head-late");
+  const lateTask = await createTask(db.sql, late, "fair-head", 1);
+  await db.sql`update queue_owners set pass = 1000 where analysis_type = 'fair-head' and owner_id = ${late.userId}`;
+  const [got] = await claimOne();
+  assert.equal(String(got?.taskId), lateTask, "the due run behind the head is claimed");
+  assert.equal((await claimOne()).length, 0, "nothing else is due");
+  // Due again: one run per claim serves every owner once, in turn, across the head's boundary.
+  await db.sql`update runs set run_after = now() where analysis_type = 'fair-head' and status = 'queued'`;
+  const served: number[] = [];
+  for (let i = 0; i < waiting.length; i++) {
+    const [run] = await claimOne();
+    assert.ok(run, `claim ${i} found a run`);
+    const [r] = await db.sql<
+      { owner: number }[]
+    >`select owner_id::float8 as owner from runs where id = ${run.id}`;
+    served.push(r?.owner as number);
+  }
+  assert.equal(new Set(served).size, waiting.length, "each waiting owner served once");
+  assert.equal((await claimOne()).length, 0);
 });
 
 test("the per-user limit holds for an owner with queued runs at two priorities", async () => {

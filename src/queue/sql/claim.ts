@@ -100,6 +100,15 @@ export async function runClaim(sql: Sql, o: ClaimOptions): Promise<ClaimedRun[]>
  */
 export const CLAIM_QUANTUM = 4;
 
+/**
+ * How many owners a claim of k sorts in full before it looks at the rest (see claimStatement): four
+ * times the owners a claim can serve, so owners with nothing due (only runs in backoff, which sit at
+ * the head of the walk since their pass stops growing) rarely push a claim into the rest.
+ */
+export function walkHead(k: number): number {
+  return Math.max(32, 4 * k);
+}
+
 /** Advisory-lock namespace of the per-owner claim lock (the second key is hashint8(owner)). */
 const OWNER_LOCK_NAMESPACE = 0x6f776e72; // "ownr"
 
@@ -136,9 +145,14 @@ async function ownerCaps(tx: Sql, analysisType: string, userLimit: number, k: nu
 // `runs` is young and its statistics say it is tiny, PostgreSQL still scans it sequentially here;
 // after ANALYZE it is an index scan.)
 //
-// The rotation: `picked` walks the owners waiting at this type in (priority, pass) order — all of
-// them, sorted: queue_owners has one row per owner, and sorting it costs less than an index on pass,
-// which every claim would churn — and takes from each, in turn order, up to its quota of due runs
+// The rotation: `picked` walks the owners waiting at this type in (priority, pass) order — sorted
+// from queue_owners, one row per owner (an index on pass would be churned by every claim). The walk
+// is a head, the walkHead(k) owners next in turn (a top-N sort), then the rest in the same order
+// (offset): an Append runs its second branch only when the head did not yield k runs (its owners had
+// nothing due), so a claim among a thousand owners sorts a few dozen, not all. Each branch counts its
+// owners per priority over its own rows; the head's counts are exact except for its last priority
+// when the head cut it (then ≥ 4k rows of better priorities came first, and that priority is reached
+// only when they gave fewer than k). The walk takes from each owner, in turn order, up to its quota of due runs
 // (ceil(k / owners at its priority, counted by a window over the same walk — under the per-user
 // limit, the candidate owners the walk is given — at least the quantum, and under the per-user limit
 // at most its room), locked with SKIP LOCKED,
@@ -147,7 +161,8 @@ async function ownerCaps(tx: Sql, analysisType: string, userLimit: number, k: nu
 // table's statistics say (as an EXISTS probe it became a semi-join that read every queued run of the
 // type per owner) — and the fence (offset 0) keeps the walk above the sort, so it stops at k.
 // `advanced` adds what each owner was given to its pass, the rows locked in owner order first (two
-// claims serving the same owners wait for each other instead of deadlocking). At most k runs are
+// claims serving the same owners wait for each other instead of deadlocking) and found by primary
+// key (`served`: as a semi-join on picked it read every owner's row). At most k runs are
 // locked whatever the backlog: the claim never scans it.
 function claimStatement(
   sql: Sql,
@@ -159,17 +174,29 @@ function claimStatement(
   if (!Number.isInteger(k) || k <= 0) throw new Error(`claim size must be a positive integer, got ${k}`);
   const K = sql.unsafe(String(k));
   const Q = sql.unsafe(String(Math.min(k, CLAIM_QUANTUM)));
+  const M = sql.unsafe(String(walkHead(k)));
   // Each owner's quota: ceil(k / owners at its priority), at least the quantum, and under the
   // per-user limit at most its room.
   const walk =
     caps === null
       ? sql`
-        select q.priority, q.owner_id,
-               greatest(ceil(${K}::float8 / count(*) over (partition by q.priority))::int, ${Q}) as quota
-        from queue_owners q
-        where q.analysis_type = ${o.analysisType}
-        order by q.priority, q.pass, q.owner_id
-        offset 0`
+        (select h.priority, h.owner_id,
+                greatest(ceil(${K}::float8 / count(*) over (partition by h.priority))::int, ${Q}) as quota
+         from (select q.priority, q.pass, q.owner_id from queue_owners q
+               where q.analysis_type = ${o.analysisType}
+               order by q.priority, q.pass, q.owner_id
+               limit ${M}) h
+         order by h.priority, h.pass, h.owner_id
+         offset 0)
+        union all
+        (select t.priority, t.owner_id,
+                greatest(ceil(${K}::float8 / count(*) over (partition by t.priority))::int, ${Q}) as quota
+         from (select q.priority, q.pass, q.owner_id from queue_owners q
+               where q.analysis_type = ${o.analysisType}
+               order by q.priority, q.pass, q.owner_id
+               offset ${M}) t
+         order by t.priority, t.pass, t.owner_id
+         offset 0)`
       : sql`
         select q.priority, q.owner_id,
                least(greatest(ceil(${K}::float8 / count(*) over (partition by q.priority))::int, ${Q}),
@@ -212,10 +239,13 @@ function claimStatement(
                 r.run_after, r.error_code
     ),
     served as materialized (
-      select q.priority, q.owner_id from queue_owners q
-      where q.analysis_type = ${o.analysisType} and (q.priority, q.owner_id) in (select priority, owner_id from picked)
-      order by q.owner_id, q.priority
-      for update of q
+      select s.priority, s.owner_id
+      from (select distinct priority, owner_id from picked order by owner_id, priority) g
+      cross join lateral (
+        select q.priority, q.owner_id from queue_owners q
+        where q.analysis_type = ${o.analysisType} and q.priority = g.priority and q.owner_id = g.owner_id
+        for update of q
+      ) s
     ),
     advanced as (
       update queue_owners q set pass = q.pass + g.n
