@@ -233,12 +233,12 @@ export async function runList(
   p: Principal,
   taskId: string,
   o: { status?: string; limit: number; cursor?: string },
-): Promise<Page<RunView> | undefined> {
+): Promise<{ page: Page<RunView>; ownerId: number } | undefined> {
   // One statement: the task's visibility and the page come back together (no row: not visible;
   // one row without a run: visible, nothing on this page).
-  type Row = Omit<RunView, "runId"> & { runId: string | null };
+  type Row = Omit<RunView, "runId"> & { runId: string | null; ownerId: number };
   const rows = await sql<Row[]>`
-    select r."runId", r."inputFileId", r."fileName", r.status, r.attempt,
+    select t.owner_id::float8 as "ownerId", r."runId", r."inputFileId", r."fileName", r.status, r.attempt,
            r."errorCode", r."errorMessage", r."progressPercent", r.message, r.metrics, r."startedAt",
            r."finishedAt"
     from tasks t
@@ -259,12 +259,15 @@ export async function runList(
   if (!first) return undefined;
   const runs = first.runId === null ? [] : rows;
   const items = runs.slice(0, o.limit).map(
-    ({ runId, startedAt, finishedAt, ...r }): RunView => ({
+    ({ runId, startedAt, finishedAt, ownerId: _, ...r }): RunView => ({
       runId: runId as string,
       ...r,
       startedAt: opt(startedAt),
       finishedAt: opt(finishedAt),
     }),
   );
-  return { items, nextCursor: runs.length > o.limit ? (items.at(-1)?.runId ?? null) : null };
+  return {
+    page: { items, nextCursor: runs.length > o.limit ? (items.at(-1)?.runId ?? null) : null },
+    ownerId: first.ownerId,
+  };
 }

@@ -1,17 +1,18 @@
-// A short-lived cache of what GET /api/analysis-tasks/:id answers, one per API process, so a task
-// polled by many clients costs one statement per TASK_CACHE_TTL_MS instead of one per request.
-// Runs pages are not cached: a claim (`queued` → `starting`) sends no notification, and a client that
-// reads a run right after a statement about it expects what it wrote (test/integration/dashboard-data).
-// The same holds, for the few milliseconds a notification takes to arrive, for a task's view.
+// A short-lived cache of what GET /api/analysis-tasks/:id and a task's runs pages answer, one per API
+// process, so a task polled by many clients costs one statement per TASK_CACHE_TTL_MS and page instead
+// of one per request.
 //
 // - Every notification on EVENTS_CHANNEL for a task (a state change, progress, a cancel, a finish)
 //   drops that task's answers, before the event hub delivers the notification to SSE streams (this
-//   listener is registered first). A cancel through this process drops them when its statement returns.
+//   listener is registered first): a client that reads after an event reads what the event announced.
+//   A cancel through this process drops them when its statement returns.
 // - A read that began before an invalidation of its task is not stored (a generation check), so a
 //   notification that arrives while a statement is in flight cannot be overwritten by its older answer.
 // - Nothing is cached until the listener is up, and a (re)connect empties the cache: notifications
-//   may have been missed meanwhile. Changes that send no notification (a claim giving a retried run
-//   its earlier progress back, retention deleting a task) show within TASK_CACHE_TTL_MS.
+//   may have been missed meanwhile. Changes that send no notification show within TASK_CACHE_TTL_MS:
+//   a claim (a run `queued` → `starting`, and a retried run given its earlier progress back),
+//   retention deleting a task; and any change for the few milliseconds its notification takes to
+//   arrive (a read right after a worker's statement may still get the answer from before it).
 // - Queued tasks' views are not cached (the route's rule): their queue estimate depends on other
 //   users' runs.
 // - Visibility is checked on every request against the cached owner (an admin sees all, a user their
@@ -25,6 +26,8 @@ import { EVENTS_CHANNEL } from "../queue/sql.ts";
 export const TASK_CACHE_TTL_MS = 1_000;
 /** Tasks kept; the oldest go first. */
 const MAX_TASKS = 10_000;
+/** Runs pages kept, over all tasks (a page is up to 200 runs); the oldest task's go first. */
+const MAX_PAGES = 1_000;
 /** Invalidations remembered for in-flight reads; past this the record is dropped as a whole. */
 const MAX_INVALIDATIONS = 10_000;
 
@@ -52,6 +55,9 @@ export function taskIdOf(payload: string): string | undefined {
 export class TaskCache {
   /** Per task, its view. */
   private readonly tasks = new Map<string, Answer>();
+  /** Per task, its runs pages by query (see pageKey). */
+  private readonly pages = new Map<string, Map<string, Answer>>();
+  private pageCount = 0;
   /** Per task, the generation of its latest invalidation (pruned: see MAX_INVALIDATIONS). */
   private readonly invalidated = new Map<string, number>();
   private generation = 0;
@@ -77,6 +83,55 @@ export class TaskCache {
     return { value: answer.value as T, ownerId: answer.ownerId };
   }
 
+  /** A fresh runs page of a task (`key`: pageKey()), with its owner; the caller checks visibility. */
+  getPage<T>(taskId: string, key: string, now = Date.now()): { value: T; ownerId: number } | undefined {
+    const answer = this.pages.get(taskId)?.get(key);
+    if (!answer) return undefined;
+    if (answer.expires <= now) {
+      this.dropPages(taskId);
+      return undefined;
+    }
+    return { value: answer.value as T, ownerId: answer.ownerId };
+  }
+
+  /** Stores a runs page a read begun at `ticket` found, unless its task was invalidated since. */
+  setPage(
+    taskId: string,
+    key: string,
+    ownerId: number,
+    value: unknown,
+    ticket: ReadTicket,
+    now = Date.now(),
+  ) {
+    if (!this.storable(taskId, ticket)) return;
+    let pages = this.pages.get(taskId);
+    if (!pages?.has(key)) {
+      while (this.pageCount >= MAX_PAGES) {
+        const oldest = this.pages.keys().next().value;
+        if (oldest === undefined) break;
+        this.dropPages(oldest);
+      }
+      if (!pages) {
+        pages = new Map();
+        this.pages.set(taskId, pages);
+      }
+      this.pageCount++;
+    }
+    pages.set(key, { ownerId, value, expires: now + this.ttlMs });
+  }
+
+  private dropPages(taskId: string): void {
+    const pages = this.pages.get(taskId);
+    if (!pages) return;
+    this.pageCount -= pages.size;
+    this.pages.delete(taskId);
+  }
+
+  private storable(taskId: string, ticket: ReadTicket): boolean {
+    if (!this.listening || this.ttlMs <= 0) return false;
+    return ticket >= this.floor && (this.invalidated.get(taskId) ?? -1) < ticket;
+  }
+
   /** Call before reading from the database; pass the ticket to set(). */
   begin(): ReadTicket {
     return this.generation;
@@ -84,8 +139,7 @@ export class TaskCache {
 
   /** Stores what a read begun at `ticket` found, unless its task was invalidated since. */
   set(taskId: string, ownerId: number, value: unknown, ticket: ReadTicket, now = Date.now()) {
-    if (!this.listening || this.ttlMs <= 0) return;
-    if (ticket < this.floor || (this.invalidated.get(taskId) ?? -1) >= ticket) return;
+    if (!this.storable(taskId, ticket)) return;
     if (!this.tasks.has(taskId) && this.tasks.size >= MAX_TASKS) {
       const oldest = this.tasks.keys().next().value;
       if (oldest !== undefined) this.tasks.delete(oldest);
@@ -96,6 +150,7 @@ export class TaskCache {
   /** Drops a task's answers, and those of reads of it still in flight. */
   invalidate(taskId: string): void {
     this.tasks.delete(taskId);
+    this.dropPages(taskId);
     if (this.invalidated.size >= MAX_INVALIDATIONS) {
       this.invalidated.clear();
       this.floor = this.generation + 1;
@@ -106,13 +161,20 @@ export class TaskCache {
   /** Drops everything, and the answers of every read in flight. */
   clear(): void {
     this.tasks.clear();
+    this.pages.clear();
+    this.pageCount = 0;
     this.invalidated.clear();
     this.floor = ++this.generation;
   }
 
-  /** Tasks with answers kept. */
+  /** Task views kept. */
   get size(): number {
     return this.tasks.size;
+  }
+
+  /** Runs pages kept. */
+  get pagesSize(): number {
+    return this.pageCount;
   }
 
   /**
@@ -151,4 +213,13 @@ export class TaskCache {
 /** The visibility rule of read.ts's `visible`, for a task whose owner is known. */
 export function visibleTo(p: Principal, ownerId: number): boolean {
   return p.role === "admin" || p.userId === ownerId;
+}
+
+/** The cache key of a runs page: its query. */
+export function pageKey(q: {
+  status?: string | undefined;
+  cursor?: string | undefined;
+  limit: number;
+}): string {
+  return `${q.status ?? ""}|${q.cursor ?? ""}|${q.limit}`;
 }

@@ -1,10 +1,10 @@
-// The per-process cache of GET /api/analysis-tasks/:id (src/tasks/task-cache.ts),
+// The per-process cache of GET /api/analysis-tasks/:id and its runs pages (src/tasks/task-cache.ts),
 // against a real database: who may see a cached task, invalidation by the task's own notifications
 // and by a cancel through the same process, reads in flight, and the bound on staleness.
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { EVENTS_CHANNEL } from "../../src/queue/sql.ts";
-import { TASK_CACHE_TTL_MS, TaskCache, taskIdOf } from "../../src/tasks/task-cache.ts";
+import { pageKey, TASK_CACHE_TTL_MS, TaskCache, taskIdOf } from "../../src/tasks/task-cache.ts";
 import { bearer, multipart, startTestApp, type TestApp } from "../helpers/app.ts";
 
 let t: TestApp;
@@ -65,7 +65,7 @@ async function until(read: () => Promise<boolean>, limitMs: number): Promise<num
 describe("task cache", () => {
   test("a cached task is never shown to another user; an admin sees the same body", async () => {
     const taskId = await runningTask();
-    for (const url of [taskUrl(taskId)]) {
+    for (const url of [taskUrl(taskId), runsUrl(taskId)]) {
       const own = await get(url, alice);
       assert.equal(own.statusCode, 200);
       // Served from the cache now: bob still gets the 404 the statement would give him.
@@ -82,6 +82,37 @@ describe("task cache", () => {
       assert.equal(root.body, own.body);
     }
     assert.ok(t.app.services.tasks?.get(taskId), "the task was cached");
+    assert.ok(t.app.services.tasks?.getPage(taskId, pageKey({ limit: 20 })), "its runs page was cached");
+  });
+
+  test("runs pages: each query its own answer; a notification drops them all, a claim shows within the expiry", async () => {
+    const taskId = await runningTask();
+    const page = async (query: string) =>
+      (await get(`/api/analysis-tasks/${taskId}/runs?${query}`, alice)).json().data;
+    assert.equal((await page("limit=20")).items[0].status, "queued");
+    assert.deepEqual((await page("status=starting")).items, []);
+    // A claim sends no notification: both answers are still the cached ones...
+    const changedAt = performance.now();
+    await t.db.sql`update runs set status = 'starting', attempt = 1, lease_token = gen_random_uuid(),
+      lease_owner = 'w', lease_expires_at = now() + interval '1 minute' where task_id = ${taskId}`;
+    assert.equal((await page("limit=20")).items[0].status, "queued");
+    assert.deepEqual((await page("status=starting")).items, []);
+    assert.equal((await page("limit=19")).items[0].status, "starting", "another query is another page");
+    // ...until they expire.
+    await until(async () => (await page("limit=20")).items[0].status === "starting", 5_000);
+    const stale = performance.now() - changedAt;
+    assert.ok(stale <= TASK_CACHE_TTL_MS + 250, `stale for ${stale} ms`);
+    // The task's notification drops every page of it at once.
+    assert.equal((await page("status=starting")).items.length, 1);
+    await t.db.sql`update runs set progress = 40 where task_id = ${taskId}`;
+    await doorbell(taskId);
+    const ms = await until(
+      async () => t.app.services.tasks?.getPage(taskId, pageKey({ limit: 20 })) === undefined,
+      2_000,
+    );
+    assert.ok(ms < TASK_CACHE_TTL_MS / 2, `invalidated after ${ms} ms`);
+    assert.equal((await page("status=starting")).items[0].progressPercent, 40);
+    assert.equal((await page("limit=20")).items[0].progressPercent, 40);
   });
 
   test("the task's own notification drops its answers at once; other tasks keep theirs", async () => {
@@ -157,6 +188,17 @@ describe("task cache", () => {
       // Expired answers are not served.
       cache.set("7", 1, {}, cache.begin(), Date.now() - 60_001);
       assert.equal(cache.get("7"), undefined);
+      cache.setPage("7", "a", 1, {}, cache.begin(), Date.now() - 60_001);
+      assert.equal(cache.getPage("7", "a"), undefined);
+      // Pages follow the same generation rule, and are bounded over all tasks (oldest task first).
+      const early = cache.begin();
+      cache.invalidate("7");
+      cache.setPage("7", "a", 1, { stale: true }, early);
+      assert.equal(cache.getPage("7", "a"), undefined);
+      for (let i = 0; i < 1_001; i++) cache.setPage(String(1_000 + i), "a", 1, { i }, cache.begin());
+      assert.equal(cache.pagesSize, 1_000);
+      assert.equal(cache.getPage("1000", "a"), undefined, "the oldest task's page went first");
+      assert.deepEqual(cache.getPage("2000", "a")?.value, { i: 1_000 });
     } finally {
       await cache.stop();
     }

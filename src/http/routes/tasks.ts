@@ -4,8 +4,15 @@ import { isAnalysisType } from "../../analyses/types.ts";
 import { typeSettings } from "../../config.ts";
 import { taskCancel } from "../../tasks/cancel.ts";
 import { taskCreate } from "../../tasks/create.ts";
-import { runList, type TaskView, taskGetOwned, taskList } from "../../tasks/read.ts";
-import { visibleTo } from "../../tasks/task-cache.ts";
+import {
+  type Page as ListPage,
+  type RunView,
+  runList,
+  type TaskView,
+  taskGetOwned,
+  taskList,
+} from "../../tasks/read.ts";
+import { pageKey, visibleTo } from "../../tasks/task-cache.ts";
 import {
   CancelAcceptedBody,
   CreateBody,
@@ -159,16 +166,27 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request) => {
       const { taskId } = request.params;
+      if (!isId(taskId)) throw notFound("ANALYSIS_TASK_NOT_FOUND");
       const { status, limit, cursor } = request.query;
-      const page = isId(taskId)
-        ? await runList(app.services.database.sql, principalOf(request), taskId, {
-            limit: limit ?? 50,
-            ...(status === undefined ? {} : { status }),
-            ...(cursor === undefined ? {} : { cursor }),
-          })
-        : undefined;
-      if (!page) throw notFound("ANALYSIS_TASK_NOT_FOUND");
-      return ok(page);
+      const query = {
+        limit: limit ?? 50,
+        ...(status === undefined ? {} : { status }),
+        ...(cursor === undefined ? {} : { cursor }),
+      };
+      const principal = principalOf(request);
+      // Cached like the task (see task-cache.ts), and checked against the caller the same way.
+      const cache = app.services.tasks;
+      const key = pageKey(query);
+      const cached = cache?.getPage<ListPage<RunView>>(taskId, key);
+      if (cached) {
+        if (!visibleTo(principal, cached.ownerId)) throw notFound("ANALYSIS_TASK_NOT_FOUND");
+        return ok(cached.value);
+      }
+      const ticket = cache?.begin();
+      const found = await runList(app.services.database.sql, principal, taskId, query);
+      if (!found) throw notFound("ANALYSIS_TASK_NOT_FOUND");
+      if (ticket !== undefined) cache?.setPage(taskId, key, found.ownerId, found.page, ticket);
+      return ok(found.page);
     },
   );
 
