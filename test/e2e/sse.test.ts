@@ -105,7 +105,9 @@ test("an event larger than 7,000 bytes arrives whole (the doorbell path)", async
   const big = "x".repeat(9000);
   const w = worker("sse-big", async (_run, { reportProgress }) => {
     reportProgress(50, big);
-    await new Promise((r) => setTimeout(r, 400));
+    // Until it has been written and announced (an attempt's first progress write waits until it is
+    // 250 ms old).
+    await s.waitFor((events) => events.some((e) => e.event === "run.progress"));
     return { status: "succeeded" };
   });
   await w.start();

@@ -401,14 +401,19 @@ test("an attempt younger than the progress interval is not written; an older one
   );
   await w.start();
   await runningOld;
-  await new Promise((r) => setTimeout(r, 5));
-  await w.progressOnce();
-  const [r] = await db.sql<{ status: string; progress: number | null }[]>`
-    select status, progress from runs where task_id = ${older}`;
+  // The worker's own flushes (every 1 ms) write it while the attempt is still going.
+  await waitFor(
+    async () => {
+      const [r] = await db.sql<{ status: string; progress: number | null }[]>`
+        select status, progress from runs where task_id = ${older}`;
+      return r?.status === "running" && r.progress === 40;
+    },
+    10_000,
+    "the older attempt to be marked running with its progress",
+  );
   finishOld();
   await waitForTerminal(db.sql, older);
   await w.stop();
-  assert.ok(r?.status === "running" && r.progress === 40, `got ${JSON.stringify(r)}`);
 });
 
 test("a task turns running when a run is recorded running or ends after starting, not at the claim", async () => {
