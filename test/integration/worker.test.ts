@@ -342,8 +342,8 @@ describe("logs", () => {
   });
 });
 
-test("an attempt younger than the progress interval is not written; an older one is marked running", async () => {
-  const taskId = await createTask(db.sql, owner, "t-young", 1);
+/** A handler that reports 40% and then waits: `running` resolves once it has started, finish() ends it. */
+function gatedHandler() {
   let started: () => void = () => {};
   const running = new Promise<void>((r) => {
     started = r;
@@ -358,6 +358,12 @@ test("an attempt younger than the progress interval is not written; an older one
     await gate;
     return { status: "succeeded" };
   };
+  return { handler, running, finish };
+}
+
+test("an attempt younger than the progress interval is not written; an older one is marked running", async () => {
+  const taskId = await createTask(db.sql, owner, "t-young", 1);
+  const { handler, running, finish } = gatedHandler();
   // An interval far longer than the test: only progressOnce() writes, and the attempt stays young.
   const young = worker({ "t-young": handler }, { progressFlushMs: 3_600_000 });
   await young.start();
@@ -380,27 +386,10 @@ test("an attempt younger than the progress interval is not written; an older one
 
   // With a 1 ms interval the same attempt is old enough at once: running, with its progress.
   const older = await createTask(db.sql, owner, "t-older", 1);
-  let startedOld: () => void = () => {};
-  const runningOld = new Promise<void>((r) => {
-    startedOld = r;
-  });
-  let finishOld: () => void = () => {};
-  const gateOld = new Promise<void>((r) => {
-    finishOld = r;
-  });
-  const w = worker(
-    {
-      "t-older": async (_run, { reportProgress }) => {
-        reportProgress(40, "reading");
-        startedOld();
-        await gateOld;
-        return { status: "succeeded" };
-      },
-    },
-    { progressFlushMs: 1 },
-  );
+  const oldOne = gatedHandler();
+  const w = worker({ "t-older": oldOne.handler }, { progressFlushMs: 1 });
   await w.start();
-  await runningOld;
+  await oldOne.running;
   // The worker's own flushes (every 1 ms) write it while the attempt is still going.
   await waitFor(
     async () => {
@@ -411,7 +400,7 @@ test("an attempt younger than the progress interval is not written; an older one
     10_000,
     "the older attempt to be marked running with its progress",
   );
-  finishOld();
+  oldOne.finish();
   await waitForTerminal(db.sql, older);
   await w.stop();
 });

@@ -175,28 +175,22 @@ function claimStatement(
   const K = sql.unsafe(String(k));
   const Q = sql.unsafe(String(Math.min(k, CLAIM_QUANTUM)));
   const M = sql.unsafe(String(walkHead(k)));
+  // One part of the walk without a per-user limit: the owners in turn order, cut by `cut` (the head:
+  // limit M; the rest: offset M), each with its quota counted over the part's own rows.
+  const walkPart = (cut: ReturnType<Sql>) => sql`
+        select w.priority, w.owner_id,
+               greatest(ceil(${K}::float8 / count(*) over (partition by w.priority))::int, ${Q}) as quota
+        from (select q.priority, q.pass, q.owner_id from queue_owners q
+              where q.analysis_type = ${o.analysisType}
+              order by q.priority, q.pass, q.owner_id
+              ${cut}) w
+        order by w.priority, w.pass, w.owner_id
+        offset 0`;
   // Each owner's quota: ceil(k / owners at its priority), at least the quantum, and under the
   // per-user limit at most its room.
   const walk =
     caps === null
-      ? sql`
-        (select h.priority, h.owner_id,
-                greatest(ceil(${K}::float8 / count(*) over (partition by h.priority))::int, ${Q}) as quota
-         from (select q.priority, q.pass, q.owner_id from queue_owners q
-               where q.analysis_type = ${o.analysisType}
-               order by q.priority, q.pass, q.owner_id
-               limit ${M}) h
-         order by h.priority, h.pass, h.owner_id
-         offset 0)
-        union all
-        (select t.priority, t.owner_id,
-                greatest(ceil(${K}::float8 / count(*) over (partition by t.priority))::int, ${Q}) as quota
-         from (select q.priority, q.pass, q.owner_id from queue_owners q
-               where q.analysis_type = ${o.analysisType}
-               order by q.priority, q.pass, q.owner_id
-               offset ${M}) t
-         order by t.priority, t.pass, t.owner_id
-         offset 0)`
+      ? sql`(${walkPart(sql`limit ${M}`)}) union all (${walkPart(sql`offset ${M}`)})`
       : sql`
         select q.priority, q.owner_id,
                least(greatest(ceil(${K}::float8 / count(*) over (partition by q.priority))::int, ${Q}),
