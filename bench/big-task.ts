@@ -3,7 +3,8 @@
 // create (HTTP request → 201), the task and the task list read while it drains (p50/p99), cancel of the
 // whole task once about a third has run (request → response, and → every run ended), then its event
 // log and runs paged through to the end, and its zip streamed whole; the API's and workers' peak RSS
-// throughout. One JSON line per measure.
+// throughout (sampled every 50 ms) and per phase (create, drain, cancel, logs, runs, zip). One JSON
+// line per measure.
 //
 //   BENCH_BIG_N=100000 node --import tsx bench/big-task.ts
 import { type ChildProcess, spawn } from "node:child_process";
@@ -13,6 +14,7 @@ import path from "node:path";
 import { performance } from "node:perf_hooks";
 import { fileURLToPath } from "node:url";
 import postgres from "postgres";
+import { serverNodeFlags } from "../bin/node-flags.js";
 import { tokenCreate } from "../src/auth/tokens.ts";
 import { freePort } from "../src/db/embedded.ts";
 import { benchDatabase, report } from "./lib/db.ts";
@@ -36,9 +38,13 @@ const env = {
   LOG_LEVEL: "warn",
 };
 const children: ChildProcess[] = [];
+// The workers are bench/lib/sleep-worker.ts, not `assay worker`: they get the Node flags a server
+// command gets from bin/assay.js (ASSAY_NODE_FLAGS chooses them here too); the API gets them by itself.
+const nodeFlags = serverNodeFlags();
 
 function start(args: string[], extra: Record<string, string>, ready?: RegExp): Promise<ChildProcess> {
-  const child = spawn(process.execPath, args, {
+  const flags = args[0] === BIN ? [] : nodeFlags;
+  const child = spawn(process.execPath, [...flags, ...args], {
     env: { ...env, ...extra },
     stdio: ["ignore", "pipe", "inherit"],
   });
@@ -64,9 +70,31 @@ function rssMiB(pid: number | undefined): number {
   }
 }
 
+type Phase = "create" | "drain" | "cancel" | "logs" | "runs" | "zip";
+const peaks = { api: 0, workers: 0 };
+const phasePeaks: Partial<Record<Phase, { api: number; workers: number }>> = {};
+let phase: Phase = "create";
+let api: ChildProcess | undefined;
+/** Samples both peaks, overall and of the current phase. */
+const sample = () => {
+  const a = rssMiB(api?.pid);
+  let w = 0;
+  for (const c of children.slice(1)) w = Math.max(w, rssMiB(c.pid));
+  peaks.api = Math.max(peaks.api, a);
+  peaks.workers = Math.max(peaks.workers, w);
+  const p = phasePeaks[phase] ?? { api: 0, workers: 0 };
+  phasePeaks[phase] = { api: Math.max(p.api, a), workers: Math.max(p.workers, w) };
+};
+const sampler = setInterval(sample, 50);
+/** Ends the current phase with a last sample and starts the next. */
+const enter = (next: Phase) => {
+  sample();
+  phase = next;
+};
+
 const sql = postgres(bench.url, { max: 4, onnotice: () => {} });
 try {
-  const api = await start([BIN, "api"], {});
+  api = await start([BIN, "api"], {});
   await waitReady();
   const { token, userId } = await tokenCreate(sql, "big", "user");
   const auth = { authorization: `Bearer ${token}` };
@@ -94,11 +122,7 @@ try {
   });
 
   // Drain with two worker processes while reading the task and the list, and sampling RSS.
-  const peaks = { api: 0, workers: 0 };
-  const sample = () => {
-    peaks.api = Math.max(peaks.api, rssMiB(api.pid));
-    for (const w of children.slice(1)) peaks.workers = Math.max(peaks.workers, rssMiB(w.pid));
-  };
+  enter("drain");
   const workerEnv = {
     BENCH_TYPE: "summary",
     BENCH_OUTPUTS: "1",
@@ -134,6 +158,7 @@ try {
   });
 
   // cancel the whole task.
+  enter("cancel");
   t0 = performance.now();
   const cancel = await fetch(`${base}/api/analysis-tasks/${taskId}/cancel`, {
     method: "POST",
@@ -161,6 +186,7 @@ try {
   });
 
   // The event log, every page.
+  enter("logs");
   t0 = performance.now();
   let logged = 0;
   let after = "0";
@@ -188,6 +214,7 @@ try {
   });
 
   // The runs, every page.
+  enter("runs");
   t0 = performance.now();
   let runs = 0;
   let cursor: string | null = null;
@@ -215,23 +242,35 @@ try {
   });
 
   // The zip, streamed whole.
+  enter("zip");
   t0 = performance.now();
   const zip = await fetch(`${base}/api/analysis-tasks/${taskId}/download`, { headers: auth });
   let bytes = 0;
-  const timer = setInterval(sample, 100);
   for await (const chunk of zip.body as AsyncIterable<Uint8Array>) bytes += chunk.length;
-  clearInterval(timer);
-  report("big:zip", counts?.succeeded ?? 0, 1, (performance.now() - t0) / 1000, [], zip.ok && bytes > 0, {
+  const zipSeconds = (performance.now() - t0) / 1000;
+  report("big:zip", counts?.succeeded ?? 0, 1, zipSeconds, [], zip.ok && bytes > 0, {
     mib: Number((bytes / 1024 / 1024).toFixed(1)),
+    runsPerSecond: Math.round((counts?.succeeded ?? 0) / zipSeconds),
     note: "the zip of every succeeded run's output, read to the end",
   });
   sample();
+  clearInterval(sampler);
+  const byPhase = Object.fromEntries(
+    Object.entries(phasePeaks).map(([k, v]) => [
+      k,
+      { api: Math.round(v.api), workers: Math.round(v.workers) },
+    ]),
+  );
   report("big:rss", 1, 1, 0, [], peaks.api <= 200 && peaks.workers <= 200, {
     apiPeakMiB: Math.round(peaks.api),
     workerPeakMiB: Math.round(peaks.workers),
     target_mib: 200,
+    nodeFlags: nodeFlags.join(" "),
+    byPhase,
+    note: "peak RSS (MiB) overall and per phase, sampled every 50 ms",
   });
 } finally {
+  clearInterval(sampler);
   for (const c of children) c.kill("SIGTERM");
   await Promise.all(
     children.map((c) => new Promise((r) => (c.exitCode === null ? c.once("exit", r) : r(null)))),

@@ -13,6 +13,7 @@ import os from "node:os";
 import path from "node:path";
 import { performance } from "node:perf_hooks";
 import { fileURLToPath } from "node:url";
+import { serverNodeFlags } from "../bin/node-flags.js";
 import { createDatabase } from "../src/db/client.ts";
 import { freePort } from "../src/db/embedded.ts";
 import { taskCreate } from "../src/tasks/create.ts";
@@ -35,7 +36,10 @@ const env = {
   LOG_LEVEL: "warn",
   // The reaper's first pass and the poll would otherwise be part of what is timed.
   ASSAY_POLL_INTERVAL_MS: "60000",
+  // bin/assay.js re-executes server commands with Node flags (bin/node-flags.js): `0` measures without.
+  ...(process.env.ASSAY_NODE_FLAGS === undefined ? {} : { ASSAY_NODE_FLAGS: process.env.ASSAY_NODE_FLAGS }),
 };
+const nodeFlags = serverNodeFlags(env).join(" ");
 
 function rssMib(pid: number): number {
   const status = fs.readFileSync(`/proc/${pid}/status`, "utf8");
@@ -101,6 +105,7 @@ try {
     idle_rss_mib: idleRss,
     target_first_claim_400ms: claimP50 <= 400,
     target_idle_rss_90mib: idleRss <= 90,
+    nodeFlags,
     note: "latencies: exec → first claim",
   });
 
@@ -134,6 +139,7 @@ try {
   report("startup:api", N, 1, ready.reduce((a, b) => a + b, 0) / 1000, ready, true, {
     rss_mib: apiRss,
     target_ready_600ms: readyP50 <= 600,
+    nodeFlags,
     note: "latencies: exec → /readyz 200",
   });
 } finally {

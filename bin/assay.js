@@ -4,6 +4,11 @@
 // package, so `npx` finds it first on PATH) strips the TypeScript types itself; older Node runs the
 // sources through tsx's loader, which costs about a second of start-up.
 import module from "node:module";
+import { execWithServerFlags } from "./node-flags.js";
+
+// `assay api | worker | all` run with Node flags that bound their memory (see node-flags.js): the
+// process re-executes itself with them, same pid, before loading anything else.
+execWithServerFlags();
 
 // Node's on-disk compile cache keeps each module's compiled code and, for a .ts file, its stripped
 // source (keyed by content, in $NODE_COMPILE_CACHE or the temporary directory;

@@ -39,6 +39,52 @@ export function meter(maxBytes: number) {
   return { stream, result: (): PutResult => ({ sizeBytes: size, sha256: hash.digest("hex") }) };
 }
 
+/** Anything JavaScript's string order does not put in UTF-8 byte order (see byteOrder). */
+const HIGH = /[\ud800-\uffff]/;
+
+/**
+ * Strings compared by their UTF-8 bytes, as S3 orders keys. JavaScript compares UTF-16 code units: the
+ * same order except between a surrogate pair and a character from U+E000, so only where such characters
+ * occur (never in the service's own keys: see KEY_SHAPE) are strings encoded to compare.
+ */
+function byteOrder(plain: boolean): (a: string, b: string) => number {
+  return plain
+    ? (a, b) => (a < b ? -1 : a > b ? 1 : 0)
+    : (a, b) => Buffer.compare(Buffer.from(a), Buffer.from(b));
+}
+
+/** A folder's entries in key order: a folder's sort name is its name and the slash its keys go on with. */
+interface SortedFolder {
+  sortNames: string[];
+  dirs: boolean[];
+  compare: (a: string, b: string) => number;
+}
+
+/** Folders and files a listing reads at once. */
+const LIST_BATCH = 16;
+
+/** A folder's files and folders (nothing else) in key order; undefined when it is not a folder. */
+async function sortedFolder(dir: string): Promise<SortedFolder | undefined> {
+  let entries: fs.Dirent[];
+  try {
+    entries = await fsp.readdir(dir, { withFileTypes: true });
+  } catch (err) {
+    if (missing(err) || (err as NodeJS.ErrnoException).code === "ENOTDIR") return undefined;
+    throw err;
+  }
+  const items: { sortName: string; dir: boolean }[] = [];
+  let plain = true;
+  for (const e of entries) {
+    const dir = e.isDirectory();
+    if (!dir && !e.isFile()) continue;
+    if (plain && HIGH.test(e.name)) plain = false;
+    items.push({ sortName: dir ? `${e.name}/` : e.name, dir });
+  }
+  const compare = byteOrder(plain);
+  items.sort((a, b) => compare(a.sortName, b.sortName));
+  return { sortNames: items.map((x) => x.sortName), dirs: items.map((x) => x.dir), compare };
+}
+
 const missing = (err: unknown) => (err as NodeJS.ErrnoException).code === "ENOENT";
 
 export class LocalStore implements ObjectStore {
@@ -125,7 +171,10 @@ export class LocalStore implements ObjectStore {
     try {
       const stat = await handle.stat();
       if (!stat.isFile()) throw new ObjectMissingError(key);
-      return { stream: handle.createReadStream(), size: stat.size };
+      // A read buffer the file's size when it is small (most outputs are): a 64 KiB buffer per object
+      // is garbage that a zip of 100,000 small outputs makes faster than it is collected.
+      const highWaterMark = Math.max(1, Math.min(stat.size, 64 * 1024));
+      return { stream: handle.createReadStream({ highWaterMark }), size: stat.size };
     } catch (err) {
       await handle.close();
       throw err;
@@ -158,34 +207,97 @@ export class LocalStore implements ObjectStore {
   }
 
   /**
-   * Walks the directory the prefix names (a local store is small enough for that; S3 lists by
-   * prefix natively). Keys come out in the same order S3 gives them: by their UTF-8 bytes.
+   * Walks the directories the prefix names in key order, and stops at `limit` (S3 lists by prefix
+   * natively): each folder is read once and sorted, folders and files wholly at or before `after` are
+   * skipped without a look inside, and only the files returned are stat'ed. Paging through a task's
+   * outputs (a folder per run) thus reads the task's folder, and `limit` run folders, per page — not
+   * every run folder for every page. Keys come out in the same order S3 gives them: by their UTF-8
+   * bytes (a file `a` before the keys `a.b/…` before the keys `a/…`).
    */
   async list(prefix: string, o: { after?: string; limit?: number } = {}): Promise<ObjectInfo[]> {
+    const limit = o.limit ?? 1000;
+    const after = o.after;
+    const afterPlain = after === undefined || !HIGH.test(after);
     const slash = prefix.lastIndexOf("/");
     const dirKey = slash === -1 ? "" : prefix.slice(0, slash);
     if (dirKey !== "") checkKey(dirKey);
     const base = dirKey === "" ? this.root : this.localPath(dirKey);
-    const found: ObjectInfo[] = [];
-    const walk = async (dir: string, keyPrefix: string): Promise<void> => {
-      const entries = await fsp.readdir(dir, { withFileTypes: true }).catch((err: unknown) => {
-        if (missing(err) || (err as NodeJS.ErrnoException).code === "ENOTDIR") return [];
-        throw err;
-      });
-      for (const e of entries) {
-        const key = `${keyPrefix}${e.name}`;
-        if (e.isDirectory()) {
-          if (`${key}/`.startsWith(prefix) || prefix.startsWith(`${key}/`))
-            await walk(path.join(dir, e.name), `${key}/`);
-        } else if (e.isFile() && key.startsWith(prefix) && (o.after === undefined || key > o.after)) {
-          const stat = await fsp.stat(path.join(dir, e.name)).catch(() => undefined);
-          if (stat) found.push({ key, size: stat.size, modified: stat.mtime });
+    /** Up to `max` objects under `dir` (whose keys start with `keyPrefix`), in key order. */
+    const walk = async (dir: string, keyPrefix: string, max: number, top: boolean): Promise<ObjectInfo[]> => {
+      const folder = top ? await this.sortedTop(dir) : await sortedFolder(dir);
+      if (!folder) return [];
+      const { sortNames, dirs } = folder;
+      const compare = afterPlain ? folder.compare : byteOrder(false);
+      // Where `after` falls among this folder's entries: every key here starts with keyPrefix.
+      let start = 0;
+      if (after !== undefined) {
+        if (!after.startsWith(keyPrefix)) {
+          if (compare(after, keyPrefix) > 0) return [];
+        } else {
+          const rel = after.slice(keyPrefix.length);
+          let lo = 0;
+          let hi = sortNames.length;
+          while (lo < hi) {
+            const mid = (lo + hi) >>> 1;
+            if (compare(sortNames[mid] as string, rel) <= 0) lo = mid + 1;
+            else hi = mid;
+          }
+          // The folder `after` is inside of comes just before: its later keys are still to come.
+          start = lo > 0 && dirs[lo - 1] && rel.startsWith(sortNames[lo - 1] as string) ? lo - 1 : lo;
         }
       }
+      // The prefix, below this folder's keys: what an entry's sort name must begin with (or, for a
+      // folder the prefix goes into, be the beginning of).
+      const rel = prefix.length > keyPrefix.length ? prefix.slice(keyPrefix.length) : "";
+      const found: ObjectInfo[] = [];
+      let i = start;
+      while (i < sortNames.length && found.length < max) {
+        // A few at a time (a folder per run is one readdir and one stat, each a round trip to the
+        // thread pool), appended in order; a batch may read a few folders past `max`.
+        const batch: Promise<ObjectInfo[]>[] = [];
+        for (; i < sortNames.length && batch.length < LIST_BATCH; i++) {
+          const sortName = sortNames[i] as string;
+          if (rel !== "" && !sortName.startsWith(rel) && !(dirs[i] && rel.startsWith(sortName))) continue;
+          const name = dirs[i] ? sortName.slice(0, -1) : sortName;
+          const full = path.join(dir, name);
+          const key = `${keyPrefix}${name}`;
+          if (dirs[i]) batch.push(walk(full, `${key}/`, max - found.length, false));
+          else {
+            batch.push(
+              fsp.stat(full).then(
+                (stat) => (stat.isFile() ? [{ key, size: stat.size, modified: stat.mtime }] : []),
+                () => [],
+              ),
+            );
+          }
+        }
+        for (const objects of await Promise.all(batch)) found.push(...objects);
+      }
+      return found.slice(0, max);
     };
-    await walk(base, dirKey === "" ? "" : `${dirKey}/`);
-    found.sort((a, b) => Buffer.compare(Buffer.from(a.key), Buffer.from(b.key)));
-    return found.slice(0, o.limit ?? 1000);
+    return limit > 0 ? walk(base, dirKey === "" ? "" : `${dirKey}/`, limit, true) : [];
+  }
+
+  /**
+   * The folder a listing starts in, sorted — kept while it does not change (its inode and modification
+   * time, to the nanosecond, stay the same), so paging through a task's 100,000 run folders reads and
+   * sorts the task's folder once, not once per page. Small folders are not kept.
+   */
+  private top: { dir: string; stamp: string; folder: SortedFolder } | undefined;
+
+  private async sortedTop(dir: string): Promise<SortedFolder | undefined> {
+    const stat = await fsp.stat(dir, { bigint: true }).catch(() => undefined);
+    if (!stat?.isDirectory()) return undefined;
+    const stamp = `${stat.dev}:${stat.ino}:${stat.mtimeNs}:${stat.ctimeNs}`;
+    if (this.top?.dir === dir && this.top.stamp === stamp) return this.top.folder;
+    const folder = await sortedFolder(dir);
+    // A folder changed within the last second is not kept: where timestamps advance once per clock
+    // tick (older kernels, NFS), a change in the same tick as the one read would leave the stamp as it
+    // was and the kept listing stale (git's "racy" rule). A small folder does not evict a kept one.
+    const settled = BigInt(Date.now()) * 1_000_000n - stat.mtimeNs > 1_000_000_000n;
+    if (folder && folder.sortNames.length >= 1000 && settled) this.top = { dir, stamp, folder };
+    else if (this.top?.dir === dir) this.top = undefined;
+    return folder;
   }
 
   async check(): Promise<void> {

@@ -2,7 +2,7 @@
 import type { Principal } from "../auth/tokens.ts";
 import type { Sql } from "../db/client.ts";
 import { type OutputFile, SAFE_NAME } from "../runner/outputs.ts";
-import { type ObjectStore, outputObjectKey } from "../storage/store.ts";
+import { type ObjectInfo, type ObjectStore, outputObjectKey, taskOutputsPrefix } from "../storage/store.ts";
 import { taskVisible, visible } from "./read.ts";
 import { TERMINAL_TASK_STATUSES } from "./states.ts";
 
@@ -25,41 +25,45 @@ export type DownloadPlan =
   | { kind: "not-found" }
   | { kind: "not-ready" }
   | { kind: "single"; taskId: string; output: RunOutput }
-  | { kind: "zip"; taskId: string; outputs: RunOutput[] };
+  /** Read page by page when it is sent: see zipPages. */
+  | { kind: "zip"; taskId: string };
 
 /** What an output key may look like (see runner/outputs.ts): never anything that leaves `outputs/`. */
 const OUTPUT_KEY = /^[0-9]+\/[0-9]+(\.[0-9]+\.[0-9a-f-]+)?$/;
 
 export const outputKeyOf = (output: RunOutput, name: string) => outputObjectKey(output.outputKey, name);
 
+interface OutputRow {
+  runId: string;
+  inputName: string;
+  outputFileName: string | null;
+  outputKey: string;
+  files: OutputFile[] | null;
+}
+
+function runOutput(r: OutputRow): RunOutput {
+  const usable = SAFE_NAME.test(r.outputFileName ?? "") && OUTPUT_KEY.test(r.outputKey);
+  return {
+    runId: r.runId,
+    inputName: r.inputName,
+    outputFileName: usable ? (r.outputFileName as string) : "",
+    outputKey: r.outputKey,
+    files: Array.isArray(r.files) ? r.files : null,
+    usable,
+  };
+}
+
+/** The first succeeded run's output (of the task, or the run `runId`). */
 async function succeededOutputs(sql: Sql, taskId: string, runId?: string): Promise<RunOutput[]> {
   // A run that succeeded before runs.output_key existed published to `<taskId>/<runId>`.
-  const rows = await sql<
-    {
-      runId: string;
-      inputName: string;
-      outputFileName: string | null;
-      outputKey: string;
-      files: OutputFile[] | null;
-    }[]
-  >`
+  const rows = await sql<OutputRow[]>`
     select r.id::text as "runId", r.input_name as "inputName", r.result ->> 'outputFileName' as "outputFileName",
            coalesce(r.output_key, r.task_id::text || '/' || r.id::text) as "outputKey",
            r.result -> 'files' as files
     from runs r
     where r.task_id = ${taskId} and r.status = 'succeeded' ${runId ? sql`and r.id = ${runId}` : sql``}
-    order by r.id`;
-  return rows.map((r) => {
-    const usable = SAFE_NAME.test(r.outputFileName ?? "") && OUTPUT_KEY.test(r.outputKey);
-    return {
-      runId: r.runId,
-      inputName: r.inputName,
-      outputFileName: usable ? (r.outputFileName as string) : "",
-      outputKey: r.outputKey,
-      files: Array.isArray(r.files) ? r.files : null,
-      usable,
-    };
-  });
+    order by r.id limit 1`;
+  return rows.map(runOutput);
 }
 
 /** Owner or admin; terminal with at least one success (DESIGN §7). */
@@ -68,11 +72,9 @@ export async function taskDownloadPlan(sql: Sql, p: Principal, taskId: string): 
     select t.status, t.total_count as total from tasks t where t.id = ${taskId} and ${visible(sql, p)}`;
   if (!task) return { kind: "not-found" };
   if (!(TERMINAL_TASK_STATUSES as readonly string[]).includes(task.status)) return { kind: "not-ready" };
-  const outputs = await succeededOutputs(sql, taskId);
-  if (outputs.length === 0) return { kind: "not-ready" };
-  return task.total === 1
-    ? { kind: "single", taskId, output: outputs[0] as RunOutput }
-    : { kind: "zip", taskId, outputs };
+  const [first] = await succeededOutputs(sql, taskId);
+  if (!first) return { kind: "not-ready" };
+  return task.total === 1 ? { kind: "single", taskId, output: first } : { kind: "zip", taskId };
 }
 
 /** Whether the task still exists (retention may delete it while its outputs are read). */
@@ -131,5 +133,149 @@ export async function runOutputFiles(store: ObjectStore, output: RunOutput): Pro
     }
     if (page.length < 1000) return files;
     after = page.at(-1)?.key;
+  }
+}
+
+/** A run of a zip, with its output files as the store lists them; `names` null: its output is missing. */
+export interface ZipRun {
+  output: RunOutput;
+  /** Whether another succeeded run of the task has the same input name. */
+  repeated: boolean;
+  /** The run's output files in key order (safe names only); null when the result file is not there. */
+  names: string[] | null;
+}
+
+/** Runs per page of a zip (and store objects per listing). */
+export const ZIP_PAGE = 1000;
+
+/**
+ * The succeeded runs of a task with their output files, in pages of ZIP_PAGE runs, for a zip that is
+ * written page by page: what is in memory at once is one page of runs and one page of the store's
+ * listing, plus 8 bytes per run (their ids, in order).
+ *
+ * The order is that of the runs' output keys, so one listing of the task's outputs, read forward in
+ * step with the runs, gives every run's files in as many store requests as the task has objects /
+ * 1,000 (as one listing before the first byte did, before pages). For `<taskId>/<runId>[.…]` keys,
+ * the order of the runs' `<key>/` prefixes is the order of the run ids' decimal text: `.` and `/` sort
+ * before every digit. A key of another shape (none is written so) is listed on its own.
+ *
+ * The run ids are read first, in that order, as one compact value; each page's rows then by primary
+ * key. A run that is gone by then (retention deleted the task) is an error: the zip must not end as if
+ * whole without it.
+ */
+export async function* zipPages(sql: Sql, store: ObjectStore, taskId: string): AsyncGenerator<ZipRun[]> {
+  const [ids] = await sql<{ ids: Buffer | null }[]>`
+    select string_agg(int8send(r.id), ''::bytea order by r.id::text collate "C") as ids
+    from runs r where r.task_id = ${taskId} and r.status = 'succeeded'`;
+  const packed = ids?.ids ?? Buffer.alloc(0);
+  const repeated = new Set(
+    (
+      await sql<{ name: string }[]>`
+        select r.input_name as name from runs r where r.task_id = ${taskId} and r.status = 'succeeded'
+        group by r.input_name having count(*) > 1`
+    ).map((r) => r.name),
+  );
+  const listing = new Listing(store, taskOutputsPrefix(taskId));
+  for (let at = 0; at < packed.length; at += ZIP_PAGE * 8) {
+    const pageIds: string[] = [];
+    for (let i = at; i < Math.min(packed.length, at + ZIP_PAGE * 8); i += 8) {
+      pageIds.push(packed.readBigInt64BE(i).toString());
+    }
+    const rows = await sql<OutputRow[]>`
+      select r.id::text as "runId", r.input_name as "inputName", r.result ->> 'outputFileName' as "outputFileName",
+             coalesce(r.output_key, r.task_id::text || '/' || r.id::text) as "outputKey",
+             r.result -> 'files' as files
+      from runs r
+      where r.id = any(${sql.array(pageIds, 20)}::bigint[]) and r.task_id = ${taskId} and r.status = 'succeeded'`;
+    if (rows.length !== pageIds.length) {
+      throw new Error(
+        `task ${taskId}: ${pageIds.length - rows.length} succeeded runs went away while zipped`,
+      );
+    }
+    const byId = new Map(rows.map((r) => [r.runId, r]));
+    const page: ZipRun[] = [];
+    for (const id of pageIds) {
+      const output = runOutput(byId.get(id) as OutputRow);
+      const names = output.usable ? await outputNames(store, listing, taskId, output) : [];
+      page.push({
+        output,
+        repeated: repeated.has(output.inputName),
+        names: names.includes(output.outputFileName) ? names : null,
+      });
+    }
+    yield page;
+  }
+}
+
+/** The safe names of the objects directly under a run's output key. */
+async function outputNames(
+  store: ObjectStore,
+  listing: Listing,
+  taskId: string,
+  output: RunOutput,
+): Promise<string[]> {
+  const prefix = outputObjectKey(output.outputKey, "");
+  const [task, rest] = output.outputKey.split("/") as [string, string];
+  // Not under the task's prefix: it cannot be read as the task's (as before pages).
+  if (task !== taskId) return [];
+  const inOrder = rest === output.runId || rest.startsWith(`${output.runId}.`);
+  const objects = inOrder ? await listing.take(prefix) : await listAll(store, prefix);
+  const names: string[] = [];
+  for (const o of objects) {
+    const name = o.key.slice(prefix.length);
+    if (!name.includes("/") && SAFE_NAME.test(name)) names.push(name);
+  }
+  return names;
+}
+
+async function listAll(store: ObjectStore, prefix: string): Promise<ObjectInfo[]> {
+  const all: ObjectInfo[] = [];
+  for (let after: string | undefined; ; ) {
+    const page = await store.list(prefix, after === undefined ? {} : { after });
+    all.push(...page);
+    if (page.length < 1000) return all;
+    after = page.at(-1)?.key;
+  }
+}
+
+/** A listing of the store under a prefix, read forward in pages of 1,000 as it is consumed. */
+class Listing {
+  private page: ObjectInfo[] = [];
+  private at = 0;
+  private after: string | undefined;
+  private done = false;
+
+  private readonly store: ObjectStore;
+  private readonly prefix: string;
+
+  constructor(store: ObjectStore, prefix: string) {
+    this.store = store;
+    this.prefix = prefix;
+  }
+
+  /** The next object, without consuming it; undefined at the end. */
+  private async peek(): Promise<ObjectInfo | undefined> {
+    while (this.at >= this.page.length) {
+      if (this.done) return undefined;
+      this.page = await this.store.list(this.prefix, this.after === undefined ? {} : { after: this.after });
+      this.at = 0;
+      this.done = this.page.length < 1000;
+      this.after = this.page.at(-1)?.key;
+    }
+    return this.page[this.at];
+  }
+
+  /**
+   * The objects under `prefix` (a key prefix under this listing's): those before it are skipped, those
+   * after it are left for later calls, which must come in increasing order.
+   */
+  async take(prefix: string): Promise<ObjectInfo[]> {
+    const found: ObjectInfo[] = [];
+    for (let o = await this.peek(); o !== undefined; o = await this.peek()) {
+      if (o.key.startsWith(prefix)) found.push(o);
+      else if (o.key > prefix) break;
+      this.at++;
+    }
+    return found;
   }
 }

@@ -1,16 +1,22 @@
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
+import { once } from "node:events";
 import fs from "node:fs";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
 import os from "node:os";
 import path from "node:path";
+import { Readable } from "node:stream";
 import { after, before, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { tokenCreate } from "../../src/auth/tokens.ts";
 import { LocalStore } from "../../src/storage/local.ts";
 import { taskOutputsPrefix } from "../../src/storage/store.ts";
+import { ZIP_PAGE } from "../../src/tasks/outputs.ts";
 import { bearer } from "../helpers/app.ts";
 import { waitForTerminal } from "../helpers/queue.ts";
 import { fixtureProgram, type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
+import { zipNames, zipRead } from "../helpers/zip.ts";
 
 let env: RunnerEnv;
 let app: FastifyInstance;
@@ -177,5 +183,171 @@ test("retention deleting the task between the plan and the read → 404, not a l
     }
   } finally {
     await raced.close();
+  }
+});
+
+/**
+ * A finished task of `n` succeeded runs without running anything: each run's result.json stored as a
+ * worker would have. The runs' ids are made to cross 99,999,999,999 → 100,000,000,000 (test databases
+ * start ids at 10^10), where the order of their text (their output keys') is not that of their numbers.
+ */
+async function succeededTask(n: number): Promise<{ taskId: string; runIds: string[] }> {
+  const { sql } = env.db;
+  await sql`select setval(pg_get_serial_sequence('runs', 'id'),
+                          greatest(99999999999 - ${Math.floor(n / 2)}, (select coalesce(max(id), 1) from runs)))`;
+  const files = await sql<{ id: string }[]>`
+    with next as (select nextval(pg_get_serial_sequence('files', 'id')) as id from generate_series(1, ${n}))
+    insert into files (id, owner_id, name, content_type, size_bytes, sha256, storage_key)
+    select id, ${env.owner.userId}, 'f-' || id || '.csv', 'text/csv', 1, repeat('0', 64), 'files/' || id from next
+    returning id::text`;
+  const taskId = await env.task(
+    "dl-paged",
+    files.map((f) => f.id),
+    {},
+  );
+  const runs = await sql<{ id: string }[]>`
+    update runs set status = 'starting' where task_id = ${taskId} returning id::text`;
+  await sql`
+    update runs set status = 'succeeded', output_key = task_id::text || '/' || id::text || '.1.ab',
+      result = jsonb_build_object('outputFileName', 'result.json',
+                                  'files', jsonb_build_array(jsonb_build_object('name', 'result.json', 'size', 1)))
+    where task_id = ${taskId}`;
+  await sql`update tasks set status = 'succeeded', succeeded_count = total_count where id = ${taskId}`;
+  const runIds = runs.map((r) => r.id).sort((a, b) => Number(a) - Number(b));
+  for (const id of runIds) {
+    await env.storage.put(
+      `outputs/${taskId}/${id}.1.ab/result.json`,
+      Readable.from([Buffer.from(`{"run":${id}}`)]),
+    );
+  }
+  return { taskId, runIds };
+}
+
+test("a zip of more runs than a page: every run once, names unique across pages, ids past a power of ten", {
+  timeout: 120_000,
+}, async () => {
+  const n = ZIP_PAGE + 250;
+  const { taskId, runIds } = await succeededTask(n);
+  assert.ok(
+    runIds.some((id) => id.length === 11) && runIds.some((id) => id.length === 12),
+    `${runIds[0]}…${runIds.at(-1)}`,
+  );
+  // One input name on the first page and the last (pages go by the text of the run ids), and one
+  // input named like the results table.
+  const byKey = [...runIds].sort();
+  const first = byKey[0] as string;
+  const last = byKey.at(-1) as string;
+  const results = byKey[5] as string;
+  await env.db.sql`update runs set input_name = 'same.csv' where id in (${first}, ${last})`;
+  await env.db.sql`update runs set input_name = 'results.csv' where id = ${results}`;
+  const res = await get(`/api/analysis-tasks/${taskId}/download`);
+  assert.equal(res.statusCode, 200);
+  const names = zipNames(res.rawPayload);
+  assert.equal(names.length, n + 1);
+  assert.equal(names[0], "results.csv");
+  const inputs = new Map(
+    (
+      await env.db.sql<{ id: string; name: string }[]>`
+        select id::text, input_name as name from runs where task_id = ${taskId}`
+    ).map((r) => [r.id, r.name]),
+  );
+  const folder = (id: string) =>
+    id === first || id === last
+      ? `same.csv (run ${id})`
+      : id === results
+        ? `results.csv (run ${id})`
+        : (inputs.get(id) as string);
+  // Every run once, in the order of their output keys (the text of their ids).
+  assert.deepEqual(
+    names.slice(1),
+    byKey.map((id) => `${folder(id)}/result.json`),
+  );
+  assert.equal(zipRead(res.rawPayload, `same.csv (run ${last})/result.json`).toString(), `{"run":${last}}`);
+});
+
+test("an output missing from a later page breaks the zip off (logged); from the first page it is a 500", {
+  timeout: 120_000,
+}, async () => {
+  const { taskId, runIds } = await succeededTask(ZIP_PAGE + 10);
+  const byKey = [...runIds].sort();
+  const logs: Record<string, unknown>[] = [];
+  const logged = await env.app(logs);
+  const fetch = () =>
+    logged.inject({ url: `/api/analysis-tasks/${taskId}/download`, headers: bearer(token) });
+  const late = byKey[ZIP_PAGE + 5] as string;
+  await env.storage.delete([`outputs/${taskId}/${late}.1.ab/result.json`]);
+  // The response is broken off: the client sees a failed transfer, not a zip without the output.
+  await assert.rejects(fetch(), /destroyed before completion/);
+  assert.ok(
+    logs.some((l) => l.msg === "zip download broken off: an output could not be read" && l.level === 50),
+  );
+  const early = byKey[3] as string;
+  await env.storage.delete([`outputs/${taskId}/${early}.1.ab/result.json`]);
+  const refused = await fetch();
+  assert.equal(refused.statusCode, 500);
+  assert.ok(logs.some((l) => l.msg === "a succeeded run's output is missing" && l.runId === early));
+});
+
+test("a client that leaves while an output's read is stalled releases that read at once", {
+  timeout: 60_000,
+}, async () => {
+  // An object body that sends a little and then nothing (an S3 response on a half-dead connection).
+  const local = new LocalStore(fs.mkdtempSync(path.join(os.tmpdir(), "assay-dl-stall-")));
+  let stalled: Readable | undefined;
+  let opened: () => void = () => {};
+  const stalledOpened = new Promise<void>((resolve) => {
+    opened = resolve;
+  });
+  const store = new Proxy(local, {
+    get(target, prop, receiver) {
+      const value = Reflect.get(target, prop, receiver);
+      if (prop !== "open" || typeof value !== "function") return value;
+      return async (key: string) => {
+        const real = await value.call(target, key);
+        if (stalled || !key.startsWith("outputs/")) return real;
+        real.stream.destroy();
+        stalled = new Readable({ read() {} });
+        stalled.push(Buffer.alloc(1000, 1));
+        opened();
+        return { ...real, stream: stalled };
+      };
+    },
+  });
+  const stalling = await runnerEnv({ store });
+  try {
+    const stallApp = await stalling.app();
+    const user = (await tokenCreate(stalling.db.sql, "staller")).token;
+    const w = stalling.worker([fixtureProgram("dl-stall")]);
+    await w.start();
+    const taskId = await stalling.task(
+      "dl-stall",
+      [await stalling.file("a\n1\n"), await stalling.file("b\n2\n")],
+      { mode: "ok" },
+    );
+    await waitForTerminal(stalling.db.sql, taskId);
+    await w.stop();
+    await stalling.db.sql`update tasks set owner_id = (select id from users where name = 'staller')`;
+    await stallApp.listen({ port: 0, host: "127.0.0.1" });
+    const { port } = stallApp.server.address() as AddressInfo;
+    const req = http.get({
+      host: "127.0.0.1",
+      port,
+      path: `/api/analysis-tasks/${taskId}/download`,
+      headers: bearer(user),
+    });
+    const [res] = (await once(req, "response")) as [http.IncomingMessage];
+    assert.equal(res.statusCode, 200);
+    res.resume();
+    await stalledOpened;
+    const body = stalled as Readable;
+    assert.equal(body.destroyed, false);
+    req.destroy(); // the client leaves mid-entry
+    const released = await Promise.race([
+      once(body, "close").then(() => true),
+      new Promise<boolean>((resolve) => setTimeout(() => resolve(false), 5000).unref()),
+    ]);
+    assert.ok(released, "the stalled read was released when the client left");
+  } finally {
+    await stalling.close();
   }
 });

@@ -69,3 +69,32 @@ test("every output name the runner accepts makes a valid storage key", () => {
   }
   assert.ok(checked > 1000, `only ${checked} names checked`);
 });
+
+test("the local store lists in S3's order, by UTF-8 bytes, in pages that start anywhere", async () => {
+  // A file before the keys of a folder its name begins (`a.b` < `a.b.c/…`); `-` and `.` before `/`
+  // (`a-/…` < `a.b` < `a/…`), where a folder-by-folder walk would put `a/…` first.
+  const keys = [
+    "outputs/6/7.1.aa/r.json",
+    "outputs/6/a-/y",
+    "outputs/6/a.b",
+    "outputs/6/a.b.c/x",
+    "outputs/6/a/x",
+    "outputs/6/a/z/deep",
+  ];
+  for (const key of [...keys].reverse()) await storage.put(key, Readable.from([Buffer.from(key)]));
+  assert.deepEqual(
+    (await storage.list("outputs/6/")).map((o) => o.key),
+    keys,
+  );
+  for (let i = 0; i < keys.length; i++) {
+    const page = await storage.list("outputs/6/", { after: keys[i] as string, limit: 2 });
+    assert.deepEqual(
+      page.map((o) => o.key),
+      keys.slice(i + 1, i + 3),
+    );
+  }
+  assert.deepEqual(
+    (await storage.list("outputs/6/a.")).map((o) => o.key),
+    keys.slice(2, 4),
+  );
+});

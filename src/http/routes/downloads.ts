@@ -1,15 +1,14 @@
 // Downloads: one run's output file, or a streamed zip of every succeeded run's outputs.
 import path from "node:path";
-import type { Readable } from "node:stream";
+import { Readable } from "node:stream";
 import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
 import type { FastifyInstance, FastifyReply } from "fastify";
 import { Type } from "typebox";
-import { ZipFile } from "yazl";
 import type { Principal } from "../../auth/tokens.ts";
 import { type ViewTarget, viewLinkCheck, viewLinkPath } from "../../auth/view-links.ts";
 import type { Sql } from "../../db/client.ts";
 import { SAFE_NAME } from "../../runner/outputs.ts";
-import { ObjectMissingError, type ObjectStore, taskOutputsPrefix } from "../../storage/store.ts";
+import { ObjectMissingError, type ObjectStore } from "../../storage/store.ts";
 import {
   type DownloadPlan,
   outputKeyOf,
@@ -19,12 +18,15 @@ import {
   runOutputsPlan,
   taskDownloadPlan,
   taskExists,
+  type ZipRun,
+  zipPages,
 } from "../../tasks/outputs.ts";
 import { taskVisible } from "../../tasks/read.ts";
 import { RESULTS_FILE_NAME, resultMetricKeys, resultsCsv } from "../../tasks/results.ts";
 import { bearerHashOf, principalOf } from "../auth.ts";
 import { ApiError, notFound } from "../errors.ts";
 import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok } from "../schemas.ts";
+import { ZipWriter } from "../zip.ts";
 
 const OutputBody = Type.Object({
   name: Type.String(),
@@ -53,20 +55,15 @@ export function contentDisposition(name: string, kind: "attachment" | "inline" =
 }
 
 /**
- * Folder names inside the zip: the input file's name, made unique with the run id when repeated or
- * when it is the name of the results table at the root.
+ * The folder of a run inside the zip: its input file's name, made unique with the run id when another
+ * succeeded run of the task has the same input name or when it is the name of the results table at
+ * the root.
  */
-function folderNames(outputs: RunOutput[]): Map<string, string> {
-  const counts = new Map<string, number>([[RESULTS_FILE_NAME, 1]]);
-  for (const o of outputs) counts.set(o.inputName, (counts.get(o.inputName) ?? 0) + 1);
+function folderName(run: ZipRun): string {
+  const name = run.output.inputName;
   // Input names were sanitised at upload (a base name, no control characters); be strict anyway.
-  const safe = (s: string) => s.replace(/[/\\]/g, "_").replace(/^\.+/, "_") || "input";
-  return new Map(
-    outputs.map((o) => [
-      o.runId,
-      (counts.get(o.inputName) ?? 0) > 1 ? `${safe(o.inputName)} (run ${o.runId})` : safe(o.inputName),
-    ]),
-  );
+  const safe = name.replace(/[/\\]/g, "_").replace(/^\.+/, "_") || "input";
+  return run.repeated || name === RESULTS_FILE_NAME ? `${safe} (run ${run.output.runId})` : safe;
 }
 
 /**
@@ -99,51 +96,41 @@ async function send(
   if (plan.kind === "not-ready") throw new ApiError(409, "ANALYSIS_TASK_NOT_READY");
   reply.header("x-content-type-options", "nosniff");
   if (plan.kind === "single") return sendObject(store, plan.output, reply, taskExists);
-  const stored = await storedOutputs(store, plan.taskId);
-  const keys = await resultMetricKeys(sql, plan.taskId);
-  const entries: ZipEntry[] = [
-    { name: RESULTS_FILE_NAME, open: async () => resultsCsv(sql, plan.taskId, keys) },
-  ];
-  const folders = folderNames(plan.outputs);
-  for (const output of plan.outputs) {
-    const names = output.usable ? (stored.get(output.outputKey) ?? []) : [];
-    if (!names.includes(output.outputFileName)) throw await outputMissing(reply, output, taskExists);
-    for (const name of names) {
-      const key = outputKeyOf(output, name);
-      entries.push({
-        name: `${folders.get(output.runId)}/${name}`,
-        open: async () => (await store.open(key)).stream,
-      });
+  // The first page of runs and their files is read before anything is sent: a recorded output missing
+  // from it is a logged 500 (or a 404 when retention deleted the task meanwhile), not a zip without it.
+  const { taskId } = plan;
+  const pages = zipPages(sql, store, taskId);
+  let first: IteratorResult<ZipRun[]>;
+  try {
+    first = await pages.next();
+    if (first.done && !(await taskExists())) throw notFound("ANALYSIS_TASK_NOT_FOUND");
+    const missing = first.done ? undefined : first.value.find((r) => r.names === null);
+    if (missing) throw await outputMissing(reply, missing.output, taskExists);
+  } catch (err) {
+    await pages.return(undefined);
+    // Retention may delete the task between the plan and its first page: a 404, as for a later request.
+    if (!(err instanceof ApiError) && !(await taskExists())) throw notFound("ANALYSIS_TASK_NOT_FOUND");
+    throw err;
+  }
+  const keys = await resultMetricKeys(sql, taskId);
+  async function* entries(): AsyncGenerator<ZipEntry> {
+    yield { name: RESULTS_FILE_NAME, open: async () => resultsCsv(sql, taskId, keys) };
+    for (let page = first; !page.done; page = await pages.next()) {
+      for (const run of page.value) {
+        // A later page's missing output: the zip is broken off (logged), never ended without it.
+        if (run.names === null)
+          throw new ObjectMissingError(outputKeyOf(run.output, run.output.outputFileName));
+        const folder = folderName(run);
+        for (const name of run.names) {
+          const key = outputKeyOf(run.output, name);
+          yield { name: `${folder}/${name}`, open: async () => (await store.open(key)).stream };
+        }
+      }
     }
   }
   reply.header("content-type", "application/zip");
-  reply.header("content-disposition", contentDisposition(`task-${plan.taskId}.zip`));
-  return reply.send(zipStream(entries, reply));
-}
-
-/**
- * Every output object of a task, by output key → file names (safe names only), read from the store in
- * pages of 1,000 before anything is sent: a recorded output that is missing is a 500, not a zip without
- * it. One listing for the whole task, not one request per run.
- */
-async function storedOutputs(store: ObjectStore, taskId: string): Promise<Map<string, string[]>> {
-  const byKey = new Map<string, string[]>();
-  const prefix = taskOutputsPrefix(taskId);
-  for (let after: string | undefined; ; ) {
-    const page = await store.list(prefix, after === undefined ? {} : { after });
-    for (const o of page) {
-      const rest = o.key.slice("outputs/".length);
-      const slash = rest.lastIndexOf("/");
-      const name = rest.slice(slash + 1);
-      if (slash === -1 || !SAFE_NAME.test(name)) continue;
-      const key = rest.slice(0, slash);
-      const names = byKey.get(key);
-      if (names) names.push(name);
-      else byKey.set(key, [name]);
-    }
-    if (page.length < 1000) return byKey;
-    after = page.at(-1)?.key;
-  }
+  reply.header("content-disposition", contentDisposition(`task-${taskId}.zip`));
+  return reply.send(zipStream(entries(), reply));
 }
 
 /**
@@ -176,51 +163,52 @@ interface ZipEntry {
 }
 
 /**
- * A zip of `entries`, streamed: yazl reads one object at a time, opened only when its turn comes, so a
- * zip of any size holds one object stream and a few chunks in memory. Every way it can end is handled
- * here:
- * - an object that cannot be read (deleted by retention mid-download, say) breaks the response off —
- *   the client sees a failed transfer, never a complete-looking truncated zip — and is logged; it never
- *   becomes an uncaught exception;
- * - a client that goes away (Fastify destroys the returned stream) releases the object being read.
+ * A zip of `entries`, streamed: one entry's content is read at a time, opened only when its turn comes,
+ * and the entries themselves are made page by page as the zip is read (see tasks/outputs.ts zipPages),
+ * so a zip of any size holds one page of runs, one object stream, a few chunks, and the central
+ * directory's ~80 bytes per entry. Every way it can end is handled here:
+ * - an entry that cannot be read (an output deleted by retention mid-download, say) breaks the response
+ *   off — the client sees a failed transfer, never a complete-looking truncated zip — and is logged; it
+ *   never becomes an uncaught exception;
+ * - a client that goes away (Fastify destroys the returned stream) ends the generator, which releases
+ *   the object being read.
  */
-function zipStream(entries: ZipEntry[], reply: FastifyReply): Readable {
-  const zip = new ZipFile();
-  // yazl's typings say ReadableStream; it is a PassThrough.
-  const out = zip.outputStream as unknown as Readable;
+function zipStream(entries: AsyncGenerator<ZipEntry>, reply: FastifyReply): Readable {
+  const zip = new ZipWriter();
+  // The object being read. A client that leaves while it is stalled (an S3 body on a half-dead
+  // connection) must release it at once: the generator's return() would only be seen at its next
+  // yield, which a stalled read never reaches.
   let reading: Readable | undefined;
-  let failed = false;
-  const fail = (err: unknown) => {
-    if (failed) return;
-    failed = true;
-    reply.log.error({ err }, "zip download broken off: an output could not be read");
-    reading?.destroy();
-    out.destroy(err instanceof Error ? err : new Error(String(err)));
-  };
-  zip.on("error", fail);
-  out.once("close", () => {
-    failed = true; // nothing more is opened for a client that is gone
+  let clientGone = false;
+  let ended = false;
+  reply.raw.once("close", () => {
+    if (ended) return;
+    clientGone = true;
     reading?.destroy();
   });
-  for (const entry of entries) {
-    zip.addReadStreamLazy(entry.name, (done) => {
-      if (failed) return;
-      entry.open().then((stream) => {
-        if (failed) {
-          stream.destroy();
+  async function* bytes(): AsyncGenerator<Buffer> {
+    try {
+      for await (const entry of entries) {
+        if (clientGone) return;
+        reading = await entry.open();
+        if (clientGone) {
+          reading.destroy();
           return;
         }
-        reading = stream;
-        stream.once("error", fail);
-        stream.once("close", () => {
-          if (reading === stream) reading = undefined;
-        });
-        done(null, stream);
-      }, fail);
-    });
+        yield* zip.entry(entry.name, reading);
+        reading = undefined;
+      }
+      yield* zip.end();
+      ended = true;
+    } catch (err) {
+      if (!clientGone) reply.log.error({ err }, "zip download broken off: an output could not be read");
+      throw err;
+    } finally {
+      reading?.destroy();
+      await entries.return(undefined);
+    }
   }
-  zip.end();
-  return out;
+  return Readable.from(bytes(), { objectMode: false });
 }
 
 export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {

@@ -1,0 +1,69 @@
+// Node flags for the long-running server commands (`assay api | worker | all`), applied by re-executing
+// the process with them — the same process (process.execve: the pid, stdio and signals stay), before
+// anything is loaded. V8 reads heap sizes only when it sets its heap up, so they cannot be set from
+// inside (v8.setFlagsFromString changes nothing once the heap exists).
+//
+// --max-semi-space-size=8 (MiB): V8 sizes the young generation by the machine's memory (a 64 MiB new
+// space with Node 24 on a 24 GiB machine), and a busy server fills all of it between scavenges, so its
+// resident size is that much higher than its live heap. --optimize-for-size: a small new space and a
+// heap grown more sparingly; it is what brings a zip of a 100,000-run task under 200 MiB (and the
+// workers from ~157 to ~108 MiB), for some speed. docs/operations.md, "Memory", has the figures.
+//
+// ASSAY_NODE_FLAGS: unset, the flags above; `0`, none; anything else, those flags instead
+// (space-separated). Client commands (`assay status`, `submit`, …) never re-execute: their start-up is
+// what a user waits for. Without process.execve (Node < 22.15, Windows) the process runs as started.
+
+import fs from "node:fs";
+
+/** The flags server commands run with, unless ASSAY_NODE_FLAGS says otherwise. */
+export const SERVER_NODE_FLAGS = ["--max-semi-space-size=8", "--optimize-for-size"];
+
+const SERVER_COMMANDS = new Set(["api", "worker", "all"]);
+
+/** The flags a server command should run with, from ASSAY_NODE_FLAGS (or the default). */
+export function serverNodeFlags(env = process.env) {
+  const value = env.ASSAY_NODE_FLAGS?.trim();
+  if (value === undefined || value === "") return SERVER_NODE_FLAGS;
+  if (value === "0") return [];
+  const flags = value.split(/\s+/);
+  const bad = flags.find((f) => !f.startsWith("-"));
+  if (bad !== undefined) {
+    process.stderr.write(`ASSAY_NODE_FLAGS: "${bad}" is not a flag (write each as --name=value)\n`);
+    process.exit(2);
+  }
+  return flags;
+}
+
+/** A flag's name as V8 and Node compare it: `_` and `-` alike, `--no-x` the same setting as `--x`. */
+const flagName = (f) =>
+  f
+    .split("=")[0]
+    .replaceAll("_", "-")
+    .replace(/^--no-/, "--");
+
+/**
+ * Re-executes this process with the server flags it lacks when it runs a server command; returns
+ * (doing nothing) otherwise. A flag counts as there when Node was started with it, by name (any value),
+ * on its command line or in NODE_OPTIONS.
+ */
+export function execWithServerFlags(argv = process.argv, env = process.env) {
+  if (!SERVER_COMMANDS.has(argv[2] ?? "") || typeof process.execve !== "function") return;
+  // Started with an IPC channel (a process manager's fork mode, `node --watch`): a new image would lose
+  // it (Node has already taken NODE_CHANNEL_FD out of the environment). Such a manager passes Node
+  // flags itself (PM2's node_args, NODE_OPTIONS).
+  if (process.channel) return;
+  const present = [...process.execArgv, ...(env.NODE_OPTIONS ?? "").split(/\s+/)].map(flagName);
+  const missing = serverNodeFlags(env).filter((f) => !present.includes(flagName(f)));
+  if (missing.length === 0) return;
+  // Node 24 aborts the process (no exception to catch) when execve fails: check what it would run.
+  try {
+    fs.accessSync(process.execPath, fs.constants.X_OK);
+  } catch {
+    return;
+  }
+  process.execve(
+    process.execPath,
+    [process.execPath, ...missing, ...process.execArgv, ...argv.slice(1)],
+    env,
+  );
+}
