@@ -53,14 +53,18 @@ function runOutput(r: OutputRow): RunOutput {
   };
 }
 
+/**
+ * The columns of an OutputRow, from `runs r`. A run that succeeded before runs.output_key existed
+ * published to `<taskId>/<runId>`.
+ */
+const outputColumns = (sql: Sql) => sql`
+  r.id::text as "runId", r.input_name as "inputName", r.result ->> 'outputFileName' as "outputFileName",
+  coalesce(r.output_key, r.task_id::text || '/' || r.id::text) as "outputKey", r.result -> 'files' as files`;
+
 /** The first succeeded run's output (of the task, or the run `runId`). */
 async function succeededOutputs(sql: Sql, taskId: string, runId?: string): Promise<RunOutput[]> {
-  // A run that succeeded before runs.output_key existed published to `<taskId>/<runId>`.
   const rows = await sql<OutputRow[]>`
-    select r.id::text as "runId", r.input_name as "inputName", r.result ->> 'outputFileName' as "outputFileName",
-           coalesce(r.output_key, r.task_id::text || '/' || r.id::text) as "outputKey",
-           r.result -> 'files' as files
-    from runs r
+    select ${outputColumns(sql)} from runs r
     where r.task_id = ${taskId} and r.status = 'succeeded' ${runId ? sql`and r.id = ${runId}` : sql``}
     order by r.id limit 1`;
   return rows.map(runOutput);
@@ -124,16 +128,9 @@ export async function runOutputsPlan(
 export async function runOutputFiles(store: ObjectStore, output: RunOutput): Promise<OutputFile[]> {
   if (output.files) return output.files.filter((f) => SAFE_NAME.test(f.name));
   const prefix = outputObjectKey(output.outputKey, "");
-  const files: OutputFile[] = [];
-  for (let after: string | undefined; ; ) {
-    const page = await store.list(prefix, after === undefined ? {} : { after });
-    for (const o of page) {
-      const name = o.key.slice(prefix.length);
-      if (SAFE_NAME.test(name)) files.push({ name, size: o.size });
-    }
-    if (page.length < 1000) return files;
-    after = page.at(-1)?.key;
-  }
+  return (await listAll(store, prefix))
+    .map((o) => ({ name: o.key.slice(prefix.length), size: o.size }))
+    .filter((f) => SAFE_NAME.test(f.name));
 }
 
 /** A run of a zip, with its output files as the store lists them; `names` null: its output is missing. */
@@ -182,10 +179,7 @@ export async function* zipPages(sql: Sql, store: ObjectStore, taskId: string): A
       pageIds.push(packed.readBigInt64BE(i).toString());
     }
     const rows = await sql<OutputRow[]>`
-      select r.id::text as "runId", r.input_name as "inputName", r.result ->> 'outputFileName' as "outputFileName",
-             coalesce(r.output_key, r.task_id::text || '/' || r.id::text) as "outputKey",
-             r.result -> 'files' as files
-      from runs r
+      select ${outputColumns(sql)} from runs r
       where r.id = any(${sql.array(pageIds, 20)}::bigint[]) and r.task_id = ${taskId} and r.status = 'succeeded'`;
     if (rows.length !== pageIds.length) {
       throw new Error(
