@@ -26,9 +26,11 @@ export function serverNodeFlags(env = process.env) {
   if (value === undefined || value === "") return SERVER_NODE_FLAGS;
   if (value === "0") return [];
   const flags = value.split(/\s+/);
-  const bad = flags.find((f) => !f.startsWith("-"));
+  // `--name` or `--name=value` only: `--` or `-` would end Node's options (the process would re-execute
+  // forever, or read a script from stdin), and a flag with a separate value would take the script's place.
+  const bad = flags.find((f) => !/^--[A-Za-z0-9][\w-]*(=.*)?$/.test(f));
   if (bad !== undefined) {
-    process.stderr.write(`ASSAY_NODE_FLAGS: "${bad}" is not a flag (write each as --name=value)\n`);
+    process.stderr.write(`ASSAY_NODE_FLAGS: "${bad}" is not a flag (write each as --name or --name=value)\n`);
     process.exit(2);
   }
   return flags;
@@ -52,6 +54,8 @@ export function execWithServerFlags(argv = process.argv, env = process.env) {
   // it (Node has already taken NODE_CHANNEL_FD out of the environment). Such a manager passes Node
   // flags itself (PM2's node_args, NODE_OPTIONS).
   if (process.channel) return;
+  // Re-executed already (execve keeps the pid): never twice, whatever the flags look like to this image.
+  if (env.ASSAY_REEXECUTED === String(process.pid)) return;
   const present = [...process.execArgv, ...(env.NODE_OPTIONS ?? "").split(/\s+/)].map(flagName);
   const missing = serverNodeFlags(env).filter((f) => !present.includes(flagName(f)));
   if (missing.length === 0) return;
@@ -61,9 +65,8 @@ export function execWithServerFlags(argv = process.argv, env = process.env) {
   } catch {
     return;
   }
-  process.execve(
-    process.execPath,
-    [process.execPath, ...missing, ...process.execArgv, ...argv.slice(1)],
-    env,
-  );
+  process.execve(process.execPath, [process.execPath, ...missing, ...process.execArgv, ...argv.slice(1)], {
+    ...env,
+    ASSAY_REEXECUTED: String(process.pid),
+  });
 }

@@ -286,7 +286,12 @@ export class LocalStore implements ObjectStore {
   private top: { dir: string; stamp: string; folder: SortedFolder } | undefined;
 
   private async sortedTop(dir: string): Promise<SortedFolder | undefined> {
-    const stat = await fsp.stat(dir, { bigint: true }).catch(() => undefined);
+    // The clock before the folder is read: the read must begin a full second after its last change.
+    const readAt = BigInt(Date.now()) * 1_000_000n;
+    const stat = await fsp.stat(dir, { bigint: true }).catch((err: unknown) => {
+      if (missing(err) || (err as NodeJS.ErrnoException).code === "ENOTDIR") return undefined;
+      throw err;
+    });
     if (!stat?.isDirectory()) return undefined;
     const stamp = `${stat.dev}:${stat.ino}:${stat.mtimeNs}:${stat.ctimeNs}`;
     if (this.top?.dir === dir && this.top.stamp === stamp) return this.top.folder;
@@ -294,7 +299,7 @@ export class LocalStore implements ObjectStore {
     // A folder changed within the last second is not kept: where timestamps advance once per clock
     // tick (older kernels, NFS), a change in the same tick as the one read would leave the stamp as it
     // was and the kept listing stale (git's "racy" rule). A small folder does not evict a kept one.
-    const settled = BigInt(Date.now()) * 1_000_000n - stat.mtimeNs > 1_000_000_000n;
+    const settled = readAt - stat.mtimeNs > 1_000_000_000n;
     if (folder && folder.sortNames.length >= 1000 && settled) this.top = { dir, stamp, folder };
     else if (this.top?.dir === dir) this.top = undefined;
     return folder;

@@ -35,6 +35,12 @@ test("ASSAY_NODE_FLAGS: unset → the defaults, 0 → none, else those flags; a 
   const bad = tryReexec({ ASSAY_NODE_FLAGS: "--stack-size 2000" });
   assert.equal(bad.status, 2);
   assert.match(bad.stderr, /ASSAY_NODE_FLAGS: "2000" is not a flag/);
+  // `--` and `-` end Node's options: refused, never re-executed (with `--` that looped forever).
+  for (const word of ["--", "-"]) {
+    const ended = tryReexec({ ASSAY_NODE_FLAGS: `--stack-size=2000 ${word}` });
+    assert.equal(ended.status, 2, word);
+    assert.match(ended.stderr, /is not a flag/);
+  }
 });
 
 test("a server command re-executes itself with the flags; a client command never does", {
