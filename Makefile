@@ -7,7 +7,7 @@ NODE := $(BIN)/node
 # node_modules is (re)installed when missing or older than package-lock.json.
 DEPS := node_modules/.installed
 
-.PHONY: help dev test typecheck lint format migrate db/generate verify bench
+.PHONY: help dev test typecheck lint format migrate db/generate verify bench bundle
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -16,10 +16,14 @@ $(DEPS): package-lock.json
 	npm ci
 	@touch $@
 
-dev: $(DEPS) ## API + worker with the embedded database and readable logs; prints a dev token (Ctrl-C stops all)
+# The production bundle (bin/bundle.js), rebuilt when a source changed: what `assay` runs.
+bundle: $(DEPS) ## build the bundle bin/assay.js runs (npm ci builds it too; skipped when current)
+	@$(NODE) bin/build.js
+
+dev: $(DEPS) bundle ## API + worker with the embedded database and readable logs; prints a dev token (Ctrl-C stops all)
 	@LOG_FORMAT=$${LOG_FORMAT:-pretty} exec $(NODE) bin/assay.js all --dev-token
 
-test: $(DEPS) typecheck lint ## typecheck, lint and every test file against a real PostgreSQL
+test: $(DEPS) typecheck lint bundle ## typecheck, lint and every test file against a real PostgreSQL
 	@files=$$(find test -name '*.test.ts' | sort); \
 	if [ -z "$$files" ]; then echo "no test files found" >&2; exit 1; fi; \
 	$(NODE) --import tsx test/run.ts $$files

@@ -5,7 +5,7 @@
 //                   nothing to do, 2 s after it registered (target ≤ 90)
 //   startup:api     `assay api` exec → the first 200 from /readyz (polled every 5 ms), target ≤ 600 ms;
 //                   rss_mib once ready
-// Each is started BENCH_STARTUP_N times (10) after two unreported starts (which fill Node's compile
+// `bundled`: whether bin/assay.js ran the bundle (ASSAY_BUNDLE=0: the sources). Each is started BENCH_STARTUP_N times (10) after two unreported starts (which fill Node's compile
 // cache, as any second start of an installation finds it).
 import { type ChildProcess, spawn } from "node:child_process";
 import fs from "node:fs";
@@ -13,6 +13,7 @@ import os from "node:os";
 import path from "node:path";
 import { performance } from "node:perf_hooks";
 import { fileURLToPath } from "node:url";
+import { bundleEntry } from "../bin/bundle.js";
 import { serverNodeFlags } from "../bin/node-flags.js";
 import { createDatabase } from "../src/db/client.ts";
 import { freePort } from "../src/db/embedded.ts";
@@ -38,8 +39,12 @@ const env = {
   ASSAY_POLL_INTERVAL_MS: "60000",
   // bin/assay.js re-executes server commands with Node flags (bin/node-flags.js): `0` measures without.
   ...(process.env.ASSAY_NODE_FLAGS === undefined ? {} : { ASSAY_NODE_FLAGS: process.env.ASSAY_NODE_FLAGS }),
+  // bin/assay.js runs the bundle when it is current (bin/bundle.js): `ASSAY_BUNDLE=0` measures the sources.
+  ...(process.env.ASSAY_BUNDLE === undefined ? {} : { ASSAY_BUNDLE: process.env.ASSAY_BUNDLE }),
+  ...(process.env.ASSAY_BUNDLE_DIR === undefined ? {} : { ASSAY_BUNDLE_DIR: process.env.ASSAY_BUNDLE_DIR }),
 };
 const nodeFlags = serverNodeFlags(env).join(" ");
+const bundled = bundleEntry(env) !== undefined;
 
 function rssMib(pid: number): number {
   const status = fs.readFileSync(`/proc/${pid}/status`, "utf8");
@@ -106,6 +111,7 @@ try {
     target_first_claim_400ms: claimP50 <= 400,
     target_idle_rss_90mib: idleRss <= 90,
     nodeFlags,
+    bundled,
     note: "latencies: exec → first claim",
   });
 
@@ -140,6 +146,7 @@ try {
     rss_mib: apiRss,
     target_ready_600ms: readyP50 <= 600,
     nodeFlags,
+    bundled,
     note: "latencies: exec → /readyz 200",
   });
 } finally {

@@ -1,9 +1,12 @@
 #!/usr/bin/env node
-// Entry for `npx assay` right after `npm ci`: there is no build step between a checkout and a
-// working CLI. Node ≥ 22.18 (the project's runtime is Node 24, installed by npm as the `node`
-// package, so `npx` finds it first on PATH) strips the TypeScript types itself; older Node runs the
-// sources through tsx's loader, which costs about a second of start-up.
+// Entry for `npx assay` right after `npm ci`, which also builds the bundle that this runs when it is
+// current (bundle.js). Without one — a checkout whose sources changed since — the sources run: Node
+// ≥ 22.18 (the project's runtime is Node 24, installed by npm as the `node` package, so `npx` finds
+// it first on PATH) strips the TypeScript types itself; older Node runs them through tsx's loader,
+// which costs about a second of start-up.
 import module from "node:module";
+import { pathToFileURL } from "node:url";
+import { bundleEntry } from "./bundle.js";
 import { execWithServerFlags } from "./node-flags.js";
 
 // `assay api | worker | all` run with Node flags that bound their memory (see node-flags.js): the
@@ -16,8 +19,15 @@ execWithServerFlags();
 // when every module comes from the cache, Node never loads its TypeScript stripper (amaro, ~50 ms
 // and ~18 MiB): `assay --help` 0.08 s / 67 MiB → 0.03 s / 48 MiB. (Node 22.1+.)
 module.enableCompileCache?.();
-if (!process.features.typescript) {
-  const { register } = await import("tsx/esm/api");
-  register();
+// The bundle (bundle.js) when it is current: ~1,000 modules in a few files, and no TypeScript to strip
+// on any Node. Otherwise the sources.
+const bundled = bundleEntry();
+if (bundled) {
+  await import(pathToFileURL(bundled).href);
+} else {
+  if (!process.features.typescript) {
+    const { register } = await import("tsx/esm/api");
+    register();
+  }
+  await import("../src/cli.ts");
 }
-await import("../src/cli.ts");

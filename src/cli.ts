@@ -4,6 +4,19 @@
 // configuration (a client command talks to a server over HTTP only; see src/cli/client-*.ts).
 import { UsageError } from "./cli/usage.ts";
 
+/** Set by bin/build.js in the bundle: the version and when the bundle was built. */
+declare const __ASSAY_BUILD__: string | undefined;
+
+/** The version, and whether the bundle or the sources are running (bin/bundle.js). */
+async function describeBuild(): Promise<string> {
+  if (typeof __ASSAY_BUILD__ === "string") return __ASSAY_BUILD__;
+  const { readFile } = await import("node:fs/promises");
+  const pkg = JSON.parse(await readFile(new URL("../package.json", import.meta.url), "utf8")) as {
+    version: string;
+  };
+  return `${pkg.version} (sources)`;
+}
+
 const HELP = `Usage: assay <command> [options]
 
 Server commands (configured by the environment; see \`assay config\`):
@@ -26,6 +39,8 @@ Client commands (talk to a server over HTTP: ASSAY_URL, ASSAY_TOKEN):
   download <taskId>   a finished task's outputs into a folder
   files               list uploaded files
   types               the analysis types and their parameters
+
+  --version           the version, and whether the bundle or the sources run
 
 Run \`assay <command> --help\` for a command's options and an example.`;
 
@@ -52,6 +67,10 @@ async function main(argv: string[]): Promise<number> {
   if (!command || command === "--help" || command === "-h" || command === "help") {
     console.log(HELP);
     return command ? 0 : 2;
+  }
+  if (command === "--version") {
+    console.log(`assay ${await describeBuild()}`);
+    return 0;
   }
   const client = Object.hasOwn(CLIENT_COMMANDS, command) ? CLIENT_COMMANDS[command] : undefined;
   if (client) return (await client())(rest);

@@ -60,8 +60,14 @@ export function lazyCompilers(): CompilersFactory {
   const serializerFactory = SerializerSelector();
   return {
     buildValidator: (externalSchemas, options) => {
-      const compile = validatorFactory(externalSchemas, options);
-      return ((route) => lazyValidator(() => compile(route) as Validate)) as AjvCompile;
+      // The Ajv instance too is made on first use: making it compiles JSON Schema's meta-schema to
+      // check the shared schemas against (~50 ms of start-up).
+      let compile: ReturnType<typeof validatorFactory> | undefined;
+      return ((route) =>
+        lazyValidator(() => {
+          compile ??= validatorFactory(externalSchemas, options);
+          return compile(route) as Validate;
+        })) as AjvCompile;
     },
     buildSerializer: (externalSchemas, options) => {
       const compile = serializerFactory(externalSchemas, options);

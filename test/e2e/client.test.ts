@@ -400,7 +400,8 @@ test("a client command loads nothing of the server: no Fastify, postgres, AWS SD
     process.execPath,
     ["--import", path.join(ROOT, "test/helpers/trace-imports.mjs"), ASSAY_BIN, "status", firstTask.taskId],
     {
-      env: { ...server.env(token), ASSAY_TRACE_IMPORTS: trace },
+      // The sources, module by module (test/unit/bundle.test.ts checks the bundle's chunks alike).
+      env: { ...server.env(token), ASSAY_TRACE_IMPORTS: trace, ASSAY_BUNDLE: "0" },
       cwd: ROOT,
       stdio: ["ignore", "pipe", "pipe"],
     },

@@ -115,7 +115,12 @@ test("a worker without ASSAY_METRICS_PORT loads neither the HTTP stack, TypeBox,
   const w = spawn(
     process.execPath,
     ["--import", path.join(ROOT, "test/helpers/trace-imports.mjs"), ASSAY_BIN, "worker"],
-    { env: { ...workerEnv(), ASSAY_TRACE_IMPORTS: trace }, cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] },
+    // The sources, module by module (test/unit/bundle.test.ts checks the bundle's chunks alike).
+    {
+      env: { ...workerEnv(), ASSAY_TRACE_IMPORTS: trace, ASSAY_BUNDLE: "0" },
+      cwd: ROOT,
+      stdio: ["ignore", "pipe", "pipe"],
+    },
   );
   const done = collect(w);
   try {
