@@ -11,6 +11,7 @@ import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import autocannon from "autocannon";
+import { bundleEntry } from "../bin/bundle.js";
 import { tokenCreate } from "../src/auth/tokens.ts";
 import { createDatabase } from "../src/db/client.ts";
 import { freePort } from "../src/db/embedded.ts";
@@ -72,6 +73,9 @@ try {
     HOST: "127.0.0.1",
     PORT: String(port),
     LOG_LEVEL: "warn",
+    // For A/B runs: the Node flags (bin/node-flags.js) and the bundle or the sources (bin/bundle.js).
+    ...(process.env.ASSAY_NODE_FLAGS === undefined ? {} : { ASSAY_NODE_FLAGS: process.env.ASSAY_NODE_FLAGS }),
+    ...(process.env.ASSAY_BUNDLE === undefined ? {} : { ASSAY_BUNDLE: process.env.ASSAY_BUNDLE }),
   };
   children.push(
     spawn(process.execPath, [BIN, "api"], { env: apiEnv, stdio: ["ignore", "ignore", "inherit"] }),
@@ -155,6 +159,7 @@ try {
         runs: RUNS,
         target_ratio_0_3: rate / bareRate >= 0.3,
         target_p99_20ms: p99 <= 20,
+        bundled: bundleEntry(apiEnv) !== undefined,
       }),
     );
   }
