@@ -14,12 +14,23 @@
 //
 // Our modules find files next to themselves (the analysis scripts, the migrations, the dashboard,
 // the process-group helper) through import.meta.url / import.meta.dirname; in the bundle those
-// would name the bundle's file, so each is replaced by its source file's own location. The bundle
-// therefore belongs to the folder it was built in, and its manifest records that folder.
+// would name the bundle's file, so each is replaced by its source file's own location, and a build
+// whose output still says `import.meta` anywhere but in its own banner fails. The bundle therefore
+// belongs to the folder it was built in, and its manifest records that folder.
+import crypto from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
-import { pathToFileURL } from "node:url";
-import { bundleDir, ENTRY, MANIFEST, manifestFor, ROOT, staleReason } from "./bundle.js";
+import { fileURLToPath, pathToFileURL } from "node:url";
+import {
+  bundleDir,
+  currentBundle,
+  insideCheckout,
+  MANIFEST,
+  MANIFEST_VERSION,
+  ROOT,
+  readManifest,
+  stamp,
+} from "./bundle.js";
 
 const EXTERNAL = [
   "pino",
@@ -36,42 +47,68 @@ const EXTERNAL = [
   "tsx/*",
 ];
 /** Files whose change makes a bundle stale besides the sources it contains. */
-const ALSO_DEPENDS_ON = ["package.json", "bin/build.js", "node_modules/.package-lock.json"];
-/** Files of an earlier build that this one no longer writes are removed once they are this old. */
-const KEEP_OLD_MS = 60 * 60 * 1000;
+const ALSO_DEPENDS_ON = ["package.json", "tsconfig.json", "bin/build.js", "node_modules/.package-lock.json"];
+/** A file an earlier build wrote and this one does not is removed once it has been unused this long. */
+const KEEP_RETIRED_MS = 60 * 60 * 1000;
+// Bundled CommonJS modules call require() for Node's built-ins: an ES module has none of its own.
+const BANNER =
+  "import { createRequire as __assayCreateRequire } from 'node:module'; const require = __assayCreateRequire(import.meta.url);";
 
-/** @type {import("esbuild").Plugin} */
-const ownLocation = {
-  name: "own-location",
-  setup(build) {
-    build.onLoad({ filter: /\.ts$/ }, async (args) => {
-      if (args.path.includes(`${path.sep}node_modules${path.sep}`)) return undefined;
-      const text = (await fs.promises.readFile(args.path, "utf8"))
-        .replaceAll("import.meta.dirname", JSON.stringify(path.dirname(args.path)))
-        .replaceAll("import.meta.filename", JSON.stringify(args.path))
-        .replaceAll("import.meta.url", JSON.stringify(pathToFileURL(args.path).href));
-      // Anything else of import.meta would silently describe the bundle instead of this file.
-      if (text.includes("import.meta"))
-        throw new Error(`${args.path}: an import.meta use the bundle cannot keep`);
-      return { contents: text, loader: "ts" };
-    });
-  },
-};
+/** Whether `file` (absolute) is one of our sources, not a dependency's, wherever the checkout is. */
+function ownSource(file) {
+  const rel = path.relative(ROOT, file);
+  return !rel.startsWith("..") && rel.split(path.sep)[0] !== "node_modules";
+}
 
 /**
- * Builds into `dir`: new chunks are written first (their names are their content's hash), then the
- * entry, then the manifest, each by rename, so a process starting meanwhile loads either the old
- * bundle or the new one whole. Files the new build does not write stay for a while: a server that
+ * Replaces each source's import.meta by its own location, and stamps every source file just before
+ * it is read: the manifest then describes exactly what went into the bundle.
+ * @param {Map<string, import("./bundle.js").FileStamp>} stamps
+ * @returns {import("esbuild").Plugin}
+ */
+function ownLocation(stamps) {
+  return {
+    name: "own-location",
+    setup(build) {
+      build.onLoad({ filter: /\.[cm]?[jt]s$/ }, async (args) => {
+        if (!ownSource(args.path)) return undefined;
+        const rel = path.relative(ROOT, args.path).split(path.sep).join("/");
+        const before = stamp(ROOT, rel);
+        if (!before) throw new Error(`${rel} disappeared during the build`);
+        stamps.set(rel, before);
+        const text = (await fs.promises.readFile(args.path, "utf8"))
+          .replaceAll("import.meta.dirname", JSON.stringify(path.dirname(args.path)))
+          .replaceAll("import.meta.filename", JSON.stringify(args.path))
+          .replaceAll("import.meta.url", JSON.stringify(pathToFileURL(args.path).href));
+        const ext = path.extname(args.path).slice(-2) === "ts" ? "ts" : "js";
+        return { contents: text, loader: ext };
+      });
+    },
+  };
+}
+
+/**
+ * Builds into `dir` (inside the checkout). New chunks are written first (their names are their
+ * content's hash), then the entry (hashed too), then the manifest that names it, each by rename: a
+ * process starting meanwhile loads the old bundle or the new one whole, and of two builds at once
+ * the manifest written last names its own entry. A source saved during the build fails it (its
+ * stamp before the read no longer matches), so the manifest never vouches for what the bundle does
+ * not hold. Files of earlier builds stay an hour after they stopped being used: a server that
  * started from the old bundle still imports chunks of it later (a lazily loaded command or store).
  * @param {string} dir
  */
 export async function buildBundle(dir) {
+  if (!insideCheckout(dir)) throw new Error(`the bundle must be built inside ${ROOT}, not in ${dir}`);
   const esbuild = await import("esbuild");
+  const extra = ALSO_DEPENDS_ON.map((f) => stamp(ROOT, f)).filter((s) => s !== null);
   const version = JSON.parse(fs.readFileSync(path.join(ROOT, "package.json"), "utf8")).version;
   const builtAt = new Date().toISOString();
+  /** @type {Map<string, import("./bundle.js").FileStamp>} */
+  const stamps = new Map();
   const result = await esbuild.build({
     absWorkingDir: ROOT,
     entryPoints: { cli: path.join(ROOT, "src/cli.ts") },
+    entryNames: "[name]-[hash]",
     bundle: true,
     splitting: true,
     format: "esm",
@@ -84,36 +121,58 @@ export async function buildBundle(dir) {
     logLevel: "warning",
     external: EXTERNAL,
     define: { __ASSAY_BUILD__: JSON.stringify(`${version} (bundle built ${builtAt})`) },
-    // Bundled CommonJS modules call require() for Node's built-ins: an ES module has none of its own.
-    banner: {
-      js: "import { createRequire as __assayCreateRequire } from 'node:module'; const require = __assayCreateRequire(import.meta.url);",
-    },
-    plugins: [ownLocation],
+    banner: { js: BANNER },
+    plugins: [ownLocation(stamps)],
   });
-  const inputs = Object.keys(result.metafile.inputs).filter((f) => !f.includes("node_modules/"));
-  const manifest = manifestFor(ROOT, [
-    ...inputs,
-    ...ALSO_DEPENDS_ON.filter((f) => fs.existsSync(path.join(ROOT, f))),
-  ]);
-  fs.mkdirSync(dir, { recursive: true });
-  const written = new Set([MANIFEST]);
-  const entryFile = path.join(dir, ENTRY);
-  const later = [];
-  for (const out of result.outputFiles) {
-    written.add(path.basename(out.path));
-    if (out.path === entryFile || out.path === `${entryFile}.map`) later.push(out);
-    else writeByRename(out.path, out.contents);
+  const js = result.outputFiles.filter((o) => o.path.endsWith(".js"));
+  for (const out of js) {
+    if (out.text.replace(BANNER, "").includes("import.meta")) {
+      throw new Error(`${path.basename(out.path)} uses import.meta, which in a bundle names the bundle`);
+    }
   }
-  for (const out of later) writeByRename(out.path, out.contents);
+  // Every lazily imported module is an entry point of its own chunk to esbuild: ours is the CLI's.
+  const entryOutput = Object.entries(result.metafile.outputs).find(([, o]) => o.entryPoint === "src/cli.ts");
+  if (!entryOutput) throw new Error("esbuild named no entry output");
+  const entry = path.basename(entryOutput[0]);
+  const files = [...stamps.values(), ...extra];
+  for (const [file, size, mtimeMs] of files) {
+    const now = stamp(ROOT, file);
+    if (!now || now[1] !== size || now[2] !== mtimeMs) throw new Error(`${file} changed during the build`);
+  }
+  const previous = readManifest(dir);
+  fs.mkdirSync(dir, { recursive: true });
+  const outputs = result.outputFiles.map((o) => path.basename(o.path));
+  const isEntry = (/** @type {string} */ p) =>
+    path.basename(p) === entry || path.basename(p) === `${entry}.map`;
+  for (const out of result.outputFiles) if (!isEntry(out.path)) writeByRename(out.path, out.contents);
+  for (const out of result.outputFiles) if (isEntry(out.path)) writeByRename(out.path, out.contents);
+  /** @type {import("./bundle.js").Manifest} */
+  const manifest = { version: MANIFEST_VERSION, root: ROOT, builtAt, entry, outputs, files };
   writeByRename(path.join(dir, MANIFEST), JSON.stringify(manifest));
+  retire(dir, new Set([...outputs, MANIFEST]), typeof previous === "string" ? [] : previous.outputs);
+  return { files: result.outputFiles.length, inputs: stamps.size, entry };
+}
+
+/**
+ * Files the last build wrote and this one did not are marked retired now (their modification time);
+ * files retired over an hour ago are removed.
+ * @param {string} dir
+ * @param {Set<string>} current
+ * @param {string[]} lastOutputs
+ */
+function retire(dir, current, lastOutputs) {
+  const justRetired = new Set(lastOutputs.filter((f) => !current.has(f)));
   const now = Date.now();
   for (const name of fs.readdirSync(dir)) {
-    if (written.has(name)) continue;
+    if (current.has(name)) continue;
     const file = path.join(dir, name);
+    if (justRetired.has(name)) {
+      fs.utimesSync(file, new Date(now), new Date(now));
+      continue;
+    }
     const st = fs.statSync(file, { throwIfNoEntry: false });
-    if (st && now - st.mtimeMs > KEEP_OLD_MS) fs.rmSync(file, { force: true });
+    if (st && now - st.mtimeMs > KEEP_RETIRED_MS) fs.rmSync(file, { force: true });
   }
-  return { files: result.outputFiles.length, inputs: inputs.length };
 }
 
 /**
@@ -121,7 +180,7 @@ export async function buildBundle(dir) {
  * @param {Uint8Array | string} contents
  */
 function writeByRename(file, contents) {
-  const tmp = `${file}.${process.pid}.tmp`;
+  const tmp = `${file}.${process.pid}-${crypto.randomBytes(4).toString("hex")}.tmp`;
   fs.writeFileSync(tmp, contents);
   fs.renameSync(tmp, file);
 }
@@ -131,16 +190,16 @@ async function main() {
   const force = args.includes("--force");
   const ifPossible = args.includes("--if-possible");
   const dir = bundleDir();
-  const stale = force ? "--force" : staleReason(dir);
-  if (stale === null) {
-    console.log(`assay: the bundle in ${path.relative(ROOT, dir) || dir} is current`);
+  const current = force ? "--force" : currentBundle(dir);
+  if (typeof current !== "string") {
+    console.log(`assay: the bundle in ${path.relative(ROOT, dir)} is current`);
     return;
   }
   try {
     const t0 = performance.now();
     const { files, inputs } = await buildBundle(dir);
     const ms = Math.round(performance.now() - t0);
-    console.log(`assay: built the bundle (${stale}): ${inputs} sources → ${files} files in ${ms} ms`);
+    console.log(`assay: built the bundle (${current}): ${inputs} sources → ${files} files in ${ms} ms`);
   } catch (err) {
     if (!ifPossible) throw err;
     console.warn(
@@ -149,4 +208,6 @@ async function main() {
   }
 }
 
-if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) await main();
+// Run as a script (also through a symlink), not when a test imports buildBundle.
+const invoked = process.argv[1] ? fs.realpathSync(process.argv[1]) : "";
+if (invoked === fileURLToPath(import.meta.url)) await main();

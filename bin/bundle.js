@@ -2,15 +2,18 @@
 //
 // `assay api` spent ~300 ms of its start resolving and evaluating ~1,000 modules (TypeBox's 373,
 // Ajv's, yaml's for the OpenAPI document, OpenTelemetry's for prom-client, ...). The bundle is our
-// sources and most of their dependencies in a few files, built by `npm ci` (the `prepare` script)
-// and by `make dev` / `make test`, into node_modules/.cache: nothing to build by hand, and nothing to
-// commit.
+// sources and most of their dependencies in a few dozen files, built by `npm ci` (the `prepare`
+// script) and by `make dev` / `make test` / `make bundle`, into node_modules/.cache: nothing to build
+// by hand, and nothing to commit.
 //
 // It is used only while it is current: its manifest names every one of our source files it was
-// built from with their size and modification time, npm's record of node_modules, and the folder
-// the checkout is in (a bundle refers to our sources' folders by absolute path; see build.js). An
-// edit, a checkout, an `npm install` or a moved folder makes it stale, and bin/assay.js then runs
-// the sources as before; checking costs one stat per source file (~1 ms).
+// built from with the size and modification time each had before esbuild read it, the other files
+// a build depends on (npm's record of node_modules, package.json, tsconfig.json, the build script),
+// and the folder the checkout is in (a bundle refers to our sources' folders by absolute path, and
+// finds the packages left outside it in the checkout's node_modules; see build.js). An edit, a
+// checkout, an `npm install` or a moved folder makes it stale, and bin/assay.js then runs the sources
+// as before; checking costs one stat per source file (~1 ms). Edits inside node_modules itself are
+// not seen: debug a dependency with ASSAY_BUNDLE=0.
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -19,11 +22,12 @@ export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "
 /** Where the bundle is built: inside node_modules, so `npm ci` starts from nothing. */
 export const DEFAULT_BUNDLE_DIR = path.join(ROOT, "node_modules", ".cache", "assay-bundle");
 export const MANIFEST = "manifest.json";
-export const ENTRY = "cli.js";
-const MANIFEST_VERSION = 1;
+export const MANIFEST_VERSION = 2;
 
 /**
- * The bundle's folder: ASSAY_BUNDLE_DIR when set (tests build one of their own), else the default.
+ * The bundle's folder: ASSAY_BUNDLE_DIR when set (tests build their own), else the default. It must
+ * lie inside the checkout: the bundle imports the packages it leaves outside from node_modules, which
+ * Node finds by walking up from the bundle's own folder.
  * @param {NodeJS.ProcessEnv} env
  */
 export function bundleDir(env = process.env) {
@@ -31,31 +35,79 @@ export function bundleDir(env = process.env) {
 }
 
 /**
- * Size and modification time of each file (paths relative to `root`); null for a missing one.
+ * @param {string} dir
  * @param {string} root
- * @param {string[]} files
- * @returns {[string, number, number][] | null}
  */
-export function fingerprint(root, files) {
-  /** @type {[string, number, number][]} */
-  const out = [];
-  for (const file of files) {
-    const st = fs.statSync(path.join(root, file), { throwIfNoEntry: false });
-    if (!st) return null;
-    out.push([file, st.size, st.mtimeMs]);
-  }
-  return out;
+export function insideCheckout(dir, root = ROOT) {
+  const rel = path.relative(root, dir);
+  return rel !== "" && !rel.startsWith("..") && !path.isAbsolute(rel);
+}
+
+/** @typedef {[file: string, size: number, mtimeMs: number]} FileStamp */
+/**
+ * @typedef {{ version: number, root: string, builtAt: string, entry: string, outputs: string[],
+ *   files: FileStamp[] }} Manifest
+ */
+
+/**
+ * Size and modification time of a file (path relative to `root`), or null when it is missing.
+ * @param {string} root
+ * @param {string} file
+ * @returns {FileStamp | null}
+ */
+export function stamp(root, file) {
+  const st = fs.statSync(path.join(root, file), { throwIfNoEntry: false });
+  return st ? [file, st.size, st.mtimeMs] : null;
 }
 
 /**
- * The manifest a bundle built now from these inputs records.
- * @param {string} root
- * @param {string[]} inputs
+ * The manifest in `dir`, or a reason why there is none to use.
+ * @param {string} dir
+ * @returns {Manifest | string}
  */
-export function manifestFor(root, inputs) {
-  const files = fingerprint(root, inputs);
-  if (!files) throw new Error("a bundle input disappeared while it was being built");
-  return { version: MANIFEST_VERSION, root, builtAt: new Date().toISOString(), files };
+export function readManifest(dir) {
+  let manifest;
+  try {
+    manifest = JSON.parse(fs.readFileSync(path.join(dir, MANIFEST), "utf8"));
+  } catch {
+    return "no bundle";
+  }
+  const valid =
+    manifest?.version === MANIFEST_VERSION &&
+    typeof manifest.root === "string" &&
+    typeof manifest.entry === "string" &&
+    Array.isArray(manifest.outputs) &&
+    Array.isArray(manifest.files) &&
+    manifest.files.every(
+      (/** @type {unknown} */ f) =>
+        Array.isArray(f) && typeof f[0] === "string" && typeof f[1] === "number" && typeof f[2] === "number",
+    );
+  return valid ? manifest : "unknown manifest";
+}
+
+/**
+ * The bundle in `dir` when it is current for the checkout at `root`, else why not. Never throws:
+ * anything unexpected is a reason, and the sources run.
+ * @param {string} dir
+ * @param {string} root
+ * @returns {Manifest | string}
+ */
+export function currentBundle(dir, root = ROOT) {
+  if (!insideCheckout(dir, root)) return `${dir} is outside ${root}`;
+  const manifest = readManifest(dir);
+  if (typeof manifest === "string") return manifest;
+  if (manifest.root !== root) return `built for ${manifest.root}`;
+  try {
+    for (const [file, size, mtimeMs] of manifest.files) {
+      const now = stamp(root, file);
+      if (!now) return `${file} is gone`;
+      if (now[1] !== size || now[2] !== mtimeMs) return `${file} changed`;
+    }
+    if (!fs.existsSync(path.join(dir, manifest.entry))) return `${manifest.entry} is missing`;
+  } catch (err) {
+    return `unreadable: ${err instanceof Error ? err.message : String(err)}`;
+  }
+  return manifest;
 }
 
 /**
@@ -65,21 +117,8 @@ export function manifestFor(root, inputs) {
  * @returns {string | null}
  */
 export function staleReason(dir, root = ROOT) {
-  let manifest;
-  try {
-    manifest = JSON.parse(fs.readFileSync(path.join(dir, MANIFEST), "utf8"));
-  } catch {
-    return "no bundle";
-  }
-  if (manifest?.version !== MANIFEST_VERSION || !Array.isArray(manifest.files)) return "unknown manifest";
-  if (manifest.root !== root) return `built for ${manifest.root}`;
-  for (const entry of manifest.files) {
-    const [file, size, mtimeMs] = entry;
-    const st = fs.statSync(path.join(root, file), { throwIfNoEntry: false });
-    if (!st) return `${file} is gone`;
-    if (st.size !== size || st.mtimeMs !== mtimeMs) return `${file} changed`;
-  }
-  return null;
+  const bundle = currentBundle(dir, root);
+  return typeof bundle === "string" ? bundle : null;
 }
 
 /**
@@ -90,5 +129,6 @@ export function staleReason(dir, root = ROOT) {
 export function bundleEntry(env = process.env) {
   if (env.ASSAY_BUNDLE === "0") return undefined;
   const dir = bundleDir(env);
-  return staleReason(dir) === null ? path.join(dir, ENTRY) : undefined;
+  const bundle = currentBundle(dir);
+  return typeof bundle === "string" ? undefined : path.join(dir, bundle.entry);
 }

@@ -61,13 +61,22 @@ export function lazyCompilers(): CompilersFactory {
   return {
     buildValidator: (externalSchemas, options) => {
       // The Ajv instance too is made on first use: making it compiles JSON Schema's meta-schema to
-      // check the shared schemas against (~50 ms of start-up).
-      let compile: ReturnType<typeof validatorFactory> | undefined;
-      return ((route) =>
-        lazyValidator(() => {
-          compile ??= validatorFactory(externalSchemas, options);
-          return compile(route) as Validate;
-        })) as AjvCompile;
+      // check the shared schemas against (~50 ms of start-up). A shared schema Ajv refuses then fails
+      // the requests that validate (500) instead of the start — each with the same error, remembered,
+      // not by making Ajv again. Our schemas are code, and every route's tests would fail first.
+      let made: { compile: ReturnType<typeof validatorFactory> } | { error: unknown } | undefined;
+      const factory = () => {
+        if (!made) {
+          try {
+            made = { compile: validatorFactory(externalSchemas, options) };
+          } catch (error) {
+            made = { error };
+          }
+        }
+        if ("error" in made) throw made.error;
+        return made.compile;
+      };
+      return ((route) => lazyValidator(() => factory()(route) as Validate)) as AjvCompile;
     },
     buildSerializer: (externalSchemas, options) => {
       const compile = serializerFactory(externalSchemas, options);
