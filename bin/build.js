@@ -22,6 +22,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import {
+  ABSENT,
   bundleDir,
   currentBundle,
   insideCheckout,
@@ -50,6 +51,8 @@ const EXTERNAL = [
 const ALSO_DEPENDS_ON = ["package.json", "tsconfig.json", "bin/build.js", "node_modules/.package-lock.json"];
 /** A file an earlier build wrote and this one does not is removed once it has been unused this long. */
 const KEEP_RETIRED_MS = 60 * 60 * 1000;
+/** What a build writes (esbuild's `[name]-[hash]` names, their maps, our temporary files): nothing else is ever removed. */
+const BUILD_FILE = /^([\w.-]+-[A-Z0-9]{8}\.js(\.map)?|.+\.[0-9]+-[0-9a-f]{8}\.tmp)$/;
 // Bundled CommonJS modules call require() for Node's built-ins: an ES module has none of its own.
 const BANNER =
   "import { createRequire as __assayCreateRequire } from 'node:module'; const require = __assayCreateRequire(import.meta.url);";
@@ -57,7 +60,7 @@ const BANNER =
 /** Whether `file` (absolute) is one of our sources, not a dependency's, wherever the checkout is. */
 function ownSource(file) {
   const rel = path.relative(ROOT, file);
-  return !rel.startsWith("..") && rel.split(path.sep)[0] !== "node_modules";
+  return rel !== ".." && !rel.startsWith(`..${path.sep}`) && rel.split(path.sep)[0] !== "node_modules";
 }
 
 /**
@@ -100,7 +103,8 @@ function ownLocation(stamps) {
 export async function buildBundle(dir) {
   if (!insideCheckout(dir)) throw new Error(`the bundle must be built inside ${ROOT}, not in ${dir}`);
   const esbuild = await import("esbuild");
-  const extra = ALSO_DEPENDS_ON.map((f) => stamp(ROOT, f)).filter((s) => s !== null);
+  // A missing one is recorded as such: its appearing later makes the bundle stale too.
+  const extra = ALSO_DEPENDS_ON.map((f) => stamp(ROOT, f) ?? /** @type {const} */ ([f, ABSENT, ABSENT]));
   const version = JSON.parse(fs.readFileSync(path.join(ROOT, "package.json"), "utf8")).version;
   const builtAt = new Date().toISOString();
   /** @type {Map<string, import("./bundle.js").FileStamp>} */
@@ -134,10 +138,19 @@ export async function buildBundle(dir) {
   const entryOutput = Object.entries(result.metafile.outputs).find(([, o]) => o.entryPoint === "src/cli.ts");
   if (!entryOutput) throw new Error("esbuild named no entry output");
   const entry = path.basename(entryOutput[0]);
+  // Every input of ours went through ownLocation and was stamped: one that did not (a JSON import, a
+  // symbolic link out of the checkout) would be in the bundle without the manifest watching it.
+  for (const input of Object.keys(result.metafile.inputs)) {
+    const abs = path.resolve(ROOT, input);
+    if (!ownSource(abs) && abs.split(path.sep).includes("node_modules")) continue; // a dependency
+    if (!stamps.has(input))
+      throw new Error(`${input} is bundled but not watched for changes: import it differently`);
+  }
   const files = [...stamps.values(), ...extra];
   for (const [file, size, mtimeMs] of files) {
     const now = stamp(ROOT, file);
-    if (!now || now[1] !== size || now[2] !== mtimeMs) throw new Error(`${file} changed during the build`);
+    const same = now ? now[1] === size && now[2] === mtimeMs : size === ABSENT;
+    if (!same) throw new Error(`${file} changed during the build`);
   }
   const previous = readManifest(dir);
   fs.mkdirSync(dir, { recursive: true });
@@ -149,29 +162,33 @@ export async function buildBundle(dir) {
   /** @type {import("./bundle.js").Manifest} */
   const manifest = { version: MANIFEST_VERSION, root: ROOT, builtAt, entry, outputs, files };
   writeByRename(path.join(dir, MANIFEST), JSON.stringify(manifest));
-  retire(dir, new Set([...outputs, MANIFEST]), typeof previous === "string" ? [] : previous.outputs);
+  retire(dir, new Set([...outputs, MANIFEST]), typeof previous === "string" ? null : previous.outputs);
   return { files: result.outputFiles.length, inputs: stamps.size, entry };
 }
 
 /**
  * Files the last build wrote and this one did not are marked retired now (their modification time);
- * files retired over an hour ago are removed.
+ * files retired over an hour ago are removed. Without a readable last manifest, every earlier file
+ * counts as just retired. Only files a build writes are ever touched, and a failure here leaves a
+ * file behind, never fails the build: the new bundle is complete by now.
  * @param {string} dir
  * @param {Set<string>} current
- * @param {string[]} lastOutputs
+ * @param {string[] | null} lastOutputs
  */
 function retire(dir, current, lastOutputs) {
-  const justRetired = new Set(lastOutputs.filter((f) => !current.has(f)));
   const now = Date.now();
   for (const name of fs.readdirSync(dir)) {
-    if (current.has(name)) continue;
+    if (current.has(name) || !BUILD_FILE.test(name)) continue;
     const file = path.join(dir, name);
-    if (justRetired.has(name)) {
-      fs.utimesSync(file, new Date(now), new Date(now));
-      continue;
+    try {
+      const st = fs.lstatSync(file);
+      if (!st.isFile()) continue;
+      if (lastOutputs === null || lastOutputs.includes(name))
+        fs.utimesSync(file, new Date(now), new Date(now));
+      else if (now - st.mtimeMs > KEEP_RETIRED_MS) fs.rmSync(file, { force: true });
+    } catch (err) {
+      console.warn(`assay: left ${file}: ${err instanceof Error ? err.message : String(err)}`);
     }
-    const st = fs.statSync(file, { throwIfNoEntry: false });
-    if (st && now - st.mtimeMs > KEEP_RETIRED_MS) fs.rmSync(file, { force: true });
   }
 }
 
@@ -209,5 +226,10 @@ async function main() {
 }
 
 // Run as a script (also through a symlink), not when a test imports buildBundle.
-const invoked = process.argv[1] ? fs.realpathSync(process.argv[1]) : "";
+let invoked = "";
+try {
+  invoked = process.argv[1] ? fs.realpathSync(process.argv[1]) : "";
+} catch {
+  // not a file: not run as a script
+}
 if (invoked === fileURLToPath(import.meta.url)) await main();

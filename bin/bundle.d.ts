@@ -12,6 +12,7 @@ export declare const ROOT: string;
 export declare const DEFAULT_BUNDLE_DIR: string;
 export declare const MANIFEST: string;
 export declare const MANIFEST_VERSION: number;
+export declare const ABSENT: number;
 export declare function bundleDir(env?: NodeJS.ProcessEnv): string;
 export declare function insideCheckout(dir: string, root?: string): boolean;
 export declare function stamp(root: string, file: string): FileStamp | null;

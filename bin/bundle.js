@@ -39,8 +39,23 @@ export function bundleDir(env = process.env) {
  * @param {string} root
  */
 export function insideCheckout(dir, root = ROOT) {
-  const rel = path.relative(root, dir);
-  return rel !== "" && !rel.startsWith("..") && !path.isAbsolute(rel);
+  const rel = path.relative(realpathOfExisting(root), realpathOfExisting(dir));
+  return rel !== "" && rel !== ".." && !rel.startsWith(`..${path.sep}`) && !path.isAbsolute(rel);
+}
+
+/**
+ * The real path of `p`, or of its deepest existing parent with the rest appended: Node loads a
+ * module by its real path, so a folder reached through a symbolic link is where its target is.
+ * @param {string} p
+ */
+function realpathOfExisting(p) {
+  const abs = path.resolve(p);
+  try {
+    return fs.realpathSync(abs);
+  } catch {
+    const parent = path.dirname(abs);
+    return parent === abs ? abs : path.join(realpathOfExisting(parent), path.basename(abs));
+  }
 }
 
 /** @typedef {[file: string, size: number, mtimeMs: number]} FileStamp */
@@ -59,6 +74,9 @@ export function stamp(root, file) {
   const st = fs.statSync(path.join(root, file), { throwIfNoEntry: false });
   return st ? [file, st.size, st.mtimeMs] : null;
 }
+
+/** A file recorded as missing when the bundle was built (its size and time are -1). */
+export const ABSENT = -1;
 
 /**
  * The manifest in `dir`, or a reason why there is none to use.
@@ -100,10 +118,15 @@ export function currentBundle(dir, root = ROOT) {
   try {
     for (const [file, size, mtimeMs] of manifest.files) {
       const now = stamp(root, file);
-      if (!now) return `${file} is gone`;
-      if (now[1] !== size || now[2] !== mtimeMs) return `${file} changed`;
+      if (!now) {
+        if (size !== ABSENT) return `${file} is gone`;
+      } else if (now[1] !== size || now[2] !== mtimeMs) return `${file} changed`;
     }
-    if (!fs.existsSync(path.join(dir, manifest.entry))) return `${manifest.entry} is missing`;
+    // Every module of it, not only the entry: a missing chunk would fail a lazy import later, with no
+    // way back to the sources.
+    for (const out of [manifest.entry, ...manifest.outputs.filter((o) => o.endsWith(".js"))]) {
+      if (!fs.existsSync(path.join(dir, out))) return `${out} is missing`;
+    }
   } catch (err) {
     return `unreadable: ${err instanceof Error ? err.message : String(err)}`;
   }

@@ -64,8 +64,13 @@ test("a bundle is current only while every file it was built from is as it was, 
     assert.match(staleReason(dir, `${root}-moved`) ?? "", /is outside/);
     write({ root: "/elsewhere" });
     assert.equal(staleReason(dir, root), "built for /elsewhere");
-    // Outside the checkout the bundle could not import the packages it leaves in node_modules.
+    // Outside the checkout the bundle could not import the packages it leaves in node_modules, and
+    // a folder inside reached through a symbolic link is where its target is.
     assert.match(staleReason(os.tmpdir(), root) ?? "", /is outside/);
+    const away = fs.mkdtempSync(path.join(os.tmpdir(), "assay-bundle-away-"));
+    fs.symlinkSync(away, path.join(root, "linked"));
+    assert.match(staleReason(path.join(root, "linked/b"), root) ?? "", /is outside/);
+    fs.rmSync(away, { recursive: true });
 
     write();
     // Same size, another modification time (a checkout of another commit, an editor's save).
@@ -76,10 +81,18 @@ test("a bundle is current only while every file it was built from is as it was, 
     write();
     fs.writeFileSync(path.join(root, "src/cli.ts"), "export const a = 12;\n");
     assert.equal(staleReason(dir, root), "src/cli.ts changed");
+    write({ outputs: ["cli-X.js", "chunk-Y.js", "chunk-Y.js.map"] });
+    assert.equal(staleReason(dir, root), "chunk-Y.js is missing", "a chunk a lazy import would need");
     write();
     fs.rmSync(path.join(dir, "cli-X.js"));
     assert.equal(staleReason(dir, root), "cli-X.js is missing");
     fs.writeFileSync(path.join(dir, "cli-X.js"), "");
+    // A file recorded as absent (tsconfig.json, say) that appears makes it stale as well.
+    write({ files: [["tsconfig.json", -1, -1]] });
+    assert.equal(staleReason(dir, root), null);
+    fs.writeFileSync(path.join(root, "tsconfig.json"), "{}");
+    assert.equal(staleReason(dir, root), "tsconfig.json changed");
+    write();
     fs.rmSync(a);
     assert.equal(staleReason(dir, root), "src/ünïcode dir/a.ts is gone");
 
@@ -103,7 +116,7 @@ test("bin/assay.js runs a current bundle whole, the sources when ASSAY_BUNDLE=0 
   try {
     await assert.rejects(buildBundle(fs.mkdtempSync(path.join(os.tmpdir(), "b-"))), /must be built inside/);
     const first = await buildBundle(dir);
-    const stale = path.join(dir, "chunk-RETIREDLONGAGO.js");
+    const stale = path.join(dir, "chunk-RETIRED0.js");
     fs.writeFileSync(stale, "");
     const weekAgo = new Date(Date.now() - 7 * 24 * 3600 * 1000);
     fs.utimesSync(stale, weekAgo, weekAgo);
@@ -111,26 +124,43 @@ test("bin/assay.js runs a current bundle whole, the sources when ASSAY_BUNDLE=0 
     const manifest = readManifest(dir) as Manifest;
     fs.writeFileSync(
       path.join(dir, MANIFEST),
-      JSON.stringify({ ...manifest, outputs: [...manifest.outputs, "cli-OLD.js"] }),
+      JSON.stringify({ ...manifest, outputs: [...manifest.outputs, "cli-OLDENTRY.js"] }),
     );
-    fs.writeFileSync(path.join(dir, "cli-OLD.js"), "");
-    fs.utimesSync(path.join(dir, "cli-OLD.js"), weekAgo, weekAgo);
+    fs.writeFileSync(path.join(dir, "cli-OLDENTRY.js"), "");
+    fs.utimesSync(path.join(dir, "cli-OLDENTRY.js"), weekAgo, weekAgo);
 
     const built = await buildBundle(dir);
     assert.match(first.entry, /^cli-\w+\.js$/);
     assert.ok(built.inputs > 50, `bundled ${built.inputs} sources`);
     assert.equal(fs.existsSync(stale), false, "a file retired a week ago is removed");
     assert.ok(
-      fs.existsSync(path.join(dir, "cli-OLD.js")),
+      fs.existsSync(path.join(dir, "cli-OLDENTRY.js")),
       "the last build's file stays for whoever still runs it",
     );
-    assert.ok(Date.now() - fs.statSync(path.join(dir, "cli-OLD.js")).mtimeMs < 60_000, "…marked retired now");
+    assert.ok(
+      Date.now() - fs.statSync(path.join(dir, "cli-OLDENTRY.js")).mtimeMs < 60_000,
+      "…marked retired now",
+    );
     assert.equal(bundleEntry({ ASSAY_BUNDLE_DIR: dir }), path.join(dir, built.entry));
+
+    // Only what a build writes is ever removed; and with the last manifest unreadable, every earlier
+    // build file counts as retired now (a server may still run that bundle), none is removed.
+    const foreign = path.join(dir, "notes.txt");
+    fs.writeFileSync(foreign, "");
+    fs.utimesSync(foreign, weekAgo, weekAgo);
+    fs.mkdirSync(path.join(dir, "old-folder-ABCDEFGH.js"));
+    fs.writeFileSync(path.join(dir, "chunk-OLDCHUNK.js"), "");
+    fs.utimesSync(path.join(dir, "chunk-OLDCHUNK.js"), weekAgo, weekAgo);
+    fs.writeFileSync(path.join(dir, MANIFEST), "{ torn");
+    await buildBundle(dir);
+    assert.ok(fs.existsSync(foreign), "a file the build did not write stays");
+    assert.ok(fs.existsSync(path.join(dir, "chunk-OLDCHUNK.js")), "kept: the last manifest was unreadable");
+    assert.ok(Date.now() - fs.statSync(path.join(dir, "chunk-OLDCHUNK.js")).mtimeMs < 60_000);
     assert.equal(bundleEntry({ ASSAY_BUNDLE_DIR: dir, ASSAY_BUNDLE: "0" }), undefined);
 
     // Nothing in it still names the bundle's own place as a source's: every import.meta was replaced
     // (the banner's aside), so the analysis scripts, migrations and dashboard are found where they are.
-    const js = fs.readdirSync(dir).filter((f) => f.endsWith(".js") && f !== "cli-OLD.js");
+    const js = (readManifest(dir) as Manifest).outputs.filter((f) => f.endsWith(".js"));
     const texts = js.map((f) => fs.readFileSync(path.join(dir, f), "utf8"));
     assert.deepEqual(
       texts.filter((t) => (t.match(/import\.meta/g) ?? []).length !== 1),
