@@ -28,6 +28,8 @@ function describe(e) {
   if (e.type === "run.retry")
     return `attempt ${d.attempt ?? ""} failed${d.errorCode ? ` (${d.errorCode})` : ""}; retry`;
   const parts = [];
+  if (d.cancelledQueued > 0)
+    parts.push(`${d.cancelledQueued} queued ${d.cancelledQueued === 1 ? "run" : "runs"} cancelled`);
   if (d.attempt !== undefined) parts.push(`attempt ${d.attempt}`);
   if (d.errorCode) parts.push(d.errorCode);
   return parts.join(" · ");
@@ -103,7 +105,14 @@ export function TaskView({ taskId }) {
     setLive((old) => {
       const next = { ...old };
       for (const e of batch) {
-        if (!e.runId) continue;
+        if (!e.runId) {
+          // A cancel ends the queued runs in one task event: the runs still queued here are those.
+          if (e.data?.cancelledQueued > 0)
+            for (const [id, cur] of Object.entries(next))
+              if (cur.status === "queued")
+                next[id] = { ...cur, status: "cancelled", finishedAt: e.createdAt };
+          continue;
+        }
         const cur = { ...(next[e.runId] ?? {}) };
         const d = e.data ?? {};
         if (e.type === "run.progress") {
@@ -124,7 +133,8 @@ export function TaskView({ taskId }) {
     });
     if (batch.some((e) => e.type !== "run.progress")) {
       scheduleReread("task");
-      if (batch.some((e) => e.runId && isTerminal(e.data?.status))) scheduleReread("runs");
+      if (batch.some((e) => (e.runId && isTerminal(e.data?.status)) || e.data?.cancelledQueued > 0))
+        scheduleReread("runs");
     }
     if (batch.some((e) => !e.runId && isTerminal(e.data?.status))) setResultsVersion((v) => v + 1);
   }

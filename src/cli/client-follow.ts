@@ -30,6 +30,8 @@ async function barsView(ctx: ClientContext, task: Task): Promise<View> {
   return {
     event(e) {
       const change = tracker.apply(e);
+      if (change.kind === "task" && change.cancelledQueued > 0)
+        bars.log(`${"cancelled".padEnd(10)} ${change.cancelledQueued} queued runs, before they started`);
       if (change.kind === "run" && (change.ended || change.retried) && change.run.status !== "succeeded") {
         const what = change.retried ? `retrying (attempt ${change.run.attempt + 1})` : change.run.status;
         bars.log(
@@ -165,6 +167,8 @@ export function eventLine(e: TaskEvent, names: Map<string, string>): string {
     what = `${d.percent ?? "?"}%${typeof d.message === "string" ? ` ${shown(d.message)}` : ""}`;
   else if (typeof d.errorCode === "string") what = d.errorCode;
   else if (e.type === "task.queued") what = `${d.totalCount ?? "?"} runs`;
+  else if (typeof d.cancelledQueued === "number" && d.cancelledQueued > 0)
+    what = `${d.cancelledQueued} queued runs cancelled`;
   return `${e.createdAt}  ${e.type.padEnd(16)} ${who}${what ? `  ${what}` : ""}`;
 }
 

@@ -19,7 +19,8 @@ const isOutcome = (s: string): s is Outcome => OUTCOMES.includes(s);
 
 /** What an event changed, for the view to redraw or report. */
 export type Change =
-  | { kind: "task"; status: string }
+  /** `cancelledQueued`: how many queued runs the task's cancel ended at once (no event of their own). */
+  | { kind: "task"; status: string; cancelledQueued: number }
   | { kind: "run"; run: RunState; ended: boolean; retried: boolean }
   | { kind: "none" };
 
@@ -77,9 +78,20 @@ export class TaskTracker {
     if (e.type === "task.queued" && typeof e.data.totalCount === "number") this.total = e.data.totalCount;
     const status = typeof e.data.status === "string" ? e.data.status : e.type.slice("task.".length);
     this.status = status;
-    return { kind: "task", status };
+    // A cancel ends the task's queued runs in one event: the runs still queued here are those runs.
+    const cancelledQueued =
+      e.type === "task.cancelling" && typeof e.data.cancelledQueued === "number" ? e.data.cancelledQueued : 0;
+    if (cancelledQueued > 0) {
+      this.counts.cancelled += cancelledQueued;
+      for (const run of this.runs.values())
+        if (run.status === "queued") Object.assign(run, { status: "cancelled", errorCode: CANCELLED_QUEUED });
+    }
+    return { kind: "task", status, cancelledQueued };
   }
 }
+
+/** The error code of a run cancelled before it started. */
+const CANCELLED_QUEUED = "ANALYSIS_PROCESS_CANCELLED";
 
 const fresh = (runId: string, name: string): RunState => ({
   runId,

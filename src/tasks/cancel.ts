@@ -1,6 +1,7 @@
 // Cancelling a task (DESIGN §3, seed §9): one transaction marks the task `cancelling`, ends its queued
-// runs at once (counted through the same tail as every other ending), marks its live runs
-// `cancelling`, and tells the workers. The owning worker kills the process group, waits for `close`,
+// runs at once (counted through the same tail as every other ending, recorded as one number in the
+// `task.cancelling` event rather than an event per run), marks its live runs `cancelling`, and tells
+// the workers. The owning worker kills the process group, waits for `close`,
 // removes the partial output and completes the run `cancelled`; its heartbeat is the backstop for a
 // missed NOTIFY, and the reaper ends the cancelling runs of a dead worker.
 import type { Principal } from "../auth/tokens.ts";
@@ -24,8 +25,14 @@ export async function taskCancel(sql: Sql, p: Principal, taskId: string): Promis
     // Run rows first, then the task row: the same order as completions, so the two cannot deadlock.
     // Queued runs too (~60 ms for 66,000): runFailUnserved locks queued runs before their task, and
     // the update below would otherwise take them after the task row.
-    await tx`select id from runs where task_id = ${taskId} and status in ('queued', 'starting', 'running')
-             order by id for update`;
+    // They stay locked to the end, so the queued ones counted here are the ones runCancelQueued ends.
+    const [held] = await tx<{ queued: number }[]>`
+      with held as materialized (
+        select id, status from runs where task_id = ${taskId} and status in ('queued', 'starting', 'running')
+        order by id for update
+      )
+      select count(*) filter (where status = 'queued')::int as queued from held`;
+    const queued = held?.queued ?? 0;
     const [moved] = await tx<{ status: string }[]>`
       update tasks set status = 'cancelling', updated_at = now()
       where id = ${taskId} and status in ('queued', 'running') returning status`;
@@ -43,18 +50,29 @@ export async function taskCancel(sql: Sql, p: Principal, taskId: string): Promis
         where task_id = ${taskId} and status in ('starting', 'running')
         returning id, task_id, attempt
       ),
+      -- The live runs' events first, then the task's, which also records the queued runs' endings as
+      -- one number (runCancelQueued below ends them without an event each): a reader that applies the
+      -- log in order knows every live run by then, so the runs it still has queued are exactly those.
       events as (
         insert into task_events (task_id, run_id, type, data)
-        select ${taskId}::bigint, null, 'task.cancelling', jsonb_build_object('status', 'cancelling')
-        union all
-        select task_id, id, 'run.cancelling', jsonb_build_object('status', 'cancelling', 'attempt', attempt)
-        from (select * from moved order by id) m
+        select task_id, run_id, type, data from (
+          select task_id, id as run_id, 'run.cancelling' as type,
+                 jsonb_build_object('status', 'cancelling', 'attempt', attempt) as data, 0 as ord, id as k
+          from moved
+          union all
+          select ${taskId}::bigint, null, 'task.cancelling',
+                 jsonb_build_object('status', 'cancelling', 'cancelledQueued', ${queued}::int), 1, 0
+        ) e
+        order by ord, k
         returning id, task_id, run_id, type, data, created_at
       ),
       ${notifyEvents(tx as unknown as Sql)}
       select (select count(*)::int from moved) as live, (select count(*) from notified) as notified`;
     const live = marked?.live ?? 0;
     const cancelled = await runCancelQueued(tx as unknown as Sql, taskId);
+    // Cannot differ while the rows are locked; if it ever did, the event would have lied.
+    if (cancelled !== queued)
+      throw new Error(`task ${taskId}: ${queued} queued runs locked, ${cancelled} cancelled`);
     if (live > 0) await tx`select pg_notify(${CANCEL_CHANNEL}, ${taskId})`;
     const [after] = await tx<{ status: string }[]>`select status from tasks where id = ${taskId}`;
     return {

@@ -153,6 +153,46 @@ test("the tracker counts each run's outcome once, retries as queued again, and t
   assert.equal(t.status, "partially_succeeded");
 });
 
+test("a cancel's queued runs end with its task.cancelling event: counted once, live runs untouched", () => {
+  // Runs 5 and 7 queued, 6 claimed (no event yet), 8 ended before the cancel.
+  const t = new TaskTracker(
+    "1",
+    4,
+    ["5", "6", "7", "8"].map((runId) => ({ runId, fileName: `${runId}.csv` })),
+  );
+  t.apply(event("1", "task.queued", null, { status: "queued", totalCount: 4 }));
+  t.apply(event("2", "run.failed", "8", { attempt: 1, errorCode: "ANALYSIS_DATA_INVALID" }));
+  // The cancel's events, as it writes them: the live runs' first, then the task's with the count.
+  t.apply(event("3", "run.cancelling", "6", { status: "cancelling", attempt: 1 }));
+  const bulk = t.apply(event("4", "task.cancelling", null, { status: "cancelling", cancelledQueued: 2 }));
+  assert.deepEqual(bulk, { kind: "task", status: "cancelling", cancelledQueued: 2 });
+  assert.deepEqual(
+    [...t.runs.values()].map((r) => [r.runId, r.status]),
+    [
+      ["5", "cancelled"],
+      ["6", "cancelling"],
+      ["7", "cancelled"],
+      ["8", "failed"],
+    ],
+  );
+  assert.equal(t.runs.get("5")?.errorCode, "ANALYSIS_PROCESS_CANCELLED");
+  const last = t.apply(
+    event("5", "run.cancelled", "6", { attempt: 1, errorCode: "ANALYSIS_PROCESS_CANCELLED" }),
+  );
+  assert.equal(last.kind === "run" && last.ended, true);
+  t.apply(event("6", "task.cancelled", null, { status: "cancelled" }));
+  assert.deepEqual(t.counts, { succeeded: 0, failed: 1, timed_out: 0, cancelled: 3 });
+  assert.equal(t.done, t.total);
+  // A task.cancelling without the count (a log written before it existed) changes no run.
+  const old = new TaskTracker("2", 1, [{ runId: "9", fileName: "x" }]);
+  assert.deepEqual(old.apply(event("7", "task.cancelling", null, { status: "cancelling" })), {
+    kind: "task",
+    status: "cancelling",
+    cancelledQueued: 0,
+  });
+  assert.equal(old.runs.get("9")?.status, "queued");
+});
+
 const STATS: JsonSchema = {
   type: "object",
   required: ["method"],

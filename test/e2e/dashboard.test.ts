@@ -289,6 +289,24 @@ test("cancel a long task from its page and see it cancelled", { skip }, async ()
   await page.locator(".task header .badge", { hasText: "cancelled" }).waitFor({ timeout: 30_000 });
   assert.equal(await page.getByRole("button", { name: "Cancel task" }).count(), 0);
   assert.equal((await env.db.sql`select status from tasks where id = ${taskId}`)[0]?.status, "cancelled");
+  // Every run shows cancelled, the ones that never started too (they have no event of their own:
+  // the task.cancelling event counts them, and the page shows that count in its log).
+  await waitFor(
+    async () =>
+      (await page.locator("tr[data-run] .badge").allTextContents()).every((b) => b.trim() === "cancelled")
+        ? true
+        : undefined,
+    10_000,
+    "every run to show cancelled",
+  );
+  const [ev] = await env.db.sql<{ n: number }[]>`
+    select (data->>'cancelledQueued')::int as n from task_events where task_id = ${taskId} and type = 'task.cancelling'`;
+  // Two slots, five runs: some were still queued.
+  assert.ok((ev?.n ?? 0) > 0, "the cancel ended queued runs");
+  await page.getByRole("tab", { name: "Event log" }).click();
+  await page
+    .getByText(`${ev?.n} queued ${ev?.n === 1 ? "run" : "runs"} cancelled`)
+    .waitFor({ timeout: 10_000 });
   await shot("cancelled");
   assert.deepEqual(problems, []);
 });

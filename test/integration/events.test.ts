@@ -8,6 +8,7 @@ import type { Principal } from "../../src/auth/tokens.ts";
 import type { TaskEvent } from "../../src/events/read.ts";
 import { serveTaskEvents } from "../../src/http/routes/events.ts";
 import { createLogger } from "../../src/log.ts";
+import { runClaim, runComplete } from "../../src/queue/sql.ts";
 import { type Handler, Worker } from "../../src/queue/worker.ts";
 import { taskCancel } from "../../src/tasks/cancel.ts";
 import { bearer, startTestApp, type TestApp } from "../helpers/app.ts";
@@ -351,26 +352,45 @@ describe("the events NOTIFY", () => {
         heard.push(JSON.parse(payload)),
       );
       try {
-        // Cancelling ends every queued run in one statement: 3 runs → 4 events, 100 runs → 101.
+        // Cancelling ends every queued run in one statement and records them in its task.cancelling
+        // event: 3 runs → 2 events. Completing 100 runs in one statement: 101 events, more than fit.
         const small = await createTask(t.db.sql, owner, "never-claimed-notify", 3);
-        const big = await createTask(t.db.sql, owner, "never-claimed-notify", 100);
-        for (const taskId of [small, big])
-          assert.equal((await taskCancel(t.db.sql, owner, taskId)).kind, "cancelling");
-        const of = (taskId: string) =>
-          heard.filter((n) => n.taskId === taskId && (n.events?.length ?? 0) !== 1);
-        await waitFor(async () => (of(small).length > 0 && of(big).length > 0 ? true : undefined));
-        const smallEvents = (await tableEvents(t.db.sql, small)).filter(
-          ([, type]) => type !== "task.queued" && type !== "task.cancelling",
+        assert.equal((await taskCancel(t.db.sql, owner, small)).kind, "cancelling");
+        const big = await createTask(t.db.sql, owner, "notify-complete-100", 100);
+        const claimed = await runClaim(t.db.sql, {
+          workerId: "notify-w",
+          analysisType: "notify-complete-100",
+          limit: 100,
+          globalLimit: 0,
+          leaseTtlMs: 30_000,
+        });
+        assert.equal(claimed.length, 100);
+        const done = await runComplete(
+          t.db.sql,
+          claimed.map((c) => ({ id: c.id, token: c.leaseToken, status: "failed" as const })),
+        );
+        assert.equal(done.completed.length, 100);
+        const of = (taskId: string) => heard.filter((n) => n.taskId === taskId);
+        const carried = (taskId: string) => of(taskId).flatMap((n) => n.events ?? []);
+        await waitFor(async () =>
+          carried(small).some((e) => e.type === "task.cancelled") && of(big).some((n) => !n.events)
+            ? true
+            : undefined,
+        );
+        const smallEvents = await tableEvents(t.db.sql, small);
+        assert.deepEqual(
+          smallEvents.map(([, type]) => type),
+          ["task.queued", "task.cancelling", "task.cancelled"],
         );
         assert.deepEqual(
-          of(small)[0]?.events?.map((e) => [e.id, e.type]),
-          smallEvents,
-          "the small batch's payload is its events, in order",
+          carried(small).map((e) => [e.id, e.type]),
+          smallEvents.slice(1), // the helper's create does not announce task.queued
+          "the small batches' payloads are their events, in order",
         );
         const bigEvents = await tableEvents(t.db.sql, big);
-        assert.equal(bigEvents.filter(([, type]) => type === "run.cancelled").length, 100);
+        assert.equal(bigEvents.filter(([, type]) => type === "run.failed").length, 100);
         assert.deepEqual(
-          of(big)[0],
+          of(big).find((n) => !n.events),
           { taskId: big, eventId: bigEvents.at(-1)?.[0] },
           "the big one's is a doorbell",
         );

@@ -191,7 +191,12 @@ export async function runRetry(sql: Sql, retries: Retry[]): Promise<RetryResult>
   };
 }
 
-/** Ends a task's queued runs as cancelled, counted like any other ending. Returns how many. */
+/**
+ * Ends a task's queued runs as cancelled, counted like any other ending, and returns how many. No
+ * event per run: the caller (taskCancel, which holds their locks) has recorded how many it ends in the
+ * task's `task.cancelling` event. One event per run was ~0.6 s of a 100,000-run cancel, and as many
+ * SSE messages to every follower.
+ */
 export async function runCancelQueued(sql: Sql, taskId: string): Promise<number> {
   const [row] = await sql<{ n: number }[]>`
     with done as (
@@ -203,7 +208,7 @@ export async function runCancelQueued(sql: Sql, taskId: string): Promise<number>
       where r.task_id = ${taskId} and r.status = 'queued'
       returning r.id, r.task_id, r.status, r.attempt, r.error_code
     ),
-    ${countIntoTasks(sql)}
+    ${countIntoTasks(sql, false, { runEvents: false })}
     select (select count(*)::int from done) as n, (select count(*) from notified) as notified`;
   return row?.n ?? 0;
 }

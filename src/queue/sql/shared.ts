@@ -74,9 +74,10 @@ export function byId<T extends { id: number }>(rows: readonly T[]): T[] {
  * the queue —
  * locks their tasks in id order, adds the outcomes to the counters, flips tasks whose counters reach
  * their total, appends the events and announces them. Defines `counted` (id, status, finished) and
- * `notified`.
+ * `notified`. With `runEvents: false` only the tasks' closing events are appended: the caller has
+ * recorded the runs' endings in one event of its own (a cancel's queued runs, see taskCancel).
  */
-export function countIntoTasks(sql: Sql, withRequeued = false) {
+export function countIntoTasks(sql: Sql, withRequeued = false, { runEvents = true } = {}) {
   return sql`
     agg as (
       select task_id,
@@ -129,7 +130,7 @@ export function countIntoTasks(sql: Sql, withRequeued = false) {
         select task_id, id as run_id, 'run.' || status as type,
                jsonb_build_object('status', status, 'attempt', attempt, 'errorCode', error_code) as data,
                0 as ord, id as k
-        from done
+        from done ${runEvents ? sql`` : sql`where false`}
         ${
           withRequeued
             ? sql`union all
