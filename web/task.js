@@ -110,7 +110,12 @@ export function TaskView({ taskId }) {
           if (e.data?.cancelledQueued > 0)
             for (const [id, cur] of Object.entries(next))
               if (cur.status === "queued")
-                next[id] = { ...cur, status: "cancelled", finishedAt: e.createdAt };
+                next[id] = {
+                  ...cur,
+                  status: "cancelled",
+                  errorCode: "ANALYSIS_PROCESS_CANCELLED",
+                  finishedAt: e.createdAt,
+                };
           continue;
         }
         const cur = { ...(next[e.runId] ?? {}) };

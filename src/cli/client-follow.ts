@@ -10,6 +10,8 @@ import { summaryLine } from "../client/summary.ts";
 import type { Run, Task, TaskEvent } from "../http/api-types.ts";
 import { type ClientContext, runClientCommand, taskIdArg } from "./client-common.ts";
 
+const queuedRuns = (n: number) => `${n} queued ${n === 1 ? "run" : "runs"}`;
+
 export interface FollowResult {
   task: Task;
   /** Runs that ended other than succeeded, with their errors. */
@@ -31,7 +33,7 @@ async function barsView(ctx: ClientContext, task: Task): Promise<View> {
     event(e) {
       const change = tracker.apply(e);
       if (change.kind === "task" && change.cancelledQueued > 0)
-        bars.log(`${"cancelled".padEnd(10)} ${change.cancelledQueued} queued runs, before they started`);
+        bars.log(`${"cancelled".padEnd(10)} ${queuedRuns(change.cancelledQueued)} before they started`);
       if (change.kind === "run" && (change.ended || change.retried) && change.run.status !== "succeeded") {
         const what = change.retried ? `retrying (attempt ${change.run.attempt + 1})` : change.run.status;
         bars.log(
@@ -168,7 +170,7 @@ export function eventLine(e: TaskEvent, names: Map<string, string>): string {
   else if (typeof d.errorCode === "string") what = d.errorCode;
   else if (e.type === "task.queued") what = `${d.totalCount ?? "?"} runs`;
   else if (typeof d.cancelledQueued === "number" && d.cancelledQueued > 0)
-    what = `${d.cancelledQueued} queued runs cancelled`;
+    what = `${queuedRuns(d.cancelledQueued)} cancelled`;
   return `${e.createdAt}  ${e.type.padEnd(16)} ${who}${what ? `  ${what}` : ""}`;
 }
 

@@ -78,6 +78,12 @@ test("running processes: group killed, tmp dirs gone, counters right; a second c
   const log = await env.db.sql<{ type: string; data: { cancelledQueued?: number } }[]>`
     select type, data from task_events where task_id = ${taskId} order by id`;
   const types = log.map((r) => r.type);
+  // The live runs' run.cancelling events come before task.cancelling (a reader applying the log in
+  // order takes the runs it still has queued then for the ones the number counts).
+  assert.deepEqual(
+    types.filter((x) => x === "run.cancelling" || x === "task.cancelling"),
+    ["run.cancelling", "run.cancelling", "task.cancelling"],
+  );
   // Two slots: two runs were live (cancelled by their worker, an event each), the third was queued
   // (ended by the cancel itself, counted in its task.cancelling event).
   assert.equal(types.filter((x) => x === "run.cancelled").length, 2);

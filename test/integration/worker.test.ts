@@ -440,7 +440,12 @@ test("a task turns running when a run is recorded running or ends after starting
   // Runs that end without ever starting (cancelled while queued) leave a task unstarted.
   const c = await createTask(db.sql, owner, "t-start-c", 3);
   assert.ok((await claim("t-start-c"))[0]);
-  assert.equal(await runCancelQueued(db.sql, c), 2);
+  // Its caller recorded how many it ends: a different number throws and rolls the caller back.
+  await assert.rejects(
+    db.sql.begin((tx) => runCancelQueued(tx as unknown as typeof db.sql, String(c), 1)),
+    /1 queued runs recorded, 2 ended/,
+  );
+  assert.equal(await runCancelQueued(db.sql, String(c), 2), 2);
   assert.deepEqual(await status(c), { status: "queued", started: false });
 });
 

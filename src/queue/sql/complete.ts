@@ -193,11 +193,13 @@ export async function runRetry(sql: Sql, retries: Retry[]): Promise<RetryResult>
 
 /**
  * Ends a task's queued runs as cancelled, counted like any other ending, and returns how many. No
- * event per run: the caller (taskCancel, which holds their locks) has recorded how many it ends in the
- * task's `task.cancelling` event. One event per run was ~0.6 s of a 100,000-run cancel, and as many
- * SSE messages to every follower.
+ * event per run: the caller records the number in an event of its own (taskCancel: `task.cancelling`'s
+ * `cancelledQueued`), so it must already hold the runs' locks and pass the number it recorded as
+ * `expected`; a different number throws, which rolls the caller's transaction back (the log would
+ * otherwise disagree with the counters). One event per run was ~0.6 s of a 100,000-run cancel, and
+ * as many SSE messages to every follower.
  */
-export async function runCancelQueued(sql: Sql, taskId: string): Promise<number> {
+export async function runCancelQueued(sql: Sql, taskId: string, expected: number): Promise<number> {
   const [row] = await sql<{ n: number }[]>`
     with done as (
       update runs r set
@@ -210,5 +212,7 @@ export async function runCancelQueued(sql: Sql, taskId: string): Promise<number>
     ),
     ${countIntoTasks(sql, false, { runEvents: false })}
     select (select count(*)::int from done) as n, (select count(*) from notified) as notified`;
-  return row?.n ?? 0;
+  const n = row?.n ?? 0;
+  if (n !== expected) throw new Error(`task ${taskId}: ${expected} queued runs recorded, ${n} ended`);
+  return n;
 }
