@@ -128,3 +128,59 @@ test("a progress flush does not lock the task before its runs (young tables, no 
 test("a progress flush does not lock the task before its runs (a big task, analyzed)", async () => {
   await flushAgainstCompletion("lock-order-big", 5000, true);
 });
+
+test("a progress flush that waited for a run a cancel moved to cancelling records no run.running", async () => {
+  await withDatabase(async (db, owner, holder, flusher) => {
+    const taskId = await createTask(db.sql, owner, "cancel-race", 1);
+    const [run] = await runClaim(db.sql, {
+      workerId: "w",
+      analysisType: "cancel-race",
+      limit: 1,
+      globalLimit: 0,
+      leaseTtlMs: 60_000,
+    });
+    assert.ok(run);
+    let moved!: () => void;
+    const runMoved = new Promise<void>((resolve) => (moved = resolve));
+    let go!: () => void;
+    const proceed = new Promise<void>((resolve) => (go = resolve));
+    // The cancel's move of a claimed run (taskCancel: starting → cancelling), its commit held back.
+    const cancel = holder.sql.begin(async (tx) => {
+      await tx`update runs set status = 'cancelling' where id = ${run.id} and status = 'starting'`;
+      moved();
+      await proceed;
+    });
+    cancel.catch(() => {});
+    try {
+      await runMoved;
+      // The flush reads the run as `starting` (the move is not committed) and waits for its row.
+      const flush = runProgress(flusher.sql, [{ id: run.id, token: run.leaseToken, progress: 5 }]);
+      flush.catch(() => {});
+      await waitFor(
+        async () =>
+          (
+            await db.sql`
+            select 1 from pg_stat_activity
+            where datname = current_database() and pid <> pg_backend_pid()
+              and wait_event_type = 'Lock' and query like '%progress int%'`
+          ).length > 0,
+        10_000,
+        "the progress flush to wait for the run row",
+      );
+      go();
+      await cancel;
+      // It records the progress of the cancelling run and tells the worker; the run never ran.
+      assert.deepEqual(
+        (await flush).map((r) => ({ id: r.id, status: r.status })),
+        [{ id: run.id, status: "cancelling" }],
+      );
+      const types = (
+        await db.sql<{ type: string }[]>`select type from task_events where task_id = ${taskId} order by id`
+      ).map((e) => e.type);
+      assert.deepEqual(types, ["task.queued", "run.progress"]);
+    } finally {
+      go();
+      await cancel.catch(() => {});
+    }
+  });
+});

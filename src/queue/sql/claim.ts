@@ -340,7 +340,10 @@ export function runProgress(sql: Sql, updates: ProgressUpdate[]): Promise<{ id: 
       select task_id, run_id, type, data from (
         select m.task_id, m.id as run_id, 'run.running' as type,
                jsonb_build_object('status', 'running', 'attempt', m.attempt) as data, 0 as ord
-        from moved m join prev p on p.id = m.id where p.status = 'starting'
+        -- Both: prev is the statement's snapshot, moved the row as updated. A cancel that committed
+        -- while this waited for the row made it cancelling: it did not start running, and its log
+        -- already says cancelling.
+        from moved m join prev p on p.id = m.id where p.status = 'starting' and m.status = 'running'
         union all
         select m.task_id, m.id, 'run.progress',
                jsonb_strip_nulls(jsonb_build_object('percent', i.progress, 'message', i.message)), 1
