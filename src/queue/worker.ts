@@ -186,6 +186,9 @@ export class Worker {
     );
   }
 
+  /** The progress flush in flight (progressOnce): flushes never overlap. */
+  private progressFlight: Promise<void> | undefined;
+
   /** Wakes the claim loop (a NOTIFY arrived, a slot freed, a retry is due). */
   wake(): void {
     this.woken = true;
@@ -666,7 +669,19 @@ export class Worker {
    * One progress flush: writes the progress (and the `running` mark) of live attempts at least
    * progressFlushMs old, and aborts those found `cancelling`. Never throws.
    */
-  async progressOnce(): Promise<void> {
+  progressOnce(): Promise<void> {
+    // One at a time. A flush waiting for a run's row (a cancel of its task holds it) was overtaken by
+    // the next tick's, whose snapshot still read the run `starting`, and both recorded run.running.
+    // A tick while one is in flight is skipped: its reports wait for the next tick.
+    if (this.progressFlight) return this.progressFlight;
+    const flight = this.progressWrite().finally(() => {
+      this.progressFlight = undefined;
+    });
+    this.progressFlight = flight;
+    return flight;
+  }
+
+  private async progressWrite(): Promise<void> {
     if (this.progress.size === 0) return;
     // Younger attempts wait for a later flush (most short ones end first).
     const youngest = performance.now() - this.progressFlushMs();
@@ -716,6 +731,7 @@ export class Worker {
     }
     for (const a of this.active.values()) a.controller.abort("shutdown");
     await all();
+    await this.progressFlight; // then a flush of its own, with what arrived meanwhile
     await this.progressOnce();
     clearTimeout(this.flushTimer);
     this.flushTimer = undefined;

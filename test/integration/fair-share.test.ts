@@ -218,7 +218,7 @@ test("an owner whose only run went back to the queue after leaving the rotation 
 
 test("a claim of many slots serves users in turn, a quantum each, and leaves the backlog unscanned", async () => {
   const owners = await Promise.all(Array.from({ length: 12 }, (_, i) => seedUser(db.sql, `fair-many-${i}`)));
-  for (const o of owners) await createTask(db.sql, o, "fair6", 50);
+  for (const o of owners) await createTask(db.sql, o, "fair6", Math.max(50, 5 * CLAIM_QUANTUM));
   // Slots for two users' quanta and half of a third's.
   const slots = 2 * CLAIM_QUANTUM + Math.ceil(CLAIM_QUANTUM / 2);
   const claimed = await runClaim(db.sql, {
@@ -265,10 +265,33 @@ test("a claim of many slots serves users in turn, a quantum each, and leaves the
       20,
     )}::bigint[])`;
   assert.equal(one?.n, 2);
-  // Only the runs it gives out are locked and written: slots + 2 runs out of 600.
+  // Only the runs it gives out are locked and written: slots + 2 runs out of the backlog.
   const [live] = await db.sql<{ n: number }[]>`
     select count(*)::int as n from runs where analysis_type = 'fair6' and status <> 'queued'`;
   assert.equal(live?.n, slots + 2);
+});
+
+test("a newcomer's runs go in the next claim, whatever the incumbent's id and quantum", async () => {
+  // The incumbent has the lower id and a backlog, and has been served (its pass is above 0).
+  const incumbent = await seedUser(db.sql, "fair-incumbent");
+  const newcomer = await seedUser(db.sql, "fair-newcomer");
+  assert.ok(incumbent.userId < newcomer.userId);
+  await createTask(db.sql, incumbent, "fair-new", 5 * CLAIM_QUANTUM);
+  const claim = () =>
+    runClaim(db.sql, {
+      workerId: "w-new",
+      analysisType: "fair-new",
+      limit: CLAIM_QUANTUM,
+      globalLimit: 0,
+      leaseTtlMs: 30_000,
+    });
+  assert.equal((await claim()).length, CLAIM_QUANTUM);
+  const newTask = await createTask(db.sql, newcomer, "fair-new", 3);
+  // A claim of as many slots as the quantum: the incumbent has that many due and was first at a tie.
+  const next = await claim();
+  const newcomers = next.filter((c) => String(c.taskId) === String(newTask));
+  assert.equal(newcomers.length, 3, "the newcomer's three runs are in the next claim");
+  assert.equal(next.length, CLAIM_QUANTUM);
 });
 
 test("a claim sorts the owners next in turn first and reaches the rest when those have nothing due", async () => {

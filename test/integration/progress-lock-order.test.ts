@@ -144,9 +144,15 @@ test("a progress flush that waited for a run a cancel moved to cancelling record
     const runMoved = new Promise<void>((resolve) => (moved = resolve));
     let go!: () => void;
     const proceed = new Promise<void>((resolve) => (go = resolve));
-    // The cancel's move of a claimed run (taskCancel: starting → cancelling), its commit held back.
+    // What taskCancel writes for a claimed run (the run, then the task, then their events), its
+    // commit held back.
     const cancel = holder.sql.begin(async (tx) => {
       await tx`update runs set status = 'cancelling' where id = ${run.id} and status = 'starting'`;
+      await tx`update tasks set status = 'cancelling' where id = ${taskId}`;
+      await tx`
+        insert into task_events (task_id, run_id, type, data)
+        values (${taskId}, ${run.id}, 'run.cancelling', '{"status":"cancelling","attempt":1}'),
+               (${taskId}, null, 'task.cancelling', '{"status":"cancelling","cancelledQueued":0}')`;
       moved();
       await proceed;
     });
@@ -177,7 +183,8 @@ test("a progress flush that waited for a run a cancel moved to cancelling record
       const types = (
         await db.sql<{ type: string }[]>`select type from task_events where task_id = ${taskId} order by id`
       ).map((e) => e.type);
-      assert.deepEqual(types, ["task.queued", "run.progress"]);
+      assert.deepEqual(types, ["task.queued", "run.cancelling", "task.cancelling", "run.progress"]);
+      assert.equal((await taskRow(db.sql, taskId)).status, "cancelling");
     } finally {
       go();
       await cancel.catch(() => {});

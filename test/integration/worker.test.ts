@@ -361,6 +361,90 @@ function gatedHandler() {
   return { handler, running, finish };
 }
 
+test("progress flushes never overlap: one waiting for its run's row is not overtaken by the next", async () => {
+  const taskId = await createTask(db.sql, owner, "t-overlap", 1);
+  let report: (percent: number) => void = () => {};
+  let started: () => void = () => {};
+  const running = new Promise<void>((r) => {
+    started = r;
+  });
+  let finish: () => void = () => {};
+  const gate = new Promise<void>((r) => {
+    finish = r;
+  });
+  const w = worker(
+    {
+      "t-overlap": async (_run, { reportProgress }) => {
+        report = (percent) => reportProgress(percent, `at ${percent}`);
+        report(10);
+        started();
+        await gate;
+        return { status: "succeeded" };
+      },
+    },
+    { progressFlushMs: 200 },
+  );
+  // Another session holds the run's row (as a cancel does while it works): every flush waits for it.
+  let held: () => void = () => {};
+  const rowHeld = new Promise<void>((r) => {
+    held = r;
+  });
+  let release: () => void = () => {};
+  const released = new Promise<void>((r) => {
+    release = r;
+  });
+  const blockedFlushes = async () =>
+    (
+      await db.sql`
+        select 1 from pg_stat_activity
+        where datname = current_database() and pid <> pg_backend_pid()
+          and wait_event_type = 'Lock' and query like '%progress int%'`
+    ).length;
+  await w.start();
+  await running;
+  const holder = db.sql.begin(async (tx) => {
+    await tx`select id from runs where task_id = ${taskId} for update`;
+    held();
+    await released;
+  });
+  try {
+    await rowHeld;
+    // The worker's own tick (the attempt is 200 ms old) sends the first flush; it waits for the row.
+    await waitFor(async () => ((await blockedFlushes()) >= 1 ? true : undefined), 10_000, "a flush to wait");
+    const first = w.progressOnce();
+    report(20);
+    const second = w.progressOnce();
+    // Overlapping, the second would take its snapshot now (the run still `starting`) and wait too.
+    await waitFor(
+      async () => (second === first || (await blockedFlushes()) >= 2 ? true : undefined),
+      10_000,
+      "the second flush to share the first or to wait as well",
+    );
+    release();
+    await holder;
+    await Promise.all([first, second]);
+    // The report that arrived meanwhile goes in a later flush.
+    await waitFor(
+      async () => {
+        const [r] = await db.sql<{ progress: number }[]>`select progress from runs where task_id = ${taskId}`;
+        return r?.progress === 20 ? true : undefined;
+      },
+      10_000,
+      "the later report to be written",
+    );
+    const types = (
+      await db.sql<{ type: string }[]>`select type from task_events where task_id = ${taskId} order by id`
+    ).map((e) => e.type);
+    assert.equal(types.filter((t) => t === "run.running").length, 1, types.join(", "));
+  } finally {
+    release();
+    await holder.catch(() => {});
+    finish();
+    await waitForTerminal(db.sql, taskId);
+    await w.stop();
+  }
+});
+
 test("an attempt younger than the progress interval is not written; an older one is marked running", async () => {
   const taskId = await createTask(db.sql, owner, "t-young", 1);
   const { handler, running, finish } = gatedHandler();
