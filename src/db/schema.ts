@@ -168,7 +168,10 @@ export const runs = pgTable(
     finishedAt: timestamp("finished_at", { withTimezone: true }),
   },
   (t) => [
-    uniqueIndex("runs_task_file_key").on(t.taskId, t.inputFileId),
+    // No unique (task_id, input_file_id) (migration 0009): runs are inserted only by the create
+    // statement, one per row of `files` it selected by primary key, so a task cannot get a file twice;
+    // the key was a third index entry in every non-HOT update of a run (claim, completion, cancel) —
+    // a quarter of a 100,000-run cancel.
     index("runs_task_idx").on(t.taskId, t.id),
     // The claim: an owner's queued runs of a type and priority, in turn order.
     index("runs_claim_idx")
@@ -189,7 +192,7 @@ export const runs = pgTable(
 /**
  * Fair share: one row per (analysis type, priority, owner) that has queued runs, with how many runs
  * the owner has been given at that level (`pass`). The claim serves the owners with the lowest pass
- * first, one run each in turn; a newcomer starts at the lowest pass of those waiting. Every statement
+ * first, one run each in turn; a newcomer starts one below the lowest pass of those waiting. Every statement
  * that makes a run queued upserts its row; the reaper deletes rows whose owner has nothing queued. A
  * row only orders the claim: runs are claimed from `runs`.
  */
