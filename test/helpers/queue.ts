@@ -111,3 +111,15 @@ export async function tableEvents(sql: Sql, taskId: string, after = "0"): Promis
     select e.id, e.type from task_events e where e.task_id = ${taskId} and e.id > ${after} order by e.id`;
   return rows.map((r) => [String(r.id), r.type]);
 }
+
+/**
+ * How many progress flushes (runProgress, recognised by its SQL) of other sessions in this database
+ * are waiting for a lock: the sign that one has taken its snapshot and is blocked on a row.
+ */
+export async function progressFlushesWaiting(sql: Sql): Promise<number> {
+  const rows = await sql`
+    select 1 from pg_stat_activity
+    where datname = current_database() and pid <> pg_backend_pid()
+      and wait_event_type = 'Lock' and query like '%progress int%'`;
+  return rows.length;
+}

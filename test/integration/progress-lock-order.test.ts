@@ -9,7 +9,7 @@ import type { Principal } from "../../src/auth/tokens.ts";
 import { createDatabase, type Database, type Sql } from "../../src/db/client.ts";
 import { runClaim, runComplete, runProgress } from "../../src/queue/sql.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
-import { createTask, seedUser, taskRow, waitFor } from "../helpers/queue.ts";
+import { createTask, progressFlushesWaiting, seedUser, taskRow, waitFor } from "../helpers/queue.ts";
 
 /**
  * A database of its own per case, holding only that case's task: with several tasks in `tasks`, the
@@ -73,13 +73,7 @@ function flushAgainstCompletion(type: string, runs: number, analyze: boolean): P
       ]);
       flush.catch(() => {});
       await waitFor(
-        async () =>
-          (
-            await db.sql`
-            select 1 from pg_stat_activity
-            where datname = current_database() and pid <> pg_backend_pid()
-              and wait_event_type = 'Lock' and query like '%progress int%'`
-          ).length > 0,
+        async () => ((await progressFlushesWaiting(db.sql)) > 0 ? true : undefined),
         10_000,
         "the progress flush to wait for the run row",
       );
@@ -163,13 +157,7 @@ test("a progress flush that waited for a run a cancel moved to cancelling record
       const flush = runProgress(flusher.sql, [{ id: run.id, token: run.leaseToken, progress: 5 }]);
       flush.catch(() => {});
       await waitFor(
-        async () =>
-          (
-            await db.sql`
-            select 1 from pg_stat_activity
-            where datname = current_database() and pid <> pg_backend_pid()
-              and wait_event_type = 'Lock' and query like '%progress int%'`
-          ).length > 0,
+        async () => ((await progressFlushesWaiting(db.sql)) > 0 ? true : undefined),
         10_000,
         "the progress flush to wait for the run row",
       );

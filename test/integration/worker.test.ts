@@ -8,7 +8,15 @@ import { runCancelQueued, runClaim, runComplete, runProgress } from "../../src/q
 import { type Handler, Worker, type WorkerOptions } from "../../src/queue/worker.ts";
 import { taskCancel } from "../../src/tasks/cancel.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
-import { createTask, runCounts, seedUser, taskRow, waitFor, waitForTerminal } from "../helpers/queue.ts";
+import {
+  createTask,
+  progressFlushesWaiting,
+  runCounts,
+  seedUser,
+  taskRow,
+  waitFor,
+  waitForTerminal,
+} from "../helpers/queue.ts";
 
 let db: TestDatabase;
 let owner: Principal;
@@ -342,7 +350,10 @@ describe("logs", () => {
   });
 });
 
-/** A handler that reports 40% and then waits: `running` resolves once it has started, finish() ends it. */
+/**
+ * A handler that reports 40% and then waits: `running` resolves once it has started, report() sends
+ * another progress report, finish() ends it.
+ */
 function gatedHandler() {
   let started: () => void = () => {};
   const running = new Promise<void>((r) => {
@@ -352,38 +363,21 @@ function gatedHandler() {
   const gate = new Promise<void>((r) => {
     finish = r;
   });
+  let report: (percent: number) => void = () => {};
   const handler: Handler = async (_run, { reportProgress }) => {
+    report = (percent) => reportProgress(percent, `at ${percent}`);
     reportProgress(40, "reading");
     started();
     await gate;
     return { status: "succeeded" };
   };
-  return { handler, running, finish };
+  return { handler, running, finish, report: (percent: number) => report(percent) };
 }
 
 test("progress flushes never overlap: one waiting for its run's row is not overtaken by the next", async () => {
   const taskId = await createTask(db.sql, owner, "t-overlap", 1);
-  let report: (percent: number) => void = () => {};
-  let started: () => void = () => {};
-  const running = new Promise<void>((r) => {
-    started = r;
-  });
-  let finish: () => void = () => {};
-  const gate = new Promise<void>((r) => {
-    finish = r;
-  });
-  const w = worker(
-    {
-      "t-overlap": async (_run, { reportProgress }) => {
-        report = (percent) => reportProgress(percent, `at ${percent}`);
-        report(10);
-        started();
-        await gate;
-        return { status: "succeeded" };
-      },
-    },
-    { progressFlushMs: 200 },
-  );
+  const { handler, running, finish, report } = gatedHandler();
+  const w = worker({ "t-overlap": handler }, { progressFlushMs: 200 });
   // Another session holds the run's row (as a cancel does while it works): every flush waits for it.
   let held: () => void = () => {};
   const rowHeld = new Promise<void>((r) => {
@@ -393,13 +387,6 @@ test("progress flushes never overlap: one waiting for its run's row is not overt
   const released = new Promise<void>((r) => {
     release = r;
   });
-  const blockedFlushes = async () =>
-    (
-      await db.sql`
-        select 1 from pg_stat_activity
-        where datname = current_database() and pid <> pg_backend_pid()
-          and wait_event_type = 'Lock' and query like '%progress int%'`
-    ).length;
   await w.start();
   await running;
   const holder = db.sql.begin(async (tx) => {
@@ -410,13 +397,17 @@ test("progress flushes never overlap: one waiting for its run's row is not overt
   try {
     await rowHeld;
     // The worker's own tick (the attempt is 200 ms old) sends the first flush; it waits for the row.
-    await waitFor(async () => ((await blockedFlushes()) >= 1 ? true : undefined), 10_000, "a flush to wait");
+    await waitFor(
+      async () => ((await progressFlushesWaiting(db.sql)) >= 1 ? true : undefined),
+      10_000,
+      "a flush to wait",
+    );
     const first = w.progressOnce();
     report(20);
     const second = w.progressOnce();
     // Overlapping, the second would take its snapshot now (the run still `starting`) and wait too.
     await waitFor(
-      async () => (second === first || (await blockedFlushes()) >= 2 ? true : undefined),
+      async () => (second === first || (await progressFlushesWaiting(db.sql)) >= 2 ? true : undefined),
       10_000,
       "the second flush to share the first or to wait as well",
     );
