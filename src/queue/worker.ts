@@ -731,7 +731,7 @@ export class Worker {
     }
     for (const a of this.active.values()) a.controller.abort("shutdown");
     await all();
-    await this.progressFlight; // then a flush of its own, with what arrived meanwhile
+    await this.progressFlight; // a flush in flight ends before the worker does
     await this.progressOnce();
     clearTimeout(this.flushTimer);
     this.flushTimer = undefined;

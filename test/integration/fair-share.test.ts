@@ -294,6 +294,48 @@ test("a newcomer's runs go in the next claim, whatever the incumbent's id and qu
   assert.equal(next.length, CLAIM_QUANTUM);
 });
 
+test("newcomers waiting together all join at the lowest pass (no drift below it) and go before the incumbent there", async () => {
+  const incumbent = await seedUser(db.sql, "fair-inc2");
+  await createTask(db.sql, incumbent, "fair-two", 20);
+  const claimOne = async () => {
+    const [c] = await runClaim(db.sql, {
+      workerId: "w-two",
+      analysisType: "fair-two",
+      limit: 1,
+      globalLimit: 0,
+      leaseTtlMs: 30_000,
+    });
+    assert.ok(c);
+    const [r] = await db.sql<
+      { owner: string }[]
+    >`select owner_id::text as owner from runs where id = ${c.id}`;
+    return r?.owner;
+  };
+  for (let i = 0; i < 3; i++) assert.equal(await claimOne(), String(incumbent.userId));
+  // Three newcomers arrive one after another while nothing is claimed.
+  const arrivals: Principal[] = [];
+  for (const name of ["fair-new-a", "fair-new-b", "fair-new-c"]) {
+    const u = await seedUser(db.sql, name);
+    arrivals.push(u);
+    await createTask(db.sql, u, "fair-two", 2);
+  }
+  const passes = await db.sql<{ owner: string; pass: number; fresh: boolean }[]>`
+    select owner_id::text as owner, pass::int, fresh from queue_owners where analysis_type = 'fair-two'
+    order by owner_id`;
+  // They joined at the incumbent's pass (the lowest), not below it and not below each other.
+  assert.deepEqual(
+    passes.map((p) => [p.pass, p.fresh]),
+    [
+      [3, false],
+      [3, true],
+      [3, true],
+      [3, true],
+    ],
+  );
+  const order = [await claimOne(), await claimOne(), await claimOne(), await claimOne()];
+  assert.deepEqual(order, [...arrivals.map((u) => String(u.userId)), String(incumbent.userId)]);
+});
+
 test("a claim sorts the owners next in turn first and reaches the rest when those have nothing due", async () => {
   const k = 1;
   const head = walkHead(k);

@@ -377,7 +377,8 @@ function gatedHandler() {
 test("progress flushes never overlap: one waiting for its run's row is not overtaken by the next", async () => {
   const taskId = await createTask(db.sql, owner, "t-overlap", 1);
   const { handler, running, finish, report } = gatedHandler();
-  const w = worker({ "t-overlap": handler }, { progressFlushMs: 200 });
+  // The attempt is old enough to flush after 1 s: time to hold its row first (below).
+  const w = worker({ "t-overlap": handler }, { progressFlushMs: 1_000 });
   // Another session holds the run's row (as a cancel does while it works): every flush waits for it.
   let held: () => void = () => {};
   const rowHeld = new Promise<void>((r) => {
@@ -396,7 +397,9 @@ test("progress flushes never overlap: one waiting for its run's row is not overt
   });
   try {
     await rowHeld;
-    // The worker's own tick (the attempt is 200 ms old) sends the first flush; it waits for the row.
+    const [state] = await db.sql<{ status: string }[]>`select status from runs where task_id = ${taskId}`;
+    assert.equal(state?.status, "starting", "the row was held before any flush");
+    // The worker's own tick (the attempt is 1 s old) sends the first flush; it waits for the row.
     await waitFor(
       async () => ((await progressFlushesWaiting(db.sql)) >= 1 ? true : undefined),
       10_000,

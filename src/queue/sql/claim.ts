@@ -125,7 +125,7 @@ async function ownerCaps(tx: Sql, analysisType: string, userLimit: number, k: nu
       and exists (select 1 from runs e where e.status = 'queued' and e.analysis_type = q.analysis_type
                     and e.owner_id = q.owner_id and e.priority = q.priority and e.run_after <= now())
       and (select count(*) from runs l where l.owner_id = q.owner_id and l.status ${inLive(tx)}) < ${userLimit}
-    order by q.priority, q.pass, q.owner_id
+    order by q.priority, q.pass, q.fresh desc, q.owner_id
     limit ${k}`;
   if (candidates.length === 0) return [];
   const owners = [...new Set(candidates.map((c) => c.owner_id))];
@@ -182,11 +182,11 @@ function claimStatement(
   const walkPart = (cut: ReturnType<Sql>) => sql`
         select w.priority, w.owner_id,
                greatest(ceil(${K}::float8 / count(*) over (partition by w.priority))::int, ${Q}) as quota
-        from (select q.priority, q.pass, q.owner_id from queue_owners q
+        from (select q.priority, q.pass, q.fresh, q.owner_id from queue_owners q
               where q.analysis_type = ${o.analysisType}
-              order by q.priority, q.pass, q.owner_id
+              order by q.priority, q.pass, q.fresh desc, q.owner_id
               ${cut}) w
-        order by w.priority, w.pass, w.owner_id
+        order by w.priority, w.pass, w.fresh desc, w.owner_id
         offset 0`;
   // Each owner's quota: ceil(k / owners at its priority), at least the quantum, and under the
   // per-user limit at most its room.
@@ -205,7 +205,7 @@ function claimStatement(
           -- each get the whole room again.
           and q.priority = (select min(b.priority) from queue_owners b
                             where b.analysis_type = q.analysis_type and b.owner_id = q.owner_id)
-        order by q.priority, q.pass, q.owner_id
+        order by q.priority, q.pass, q.fresh desc, q.owner_id
         offset 0`;
   return sql<ClaimedRun[]>`
     with picked as materialized (
@@ -244,7 +244,7 @@ function claimStatement(
       ) s
     ),
     advanced as (
-      update queue_owners q set pass = q.pass + g.n
+      update queue_owners q set pass = q.pass + g.n, fresh = false
       from (select priority, owner_id, count(*) as n from picked group by priority, owner_id) g
       where q.analysis_type = ${o.analysisType} and q.priority = g.priority and q.owner_id = g.owner_id
         and (q.priority, q.owner_id) in (select priority, owner_id from served)
