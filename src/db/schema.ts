@@ -4,7 +4,6 @@ import { sql } from "drizzle-orm";
 import {
   bigint,
   bigserial,
-  boolean,
   check,
   index,
   integer,
@@ -193,8 +192,8 @@ export const runs = pgTable(
 /**
  * Fair share: one row per (analysis type, priority, owner) that has queued runs, with how many runs
  * the owner has been given at that level (`pass`). The claim serves the owners with the lowest pass
- * first, up to a quantum each in turn; a newcomer starts at the lowest pass of those waiting, ahead of
- * the owners already served at that pass (`fresh`). Every statement
+ * first, up to a quantum each in turn; a newcomer starts at the lowest pass of those waiting, after
+ * the owners that reached it before (`since`). Every statement
  * that makes a run queued upserts its row; the reaper deletes rows whose owner has nothing queued. A
  * row only orders the claim: runs are claimed from `runs`.
  */
@@ -206,13 +205,12 @@ export const queueOwners = pgTable(
     ownerId: bigint("owner_id", { mode: "number" }).notNull(),
     pass: bigint("pass", { mode: "number" }).notNull().default(0),
     /**
-     * Joined the rotation and not served since: at the same pass it goes before the owners already
-     * served (migration 0010). A newcomer joins at the lowest pass, ties with the incumbents there,
-     * and would otherwise be ordered by owner id behind them — with a quantum of 10, behind a whole
-     * claim. Joining one below the lowest pass instead moved the lowest pass down with every
-     * newcomer, so waiting newcomers were served newest first.
+     * When the owner reached its pass (joined, or was last served): at the same pass the claim takes
+     * the one that got there first (migration 0010), as start-time fair queuing does. A newcomer joins
+     * at the lowest pass, so it follows the owners already waiting there, in arrival order, and goes
+     * before any that reach that pass later. Ties used to go by owner id, whatever the arrival.
      */
-    fresh: boolean("fresh").notNull().default(false),
+    since: timestamp("since", { withTimezone: true }).notNull().defaultNow(),
   },
   // No index on pass: every claim moves the passes it serves, and an index on them would collect a
   // dead entry per claim at the front of every scan; the claim sorts the rows instead, and the

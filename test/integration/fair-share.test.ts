@@ -271,11 +271,11 @@ test("a claim of many slots serves users in turn, a quantum each, and leaves the
   assert.equal(live?.n, slots + 2);
 });
 
-test("a newcomer's runs go in the next claim, whatever the incumbent's id and quantum", async () => {
-  // The incumbent has the lower id and a backlog, and has been served (its pass is above 0).
-  const incumbent = await seedUser(db.sql, "fair-incumbent");
+test("at the same pass the owner there first goes first, whatever the ids: a newcomer follows for one turn", async () => {
+  // The newcomer has the lower id; the incumbent has a backlog and has been served.
   const newcomer = await seedUser(db.sql, "fair-newcomer");
-  assert.ok(incumbent.userId < newcomer.userId);
+  const incumbent = await seedUser(db.sql, "fair-incumbent");
+  assert.ok(newcomer.userId < incumbent.userId);
   await createTask(db.sql, incumbent, "fair-new", 5 * CLAIM_QUANTUM);
   const claim = () =>
     runClaim(db.sql, {
@@ -287,53 +287,58 @@ test("a newcomer's runs go in the next claim, whatever the incumbent's id and qu
     });
   assert.equal((await claim()).length, CLAIM_QUANTUM);
   const newTask = await createTask(db.sql, newcomer, "fair-new", 3);
-  // A claim of as many slots as the quantum: the incumbent has that many due and was first at a tie.
+  const [joined] = await db.sql<{ pass: number }[]>`
+    select pass::int from queue_owners where analysis_type = 'fair-new' and owner_id = ${newcomer.userId}`;
+  assert.equal(joined?.pass, CLAIM_QUANTUM, "the newcomer joins at the lowest pass, the incumbent's");
+  // Tied at that pass: the incumbent reached it first and takes this turn (by id it would not).
+  const turn = await claim();
+  assert.equal(turn.filter((c) => String(c.taskId) === String(newTask)).length, 0);
+  // Then the newcomer is behind nobody.
   const next = await claim();
-  const newcomers = next.filter((c) => String(c.taskId) === String(newTask));
-  assert.equal(newcomers.length, 3, "the newcomer's three runs are in the next claim");
-  assert.equal(next.length, CLAIM_QUANTUM);
+  assert.equal(next.filter((c) => String(c.taskId) === String(newTask)).length, 3);
 });
 
-test("newcomers waiting together all join at the lowest pass (no drift below it) and go before the incumbent there", async () => {
+test("newcomers join at the lowest pass (none below) and are served in arrival order; a stream of them cannot keep an owner with a backlog waiting", async () => {
+  // Ids in the opposite order of arrival: the order below is arrival, not id.
+  const [c, b, a] = [
+    await seedUser(db.sql, "fair-new-c"),
+    await seedUser(db.sql, "fair-new-b"),
+    await seedUser(db.sql, "fair-new-a"),
+  ] as [Principal, Principal, Principal];
   const incumbent = await seedUser(db.sql, "fair-inc2");
   await createTask(db.sql, incumbent, "fair-two", 20);
   const claimOne = async () => {
-    const [c] = await runClaim(db.sql, {
+    const [claimed] = await runClaim(db.sql, {
       workerId: "w-two",
       analysisType: "fair-two",
       limit: 1,
       globalLimit: 0,
       leaseTtlMs: 30_000,
     });
-    assert.ok(c);
+    assert.ok(claimed);
     const [r] = await db.sql<
       { owner: string }[]
-    >`select owner_id::text as owner from runs where id = ${c.id}`;
+    >`select owner_id::text as owner from runs where id = ${claimed.id}`;
     return r?.owner;
   };
-  for (let i = 0; i < 3; i++) assert.equal(await claimOne(), String(incumbent.userId));
-  // Three newcomers arrive one after another while nothing is claimed.
-  const arrivals: Principal[] = [];
-  for (const name of ["fair-new-a", "fair-new-b", "fair-new-c"]) {
-    const u = await seedUser(db.sql, name);
-    arrivals.push(u);
-    await createTask(db.sql, u, "fair-two", 2);
-  }
-  const passes = await db.sql<{ owner: string; pass: number; fresh: boolean }[]>`
-    select owner_id::text as owner, pass::int, fresh from queue_owners where analysis_type = 'fair-two'
-    order by owner_id`;
-  // They joined at the incumbent's pass (the lowest), not below it and not below each other.
+  const id = (u: Principal) => String(u.userId);
+  for (let i = 0; i < 3; i++) assert.equal(await claimOne(), id(incumbent));
+  for (const u of [a, b, c]) await createTask(db.sql, u, "fair-two", 2);
+  const passes = await db.sql<{ pass: number }[]>`
+    select pass::int from queue_owners where analysis_type = 'fair-two' order by owner_id`;
   assert.deepEqual(
-    passes.map((p) => [p.pass, p.fresh]),
-    [
-      [3, false],
-      [3, true],
-      [3, true],
-      [3, true],
-    ],
+    passes.map((p) => p.pass),
+    [3, 3, 3, 3],
+    "every newcomer at the lowest pass, not below it or below each other",
   );
+  // At pass 3: the incumbent got there first, then a, b and c as they came.
   const order = [await claimOne(), await claimOne(), await claimOne(), await claimOne()];
-  assert.deepEqual(order, [...arrivals.map((u) => String(u.userId)), String(incumbent.userId)]);
+  assert.deepEqual(order, [incumbent, a, b, c].map(id));
+  // All at pass 4 now; a fourth newcomer joins there and comes after every one of them.
+  const d = await seedUser(db.sql, "fair-new-d");
+  await createTask(db.sql, d, "fair-two", 2);
+  const more = [await claimOne(), await claimOne(), await claimOne(), await claimOne(), await claimOne()];
+  assert.deepEqual(more, [incumbent, a, b, c, d].map(id));
 });
 
 test("a claim sorts the owners next in turn first and reaches the rest when those have nothing due", async () => {

@@ -48,7 +48,7 @@ interface OwnerCap {
 /**
  * Claims up to `limit` due runs of one type (DESIGN §4.2) and returns them with their task's
  * parameters, in fair share: priority first; within a priority the owners in turn, least served
- * first (queue_owners' pass); within an owner, its runs by turn, so its tasks interleave; within a
+ * first (queue_owners' pass; at the same pass, the one there first: `since`); within an owner, its runs by turn, so its tasks interleave; within a
  * task, file order. The claim writes run rows and the served owners' passes only: a task turns
  * `running` when the first of its runs is recorded running (runProgress) or ends after starting
  * (countIntoTasks), so the claim — the path from a NOTIFY to a started handler — does not lock and
@@ -125,7 +125,7 @@ async function ownerCaps(tx: Sql, analysisType: string, userLimit: number, k: nu
       and exists (select 1 from runs e where e.status = 'queued' and e.analysis_type = q.analysis_type
                     and e.owner_id = q.owner_id and e.priority = q.priority and e.run_after <= now())
       and (select count(*) from runs l where l.owner_id = q.owner_id and l.status ${inLive(tx)}) < ${userLimit}
-    order by q.priority, q.pass, q.fresh desc, q.owner_id
+    order by q.priority, q.pass, q.since, q.owner_id
     limit ${k}`;
   if (candidates.length === 0) return [];
   const owners = [...new Set(candidates.map((c) => c.owner_id))];
@@ -147,7 +147,7 @@ async function ownerCaps(tx: Sql, analysisType: string, userLimit: number, k: nu
 // `runs` is young and its statistics say it is tiny, PostgreSQL still scans it sequentially here;
 // after ANALYZE it is an index scan.)
 //
-// The rotation: `picked` walks the owners waiting at this type in (priority, pass) order — sorted
+// The rotation: `picked` walks the owners waiting at this type in (priority, pass, since) order — sorted
 // from queue_owners, one row per owner (an index on pass would be churned by every claim). The walk
 // is a head, the walkHead(k) owners next in turn (a top-N sort), then the rest in the same order
 // (offset): an Append runs its second branch only when the head did not yield k runs (its owners had
@@ -182,11 +182,11 @@ function claimStatement(
   const walkPart = (cut: ReturnType<Sql>) => sql`
         select w.priority, w.owner_id,
                greatest(ceil(${K}::float8 / count(*) over (partition by w.priority))::int, ${Q}) as quota
-        from (select q.priority, q.pass, q.fresh, q.owner_id from queue_owners q
+        from (select q.priority, q.pass, q.since, q.owner_id from queue_owners q
               where q.analysis_type = ${o.analysisType}
-              order by q.priority, q.pass, q.fresh desc, q.owner_id
+              order by q.priority, q.pass, q.since, q.owner_id
               ${cut}) w
-        order by w.priority, w.pass, w.fresh desc, w.owner_id
+        order by w.priority, w.pass, w.since, w.owner_id
         offset 0`;
   // Each owner's quota: ceil(k / owners at its priority), at least the quantum, and under the
   // per-user limit at most its room.
@@ -205,7 +205,7 @@ function claimStatement(
           -- each get the whole room again.
           and q.priority = (select min(b.priority) from queue_owners b
                             where b.analysis_type = q.analysis_type and b.owner_id = q.owner_id)
-        order by q.priority, q.pass, q.fresh desc, q.owner_id
+        order by q.priority, q.pass, q.since, q.owner_id
         offset 0`;
   return sql<ClaimedRun[]>`
     with picked as materialized (
@@ -244,7 +244,7 @@ function claimStatement(
       ) s
     ),
     advanced as (
-      update queue_owners q set pass = q.pass + g.n, fresh = false
+      update queue_owners q set pass = q.pass + g.n, since = now()
       from (select priority, owner_id, count(*) as n from picked group by priority, owner_id) g
       where q.analysis_type = ${o.analysisType} and q.priority = g.priority and q.owner_id = g.owner_id
         and (q.priority, q.owner_id) in (select priority, owner_id from served)

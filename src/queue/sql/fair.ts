@@ -1,8 +1,9 @@
 // Fair share (the rotation the claim serves owners in): queue_owners has a row per analysis type,
 // priority and owner with queued runs, and `pass`, how many runs the owner has been given at that
-// level. The claim takes the owners with the lowest pass first; a newcomer starts at the lowest pass
-// of those already waiting, ahead of the owners served at that pass (`fresh`, cleared when it is
-// served), so it is served at the next free slot, without a burst. The table only orders claims:
+// level. The claim takes the owners with the lowest pass first, and at the same pass the one that
+// reached it first (`since`); a newcomer starts at the lowest pass of those already waiting, so it is
+// served after those already waiting there, in turn, without a burst — and a stream of newcomers
+// cannot keep an owner with a backlog waiting. The table only orders claims:
 // every run is claimed from `runs`, so a stale row can make a claim less fair, never lose a run.
 //
 // Rows come and go safely: every statement that makes a run queued (create, retry, reaper) upserts
@@ -21,16 +22,16 @@ export const PRIORITIES = { min: 0, max: 9 } as const;
 
 /**
  * A data-modifying statement for a WITH clause: `rows` yields (analysis_type, priority, owner_id)
- * triples, distinct; each owner joins the rotation at the lowest pass of its level, `fresh` (ahead of
- * the owners already served at that pass), or keeps its row.
+ * triples, distinct; each owner joins the rotation at the lowest pass of its level, `since` now (after
+ * the owners that reached that pass before), or keeps its row.
  */
 export function queueOwnersJoin(sql: Sql, rows: PendingQuery<Row[]>) {
   return sql`
-    insert into queue_owners as q (analysis_type, priority, owner_id, pass, fresh)
+    insert into queue_owners as q (analysis_type, priority, owner_id, pass, since)
     select j.analysis_type, j.priority, j.owner_id,
            coalesce((select min(o.pass) from queue_owners o
                      where o.analysis_type = j.analysis_type and o.priority = j.priority), 0),
-           true
+           now()
     from (select distinct * from (${rows}) x(analysis_type, priority, owner_id)) j
     order by j.owner_id, j.analysis_type, j.priority
     on conflict (analysis_type, priority, owner_id) do update set pass = q.pass
