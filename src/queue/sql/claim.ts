@@ -48,8 +48,9 @@ interface OwnerCap {
 /**
  * Claims up to `limit` due runs of one type (DESIGN §4.2) and returns them with their task's
  * parameters, in fair share: priority first; within a priority the owners in turn, least served
- * first (queue_owners' pass; at the same pass, the one there first: `since`); within an owner, its runs by turn, so its tasks interleave; within a
- * task, file order. The claim writes run rows and the served owners' passes only: a task turns
+ * first (queue_owners' pass; at the same pass, the one there first: `since`); within an owner,
+ * its runs by turn, so its tasks interleave; within a task, file order. The claim writes run rows
+ * and the served owners' passes only: a task turns
  * `running` when the first of its runs is recorded running (runProgress) or ends after starting
  * (countIntoTasks), so the claim — the path from a NOTIFY to a started handler — does not lock and
  * rewrite the task row as well.
@@ -244,7 +245,7 @@ function claimStatement(
       ) s
     ),
     advanced as (
-      update queue_owners q set pass = q.pass + g.n, since = now()
+      update queue_owners q set pass = q.pass + g.n, since = statement_timestamp()
       from (select priority, owner_id, count(*) as n from picked group by priority, owner_id) g
       where q.analysis_type = ${o.analysisType} and q.priority = g.priority and q.owner_id = g.owner_id
         and (q.priority, q.owner_id) in (select priority, owner_id from served)

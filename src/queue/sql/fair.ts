@@ -1,10 +1,11 @@
 // Fair share (the rotation the claim serves owners in): queue_owners has a row per analysis type,
 // priority and owner with queued runs, and `pass`, how many runs the owner has been given at that
 // level. The claim takes the owners with the lowest pass first, and at the same pass the one that
-// reached it first (`since`); a newcomer starts at the lowest pass of those already waiting, so it is
-// served after those already waiting there, in turn, without a burst — and a stream of newcomers
-// cannot keep an owner with a backlog waiting. The table only orders claims:
-// every run is claimed from `runs`, so a stale row can make a claim less fair, never lose a run.
+// reached it first (`since`); a newcomer starts at the lowest pass of the owners with runs due (see
+// queueOwnersJoin), so it is served after those already waiting there, one turn each, without a
+// burst — and a stream of newcomers cannot keep an owner with a backlog waiting. The table only
+// orders claims: every run is claimed from `runs`, so a stale row can make a claim less fair, never
+// lose a run.
 //
 // Rows come and go safely: every statement that makes a run queued (create, retry, reaper) upserts
 // its owner's row with DO UPDATE, which waits for a row lock; queueOwnersPrune locks rows first (skip
@@ -22,19 +23,39 @@ export const PRIORITIES = { min: 0, max: 9 } as const;
 
 /**
  * A data-modifying statement for a WITH clause: `rows` yields (analysis_type, priority, owner_id)
- * triples, distinct; each owner joins the rotation at the lowest pass of its level, `since` now (after
- * the owners that reached that pass before), or keeps its row.
+ * triples, distinct. Each owner joins the rotation at the level's current pass — the lowest pass of
+ * the owners with a run due now, or, when none has, the lowest of all, or 0 — with `since` now (after
+ * the owners that reached that pass before). An owner whose row is still there keeps it, raised to that
+ * pass if it had fallen behind.
+ *
+ * Only owners with a run due count: a row whose owner has nothing due (its queue emptied and the
+ * reaper has not pruned the row yet; only runs in backoff) stops advancing, and a newcomer that joined
+ * at its pass was served ahead of every active owner until it caught up — a whole claim per turn, for
+ * as many runs as the others had been given meanwhile. An owner at the per-user limit still counts (it
+ * has runs due), and can hold the level's pass back while it waits for room.
  */
 export function queueOwnersJoin(sql: Sql, rows: PendingQuery<Row[]>) {
   return sql`
     insert into queue_owners as q (analysis_type, priority, owner_id, pass, since)
     select j.analysis_type, j.priority, j.owner_id,
-           coalesce((select min(o.pass) from queue_owners o
-                     where o.analysis_type = j.analysis_type and o.priority = j.priority), 0),
-           now()
+           coalesce(
+             (select o.pass from queue_owners o
+              where o.analysis_type = j.analysis_type and o.priority = j.priority
+                and exists (select 1 from runs e
+                            where e.status = 'queued' and e.analysis_type = o.analysis_type
+                              and e.owner_id = o.owner_id and e.priority = o.priority
+                              and e.run_after <= now())
+              order by o.pass
+              limit 1),
+             (select min(o.pass) from queue_owners o
+              where o.analysis_type = j.analysis_type and o.priority = j.priority),
+             0),
+           statement_timestamp()
     from (select distinct * from (${rows}) x(analysis_type, priority, owner_id)) j
     order by j.owner_id, j.analysis_type, j.priority
-    on conflict (analysis_type, priority, owner_id) do update set pass = q.pass
+    on conflict (analysis_type, priority, owner_id) do update
+      set pass = greatest(q.pass, excluded.pass),
+          since = case when excluded.pass > q.pass then excluded.since else q.since end
     returning q.owner_id`;
 }
 
