@@ -21,32 +21,43 @@ import type { Sql } from "../../db/client.ts";
 export const DEFAULT_PRIORITY = 5;
 export const PRIORITIES = { min: 0, max: 9 } as const;
 
+/** How many of a level's lowest-pass owners a create probes for a run due (see queueOwnersJoin). */
+export const JOIN_PROBE = 64;
+
 /**
  * A data-modifying statement for a WITH clause: `rows` yields (analysis_type, priority, owner_id)
- * triples, distinct. Each owner joins the rotation at the level's current pass — the lowest pass of
- * the owners with a run due now, or, when none has, the lowest of all, or 0 — with `since` now (after
- * the owners that reached that pass before). An owner whose row is still there keeps it, raised to that
- * pass if it had fallen behind.
+ * triples, distinct. Each owner joins the rotation at the level's current pass, with `since` now
+ * (after the owners that reached that pass before); an owner whose row is still there keeps it,
+ * raised to that pass if it had fallen behind.
  *
- * Only owners with a run due count: a row whose owner has nothing due (its queue emptied and the
- * reaper has not pruned the row yet; only runs in backoff) stops advancing, and a newcomer that joined
- * at its pass was served ahead of every active owner until it caught up — a whole claim per turn, for
- * as many runs as the others had been given meanwhile. An owner at the per-user limit still counts (it
- * has runs due), and can hold the level's pass back while it waits for room.
+ * The current pass, with `due` (a create): the lowest pass among the JOIN_PROBE lowest-pass owners
+ * that have a run due now, else the lowest of all, else 0. A row whose owner has nothing due (its
+ * queue emptied and the reaper has not pruned the row yet; only runs in backoff) stops advancing, and
+ * a newcomer that joined at its pass was served ahead of every active owner until it caught up — a
+ * whole claim per turn, for as many runs as the others had been given meanwhile. The probe is
+ * bounded (JOIN_PROBE owners, an index lookup each, as the claim's walk does). Without `due` (runs put
+ * back by a retry or the reaper, whose statements hold run and task locks): the lowest of all, no
+ * probe — the owner had a row a moment ago, so it is rarely joining at all.
  */
-export function queueOwnersJoin(sql: Sql, rows: PendingQuery<Row[]>) {
+export function queueOwnersJoin(sql: Sql, rows: PendingQuery<Row[]>, { due = true } = {}) {
+  const lowestDue = due
+    ? sql`(select o.pass
+           from (select p.pass, p.owner_id from queue_owners p
+                 where p.analysis_type = j.analysis_type and p.priority = j.priority
+                 order by p.pass
+                 limit ${sql.unsafe(String(JOIN_PROBE))}) o
+           where exists (select 1 from runs e
+                         where e.status = 'queued' and e.analysis_type = j.analysis_type
+                           and e.owner_id = o.owner_id and e.priority = j.priority
+                           and e.run_after <= now())
+           order by o.pass
+           limit 1),`
+    : sql``;
   return sql`
     insert into queue_owners as q (analysis_type, priority, owner_id, pass, since)
     select j.analysis_type, j.priority, j.owner_id,
            coalesce(
-             (select o.pass from queue_owners o
-              where o.analysis_type = j.analysis_type and o.priority = j.priority
-                and exists (select 1 from runs e
-                            where e.status = 'queued' and e.analysis_type = o.analysis_type
-                              and e.owner_id = o.owner_id and e.priority = o.priority
-                              and e.run_after <= now())
-              order by o.pass
-              limit 1),
+             ${lowestDue}
              (select min(o.pass) from queue_owners o
               where o.analysis_type = j.analysis_type and o.priority = j.priority),
              0),
@@ -69,6 +80,7 @@ export function requeuedRejoin(sql: Sql) {
   return sql`rejoined as (${queueOwnersJoin(
     sql,
     sql`select analysis_type, priority, owner_id from requeued where task_id in (select id from locked)`,
+    { due: false },
   )})`;
 }
 
