@@ -342,48 +342,6 @@ test("newcomers join at the lowest pass (none below) and are served in arrival o
   assert.deepEqual(more, [incumbent, a, b, c, d].map(id));
 });
 
-test("a newcomer joins at the pass of the owners with runs due, not a stale row's; a returning owner is caught up", async () => {
-  const stale = await seedUser(db.sql, "fair-stale");
-  const incumbent = await seedUser(db.sql, "fair-stale-inc");
-  const claim = (limit: number) =>
-    runClaim(db.sql, {
-      workerId: "w-stale",
-      analysisType: "fair-stale",
-      limit,
-      globalLimit: 0,
-      leaseTtlMs: 30_000,
-    });
-  // The stale owner's only run is claimed: its row stays (until the reaper prunes it) with nothing due.
-  await createTask(db.sql, stale, "fair-stale", 1);
-  assert.equal((await claim(1)).length, 1);
-  await createTask(db.sql, incumbent, "fair-stale", 8 * CLAIM_QUANTUM);
-  for (let i = 0; i < 5; i++) assert.equal((await claim(CLAIM_QUANTUM)).length, CLAIM_QUANTUM);
-  const passOf = async (u: Principal) => {
-    const [r] = await db.sql<{ pass: number }[]>`
-      select pass::int from queue_owners where analysis_type = 'fair-stale' and owner_id = ${u.userId}`;
-    return r?.pass;
-  };
-  const incumbentPass = await passOf(incumbent);
-  assert.equal(await passOf(stale), 1);
-  assert.ok((incumbentPass ?? 0) >= 5 * CLAIM_QUANTUM);
-  // A newcomer joins at the incumbent's pass, not the stale row's 1 (which handed it every slot until
-  // it had caught up): it follows the incumbent for one turn.
-  const newcomer = await seedUser(db.sql, "fair-stale-new");
-  const newTask = await createTask(db.sql, newcomer, "fair-stale", 2 * CLAIM_QUANTUM);
-  assert.equal(await passOf(newcomer), incumbentPass);
-  const turn = await claim(CLAIM_QUANTUM);
-  assert.equal(
-    turn.filter((c) => String(c.taskId) === String(newTask)).length,
-    0,
-    "the incumbent's turn first",
-  );
-  const next = await claim(CLAIM_QUANTUM);
-  assert.equal(next.filter((c) => String(c.taskId) === String(newTask)).length, CLAIM_QUANTUM);
-  // The stale owner comes back with a task: its row is raised to the level's pass, no burst either.
-  await createTask(db.sql, stale, "fair-stale", 3);
-  assert.ok(((await passOf(stale)) ?? 0) >= (incumbentPass ?? 0), "caught up");
-});
-
 test("a claim sorts the owners next in turn first and reaches the rest when those have nothing due", async () => {
   const k = 1;
   const head = walkHead(k);

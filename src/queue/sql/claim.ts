@@ -96,12 +96,13 @@ export async function runClaim(sql: Sql, o: ClaimOptions): Promise<ClaimedRun[]>
 /**
  * The most runs one owner is given in its turn within one claim (deficit round robin's quantum): with
  * slots freeing one at a time, every claim serves the next owner in turn anyway; a claim of many slots
- * gives each owner up to this many in a row, so a completion batch spans a task or two, not one per
- * run. Over time every owner gets the same share either way: the pass counts runs. 10, not 4: a
- * 10-slot worker draining 100 users' no-op runs went from 0.70–1.02× (median 0.80) to 0.88–0.96×
- * (median 0.89) the single-task drain, alternating (docs/architecture.md, "Fair share").
+ * gives each owner up to this many in a row, so a completion batch spans a few tasks, not one per
+ * run. Over time every owner gets the same share either way: the pass counts runs. 4, not 10: 10
+ * drained 100 users' no-op runs faster (median 0.89× the single-task drain against 0.80×), but when
+ * many slots freed at once the owner whose turn it was took them all, and a newcomer waited a whole
+ * run for the next (bench/queue.ts pickup:fair:20ms p50 ~24 ms against ~6; docs/architecture.md).
  */
-export const CLAIM_QUANTUM = 10;
+export const CLAIM_QUANTUM = 4;
 
 /**
  * How many owners a claim of k sorts in full before it looks at the rest (see claimStatement): four

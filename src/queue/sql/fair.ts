@@ -1,9 +1,9 @@
 // Fair share (the rotation the claim serves owners in): queue_owners has a row per analysis type,
 // priority and owner with queued runs, and `pass`, how many runs the owner has been given at that
 // level. The claim takes the owners with the lowest pass first, and at the same pass the one that
-// reached it first (`since`); a newcomer starts at the lowest pass of the owners with runs due (see
-// queueOwnersJoin), so it is served after those already waiting there, one turn each, without a
-// burst — and a stream of newcomers cannot keep an owner with a backlog waiting. The table only
+// reached it first (`since`); a newcomer starts at the lowest pass of those already waiting, so it is
+// served after those already waiting there, one turn each, without a burst (but see queueOwnersJoin's
+// known hole) — and a stream of newcomers cannot keep an owner with a backlog waiting. The table only
 // orders claims: every run is claimed from `runs`, so a stale row can make a claim less fair, never
 // lose a run.
 //
@@ -21,52 +21,27 @@ import type { Sql } from "../../db/client.ts";
 export const DEFAULT_PRIORITY = 5;
 export const PRIORITIES = { min: 0, max: 9 } as const;
 
-/** How many of a level's lowest-pass owners a create probes for a run due (see queueOwnersJoin). */
-export const JOIN_PROBE = 64;
-
 /**
  * A data-modifying statement for a WITH clause: `rows` yields (analysis_type, priority, owner_id)
- * triples, distinct. Each owner joins the rotation at the level's current pass, with `since` now
- * (after the owners that reached that pass before); an owner whose row is still there keeps it,
- * raised to that pass if it had fallen behind.
+ * triples, distinct; each owner joins the rotation at the lowest pass of its level with `since` now
+ * (after the owners that reached that pass before), or keeps its row.
  *
- * The current pass, with `due` (a create): the lowest pass among the JOIN_PROBE lowest-pass owners
- * that have a run due now, else the lowest of all, else 0. A row whose owner has nothing due (its
- * queue emptied and the reaper has not pruned the row yet; only runs in backoff) stops advancing, and
- * a newcomer that joined at its pass was served ahead of every active owner until it caught up — a
- * whole claim per turn, for as many runs as the others had been given meanwhile. The probe is
- * bounded (JOIN_PROBE owners, an index lookup each, as the claim's walk does). Without `due` (runs put
- * back by a retry or the reaper, whose statements hold run and task locks): the lowest of all, no
- * probe — the owner had a row a moment ago, so it is rarely joining at all.
+ * Known hole: a row whose owner has nothing due (its queue emptied and the reaper has not pruned the
+ * row yet; only runs in backoff) stops advancing, and a newcomer joining at its pass is served ahead of
+ * the active owners until it catches up. Taking the lowest pass among owners with a run due instead
+ * (an EXISTS probe per owner, even bounded to the 64 lowest) made the create statement slow enough to
+ * triple B's pickup under A's drain (bench/queue.ts pickup:fair p50 6 → 20 ms), so it was not kept.
  */
-export function queueOwnersJoin(sql: Sql, rows: PendingQuery<Row[]>, { due = true } = {}) {
-  const lowestDue = due
-    ? sql`(select o.pass
-           from (select p.pass, p.owner_id from queue_owners p
-                 where p.analysis_type = j.analysis_type and p.priority = j.priority
-                 order by p.pass
-                 limit ${sql.unsafe(String(JOIN_PROBE))}) o
-           where exists (select 1 from runs e
-                         where e.status = 'queued' and e.analysis_type = j.analysis_type
-                           and e.owner_id = o.owner_id and e.priority = j.priority
-                           and e.run_after <= now())
-           order by o.pass
-           limit 1),`
-    : sql``;
+export function queueOwnersJoin(sql: Sql, rows: PendingQuery<Row[]>) {
   return sql`
     insert into queue_owners as q (analysis_type, priority, owner_id, pass, since)
     select j.analysis_type, j.priority, j.owner_id,
-           coalesce(
-             ${lowestDue}
-             (select min(o.pass) from queue_owners o
-              where o.analysis_type = j.analysis_type and o.priority = j.priority),
-             0),
+           coalesce((select min(o.pass) from queue_owners o
+                     where o.analysis_type = j.analysis_type and o.priority = j.priority), 0),
            statement_timestamp()
     from (select distinct * from (${rows}) x(analysis_type, priority, owner_id)) j
     order by j.owner_id, j.analysis_type, j.priority
-    on conflict (analysis_type, priority, owner_id) do update
-      set pass = greatest(q.pass, excluded.pass),
-          since = case when excluded.pass > q.pass then excluded.since else q.since end
+    on conflict (analysis_type, priority, owner_id) do update set pass = q.pass
     returning q.owner_id`;
 }
 
@@ -80,7 +55,6 @@ export function requeuedRejoin(sql: Sql) {
   return sql`rejoined as (${queueOwnersJoin(
     sql,
     sql`select analysis_type, priority, owner_id from requeued where task_id in (select id from locked)`,
-    { due: false },
   )})`;
 }
 
