@@ -106,7 +106,9 @@ export function TaskView({ taskId }) {
       const next = { ...old };
       for (const e of batch) {
         if (!e.runId) {
-          // A cancel ends the queued runs in one task event: the runs still queued here are those.
+          // A cancel ends the queued runs in one task event. Runs whose latest event left them queued
+          // (a retry) show it at once; the others change with the runs re-read below, which also
+          // clears these.
           if (e.data?.cancelledQueued > 0)
             for (const [id, cur] of Object.entries(next))
               if (cur.status === "queued")

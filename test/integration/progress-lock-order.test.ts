@@ -9,7 +9,14 @@ import type { Principal } from "../../src/auth/tokens.ts";
 import { createDatabase, type Database, type Sql } from "../../src/db/client.ts";
 import { runClaim, runComplete, runProgress } from "../../src/queue/sql.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
-import { createTask, progressFlushesWaiting, seedUser, taskRow, waitFor } from "../helpers/queue.ts";
+import {
+  createTask,
+  progressFlushesWaiting,
+  seedUser,
+  tableEvents,
+  taskRow,
+  waitFor,
+} from "../helpers/queue.ts";
 
 /**
  * A database of its own per case, holding only that case's task: with several tasks in `tasks`, the
@@ -168,9 +175,7 @@ test("a progress flush that waited for a run a cancel moved to cancelling record
         (await flush).map((r) => ({ id: r.id, status: r.status })),
         [{ id: run.id, status: "cancelling" }],
       );
-      const types = (
-        await db.sql<{ type: string }[]>`select type from task_events where task_id = ${taskId} order by id`
-      ).map((e) => e.type);
+      const types = (await tableEvents(db.sql, taskId)).map(([, type]) => type);
       assert.deepEqual(types, ["task.queued", "run.cancelling", "task.cancelling", "run.progress"]);
       assert.equal((await taskRow(db.sql, taskId)).status, "cancelling");
     } finally {

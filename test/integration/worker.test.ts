@@ -13,6 +13,7 @@ import {
   progressFlushesWaiting,
   runCounts,
   seedUser,
+  tableEvents,
   taskRow,
   waitFor,
   waitForTerminal,
@@ -426,9 +427,7 @@ test("progress flushes never overlap: one waiting for its run's row is not overt
       10_000,
       "the later report to be written",
     );
-    const types = (
-      await db.sql<{ type: string }[]>`select type from task_events where task_id = ${taskId} order by id`
-    ).map((e) => e.type);
+    const types = (await tableEvents(db.sql, taskId)).map(([, type]) => type);
     assert.equal(types.filter((t) => t === "run.running").length, 1, types.join(", "));
   } finally {
     release();

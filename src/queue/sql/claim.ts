@@ -113,6 +113,13 @@ export function walkHead(k: number): number {
   return Math.max(32, 4 * k);
 }
 
+/**
+ * The rotation's order over queue_owners rows (alias `a`): least served first, at the same pass the
+ * one there first. Every walk and the per-user limit's choice of candidates use it, so they agree.
+ */
+const turnOrder = (sql: Sql, a: "q" | "w") =>
+  sql.unsafe(`${a}.priority, ${a}.pass, ${a}.since, ${a}.owner_id`);
+
 /** Advisory-lock namespace of the per-owner claim lock (the second key is hashint8(owner)). */
 const OWNER_LOCK_NAMESPACE = 0x6f776e72; // "ownr"
 
@@ -127,7 +134,7 @@ async function ownerCaps(tx: Sql, analysisType: string, userLimit: number, k: nu
       and exists (select 1 from runs e where e.status = 'queued' and e.analysis_type = q.analysis_type
                     and e.owner_id = q.owner_id and e.priority = q.priority and e.run_after <= now())
       and (select count(*) from runs l where l.owner_id = q.owner_id and l.status ${inLive(tx)}) < ${userLimit}
-    order by q.priority, q.pass, q.since, q.owner_id
+    order by ${turnOrder(tx, "q")}
     limit ${k}`;
   if (candidates.length === 0) return [];
   const owners = [...new Set(candidates.map((c) => c.owner_id))];
@@ -186,9 +193,9 @@ function claimStatement(
                greatest(ceil(${K}::float8 / count(*) over (partition by w.priority))::int, ${Q}) as quota
         from (select q.priority, q.pass, q.since, q.owner_id from queue_owners q
               where q.analysis_type = ${o.analysisType}
-              order by q.priority, q.pass, q.since, q.owner_id
+              order by ${turnOrder(sql, "q")}
               ${cut}) w
-        order by w.priority, w.pass, w.since, w.owner_id
+        order by ${turnOrder(sql, "w")}
         offset 0`;
   // Each owner's quota: ceil(k / owners at its priority), at least the quantum, and under the
   // per-user limit at most its room.
@@ -207,7 +214,7 @@ function claimStatement(
           -- each get the whole room again.
           and q.priority = (select min(b.priority) from queue_owners b
                             where b.analysis_type = q.analysis_type and b.owner_id = q.owner_id)
-        order by q.priority, q.pass, q.since, q.owner_id
+        order by ${turnOrder(sql, "q")}
         offset 0`;
   return sql<ClaimedRun[]>`
     with picked as materialized (
