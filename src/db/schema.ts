@@ -211,6 +211,13 @@ export const queueOwners = pgTable(
      * before any that reach that pass later. Ties used to go by owner id, whatever the arrival.
      */
     since: timestamp("since", { withTimezone: true }).notNull().defaultNow(),
+    /**
+     * The pass the owner had when it was last served (its turn's start), or its pass when it joined
+     * (migration 0011). The row with the latest `since` tells a newcomer where the rotation is now —
+     * its `start_pass` is the lowest pass among the owners being served — so rows whose owners have
+     * nothing due (their passes stopped) are left out of the join (see queueOwnersJoin).
+     */
+    startPass: bigint("start_pass", { mode: "number" }).notNull().default(0),
   },
   // No index on pass: every claim moves the passes it serves, and an index on them would collect a
   // dead entry per claim at the front of every scan; the claim sorts the rows instead, and the

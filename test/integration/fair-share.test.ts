@@ -342,6 +342,76 @@ test("newcomers join at the lowest pass (none below) and are served in arrival o
   assert.deepEqual(more, [incumbent, a, b, c, d].map(id));
 });
 
+test("a newcomer joins where the owners being served stand, not at a row whose pass stopped; such an owner rejoins there", async () => {
+  // Rows whose passes stopped: `emptied` was served its 2 runs and has nothing queued (its row waits
+  // for the reaper's prune), `backoff` has only a run that is not due.
+  const [emptied, backoff, a, b] = [
+    await seedUser(db.sql, "fair-stale-emptied"),
+    await seedUser(db.sql, "fair-stale-backoff"),
+    await seedUser(db.sql, "fair-stale-a"),
+    await seedUser(db.sql, "fair-stale-b"),
+  ] as [Principal, Principal, Principal, Principal];
+  const type = "fair-stale";
+  const claim = (limit: number) =>
+    runClaim(db.sql, { workerId: "w-stale", analysisType: type, limit, globalLimit: 0, leaseTtlMs: 30_000 });
+  const ownerOf = async (runId: number) => {
+    const [r] = await db.sql<
+      { owner: string }[]
+    >`select owner_id::text as owner from runs where id = ${runId}`;
+    return r?.owner;
+  };
+  const passOf = async (u: Principal) => {
+    const [r] = await db.sql<{ pass: number }[]>`
+      select pass::int from queue_owners where analysis_type = ${type} and owner_id = ${u.userId}`;
+    return r?.pass ?? -1;
+  };
+  await createTask(db.sql, emptied, type, 2);
+  assert.equal((await claim(2)).length, 2);
+  const backoffTask = await createTask(db.sql, backoff, type, 1);
+  await db.sql`update runs set run_after = now() + interval '1 hour' where task_id = ${backoffTask}`;
+  await createTask(db.sql, a, type, 200);
+  for (let i = 0; i < 25; i++) assert.equal((await claim(CLAIM_QUANTUM)).length, CLAIM_QUANTUM);
+  // `backoff` and A joined where `emptied` stood then (2).
+  assert.deepEqual([await passOf(emptied), await passOf(backoff)], [2, 2]);
+  assert.equal(await passOf(a), 2 + 25 * CLAIM_QUANTUM);
+
+  // B joins at A's pass, not at 2: it follows A's turn, and then they alternate.
+  await createTask(db.sql, b, type, 50);
+  assert.equal(await passOf(b), 2 + 25 * CLAIM_QUANTUM, "the newcomer joins where the served owner stands");
+  const next: (string | undefined)[] = [];
+  for (let i = 0; i < 10; i++) {
+    const [c] = await claim(1);
+    assert.ok(c);
+    next.push(await ownerOf(c.id));
+  }
+  const ids = [a, b].map((u) => String(u.userId));
+  assert.deepEqual(
+    next,
+    Array.from({ length: 10 }, (_, i) => ids[i % 2]),
+    "A's turn, then B's, in turn",
+  );
+
+  // An owner whose row stopped below the rotation is lifted to it when it queues again, not given
+  // the ~100 runs between.
+  await createTask(db.sql, emptied, type, 20);
+  const [pa, pb, pe] = [await passOf(a), await passOf(b), await passOf(emptied)];
+  assert.equal(pe, Math.min(pa, pb));
+  const after: (string | undefined)[] = [];
+  for (let i = 0; i < 6; i++) {
+    const [c] = await claim(1);
+    assert.ok(c);
+    after.push(await ownerOf(c.id));
+  }
+  for (const u of [a, b, emptied]) {
+    const n = after.filter((o) => o === String(u.userId)).length;
+    assert.equal(n, 2, `each of the three gets 2 of the next 6 claims: ${after.join(",")}`);
+  }
+  // And an owner with a backlog keeps its place when it queues more.
+  const before = await passOf(a);
+  await createTask(db.sql, a, type, 1);
+  assert.equal(await passOf(a), before);
+});
+
 test("a claim sorts the owners next in turn first and reaches the rest when those have nothing due", async () => {
   const k = 1;
   const head = walkHead(k);

@@ -253,7 +253,7 @@ function claimStatement(
       ) s
     ),
     advanced as (
-      update queue_owners q set pass = q.pass + g.n, since = statement_timestamp()
+      update queue_owners q set start_pass = q.pass, pass = q.pass + g.n, since = statement_timestamp()
       from (select priority, owner_id, count(*) as n from picked group by priority, owner_id) g
       where q.analysis_type = ${o.analysisType} and q.priority = g.priority and q.owner_id = g.owner_id
         and (q.priority, q.owner_id) in (select priority, owner_id from served)

@@ -1,9 +1,9 @@
 // Fair share (the rotation the claim serves owners in): queue_owners has a row per analysis type,
 // priority and owner with queued runs, and `pass`, how many runs the owner has been given at that
 // level. The claim takes the owners with the lowest pass first, and at the same pass the one that
-// reached it first (`since`); a newcomer starts at the lowest pass of those already waiting, so it is
-// served after those already waiting there, one turn each, without a burst (but see queueOwnersJoin's
-// known hole) — and a stream of newcomers cannot keep an owner with a backlog waiting. The table only
+// reached it first (`since`); a newcomer starts at the lowest pass of the owners being served (see
+// queueOwnersJoin), so it is served after those already waiting there, one turn each, without a
+// burst — and a stream of newcomers cannot keep an owner with a backlog waiting. The table only
 // orders claims: every run is claimed from `runs`, so a stale row can make a claim less fair, never
 // lose a run.
 //
@@ -23,25 +23,43 @@ export const PRIORITIES = { min: 0, max: 9 } as const;
 
 /**
  * A data-modifying statement for a WITH clause: `rows` yields (analysis_type, priority, owner_id)
- * triples, distinct; each owner joins the rotation at the lowest pass of its level with `since` now
- * (after the owners that reached that pass before), or keeps its row.
+ * triples, distinct; each owner joins the rotation with `since` now, after the owners already waiting
+ * at its pass, or keeps its row.
  *
- * Known hole: a row whose owner has nothing due (its queue emptied and the reaper has not pruned the
- * row yet; only runs in backoff) stops advancing, and a newcomer joining at its pass is served ahead of
- * the active owners until it catches up. Taking the lowest pass among owners with a run due instead
- * (an EXISTS probe per owner, even bounded to the 64 lowest) made the create statement slow enough to
- * triple B's pickup under A's drain (bench/queue.ts pickup:fair p50 6 → 20 ms), so it was not kept.
+ * Where it joins: the rotation is at the `start_pass` of the row with the latest `since` — the owner
+ * served last (the claim serves the lowest pass first, so that was the lowest pass among owners with a
+ * run due), or the newcomer that joined last. A newcomer joins at the lowest pass from there up: where
+ * the owners that are being served stand. Rows below it are owners whose passes stopped: nothing due
+ * (a queue that has just emptied keeps its row until the reaper prunes it; only runs in backoff) or
+ * held at the per-user limit. Joining at the lowest pass of every row, as before, started a newcomer
+ * there and served it ahead of everyone until it caught up (up to ~20,000 runs with one owner
+ * draining 4,000 runs/s and a 5 s old row). An owner whose row is below the rotation is lifted to it
+ * when a statement makes a run of it queued (as a newcomer would join); a row at or above stays as it
+ * is, so an owner with a backlog keeps its place. (An owner whose runs come due after a backoff is
+ * served from where its pass stopped: a head start of at most its retried runs.)
  */
 export function queueOwnersJoin(sql: Sql, rows: PendingQuery<Row[]>) {
   return sql`
-    insert into queue_owners as q (analysis_type, priority, owner_id, pass, since)
-    select j.analysis_type, j.priority, j.owner_id,
-           coalesce((select min(o.pass) from queue_owners o
-                     where o.analysis_type = j.analysis_type and o.priority = j.priority), 0),
-           statement_timestamp()
+    insert into queue_owners as q (analysis_type, priority, owner_id, pass, start_pass, since)
+    select j.analysis_type, j.priority, j.owner_id, v.pass, v.pass, statement_timestamp()
     from (select distinct * from (${rows}) x(analysis_type, priority, owner_id)) j
+    -- Where the rotation is: the start of the owner served (or joined) last. A lateral of its own, so
+    -- the scan below compares with one value instead of running a subquery per row.
+    cross join lateral (
+      select coalesce((select n.start_pass from queue_owners n
+                       where n.analysis_type = j.analysis_type and n.priority = j.priority
+                       order by n.since desc, n.start_pass
+                       limit 1), 0) as pass
+    ) l
+    cross join lateral (
+      select coalesce(min(o.pass), l.pass) as pass from queue_owners o
+      where o.analysis_type = j.analysis_type and o.priority = j.priority and o.pass >= l.pass
+    ) v
     order by j.owner_id, j.analysis_type, j.priority
-    on conflict (analysis_type, priority, owner_id) do update set pass = q.pass
+    on conflict (analysis_type, priority, owner_id) do update set
+      pass = greatest(q.pass, excluded.pass),
+      start_pass = case when excluded.pass > q.pass then excluded.start_pass else q.start_pass end,
+      since = case when excluded.pass > q.pass then excluded.since else q.since end
     returning q.owner_id`;
 }
 
