@@ -218,6 +218,12 @@ export const queueOwners = pgTable(
      * nothing due (their passes stopped) are left out of the join (see queueOwnersJoin).
      */
     startPass: bigint("start_pass", { mode: "number" }).notNull().default(0),
+    /**
+     * Bumped by every statement that makes a run of the owner queued (queueOwnersJoin): a claim
+     * removes a row it walked past with nothing queued only at the version it read, so a row whose
+     * owner got runs after the claim's snapshot stays (migration 0011).
+     */
+    version: integer("version").notNull().default(0),
   },
   // No index on pass: every claim moves the passes it serves, and an index on them would collect a
   // dead entry per claim at the front of every scan; the claim sorts the rows instead, and the

@@ -92,6 +92,31 @@ async function claimedWhileWaiting(taskId: string, others: string[]): Promise<nu
   return row?.n ?? -1;
 }
 
+/** The owner's pass at `type`'s default priority, or -1 without a row. */
+async function passOf(type: string, u: Principal): Promise<number> {
+  const [r] = await db.sql<{ pass: number }[]>`
+    select pass::int from queue_owners where analysis_type = ${type} and owner_id = ${u.userId}`;
+  return r?.pass ?? -1;
+}
+
+/** How many rows `type` has in the rotation. */
+async function rowsOf(type: string): Promise<number> {
+  const [r] = await db.sql<
+    { n: number }[]
+  >`select count(*)::int as n from queue_owners where analysis_type = ${type}`;
+  return r?.n ?? -1;
+}
+
+/** Claims the queued runs of `owner` at `type` directly (as a claim serving only them would). */
+async function claimOwned(type: string, owner: Principal): Promise<number[]> {
+  const rows = await db.sql<{ id: number }[]>`
+    update runs set status = 'starting', attempt = attempt + 1, lease_token = gen_random_uuid(),
+                    lease_owner = 'w-direct', lease_expires_at = now() + interval '30 seconds'
+    where analysis_type = ${type} and owner_id = ${owner.userId} and status = 'queued'
+    returning id::float8 as id`;
+  return rows.map((r) => r.id);
+}
+
 /** Index in `starts` of each start of `taskId` at or after `from`. */
 const startsOf = (taskId: string, from: number) =>
   starts.map((t, i) => (t === taskId && i >= from ? i : -1)).filter((i) => i >= 0);
@@ -343,11 +368,11 @@ test("newcomers join at the lowest pass (none below) and are served in arrival o
 });
 
 test("a newcomer joins where the owners being served stand, not at a row whose pass stopped; such an owner rejoins there", async () => {
-  // Rows whose passes stopped: `emptied` was served its 2 runs and has nothing queued (its row waits
-  // for the reaper's prune), `backoff` has only a run that is not due.
-  const [emptied, backoff, a, b] = [
-    await seedUser(db.sql, "fair-stale-emptied"),
+  // Rows whose passes stopped below the rotation: `backoff` has only a run that is not due, and
+  // `limited` stands for an owner the walk cannot serve (here: its row's pass set back by hand).
+  const [backoff, limited, a, b] = [
     await seedUser(db.sql, "fair-stale-backoff"),
+    await seedUser(db.sql, "fair-stale-limited"),
     await seedUser(db.sql, "fair-stale-a"),
     await seedUser(db.sql, "fair-stale-b"),
   ] as [Principal, Principal, Principal, Principal];
@@ -360,24 +385,16 @@ test("a newcomer joins where the owners being served stand, not at a row whose p
     >`select owner_id::text as owner from runs where id = ${runId}`;
     return r?.owner;
   };
-  const passOf = async (u: Principal) => {
-    const [r] = await db.sql<{ pass: number }[]>`
-      select pass::int from queue_owners where analysis_type = ${type} and owner_id = ${u.userId}`;
-    return r?.pass ?? -1;
-  };
-  await createTask(db.sql, emptied, type, 2);
-  assert.equal((await claim(2)).length, 2);
   const backoffTask = await createTask(db.sql, backoff, type, 1);
   await db.sql`update runs set run_after = now() + interval '1 hour' where task_id = ${backoffTask}`;
   await createTask(db.sql, a, type, 200);
   for (let i = 0; i < 25; i++) assert.equal((await claim(CLAIM_QUANTUM)).length, CLAIM_QUANTUM);
-  // `backoff` and A joined where `emptied` stood then (2).
-  assert.deepEqual([await passOf(emptied), await passOf(backoff)], [2, 2]);
-  assert.equal(await passOf(a), 2 + 25 * CLAIM_QUANTUM);
+  assert.equal(await passOf(type, a), 25 * CLAIM_QUANTUM);
+  assert.equal(await passOf(type, backoff), 0, "walked past, kept: it has a run queued");
 
-  // B joins at A's pass, not at 2: it follows A's turn, and then they alternate.
+  // B joins at A's pass, not at 0: it follows A's turn, and then they alternate.
   await createTask(db.sql, b, type, 50);
-  assert.equal(await passOf(b), 2 + 25 * CLAIM_QUANTUM, "the newcomer joins where the served owner stands");
+  assert.equal(await passOf(type, b), 25 * CLAIM_QUANTUM, "the newcomer joins where the served owner stands");
   const next: (string | undefined)[] = [];
   for (let i = 0; i < 10; i++) {
     const [c] = await claim(1);
@@ -393,23 +410,99 @@ test("a newcomer joins where the owners being served stand, not at a row whose p
 
   // An owner whose row stopped below the rotation is lifted to it when it queues again, not given
   // the ~100 runs between.
-  await createTask(db.sql, emptied, type, 20);
-  const [pa, pb, pe] = [await passOf(a), await passOf(b), await passOf(emptied)];
-  assert.equal(pe, Math.min(pa, pb));
+  await createTask(db.sql, backoff, type, 20);
+  const [pa, pb, pk] = [await passOf(type, a), await passOf(type, b), await passOf(type, backoff)];
+  assert.equal(pk, Math.min(pa, pb));
   const after: (string | undefined)[] = [];
   for (let i = 0; i < 6; i++) {
     const [c] = await claim(1);
     assert.ok(c);
     after.push(await ownerOf(c.id));
   }
-  for (const u of [a, b, emptied]) {
+  for (const u of [a, b, backoff]) {
     const n = after.filter((o) => o === String(u.userId)).length;
     assert.equal(n, 2, `each of the three gets 2 of the next 6 claims: ${after.join(",")}`);
   }
-  // And an owner with a backlog keeps its place when it queues more.
-  const before = await passOf(a);
+  // An owner with a backlog keeps its place when it queues more.
+  const before = await passOf(type, a);
   await createTask(db.sql, a, type, 1);
-  assert.equal(await passOf(a), before);
+  assert.equal(await passOf(type, a), before);
+  // And a row below the rotation (`limited`, its pass set back) does not pull a newcomer down.
+  await createTask(db.sql, limited, type, 5);
+  await db.sql`update queue_owners set pass = 0, since = now() - interval '1 hour'
+               where analysis_type = ${type} and owner_id = ${limited.userId}`;
+  const c = await seedUser(db.sql, "fair-stale-c");
+  await createTask(db.sql, c, type, 5);
+  assert.ok((await passOf(type, c)) >= Math.min(await passOf(type, a), await passOf(type, b)));
+});
+
+test("a claim drops the rows it walked past with nothing queued, keeps those with runs in backoff, and loses no owner to a create that commits while it runs", async () => {
+  const type = "fair-left";
+  const big = await seedUser(db.sql, "fair-left-big");
+  const gone = await Promise.all(Array.from({ length: 30 }, (_, i) => seedUser(db.sql, `fair-left-${i}`)));
+  const waiting = await seedUser(db.sql, "fair-left-backoff");
+  const claim = (limit: number) =>
+    runClaim(db.sql, { workerId: "w-left", analysisType: type, limit, globalLimit: 0, leaseTtlMs: 30_000 });
+  // 30 owners served their one run each: their rows stay (the claim that served them keeps them).
+  for (const u of gone) await createTask(db.sql, u, type, 1);
+  const w = await createTask(db.sql, waiting, type, 1);
+  await db.sql`update runs set run_after = now() + interval '1 hour' where task_id = ${w}`;
+  assert.equal((await claim(30)).length, 30);
+  assert.equal(await rowsOf(type), 31);
+  await createTask(db.sql, big, type, 100);
+  assert.equal(await passOf(type, big), 0, "big joins where the rotation is");
+  assert.equal((await claim(CLAIM_QUANTUM)).length, CLAIM_QUANTUM);
+  assert.equal(await rowsOf(type), 32, "the rows after big's were not walked past");
+  // Now big's pass is above theirs: the next claim walks past all 31, and the 30 with nothing queued
+  // leave the rotation; the one with a run in backoff stays.
+  assert.equal((await claim(CLAIM_QUANTUM)).length, CLAIM_QUANTUM);
+  assert.equal(await rowsOf(type), 2);
+  assert.equal(await passOf(type, waiting), 0);
+
+  // The race: a claim walks past `racer` (its queue empty) while a create of racer's commits after
+  // the claim's snapshot and before the claim locks racer's row. A test trigger holds the claim in
+  // its update of big's run (after the walk, before the rows it passed are locked) until the create
+  // has committed.
+  const racer = await seedUser(db.sql, "fair-left-racer");
+  await createTask(db.sql, racer, type, 1);
+  assert.equal((await claimOwned(type, racer)).length, 1);
+  await db.sql`update queue_owners set pass = 0 where analysis_type = ${type} and owner_id = ${racer.userId}`;
+  const HOLD = 0x686f6c64;
+  const holder = await db.sql.reserve();
+  try {
+    await holder`select pg_advisory_lock(${HOLD})`;
+    await db.sql.unsafe(`
+      create function fair_left_hold() returns trigger language plpgsql as
+        $$ begin perform pg_advisory_xact_lock(${HOLD}); return new; end $$;
+      create trigger fair_left_hold before update on runs for each row
+        when (old.owner_id = ${big.userId} and new.status = 'starting') execute function fair_left_hold();`);
+    const claiming = claim(1);
+    await waitFor(async () => {
+      const [w] = await db.sql<{ n: number }[]>`
+        select count(*)::int as n from pg_stat_activity
+        where datname = current_database() and wait_event = 'advisory' and query like '%with walk as%'`;
+      return (w?.n ?? 0) > 0;
+    }, 10_000);
+    const racerTask = await createTask(db.sql, racer, type, 1);
+    await holder`select pg_advisory_unlock(${HOLD})`;
+    const claimed = await claiming;
+    assert.equal(claimed.length, 1);
+    assert.notEqual(String(claimed[0]?.taskId), String(racerTask));
+    assert.ok((await passOf(type, racer)) >= 0, "racer's row survived the claim that walked past it");
+    const [orphans] = await db.sql<{ n: number }[]>`
+      select count(*)::int as n from runs r
+      where r.analysis_type = ${type} and r.status = 'queued'
+        and not exists (select 1 from queue_owners q where q.analysis_type = r.analysis_type
+                          and q.owner_id = r.owner_id and q.priority = r.priority)`;
+    assert.equal(orphans?.n, 0, "a queued run without its owner's row is never claimed");
+  } finally {
+    // The lock first: the trigger's drop waits for a claim the lock may still hold.
+    await holder`select pg_advisory_unlock_all()`;
+    holder.release();
+    await db.sql.unsafe(
+      "drop trigger if exists fair_left_hold on runs; drop function if exists fair_left_hold()",
+    );
+  }
 });
 
 test("a claim sorts the owners next in turn first and reaches the rest when those have nothing due", async () => {

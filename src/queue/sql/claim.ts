@@ -188,10 +188,11 @@ function claimStatement(
   const M = sql.unsafe(String(walkHead(k)));
   // One part of the walk without a per-user limit: the owners in turn order, cut by `cut` (the head:
   // limit M; the rest: offset M), each with its quota counted over the part's own rows.
-  const walkPart = (cut: ReturnType<Sql>) => sql`
-        select w.priority, w.owner_id,
-               greatest(ceil(${K}::float8 / count(*) over (partition by w.priority))::int, ${Q}) as quota
-        from (select q.priority, q.pass, q.since, q.owner_id from queue_owners q
+  const walkPart = (cut: ReturnType<Sql>, before: typeof M) => sql`
+        select w.priority, w.owner_id, w.version,
+               greatest(ceil(${K}::float8 / count(*) over (partition by w.priority))::int, ${Q}) as quota,
+               ${before} + row_number() over (order by ${turnOrder(sql, "w")}) as pos
+        from (select q.priority, q.pass, q.since, q.owner_id, q.version from queue_owners q
               where q.analysis_type = ${o.analysisType}
               order by ${turnOrder(sql, "q")}
               ${cut}) w
@@ -201,11 +202,12 @@ function claimStatement(
   // per-user limit at most its room.
   const walk =
     caps === null
-      ? sql`(${walkPart(sql`limit ${M}`)}) union all (${walkPart(sql`offset ${M}`)})`
+      ? sql`(${walkPart(sql`limit ${M}`, sql.unsafe("0"))}) union all (${walkPart(sql`offset ${M}`, M)})`
       : sql`
-        select q.priority, q.owner_id,
+        select q.priority, q.owner_id, q.version,
                least(greatest(ceil(${K}::float8 / count(*) over (partition by q.priority))::int, ${Q}),
-                     c.cap) as quota
+                     c.cap) as quota,
+               row_number() over (order by ${turnOrder(sql, "q")}) as pos
         from queue_owners q
         join jsonb_to_recordset(${sql.json(caps as unknown as Json)}) as c(owner_id bigint, cap int)
           on c.owner_id = q.owner_id
@@ -217,8 +219,9 @@ function claimStatement(
         order by ${turnOrder(sql, "q")}
         offset 0`;
   return sql<ClaimedRun[]>`
-    with picked as materialized (
-      select p.id, w.priority, w.owner_id from (${walk}) w
+    with walk as materialized (${walk}),
+    picked as materialized (
+      select p.id, w.priority, w.owner_id, w.pos from walk w
       cross join lateral (
         select r.id from runs r
         where r.status = 'queued' and r.analysis_type = ${o.analysisType} and r.owner_id = w.owner_id
@@ -257,6 +260,39 @@ function claimStatement(
       from (select priority, owner_id, count(*) as n from picked group by priority, owner_id) g
       where q.analysis_type = ${o.analysisType} and q.priority = g.priority and q.owner_id = g.owner_id
         and (q.priority, q.owner_id) in (select priority, owner_id from served)
+    ),
+    -- The owners the walk went past without a run (up to the last owner it took one from; the head
+    -- when it took none) whose rows say nothing is queued at all — not merely nothing due: runs in
+    -- backoff keep their row — leave the rotation now, instead of being walked by every claim (and
+    -- counted in every quota) until the reaper's prune. Locked with SKIP LOCKED, so the claim never
+    -- waits here, and only at the version the walk read: every statement that makes a run queued
+    -- bumps its owner's version first (queueOwnersJoin), so a row whose owner got queued runs after
+    -- this statement's snapshot (which cannot see them) is left alone; one whose upsert comes after
+    -- this lock waits for the delete and inserts the row again.
+    passed as (
+      select w.priority, w.owner_id, w.version
+      from (select * from walk limit (select coalesce(max(pos), ${M}) from picked)) w
+      where not exists (select 1 from picked k where k.priority = w.priority and k.owner_id = w.owner_id)
+    ),
+    -- Laterals driven by passed and a delete by ctid: with passed empty (nearly always) neither
+    -- touches queue_owners (joined the other way round, a young table's statistics made both scan it
+    -- on every claim: +0.6 ms).
+    idle as (
+      select x.ctid from passed p
+      cross join lateral (
+        select q.ctid from queue_owners q
+        where q.analysis_type = ${o.analysisType} and q.priority = p.priority and q.owner_id = p.owner_id
+          and q.version = p.version
+          and not exists (select 1 from runs r where r.status = 'queued' and r.analysis_type = q.analysis_type
+                            and r.owner_id = q.owner_id and r.priority = q.priority)
+        for update of q skip locked
+      ) x
+    ),
+    -- By ctid. Seen in fair-share.test.ts's race: without the version condition the row still
+    -- survived, the delete's TID re-check refusing the version the create had made; deleting by key
+    -- without the version condition lost the row. The version condition is the guarantee.
+    left_rotation as (
+      delete from queue_owners q where q.ctid = any(array(select ctid from idle))
     )
     select c.id::float8 as id, c.task_id::float8 as "taskId", c.analysis_type as "analysisType",
            c.attempt, c.max_attempts as "maxAttempts", c.lease_token::text as "leaseToken",

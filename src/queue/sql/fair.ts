@@ -11,7 +11,9 @@
 // its owner's row with DO UPDATE, which waits for a row lock; queueOwnersPrune locks rows first (skip
 // locked) and decides in a second statement, whose snapshot post-dates the lock, that an owner has
 // nothing queued. A run made queued concurrently is either seen by that statement, or its upsert
-// waits for the delete and inserts the row again.
+// waits for the delete and inserts the row again. The claim also deletes rows it walked past with
+// nothing queued, in one statement: there the upsert's `version` bump is what protects a row whose
+// owner got runs after the claim's snapshot (claimStatement's left_rotation).
 //
 // Lock order: queue_owners rows are locked in owner order by every statement that locks several.
 import type { PendingQuery, Row } from "postgres";
@@ -57,6 +59,9 @@ export function queueOwnersJoin(sql: Sql, rows: PendingQuery<Row[]>) {
     ) v
     order by j.owner_id, j.analysis_type, j.priority
     on conflict (analysis_type, priority, owner_id) do update set
+      -- Always a new version: a claim that found the owner with nothing queued (by a snapshot taken
+      -- before these runs) must not delete the row (claimStatement's left_rotation).
+      version = q.version + 1,
       pass = greatest(q.pass, excluded.pass),
       start_pass = case when excluded.pass > q.pass then excluded.start_pass else q.start_pass end,
       since = case when excluded.pass > q.pass then excluded.since else q.since end
