@@ -192,10 +192,10 @@ export const runs = pgTable(
 /**
  * Fair share: one row per (analysis type, priority, owner) that has queued runs, with how many runs
  * the owner has been given at that level (`pass`). The claim serves the owners with the lowest pass
- * first, up to a quantum each in turn; a newcomer starts at the lowest pass of those waiting, after
- * the owners that reached it before (`since`). Every statement
- * that makes a run queued upserts its row; the reaper deletes rows whose owner has nothing queued. A
- * row only orders the claim: runs are claimed from `runs`.
+ * first, up to a quantum each in turn; a newcomer starts at the pass of the owner served last, after
+ * the owners that reached it before (`since`). Every statement that makes a run queued upserts its
+ * row; a claim deletes the rows it walks past whose owner has nothing queued, and the reaper the rest
+ * of them. A row only orders the claim: runs are claimed from `runs`.
  */
 export const queueOwners = pgTable(
   "queue_owners",
@@ -207,23 +207,17 @@ export const queueOwners = pgTable(
     /**
      * When the owner reached its pass (joined, or was last served): at the same pass the claim takes
      * the one that got there first (migration 0010), as start-time fair queuing does. A newcomer joins
-     * at the lowest pass, so it follows the owners already waiting there, in arrival order, and goes
-     * before any that reach that pass later. Ties used to go by owner id, whatever the arrival.
+     * at the pass of the row with the latest `since`, so it follows the owners already waiting there,
+     * in arrival order, and goes before any that reach that pass later. Ties used to go by owner id,
+     * whatever the arrival.
      */
     since: timestamp("since", { withTimezone: true }).notNull().defaultNow(),
-    /**
-     * The pass the owner had when it was last served (its turn's start), or its pass when it joined
-     * (migration 0011). The row with the latest `since` tells a newcomer where the rotation is now —
-     * its `start_pass` is the lowest pass among the owners being served — so rows whose owners have
-     * nothing due (their passes stopped) are left out of the join (see queueOwnersJoin).
-     */
-    startPass: bigint("start_pass", { mode: "number" }).notNull().default(0),
     /**
      * Bumped by every statement that makes a run of the owner queued (queueOwnersJoin): a claim
      * removes a row it walked past with nothing queued only at the version it read, so a row whose
      * owner got runs after the claim's snapshot stays (migration 0011).
      */
-    version: integer("version").notNull().default(0),
+    version: bigint("version", { mode: "number" }).notNull().default(0),
   },
   // No index on pass: every claim moves the passes it serves, and an index on them would collect a
   // dead entry per claim at the front of every scan; the claim sorts the rows instead, and the

@@ -314,7 +314,7 @@ test("at the same pass the owner there first goes first, whatever the ids: a new
   const newTask = await createTask(db.sql, newcomer, "fair-new", 3);
   const [joined] = await db.sql<{ pass: number }[]>`
     select pass::int from queue_owners where analysis_type = 'fair-new' and owner_id = ${newcomer.userId}`;
-  assert.equal(joined?.pass, CLAIM_QUANTUM, "the newcomer joins at the lowest pass, the incumbent's");
+  assert.equal(joined?.pass, CLAIM_QUANTUM, "the newcomer joins at the pass of the owner served last");
   // Tied at that pass: the incumbent reached it first and takes this turn (by id it would not).
   const turn = await claim();
   assert.equal(turn.filter((c) => String(c.taskId) === String(newTask)).length, 0);
@@ -323,7 +323,7 @@ test("at the same pass the owner there first goes first, whatever the ids: a new
   assert.equal(next.filter((c) => String(c.taskId) === String(newTask)).length, 3);
 });
 
-test("newcomers join at the lowest pass (none below) and are served in arrival order; a stream of them cannot keep an owner with a backlog waiting", async () => {
+test("newcomers join where the owner served last stands (none below) and are served in arrival order; a stream of them cannot keep an owner with a backlog waiting", async () => {
   // Ids in the opposite order of arrival: the order below is arrival, not id.
   const [c, b, a] = [
     await seedUser(db.sql, "fair-new-c"),
@@ -355,7 +355,7 @@ test("newcomers join at the lowest pass (none below) and are served in arrival o
   assert.deepEqual(
     passes.map((p) => p.pass),
     [3, 3, 3, 3],
-    "every newcomer at the lowest pass, not below it or below each other",
+    "every newcomer at the pass of the owner served last, not below it or below each other",
   );
   // At pass 3: the incumbent got there first, then a, b and c as they came.
   const order = [await claimOne(), await claimOne(), await claimOne(), await claimOne()];
@@ -450,11 +450,9 @@ test("a claim drops the rows it walked past with nothing queued, keeps those wit
   assert.equal((await claim(30)).length, 30);
   assert.equal(await rowsOf(type), 31);
   await createTask(db.sql, big, type, 100);
-  assert.equal(await passOf(type, big), 0, "big joins where the rotation is");
-  assert.equal((await claim(CLAIM_QUANTUM)).length, CLAIM_QUANTUM);
-  assert.equal(await rowsOf(type), 32, "the rows after big's were not walked past");
-  // Now big's pass is above theirs: the next claim walks past all 31, and the 30 with nothing queued
-  // leave the rotation; the one with a run in backoff stays.
+  assert.equal(await passOf(type, big), 1, "big joins where the owners served last stand");
+  // Tied at pass 1, the 30 got there first: the next claim walks past all 31, and the 30 with
+  // nothing queued leave the rotation; the one with a run in backoff stays.
   assert.equal((await claim(CLAIM_QUANTUM)).length, CLAIM_QUANTUM);
   assert.equal(await rowsOf(type), 2);
   assert.equal(await passOf(type, waiting), 0);
@@ -502,6 +500,82 @@ test("a claim drops the rows it walked past with nothing queued, keeps those wit
     await db.sql.unsafe(
       "drop trigger if exists fair_left_hold on runs; drop function if exists fair_left_hold()",
     );
+  }
+});
+
+test("a stream of newcomers does not keep an owner with a backlog waiting, even beside a row whose pass stopped", async () => {
+  const type = "fair-stream";
+  const b = await seedUser(db.sql, "fair-stream-b");
+  const k = await seedUser(db.sql, "fair-stream-k");
+  // K's pass stopped below B's (only a run in backoff); B has a backlog and was served last.
+  const kt = await createTask(db.sql, k, type, 1);
+  await db.sql`update runs set run_after = now() + interval '1 hour' where task_id = ${kt}`;
+  await createTask(db.sql, b, type, 50);
+  await db.sql`update queue_owners set pass = 11, since = now() - interval '1 hour'
+               where analysis_type = ${type} and owner_id = ${k.userId}`;
+  await db.sql`update queue_owners set pass = 12, since = now()
+               where analysis_type = ${type} and owner_id = ${b.userId}`;
+  const owners: string[] = [];
+  for (let i = 0; i < 12; i++) {
+    const n = await seedUser(db.sql, `fair-stream-n${i}`);
+    await createTask(db.sql, n, type, 1);
+    const [c] = await runClaim(db.sql, {
+      workerId: "w-stream",
+      analysisType: type,
+      limit: 1,
+      globalLimit: 0,
+      leaseTtlMs: 30_000,
+    });
+    assert.ok(c);
+    const [r] = await db.sql<{ o: string }[]>`select owner_id::text as o from runs where id = ${c.id}`;
+    owners.push(r?.o ?? "");
+  }
+  // Each newcomer joins where the owner served last stands, after those waiting there: B keeps a
+  // turn in every round (B, N0, B, N1, N2, B, ...: each round has the newcomers that arrived during
+  // the last, one turn each). Joining at the lowest pass from the last served owner's start up, K's
+  // 11 anchored every newcomer below B, and B got none of the 12.
+  const turns = owners.flatMap((o, i) => (o === String(b.userId) ? [i] : []));
+  assert.ok(turns.length >= 4, `B got ${turns.length} of 12 claims: ${owners.join(",")}`);
+});
+
+test("a claim that walks past an owner does not deadlock with a retry of two owners", async () => {
+  // The retry's upserts lock queue_owners rows in owner order (y, then x). The claim serves y and
+  // walks past x (nothing queued): it must wait for y before it locks x, or the two wait for each
+  // other.
+  const type = "fair-deadlock";
+  const y = await seedUser(db.sql, "fair-dl-y");
+  const x = await seedUser(db.sql, "fair-dl-x");
+  assert.ok(y.userId < x.userId);
+  await createTask(db.sql, x, type, 1);
+  assert.equal((await claimOwned(type, x)).length, 1);
+  await createTask(db.sql, y, type, 10);
+  await db.sql`update queue_owners set pass = case when owner_id = ${x.userId} then 0 else 10 end
+               where analysis_type = ${type}`;
+  const retry = await db.sql.reserve();
+  try {
+    await retry`begin`;
+    await retry`update queue_owners set version = version + 1 where analysis_type = ${type} and owner_id = ${y.userId}`;
+    const claiming = runClaim(db.sql, {
+      workerId: "w-dl",
+      analysisType: type,
+      limit: 1,
+      globalLimit: 0,
+      leaseTtlMs: 30_000,
+    });
+    await waitFor(async () => {
+      const [w] = await db.sql<{ n: number }[]>`
+        select count(*)::int as n from pg_stat_activity
+        where datname = current_database() and wait_event_type = 'Lock' and query like '%with walk as%'`;
+      return (w?.n ?? 0) > 0;
+    }, 10_000);
+    await retry`update queue_owners set version = version + 1 where analysis_type = ${type} and owner_id = ${x.userId}`;
+    await retry`commit`;
+    const claimed = await claiming;
+    assert.equal(claimed.length, 1);
+    assert.ok((await passOf(type, x)) >= 0, "x's row stays: its version moved while the claim ran");
+  } finally {
+    await retry`rollback`.catch(() => {});
+    retry.release();
   }
 });
 

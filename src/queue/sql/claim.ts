@@ -256,7 +256,7 @@ function claimStatement(
       ) s
     ),
     advanced as (
-      update queue_owners q set start_pass = q.pass, pass = q.pass + g.n, since = statement_timestamp()
+      update queue_owners q set pass = q.pass + g.n, since = statement_timestamp()
       from (select priority, owner_id, count(*) as n from picked group by priority, owner_id) g
       where q.analysis_type = ${o.analysisType} and q.priority = g.priority and q.owner_id = g.owner_id
         and (q.priority, q.owner_id) in (select priority, owner_id from served)
@@ -266,13 +266,22 @@ function claimStatement(
     -- backoff keep their row — leave the rotation now, instead of being walked by every claim (and
     -- counted in every quota) until the reaper's prune. Locked with SKIP LOCKED, so the claim never
     -- waits here, and only at the version the walk read: every statement that makes a run queued
-    -- bumps its owner's version first (queueOwnersJoin), so a row whose owner got queued runs after
+    -- bumps its owner's version (queueOwnersJoin), so a row whose owner got queued runs after
     -- this statement's snapshot (which cannot see them) is left alone; one whose upsert comes after
     -- this lock waits for the delete and inserts the row again.
+    --
+    -- After served: data-modifying CTEs that the query does not read run last to first, so without
+    -- the reference to served these SKIP LOCKED locks came before served's waits, out of owner
+    -- order — a claim holding a passed owner's row and waiting for a served owner's deadlocked
+    -- with a retry that held the served owner's row and waited for the passed one's.
     passed as (
       select w.priority, w.owner_id, w.version
+      -- The walk as far as it went (a CTE is read back in the order it was made; the limit keeps
+      -- this from running the rest of the walk), each row at its turn's position.
       from (select * from walk limit (select coalesce(max(pos), ${M}) from picked)) w
-      where not exists (select 1 from picked k where k.priority = w.priority and k.owner_id = w.owner_id)
+      where w.pos <= (select coalesce(max(pos), ${M}) from picked)
+        and (select count(*) from served) >= 0
+        and not exists (select 1 from picked k where k.priority = w.priority and k.owner_id = w.owner_id)
     ),
     -- Laterals driven by passed and a delete by ctid: with passed empty (nearly always) neither
     -- touches queue_owners (joined the other way round, a young table's statistics made both scan it

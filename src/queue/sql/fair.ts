@@ -1,7 +1,7 @@
 // Fair share (the rotation the claim serves owners in): queue_owners has a row per analysis type,
 // priority and owner with queued runs, and `pass`, how many runs the owner has been given at that
 // level. The claim takes the owners with the lowest pass first, and at the same pass the one that
-// reached it first (`since`); a newcomer starts at the lowest pass of the owners being served (see
+// reached it first (`since`); a newcomer starts at the pass of the owner served last (see
 // queueOwnersJoin), so it is served after those already waiting there, one turn each, without a
 // burst — and a stream of newcomers cannot keep an owner with a backlog waiting. The table only
 // orders claims: every run is claimed from `runs`, so a stale row can make a claim less fair, never
@@ -28,42 +28,37 @@ export const PRIORITIES = { min: 0, max: 9 } as const;
  * triples, distinct; each owner joins the rotation with `since` now, after the owners already waiting
  * at its pass, or keeps its row.
  *
- * Where it joins: the rotation is at the `start_pass` of the row with the latest `since` — the owner
- * served last (the claim serves the lowest pass first, so that was the lowest pass among owners with a
- * run due), or the newcomer that joined last. A newcomer joins at the lowest pass from there up: where
- * the owners that are being served stand. Rows below it are owners whose passes stopped: nothing due
- * (a queue that has just emptied keeps its row until the reaper prunes it; only runs in backoff) or
- * held at the per-user limit. Joining at the lowest pass of every row, as before, started a newcomer
- * there and served it ahead of everyone until it caught up (up to ~20,000 runs with one owner
- * draining 4,000 runs/s and a 5 s old row). An owner whose row is below the rotation is lifted to it
- * when a statement makes a run of it queued (as a newcomer would join); a row at or above stays as it
- * is, so an owner with a backlog keeps its place. (An owner whose runs come due after a backoff is
- * served from where its pass stopped: a head start of at most its retried runs.)
+ * Where it joins: at the pass of the row with the latest `since` — the owner served last (or the
+ * newcomer that joined last); of the owners one claim served, the lowest. That is where the owners
+ * being served stand: a newcomer goes to the end of the current round, as deficit round robin appends
+ * a newly active flow to its list. Rows whose passes stopped (nothing due: a queue that has just
+ * emptied, only runs in backoff; held at the per-user limit) never decide it. Two rules before did:
+ * the lowest pass of every row started a newcomer far below the owners being served, and it took
+ * every slot until it caught up (up to ~20,000 runs with one owner draining 4,000 runs/s and a 5 s old
+ * row); the lowest pass from the last served owner's start up let such a row anchor every newcomer
+ * below an owner with a backlog, so a stream of newcomers kept it waiting (both found in review,
+ * 2026-12-03; fair-share.test.ts has each case). An owner whose row is below that pass is lifted to
+ * it when a statement makes a run of it queued, like a newcomer; a row at or above stays where it
+ * is, so an owner with a backlog keeps its place. (An owner whose runs come due after a backoff, with
+ * no statement touching its row, is served from where its pass stopped: a head start of at most its
+ * retried runs.) `version` goes up on every upsert: see claimStatement's left_rotation.
  */
 export function queueOwnersJoin(sql: Sql, rows: PendingQuery<Row[]>) {
   return sql`
-    insert into queue_owners as q (analysis_type, priority, owner_id, pass, start_pass, since)
-    select j.analysis_type, j.priority, j.owner_id, v.pass, v.pass, statement_timestamp()
+    insert into queue_owners as q (analysis_type, priority, owner_id, pass, since)
+    select j.analysis_type, j.priority, j.owner_id,
+           coalesce((select n.pass from queue_owners n
+                     where n.analysis_type = j.analysis_type and n.priority = j.priority
+                     order by n.since desc, n.pass
+                     limit 1), 0),
+           statement_timestamp()
     from (select distinct * from (${rows}) x(analysis_type, priority, owner_id)) j
-    -- Where the rotation is: the start of the owner served (or joined) last. A lateral of its own, so
-    -- the scan below compares with one value instead of running a subquery per row.
-    cross join lateral (
-      select coalesce((select n.start_pass from queue_owners n
-                       where n.analysis_type = j.analysis_type and n.priority = j.priority
-                       order by n.since desc, n.start_pass
-                       limit 1), 0) as pass
-    ) l
-    cross join lateral (
-      select coalesce(min(o.pass), l.pass) as pass from queue_owners o
-      where o.analysis_type = j.analysis_type and o.priority = j.priority and o.pass >= l.pass
-    ) v
     order by j.owner_id, j.analysis_type, j.priority
     on conflict (analysis_type, priority, owner_id) do update set
       -- Always a new version: a claim that found the owner with nothing queued (by a snapshot taken
       -- before these runs) must not delete the row (claimStatement's left_rotation).
       version = q.version + 1,
       pass = greatest(q.pass, excluded.pass),
-      start_pass = case when excluded.pass > q.pass then excluded.start_pass else q.start_pass end,
       since = case when excluded.pass > q.pass then excluded.since else q.since end
     returning q.owner_id`;
 }
