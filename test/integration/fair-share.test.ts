@@ -117,6 +117,17 @@ async function claimOwned(type: string, owner: Principal): Promise<number[]> {
   return rows.map((r) => r.id);
 }
 
+/** Until a claim statement waits for a lock of this kind (`advisory`, `tuple`, ...). */
+async function claimWaiting(waitEvent: string): Promise<void> {
+  await waitFor(async () => {
+    const [w] = await db.sql<{ n: number }[]>`
+      select count(*)::int as n from pg_stat_activity
+      where datname = current_database() and wait_event_type = 'Lock' and wait_event = ${waitEvent}
+        and query like '%with walk as%'`;
+    return (w?.n ?? 0) > 0;
+  }, 10_000);
+}
+
 /** Index in `starts` of each start of `taskId` at or after `from`. */
 const startsOf = (taskId: string, from: number) =>
   starts.map((t, i) => (t === taskId && i >= from ? i : -1)).filter((i) => i >= 0);
@@ -475,12 +486,7 @@ test("a claim drops the rows it walked past with nothing queued, keeps those wit
       create trigger fair_left_hold before update on runs for each row
         when (old.owner_id = ${big.userId} and new.status = 'starting') execute function fair_left_hold();`);
     const claiming = claim(1);
-    await waitFor(async () => {
-      const [w] = await db.sql<{ n: number }[]>`
-        select count(*)::int as n from pg_stat_activity
-        where datname = current_database() and wait_event = 'advisory' and query like '%with walk as%'`;
-      return (w?.n ?? 0) > 0;
-    }, 10_000);
+    await claimWaiting("advisory");
     const racerTask = await createTask(db.sql, racer, type, 1);
     await holder`select pg_advisory_unlock(${HOLD})`;
     const claimed = await claiming;
@@ -562,12 +568,7 @@ test("a claim that walks past an owner does not deadlock with a retry of two own
       globalLimit: 0,
       leaseTtlMs: 30_000,
     });
-    await waitFor(async () => {
-      const [w] = await db.sql<{ n: number }[]>`
-        select count(*)::int as n from pg_stat_activity
-        where datname = current_database() and wait_event_type = 'Lock' and query like '%with walk as%'`;
-      return (w?.n ?? 0) > 0;
-    }, 10_000);
+    await claimWaiting("transactionid");
     await retry`update queue_owners set version = version + 1 where analysis_type = ${type} and owner_id = ${x.userId}`;
     await retry`commit`;
     const claimed = await claiming;
