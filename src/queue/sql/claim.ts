@@ -301,7 +301,9 @@ function claimStatement(
     -- survived, the delete's TID re-check refusing the version the create had made; deleting by key
     -- without the version condition lost the row. The version condition is the guarantee.
     left_rotation as (
-      delete from queue_owners q where q.ctid = any(array(select ctid from idle))
+      delete from queue_owners q
+      -- A one-time filter: the table is not read at all when there is nothing to delete.
+      where (select count(*) from idle) > 0 and q.ctid = any(array(select ctid from idle))
     )
     select c.id::float8 as id, c.task_id::float8 as "taskId", c.analysis_type as "analysisType",
            c.attempt, c.max_attempts as "maxAttempts", c.lease_token::text as "leaseToken",
