@@ -6,7 +6,7 @@ import { after, afterEach, before, test } from "node:test";
 import type { Principal } from "../../src/auth/tokens.ts";
 import { createLogger } from "../../src/log.ts";
 import { Reaper } from "../../src/queue/reaper.ts";
-import { CLAIM_QUANTUM, runClaim, walkHead } from "../../src/queue/sql.ts";
+import { CLAIM_QUANTUM, runClaim, runComplete, runRetry, walkHead } from "../../src/queue/sql.ts";
 import { type Handler, Worker } from "../../src/queue/worker.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import { createTask, seedUser, taskRow, waitFor, waitForTerminal } from "../helpers/queue.ts";
@@ -577,6 +577,108 @@ test("a claim that walks past an owner does not deadlock with a retry of two own
   } finally {
     await retry`rollback`.catch(() => {});
     retry.release();
+  }
+});
+
+test("an owner served again at a pass that stopped (a retry after its backoff, the per-user limit) does not take a newcomer down with it", async () => {
+  const ownerOf = async (id: number) =>
+    (await db.sql<{ o: string }[]>`select owner_id::text as o from runs where id = ${id}`)[0]?.o;
+  const done = (cs: { id: number; leaseToken: string }[]) =>
+    runComplete(
+      db.sql,
+      cs.map((c) => ({
+        id: c.id,
+        token: c.leaseToken,
+        status: "succeeded" as const,
+        result: { metrics: {} },
+      })),
+    );
+
+  // S's one run fails transiently and backs off while A is served 200 runs; then S's run is due and
+  // S is served at its old pass, and N arrives.
+  {
+    const type = "fair-anchor-retry";
+    const [a, s, n] = [
+      await seedUser(db.sql, "fair-anchor-a"),
+      await seedUser(db.sql, "fair-anchor-s"),
+      await seedUser(db.sql, "fair-anchor-n"),
+    ] as [Principal, Principal, Principal];
+    const claim = (limit: number) =>
+      runClaim(db.sql, {
+        workerId: "w-anchor",
+        analysisType: type,
+        limit,
+        globalLimit: 0,
+        leaseTtlMs: 30_000,
+      });
+    await createTask(db.sql, s, type, 1);
+    await createTask(db.sql, a, type, 400);
+    const [first] = await claim(1);
+    assert.ok(first);
+    assert.equal(await ownerOf(first.id), String(s.userId));
+    await runRetry(db.sql, [
+      {
+        id: first.id,
+        token: first.leaseToken,
+        delayMs: 3_600_000,
+        refund: false,
+        errorCode: "X",
+        errorMessage: "x",
+      },
+    ]);
+    for (let i = 0; i < 50; i++) await claim(CLAIM_QUANTUM);
+    await db.sql`update runs set run_after = now() where owner_id = ${s.userId} and status = 'queued'`;
+    const [again] = await claim(1);
+    assert.ok(again);
+    assert.equal(await ownerOf(again.id), String(s.userId), "S is first in turn at its old pass");
+    await createTask(db.sql, n, type, 100);
+    assert.ok((await passOf(type, n)) >= (await passOf(type, a)), "N joins where A stands, not where S was");
+    const next: (string | undefined)[] = [];
+    for (let i = 0; i < 20; i++) {
+      const [c] = await claim(1);
+      assert.ok(c);
+      next.push(await ownerOf(c.id));
+    }
+    // (With the pass of the one row served last, N joined at S's and took all 20.)
+    assert.ok(
+      next.filter((o) => o === String(a.userId)).length >= 9,
+      `A's share of the next 20: ${next.join(",")}`,
+    );
+  }
+
+  // U is held at the per-user limit (1) while A is served 40 runs; then U has room and is served at
+  // its old pass, and N arrives.
+  {
+    const type = "fair-anchor-limit";
+    const [a, u, n] = [
+      await seedUser(db.sql, "fair-anchor-la"),
+      await seedUser(db.sql, "fair-anchor-lu"),
+      await seedUser(db.sql, "fair-anchor-ln"),
+    ] as [Principal, Principal, Principal];
+    const claim = () =>
+      runClaim(db.sql, {
+        workerId: "w-anchor-l",
+        analysisType: type,
+        limit: 1,
+        globalLimit: 0,
+        userLimit: 1,
+        leaseTtlMs: 30_000,
+      });
+    await createTask(db.sql, u, type, 100);
+    await createTask(db.sql, a, type, 100);
+    const held = await claim();
+    assert.equal(await ownerOf(held[0]?.id ?? 0), String(u.userId));
+    for (let i = 0; i < 40; i++) {
+      const c = await claim();
+      assert.equal(await ownerOf(c[0]?.id ?? 0), String(a.userId));
+      await done(c);
+    }
+    await done(held);
+    const c1 = await claim();
+    assert.equal(await ownerOf(c1[0]?.id ?? 0), String(u.userId));
+    await done(c1);
+    await createTask(db.sql, n, type, 100);
+    assert.ok((await passOf(type, n)) >= (await passOf(type, a)), "N joins where A stands, not where U was");
   }
 });
 
