@@ -192,8 +192,8 @@ export const runs = pgTable(
 /**
  * Fair share: one row per (analysis type, priority, owner) that has queued runs, with how many runs
  * the owner has been given at that level (`pass`). The claim serves the owners with the lowest pass
- * first, up to a quantum each in turn; a newcomer starts where the owners served last stand, after
- * the owners that reached that pass before (`since`). Every statement that makes a run queued upserts its
+ * first, up to a quantum each in turn; a newcomer starts at the highest pass, after the owners that
+ * reached it before (`since`). Every statement that makes a run queued upserts its
  * row; a claim deletes the rows it walks past whose owner has nothing queued, and the reaper the rest
  * of them. A row only orders the claim: runs are claimed from `runs`.
  */
@@ -207,7 +207,7 @@ export const queueOwners = pgTable(
     /**
      * When the owner reached its pass (joined, or was last served): at the same pass the claim takes
      * the one that got there first (migration 0010), as start-time fair queuing does. A newcomer joins
-     * where the rows with the latest `since` stand, so it follows the owners already waiting there,
+     * at the highest pass, so it follows the owners already waiting there,
      * in arrival order, and goes before any that reach that pass later. Ties used to go by owner id,
      * whatever the arrival.
      */

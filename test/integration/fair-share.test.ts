@@ -325,7 +325,7 @@ test("at the same pass the owner there first goes first, whatever the ids: a new
   const newTask = await createTask(db.sql, newcomer, "fair-new", 3);
   const [joined] = await db.sql<{ pass: number }[]>`
     select pass::int from queue_owners where analysis_type = 'fair-new' and owner_id = ${newcomer.userId}`;
-  assert.equal(joined?.pass, CLAIM_QUANTUM, "the newcomer joins at the pass of the owner served last");
+  assert.equal(joined?.pass, CLAIM_QUANTUM, "the newcomer joins at the back of the line");
   // Tied at that pass: the incumbent reached it first and takes this turn (by id it would not).
   const turn = await claim();
   assert.equal(turn.filter((c) => String(c.taskId) === String(newTask)).length, 0);
@@ -334,7 +334,7 @@ test("at the same pass the owner there first goes first, whatever the ids: a new
   assert.equal(next.filter((c) => String(c.taskId) === String(newTask)).length, 3);
 });
 
-test("newcomers join where the owner served last stands (none below) and are served in arrival order; a stream of them cannot keep an owner with a backlog waiting", async () => {
+test("newcomers join at the back of the line (none below) and are served in arrival order; a stream of them cannot keep an owner with a backlog waiting", async () => {
   // Ids in the opposite order of arrival: the order below is arrival, not id.
   const [c, b, a] = [
     await seedUser(db.sql, "fair-new-c"),
@@ -366,7 +366,7 @@ test("newcomers join where the owner served last stands (none below) and are ser
   assert.deepEqual(
     passes.map((p) => p.pass),
     [3, 3, 3, 3],
-    "every newcomer at the pass of the owner served last, not below it or below each other",
+    "every newcomer at the back of the line, not below it or below each other",
   );
   // At pass 3: the incumbent got there first, then a, b and c as they came.
   const order = [await claimOne(), await claimOne(), await claimOne(), await claimOne()];
@@ -461,7 +461,7 @@ test("a claim drops the rows it walked past with nothing queued, keeps those wit
   assert.equal((await claim(30)).length, 30);
   assert.equal(await rowsOf(type), 31);
   await createTask(db.sql, big, type, 100);
-  assert.equal(await passOf(type, big), 1, "big joins where the owners served last stand");
+  assert.equal(await passOf(type, big), 1, "big joins at the back of the line");
   // Tied at pass 1, the 30 got there first: the next claim walks past all 31, and the 30 with
   // nothing queued leave the rotation; the one with a run in backoff stays.
   assert.equal((await claim(CLAIM_QUANTUM)).length, CLAIM_QUANTUM);
@@ -536,7 +536,7 @@ test("a stream of newcomers does not keep an owner with a backlog waiting, even 
     const [r] = await db.sql<{ o: string }[]>`select owner_id::text as o from runs where id = ${c.id}`;
     owners.push(r?.o ?? "");
   }
-  // Each newcomer joins where the owner served last stands, after those waiting there: B keeps a
+  // Each newcomer joins at the back of the line, after those waiting there: B keeps a
   // turn in every round (B, N0, B, N1, N2, B, ...: each round has the newcomers that arrived during
   // the last, one turn each). Joining at the lowest pass from the last served owner's start up, K's
   // 11 anchored every newcomer below B, and B got none of the 12.
@@ -679,6 +679,89 @@ test("an owner served again at a pass that stopped (a retry after its backoff, t
     await done(c1);
     await createTask(db.sql, n, type, 100);
     assert.ok((await passOf(type, n)) >= (await passOf(type, a)), "N joins where A stands, not where U was");
+  }
+});
+
+test("an owner waiting for its turn keeps its place when it queues more; newcomers join at the back even after held owners are served", async () => {
+  const ownerOf = async (id: number) =>
+    (await db.sql<{ o: string }[]>`select owner_id::text as o from runs where id = ${id}`)[0]?.o ?? "";
+  const done = (cs: { id: number; leaseToken: string }[]) =>
+    runComplete(
+      db.sql,
+      cs.map((c) => ({
+        id: c.id,
+        token: c.leaseToken,
+        status: "succeeded" as const,
+        result: { metrics: {} },
+      })),
+    );
+  // B submits a one-run task after every claim, beside A and C with backlogs: B keeps a turn in
+  // every round. (Lifted to the back of the line at each create, B got 0 of 30.)
+  {
+    const type = "fair-keep";
+    const [a, c, b] = [
+      await seedUser(db.sql, "fair-keep-a"),
+      await seedUser(db.sql, "fair-keep-c"),
+      await seedUser(db.sql, "fair-keep-b"),
+    ] as [Principal, Principal, Principal];
+    for (const u of [a, c, b]) await createTask(db.sql, u, type, 50);
+    const served: string[] = [];
+    for (let i = 0; i < 30; i++) {
+      const got = await runClaim(db.sql, {
+        workerId: "w-keep",
+        analysisType: type,
+        limit: 1,
+        globalLimit: 0,
+        leaseTtlMs: 30_000,
+      });
+      served.push(await ownerOf(got[0]?.id ?? 0));
+      await done(got);
+      await createTask(db.sql, b, type, 1);
+    }
+    const forB = served.filter((o) => o === String(b.userId)).length;
+    assert.ok(forB >= 9, `B got ${forB} of 30 claims`);
+  }
+  // Per-user limit 2: eight owners hold their room while H is served 50 runs; their runs end and they
+  // are served again, at their old passes, all at once; then newcomers come. Each joins at the back of
+  // the line and H keeps its turns. (Anchored on the rows served last, the newcomers joined among the
+  // eight and H got none of the next 40 claims.)
+  {
+    const type = "fair-held";
+    const held = [];
+    for (let i = 0; i < 8; i++) held.push(await seedUser(db.sql, `fair-held-${i}`));
+    const h = await seedUser(db.sql, "fair-held-h");
+    for (const u of held) await createTask(db.sql, u, type, 100);
+    await createTask(db.sql, h, type, 300);
+    const claim = (limit: number) =>
+      runClaim(db.sql, {
+        workerId: "w-held",
+        analysisType: type,
+        limit,
+        globalLimit: 0,
+        userLimit: 2,
+        leaseTtlMs: 30_000,
+      });
+    const holding = await claim(16);
+    assert.equal(holding.length, 16);
+    for (let i = 0; i < 50; i++) await done(await claim(1));
+    await done(holding);
+    await claim(16);
+    const served: string[] = [];
+    for (let i = 0; i < 40; i++) {
+      if (i % 8 === 0) {
+        const n = await seedUser(db.sql, `fair-held-n${i}`);
+        await createTask(db.sql, n, type, 30);
+        assert.ok(
+          (await passOf(type, n)) >= (await passOf(type, h)),
+          "a newcomer joins at the back of the line",
+        );
+      }
+      const got = await claim(1);
+      served.push(await ownerOf(got[0]?.id ?? 0));
+      await done(got);
+    }
+    const forH = served.filter((o) => o === String(h.userId)).length;
+    assert.ok(forH >= 8, `H got ${forH} of 40 claims: ${served.join(",")}`);
   }
 });
 

@@ -1,7 +1,7 @@
 // Fair share (the rotation the claim serves owners in): queue_owners has a row per analysis type,
 // priority and owner with queued runs, and `pass`, how many runs the owner has been given at that
 // level. The claim takes the owners with the lowest pass first, and at the same pass the one that
-// reached it first (`since`); a newcomer starts where the owners served last stand (see
+// reached it first (`since`); a newcomer starts at the highest pass, the back of the line (see
 // queueOwnersJoin), so it is served after those already waiting there, one turn each, without a
 // burst — and a stream of newcomers cannot keep an owner with a backlog waiting. The table only
 // orders claims: every run is claimed from `runs`, so a stale row can make a claim less fair, never
@@ -24,42 +24,36 @@ export const DEFAULT_PRIORITY = 5;
 export const PRIORITIES = { min: 0, max: 9 } as const;
 
 /**
- * How many of the rows served (or joined) last decide where a newcomer joins: the highest pass among
- * them (see queueOwnersJoin).
- */
-export const JOIN_RECENT_ROWS = 8;
-
-/**
  * A data-modifying statement for a WITH clause: `rows` yields (analysis_type, priority, owner_id)
  * triples, distinct; each owner joins the rotation with `since` now, after the owners already waiting
  * at its pass, or keeps its row.
  *
- * Where it joins: at the highest pass among the JOIN_RECENT_ROWS rows with the latest `since` — the
- * owners served last and the newcomers that joined last. That is where the owners being served stand,
- * and the newcomer goes after those already there: to the end of the current round, as deficit round
- * robin appends a newly active flow to its list. A row whose pass stopped below the rotation (nothing
- * due: a queue that has just emptied, only runs in backoff; held at the per-user limit) never decides
- * it, not even just after it was served again at its old pass: the other recent rows are higher.
- * Three rules before did (found in review, 2026-12-03; fair-share.test.ts has each case): the lowest
- * pass of every row started a newcomer far below the owners being served, and it took every slot until
- * it caught up (up to ~20,000 runs with one owner draining 4,000 runs/s and a 5 s old row); the lowest
- * pass from the last served owner's start up let such a row anchor a stream of newcomers below an
- * owner with a backlog; the pass of the one row served last was such a row's old pass whenever it had
- * just been served, and a newcomer rode along with it. An owner whose row is below the join pass is
- * lifted to it when a statement makes a run of it queued, like a newcomer; a row at or above stays
- * where it is, so an owner with a backlog keeps its place. (An owner whose runs come due after a
- * backoff, with no statement touching its row, is served from where its pass stopped: a head start of
- * at most its retried runs.) `version` goes up on every upsert: see claimStatement's left_rotation.
+ * Where it joins: at the highest pass of its level — the back of the line, after every owner already
+ * waiting, as deficit round robin appends a newly active flow to its list. The claim serves the lowest
+ * pass first, so no owner is more than about a turn ahead of the rest, and the newcomer waits at most
+ * a round. Rows whose passes stopped below (nothing due: a queue that has just emptied, only runs in
+ * backoff; held at the per-user limit) cannot pull it down, however they were served since. Four rules
+ * before this one let a newcomer in too low (found in review, 2026-12-03; fair-share.test.ts has each
+ * case): the lowest pass of every row started it below the owners being served, and it took every slot
+ * until it caught up; three anchored on the rows served last, which could be stopped rows served again
+ * at their old passes (up to a newcomer taking 20 of 20 claims, or every newcomer of a stream stacking
+ * below an owner with a backlog).
+ *
+ * An owner that already has a row keeps its place while it has a run due at that level (by this
+ * statement's snapshot, which sees neither the runs this statement inserts nor a run it puts back):
+ * it is waiting for its turn, and lifting it to the back of the line whenever it queued more let a
+ * user who submits steadily be passed over every round (0 of 30 claims). An owner with nothing due is
+ * lifted to the join pass like a newcomer (its pass had stopped while the others moved on). (An owner
+ * whose runs come due after a backoff, with no statement touching its row, is served from where its
+ * pass stopped: a head start of at most its retried runs.) `version` goes up on every upsert: see
+ * claimStatement's left_rotation.
  */
 export function queueOwnersJoin(sql: Sql, rows: PendingQuery<Row[]>) {
   return sql`
     insert into queue_owners as q (analysis_type, priority, owner_id, pass, since)
     select j.analysis_type, j.priority, j.owner_id,
-           coalesce((select max(r.pass) from (
-                       select n.pass from queue_owners n
-                       where n.analysis_type = j.analysis_type and n.priority = j.priority
-                       order by n.since desc
-                       limit ${sql.unsafe(String(JOIN_RECENT_ROWS))}) r), 0),
+           coalesce((select max(n.pass) from queue_owners n
+                     where n.analysis_type = j.analysis_type and n.priority = j.priority), 0),
            statement_timestamp()
     from (select distinct * from (${rows}) x(analysis_type, priority, owner_id)) j
     order by j.owner_id, j.analysis_type, j.priority
@@ -67,8 +61,13 @@ export function queueOwnersJoin(sql: Sql, rows: PendingQuery<Row[]>) {
       -- Always a new version: a claim that found the owner with nothing queued (by a snapshot taken
       -- before these runs) must not delete the row (claimStatement's left_rotation).
       version = q.version + 1,
-      pass = greatest(q.pass, excluded.pass),
-      since = case when excluded.pass > q.pass then excluded.since else q.since end
+      (pass, since) = (
+        select case when d.due then q.pass else greatest(q.pass, excluded.pass) end,
+               case when not d.due and excluded.pass > q.pass then excluded.since else q.since end
+        from (select exists (select 1 from runs r
+                             where r.status = 'queued' and r.analysis_type = q.analysis_type
+                               and r.owner_id = q.owner_id and r.priority = q.priority
+                               and r.run_after <= now()) as due) d)
     returning q.owner_id`;
 }
 
