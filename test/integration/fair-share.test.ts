@@ -401,7 +401,11 @@ test("a newcomer joins where the owners being served stand, not at a row whose p
   await createTask(db.sql, a, type, 200);
   for (let i = 0; i < 25; i++) assert.equal((await claim(CLAIM_QUANTUM)).length, CLAIM_QUANTUM);
   assert.equal(await passOf(type, a), 25 * CLAIM_QUANTUM);
-  assert.equal(await passOf(type, backoff), 0, "walked past, kept: it has a run queued");
+  assert.equal(
+    await passOf(type, backoff),
+    24 * CLAIM_QUANTUM,
+    "walked past, kept (it has a run queued), raised to where the last claim served",
+  );
 
   // B joins at A's pass, not at 0: it follows A's turn, and then they alternate.
   await createTask(db.sql, b, type, 50);
@@ -466,7 +470,7 @@ test("a claim drops the rows it walked past with nothing queued, keeps those wit
   // nothing queued leave the rotation; the one with a run in backoff stays.
   assert.equal((await claim(CLAIM_QUANTUM)).length, CLAIM_QUANTUM);
   assert.equal(await rowsOf(type), 2);
-  assert.equal(await passOf(type, waiting), 0);
+  assert.equal(await passOf(type, waiting), 1, "kept, and raised to the pass the claim served at");
 
   // The race: a claim walks past `racer` (its queue empty) while a create of racer's commits after
   // the claim's snapshot and before the claim locks racer's row. A test trigger holds the claim in
@@ -762,6 +766,111 @@ test("an owner waiting for its turn keeps its place when it queues more; newcome
     }
     const forH = served.filter((o) => o === String(h.userId)).length;
     assert.ok(forH >= 8, `H got ${forH} of 40 claims: ${served.join(",")}`);
+  }
+});
+
+test("an owner whose pass stopped with runs queued is raised with the rotation: served again, it takes no burst", async () => {
+  const ownerOf = async (id: number) =>
+    (await db.sql<{ o: string }[]>`select owner_id::text as o from runs where id = ${id}`)[0]?.o ?? "";
+  const done = (cs: { id: number; leaseToken: string }[]) =>
+    runComplete(
+      db.sql,
+      cs.map((c) => ({
+        id: c.id,
+        token: c.leaseToken,
+        status: "succeeded" as const,
+        result: { metrics: {} },
+      })),
+    );
+  const longestRun = (served: string[], who: string) => {
+    let best = 0;
+    let cur = 0;
+    for (const o of served) {
+      cur = o === who ? cur + 1 : 0;
+      best = Math.max(best, cur);
+    }
+    return best;
+  };
+  // U is held at the per-user limit (4) by runs of another type while H is served 30 runs; then
+  // those runs end and a newcomer comes. (Not raised, U took the next 30 claims in a row.)
+  {
+    const type = "fair-raise-limit";
+    const [u, h, n] = [
+      await seedUser(db.sql, "fair-raise-u"),
+      await seedUser(db.sql, "fair-raise-h"),
+      await seedUser(db.sql, "fair-raise-n"),
+    ] as [Principal, Principal, Principal];
+    const claim = (analysisType: string, limit: number) =>
+      runClaim(db.sql, {
+        workerId: "w-raise",
+        analysisType,
+        limit,
+        globalLimit: 0,
+        userLimit: 4,
+        leaseTtlMs: 30_000,
+      });
+    await createTask(db.sql, u, `${type}-other`, 4);
+    const other = await claim(`${type}-other`, 4);
+    assert.equal(other.length, 4);
+    await createTask(db.sql, u, type, 100);
+    await createTask(db.sql, h, type, 100);
+    for (let i = 0; i < 30; i++) {
+      const got = await claim(type, 1);
+      assert.equal(await ownerOf(got[0]?.id ?? 0), String(h.userId));
+      await done(got);
+    }
+    await done(other);
+    await createTask(db.sql, n, type, 100);
+    const served: string[] = [];
+    for (let i = 0; i < 30; i++) {
+      const got = await claim(type, 1);
+      served.push(await ownerOf(got[0]?.id ?? 0));
+      await done(got);
+    }
+    assert.ok(longestRun(served, String(u.userId)) <= 2, `U's longest run of claims: ${served.join(",")}`);
+    assert.ok(served.filter((o) => o === String(h.userId)).length >= 8, `H's share: ${served.join(",")}`);
+  }
+  // S's run backs off while A is served 50 runs; it comes due, unclaimed, and S creates 100 more.
+  // (S kept the pass it stopped at and took the next 40 claims.)
+  {
+    const type = "fair-raise-retry";
+    const [a, s] = [await seedUser(db.sql, "fair-raise-a"), await seedUser(db.sql, "fair-raise-s")] as [
+      Principal,
+      Principal,
+    ];
+    const claim = () =>
+      runClaim(db.sql, {
+        workerId: "w-raise-r",
+        analysisType: type,
+        limit: 1,
+        globalLimit: 0,
+        leaseTtlMs: 30_000,
+      });
+    await createTask(db.sql, s, type, 1);
+    await createTask(db.sql, a, type, 200);
+    const [first] = await claim();
+    assert.ok(first);
+    assert.equal(await ownerOf(first.id), String(s.userId));
+    await runRetry(db.sql, [
+      {
+        id: first.id,
+        token: first.leaseToken,
+        delayMs: 3_600_000,
+        refund: false,
+        errorCode: "X",
+        errorMessage: "x",
+      },
+    ]);
+    for (let i = 0; i < 50; i++) await done(await claim());
+    await db.sql`update runs set run_after = now() where owner_id = ${s.userId} and status = 'queued'`;
+    await createTask(db.sql, s, type, 100);
+    const served: string[] = [];
+    for (let i = 0; i < 20; i++) {
+      const got = await claim();
+      served.push(await ownerOf(got[0]?.id ?? 0));
+      await done(got);
+    }
+    assert.ok(served.filter((o) => o === String(a.userId)).length >= 9, `A's share: ${served.join(",")}`);
   }
 });
 

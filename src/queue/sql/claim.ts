@@ -189,7 +189,7 @@ function claimStatement(
   // One part of the walk without a per-user limit: the owners in turn order, cut by `cut` (the head:
   // limit M; the rest: offset M), each with its quota counted over the part's own rows.
   const walkPart = (cut: ReturnType<Sql>, before: typeof M) => sql`
-        select w.priority, w.owner_id, w.version,
+        select w.priority, w.owner_id, w.version, w.pass,
                greatest(ceil(${K}::float8 / count(*) over (partition by w.priority))::int, ${Q}) as quota,
                ${before} + row_number() over (order by ${turnOrder(sql, "w")}) as pos
         from (select q.priority, q.pass, q.since, q.owner_id, q.version from queue_owners q
@@ -204,7 +204,7 @@ function claimStatement(
     caps === null
       ? sql`(${walkPart(sql`limit ${M}`, sql.unsafe("0"))}) union all (${walkPart(sql`offset ${M}`, M)})`
       : sql`
-        select q.priority, q.owner_id, q.version,
+        select q.priority, q.owner_id, q.version, q.pass,
                least(greatest(ceil(${K}::float8 / count(*) over (partition by q.priority))::int, ${Q}),
                      c.cap) as quota,
                row_number() over (order by ${turnOrder(sql, "q")}) as pos
@@ -221,7 +221,7 @@ function claimStatement(
   return sql<ClaimedRun[]>`
     with walk as materialized (${walk}),
     picked as materialized (
-      select p.id, w.priority, w.owner_id, w.pos from walk w
+      select p.id, w.priority, w.owner_id, w.pos, w.pass from walk w
       cross join lateral (
         select r.id from runs r
         where r.status = 'queued' and r.analysis_type = ${o.analysisType} and r.owner_id = w.owner_id
@@ -277,7 +277,7 @@ function claimStatement(
     -- is a one-time filter at the top of idle's input (no column of its own, not under an outer
     -- join): keep it so — under a LEFT JOIN it would move below the locks.
     passed as (
-      select w.priority, w.owner_id, w.version
+      select w.priority, w.owner_id, w.version, w.pass
       -- The walk as far as it went (a CTE is read back in the order it was made; the limit keeps
       -- this from running the rest of the walk), each row at its turn's position.
       from (select * from walk limit (select coalesce(max(pos), ${M}) from picked)) w
@@ -305,6 +305,48 @@ function claimStatement(
       delete from queue_owners q
       -- A one-time filter: the table is not read at all when there is nothing to delete.
       where (select count(*) from idle) > 0 and q.ctid = any(array(select ctid from idle))
+    ),
+    -- The lowest pass this claim served at each priority: where the rotation stands.
+    served_floor as (
+      select priority, min(pass) as pass from picked group by priority
+    ),
+    -- Rows below it were skipped in lowest-pass-first order — nothing due (runs in backoff), held at
+    -- the per-user limit, locked by another claim — so they are owed nothing: they are raised to it,
+    -- or they would take every slot when served again, until they caught up (a fourth review: an
+    -- owner held by runs of another type took the next 30 claims, one whose retried run had come due
+    -- the next 40). Without a per-user limit those rows are in the walk, before the owners it took
+    -- from (the ones with nothing queued at all are idle's); with one, the walk holds only owners
+    -- with room, so the level is read (that claim is a transaction of several statements anyway).
+    -- Only rows with runs queued (disjoint from idle's), with SKIP LOCKED and after served, like
+    -- idle; their since stays, so at the new pass they go first.
+    below as (
+      ${
+        caps === null
+          ? sql`select p.priority, p.owner_id from passed p
+                join served_floor f on f.priority = p.priority
+                where p.pass < f.pass and (select count(*) from served) >= 0`
+          : sql`select q.priority, q.owner_id from queue_owners q
+                join served_floor f on f.priority = q.priority
+                where q.analysis_type = ${o.analysisType} and q.pass < f.pass
+                  and (select count(*) from served) >= 0`
+      }
+    ),
+    raised as (
+      select x.ctid, x.floor from below b
+      cross join lateral (
+        select q.ctid, f.pass as floor from queue_owners q
+        join served_floor f on f.priority = q.priority
+        where q.analysis_type = ${o.analysisType} and q.priority = b.priority and q.owner_id = b.owner_id
+          and q.pass < f.pass
+          and exists (select 1 from runs r where r.status = 'queued' and r.analysis_type = q.analysis_type
+                        and r.owner_id = q.owner_id and r.priority = q.priority)
+        for update of q skip locked
+      ) x
+    ),
+    lifted as (
+      update queue_owners q set pass = r.floor
+      from raised r
+      where (select count(*) from raised) > 0 and q.ctid = r.ctid
     )
     select c.id::float8 as id, c.task_id::float8 as "taskId", c.analysis_type as "analysisType",
            c.attempt, c.max_attempts as "maxAttempts", c.lease_token::text as "leaseToken",

@@ -43,11 +43,10 @@ export const PRIORITIES = { min: 0, max: 9 } as const;
  * statement's snapshot, which sees neither the runs this statement inserts nor a run it puts back):
  * it is waiting for its turn, and lifting it to the back of the line whenever it queued more let a
  * user who submits steadily be passed over every round (0 of 30 claims). An owner with nothing due is
- * lifted to the join pass like a newcomer (its pass had stopped while the others moved on). Known
- * gap: an owner served again at a pass that stopped with runs due — after a backoff, after being
- * held at the per-user limit, or one that kept its place because an old run had come due — is first
- * in turn until it catches up, and everyone behind it waits (docs/architecture.md, "Known
- * approximations"). `version` goes up on every upsert: see claimStatement's left_rotation.
+ * lifted to the join pass like a newcomer (its pass had stopped while the others moved on). A row
+ * below the rotation with runs queued is raised by the claims meanwhile (claimStatement's `below`),
+ * so keeping its place never keeps it far behind. `version` goes up on every upsert: see
+ * claimStatement's left_rotation.
  */
 export function queueOwnersJoin(sql: Sql, rows: PendingQuery<Row[]>) {
   return sql`
