@@ -42,6 +42,8 @@ export interface ClaimOptions {
 /** An owner the claim may serve, and how many runs it may give them (the per-user limit's room). */
 interface OwnerCap {
   owner_id: string;
+  /** The owner's best priority with a run due: the level the claim serves it at. */
+  priority: number;
   cap: number;
 }
 
@@ -128,8 +130,8 @@ const OWNER_LOCK_NAMESPACE = 0x6f776e72; // "ownr"
  * order, with their room counted after the lock (the first count only chooses whom to lock).
  */
 async function ownerCaps(tx: Sql, analysisType: string, userLimit: number, k: number): Promise<OwnerCap[]> {
-  const candidates = await tx<{ owner_id: string }[]>`
-    select q.owner_id::text from queue_owners q
+  const candidates = await tx<{ owner_id: string; priority: number }[]>`
+    select q.owner_id::text, q.priority from queue_owners q
     where q.analysis_type = ${analysisType}
       and exists (select 1 from runs e where e.status = 'queued' and e.analysis_type = q.analysis_type
                     and e.owner_id = q.owner_id and e.priority = q.priority and e.run_after <= now())
@@ -137,16 +139,20 @@ async function ownerCaps(tx: Sql, analysisType: string, userLimit: number, k: nu
     order by ${turnOrder(tx, "q")}
     limit ${k}`;
   if (candidates.length === 0) return [];
-  const owners = [...new Set(candidates.map((c) => c.owner_id))];
+  // In turn order, priority first: an owner's first row here is its best priority with a run due.
+  const best = new Map<string, number>();
+  for (const c of candidates) if (!best.has(c.owner_id)) best.set(c.owner_id, c.priority);
+  const owners = [...best.keys()];
   await tx`
     select pg_advisory_xact_lock(${OWNER_LOCK_NAMESPACE}, k)
     from (select distinct hashint8(o) as k from unnest(${tx.array(owners, INT8_OID)}::bigint[]) as o order by 1) x`;
-  return tx<OwnerCap[]>`
+  const rooms = await tx<{ owner_id: string; cap: number }[]>`
     select o::text as owner_id, (${userLimit} - count(l.id))::int as cap
     from unnest(${tx.array(owners, INT8_OID)}::bigint[]) as o
     left join runs l on l.owner_id = o and l.status ${inLive(tx)}
     group by o
     having count(l.id) < ${userLimit}`;
+  return rooms.map((r) => ({ owner_id: r.owner_id, priority: best.get(r.owner_id) ?? 0, cap: r.cap }));
 }
 
 // Written so that PostgreSQL can plan it once (see inLive): the limit is a literal — a parameter
@@ -209,13 +215,13 @@ function claimStatement(
                      c.cap) as quota,
                row_number() over (order by ${turnOrder(sql, "q")}) as pos
         from queue_owners q
-        join jsonb_to_recordset(${sql.json(caps as unknown as Json)}) as c(owner_id bigint, cap int)
-          on c.owner_id = q.owner_id
+        join jsonb_to_recordset(${sql.json(caps as unknown as Json)}) as c(owner_id bigint, priority int, cap int)
+          -- An owner's room is given at one priority only, its best with a run due (ownerCaps): its
+          -- rows at other priorities would each get the whole room again. (Its best priority of all
+          -- served nothing when that row had only runs in backoff: with one candidate, every claim
+          -- came back empty for the whole backoff while other owners waited.)
+          on c.owner_id = q.owner_id and c.priority = q.priority
         where q.analysis_type = ${o.analysisType}
-          -- An owner's room is given at its best priority only: its rows at other priorities would
-          -- each get the whole room again.
-          and q.priority = (select min(b.priority) from queue_owners b
-                            where b.analysis_type = q.analysis_type and b.owner_id = q.owner_id)
         order by ${turnOrder(sql, "q")}
         offset 0`;
   return sql<ClaimedRun[]>`
@@ -318,16 +324,18 @@ function claimStatement(
     -- from (the ones with nothing queued at all are idle's); with one, the walk holds only owners
     -- with room, so the level is read (that claim is a transaction of several statements anyway).
     -- Only rows with runs queued (disjoint from idle's), with SKIP LOCKED and after served, like
-    -- idle; their since stays, so at the new pass they go first.
+    -- idle; their since stays, so at the new pass they go first. Only rows more than a quantum
+    -- behind: raised at every claim, each such row was rewritten by every claim; so it is every
+    -- few, and such an owner comes back at most a quantum ahead.
     below as (
       ${
         caps === null
           ? sql`select p.priority, p.owner_id from passed p
                 join served_floor f on f.priority = p.priority
-                where p.pass < f.pass and (select count(*) from served) >= 0`
+                where p.pass < f.pass - ${Q} and (select count(*) from served) >= 0`
           : sql`select q.priority, q.owner_id from queue_owners q
                 join served_floor f on f.priority = q.priority
-                where q.analysis_type = ${o.analysisType} and q.pass < f.pass
+                where q.analysis_type = ${o.analysisType} and q.pass < f.pass - ${Q}
                   and (select count(*) from served) >= 0`
       }
     ),
@@ -337,7 +345,7 @@ function claimStatement(
         select q.ctid, f.pass as floor from queue_owners q
         join served_floor f on f.priority = q.priority
         where q.analysis_type = ${o.analysisType} and q.priority = b.priority and q.owner_id = b.owner_id
-          and q.pass < f.pass
+          and q.pass < f.pass - ${Q}
           and exists (select 1 from runs r where r.status = 'queued' and r.analysis_type = q.analysis_type
                         and r.owner_id = q.owner_id and r.priority = q.priority)
         for update of q skip locked
