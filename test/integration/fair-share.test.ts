@@ -128,6 +128,20 @@ async function claimWaiting(waitEvent: string): Promise<void> {
   }, 10_000);
 }
 
+/** The owner of run `id`, as text ("" when there is no such run). */
+async function ownerOf(id: number): Promise<string> {
+  const [r] = await db.sql<{ o: string }[]>`select owner_id::text as o from runs where id = ${id}`;
+  return r?.o ?? "";
+}
+
+/** Completes claimed runs as succeeded. */
+function done(cs: { id: number; leaseToken: string }[]) {
+  return runComplete(
+    db.sql,
+    cs.map((c) => ({ id: c.id, token: c.leaseToken, status: "succeeded" as const, result: { metrics: {} } })),
+  );
+}
+
 /** Index in `starts` of each start of `taskId` at or after `from`. */
 const startsOf = (taskId: string, from: number) =>
   starts.map((t, i) => (t === taskId && i >= from ? i : -1)).filter((i) => i >= 0);
@@ -390,12 +404,6 @@ test("a newcomer joins where the owners being served stand, not at a row whose p
   const type = "fair-stale";
   const claim = (limit: number) =>
     runClaim(db.sql, { workerId: "w-stale", analysisType: type, limit, globalLimit: 0, leaseTtlMs: 30_000 });
-  const ownerOf = async (runId: number) => {
-    const [r] = await db.sql<
-      { owner: string }[]
-    >`select owner_id::text as owner from runs where id = ${runId}`;
-    return r?.owner;
-  };
   const backoffTask = await createTask(db.sql, backoff, type, 1);
   await db.sql`update runs set run_after = now() + interval '1 hour' where task_id = ${backoffTask}`;
   await createTask(db.sql, a, type, 200);
@@ -584,19 +592,6 @@ test("a claim that walks past an owner does not deadlock with a retry of two own
 });
 
 test("an owner served again at a pass that stopped (a retry after its backoff, the per-user limit) does not take a newcomer down with it", async () => {
-  const ownerOf = async (id: number) =>
-    (await db.sql<{ o: string }[]>`select owner_id::text as o from runs where id = ${id}`)[0]?.o;
-  const done = (cs: { id: number; leaseToken: string }[]) =>
-    runComplete(
-      db.sql,
-      cs.map((c) => ({
-        id: c.id,
-        token: c.leaseToken,
-        status: "succeeded" as const,
-        result: { metrics: {} },
-      })),
-    );
-
   // S's one run fails transiently and backs off while A is served 200 runs; then S's run is due and
   // S is served at its old pass, and N arrives.
   {
@@ -686,18 +681,6 @@ test("an owner served again at a pass that stopped (a retry after its backoff, t
 });
 
 test("an owner waiting for its turn keeps its place when it queues more; newcomers join at the back even after held owners are served", async () => {
-  const ownerOf = async (id: number) =>
-    (await db.sql<{ o: string }[]>`select owner_id::text as o from runs where id = ${id}`)[0]?.o ?? "";
-  const done = (cs: { id: number; leaseToken: string }[]) =>
-    runComplete(
-      db.sql,
-      cs.map((c) => ({
-        id: c.id,
-        token: c.leaseToken,
-        status: "succeeded" as const,
-        result: { metrics: {} },
-      })),
-    );
   // B submits a one-run task after every claim, beside A and C with backlogs: B keeps a turn in
   // every round. (Lifted to the back of the line at each create, B got 0 of 30.)
   {
@@ -769,18 +752,6 @@ test("an owner waiting for its turn keeps its place when it queues more; newcome
 });
 
 test("an owner whose pass stopped with runs queued is raised with the rotation: served again, it takes no burst", async () => {
-  const ownerOf = async (id: number) =>
-    (await db.sql<{ o: string }[]>`select owner_id::text as o from runs where id = ${id}`)[0]?.o ?? "";
-  const done = (cs: { id: number; leaseToken: string }[]) =>
-    runComplete(
-      db.sql,
-      cs.map((c) => ({
-        id: c.id,
-        token: c.leaseToken,
-        status: "succeeded" as const,
-        result: { metrics: {} },
-      })),
-    );
   const longestRun = (served: string[], who: string) => {
     let best = 0;
     let cur = 0;
