@@ -128,6 +128,32 @@ async function claimWaiting(waitEvent: string): Promise<void> {
   }, 10_000);
 }
 
+/** Claims up to `limit` due runs of `analysisType` (fair share, no global limit). */
+function claimRuns(analysisType: string, limit: number, userLimit = 0) {
+  return runClaim(db.sql, {
+    workerId: "w-fair",
+    analysisType,
+    limit,
+    globalLimit: 0,
+    userLimit,
+    leaseTtlMs: 30_000,
+  });
+}
+
+/** One user per name, seeded in order (ids ascending). */
+async function seedUsers(...names: string[]): Promise<Principal[]> {
+  const users: Principal[] = [];
+  for (const name of names) users.push(await seedUser(db.sql, name));
+  return users;
+}
+
+/** Fails a claimed run transiently with an hour's backoff. */
+function backOff(c: { id: number; leaseToken: string }) {
+  return runRetry(db.sql, [
+    { id: c.id, token: c.leaseToken, delayMs: 3_600_000, refund: false, errorCode: "X", errorMessage: "x" },
+  ]);
+}
+
 /** The owner of run `id`, as text ("" when there is no such run). */
 async function ownerOf(id: number): Promise<string> {
   const [r] = await db.sql<{ o: string }[]>`select owner_id::text as o from runs where id = ${id}`;
@@ -271,13 +297,7 @@ test("a claim of many slots serves users in turn, a quantum each, and leaves the
   for (const o of owners) await createTask(db.sql, o, "fair6", Math.max(50, 5 * CLAIM_QUANTUM));
   // Slots for two users' quanta and half of a third's.
   const slots = 2 * CLAIM_QUANTUM + Math.ceil(CLAIM_QUANTUM / 2);
-  const claimed = await runClaim(db.sql, {
-    workerId: "w-many",
-    analysisType: "fair6",
-    limit: slots,
-    globalLimit: 0,
-    leaseTtlMs: 30_000,
-  });
+  const claimed = await claimRuns("fair6", slots);
   assert.equal(claimed.length, slots);
   const byOwner = await db.sql<{ owner: string; n: number }[]>`
     select r.owner_id::text as owner, count(*)::int as n from runs r
@@ -291,13 +311,7 @@ test("a claim of many slots serves users in turn, a quantum each, and leaves the
     [CLAIM_QUANTUM, CLAIM_QUANTUM, slots - 2 * CLAIM_QUANTUM],
   );
   // Users who got nothing are first in line next time, one turn each.
-  const next = await runClaim(db.sql, {
-    workerId: "w-many",
-    analysisType: "fair6",
-    limit: 2,
-    globalLimit: 0,
-    leaseTtlMs: 30_000,
-  });
+  const next = await claimRuns("fair6", 2);
   const nextOwners = await db.sql<{ owner: string }[]>`
     select distinct r.owner_id::text as owner from runs r where r.id = any(${db.sql.array(
       next.map((c) => c.id),
@@ -327,14 +341,7 @@ test("at the same pass the owner there first goes first, whatever the ids: a new
   const incumbent = await seedUser(db.sql, "fair-incumbent");
   assert.ok(newcomer.userId < incumbent.userId);
   await createTask(db.sql, incumbent, "fair-new", 5 * CLAIM_QUANTUM);
-  const claim = () =>
-    runClaim(db.sql, {
-      workerId: "w-new",
-      analysisType: "fair-new",
-      limit: CLAIM_QUANTUM,
-      globalLimit: 0,
-      leaseTtlMs: 30_000,
-    });
+  const claim = () => claimRuns("fair-new", CLAIM_QUANTUM);
   assert.equal((await claim()).length, CLAIM_QUANTUM);
   const newTask = await createTask(db.sql, newcomer, "fair-new", 3);
   const [joined] = await db.sql<{ pass: number }[]>`
@@ -350,22 +357,16 @@ test("at the same pass the owner there first goes first, whatever the ids: a new
 
 test("newcomers join at the back of the line (none below) and are served in arrival order; a stream of them cannot keep an owner with a backlog waiting", async () => {
   // Ids in the opposite order of arrival: the order below is arrival, not id.
-  const [c, b, a] = [
-    await seedUser(db.sql, "fair-new-c"),
-    await seedUser(db.sql, "fair-new-b"),
-    await seedUser(db.sql, "fair-new-a"),
-  ] as [Principal, Principal, Principal];
+  const [c, b, a] = (await seedUsers("fair-new-c", "fair-new-b", "fair-new-a")) as [
+    Principal,
+    Principal,
+    Principal,
+  ];
   const incumbent = await seedUser(db.sql, "fair-inc2");
   assert.ok(c.userId < b.userId && b.userId < a.userId && a.userId < incumbent.userId);
   await createTask(db.sql, incumbent, "fair-two", 20);
   const claimOne = async () => {
-    const [claimed] = await runClaim(db.sql, {
-      workerId: "w-two",
-      analysisType: "fair-two",
-      limit: 1,
-      globalLimit: 0,
-      leaseTtlMs: 30_000,
-    });
+    const [claimed] = await claimRuns("fair-two", 1);
     assert.ok(claimed);
     const [r] = await db.sql<
       { owner: string }[]
@@ -395,15 +396,14 @@ test("newcomers join at the back of the line (none below) and are served in arri
 test("a newcomer joins where the owners being served stand, not at a row whose pass stopped; such an owner rejoins there", async () => {
   // Rows whose passes stopped below the rotation: `backoff` has only a run that is not due, and
   // `limited` stands for an owner the walk cannot serve (here: its row's pass set back by hand).
-  const [backoff, limited, a, b] = [
-    await seedUser(db.sql, "fair-stale-backoff"),
-    await seedUser(db.sql, "fair-stale-limited"),
-    await seedUser(db.sql, "fair-stale-a"),
-    await seedUser(db.sql, "fair-stale-b"),
-  ] as [Principal, Principal, Principal, Principal];
+  const [backoff, limited, a, b] = (await seedUsers(
+    "fair-stale-backoff",
+    "fair-stale-limited",
+    "fair-stale-a",
+    "fair-stale-b",
+  )) as [Principal, Principal, Principal, Principal];
   const type = "fair-stale";
-  const claim = (limit: number) =>
-    runClaim(db.sql, { workerId: "w-stale", analysisType: type, limit, globalLimit: 0, leaseTtlMs: 30_000 });
+  const claim = (limit: number) => claimRuns(type, limit);
   const backoffTask = await createTask(db.sql, backoff, type, 1);
   await db.sql`update runs set run_after = now() + interval '1 hour' where task_id = ${backoffTask}`;
   await createTask(db.sql, a, type, 200);
@@ -463,8 +463,7 @@ test("a claim drops the rows it walked past with nothing queued, keeps those wit
   const big = await seedUser(db.sql, "fair-left-big");
   const gone = await Promise.all(Array.from({ length: 30 }, (_, i) => seedUser(db.sql, `fair-left-${i}`)));
   const waiting = await seedUser(db.sql, "fair-left-backoff");
-  const claim = (limit: number) =>
-    runClaim(db.sql, { workerId: "w-left", analysisType: type, limit, globalLimit: 0, leaseTtlMs: 30_000 });
+  const claim = (limit: number) => claimRuns(type, limit);
   // 30 owners served their one run each: their rows stay (the claim that served them keeps them).
   for (const u of gone) await createTask(db.sql, u, type, 1);
   const w = await createTask(db.sql, waiting, type, 1);
@@ -536,13 +535,7 @@ test("a stream of newcomers does not keep an owner with a backlog waiting, even 
   for (let i = 0; i < 12; i++) {
     const n = await seedUser(db.sql, `fair-stream-n${i}`);
     await createTask(db.sql, n, type, 1);
-    const [c] = await runClaim(db.sql, {
-      workerId: "w-stream",
-      analysisType: type,
-      limit: 1,
-      globalLimit: 0,
-      leaseTtlMs: 30_000,
-    });
+    const [c] = await claimRuns(type, 1);
     assert.ok(c);
     const [r] = await db.sql<{ o: string }[]>`select owner_id::text as o from runs where id = ${c.id}`;
     owners.push(r?.o ?? "");
@@ -572,13 +565,7 @@ test("a claim that walks past an owner does not deadlock with a retry of two own
   try {
     await retry`begin`;
     await retry`update queue_owners set version = version + 1 where analysis_type = ${type} and owner_id = ${y.userId}`;
-    const claiming = runClaim(db.sql, {
-      workerId: "w-dl",
-      analysisType: type,
-      limit: 1,
-      globalLimit: 0,
-      leaseTtlMs: 30_000,
-    });
+    const claiming = claimRuns(type, 1);
     await claimWaiting("transactionid");
     await retry`update queue_owners set version = version + 1 where analysis_type = ${type} and owner_id = ${x.userId}`;
     await retry`commit`;
@@ -596,34 +583,18 @@ test("an owner served again at a pass that stopped (a retry after its backoff, t
   // S is served at its old pass, and N arrives.
   {
     const type = "fair-anchor-retry";
-    const [a, s, n] = [
-      await seedUser(db.sql, "fair-anchor-a"),
-      await seedUser(db.sql, "fair-anchor-s"),
-      await seedUser(db.sql, "fair-anchor-n"),
-    ] as [Principal, Principal, Principal];
-    const claim = (limit: number) =>
-      runClaim(db.sql, {
-        workerId: "w-anchor",
-        analysisType: type,
-        limit,
-        globalLimit: 0,
-        leaseTtlMs: 30_000,
-      });
+    const [a, s, n] = (await seedUsers("fair-anchor-a", "fair-anchor-s", "fair-anchor-n")) as [
+      Principal,
+      Principal,
+      Principal,
+    ];
+    const claim = (limit: number) => claimRuns(type, limit);
     await createTask(db.sql, s, type, 1);
     await createTask(db.sql, a, type, 400);
     const [first] = await claim(1);
     assert.ok(first);
     assert.equal(await ownerOf(first.id), String(s.userId));
-    await runRetry(db.sql, [
-      {
-        id: first.id,
-        token: first.leaseToken,
-        delayMs: 3_600_000,
-        refund: false,
-        errorCode: "X",
-        errorMessage: "x",
-      },
-    ]);
+    await backOff(first);
     for (let i = 0; i < 50; i++) await claim(CLAIM_QUANTUM);
     await db.sql`update runs set run_after = now() where owner_id = ${s.userId} and status = 'queued'`;
     const [again] = await claim(1);
@@ -648,20 +619,12 @@ test("an owner served again at a pass that stopped (a retry after its backoff, t
   // its old pass, and N arrives.
   {
     const type = "fair-anchor-limit";
-    const [a, u, n] = [
-      await seedUser(db.sql, "fair-anchor-la"),
-      await seedUser(db.sql, "fair-anchor-lu"),
-      await seedUser(db.sql, "fair-anchor-ln"),
-    ] as [Principal, Principal, Principal];
-    const claim = () =>
-      runClaim(db.sql, {
-        workerId: "w-anchor-l",
-        analysisType: type,
-        limit: 1,
-        globalLimit: 0,
-        userLimit: 1,
-        leaseTtlMs: 30_000,
-      });
+    const [a, u, n] = (await seedUsers("fair-anchor-la", "fair-anchor-lu", "fair-anchor-ln")) as [
+      Principal,
+      Principal,
+      Principal,
+    ];
+    const claim = () => claimRuns(type, 1, 1);
     await createTask(db.sql, u, type, 100);
     await createTask(db.sql, a, type, 100);
     const held = await claim();
@@ -685,21 +648,15 @@ test("an owner waiting for its turn keeps its place when it queues more; newcome
   // every round. (Lifted to the back of the line at each create, B got 0 of 30.)
   {
     const type = "fair-keep";
-    const [a, c, b] = [
-      await seedUser(db.sql, "fair-keep-a"),
-      await seedUser(db.sql, "fair-keep-c"),
-      await seedUser(db.sql, "fair-keep-b"),
-    ] as [Principal, Principal, Principal];
+    const [a, c, b] = (await seedUsers("fair-keep-a", "fair-keep-c", "fair-keep-b")) as [
+      Principal,
+      Principal,
+      Principal,
+    ];
     for (const u of [a, c, b]) await createTask(db.sql, u, type, 50);
     const served: string[] = [];
     for (let i = 0; i < 30; i++) {
-      const got = await runClaim(db.sql, {
-        workerId: "w-keep",
-        analysisType: type,
-        limit: 1,
-        globalLimit: 0,
-        leaseTtlMs: 30_000,
-      });
+      const got = await claimRuns(type, 1);
       served.push(await ownerOf(got[0]?.id ?? 0));
       await done(got);
       await createTask(db.sql, b, type, 1);
@@ -718,15 +675,7 @@ test("an owner waiting for its turn keeps its place when it queues more; newcome
     const h = await seedUser(db.sql, "fair-held-h");
     for (const u of held) await createTask(db.sql, u, type, 100);
     await createTask(db.sql, h, type, 300);
-    const claim = (limit: number) =>
-      runClaim(db.sql, {
-        workerId: "w-held",
-        analysisType: type,
-        limit,
-        globalLimit: 0,
-        userLimit: 2,
-        leaseTtlMs: 30_000,
-      });
+    const claim = (limit: number) => claimRuns(type, limit, 2);
     const holding = await claim(16);
     assert.equal(holding.length, 16);
     for (let i = 0; i < 50; i++) await done(await claim(1));
@@ -765,20 +714,12 @@ test("an owner whose pass stopped with runs queued is raised with the rotation: 
   // those runs end and a newcomer comes. (Not raised, U took the next 30 claims in a row.)
   {
     const type = "fair-raise-limit";
-    const [u, h, n] = [
-      await seedUser(db.sql, "fair-raise-u"),
-      await seedUser(db.sql, "fair-raise-h"),
-      await seedUser(db.sql, "fair-raise-n"),
-    ] as [Principal, Principal, Principal];
-    const claim = (analysisType: string, limit: number) =>
-      runClaim(db.sql, {
-        workerId: "w-raise",
-        analysisType,
-        limit,
-        globalLimit: 0,
-        userLimit: 4,
-        leaseTtlMs: 30_000,
-      });
+    const [u, h, n] = (await seedUsers("fair-raise-u", "fair-raise-h", "fair-raise-n")) as [
+      Principal,
+      Principal,
+      Principal,
+    ];
+    const claim = (analysisType: string, limit: number) => claimRuns(analysisType, limit, 4);
     await createTask(db.sql, u, `${type}-other`, 4);
     const other = await claim(`${type}-other`, 4);
     assert.equal(other.length, 4);
@@ -808,29 +749,13 @@ test("an owner whose pass stopped with runs queued is raised with the rotation: 
       Principal,
       Principal,
     ];
-    const claim = () =>
-      runClaim(db.sql, {
-        workerId: "w-raise-r",
-        analysisType: type,
-        limit: 1,
-        globalLimit: 0,
-        leaseTtlMs: 30_000,
-      });
+    const claim = () => claimRuns(type, 1);
     await createTask(db.sql, s, type, 1);
     await createTask(db.sql, a, type, 200);
     const [first] = await claim();
     assert.ok(first);
     assert.equal(await ownerOf(first.id), String(s.userId));
-    await runRetry(db.sql, [
-      {
-        id: first.id,
-        token: first.leaseToken,
-        delayMs: 3_600_000,
-        refund: false,
-        errorCode: "X",
-        errorMessage: "x",
-      },
-    ]);
+    await backOff(first);
     for (let i = 0; i < 50; i++) await done(await claim());
     await db.sql`update runs set run_after = now() where owner_id = ${s.userId} and status = 'queued'`;
     await createTask(db.sql, s, type, 100);
@@ -858,14 +783,7 @@ test("under the per-user limit an owner is served at its best priority with a ru
   await createTask(db.sql, y, type, 10, { priority: 1 });
   const owners: string[] = [];
   for (let i = 0; i < 6; i++) {
-    const got = await runClaim(db.sql, {
-      workerId: "w-cp",
-      analysisType: type,
-      limit: 1,
-      globalLimit: 0,
-      userLimit: 4,
-      leaseTtlMs: 30_000,
-    });
+    const got = await claimRuns(type, 1, 4);
     assert.equal(got.length, 1, `claim ${i} came back empty`);
     const [r] = await db.sql<
       { o: string }[]
@@ -880,14 +798,7 @@ test("under the per-user limit an owner is served at its best priority with a ru
 test("a claim sorts the owners next in turn first and reaches the rest when those have nothing due", async () => {
   const k = 1;
   const head = walkHead(k);
-  const claimOne = () =>
-    runClaim(db.sql, {
-      workerId: "w-head",
-      analysisType: "fair-head",
-      limit: k,
-      globalLimit: 0,
-      leaseTtlMs: 30_000,
-    });
+  const claimOne = () => claimRuns("fair-head", k);
   // More owners than the head, each with one run in backoff, all ahead in turn (pass 0)...
   const waiting = await Promise.all(
     Array.from({ length: head + 8 }, (_, i) => seedUser(db.sql, `fair-head-${i}`)),
@@ -920,15 +831,7 @@ test("the per-user limit holds for an owner with queued runs at two priorities",
   const admin = await seedUser(db.sql, "fair-two-levels", "admin");
   await createTask(db.sql, admin, "fair7", 5, { priority: 3 });
   await createTask(db.sql, admin, "fair7", 5, { priority: 5 });
-  const claim = (limit: number) =>
-    runClaim(db.sql, {
-      workerId: "w-levels",
-      analysisType: "fair7",
-      limit,
-      globalLimit: 0,
-      userLimit: 2,
-      leaseTtlMs: 30_000,
-    });
+  const claim = (limit: number) => claimRuns("fair7", limit, 2);
   const first = await claim(4);
   assert.equal(first.length, 2, "two runs: the owner's room");
   assert.equal((await claim(4)).length, 0, "no room left");

@@ -328,16 +328,14 @@ function claimStatement(
     -- behind: raised at every claim, each such row was rewritten by every claim; so it is every
     -- few, and such an owner comes back at most a quantum ahead.
     below as (
-      ${
+      select b.priority, b.owner_id
+      from (${
         caps === null
-          ? sql`select p.priority, p.owner_id from passed p
-                join served_floor f on f.priority = p.priority
-                where p.pass < f.pass - ${Q} and (select count(*) from served) >= 0`
-          : sql`select q.priority, q.owner_id from queue_owners q
-                join served_floor f on f.priority = q.priority
-                where q.analysis_type = ${o.analysisType} and q.pass < f.pass - ${Q}
-                  and (select count(*) from served) >= 0`
-      }
+          ? sql`select p.priority, p.owner_id, p.pass from passed p`
+          : sql`select q.priority, q.owner_id, q.pass from queue_owners q where q.analysis_type = ${o.analysisType}`
+      }) b
+      join served_floor f on f.priority = b.priority
+      where b.pass < f.pass - ${Q} and (select count(*) from served) >= 0
     ),
     raised as (
       select x.ctid, x.floor from below b
