@@ -67,29 +67,39 @@ async function doneWhenFinished(taskId: string, otherTaskId: string): Promise<nu
 }
 
 /**
- * How many runs of `otherTaskId` were claimed after `taskId` was created and before its first run was
+ * How many runs of `otherTaskId` were claimed after `visibleAt` (see visibleNow) and before `taskId`'s first run was
  * (the database's clock): the slots that went to others although `taskId` was waiting.
  */
-async function claimedBeforeFirst(taskId: string, otherTaskId: string): Promise<number> {
+async function claimedBeforeFirst(taskId: string, otherTaskId: string, visibleAt: string): Promise<number> {
   const [row] = await db.sql<{ n: number }[]>`
     select count(*)::int as n from runs r
     where r.task_id = ${otherTaskId}
-      and r.started_at > (select t.created_at from tasks t where t.id = ${taskId})
+      and r.started_at > ${visibleAt}::timestamptz
       and r.started_at < (select min(q.started_at) from runs q where q.task_id = ${taskId})`;
   return row?.n ?? -1;
 }
 
 /**
- * How many runs of `others` were claimed after `taskId` was created and before its last run was: what
+ * How many runs of `others` were claimed after `visibleAt` (see visibleNow) and before `taskId`'s last run was: what
  * went to them although `taskId` still had runs waiting.
  */
-async function claimedWhileWaiting(taskId: string, others: string[]): Promise<number> {
+async function claimedWhileWaiting(taskId: string, others: string[], visibleAt: string): Promise<number> {
   const [row] = await db.sql<{ n: number }[]>`
     select count(*)::int as n from runs r
     where r.task_id = any(${db.sql.array(others, 20)}::bigint[])
-      and r.started_at > (select t.created_at from tasks t where t.id = ${taskId})
+      and r.started_at > ${visibleAt}::timestamptz
       and r.started_at < (select max(q.started_at) from runs q where q.task_id = ${taskId})`;
   return row?.n ?? -1;
+}
+
+/**
+ * The database's clock now: called right after a create returns, a time by which its runs were
+ * visible to every claim. (Not the task's created_at: that is when the create statement began, and
+ * on a loaded machine the worker went on claiming the other task's runs while it ran.)
+ */
+async function visibleNow(): Promise<string> {
+  const [r] = await db.sql<{ t: string }[]>`select clock_timestamp()::text as t`;
+  return r?.t ?? "";
 }
 
 /** The owner's pass at `type`'s default priority, or -1 without a row. */
@@ -179,11 +189,12 @@ test("B's 3 runs behind A's 300: they start at the next free slots and B ends be
   const big = await createTask(db.sql, a, "fair1", 300);
   await waitFor(async () => startsOf(big, 0).length >= 10, 20_000, "A's task to be running");
   const small = await createTask(db.sql, b, "fair1", 3);
+  const smallVisible = await visibleNow();
   await waitForTerminal(db.sql, small);
   const bStarts = startsOf(small, 0);
   assert.equal(bStarts.length, 3);
   // Two slots; a claim may have been on its way while B's task was being created.
-  const before = await claimedBeforeFirst(small, big);
+  const before = await claimedBeforeFirst(small, big, smallVisible);
   assert.ok(before <= 2, `${before} of A's runs were claimed while B's first waited`);
   // In turn with A: one of A's runs between B's, give or take a claim in flight.
   assert.ok(
@@ -198,11 +209,13 @@ test("B's 3 runs behind A's 300: they start at the next free slots and B ends be
 
 test("tasks of 200, 20 and 2 runs from three users, submitted in that order, finish 2, 20, 200", async () => {
   const users = await Promise.all(["fair-c1", "fair-c2", "fair-c3"].map((n) => seedUser(db.sql, n)));
-  await startWorker("fair2");
   const [u1, u2, u3] = users as [Principal, Principal, Principal];
   const t200 = await createTask(db.sql, u1, "fair2", 200);
   const t20 = await createTask(db.sql, u2, "fair2", 20);
   const t2 = await createTask(db.sql, u3, "fair2", 2);
+  // Started once all three are queued, so what the 200-run task has done when the 20-run one finishes
+  // is the rotation's doing, not how long the other two creates took on a loaded machine.
+  await startWorker("fair2");
   await waitForTerminal(db.sql, t200, 60_000);
   const finished = await db.sql<{ id: string }[]>`
     select t.id::text from tasks t where t.id in (${t200}, ${t20}, ${t2}) order by t.finished_at, t.id`;
@@ -221,8 +234,9 @@ test("a user's own tasks take turns: a new small task does not wait behind the u
   const big = await createTask(db.sql, u, "fair3", 120);
   await waitFor(async () => startsOf(big, 0).length >= 10, 20_000, "the big task to be running");
   const small = await createTask(db.sql, u, "fair3", 5);
+  const smallVisible = await visibleNow();
   await waitForTerminal(db.sql, small);
-  const before = await claimedBeforeFirst(small, big);
+  const before = await claimedBeforeFirst(small, big, smallVisible);
   assert.ok(before <= 2, `${before} of the big task's runs were claimed while the small one's first waited`);
   const bigDone = await doneWhenFinished(big, small);
   assert.ok(bigDone < 40, `the big task had ${bigDone} of 120 done when the small one finished`);
@@ -235,16 +249,18 @@ test("priority beats arrival: 0 before 5 before 9, whatever came first", async (
   const low = await createTask(db.sql, p9 as Principal, "fair4", 60, { priority: 9 });
   await waitFor(async () => startsOf(low, 0).length >= 4, 20_000, "the priority-9 task to be running");
   const normal = await createTask(db.sql, p5 as Principal, "fair4", 30);
+  const normalVisible = await visibleNow();
   await waitFor(async () => startsOf(normal, 0).length >= 4, 20_000, "the priority-5 task to be running");
   const urgent = await createTask(db.sql, p0 as Principal, "fair4", 3, { priority: 0 });
+  const urgentVisible = await visibleNow();
   await waitForTerminal(db.sql, urgent);
   await waitForTerminal(db.sql, normal);
   // After the urgent task arrived, the others got only the claims in flight until its 3 had started.
-  const urgentBefore = await claimedWhileWaiting(urgent, [normal, low]);
+  const urgentBefore = await claimedWhileWaiting(urgent, [normal, low], urgentVisible);
   assert.ok(urgentBefore <= 2, `${urgentBefore} other runs were claimed while the urgent task waited`);
   // After the normal task arrived, the priority-9 task got only the claims in flight until the normal
   // one had started every run.
-  const lowBefore = await claimedWhileWaiting(normal, [low]);
+  const lowBefore = await claimedWhileWaiting(normal, [low], normalVisible);
   assert.ok(lowBefore <= 2, `${lowBefore} priority-9 runs were claimed while the priority-5 task waited`);
   await waitForTerminal(db.sql, low, 60_000);
 });
