@@ -132,17 +132,28 @@ test("Ctrl-C during uploads stops cleanly: no task, and every stored file is who
   const [tasks] = await server.db.sql<{ n: number }[]>`
     select count(*)::int as n from tasks t join users u on u.id = t.owner_id where u.name = 'dave'`;
   assert.equal(tasks?.n, 0, "no task");
+  // The server may still be finishing an upload whose body arrived whole before the interrupt: wait
+  // until no upload is in progress and every stored object has its row (an upload publishes its
+  // object, then inserts the row), so the listing below is what the next submit will see.
+  const partial = path.join(server.dataDir, ".partial");
+  const objects = path.join(server.dataDir, "files");
+  await waitFor(
+    async () => {
+      if (fs.existsSync(partial) && fs.readdirSync(partial).length > 0) return false;
+      const stored = fs.existsSync(objects) ? fs.readdirSync(objects) : [];
+      const [rows] = await server.db.sql<{ n: number }[]>`
+        select count(*)::int as n from files where id::text = any(${stored})`;
+      return rows?.n === stored.length;
+    },
+    10_000,
+    "the server to finish or drop the cut-off uploads",
+  );
   // Whatever the server kept is a complete copy of a local file; nothing is left half-written.
   const files = await apiAll<{ sha256: string; sizeBytes: number }>(server, dave, "/api/files");
   assert.ok(files.length >= 1);
+  assert.ok(fs.readdirSync(objects).length >= files.length, "the wait above looked where the objects are");
   for (const f of files)
     assert.equal(hashes.get(f.sha256), f.sizeBytes, "a stored file is a whole local file");
-  const partial = path.join(server.dataDir, ".partial");
-  await waitFor(
-    async () => !fs.existsSync(partial) || fs.readdirSync(partial).length === 0,
-    10_000,
-    "the server to drop the cut-off uploads",
-  );
   // The next submit reuses what arrived whole and sends the rest.
   const again = await collect(spawnCli(["submit", "--type", "summary", dir], server.env(dave)));
   assert.equal(again.code, 0, again.stderr);
