@@ -553,7 +553,9 @@ test("releaseSlot: the next run starts while a finished process's outputs are ha
   let maxProcesses = 0;
   let maxActive = 0;
   let active = 0;
+  let started = 0;
   const handler: Handler = async (_run, { releaseSlot }) => {
+    const mine = ++started;
     active++;
     maxActive = Math.max(maxActive, active);
     processes++;
@@ -561,7 +563,11 @@ test("releaseSlot: the next run starts while a finished process's outputs are ha
     await new Promise((r) => setTimeout(r, 20)); // "the process"
     processes--;
     releaseSlot();
-    await new Promise((r) => setTimeout(r, 100)); // "checking and publishing outputs"
+    // "Checking and publishing outputs", until the next run has started in the released slot (not a
+    // fixed time: a loaded machine may take longer than any to claim it). Without the release the
+    // next never starts meanwhile, and the wait ends at its limit.
+    const limit = Date.now() + 10_000;
+    while (mine < 4 && started === mine && Date.now() < limit) await new Promise((r) => setTimeout(r, 5));
     active--;
     return { status: "succeeded" };
   };
@@ -581,7 +587,15 @@ test("finishing: the next run is claimed while the process exits, and starts onl
     events.push({ runId: run.id, what: "start", at: Date.now() });
     await new Promise((r) => setTimeout(r, 20)); // the process works
     finishing(); // its result arrived
-    await new Promise((r) => setTimeout(r, 150)); // the process exits
+    // The process exits: until the next run has been claimed ahead (not a fixed time, which a loaded
+    // machine may need more than to claim it), unless none is left.
+    await waitFor(async () => {
+      const [n] = await db.sql<{ queued: number; ahead: number }[]>`
+        select count(*) filter (where status = 'queued')::int as queued,
+               count(*) filter (where status = 'starting' and id <> ${run.id})::int as ahead
+        from runs where task_id = ${run.taskId}`;
+      return n?.queued === 0 || (n?.ahead ?? 0) > 0;
+    }, 10_000).catch(() => {}); // claimed-ahead or not, the assertions below decide
     events.push({ runId: run.id, what: "release", at: Date.now() });
     releaseSlot();
     return { status: "succeeded" };
