@@ -148,7 +148,20 @@ describe("stdout protocol", () => {
   });
 
   test("a JSON line split across chunks is one event", async () => {
-    const { run, taskId } = await runOne({ mode: "split-line" });
+    const gate = path.join(env.dataDir, "split-line-gate");
+    const ran = runOne({ mode: "split-line", gate });
+    // The program holds its result back until the whole line's progress is recorded.
+    await waitFor(
+      async () =>
+        (
+          await env.db.sql`
+          select 1 from task_events where type = 'run.progress' and data->>'message' = 'split across chunks'`
+        ).length > 0,
+      20_000,
+      "the split line's progress to be recorded",
+    );
+    fs.writeFileSync(gate, "");
+    const { run, taskId } = await ran;
     assert.equal(run.status, "succeeded");
     const [progress] = await env.db.sql`
       select data from task_events where task_id = ${taskId} and type = 'run.progress' and data->>'percent' = '42'`;
@@ -298,7 +311,9 @@ describe("ending early", () => {
 
   test("shutdown mid-run: the run goes back to the queue unspent and another worker finishes it", async () => {
     const type = `fx-${++typeSeq}`;
-    const taskId = await env.task(type, [input], { mode: "sleep", ms: 1500 }, 1);
+    // The first process would sleep a minute (only the shutdown can end it); the next one 100 ms.
+    const once = path.join(env.dataDir, "shutdown-once");
+    const taskId = await env.task(type, [input], { mode: "sleep", ms: 60_000, thenMs: 100, once }, 1);
     const first = env.worker([fixtureProgram(type)]);
     await first.start();
     await waitFor(
