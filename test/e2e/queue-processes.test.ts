@@ -64,7 +64,9 @@ test("3 worker processes race over 1,000 runs: each executed once, counters exac
 
 test("a worker SIGKILLed mid-run: its runs are re-queued after the lease expires, finished elsewhere, counted once; its slots are freed", async () => {
   const types = { crash: { sleepMs: 60_000, globalLimit: 2 } };
-  const victim = await start({ types, concurrency: 2, leaseTtlMs: 1000, reapIntervalMs: 200 });
+  // Leases short enough for a quick recovery, long enough that a loaded machine's pause of the
+  // victim before the kill cannot expire them (a run reaped then took a third attempt).
+  const victim = await start({ types, concurrency: 2, leaseTtlMs: 3000, reapIntervalMs: 200 });
   const taskId = await createTask(db.sql, owner, "crash", 4);
   await waitFor(
     async () => (await runCounts(db.sql, taskId)).running === 2,
@@ -75,10 +77,11 @@ test("a worker SIGKILLed mid-run: its runs are re-queued after the lease expires
   await victim.exited;
 
   // The survivor finishes quickly; it can only start once the reaper freed the victim's two slots.
+  // Its own leases long: only the victim's should ever expire here.
   const survivor = await start({
     types: { crash: { sleepMs: 10, globalLimit: 2 } },
     concurrency: 4,
-    leaseTtlMs: 1000,
+    leaseTtlMs: 30_000,
     reapIntervalMs: 200,
   });
   const row = await waitForTerminal(db.sql, taskId, 30_000);
@@ -141,7 +144,13 @@ test("per-user limit 3 with 3 workers × concurrency 4 and a SIGKILL: never more
     leaseTtlMs: 1000,
     reapIntervalMs: 200,
   };
-  const [victim, ...others] = await Promise.all([start(spec), start(spec), start(spec)]);
+  // Only the victim's leases are short (recovered in seconds); the others' cannot expire while a loaded
+  // machine pauses them, which would run a run twice and overlap more than the limit.
+  const [victim, ...others] = await Promise.all([
+    start({ ...spec, leaseTtlMs: 3000 }),
+    start({ ...spec, leaseTtlMs: 30_000 }),
+    start({ ...spec, leaseTtlMs: 30_000 }),
+  ]);
   const users = await Promise.all(["limited-u1", "limited-u2"].map((n) => seedUser(db.sql, n)));
   const tasks = await Promise.all(users.map((u) => createTask(db.sql, u, "peruser", 40)));
   const maxLive = new Map<string, number>();
