@@ -22,6 +22,7 @@ import {
   CANCEL_CHANNEL,
   type ClaimedRun,
   type CompletionResult,
+  claimQuantum,
   type Lease,
   type Outcome,
   type Retry,
@@ -108,6 +109,8 @@ export const PROGRESS_FLUSH_MS = 250;
 /** Delay before retrying a failed completion write (e.g. the database is down). */
 const FLUSH_RETRY_MS = 1000;
 const DEFAULT_TIMEOUT_MS = 600_000;
+/** Each attempt's weight in its type's running mean of attempt durations (Worker.attemptSeconds). */
+const ATTEMPT_MEAN_WEIGHT = 0.2;
 
 export class Worker {
   readonly id: string;
@@ -134,6 +137,8 @@ export class Worker {
   private woken = false;
   private stopping = false;
   private rotation = 0;
+  /** Each type's running mean of attempt durations, in seconds: the claim's quantum (claimQuantum). */
+  private readonly attemptSeconds = new Map<string, number>();
   private timers: NodeJS.Timeout[] = [];
   /** When this worker's own retries that are not due yet become due, in order. */
   private retriesDue: number[] = [];
@@ -238,6 +243,7 @@ export class Worker {
         globalLimit: this.o.types[type]?.globalLimit ?? 0,
         userLimit: this.o.userLimit ?? 0,
         leaseTtlMs: this.o.leaseTtlMs,
+        quantum: claimQuantum(this.attemptSeconds.get(type), want),
       });
       this.observer.claimed(
         type,
@@ -334,6 +340,11 @@ export class Worker {
       this.progress.delete(run.id);
       this.observer.attemptLive(run.analysisType, -1);
       const seconds = (performance.now() - began) / 1000;
+      const mean = this.attemptSeconds.get(run.analysisType);
+      this.attemptSeconds.set(
+        run.analysisType,
+        mean === undefined ? seconds : mean + (seconds - mean) * ATTEMPT_MEAN_WEIGHT,
+      );
       this.settle(run, seconds, controller.signal.reason as AbortReason | undefined, outcome);
       this.wake();
     })();

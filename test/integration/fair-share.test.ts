@@ -6,7 +6,15 @@ import { after, afterEach, before, test } from "node:test";
 import type { Principal } from "../../src/auth/tokens.ts";
 import { createLogger } from "../../src/log.ts";
 import { Reaper } from "../../src/queue/reaper.ts";
-import { CLAIM_QUANTUM, runClaim, runComplete, runRetry, walkHead } from "../../src/queue/sql.ts";
+import {
+  CLAIM_QUANTUM,
+  claimQuantum,
+  runClaim,
+  runComplete,
+  runRetry,
+  SHORT_ATTEMPT_SECONDS,
+  walkHead,
+} from "../../src/queue/sql.ts";
 import { type Handler, Worker } from "../../src/queue/worker.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import { createTask, seedUser, taskRow, waitFor, waitForTerminal } from "../helpers/queue.ts";
@@ -139,7 +147,7 @@ async function claimWaiting(waitEvent: string): Promise<void> {
 }
 
 /** Claims up to `limit` due runs of `analysisType` (fair share, no global limit). */
-function claimRuns(analysisType: string, limit: number, userLimit = 0) {
+function claimRuns(analysisType: string, limit: number, userLimit = 0, quantum?: number) {
   return runClaim(db.sql, {
     workerId: "w-fair",
     analysisType,
@@ -147,7 +155,19 @@ function claimRuns(analysisType: string, limit: number, userLimit = 0) {
     globalLimit: 0,
     userLimit,
     leaseTtlMs: 30_000,
+    ...(quantum === undefined ? {} : { quantum }),
   });
+}
+
+/** How many of `runs` each owner got, largest first. */
+async function shares(runs: { id: number }[]): Promise<number[]> {
+  const rows = await db.sql<{ n: number }[]>`
+    select count(*)::int as n from runs r
+    where r.id = any(${db.sql.array(
+      runs.map((c) => c.id),
+      20,
+    )}::bigint[]) group by r.owner_id`;
+  return rows.map((r) => r.n).sort((a, b) => b - a);
 }
 
 /** One user per name, seeded in order (ids ascending). */
@@ -349,6 +369,66 @@ test("a claim of many slots serves users in turn, a quantum each, and leaves the
   const [live] = await db.sql<{ n: number }[]>`
     select count(*)::int as n from runs where analysis_type = 'fair6' and status <> 'queued'`;
   assert.equal(live?.n, slots + 2);
+});
+
+test("the quantum: short attempts make the whole claim one owner's turn when more owners wait than it takes", () => {
+  // Before any attempt has ended, and with attempts that are not short: the quantum.
+  assert.equal(claimQuantum(undefined, 10), CLAIM_QUANTUM);
+  assert.equal(claimQuantum(SHORT_ATTEMPT_SECONDS, 10), CLAIM_QUANTUM);
+  assert.equal(claimQuantum(2, 10), CLAIM_QUANTUM);
+  // Short: the claim's size (never below the quantum, which the claim caps at its size anyway).
+  assert.equal(claimQuantum(0.001, 10), 10);
+  assert.equal(claimQuantum(0.001, 2), CLAIM_QUANTUM);
+});
+
+test("a claim with a quantum of its size serves the next owner with every slot; with fewer owners than slots, each a share", async () => {
+  const owners = await seedUsers(...Array.from({ length: 12 }, (_, i) => `fair-qm-${i}`));
+  for (const o of owners) await createTask(db.sql, o, "fair-qm", 40);
+  const first = await claimRuns("fair-qm", 10, 0, 10);
+  assert.deepEqual(await shares(first), [10], "one owner's turn, all ten slots");
+  const second = await claimRuns("fair-qm", 10, 0, 10);
+  assert.deepEqual(await shares(second), [10]);
+  const firstOwner = await ownerOf(first[0]?.id ?? 0);
+  assert.notEqual(await ownerOf(second[0]?.id ?? 0), firstOwner, "the next claim is the next owner's turn");
+  // The default quantum on the same backlog: a quantum each, in turn.
+  assert.deepEqual(await shares(await claimRuns("fair-qm", 10)), [
+    CLAIM_QUANTUM,
+    CLAIM_QUANTUM,
+    10 - 2 * CLAIM_QUANTUM,
+  ]);
+  // Two owners and ten slots: fewer owners than the claim takes, so an even share each, whatever the quantum.
+  const [a, b] = await seedUsers("fair-qm-a", "fair-qm-b");
+  await createTask(db.sql, a as Principal, "fair-qm2", 20);
+  await createTask(db.sql, b as Principal, "fair-qm2", 20);
+  assert.deepEqual(await shares(await claimRuns("fair-qm2", 10, 0, 10)), [5, 5]);
+});
+
+test("a worker whose attempts are short gives each turn the whole claim; its first claim, before any ended, a quantum each", async () => {
+  const owners = await seedUsers(...Array.from({ length: 20 }, (_, i) => `fair-qw-${i}`));
+  for (const o of owners) await createTask(db.sql, o, "fair-qw", 30);
+  await startWorker("fair-qw", 0, 10);
+  await waitFor(
+    async () => {
+      const [r] = await db.sql<{ n: number }[]>`
+        select count(*)::int as n from runs where analysis_type = 'fair-qw' and status <> 'succeeded'`;
+      return r?.n === 0;
+    },
+    30_000,
+    "every run to succeed",
+  );
+  // One claim statement, one started_at (its now()): the owners each claim served.
+  const claims = await db.sql<{ at: string; runs: number; owners: number }[]>`
+    select started_at::text as at, count(*)::int as runs, count(distinct owner_id)::int as owners
+    from runs where analysis_type = 'fair-qw' group by started_at order by started_at`;
+  const [opening, ...rest] = claims;
+  assert.deepEqual({ ...opening, at: undefined }, { at: undefined, runs: 10, owners: 3 }, "4 + 4 + 2");
+  // Later claims of many slots: one owner's turn each (two when that owner had fewer runs left).
+  const big = rest.filter((c) => c.runs >= 5);
+  const single = big.filter((c) => c.owners === 1).length;
+  assert.ok(
+    big.length > 0 && single * 2 > big.length,
+    `${single} of ${big.length} claims of 5+ served one owner`,
+  );
 });
 
 test("at the same pass the owner there first goes first, whatever the ids: a newcomer follows for one turn", async () => {

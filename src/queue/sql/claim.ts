@@ -37,6 +37,13 @@ export interface ClaimOptions {
   /** Limit on one owner's live runs (of every type) across all workers (ASSAY_USER_CONCURRENCY); 0 = none. */
   userLimit?: number;
   leaseTtlMs: number;
+  /**
+   * The most runs one owner is given in its turn when more owners wait at its priority than the
+   * claim takes (deficit round robin's quantum; see claimQuantum): default CLAIM_QUANTUM, at most
+   * `limit`. With fewer owners than that, each gets an even share of the claim, at least
+   * CLAIM_QUANTUM, whatever this says.
+   */
+  quantum?: number;
 }
 
 /** An owner the claim may serve, and how many runs it may give them (the per-user limit's room). */
@@ -107,6 +114,28 @@ export async function runClaim(sql: Sql, o: ClaimOptions): Promise<ClaimedRun[]>
 export const CLAIM_QUANTUM = 4;
 
 /**
+ * Attempts of a type that last less than this on average (a worker's running mean) are short enough
+ * for a claim to serve one owner per turn with every slot it takes (claimQuantum).
+ */
+export const SHORT_ATTEMPT_SECONDS = 0.05;
+
+/**
+ * The quantum a worker claims with (ClaimOptions.quantum): while its attempts of the type are short
+ * (mean under SHORT_ATTEMPT_SECONDS), the whole claim — when more owners wait than it takes, it serves
+ * the next owner in turn with up to all of its slots, so a claim walks, locks and advances one owner
+ * and its completion batch counts into one task, not three (100 users' no-op runs drained ~0.7–0.8×
+ * as fast as one user's with the quantum, ~0.9× with this; bench/queue.ts drain:fair). A turn of
+ * short runs is over in milliseconds, so the owners after it wait no longer in time. Otherwise, and
+ * before any attempt has ended (a worker starting with every slot free), CLAIM_QUANTUM: with runs of
+ * minutes, a claim of many slots must not give them all to one user while the others wait that long.
+ */
+export function claimQuantum(meanAttemptSeconds: number | undefined, limit: number): number {
+  return meanAttemptSeconds !== undefined && meanAttemptSeconds < SHORT_ATTEMPT_SECONDS
+    ? Math.max(limit, CLAIM_QUANTUM)
+    : CLAIM_QUANTUM;
+}
+
+/**
  * How many owners a claim of k sorts in full before it looks at the rest (see claimStatement): four
  * times the owners a claim can serve, so owners with nothing due (only runs in backoff, which sit at
  * the head of the walk since their pass stops growing) rarely push a claim into the rest.
@@ -169,12 +198,12 @@ async function ownerCaps(tx: Sql, analysisType: string, userLimit: number, k: nu
 // nothing due), so a claim among a thousand owners sorts a few dozen, not all. Each branch counts its
 // owners per priority over its own rows; the head's counts are exact except for its last priority
 // when the head cut it (then ≥ 4k rows of better priorities came first, and that priority is reached
-// only when they gave fewer than k). The walk takes from each owner, in turn order, up to its quota of due runs
-// (ceil(k / owners at its priority, counted by a window over the same walk — under the per-user
-// limit, the candidate owners the walk is given — at least the quantum, and under the per-user limit
-// at most its room), locked with SKIP LOCKED,
-// until k are found: one run per owner when there are k owners or more, more each when there are
-// fewer. The lateral runs per owner with its keys as parameters — an index lookup whatever a young
+// only when they gave fewer than k). The walk takes from each owner, in turn order, up to its quota of
+// due runs, locked with SKIP LOCKED, until k are found. The quota, from the owners at its priority
+// (counted by a window over the same walk; under the per-user limit, the candidate owners the walk
+// is given, at most k): with more than k, the caller's quantum (ClaimOptions.quantum, at most k);
+// with k or fewer, ceil(k / owners), at least CLAIM_QUANTUM; under the per-user limit at most its
+// room. The lateral runs per owner with its keys as parameters — an index lookup whatever a young
 // table's statistics say (as an EXISTS probe it became a semi-join that read every queued run of the
 // type per owner) — and the fence (offset 0) keeps the walk above the sort, so it stops at k.
 // `advanced` adds what each owner was given to its pass, the rows locked in owner order first (two
@@ -191,12 +220,16 @@ function claimStatement(
   if (!Number.isInteger(k) || k <= 0) throw new Error(`claim size must be a positive integer, got ${k}`);
   const K = sql.unsafe(String(k));
   const Q = sql.unsafe(String(Math.min(k, CLAIM_QUANTUM)));
+  // With more owners at a priority than the claim takes: the caller's quantum (a literal, like k:
+  // at most two values per k, each planned once).
+  const QM = sql.unsafe(String(Math.max(1, Math.min(k, o.quantum ?? CLAIM_QUANTUM))));
   const M = sql.unsafe(String(walkHead(k)));
   // One part of the walk without a per-user limit: the owners in turn order, cut by `cut` (the head:
   // limit M; the rest: offset M), each with its quota counted over the part's own rows.
   const walkPart = (cut: ReturnType<Sql>, before: typeof M) => sql`
         select w.priority, w.owner_id, w.version, w.pass,
-               greatest(ceil(${K}::float8 / count(*) over (partition by w.priority))::int, ${Q}) as quota,
+               case when count(*) over (partition by w.priority) > ${K} then ${QM}
+                    else greatest(ceil(${K}::float8 / count(*) over (partition by w.priority))::int, ${Q}) end as quota,
                ${before} + row_number() over (order by ${turnOrder(sql, "w")}) as pos
         from (select q.priority, q.pass, q.since, q.owner_id, q.version from queue_owners q
               where q.analysis_type = ${o.analysisType}
@@ -204,8 +237,8 @@ function claimStatement(
               ${cut}) w
         order by ${turnOrder(sql, "w")}
         offset 0`;
-  // Each owner's quota: ceil(k / owners at its priority), at least the quantum, and under the
-  // per-user limit at most its room.
+  // Each owner's quota (above). Under the per-user limit the walk holds at most k owners (ownerCaps),
+  // so it is always the even share, and at most the owner's room.
   const walk =
     caps === null
       ? sql`(${walkPart(sql`limit ${M}`, sql.unsafe("0"))}) union all (${walkPart(sql`offset ${M}`, M)})`
