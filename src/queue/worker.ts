@@ -243,7 +243,7 @@ export class Worker {
         globalLimit: this.o.types[type]?.globalLimit ?? 0,
         userLimit: this.o.userLimit ?? 0,
         leaseTtlMs: this.o.leaseTtlMs,
-        quantum: claimQuantum(this.attemptSeconds.get(type), want),
+        quantum: this.quantumFor(type, want),
       });
       this.observer.claimed(
         type,
@@ -256,6 +256,15 @@ export class Worker {
     }
     this.drainBuffer();
     return claimed;
+  }
+
+  /** The claim's quantum for `type` (claimQuantum), from its successful attempts and its live ones. */
+  private quantumFor(type: string, want: number): number {
+    const now = performance.now();
+    let oldest = 0;
+    for (const a of this.active.values())
+      if (a.run.analysisType === type) oldest = Math.max(oldest, (now - a.began) / 1000);
+    return claimQuantum(this.attemptSeconds.get(type), want, oldest);
   }
 
   private drainBuffer(): void {
@@ -340,11 +349,16 @@ export class Worker {
       this.progress.delete(run.id);
       this.observer.attemptLive(run.analysisType, -1);
       const seconds = (performance.now() - began) / 1000;
-      const mean = this.attemptSeconds.get(run.analysisType);
-      this.attemptSeconds.set(
-        run.analysisType,
-        mean === undefined ? seconds : mean + (seconds - mean) * ATTEMPT_MEAN_WEIGHT,
-      );
+      // Only attempts that ran to a success say how long the type's runs take: a program failing at
+      // once, or an attempt cut short, would make a type of minute-long runs look short (and free
+      // its slots at the same moment, for one owner to take them all).
+      if (outcome.status === "succeeded" && controller.signal.reason === undefined) {
+        const mean = this.attemptSeconds.get(run.analysisType);
+        this.attemptSeconds.set(
+          run.analysisType,
+          mean === undefined ? seconds : mean + (seconds - mean) * ATTEMPT_MEAN_WEIGHT,
+        );
+      }
       this.settle(run, seconds, controller.signal.reason as AbortReason | undefined, outcome);
       this.wake();
     })();

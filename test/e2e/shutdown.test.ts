@@ -107,6 +107,9 @@ test("a second signal exits at once", async () => {
     `${exit.code} ${exit.signal} ${Date.now() - t0}ms\n${exit.stdout.slice(-1500)}`,
   );
   assert.ok(Date.now() - t0 < 15_000, `exited after ${Date.now() - t0} ms, not after the 60 s grace`);
+  // At once: not after the run it was waiting for had ended.
+  const [run] = await env.db.sql<{ status: string }[]>`select status from runs where task_id = ${taskId}`;
+  assert.notEqual(run?.status, "succeeded", "the worker left before its run could finish");
 });
 
 test("a worker without ASSAY_METRICS_PORT loads neither the HTTP stack, TypeBox, drizzle nor prom-client", async () => {

@@ -379,6 +379,49 @@ test("the quantum: short attempts make the whole claim one owner's turn when mor
   // Short: the claim's size (never below the quantum, which the claim caps at its size anyway).
   assert.equal(claimQuantum(0.001, 10), 10);
   assert.equal(claimQuantum(0.001, 2), CLAIM_QUANTUM);
+  assert.equal(claimQuantum(0.001, 10, SHORT_ATTEMPT_SECONDS / 2), 10);
+  // A live attempt already older than a short one: the mean is out of date.
+  assert.equal(claimQuantum(0.001, 10, SHORT_ATTEMPT_SECONDS), CLAIM_QUANTUM);
+  assert.equal(claimQuantum(0.001, 10, 30), CLAIM_QUANTUM);
+});
+
+test("attempts that fail at once do not make a type's runs look short: the slots they free go a quantum per owner", async () => {
+  const owners = await seedUsers(...Array.from({ length: 12 }, (_, i) => `fair-qf-${i}`));
+  for (const o of owners) await createTask(db.sql, o, "fair-qf", 10);
+  let attempts = 0;
+  const w = new Worker({
+    sql: db.sql,
+    logger,
+    types: {
+      "fair-qf": {
+        // The first claim's 8 attempts fail at once (a program that cannot start); the rest take a while.
+        handler: async (_run, { signal }) => {
+          if (++attempts <= 8)
+            return { status: "failed", errorCode: "ANALYSIS_PROCESS_FAILED", errorMessage: "x" };
+          await sleep(300, signal);
+          return { status: "succeeded", result: { metrics: {} } };
+        },
+      },
+    },
+    concurrency: 8,
+    leaseTtlMs: 30_000,
+    pollIntervalMs: 100,
+    retryBaseMs: 20,
+  });
+  await w.start();
+  running = w;
+  await waitFor(async () => attempts >= 16, 20_000, "the slots freed by the failures to be claimed again");
+  await w.stop();
+  running = undefined;
+  const claims = await db.sql<{ runs: number; owners: number }[]>`
+    select count(*)::int as runs, count(distinct owner_id)::int as owners
+    from runs where analysis_type = 'fair-qf' and started_at is not null group by started_at order by started_at`;
+  const big = claims.slice(1).filter((c) => c.runs >= 5);
+  assert.ok(big.length > 0, `a claim of 5 or more after the failures: ${JSON.stringify(claims)}`);
+  assert.ok(
+    big.every((c) => c.owners >= 2),
+    `with the quantum (4), a claim of 5+ serves 2+ owners: ${JSON.stringify(claims)}`,
+  );
 });
 
 test("a claim with a quantum of its size serves the next owner with every slot; with fewer owners than slots, each a share", async () => {

@@ -112,6 +112,7 @@ describe("task cache", () => {
     // with held still, no answer can expire: only the notification can remove them.
     assert.equal((await page("status=starting")).items.length, 1);
     const held = Date.now();
+    assert.ok(t.app.services.tasks?.getPage(taskId, pageKey({ limit: 20 }), held));
     assert.ok(t.app.services.tasks?.getPage(taskId, pageKey({ status: "starting", limit: 20 }), held));
     await t.db.sql`update runs set progress = 40 where task_id = ${taskId}`;
     await doorbell(taskId);

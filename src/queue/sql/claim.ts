@@ -123,13 +123,26 @@ export const SHORT_ATTEMPT_SECONDS = 0.05;
  * The quantum a worker claims with (ClaimOptions.quantum): while its attempts of the type are short
  * (mean under SHORT_ATTEMPT_SECONDS), the whole claim — when more owners wait than it takes, it serves
  * the next owner in turn with up to all of its slots, so a claim walks, locks and advances one owner
- * and its completion batch counts into one task, not three (100 users' no-op runs drained ~0.7–0.8×
- * as fast as one user's with the quantum, ~0.9× with this; bench/queue.ts drain:fair). A turn of
- * short runs is over in milliseconds, so the owners after it wait no longer in time. Otherwise, and
- * before any attempt has ended (a worker starting with every slot free), CLAIM_QUANTUM: with runs of
- * minutes, a claim of many slots must not give them all to one user while the others wait that long.
+ * and its completion batch counts into that owner's tasks (one, for an owner with one task), not
+ * three owners' (100 users' no-op runs drained ~0.77× as fast as one user's with the quantum, ~0.91×
+ * with this; bench/queue.ts drain:fair). The price: among n owners a newcomer waits about n − 1
+ * turns of up to k runs instead of CLAIM_QUANTUM — 100 owners, 10 slots, 20 ms runs: ~2 s instead
+ * of ~0.8 s. It does nothing under the per-user limit (that claim never has more than k owners in
+ * its walk). Otherwise, and
+ * before any attempt has ended (a worker starting with every slot free), and while one of the type's
+ * live attempts is already older than a short one (`oldestLiveAttemptSeconds`), CLAIM_QUANTUM: with
+ * runs of minutes, a claim of many slots must not give them all to one user while the others wait
+ * that long. The mean is the worker's, of successful attempts only: a program failing at once would
+ * make a type of long runs look short, and free its slots at that moment for one owner to take.
  */
-export function claimQuantum(meanAttemptSeconds: number | undefined, limit: number): number {
+export function claimQuantum(
+  meanAttemptSeconds: number | undefined,
+  limit: number,
+  oldestLiveAttemptSeconds = 0,
+): number {
+  // A live attempt already older than a short one: the mean is out of date (the type's runs got
+  // longer, or some of them are long).
+  if (oldestLiveAttemptSeconds >= SHORT_ATTEMPT_SECONDS) return CLAIM_QUANTUM;
   return meanAttemptSeconds !== undefined && meanAttemptSeconds < SHORT_ATTEMPT_SECONDS
     ? Math.max(limit, CLAIM_QUANTUM)
     : CLAIM_QUANTUM;
@@ -218,11 +231,17 @@ function claimStatement(
   durable: boolean,
 ): Promise<ClaimedRun[]> {
   if (!Number.isInteger(k) || k <= 0) throw new Error(`claim size must be a positive integer, got ${k}`);
+  if (o.quantum !== undefined && (!Number.isInteger(o.quantum) || o.quantum <= 0))
+    throw new Error(`claim quantum must be a positive integer, got ${o.quantum}`);
   const K = sql.unsafe(String(k));
   const Q = sql.unsafe(String(Math.min(k, CLAIM_QUANTUM)));
   // With more owners at a priority than the claim takes: the caller's quantum (a literal, like k:
   // at most two values per k, each planned once).
-  const QM = sql.unsafe(String(Math.max(1, Math.min(k, o.quantum ?? CLAIM_QUANTUM))));
+  const qm = Math.min(k, o.quantum ?? CLAIM_QUANTUM);
+  const QM = sql.unsafe(String(qm));
+  // The raise's slack (below): a turn may take the larger of the two, so an owner a concurrent
+  // claim is serving may stand that far behind without having been skipped.
+  const SLACK = sql.unsafe(String(Math.max(qm, Math.min(k, CLAIM_QUANTUM))));
   const M = sql.unsafe(String(walkHead(k)));
   // One part of the walk without a per-user limit: the owners in turn order, cut by `cut` (the head:
   // limit M; the rest: offset M), each with its quota counted over the part's own rows.
@@ -358,8 +377,9 @@ function claimStatement(
     -- with room, so the level is read (that claim is a transaction of several statements anyway).
     -- Only rows with runs queued (disjoint from idle's), with SKIP LOCKED and after served, like
     -- idle; their since stays, so at the new pass they go first. Only rows more than a quantum
-    -- behind: raised at every claim, each such row was rewritten by every claim; so it is every
-    -- few, and such an owner comes back at most a quantum ahead.
+    -- (the larger of the claim's two, SLACK) behind: raised at every claim, each such row was
+    -- rewritten by every claim; so it is every few, and such an owner comes back at most a quantum
+    -- ahead.
     below as (
       select b.priority, b.owner_id
       from (${
@@ -368,7 +388,7 @@ function claimStatement(
           : sql`select q.priority, q.owner_id, q.pass from queue_owners q where q.analysis_type = ${o.analysisType}`
       }) b
       join served_floor f on f.priority = b.priority
-      where b.pass < f.pass - ${Q} and (select count(*) from served) >= 0
+      where b.pass < f.pass - ${SLACK} and (select count(*) from served) >= 0
     ),
     raised as (
       select x.ctid, x.floor from below b
@@ -376,7 +396,7 @@ function claimStatement(
         select q.ctid, f.pass as floor from queue_owners q
         join served_floor f on f.priority = q.priority
         where q.analysis_type = ${o.analysisType} and q.priority = b.priority and q.owner_id = b.owner_id
-          and q.pass < f.pass - ${Q}
+          and q.pass < f.pass - ${SLACK}
           and exists (select 1 from runs r where r.status = 'queued' and r.analysis_type = q.analysis_type
                         and r.owner_id = q.owner_id and r.priority = q.priority)
         for update of q skip locked
