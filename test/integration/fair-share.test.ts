@@ -9,6 +9,7 @@ import { Reaper } from "../../src/queue/reaper.ts";
 import {
   CLAIM_QUANTUM,
   claimQuantum,
+  queueOwnersTidy,
   runClaim,
   runComplete,
   runRetry,
@@ -618,9 +619,9 @@ test("a claim drops the rows it walked past with nothing queued, keeps those wit
   assert.equal(await passOf(type, waiting), 0, "kept; less than a quantum behind, not raised");
 
   // The race: a claim walks past `racer` (its queue empty) while a create of racer's commits after
-  // the claim's snapshot and before the claim locks racer's row. A test trigger holds the claim in
-  // its update of big's run (after the walk, before the rows it passed are locked) until the create
-  // has committed.
+  // the claim's snapshot and before the rows it passed are tidied (queueOwnersTidy, after the claim).
+  // A test trigger holds the claim in its update of big's run (after the walk) until the create has
+  // committed.
   const racer = await seedUser(db.sql, "fair-left-racer");
   await createTask(db.sql, racer, type, 1);
   assert.equal((await claimOwned(type, racer)).length, 1);
@@ -656,6 +657,25 @@ test("a claim drops the rows it walked past with nothing queued, keeps those wit
       "drop trigger if exists fair_left_hold on runs; drop function if exists fair_left_hold()",
     );
   }
+});
+
+test("the tidy after a claim drops a walked-past row only at the version the walk read", async () => {
+  const type = "fair-tidy";
+  const u = await seedUser(db.sql, "fair-tidy-u");
+  await createTask(db.sql, u, type, 1);
+  assert.equal((await claimOwned(type, u)).length, 1); // nothing queued now; the row stays until tidied
+  const [row] = await db.sql<{ version: string; pass: string }[]>`
+    select version::text, pass::text from queue_owners where analysis_type = ${type} and owner_id = ${u.userId}`;
+  assert.ok(row);
+  const passed = (version: string) => ({
+    passed: [{ priority: 5, ownerId: String(u.userId), version, pass: row.pass }],
+    floor: [],
+  });
+  // The walk read an older version: a create has queued runs since (and committed); leave it.
+  await queueOwnersTidy(db.sql, type, passed(String(Number(row.version) - 1)), CLAIM_QUANTUM, false);
+  assert.equal(await rowsOf(type), 1, "a row at another version than the walk read stays");
+  await queueOwnersTidy(db.sql, type, passed(row.version), CLAIM_QUANTUM, false);
+  assert.equal(await rowsOf(type), 0, "at the version the walk read, with nothing queued, it leaves");
 });
 
 test("a stream of newcomers does not keep an owner with a backlog waiting, even beside a row whose pass stopped", async () => {

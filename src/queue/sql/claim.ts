@@ -80,7 +80,14 @@ interface OwnerCap {
 export async function runClaim(sql: Sql, o: ClaimOptions): Promise<ClaimedRun[]> {
   if (o.limit <= 0) return [];
   const userLimit = o.userLimit ?? 0;
-  if (o.globalLimit <= 0 && userLimit <= 0) return claimStatement(sql, o, o.limit, null, false);
+  if (o.globalLimit <= 0 && userLimit <= 0) {
+    const { runs, tidy, slack } = await claimStatement(sql, o, o.limit, null, false);
+    // Best effort, after the claim has committed: the runs it claimed must reach the caller whatever
+    // happens here, and what is left untidied the next claim that walks there, or the reaper's prune,
+    // tidies.
+    if (tidy) await queueOwnersTidy(sql, o.analysisType, tidy, slack, false).catch(() => {});
+    return runs;
+  }
   return sql.begin(async (tx): Promise<ClaimedRun[]> => {
     const t = tx as unknown as Sql;
     let free = o.limit;
@@ -98,7 +105,9 @@ export async function runClaim(sql: Sql, o: ClaimOptions): Promise<ClaimedRun[]>
       caps = await ownerCaps(t, o.analysisType, userLimit, free);
       if (caps.length === 0) return [];
     }
-    return claimStatement(t, o, free, caps, true);
+    const { runs, tidy, slack } = await claimStatement(t, o, free, caps, true);
+    if (tidy) await queueOwnersTidy(t, o.analysisType, tidy, slack, caps !== null);
+    return runs;
   });
 }
 
@@ -223,13 +232,13 @@ async function ownerCaps(tx: Sql, analysisType: string, userLimit: number, k: nu
 // claims serving the same owners wait for each other instead of deadlocking) and found by primary
 // key (`served`: as a semi-join on picked it read every owner's row). At most k runs are
 // locked whatever the backlog: the claim never scans it.
-function claimStatement(
+async function claimStatement(
   sql: Sql,
   o: ClaimOptions,
   k: number,
   caps: OwnerCap[] | null,
   durable: boolean,
-): Promise<ClaimedRun[]> {
+): Promise<{ runs: ClaimedRun[]; tidy: Tidy | null; slack: number }> {
   if (!Number.isInteger(k) || k <= 0) throw new Error(`claim size must be a positive integer, got ${k}`);
   if (o.quantum !== undefined && (!Number.isInteger(o.quantum) || o.quantum <= 0))
     throw new Error(`claim quantum must be a positive integer, got ${o.quantum}`);
@@ -239,9 +248,10 @@ function claimStatement(
   // at most two values per k, each planned once).
   const qm = Math.min(k, o.quantum ?? CLAIM_QUANTUM);
   const QM = sql.unsafe(String(qm));
-  // The raise's slack (below): a turn may take the larger of the two, so an owner a concurrent
+  // The raise's slack (queueOwnersTidy): a turn may take the larger of the two, so an owner a concurrent
   // claim is serving may stand that far behind without having been skipped.
-  const SLACK = sql.unsafe(String(Math.max(qm, Math.min(k, CLAIM_QUANTUM))));
+  const slack = Math.max(qm, Math.min(k, CLAIM_QUANTUM));
+  const SLACK = sql.unsafe(String(slack));
   const M = sql.unsafe(String(walkHead(k)));
   // One part of the walk without a per-user limit: the owners in turn order, cut by `cut` (the head:
   // limit M; the rest: offset M), each with its quota counted over the part's own rows.
@@ -276,7 +286,7 @@ function claimStatement(
         where q.analysis_type = ${o.analysisType}
         order by ${turnOrder(sql, "q")}
         offset 0`;
-  return sql<ClaimedRun[]>`
+  const rows = await sql<(ClaimedRun & { tidy: Tidy | null })[]>`
     with walk as materialized (${walk}),
     picked as materialized (
       select p.id, w.priority, w.owner_id, w.pos, w.pass from walk w
@@ -320,36 +330,110 @@ function claimStatement(
         and (q.priority, q.owner_id) in (select priority, owner_id from served)
     ),
     -- The owners the walk went past without a run (up to the last owner it took one from; the head
-    -- when it took none) whose rows say nothing is queued at all — not merely nothing due: runs in
-    -- backoff keep their row — leave the rotation now, instead of being walked by every claim (and
-    -- counted in every quota) until the reaper's prune. Locked with SKIP LOCKED, so the claim never
-    -- waits here, and only at the version the walk read: every statement that makes a run queued
-    -- bumps its owner's version (queueOwnersJoin), so a row whose owner got queued runs after
-    -- this statement's snapshot (which cannot see them) is left alone; one whose upsert comes after
-    -- this lock waits for the delete and inserts the row again.
-    --
-    -- After served: data-modifying CTEs that the query does not read run last to first, so without
-    -- the reference to served these SKIP LOCKED locks came before served's waits, out of owner
-    -- order — a claim holding a passed owner's row and waiting for a served owner's deadlocked
-    -- with a retry that held the served owner's row and waited for the passed one's. The reference
-    -- is a one-time filter at the top of idle's input (no column of its own, not under an outer
-    -- join): keep it so — under a LEFT JOIN it would move below the locks.
+    -- when it took none), at the pass and version it read. Nearly always none; when there are,
+    -- the caller tidies them in a statement of its own (queueOwnersTidy): the rows with nothing
+    -- queued leave the rotation, the ones skipped with runs queued are raised. Done here, in every
+    -- claim, the steps that seldom had anything to do cost ~0.4 ms of PostgreSQL CPU per run in
+    -- bench/e2e.ts's shape (a claim per run), for a plan of four more data-modifying steps.
     passed as (
       select w.priority, w.owner_id, w.version, w.pass
       -- The walk as far as it went (a CTE is read back in the order it was made; the limit keeps
       -- this from running the rest of the walk), each row at its turn's position.
       from (select * from walk limit (select coalesce(max(pos), ${M}) from picked)) w
       where w.pos <= (select coalesce(max(pos), ${M}) from picked)
-        and (select count(*) from served) >= 0
         and not exists (select 1 from picked k where k.priority = w.priority and k.owner_id = w.owner_id)
     ),
-    -- A lateral driven by passed: with passed empty (nearly always) it reads nothing (joined the
-    -- other way round, a young table's statistics made it scan queue_owners on every claim).
+    -- The lowest pass this claim served at each priority: where the rotation stands.
+    served_floor as (
+      select priority, min(pass) as pass from picked group by priority
+    ),
+    -- What queueOwnersTidy needs, only when it has something to do: rows walked past; under the
+    -- per-user limit also rows of the level more than SLACK below the floor (that walk holds only
+    -- owners with room, so the rows it skipped are not all in it).
+    tidy as (
+      select jsonb_build_object(
+        'passed', coalesce((select jsonb_agg(jsonb_build_object('priority', priority, 'ownerId', owner_id::text,
+                                                                'version', version::text, 'pass', pass::text))
+                            from passed), '[]'::jsonb),
+        'floor', coalesce((select jsonb_agg(jsonb_build_object('priority', priority, 'pass', pass::text))
+                           from served_floor), '[]'::jsonb)) as t
+      where exists (select 1 from passed)${
+        caps === null
+          ? sql``
+          : sql`
+         or exists (select 1 from queue_owners q join served_floor f on f.priority = q.priority
+                    where q.analysis_type = ${o.analysisType} and q.pass < f.pass - ${SLACK})`
+      }
+    )
+    select c.id::float8 as id, c.task_id::float8 as "taskId", c.analysis_type as "analysisType",
+           c.attempt, c.max_attempts as "maxAttempts", c.lease_token::text as "leaseToken",
+           c.input_file_id::float8 as "inputFileId", c.input_storage_key as "inputStorageKey",
+           c.input_name as "inputName", c.input_size_bytes::float8 as "inputSizeBytes",
+           c.input_sha256 as "inputSha256",
+           -- By primary key per run, whatever a young table's statistics say.
+           (select t.parameters from tasks t where t.id = c.task_id) as parameters,
+           extract(epoch from now() - c.run_after)::float8 as "waitedSeconds",
+           c.error_code is not distinct from 'ANALYSIS_WORKER_UNAVAILABLE' as "afterLostLease",
+           (select t from tidy) as tidy
+    -- One row of nulls when nothing was claimed: it still carries tidy.
+    from (select 1) one left join claimed c on true
+    -- Always true; evaluated once. Sets how this statement's own transaction commits (see above);
+    -- "durable" keeps the server's setting, whatever it is.
+    where (select set_config('synchronous_commit',
+             case when ${durable} then current_setting('synchronous_commit') else 'off' end, true)) is not null
+    order by c.id`;
+  const tidy = rows[0]?.tidy ?? null;
+  const runs: ClaimedRun[] = [];
+  for (const { tidy: _, ...run } of rows) if (run.id !== null) runs.push(run as ClaimedRun);
+  return { runs, tidy, slack };
+}
+
+/** What a claim tells queueOwnersTidy: the rows it walked past and where the rotation stands. */
+export interface Tidy {
+  passed: { priority: number; ownerId: string; version: string; pass: string }[];
+  floor: { priority: number; pass: string }[];
+}
+
+/**
+ * After a claim that walked past owners (claimStatement's `tidy`): of the rows it walked past, those
+ * whose owner has nothing queued at all — not merely nothing due: runs in backoff keep their row —
+ * leave the rotation, instead of being walked by every claim (and counted in every quota) until the
+ * reaper's prune; those with runs queued that stand more than `slack` below the lowest pass the claim
+ * served (skipped in lowest-pass-first order: nothing due, held at the per-user limit, locked by
+ * another claim) are raised to it, or they would take every slot when served again, until they
+ * caught up (a fourth review: an owner held by runs of another type took the next 30 claims, one
+ * whose retried run had come due the next 40). Only rows more than the slack behind: raised at every
+ * claim, each such row was rewritten by every claim. Their since stays, so at the new pass they go
+ * first. With `level` (the per-user limit), every row of the level is considered for the raise, not
+ * only those walked past.
+ *
+ * Every lock is SKIP LOCKED, so this never waits (nor deadlocks). A row leaves only at the version
+ * the claim's walk read: every statement that makes a run queued bumps its owner's version
+ * (queueOwnersJoin), so a row whose owner got queued runs after the claim's snapshot is left alone;
+ * an upsert that comes after this lock waits for the delete and inserts the row again.
+ */
+export async function queueOwnersTidy(
+  sql: Sql,
+  analysisType: string,
+  t: Tidy,
+  slack: number,
+  level: boolean,
+) {
+  const SLACK = sql.unsafe(String(slack));
+  await sql`
+    with p as (
+      select * from jsonb_to_recordset(${sql.json(t.passed as unknown as Json)})
+        as p(priority int, "ownerId" bigint, version bigint, pass bigint)
+    ),
+    f as (
+      select * from jsonb_to_recordset(${sql.json(t.floor as unknown as Json)}) as f(priority int, pass bigint)
+    ),
+    -- A lateral driven by p, an index lookup per row whatever a young table's statistics say.
     idle as (
-      select x.ctid from passed p
+      select x.ctid from p
       cross join lateral (
         select q.ctid from queue_owners q
-        where q.analysis_type = ${o.analysisType} and q.priority = p.priority and q.owner_id = p.owner_id
+        where q.analysis_type = ${analysisType} and q.priority = p.priority and q.owner_id = p."ownerId"
           and q.version = p.version
           and not exists (select 1 from runs r where r.status = 'queued' and r.analysis_type = q.analysis_type
                             and r.owner_id = q.owner_id and r.priority = q.priority)
@@ -361,41 +445,25 @@ function claimStatement(
     -- without the version condition lost the row. The version condition is the guarantee.
     left_rotation as (
       delete from queue_owners q
-      -- A one-time filter: the table is not read at all when there is nothing to delete.
       where (select count(*) from idle) > 0 and q.ctid = any(array(select ctid from idle))
     ),
-    -- The lowest pass this claim served at each priority: where the rotation stands.
-    served_floor as (
-      select priority, min(pass) as pass from picked group by priority
-    ),
-    -- Rows below it were skipped in lowest-pass-first order — nothing due (runs in backoff), held at
-    -- the per-user limit, locked by another claim — so they are owed nothing: they are raised to it,
-    -- or they would take every slot when served again, until they caught up (a fourth review: an
-    -- owner held by runs of another type took the next 30 claims, one whose retried run had come due
-    -- the next 40). Without a per-user limit those rows are in the walk, before the owners it took
-    -- from (the ones with nothing queued at all are idle's); with one, the walk holds only owners
-    -- with room, so the level is read (that claim is a transaction of several statements anyway).
-    -- Only rows with runs queued (disjoint from idle's), with SKIP LOCKED and after served, like
-    -- idle; their since stays, so at the new pass they go first. Only rows more than a quantum
-    -- (the larger of the claim's two, SLACK) behind: raised at every claim, each such row was
-    -- rewritten by every claim; so it is every few, and such an owner comes back at most a quantum
-    -- ahead.
     below as (
       select b.priority, b.owner_id
       from (${
-        caps === null
-          ? sql`select p.priority, p.owner_id, p.pass from passed p`
-          : sql`select q.priority, q.owner_id, q.pass from queue_owners q where q.analysis_type = ${o.analysisType}`
+        level
+          ? sql`select q.priority, q.owner_id, q.pass from queue_owners q where q.analysis_type = ${analysisType}`
+          : sql`select p.priority, p."ownerId" as owner_id, p.pass from p`
       }) b
-      join served_floor f on f.priority = b.priority
-      where b.pass < f.pass - ${SLACK} and (select count(*) from served) >= 0
+      join f on f.priority = b.priority
+      where b.pass < f.pass - ${SLACK}
     ),
+    -- Only rows with runs queued (disjoint from idle's).
     raised as (
       select x.ctid, x.floor from below b
       cross join lateral (
         select q.ctid, f.pass as floor from queue_owners q
-        join served_floor f on f.priority = q.priority
-        where q.analysis_type = ${o.analysisType} and q.priority = b.priority and q.owner_id = b.owner_id
+        join f on f.priority = q.priority
+        where q.analysis_type = ${analysisType} and q.priority = b.priority and q.owner_id = b.owner_id
           and q.pass < f.pass - ${SLACK}
           and exists (select 1 from runs r where r.status = 'queued' and r.analysis_type = q.analysis_type
                         and r.owner_id = q.owner_id and r.priority = q.priority)
@@ -407,21 +475,7 @@ function claimStatement(
       from raised r
       where (select count(*) from raised) > 0 and q.ctid = r.ctid
     )
-    select c.id::float8 as id, c.task_id::float8 as "taskId", c.analysis_type as "analysisType",
-           c.attempt, c.max_attempts as "maxAttempts", c.lease_token::text as "leaseToken",
-           c.input_file_id::float8 as "inputFileId", c.input_storage_key as "inputStorageKey",
-           c.input_name as "inputName", c.input_size_bytes::float8 as "inputSizeBytes",
-           c.input_sha256 as "inputSha256",
-           -- By primary key per run, whatever a young table's statistics say.
-           (select t.parameters from tasks t where t.id = c.task_id) as parameters,
-           extract(epoch from now() - c.run_after)::float8 as "waitedSeconds",
-           c.error_code is not distinct from 'ANALYSIS_WORKER_UNAVAILABLE' as "afterLostLease"
-    from claimed c
-    -- Always true; evaluated once. Sets how this statement's own transaction commits (see above);
-    -- "durable" keeps the server's setting, whatever it is.
-    where (select set_config('synchronous_commit',
-             case when ${durable} then current_setting('synchronous_commit') else 'off' end, true)) is not null
-    order by c.id`;
+    select (select count(*) from idle) as left, (select count(*) from raised) as raised`;
 }
 
 /**
