@@ -244,6 +244,11 @@ export class Worker {
         userLimit: this.o.userLimit ?? 0,
         leaseTtlMs: this.o.leaseTtlMs,
         quantum: this.quantumFor(type, want),
+        onTidyError: (err) =>
+          this.o.logger.warn(
+            { err, workerId: this.id, analysisType: type },
+            "fair-share upkeep after a claim failed (later claims and the reaper's prune redo it)",
+          ),
       });
       this.observer.claimed(
         type,

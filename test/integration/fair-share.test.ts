@@ -621,7 +621,8 @@ test("a claim drops the rows it walked past with nothing queued, keeps those wit
   // The race: a claim walks past `racer` (its queue empty) while a create of racer's commits after
   // the claim's snapshot and before the rows it passed are tidied (queueOwnersTidy, after the claim).
   // A test trigger holds the claim in its update of big's run (after the walk) until the create has
-  // committed.
+  // committed. (The tidy's own snapshot then sees the new run; the window its version condition
+  // guards, between that snapshot and its lock, is checked in "the tidy after a claim drops...".)
   const racer = await seedUser(db.sql, "fair-left-racer");
   await createTask(db.sql, racer, type, 1);
   assert.equal((await claimOwned(type, racer)).length, 1);
@@ -672,10 +673,45 @@ test("the tidy after a claim drops a walked-past row only at the version the wal
     floor: [],
   });
   // The walk read an older version: a create has queued runs since (and committed); leave it.
-  await queueOwnersTidy(db.sql, type, passed(String(Number(row.version) - 1)), CLAIM_QUANTUM, false);
+  await queueOwnersTidy(db.sql, type, passed(String(Number(row.version) - 1)), CLAIM_QUANTUM, false, true);
   assert.equal(await rowsOf(type), 1, "a row at another version than the walk read stays");
-  await queueOwnersTidy(db.sql, type, passed(row.version), CLAIM_QUANTUM, false);
+  await queueOwnersTidy(db.sql, type, passed(row.version), CLAIM_QUANTUM, false, true);
   assert.equal(await rowsOf(type), 0, "at the version the walk read, with nothing queued, it leaves");
+});
+
+test("the tidy runs only after claims that leave it something to do, not after every claim that walks past an owner in backoff", async () => {
+  const type = "fair-tidy-n";
+  // db.sql, counting the tidy statements made through it.
+  let tidies = 0;
+  const counted = new Proxy(db.sql, {
+    apply(target, self, args) {
+      const strings = args[0] as unknown;
+      if (Array.isArray(strings) && strings.join("").includes("left_rotation as (")) tidies++;
+      return Reflect.apply(target, self, args);
+    },
+  });
+  const claim1 = () =>
+    runClaim(counted, {
+      workerId: "w-tidy",
+      analysisType: type,
+      limit: 1,
+      globalLimit: 0,
+      leaseTtlMs: 30_000,
+    });
+  const [a, b, k] = await seedUsers("fair-tn-a", "fair-tn-b", "fair-tn-k");
+  await createTask(db.sql, a as Principal, type, 40);
+  await createTask(db.sql, b as Principal, type, 40);
+  for (let i = 0; i < 20; i++) assert.equal((await claim1()).length, 1);
+  assert.equal(tidies, 0, "nothing walked past: no tidy");
+  // K's only run is in backoff: K is walked past by every claim from now on.
+  await createTask(db.sql, k as Principal, type, 1);
+  const [kc] = await claimOwned(type, k as Principal).then((ids) => ids.map((id) => ({ id })));
+  assert.ok(kc);
+  await db.sql`update runs set status = 'queued', run_after = now() + interval '1 hour', lease_token = null,
+                 lease_owner = null, lease_expires_at = null where id = ${kc.id}`;
+  for (let i = 0; i < 20; i++) assert.equal((await claim1()).length, 1);
+  // Called only when K has fallen more than the slack behind (then it is raised): every few claims.
+  assert.ok(tidies > 0 && tidies <= 12, `${tidies} tidies in 20 claims`);
 });
 
 test("a stream of newcomers does not keep an owner with a backlog waiting, even beside a row whose pass stopped", async () => {

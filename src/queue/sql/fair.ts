@@ -11,9 +11,9 @@
 // its owner's row with DO UPDATE, which waits for a row lock; queueOwnersPrune locks rows first (skip
 // locked) and decides in a second statement, whose snapshot post-dates the lock, that an owner has
 // nothing queued. A run made queued concurrently is either seen by that statement, or its upsert
-// waits for the delete and inserts the row again. The claim also deletes rows it walked past with
-// nothing queued, in one statement: there the upsert's `version` bump is what protects a row whose
-// owner got runs after the claim's snapshot (claimStatement's left_rotation).
+// waits for the delete and inserts the row again. After a claim, queueOwnersTidy also deletes rows the
+// claim walked past with nothing queued: there the upsert's `version` bump is what protects a row
+// whose owner got runs after the walk's snapshot.
 //
 // Lock order: queue_owners rows are locked in owner order by every statement that locks several.
 import type { PendingQuery, Row } from "postgres";
@@ -44,9 +44,9 @@ export const PRIORITIES = { min: 0, max: 9 } as const;
  * it is waiting for its turn, and lifting it to the back of the line whenever it queued more let a
  * user who submits steadily be passed over every round (0 of 30 claims). An owner with nothing due is
  * lifted to the join pass like a newcomer (its pass had stopped while the others moved on). A row
- * below the rotation with runs queued is raised by the claims meanwhile (claimStatement's `below`),
- * so keeping its place never keeps it far behind. `version` goes up on every upsert: see
- * claimStatement's left_rotation.
+ * below the rotation with runs queued is raised after the claims meanwhile (queueOwnersTidy), so
+ * keeping its place never keeps it far behind. `version` goes up on every upsert: see
+ * queueOwnersTidy.
  */
 export function queueOwnersJoin(sql: Sql, rows: PendingQuery<Row[]>) {
   return sql`
@@ -59,7 +59,7 @@ export function queueOwnersJoin(sql: Sql, rows: PendingQuery<Row[]>) {
     order by j.owner_id, j.analysis_type, j.priority
     on conflict (analysis_type, priority, owner_id) do update set
       -- Always a new version: a claim that found the owner with nothing queued (by a snapshot taken
-      -- before these runs) must not delete the row (claimStatement's left_rotation).
+      -- before these runs) must not delete the row (queueOwnersTidy).
       version = q.version + 1,
       (pass, since) = (
         select case when d.due then q.pass else greatest(q.pass, excluded.pass) end,
