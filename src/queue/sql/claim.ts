@@ -92,9 +92,13 @@ export async function runClaim(sql: Sql, o: ClaimOptions): Promise<ClaimedRun[]>
     // happens here (a failure goes to onTidyError), and what is left untidied the next claim that
     // walks there, or the reaper's prune, tidies.
     if (tidy)
-      await queueOwnersTidy(sql, o.analysisType, tidy, slack, false, false).catch((err: unknown) =>
-        o.onTidyError?.(err),
-      );
+      await queueOwnersTidy(sql, o.analysisType, tidy, slack, false, false).catch((err: unknown) => {
+        try {
+          o.onTidyError?.(err);
+        } catch {
+          // Must not throw: the claim has committed, and its runs must reach the caller.
+        }
+      });
     return runs;
   }
   return sql.begin(async (tx): Promise<ClaimedRun[]> => {
