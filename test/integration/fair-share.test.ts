@@ -53,10 +53,15 @@ function handler(ms: number): Handler {
 }
 
 async function startWorker(type: string, ms = 4, concurrency = 2): Promise<Worker> {
+  return startHandler(type, handler(ms), concurrency);
+}
+
+/** A worker of `type` running `h`, stopped after the test. */
+async function startHandler(type: string, h: Handler, concurrency: number): Promise<Worker> {
   const w = new Worker({
     sql: db.sql,
     logger,
-    types: { [type]: { handler: handler(ms) } },
+    types: { [type]: { handler: h } },
     concurrency,
     leaseTtlMs: 30_000,
     pollIntervalMs: 100,
@@ -390,27 +395,17 @@ test("attempts that fail at once do not make a type's runs look short: the slots
   const owners = await seedUsers(...Array.from({ length: 12 }, (_, i) => `fair-qf-${i}`));
   for (const o of owners) await createTask(db.sql, o, "fair-qf", 10);
   let attempts = 0;
-  const w = new Worker({
-    sql: db.sql,
-    logger,
-    types: {
-      "fair-qf": {
-        // The first claim's 8 attempts fail at once (a program that cannot start); the rest take a while.
-        handler: async (_run, { signal }) => {
-          if (++attempts <= 8)
-            return { status: "failed", errorCode: "ANALYSIS_PROCESS_FAILED", errorMessage: "x" };
-          await sleep(300, signal);
-          return { status: "succeeded", result: { metrics: {} } };
-        },
-      },
+  // The first claim's 8 attempts fail at once (a program that cannot start); the rest take a while.
+  const w = await startHandler(
+    "fair-qf",
+    async (_run, { signal }) => {
+      if (++attempts <= 8)
+        return { status: "failed", errorCode: "ANALYSIS_PROCESS_FAILED", errorMessage: "x" };
+      await sleep(300, signal);
+      return { status: "succeeded", result: { metrics: {} } };
     },
-    concurrency: 8,
-    leaseTtlMs: 30_000,
-    pollIntervalMs: 100,
-    retryBaseMs: 20,
-  });
-  await w.start();
-  running = w;
+    8,
+  );
   await waitFor(async () => attempts >= 16, 20_000, "the slots freed by the failures to be claimed again");
   await w.stop();
   running = undefined;
