@@ -43,6 +43,23 @@ async function prepared(pattern: RegExp) {
   return found[0] as (typeof rows)[number];
 }
 
+/** Skips `t` (and says so) on a server without EXPLAIN (GENERIC_PLAN), before PostgreSQL 16. */
+async function noGenericExplain(t: { skip(message: string): void }): Promise<boolean> {
+  const [row] = await db.sql<
+    { version: number }[]
+  >`select current_setting('server_version_num')::int as version`;
+  const version = row?.version ?? 0;
+  if (version >= 160000) return false;
+  t.skip(`EXPLAIN (GENERIC_PLAN) needs PostgreSQL 16 or later (server is ${version})`);
+  return true;
+}
+
+/** The generic plan of a prepared statement, as text. */
+async function genericPlan(statement: string): Promise<string> {
+  const plan = await db.sql.unsafe(`explain (generic_plan) ${statement}`);
+  return plan.map((row) => String(Object.values(row)[0])).join("\n");
+}
+
 const claimOne = (analysisType: string) =>
   runClaim(one.sql, { workerId: "w", analysisType, limit: 1, globalLimit: 0, leaseTtlMs: 30_000 });
 
@@ -74,13 +91,7 @@ test("claim, progress, heartbeat and completion reuse a generic plan", async () 
 // rows by the statistics), it read every entry that index had collected since the last vacuum — one
 // per state change or heartbeat of every run — and their heap pages.
 test("progress, heartbeat and completion find their runs by primary key, not the live-runs index", async (t) => {
-  const [{ version }] = (await db.sql`select current_setting('server_version_num')::int as version`) as [
-    { version: number },
-  ];
-  if (version < 160000) {
-    t.skip(`EXPLAIN (GENERIC_PLAN) needs PostgreSQL 16 or later (server is ${version})`);
-    return;
-  }
+  if (await noGenericExplain(t)) return;
   const owner = await seedUser(db.sql, "lookups");
   await createTask(db.sql, owner, "lookups", 500);
   // Live runs, as the statistics will see them: a few (every claim leaves one more index entry).
@@ -95,8 +106,7 @@ test("progress, heartbeat and completion find their runs by primary key, not the
   const { progress, heartbeat, completion } = STATEMENTS;
   for (const [name, pattern] of Object.entries({ progress, heartbeat, completion })) {
     const { statement } = await prepared(pattern);
-    const plan = await db.sql.unsafe(`explain (generic_plan) ${statement}`);
-    const text = plan.map((row) => String(Object.values(row)[0])).join("\n");
+    const text = await genericPlan(statement);
     assert.doesNotMatch(text, /runs_live_idx/, `${name} does not use runs_live_idx:\n${text}`);
     assert.match(text, /runs_pkey/, `${name} uses runs_pkey:\n${text}`);
   }
@@ -107,13 +117,7 @@ test("progress, heartbeat and completion find their runs by primary key, not the
 // one hashed scan of every queued run of the type, on every such claim: B's pickup behind A's 20,000
 // runs went from ~7 to ~19 ms at the median. It is a lateral probe by the owner's keys.
 test("a claim that walked past an owner probes that owner's queue by index, not every queued run", async (t) => {
-  const [{ version }] = (await db.sql`select current_setting('server_version_num')::int as version`) as [
-    { version: number },
-  ];
-  if (version < 160000) {
-    t.skip(`EXPLAIN (GENERIC_PLAN) needs PostgreSQL 16 or later (server is ${version})`);
-    return;
-  }
+  if (await noGenericExplain(t)) return;
   const a = await seedUser(db.sql, "walk-a");
   const b = await seedUser(db.sql, "walk-b");
   await createTask(db.sql, b, "walk", 1);
@@ -126,14 +130,11 @@ test("a claim that walked past an owner probes that owner's queue by index, not 
   const [run] = await claimOne("walk");
   assert.ok(run);
   const { statement } = await prepared(STATEMENTS.claim);
-  const plan = await db.sql.unsafe(`explain (generic_plan) ${statement}`);
-  const text = plan.map((row) => String(Object.values(row)[0])).join("\n");
+  const text = await genericPlan(statement);
   assert.doesNotMatch(text, /hashed SubPlan/, `no hashed subplan:\n${text}`);
   assert.doesNotMatch(text, /Seq Scan on runs/, `no sequential scan of runs:\n${text}`);
   // The tidy that followed (B has nothing queued) probes the same way.
   const tidy = await prepared(/left_rotation as \(/);
-  const tidyPlan = (await db.sql.unsafe(`explain (generic_plan) ${tidy.statement}`))
-    .map((row) => String(Object.values(row)[0]))
-    .join("\n");
+  const tidyPlan = await genericPlan(tidy.statement);
   assert.doesNotMatch(tidyPlan, /Seq Scan on runs/, `the tidy: no sequential scan of runs:\n${tidyPlan}`);
 });
