@@ -194,8 +194,8 @@ export const runs = pgTable(
  * the owner has been given at that level (`pass`). The claim serves the owners with the lowest pass
  * first, up to a quantum each in turn; a newcomer starts at the highest pass, after the owners that
  * reached it before (`since`). Every statement that makes a run queued upserts its
- * row; a claim deletes the rows it walks past whose owner has nothing queued, and the reaper the rest
- * of them. A row only orders the claim: runs are claimed from `runs`.
+ * row; the tidy after a claim (queueOwnersTidy) deletes the rows it walked past whose owner has
+ * nothing queued, and the reaper the rest of them. A row only orders the claim: runs are claimed from `runs`.
  */
 export const queueOwners = pgTable(
   "queue_owners",
@@ -213,9 +213,9 @@ export const queueOwners = pgTable(
      */
     since: timestamp("since", { withTimezone: true }).notNull().defaultNow(),
     /**
-     * Bumped by every statement that makes a run of the owner queued (queueOwnersJoin): a claim
-     * removes a row it walked past with nothing queued only at the version it read, so a row whose
-     * owner got runs after the claim's snapshot stays (migration 0011).
+     * Bumped by every statement that makes a run of the owner queued (queueOwnersJoin): the tidy
+     * after a claim removes a row the claim walked past with nothing queued only at the version the
+     * walk read, so a row whose owner got runs after the claim's snapshot stays (migration 0011).
      */
     version: bigint("version", { mode: "number" }).notNull().default(0),
   },

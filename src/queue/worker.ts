@@ -109,7 +109,7 @@ export const PROGRESS_FLUSH_MS = 250;
 /** Delay before retrying a failed completion write (e.g. the database is down). */
 const FLUSH_RETRY_MS = 1000;
 const DEFAULT_TIMEOUT_MS = 600_000;
-/** Each attempt's weight in its type's running mean of attempt durations (Worker.attemptSeconds). */
+/** Each successful attempt's weight in its type's running mean of durations (Worker.attemptSeconds). */
 const ATTEMPT_MEAN_WEIGHT = 0.2;
 
 export class Worker {
@@ -137,7 +137,7 @@ export class Worker {
   private woken = false;
   private stopping = false;
   private rotation = 0;
-  /** Each type's running mean of attempt durations, in seconds: the claim's quantum (claimQuantum). */
+  /** Each type's running mean of successful attempts' durations, in seconds (claimQuantum). */
   private readonly attemptSeconds = new Map<string, number>();
   private timers: NodeJS.Timeout[] = [];
   /** When this worker's own retries that are not due yet become due, in order. */

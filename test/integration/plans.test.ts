@@ -138,3 +138,31 @@ test("a claim that walked past an owner probes that owner's queue by index, not 
   const tidyPlan = await genericPlan(tidy.statement);
   assert.doesNotMatch(tidyPlan, /Seq Scan on runs/, `the tidy: no sequential scan of runs:\n${tidyPlan}`);
 });
+
+// The same under the per-user limit, where the claim also looks over the level for rows far below
+// the rotation with runs queued: as EXISTS that probe became one scan of every queued run.
+test("under the per-user limit, the claim's look over the level probes each owner's queue by index", async (t) => {
+  if (await noGenericExplain(t)) return;
+  const a = await seedUser(db.sql, "limit-a");
+  const b = await seedUser(db.sql, "limit-b");
+  await createTask(db.sql, b, "limit-walk", 1);
+  await createTask(db.sql, a, "limit-walk", RUNS);
+  // B far below A with nothing queued: every claim's look over the level finds it.
+  await db.sql`update runs set status = 'starting', attempt = 1, lease_token = gen_random_uuid(), lease_owner = 'w',
+                 lease_expires_at = now() + interval '1 minute' where owner_id = ${b.userId}`;
+  await db.sql`update queue_owners set pass = case when owner_id = ${b.userId} then 0 else 100 end
+               where analysis_type = 'limit-walk'`;
+  const [run] = await runClaim(one.sql, {
+    workerId: "w",
+    analysisType: "limit-walk",
+    limit: 1,
+    globalLimit: 0,
+    userLimit: 5,
+    leaseTtlMs: 30_000,
+  });
+  assert.ok(run);
+  const { statement } = await prepared(/as c\(owner_id bigint/);
+  const text = await genericPlan(statement);
+  // As EXISTS it was a bitmap scan of every queued run of the type (runs_claim_idx, then the heap).
+  assert.doesNotMatch(text, /(Seq|Bitmap Heap) Scan on runs/, `no scan of every queued run:\n${text}`);
+});

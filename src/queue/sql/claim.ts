@@ -127,8 +127,8 @@ export async function runClaim(sql: Sql, o: ClaimOptions): Promise<ClaimedRun[]>
 /**
  * The most runs one owner is given in its turn within one claim (deficit round robin's quantum): with
  * slots freeing one at a time, every claim serves the next owner in turn anyway; a claim of many slots
- * gives each owner up to this many in a row, so a completion batch spans a few tasks, not one per
- * run. Over time every owner gets the same share either way: the pass counts runs. 4, not 10: 10
+ * gives each owner up to this many in a row (unless the worker asks for more: claimQuantum), so a
+ * completion batch spans a few tasks, not one per run. Over time every owner gets the same share either way: the pass counts runs. 4, not 10: 10
  * drained 100 users' no-op runs faster (median 0.89× the single-task drain against 0.80×), but when
  * many slots freed at once the owner whose turn it was took them all, and a newcomer waited a whole
  * run for the next (bench/queue.ts pickup:fair:20ms p50 ~24 ms against ~6; docs/architecture.md).
@@ -259,7 +259,9 @@ async function claimStatement(
   const Q = sql.unsafe(String(Math.min(k, CLAIM_QUANTUM)));
   // With more owners at a priority than the claim takes: the caller's quantum (a literal, like k:
   // at most two values per k, each planned once).
-  const qm = Math.min(k, o.quantum ?? CLAIM_QUANTUM);
+  // Under the per-user limit the walk never holds more than k owners, so this never applies there,
+  // and the raise's slack stays CLAIM_QUANTUM's.
+  const qm = caps === null ? Math.min(k, o.quantum ?? CLAIM_QUANTUM) : Math.min(k, CLAIM_QUANTUM);
   const QM = sql.unsafe(String(qm));
   // The raise's slack (queueOwnersTidy): a turn may take the larger of the two, so an owner a concurrent
   // claim is serving may stand that far behind without having been skipped.
@@ -394,10 +396,17 @@ async function claimStatement(
           caps === null
             ? sql``
             : sql`
-         or exists (select 1 from queue_owners q join served_floor f on f.priority = q.priority
-                    where q.analysis_type = ${o.analysisType} and q.pass < f.pass - ${SLACK}
-                      and exists (select 1 from runs r where r.status = 'queued' and r.analysis_type = q.analysis_type
-                                    and r.owner_id = q.owner_id and r.priority = q.priority))`
+         or exists (select 1 from queue_owners q
+                    join served_floor f on f.priority = q.priority
+                    -- The same index probe as above (as EXISTS it became one scan of every queued run).
+                    cross join lateral (
+                      select 1 from runs r
+                      where r.status = 'queued' and r.analysis_type = q.analysis_type
+                        and r.owner_id = q.owner_id and r.priority = q.priority
+                      order by r.turn, r.id
+                      limit 1
+                    ) x
+                    where q.analysis_type = ${o.analysisType} and q.pass < f.pass - ${SLACK})`
         }
     )
     select c.id::float8 as id, c.task_id::float8 as "taskId", c.analysis_type as "analysisType",
@@ -414,13 +423,21 @@ async function claimStatement(
     from (select 1) one left join claimed c on true
     -- Always true; evaluated once. Sets how this statement's own transaction commits (see above);
     -- "durable" keeps the server's setting, whatever it is.
-    where (select set_config('synchronous_commit',
-             case when ${durable} then current_setting('synchronous_commit') else 'off' end, true)) is not null
+    where ${commitMode(sql, durable)}
     order by c.id`;
   const tidy = rows[0]?.tidy ?? null;
   const runs: ClaimedRun[] = [];
   for (const { tidy: _, ...run } of rows) if (run.id !== null) runs.push(run as ClaimedRun);
   return { runs, tidy, slack };
+}
+
+/**
+ * A WHERE condition that is always true and evaluated once: it sets how the statement's own
+ * transaction commits — asynchronously unless `durable` (then the server's setting, whatever it is).
+ */
+function commitMode(sql: Sql, durable: boolean) {
+  return sql`(select set_config('synchronous_commit',
+             case when ${durable} then current_setting('synchronous_commit') else 'off' end, true)) is not null`;
 }
 
 /** What a claim tells queueOwnersTidy: the rows it walked past and where the rotation stands. */
@@ -515,8 +532,7 @@ export async function queueOwnersTidy(
     -- Always true; evaluated once. Outside a limited claim's transaction, commits like the claim it
     -- follows (asynchronously: a lost tidy is redone by the next), so the claim's runs do not wait
     -- for a WAL flush of its own.
-    where (select set_config('synchronous_commit',
-             case when ${durable} then current_setting('synchronous_commit') else 'off' end, true)) is not null`;
+    where ${commitMode(sql, durable)}`;
 }
 
 /**
