@@ -60,6 +60,21 @@ async function genericPlan(statement: string): Promise<string> {
   return plan.map((row) => String(Object.values(row)[0])).join("\n");
 }
 
+/**
+ * Owners A (RUNS runs queued, pass 100) and B (its one run claimed, nothing queued, pass 0) at
+ * `type`: B is first in line with nothing to give, far below A.
+ */
+async function ownerBehind(type: string): Promise<void> {
+  const a = await seedUser(db.sql, `${type}-a`);
+  const b = await seedUser(db.sql, `${type}-b`);
+  await createTask(db.sql, b, type, 1);
+  await createTask(db.sql, a, type, RUNS);
+  await db.sql`update runs set status = 'starting', attempt = 1, lease_token = gen_random_uuid(), lease_owner = 'w',
+                 lease_expires_at = now() + interval '1 minute' where owner_id = ${b.userId}`;
+  await db.sql`update queue_owners set pass = case when owner_id = ${b.userId} then 0 else 100 end
+               where analysis_type = ${type}`;
+}
+
 const claimOne = (analysisType: string) =>
   runClaim(one.sql, { workerId: "w", analysisType, limit: 1, globalLimit: 0, leaseTtlMs: 30_000 });
 
@@ -118,15 +133,8 @@ test("progress, heartbeat and completion find their runs by primary key, not the
 // runs went from ~7 to ~19 ms at the median. It is a lateral probe by the owner's keys.
 test("a claim that walked past an owner probes that owner's queue by index, not every queued run", async (t) => {
   if (await noGenericExplain(t)) return;
-  const a = await seedUser(db.sql, "walk-a");
-  const b = await seedUser(db.sql, "walk-b");
-  await createTask(db.sql, b, "walk", 1);
-  await createTask(db.sql, a, "walk", RUNS);
   // B first in line with nothing queued: every claim walks past it to A.
-  await db.sql`update runs set status = 'starting', attempt = 1, lease_token = gen_random_uuid(), lease_owner = 'w',
-                 lease_expires_at = now() + interval '1 minute' where owner_id = ${b.userId}`;
-  await db.sql`update queue_owners set pass = case when owner_id = ${b.userId} then 0 else 100 end
-               where analysis_type = 'walk'`;
+  await ownerBehind("walk");
   const [run] = await claimOne("walk");
   assert.ok(run);
   const { statement } = await prepared(STATEMENTS.claim);
@@ -143,15 +151,8 @@ test("a claim that walked past an owner probes that owner's queue by index, not 
 // the rotation with runs queued: as EXISTS that probe became one scan of every queued run.
 test("under the per-user limit, the claim's look over the level probes each owner's queue by index", async (t) => {
   if (await noGenericExplain(t)) return;
-  const a = await seedUser(db.sql, "limit-a");
-  const b = await seedUser(db.sql, "limit-b");
-  await createTask(db.sql, b, "limit-walk", 1);
-  await createTask(db.sql, a, "limit-walk", RUNS);
   // B far below A with nothing queued: every claim's look over the level finds it.
-  await db.sql`update runs set status = 'starting', attempt = 1, lease_token = gen_random_uuid(), lease_owner = 'w',
-                 lease_expires_at = now() + interval '1 minute' where owner_id = ${b.userId}`;
-  await db.sql`update queue_owners set pass = case when owner_id = ${b.userId} then 0 else 100 end
-               where analysis_type = 'limit-walk'`;
+  await ownerBehind("limit-walk");
   const [run] = await runClaim(one.sql, {
     workerId: "w",
     analysisType: "limit-walk",
