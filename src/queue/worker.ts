@@ -21,6 +21,7 @@ import {
 import {
   CANCEL_CHANNEL,
   type ClaimedRun,
+  type ClaimOptions,
   type CompletionResult,
   claimQuantum,
   type Lease,
@@ -28,6 +29,7 @@ import {
   type Retry,
   type RetryResult,
   runClaim,
+  runClaimSole,
   runComplete,
   runHeartbeat,
   runOutputsRecorded,
@@ -106,6 +108,11 @@ interface Pending<T> {
  * (`starting` → its ending), which spares PostgreSQL a statement per few runs when runs are short.
  */
 export const PROGRESS_FLUSH_MS = 250;
+/**
+ * After a claim that found several owners waiting at a type, how long the worker claims with the fair
+ * claim before it tries the sole owner's claim (runClaimSole) again.
+ */
+export const SOLE_RECHECK_MS = 1000;
 /** Delay before retrying a failed completion write (e.g. the database is down). */
 const FLUSH_RETRY_MS = 1000;
 const DEFAULT_TIMEOUT_MS = 600_000;
@@ -139,6 +146,10 @@ export class Worker {
   private rotation = 0;
   /** Each type's running mean of successful attempts' durations, in seconds (claimQuantum). */
   private readonly attemptSeconds = new Map<string, number>();
+  /** Per type, until when claims are fair ones without trying runClaimSole first (see claim()). */
+  private readonly soleRecheckAt = new Map<string, number>();
+  /** Types with a wake-up since their last claim: that claim is the fair one (see claim()). */
+  private readonly notified = new Set<string>();
   private timers: NodeJS.Timeout[] = [];
   /** When this worker's own retries that are not due yet become due, in order. */
   private retriesDue: number[] = [];
@@ -175,7 +186,13 @@ export class Worker {
       // (Re)connected: wake-ups may have been missed meanwhile, so look for work.
       {
         channel: WAKEUP_CHANNEL,
-        onNotify: (type) => this.o.types[type] && this.wake(),
+        onNotify: (type) => {
+          if (!this.o.types[type]) return;
+          // New work (a task created, a slot of a limited type freed) may be another owner's: the
+          // next claim of the type is the fair one (see claim()).
+          this.notified.add(type);
+          this.wake();
+        },
         onListen: () => this.wake(),
       },
       // A missed cancel is caught by the next heartbeat, which returns the run as cancelling.
@@ -236,7 +253,7 @@ export class Worker {
     for (let i = 0; i < this.typeNames.length && want > 0 && !this.stopping; i++) {
       const type = this.typeNames[(start + i) % this.typeNames.length] as string;
       const began = performance.now();
-      const runs = await runClaim(this.o.sql, {
+      const runs = await this.claim({
         workerId: this.id,
         analysisType: type,
         limit: want,
@@ -261,6 +278,24 @@ export class Worker {
     }
     this.drainBuffer();
     return claimed;
+  }
+
+  /**
+   * One claim: runClaimSole while one owner alone waits at the type (no limits), the fair claim
+   * otherwise. The fair claim also after a wake-up (new work may be another owner's: a claim of the
+   * sole owner's would be a statement in vain before the fair one, on the path from a create to its
+   * first run), and for SOLE_RECHECK_MS after a claim of the sole owner's found others waiting: at
+   * most one statement in vain per type that often.
+   */
+  private async claim(o: ClaimOptions): Promise<ClaimedRun[]> {
+    const limited = o.globalLimit > 0 || (o.userLimit ?? 0) > 0;
+    const woken = this.notified.delete(o.analysisType);
+    if (limited || woken || performance.now() < (this.soleRecheckAt.get(o.analysisType) ?? 0))
+      return runClaim(this.o.sql, o);
+    const sole = await runClaimSole(this.o.sql, o);
+    if (sole.owners < 2) return sole.runs;
+    this.soleRecheckAt.set(o.analysisType, performance.now() + SOLE_RECHECK_MS);
+    return runClaim(this.o.sql, o);
   }
 
   /** The claim's quantum for `type` (claimQuantum), from its successful attempts and its live ones. */

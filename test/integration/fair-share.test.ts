@@ -11,6 +11,7 @@ import {
   claimQuantum,
   queueOwnersTidy,
   runClaim,
+  runClaimSole,
   runComplete,
   runRetry,
   SHORT_ATTEMPT_SECONDS,
@@ -163,6 +164,11 @@ function claimRuns(analysisType: string, limit: number, userLimit = 0, quantum?:
     leaseTtlMs: 30_000,
     ...(quantum === undefined ? {} : { quantum }),
   });
+}
+
+/** runClaimSole: up to `limit` due runs while one owner alone waits at `analysisType`. */
+function claimSole(analysisType: string, limit: number) {
+  return runClaimSole(db.sql, { workerId: "w-sole", analysisType, limit, globalLimit: 0, leaseTtlMs: 30_000 });
 }
 
 /** How many of `runs` each owner got, largest first. */
@@ -1029,4 +1035,84 @@ test("the per-user limit holds for an owner with queued runs at two priorities",
     select count(*)::int as n, min(priority)::int as best from runs
     where owner_id = ${admin.userId} and status in ('starting', 'running', 'cancelling')`;
   assert.deepEqual({ ...live }, { n: 2, best: 3 });
+});
+
+test("the sole owner's claim: one owner alone gets its due runs in turn order; with two owners it claims nothing and says so", async () => {
+  const [a, b] = await seedUsers("sole-a", "sole-b");
+  assert.ok(a && b);
+  assert.deepEqual(await claimSole("sole1", 3), { runs: [], owners: 0 });
+  const first = await createTask(db.sql, a, "sole1", 6);
+  const second = await createTask(db.sql, a, "sole1", 2);
+  const passBefore = await passOf("sole1", a);
+  // Alone: what the fair claim would give it — its first runs in turn order (its tasks interleave).
+  const next = await db.sql<{ id: number; taskId: string }[]>`
+    select id::float8 as id, task_id::text as "taskId" from runs
+    where owner_id = ${a.userId} and status = 'queued' order by turn, id limit 3`;
+  assert.deepEqual(new Set(next.map((r) => r.taskId)), new Set([first, second]));
+  const taken = await claimSole("sole1", 3);
+  assert.equal(taken.owners, 1);
+  assert.deepEqual(
+    taken.runs.map((r) => r.id),
+    next.map((r) => r.id).sort((x, y) => x - y),
+  );
+  for (const r of taken.runs) {
+    assert.equal(r.attempt, 1);
+    assert.match(r.leaseToken, /^[0-9a-f-]{36}$/);
+    assert.deepEqual(r.parameters, {});
+  }
+  // Its pass is not advanced: alone, it orders nothing.
+  assert.equal(await passOf("sole1", a), passBefore);
+  // A run in backoff is not due: not claimed.
+  const [backing] = (await claimSole("sole1", 1)).runs;
+  assert.ok(backing);
+  await backOff(backing);
+  // Two owners: nothing claimed, and the answer says the fair claim decides.
+  await createTask(db.sql, b, "sole1", 2);
+  const queued = await db.sql<{ n: number }[]>`
+    select count(*)::int as n from runs where analysis_type = 'sole1' and status = 'queued'`;
+  assert.deepEqual(await claimSole("sole1", 3), { runs: [], owners: 2 });
+  const after = await db.sql<{ n: number }[]>`
+    select count(*)::int as n from runs where analysis_type = 'sole1' and status = 'queued'`;
+  assert.deepEqual(after, queued);
+  // Under a limit the claim is runClaim's.
+  await assert.rejects(
+    runClaimSole(db.sql, { workerId: "w", analysisType: "sole1", limit: 1, globalLimit: 2, leaseTtlMs: 30_000 }),
+    /limit/,
+  );
+  await assert.rejects(claimSole("sole1", 0), /positive integer/);
+});
+
+test("an owner served alone by the sole owner's claim and a newcomer then take turns from the first fair claim", async () => {
+  const [a, b] = await seedUsers("sole2-a", "sole2-b");
+  assert.ok(a && b);
+  await createTask(db.sql, a, "sole2", 40);
+  // A alone for 20 runs (its pass stays where it was).
+  for (let i = 0; i < 4; i++) assert.equal((await claimSole("sole2", 5)).runs.length, 5);
+  await createTask(db.sql, b, "sole2", 10);
+  // Fair claims of one slot: A (there first, at the same pass) then B, in turn — neither takes a burst.
+  const order: string[] = [];
+  for (let i = 0; i < 10; i++) {
+    const [c] = await claimRuns("sole2", 1);
+    assert.ok(c);
+    order.push((await ownerOf(c.id)) === String(a.userId) ? "A" : "B");
+  }
+  assert.deepEqual(order, ["A", "B", "A", "B", "A", "B", "A", "B", "A", "B"]);
+});
+
+test("a worker claims with the sole owner's claim while one user waits, and serves a newcomer at the next free slots", async () => {
+  const [a, b] = await seedUsers("sole3-a", "sole3-b");
+  assert.ok(a && b);
+  await db.sql`select pg_stat_reset()`;
+  const big = await createTask(db.sql, a, "sole3", 120);
+  await startWorker("sole3", 10);
+  await waitFor(async () => (await taskRow(db.sql, big)).succeeded >= 20);
+  // While A was alone the rotation was never advanced: every claim was the sole owner's.
+  assert.equal(await passOf("sole3", a), 0);
+  const small = await createTask(db.sql, b, "sole3", 2);
+  const visibleAt = await visibleNow();
+  await waitForTerminal(db.sql, small);
+  // B's runs took the next free slots (at most one claim of A's per slot in between: two slots, each
+  // of which may have been claimed just before B's runs were visible).
+  assert.ok((await claimedBeforeFirst(small, big, visibleAt)) <= 2);
+  await waitForTerminal(db.sql, big);
 });

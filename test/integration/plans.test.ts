@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import { createDatabase, type Database } from "../../src/db/client.ts";
-import { runClaim, runComplete, runHeartbeat, runProgress } from "../../src/queue/sql.ts";
+import { runClaim, runClaimSole, runComplete, runHeartbeat, runProgress } from "../../src/queue/sql.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import { createTask, seedUser } from "../helpers/queue.ts";
 
@@ -27,7 +27,7 @@ const RUNS = 2000;
 
 /** How each hot statement is told apart in pg_prepared_statements. */
 const STATEMENTS = {
-  claim: /picked as materialized/,
+  claim: /walk as materialized/,
   progress: /prev as \(/,
   heartbeat: /update runs r set lease_expires_at/,
   completion: /done as \(\s*update runs/,
@@ -100,6 +100,30 @@ test("claim, progress, heartbeat and completion reuse a generic plan", async () 
     assert.ok(p.custom <= 5, `${name}: ${p.custom} custom plans for ${CALLS} executions`);
     assert.equal(p.generic + p.custom, CALLS, `${name}: every execution counted`);
   }
+});
+
+test("the sole owner's claim reuses a generic plan that takes the owner's runs by the claim index", async (t) => {
+  const owner = await seedUser(db.sql, "sole-plans");
+  await createTask(db.sql, owner, "sole-plans", RUNS);
+  await db.sql`analyze runs`;
+  for (let i = 0; i < CALLS; i++) {
+    const { runs, owners } = await runClaimSole(one.sql, {
+      workerId: "w",
+      analysisType: "sole-plans",
+      limit: 2,
+      globalLimit: 0,
+      leaseTtlMs: 30_000,
+    });
+    assert.equal(owners, 1);
+    assert.equal(runs.length, 2, `claim ${i} found two runs`);
+  }
+  const p = await prepared(/with sole as materialized/);
+  assert.ok(p.custom <= 5, `${p.custom} custom plans for ${CALLS} executions`);
+  assert.equal(p.generic + p.custom, CALLS);
+  if (await noGenericExplain(t)) return;
+  const text = await genericPlan(p.statement);
+  assert.doesNotMatch(text, /Seq Scan on runs/, `no sequential scan of runs:\n${text}`);
+  assert.match(text, /runs_claim_idx/, `the owner's runs by runs_claim_idx:\n${text}`);
 });
 
 // A statement that looks runs up by id reads them by primary key. Matched to runs_live_idx (few live

@@ -315,20 +315,7 @@ async function claimStatement(
       ) p
       limit ${K}
     ),
-    claimed as (
-      update runs r set
-        status = 'starting',
-        attempt = r.attempt + 1,
-        lease_token = gen_random_uuid(),
-        lease_owner = ${o.workerId},
-        lease_expires_at = now() + ${o.leaseTtlMs} * interval '1 millisecond',
-        heartbeat_at = now(),
-        started_at = coalesce(r.started_at, now())
-      where r.id = any(array(select id from picked))
-      returning r.id, r.task_id, r.analysis_type, r.attempt, r.max_attempts, r.lease_token,
-                r.input_file_id, r.input_storage_key, r.input_name, r.input_size_bytes, r.input_sha256,
-                r.run_after, r.error_code
-    ),
+    claimed as (${claimUpdate(sql, o)}),
     served as materialized (
       select s.priority, s.owner_id
       from (select distinct priority, owner_id from picked order by owner_id, priority) g
@@ -409,15 +396,7 @@ async function claimStatement(
                     where q.analysis_type = ${o.analysisType} and q.pass < f.pass - ${SLACK})`
         }
     )
-    select c.id::float8 as id, c.task_id::float8 as "taskId", c.analysis_type as "analysisType",
-           c.attempt, c.max_attempts as "maxAttempts", c.lease_token::text as "leaseToken",
-           c.input_file_id::float8 as "inputFileId", c.input_storage_key as "inputStorageKey",
-           c.input_name as "inputName", c.input_size_bytes::float8 as "inputSizeBytes",
-           c.input_sha256 as "inputSha256",
-           -- By primary key per run, whatever a young table's statistics say.
-           (select t.parameters from tasks t where t.id = c.task_id) as parameters,
-           extract(epoch from now() - c.run_after)::float8 as "waitedSeconds",
-           c.error_code is not distinct from 'ANALYSIS_WORKER_UNAVAILABLE' as "afterLostLease",
+    select ${claimedColumns(sql)},
            (select t from tidy) as tidy
     -- One row of nulls when nothing was claimed: it still carries tidy.
     from (select 1) one left join claimed c on true
@@ -429,6 +408,93 @@ async function claimStatement(
   const runs: ClaimedRun[] = [];
   for (const { tidy: _, ...run } of rows) if (run.id !== null) runs.push(run as ClaimedRun);
   return { runs, tidy, slack };
+}
+
+/** The claim's update of the runs in `picked` (a CTE of ids): each becomes an attempt of this worker. */
+function claimUpdate(sql: Sql, o: ClaimOptions) {
+  return sql`
+      update runs r set
+        status = 'starting',
+        attempt = r.attempt + 1,
+        lease_token = gen_random_uuid(),
+        lease_owner = ${o.workerId},
+        lease_expires_at = now() + ${o.leaseTtlMs} * interval '1 millisecond',
+        heartbeat_at = now(),
+        started_at = coalesce(r.started_at, now())
+      where r.id = any(array(select id from picked))
+      returning r.id, r.task_id, r.analysis_type, r.attempt, r.max_attempts, r.lease_token,
+                r.input_file_id, r.input_storage_key, r.input_name, r.input_size_bytes, r.input_sha256,
+                r.run_after, r.error_code`;
+}
+
+/** A ClaimedRun's columns, from the CTE `claimed` (claimUpdate's) as `c`. */
+function claimedColumns(sql: Sql) {
+  return sql`c.id::float8 as id, c.task_id::float8 as "taskId", c.analysis_type as "analysisType",
+           c.attempt, c.max_attempts as "maxAttempts", c.lease_token::text as "leaseToken",
+           c.input_file_id::float8 as "inputFileId", c.input_storage_key as "inputStorageKey",
+           c.input_name as "inputName", c.input_size_bytes::float8 as "inputSizeBytes",
+           c.input_sha256 as "inputSha256",
+           -- By primary key per run, whatever a young table's statistics say.
+           (select t.parameters from tasks t where t.id = c.task_id) as parameters,
+           extract(epoch from now() - c.run_after)::float8 as "waitedSeconds",
+           c.error_code is not distinct from 'ANALYSIS_WORKER_UNAVAILABLE' as "afterLostLease"`;
+}
+
+/**
+ * The claim while one owner alone waits at a type (a single queue_owners row: one user, one
+ * priority), which is the shape of most of a queue's work — one user's large task draining. It takes
+ * up to `o.limit` of that owner's due runs in turn order, which is what the fair claim (runClaim)
+ * would give it, with a plan a fraction of the size: no walk over owners, no rotation to advance, no
+ * rows walked past to tidy. Its answer says how many rows it saw (0, 1, or 2 for "two or more"): with
+ * two or more it claims nothing, and the caller claims with runClaim.
+ *
+ * The owner's pass is not advanced, and nothing is lost by that: a pass orders owners against each
+ * other, and an owner alone is served whatever its pass. A newcomer joins at the highest pass of the
+ * level — then the sole owner's, not advanced — with a later `since`, so the owner that was alone
+ * goes first, one turn, exactly as when its pass had been advanced: both start even, and the
+ * rotation goes on from there. A row whose owner has nothing queued any more stays until a fair
+ * claim's tidy or the reaper's prune removes it; a claim here probes it by index and finds nothing.
+ *
+ * Only without limits (the caller's to check: a limited claim is runClaim's transaction). Commits
+ * asynchronously, like runClaim's claim without limits (see there).
+ */
+export async function runClaimSole(sql: Sql, o: ClaimOptions): Promise<{ runs: ClaimedRun[]; owners: number }> {
+  if (o.globalLimit > 0 || (o.userLimit ?? 0) > 0)
+    throw new Error("a claim under a global or per-user limit is runClaim's");
+  const k = o.limit;
+  if (!Number.isInteger(k) || k <= 0) throw new Error(`claim size must be a positive integer, got ${k}`);
+  // The limit a literal, as in claimStatement (one plan per k).
+  const K = sql.unsafe(String(k));
+  const rows = await sql<(ClaimedRun & { owners: number })[]>`
+    with sole as materialized (
+      select q.priority, q.owner_id from queue_owners q
+      where q.analysis_type = ${o.analysisType}
+      limit 2
+    ),
+    picked as materialized (
+      select p.id from sole s
+      cross join lateral (
+        select r.id from runs r
+        where r.status = 'queued' and r.analysis_type = ${o.analysisType} and r.owner_id = s.owner_id
+          and r.priority = s.priority and r.run_after <= now()
+        order by r.turn, r.id
+        limit ${K}
+        for update of r skip locked
+      ) p
+      -- Alone: with two rows the fair claim decides.
+      where (select count(*) from sole) = 1
+    ),
+    claimed as (${claimUpdate(sql, o)})
+    select ${claimedColumns(sql)},
+           (select count(*) from sole)::int as owners
+    -- One row of nulls when nothing was claimed: it still carries owners.
+    from (select 1) one left join claimed c on true
+    where ${commitMode(sql, false)}
+    order by c.id`;
+  const owners = rows[0]?.owners ?? 0;
+  const runs: ClaimedRun[] = [];
+  for (const { owners: _, ...run } of rows) if (run.id !== null) runs.push(run);
+  return { runs, owners };
 }
 
 /**
