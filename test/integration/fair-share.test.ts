@@ -168,7 +168,13 @@ function claimRuns(analysisType: string, limit: number, userLimit = 0, quantum?:
 
 /** runClaimSole: up to `limit` due runs while one owner alone waits at `analysisType`. */
 function claimSole(analysisType: string, limit: number) {
-  return runClaimSole(db.sql, { workerId: "w-sole", analysisType, limit, globalLimit: 0, leaseTtlMs: 30_000 });
+  return runClaimSole(db.sql, {
+    workerId: "w-sole",
+    analysisType,
+    limit,
+    globalLimit: 0,
+    leaseTtlMs: 30_000,
+  });
 }
 
 /** How many of `runs` each owner got, largest first. */
@@ -1076,7 +1082,13 @@ test("the sole owner's claim: one owner alone gets its due runs in turn order; w
   assert.deepEqual(after, queued);
   // Under a limit the claim is runClaim's.
   await assert.rejects(
-    runClaimSole(db.sql, { workerId: "w", analysisType: "sole1", limit: 1, globalLimit: 2, leaseTtlMs: 30_000 }),
+    runClaimSole(db.sql, {
+      workerId: "w",
+      analysisType: "sole1",
+      limit: 1,
+      globalLimit: 2,
+      leaseTtlMs: 30_000,
+    }),
     /limit/,
   );
   await assert.rejects(claimSole("sole1", 0), /positive integer/);

@@ -458,7 +458,10 @@ function claimedColumns(sql: Sql) {
  * Only without limits (the caller's to check: a limited claim is runClaim's transaction). Commits
  * asynchronously, like runClaim's claim without limits (see there).
  */
-export async function runClaimSole(sql: Sql, o: ClaimOptions): Promise<{ runs: ClaimedRun[]; owners: number }> {
+export async function runClaimSole(
+  sql: Sql,
+  o: ClaimOptions,
+): Promise<{ runs: ClaimedRun[]; owners: number }> {
   if (o.globalLimit > 0 || (o.userLimit ?? 0) > 0)
     throw new Error("a claim under a global or per-user limit is runClaim's");
   const k = o.limit;
