@@ -293,6 +293,10 @@ export class Worker {
     if (limited || woken || performance.now() < (this.soleRecheckAt.get(o.analysisType) ?? 0))
       return runClaim(this.o.sql, o);
     const sole = await runClaimSole(this.o.sql, o);
+    // Alone with nothing due: the fair claim's tidy takes the row out of the rotation if nothing is
+    // queued at all (the sole claim never tidies), so the owner rejoins behind a newcomer, not ahead
+    // with its old `since`.
+    if (sole.owners === 1 && sole.runs.length === 0) return runClaim(this.o.sql, o);
     if (sole.owners < 2) return sole.runs;
     this.soleRecheckAt.set(o.analysisType, performance.now() + SOLE_RECHECK_MS);
     return runClaim(this.o.sql, o);

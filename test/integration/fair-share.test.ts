@@ -1072,6 +1072,12 @@ test("the sole owner's claim: one owner alone gets its due runs in turn order; w
   const [backing] = (await claimSole("sole1", 1)).runs;
   assert.ok(backing);
   await backOff(backing);
+  const rest = await claimSole("sole1", 10);
+  assert.equal(rest.owners, 1);
+  assert.equal(rest.runs.length, 4);
+  assert.ok(!rest.runs.some((r) => r.id === backing.id));
+  // Alone with only that run queued: nothing due, nothing claimed.
+  assert.deepEqual(await claimSole("sole1", 10), { runs: [], owners: 1 });
   // Two owners: nothing claimed, and the answer says the fair claim decides.
   await createTask(db.sql, b, "sole1", 2);
   const queued = await db.sql<{ n: number }[]>`
@@ -1127,4 +1133,14 @@ test("a worker claims with the sole owner's claim while one user waits, and serv
   // of which may have been claimed just before B's runs were visible).
   assert.ok((await claimedBeforeFirst(small, big, visibleAt)) <= 2);
   await waitForTerminal(db.sql, big);
+});
+
+test("a worker whose sole owner has nothing left claims once the fair way, whose tidy takes the row out of the rotation", async () => {
+  const [a] = await seedUsers("sole4-a");
+  assert.ok(a);
+  const task = await createTask(db.sql, a, "sole4", 10);
+  await startWorker("sole4", 2);
+  await waitForTerminal(db.sql, task);
+  // No reaper runs here and the sole owner's claim never tidies: only that fair claim removes the row.
+  await waitFor(async () => (await rowsOf("sole4")) === 0);
 });

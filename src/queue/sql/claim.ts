@@ -452,8 +452,9 @@ function claimedColumns(sql: Sql) {
  * other, and an owner alone is served whatever its pass. A newcomer joins at the highest pass of the
  * level — then the sole owner's, not advanced — with a later `since`, so the owner that was alone
  * goes first, one turn, exactly as when its pass had been advanced: both start even, and the
- * rotation goes on from there. A row whose owner has nothing queued any more stays until a fair
- * claim's tidy or the reaper's prune removes it; a claim here probes it by index and finds nothing.
+ * rotation goes on from there. It never tidies: a row whose owner has nothing queued any more stays
+ * until a fair claim's tidy or the reaper's prune removes it (the worker claims the fair way when this
+ * finds the owner alone with nothing due, for that tidy; see Worker.claim).
  *
  * Only without limits (the caller's to check: a limited claim is runClaim's transaction). Commits
  * asynchronously, like runClaim's claim without limits (see there).
