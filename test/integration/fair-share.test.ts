@@ -1144,3 +1144,37 @@ test("a worker whose sole owner has nothing left claims once the fair way, whose
   // No reaper runs here and the sole owner's claim never tidies: only that fair claim removes the row.
   await waitFor(async () => (await rowsOf("sole4")) === 0);
 });
+
+test("with two owners waiting the worker tries the sole owner's claim at most once a second (SOLE_RECHECK_MS)", async () => {
+  const type = "sole5";
+  // db.sql, counting the sole owner's claims made through it.
+  let soles = 0;
+  const counted = new Proxy(db.sql, {
+    apply(target, self, args) {
+      const strings = args[0] as unknown;
+      if (Array.isArray(strings) && strings.join("").includes("with sole as materialized")) soles++;
+      return Reflect.apply(target, self, args);
+    },
+  });
+  const [a, b] = await seedUsers("sole5-a", "sole5-b");
+  assert.ok(a && b);
+  const ta = await createTask(db.sql, a, type, 30);
+  const tb = await createTask(db.sql, b, type, 30);
+  const w = new Worker({
+    sql: counted,
+    logger,
+    types: { [type]: { handler: handler(5) } },
+    concurrency: 2,
+    leaseTtlMs: 30_000,
+    pollIntervalMs: 100,
+    retryBaseMs: 20,
+  });
+  const began = performance.now();
+  await w.start();
+  running = w;
+  await waitForTerminal(db.sql, ta);
+  await waitForTerminal(db.sql, tb);
+  const seconds = (performance.now() - began) / 1000;
+  // ~30 claims of a slot each; without the recheck interval every one would have tried it first.
+  assert.ok(soles <= Math.ceil(seconds) + 2, `${soles} sole claims in ${seconds.toFixed(1)} s`);
+});
