@@ -177,6 +177,19 @@ function claimSole(analysisType: string, limit: number) {
   });
 }
 
+/** db.sql, counting the statements made through it whose text contains `fragment`. */
+function counting(fragment: string): { sql: typeof db.sql; count: () => number } {
+  let n = 0;
+  const sql = new Proxy(db.sql, {
+    apply(target, self, args) {
+      const strings = args[0] as unknown;
+      if (Array.isArray(strings) && strings.join("").includes(fragment)) n++;
+      return Reflect.apply(target, self, args);
+    },
+  });
+  return { sql, count: () => n };
+}
+
 /** How many of `runs` each owner got, largest first. */
 async function shares(runs: { id: number }[]): Promise<number[]> {
   const rows = await db.sql<{ n: number }[]>`
@@ -688,15 +701,7 @@ test("the tidy after a claim drops a walked-past row only at the version the wal
 
 test("the tidy runs only after claims that leave it something to do, not after every claim that walks past an owner in backoff", async () => {
   const type = "fair-tidy-n";
-  // db.sql, counting the tidy statements made through it.
-  let tidies = 0;
-  const counted = new Proxy(db.sql, {
-    apply(target, self, args) {
-      const strings = args[0] as unknown;
-      if (Array.isArray(strings) && strings.join("").includes("left_rotation as (")) tidies++;
-      return Reflect.apply(target, self, args);
-    },
-  });
+  const { sql: counted, count } = counting("left_rotation as (");
   const claim1 = () =>
     runClaim(counted, {
       workerId: "w-tidy",
@@ -709,7 +714,7 @@ test("the tidy runs only after claims that leave it something to do, not after e
   await createTask(db.sql, a as Principal, type, 40);
   await createTask(db.sql, b as Principal, type, 40);
   for (let i = 0; i < 20; i++) assert.equal((await claim1()).length, 1);
-  assert.equal(tidies, 0, "nothing walked past: no tidy");
+  assert.equal(count(), 0, "nothing walked past: no tidy");
   // K's only run is in backoff: K is walked past by every claim from now on.
   await createTask(db.sql, k as Principal, type, 1);
   const [kc] = await claimOwned(type, k as Principal).then((ids) => ids.map((id) => ({ id })));
@@ -718,7 +723,7 @@ test("the tidy runs only after claims that leave it something to do, not after e
                  lease_owner = null, lease_expires_at = null where id = ${kc.id}`;
   for (let i = 0; i < 20; i++) assert.equal((await claim1()).length, 1);
   // Called only when K has fallen more than the slack behind (then it is raised): every few claims.
-  assert.ok(tidies > 0 && tidies <= 12, `${tidies} tidies in 20 claims`);
+  assert.ok(count() > 0 && count() <= 12, `${count()} tidies in 20 claims`);
 });
 
 test("a stream of newcomers does not keep an owner with a backlog waiting, even beside a row whose pass stopped", async () => {
@@ -1147,15 +1152,7 @@ test("a worker whose sole owner has nothing left claims once the fair way, whose
 
 test("with two owners waiting the worker tries the sole owner's claim at most once a second (SOLE_RECHECK_MS)", async () => {
   const type = "sole5";
-  // db.sql, counting the sole owner's claims made through it.
-  let soles = 0;
-  const counted = new Proxy(db.sql, {
-    apply(target, self, args) {
-      const strings = args[0] as unknown;
-      if (Array.isArray(strings) && strings.join("").includes("with sole as materialized")) soles++;
-      return Reflect.apply(target, self, args);
-    },
-  });
+  const { sql: counted, count } = counting("with sole as materialized");
   const [a, b] = await seedUsers("sole5-a", "sole5-b");
   assert.ok(a && b);
   const ta = await createTask(db.sql, a, type, 30);
@@ -1176,5 +1173,5 @@ test("with two owners waiting the worker tries the sole owner's claim at most on
   await waitForTerminal(db.sql, tb);
   const seconds = (performance.now() - began) / 1000;
   // ~30 claims of a slot each; without the recheck interval every one would have tried it first.
-  assert.ok(soles <= Math.ceil(seconds) + 2, `${soles} sole claims in ${seconds.toFixed(1)} s`);
+  assert.ok(count() <= Math.ceil(seconds) + 2, `${count()} sole claims in ${seconds.toFixed(1)} s`);
 });
