@@ -20,6 +20,7 @@ import {
 } from "./outcomes.ts";
 import {
   CANCEL_CHANNEL,
+  CLAIM_QUANTUM,
   type ClaimedRun,
   type ClaimOptions,
   type CompletionResult,
@@ -30,6 +31,7 @@ import {
   type RetryResult,
   runClaim,
   runClaimSole,
+  runClaimTurn,
   runComplete,
   runHeartbeat,
   runOutputsRecorded,
@@ -148,6 +150,8 @@ export class Worker {
   private readonly attemptSeconds = new Map<string, number>();
   /** Per type, until when claims are fair ones without trying runClaimSole first (see claim()). */
   private readonly soleRecheckAt = new Map<string, number>();
+  /** Per type, until when the next owner's claim (runClaimTurn) is not tried (see claim()). */
+  private readonly turnRecheckAt = new Map<string, number>();
   /** Types with a wake-up since their last claim: that claim is the fair one (see claim()). */
   private readonly notified = new Set<string>();
   private timers: NodeJS.Timeout[] = [];
@@ -281,24 +285,39 @@ export class Worker {
   }
 
   /**
-   * One claim: runClaimSole while one owner alone waits at the type (no limits), the fair claim
-   * otherwise. The fair claim also after a wake-up (new work may be another owner's: a claim of the
-   * sole owner's would be a statement in vain before the fair one, on the path from a create to its
-   * first run), and for SOLE_RECHECK_MS after a claim of the sole owner's found others waiting: at
-   * most one statement in vain per type that often.
+   * One claim: runClaimSole while one owner alone waits at the type (no limits); the next owner's
+   * claim (runClaimTurn) when more owners wait than the claim takes and a turn takes the whole claim;
+   * the fair claim otherwise. The fair claim straight away after a wake-up: new work may be another
+   * owner's, and a small claim in vain would sit on the path from a create to its first run. After
+   * a small claim found its case does not hold (others waiting; k or fewer owners), it is not tried
+   * for SOLE_RECHECK_MS: at most one statement in vain per type and kind that often.
    */
   private async claim(o: ClaimOptions): Promise<ClaimedRun[]> {
     const limited = o.globalLimit > 0 || (o.userLimit ?? 0) > 0;
     const woken = this.notified.delete(o.analysisType);
-    if (limited || woken || performance.now() < (this.soleRecheckAt.get(o.analysisType) ?? 0))
-      return runClaim(this.o.sql, o);
-    const sole = await runClaimSole(this.o.sql, o);
-    // Alone with nothing due: the fair claim's tidy takes the row out of the rotation if nothing is
-    // queued at all (the sole claim never tidies), so the owner rejoins behind a newcomer, not ahead
-    // with its old `since`.
-    if (sole.owners === 1 && sole.runs.length === 0) return runClaim(this.o.sql, o);
-    if (sole.owners < 2) return sole.runs;
-    this.soleRecheckAt.set(o.analysisType, performance.now() + SOLE_RECHECK_MS);
+    if (limited || woken) return runClaim(this.o.sql, o);
+    const now = performance.now();
+    if (now >= (this.soleRecheckAt.get(o.analysisType) ?? 0)) {
+      const sole = await runClaimSole(this.o.sql, o);
+      // Alone with nothing due: the fair claim's tidy takes the row out of the rotation if nothing
+      // is queued at all (the sole claim never tidies), so the owner rejoins behind a newcomer, not
+      // ahead with its old `since`.
+      if (sole.owners === 1 && sole.runs.length === 0) return runClaim(this.o.sql, o);
+      if (sole.owners < 2) return sole.runs;
+      this.soleRecheckAt.set(o.analysisType, now + SOLE_RECHECK_MS);
+    }
+    if (
+      Math.min(o.limit, o.quantum ?? CLAIM_QUANTUM) === o.limit &&
+      now >= (this.turnRecheckAt.get(o.analysisType) ?? 0)
+    ) {
+      const turn = await runClaimTurn(this.o.sql, o);
+      if (turn.owners <= o.limit) this.turnRecheckAt.set(o.analysisType, now + SOLE_RECHECK_MS);
+      if (turn.runs.length === o.limit) return turn.runs;
+      // The owner next in turn had fewer due runs (or none), or k or fewer owners wait (then it
+      // claimed none): the fair claim takes the rest, from where the rotation now stands (walking
+      // past that owner when it had none).
+      return [...turn.runs, ...(await runClaim(this.o.sql, { ...o, limit: o.limit - turn.runs.length }))];
+    }
     return runClaim(this.o.sql, o);
   }
 

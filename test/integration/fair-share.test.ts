@@ -12,6 +12,7 @@ import {
   queueOwnersTidy,
   runClaim,
   runClaimSole,
+  runClaimTurn,
   runComplete,
   runRetry,
   SHORT_ATTEMPT_SECONDS,
@@ -1174,4 +1175,60 @@ test("with two owners waiting the worker tries the sole owner's claim at most on
   const seconds = (performance.now() - began) / 1000;
   // ~30 claims of a slot each; without the recheck interval every one would have tried it first.
   assert.ok(count() <= Math.ceil(seconds) + 2, `${count()} sole claims in ${seconds.toFixed(1)} s`);
+});
+
+test("a turn that takes the whole claim is the next owner's claim; an owner short of due runs gets them and the fair claim gives the rest", async () => {
+  const type = "turn1";
+  const { sql: counted, count } = counting("with nxt as materialized");
+  // As the worker claims (Worker.claim): the next owner's claim, and the fair claim for what it left.
+  const claim = async (limit: number) => {
+    const o = {
+      workerId: "w-turn",
+      analysisType: type,
+      limit,
+      globalLimit: 0,
+      leaseTtlMs: 30_000,
+      quantum: limit,
+    };
+    const turn = await runClaimTurn(counted, o);
+    assert.ok(turn.owners > limit, `${turn.owners} owners wait`);
+    if (turn.runs.length === limit) return turn.runs;
+    return [...turn.runs, ...(await runClaim(db.sql, { ...o, limit: limit - turn.runs.length }))];
+  };
+  const owners = await seedUsers(...Array.from({ length: 5 }, (_, i) => `turn1-${i}`));
+  for (const o of owners) await createTask(db.sql, o, type, 6);
+  const ids = owners.map((o) => String(o.userId));
+  const servedBy = async (cs: { id: number }[]) => Promise.all(cs.map((c) => ownerOf(c.id)));
+  // Five owners wait, claims of two with a quantum of two: each claim is the next owner's, in turn.
+  for (let i = 0; i < 5; i++) {
+    const got = await claim(2);
+    assert.deepEqual(await servedBy(got), [ids[i], ids[i]], `claim ${i}`);
+  }
+  assert.equal(count(), 5, "each was the next owner's claim");
+  for (let i = 0; i < 5; i++) assert.equal(await passOf(type, owners[i] as Principal), 2);
+  // Owner 0, next in turn again, has one due run left (the rest back off): it gets that one, and
+  // the fair claim gives the other slot to the next owner in turn.
+  const [o0, o1] = owners as [Principal, Principal];
+  const o0Queued = await db.sql<{ id: number; token: string }[]>`
+    select id::float8 as id from runs where owner_id = ${o0.userId} and status = 'queued' order by turn, id`;
+  await db.sql`update runs set run_after = now() + interval '1 hour'
+               where id = any(${db.sql.array(
+                 o0Queued.slice(1).map((r) => r.id),
+                 20,
+               )}::bigint[])`;
+  const mixed = await claim(2);
+  assert.deepEqual((await servedBy(mixed)).sort(), [String(o0.userId), String(o1.userId)].sort());
+  assert.ok(mixed.some((c) => c.id === o0Queued[0]?.id));
+  // Owners 2, 3 and 4 take their turns (pass 4); then owner 0 is next in turn again (pass 3, served
+  // before owner 1 in that claim) with nothing due: the fair claim walks past it to owner 1.
+  for (let i = 2; i < 5; i++) assert.deepEqual(await servedBy(await claim(2)), [ids[i], ids[i]]);
+  const tried = count();
+  const past = await claim(2);
+  assert.deepEqual(await servedBy(past), [ids[1], ids[1]]);
+  assert.equal(count(), tried + 1, "the next owner's claim was tried first");
+  // Not for a turn smaller than the claim, nor under a limit; with k or fewer owners, nothing.
+  const base = { workerId: "w-turn", analysisType: type, limit: 2, globalLimit: 0, leaseTtlMs: 30_000 };
+  await assert.rejects(runClaimTurn(db.sql, { ...base, quantum: 1 }), /whole claim/);
+  await assert.rejects(runClaimTurn(db.sql, { ...base, quantum: 2, userLimit: 3 }), /limit/);
+  assert.deepEqual(await runClaimTurn(db.sql, { ...base, limit: 5, quantum: 5 }), { runs: [], owners: 5 });
 });

@@ -5,7 +5,14 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import { createDatabase, type Database } from "../../src/db/client.ts";
-import { runClaim, runClaimSole, runComplete, runHeartbeat, runProgress } from "../../src/queue/sql.ts";
+import {
+  runClaim,
+  runClaimSole,
+  runClaimTurn,
+  runComplete,
+  runHeartbeat,
+  runProgress,
+} from "../../src/queue/sql.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import { createTask, seedUser } from "../helpers/queue.ts";
 
@@ -118,6 +125,33 @@ test("the sole owner's claim reuses a generic plan that takes the owner's runs b
     assert.equal(runs.length, 2, `claim ${i} found two runs`);
   }
   const p = await prepared(/with sole as materialized/);
+  assert.ok(p.custom <= 5, `${p.custom} custom plans for ${CALLS} executions`);
+  assert.equal(p.generic + p.custom, CALLS);
+  if (await noGenericExplain(t)) return;
+  const text = await genericPlan(p.statement);
+  assert.doesNotMatch(text, /Seq Scan on runs/, `no sequential scan of runs:\n${text}`);
+  assert.match(text, /runs_claim_idx/, `the owner's runs by runs_claim_idx:\n${text}`);
+});
+
+test("the next owner's claim (a turn of the whole claim) reuses a generic plan that takes runs by the claim index", async (t) => {
+  const owners = await Promise.all(
+    ["turn-plans-a", "turn-plans-b", "turn-plans-c"].map((n) => seedUser(db.sql, n)),
+  );
+  for (const o of owners) await createTask(db.sql, o, "turn-plans", RUNS / 2);
+  await db.sql`analyze runs`;
+  for (let i = 0; i < CALLS; i++) {
+    const { runs, owners } = await runClaimTurn(one.sql, {
+      workerId: "w",
+      analysisType: "turn-plans",
+      limit: 2,
+      globalLimit: 0,
+      leaseTtlMs: 30_000,
+      quantum: 2,
+    });
+    assert.equal(owners, 3);
+    assert.equal(runs.length, 2, `claim ${i} found two runs`);
+  }
+  const p = await prepared(/with nxt as materialized/);
   assert.ok(p.custom <= 5, `${p.custom} custom plans for ${CALLS} executions`);
   assert.equal(p.generic + p.custom, CALLS);
   if (await noGenericExplain(t)) return;

@@ -410,6 +410,78 @@ async function claimStatement(
   return { runs, tidy, slack };
 }
 
+/**
+ * The fair claim's first turn, alone, for when that turn takes the whole claim: more than k owners
+ * wait at the best priority and the quantum is k, so the fair claim gives all k runs to the owner
+ * next in turn (priority, pass, since, owner) and stops there — when that owner has k due runs.
+ * This is that turn with a plan a fraction of the fair claim's size: the next owner's row (a top-1
+ * sort of the type's rows), a count of its level's owners up to k + 1, up to k of its due runs by
+ * `runs_claim_idx` with SKIP LOCKED, and its pass advanced by what it got, `since` set — as the fair
+ * claim would. With k or fewer owners at that level it claims nothing (the fair claim shares the
+ * claim among them); an owner with fewer than k due runs gets them and the caller claims the rest the
+ * fair way (its walk starts from the advanced pass, as the fair claim's own walk would have moved
+ * on), and one with none is left to the fair claim, which walks past it and tidies. Its answer says
+ * how many owners wait at that level, up to k + 1: with k or fewer the caller claims with runClaim.
+ * Only without limits (it throws), and only when the turn takes the whole claim (quantum ≥ limit). Locks: its runs
+ * (SKIP LOCKED), then its one queue_owners row, the order of every statement. Commits asynchronously,
+ * like the fair claim without limits.
+ */
+export async function runClaimTurn(
+  sql: Sql,
+  o: ClaimOptions,
+): Promise<{ runs: ClaimedRun[]; owners: number }> {
+  if (o.globalLimit > 0 || (o.userLimit ?? 0) > 0)
+    throw new Error("a claim under a global or per-user limit is runClaim's");
+  const k = o.limit;
+  if (!Number.isInteger(k) || k <= 0) throw new Error(`claim size must be a positive integer, got ${k}`);
+  if (Math.min(k, o.quantum ?? CLAIM_QUANTUM) !== k)
+    throw new Error("the next owner's claim is for a turn that takes the whole claim (quantum ≥ limit)");
+  // Literals, as in claimStatement (one plan per k).
+  const K = sql.unsafe(String(k));
+  const K1 = sql.unsafe(String(k + 1));
+  const rows = await sql<(ClaimedRun & { owners: number })[]>`
+    with nxt as materialized (
+      select q.priority, q.owner_id from queue_owners q
+      where q.analysis_type = ${o.analysisType}
+      order by ${turnOrder(sql, "q")}
+      limit 1
+    ),
+    level as materialized (
+      select count(*) as owners from (
+        select 1 from queue_owners q join nxt n on q.priority = n.priority
+        where q.analysis_type = ${o.analysisType}
+        limit ${K1}) x
+    ),
+    picked as materialized (
+      select p.id from nxt n
+      cross join lateral (
+        select r.id from runs r
+        where r.status = 'queued' and r.analysis_type = ${o.analysisType} and r.owner_id = n.owner_id
+          and r.priority = n.priority and r.run_after <= now()
+        order by r.turn, r.id
+        limit ${K}
+        for update of r skip locked
+      ) p
+      where (select owners from level) > ${K}
+    ),
+    claimed as (${claimUpdate(sql, o)}),
+    advanced as (
+      update queue_owners q set pass = q.pass + (select count(*) from picked), since = statement_timestamp()
+      from nxt n
+      where q.analysis_type = ${o.analysisType} and q.priority = n.priority and q.owner_id = n.owner_id
+        and (select count(*) from picked) > 0
+    )
+    select ${claimedColumns(sql)}, (select owners from level)::int as owners
+    -- One row of nulls when nothing was claimed: it still carries owners.
+    from (select 1) one left join claimed c on true
+    where ${commitMode(sql, false)}
+    order by c.id`;
+  const owners = rows[0]?.owners ?? 0;
+  const runs: ClaimedRun[] = [];
+  for (const { owners: _, ...run } of rows) if (run.id !== null) runs.push(run);
+  return { runs, owners };
+}
+
 /** The claim's update of the runs in `picked` (a CTE of ids): each becomes an attempt of this worker. */
 function claimUpdate(sql: Sql, o: ClaimOptions) {
   return sql`
