@@ -289,7 +289,8 @@ export class Worker {
    * claim (runClaimTurn) when more owners wait than the claim takes and a turn takes the whole claim;
    * the fair claim otherwise. The fair claim straight away after a wake-up: new work may be another
    * owner's, and a small claim in vain would sit on the path from a create to its first run. After
-   * a small claim found its case does not hold (others waiting; k or fewer owners), it is not tried
+   * a small claim found its case does not hold (others waiting; k or fewer owners; the next owner
+   * short of due runs), it is not tried
    * for SOLE_RECHECK_MS: at most one statement in vain per type and kind that often.
    */
   private async claim(o: ClaimOptions): Promise<ClaimedRun[]> {
@@ -311,7 +312,10 @@ export class Worker {
       now >= (this.turnRecheckAt.get(o.analysisType) ?? 0)
     ) {
       const turn = await runClaimTurn(this.o.sql, o);
-      if (turn.owners <= o.limit) this.turnRecheckAt.set(o.analysisType, now + SOLE_RECHECK_MS);
+      // Also when the owner next in turn was short of due runs: an owner whose runs all back off
+      // stays first in turn, and every claim would try it in vain (a review: 20 of 20 claims).
+      if (turn.owners <= o.limit || turn.runs.length < o.limit)
+        this.turnRecheckAt.set(o.analysisType, now + SOLE_RECHECK_MS);
       if (turn.runs.length === o.limit) return turn.runs;
       // The owner next in turn had fewer due runs (or none), or k or fewer owners wait (then it
       // claimed none): the fair claim takes the rest, from where the rotation now stands (walking

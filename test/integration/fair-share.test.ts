@@ -1180,6 +1180,8 @@ test("with two owners waiting the worker tries the sole owner's claim at most on
 test("a turn that takes the whole claim is the next owner's claim; an owner short of due runs gets them and the fair claim gives the rest", async () => {
   const type = "turn1";
   const { sql: counted, count } = counting("with nxt as materialized");
+  /** How many runs each next owner's claim took. */
+  const took: number[] = [];
   // As the worker claims (Worker.claim): the next owner's claim, and the fair claim for what it left.
   const claim = async (limit: number) => {
     const o = {
@@ -1192,6 +1194,7 @@ test("a turn that takes the whole claim is the next owner's claim; an owner shor
     };
     const turn = await runClaimTurn(counted, o);
     assert.ok(turn.owners > limit, `${turn.owners} owners wait`);
+    took.push(turn.runs.length);
     if (turn.runs.length === limit) return turn.runs;
     return [...turn.runs, ...(await runClaim(db.sql, { ...o, limit: limit - turn.runs.length }))];
   };
@@ -1205,6 +1208,7 @@ test("a turn that takes the whole claim is the next owner's claim; an owner shor
     assert.deepEqual(await servedBy(got), [ids[i], ids[i]], `claim ${i}`);
   }
   assert.equal(count(), 5, "each was the next owner's claim");
+  assert.deepEqual(took, [2, 2, 2, 2, 2], "and took the whole claim");
   for (let i = 0; i < 5; i++) assert.equal(await passOf(type, owners[i] as Principal), 2);
   // Owner 0, next in turn again, has one due run left (the rest back off): it gets that one, and
   // the fair claim gives the other slot to the next owner in turn.
@@ -1219,6 +1223,7 @@ test("a turn that takes the whole claim is the next owner's claim; an owner shor
   const mixed = await claim(2);
   assert.deepEqual((await servedBy(mixed)).sort(), [String(o0.userId), String(o1.userId)].sort());
   assert.ok(mixed.some((c) => c.id === o0Queued[0]?.id));
+  assert.equal(took.at(-1), 1, "the next owner's claim took owner 0's one due run");
   // Owners 2, 3 and 4 take their turns (pass 4); then owner 0 is next in turn again (pass 3, served
   // before owner 1 in that claim) with nothing due: the fair claim walks past it to owner 1.
   for (let i = 2; i < 5; i++) assert.deepEqual(await servedBy(await claim(2)), [ids[i], ids[i]]);
@@ -1226,9 +1231,33 @@ test("a turn that takes the whole claim is the next owner's claim; an owner shor
   const past = await claim(2);
   assert.deepEqual(await servedBy(past), [ids[1], ids[1]]);
   assert.equal(count(), tried + 1, "the next owner's claim was tried first");
+  assert.equal(took.at(-1), 0, "and took nothing");
   // Not for a turn smaller than the claim, nor under a limit; with k or fewer owners, nothing.
   const base = { workerId: "w-turn", analysisType: type, limit: 2, globalLimit: 0, leaseTtlMs: 30_000 };
   await assert.rejects(runClaimTurn(db.sql, { ...base, quantum: 1 }), /whole claim/);
   await assert.rejects(runClaimTurn(db.sql, { ...base, quantum: 2, userLimit: 3 }), /limit/);
   assert.deepEqual(await runClaimTurn(db.sql, { ...base, limit: 5, quantum: 5 }), { runs: [], owners: 5 });
+});
+
+test("a worker whose attempts are short claims the next owner's turn with the small claim while many owners wait", async () => {
+  const type = "turn2";
+  const { sql: counted, count } = counting("with nxt as materialized");
+  const owners = await seedUsers(...Array.from({ length: 12 }, (_, i) => `turn2-${i}`));
+  const tasks: string[] = [];
+  for (const o of owners) tasks.push(await createTask(db.sql, o, type, 10));
+  const w = new Worker({
+    sql: counted,
+    logger,
+    types: { [type]: { handler: handler(1) } },
+    concurrency: 3,
+    leaseTtlMs: 30_000,
+    pollIntervalMs: 100,
+    retryBaseMs: 20,
+  });
+  await w.start();
+  running = w;
+  for (const t of tasks) await waitForTerminal(db.sql, t);
+  // Twelve owners, claims of at most three slots: once the attempts are known to be short, turns
+  // take whole claims, and those are the next owner's claims.
+  assert.ok(count() > 0, "the next owner's claim was used");
 });

@@ -422,7 +422,12 @@ async function claimStatement(
  * fair way (its walk starts from the advanced pass, as the fair claim's own walk would have moved
  * on), and one with none is left to the fair claim, which walks past it and tidies. Its answer says
  * how many owners wait at that level, up to k + 1: with k or fewer the caller claims with runClaim.
- * Only without limits (it throws), and only when the turn takes the whole claim (quantum ≥ limit). Locks: its runs
+ * Only without limits (it throws), and only when the turn takes the whole claim (quantum ≥ limit).
+ * Not quite the fair claim when the next owner is short and k > CLAIM_QUANTUM: the fair claim for the
+ * rest computes its quotas from the rest, not from k, so the rest may go to fewer owners of a worse
+ * priority than one fair claim of k would give it (a review: 1 + 7 runs where the fair claim gave
+ * 1 + 4 + 3); the passes count what each got, so the rotation evens it out. A walk that then takes
+ * nothing tidies the rows it walked past one claim earlier than the fair claim alone would. Locks: its runs
  * (SKIP LOCKED), then its one queue_owners row, the order of every statement. Commits asynchronously,
  * like the fair claim without limits.
  */
