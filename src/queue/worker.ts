@@ -27,6 +27,7 @@ import {
   claimQuantum,
   type Lease,
   type Outcome,
+  queueOwnersPrune,
   type Retry,
   type RetryResult,
   runClaim,
@@ -150,6 +151,8 @@ export class Worker {
   private readonly attemptSeconds = new Map<string, number>();
   /** Per type, until when claims are fair ones without trying runClaimSole first (see claim()). */
   private readonly soleRecheckAt = new Map<string, number>();
+  /** Until when the sole owner's claim does not prune rows of owners with nothing queued (see claim()). */
+  private pruneAt = 0;
   /** Per type, until when the next owner's claim (runClaimTurn) is not tried (see claim()). */
   private readonly turnRecheckAt = new Map<string, number>();
   /** Types with a wake-up since their last claim: that claim is the fair one (see claim()). */
@@ -300,10 +303,23 @@ export class Worker {
     const now = performance.now();
     if (now >= (this.soleRecheckAt.get(o.analysisType) ?? 0)) {
       const sole = await runClaimSole(this.o.sql, o);
-      // Alone with nothing due: the fair claim's tidy takes the row out of the rotation if nothing
-      // is queued at all (the sole claim never tidies), so the owner rejoins behind a newcomer, not
-      // ahead with its old `since`.
-      if (sole.owners === 1 && sole.runs.length === 0) return runClaim(this.o.sql, o);
+      // Alone with nothing due, or no owner left but rows: the fair claim's tidy takes rows whose
+      // owner has nothing queued out of the rotation (the sole claim never tidies), so such an owner
+      // rejoins behind a newcomer, not ahead with its old `since`.
+      if (sole.runs.length === 0 && (sole.owners === 1 || (sole.owners === 0 && sole.rows > 0)))
+        return runClaim(this.o.sql, o);
+      // Alone beside rows whose owner has nothing queued (left by a fair-share period): each costs
+      // every sole claim an index probe until the reaper's prune, so they go now (once a recheck
+      // interval at most; a failure is the reaper's to redo).
+      if (sole.owners === 1 && sole.rows > 1 && now >= this.pruneAt) {
+        this.pruneAt = now + SOLE_RECHECK_MS;
+        // Must not throw: the runs are claimed and must reach the caller.
+        await queueOwnersPrune(this.o.sql).catch((err: unknown) => {
+          try {
+            o.onTidyError?.(err);
+          } catch {}
+        });
+      }
       if (sole.owners < 2) return sole.runs;
       this.soleRecheckAt.set(o.analysisType, now + SOLE_RECHECK_MS);
     }

@@ -19,6 +19,7 @@ import {
   walkHead,
 } from "../../src/queue/sql.ts";
 import { type Handler, Worker } from "../../src/queue/worker.ts";
+import { taskCancel } from "../../src/tasks/cancel.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import { createTask, seedUser, taskRow, waitFor, waitForTerminal } from "../helpers/queue.ts";
 
@@ -1052,7 +1053,7 @@ test("the per-user limit holds for an owner with queued runs at two priorities",
 test("the sole owner's claim: one owner alone gets its due runs in turn order; with two owners it claims nothing and says so", async () => {
   const [a, b] = await seedUsers("sole-a", "sole-b");
   assert.ok(a && b);
-  assert.deepEqual(await claimSole("sole1", 3), { runs: [], owners: 0 });
+  assert.deepEqual(await claimSole("sole1", 3), { runs: [], owners: 0, rows: 0 });
   const first = await createTask(db.sql, a, "sole1", 6);
   const second = await createTask(db.sql, a, "sole1", 2);
   const passBefore = await passOf("sole1", a);
@@ -1083,12 +1084,12 @@ test("the sole owner's claim: one owner alone gets its due runs in turn order; w
   assert.equal(rest.runs.length, 4);
   assert.ok(!rest.runs.some((r) => r.id === backing.id));
   // Alone with only that run queued: nothing due, nothing claimed.
-  assert.deepEqual(await claimSole("sole1", 10), { runs: [], owners: 1 });
+  assert.deepEqual(await claimSole("sole1", 10), { runs: [], owners: 1, rows: 1 });
   // Two owners: nothing claimed, and the answer says the fair claim decides.
   await createTask(db.sql, b, "sole1", 2);
   const queued = await db.sql<{ n: number }[]>`
     select count(*)::int as n from runs where analysis_type = 'sole1' and status = 'queued'`;
-  assert.deepEqual(await claimSole("sole1", 3), { runs: [], owners: 2 });
+  assert.deepEqual(await claimSole("sole1", 3), { runs: [], owners: 2, rows: 2 });
   const after = await db.sql<{ n: number }[]>`
     select count(*)::int as n from runs where analysis_type = 'sole1' and status = 'queued'`;
   assert.deepEqual(after, queued);
@@ -1104,6 +1105,37 @@ test("the sole owner's claim: one owner alone gets its due runs in turn order; w
     /limit/,
   );
   await assert.rejects(claimSole("sole1", 0), /positive integer/);
+});
+
+test("the sole owner's claim counts only owners with runs queued: a row left behind by an emptied queue does not stop it", async () => {
+  const [a, b] = await seedUsers("sole6-a", "sole6-b");
+  assert.ok(a && b);
+  await createTask(db.sql, a, "sole6", 5);
+  await createTask(db.sql, b, "sole6", 1);
+  assert.deepEqual(await claimSole("sole6", 3), { runs: [], owners: 2, rows: 2 });
+  // B's one run taken and finished by fair claims: its row stays (nothing walked past it since).
+  let bRun: { id: number; leaseToken: string } | undefined;
+  while (!bRun) {
+    const [c] = await claimRuns("sole6", 1);
+    assert.ok(c);
+    if ((await ownerOf(c.id)) === String(b.userId)) bRun = c;
+  }
+  await done([bRun]);
+  assert.equal(await rowsOf("sole6"), 2);
+  // A alone has runs queued: the sole owner's claim serves it, and says a second row is listed.
+  const alone = await claimSole("sole6", 10);
+  assert.equal(alone.owners, 1);
+  assert.equal(alone.rows, 2);
+  assert.ok(alone.runs.length > 0);
+  for (const r of alone.runs) assert.equal(await ownerOf(r.id), String(a.userId));
+  // Nobody has runs queued; the rows are still listed (the worker then claims the fair way, whose
+  // tidy removes them).
+  assert.deepEqual(await claimSole("sole6", 10), { runs: [], owners: 0, rows: 2 });
+  // A run in backoff still counts its owner as waiting.
+  const [retried] = alone.runs;
+  assert.ok(retried);
+  await backOff(retried);
+  assert.deepEqual(await claimSole("sole6", 10), { runs: [], owners: 1, rows: 2 });
 });
 
 test("an owner served alone by the sole owner's claim and a newcomer then take turns from the first fair claim", async () => {
@@ -1149,6 +1181,35 @@ test("a worker whose sole owner has nothing left claims once the fair way, whose
   await waitForTerminal(db.sql, task);
   // No reaper runs here and the sole owner's claim never tidies: only that fair claim removes the row.
   await waitFor(async () => (await rowsOf("sole4")) === 0);
+});
+
+test("a worker serving a sole owner beside a row whose owner has nothing queued prunes that row at once", async () => {
+  const type = "sole7";
+  const walks = counting("with walk as materialized");
+  const [a, b] = await seedUsers("sole7-a", "sole7-b");
+  assert.ok(a && b);
+  const big = await createTask(db.sql, a, type, 40);
+  const gone = await createTask(db.sql, b, type, 3);
+  assert.equal((await taskCancel(db.sql, b, gone)).kind, "cancelling");
+  assert.equal((await taskRow(db.sql, gone)).status, "cancelled");
+  // B's queue is empty but its row stays: nothing has walked past it, and no reaper runs here.
+  assert.equal(await rowsOf(type), 2);
+  const w = new Worker({
+    sql: walks.sql,
+    logger,
+    types: { [type]: { handler: handler(10) } },
+    concurrency: 2,
+    leaseTtlMs: 30_000,
+    pollIntervalMs: 100,
+    retryBaseMs: 20,
+  });
+  await w.start();
+  running = w;
+  await waitFor(async () => (await rowsOf(type)) === 1);
+  // Pruned while A's task was still draining, by sole claims alone (no fair claim walked past it).
+  assert.ok((await taskRow(db.sql, big)).succeeded < 40);
+  assert.equal(walks.count(), 0);
+  await waitForTerminal(db.sql, big);
 });
 
 test("with two owners waiting the worker tries the sole owner's claim at most once a second (SOLE_RECHECK_MS)", async () => {

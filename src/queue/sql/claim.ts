@@ -522,8 +522,14 @@ function claimedColumns(sql: Sql) {
  * priority), which is the shape of most of a queue's work — one user's large task draining. It takes
  * up to `o.limit` of that owner's due runs in turn order, which is what the fair claim (runClaim)
  * would give it, with a plan a fraction of the size: no walk over owners, no rotation to advance, no
- * rows walked past to tidy. Its answer says how many rows it saw (0, 1, or 2 for "two or more"): with
- * two or more it claims nothing, and the caller claims with runClaim.
+ * rows walked past to tidy. Its answer says how many owners it saw with runs queued at the type (0,
+ * 1, or 2 for "two or more"): with two or more it claims nothing, and the caller claims with runClaim.
+ * Only owners with runs queued count (due or not: an owner whose runs back off is still waiting): the
+ * rotation keeps a row a while after its owner's queue emptied (until a fair claim's tidy or the
+ * reaper's prune), and counting those rows sent a single task drained after a fair-share period to the
+ * fair claim for a second at a time (a drain after a fair one ~12% slower). The answer
+ * also says whether the type has any row at all (`rows`, 0 to 2), so the caller can have such rows
+ * tidied when no owner is left.
  *
  * The owner's pass is not advanced, and nothing is lost by that: a pass orders owners against each
  * other, and an owner alone is served whatever its pass. A newcomer joins at the highest pass of the
@@ -539,16 +545,24 @@ function claimedColumns(sql: Sql) {
 export async function runClaimSole(
   sql: Sql,
   o: ClaimOptions,
-): Promise<{ runs: ClaimedRun[]; owners: number }> {
+): Promise<{ runs: ClaimedRun[]; owners: number; rows: number }> {
   if (o.globalLimit > 0 || (o.userLimit ?? 0) > 0)
     throw new Error("a claim under a global or per-user limit is runClaim's");
   const k = o.limit;
   if (!Number.isInteger(k) || k <= 0) throw new Error(`claim size must be a positive integer, got ${k}`);
   // The limit a literal, as in claimStatement (one plan per k).
   const K = sql.unsafe(String(k));
-  const rows = await sql<(ClaimedRun & { owners: number })[]>`
+  const rows = await sql<(ClaimedRun & { owners: number; rows: number })[]>`
     with sole as materialized (
       select q.priority, q.owner_id from queue_owners q
+      -- An index probe per row, as in the tidy (as EXISTS it became one scan of every queued run).
+      cross join lateral (
+        select 1 from runs r
+        where r.status = 'queued' and r.analysis_type = q.analysis_type
+          and r.owner_id = q.owner_id and r.priority = q.priority
+        order by r.turn, r.id
+        limit 1
+      ) x
       where q.analysis_type = ${o.analysisType}
       limit 2
     ),
@@ -567,15 +581,18 @@ export async function runClaimSole(
     ),
     claimed as (${claimUpdate(sql, o)})
     select ${claimedColumns(sql)},
-           (select count(*) from sole)::int as owners
-    -- One row of nulls when nothing was claimed: it still carries owners.
+           (select count(*) from sole)::int as owners,
+           (select count(*) from (select 1 from queue_owners q
+                                  where q.analysis_type = ${o.analysisType} limit 2) l)::int as rows
+    -- One row of nulls when nothing was claimed: it still carries owners and rows.
     from (select 1) one left join claimed c on true
     where ${commitMode(sql, false)}
     order by c.id`;
   const owners = rows[0]?.owners ?? 0;
+  const listed = rows[0]?.rows ?? 0;
   const runs: ClaimedRun[] = [];
-  for (const { owners: _, ...run } of rows) if (run.id !== null) runs.push(run);
-  return { runs, owners };
+  for (const { owners: _, rows: __, ...run } of rows) if (run.id !== null) runs.push(run);
+  return { runs, owners, rows: listed };
 }
 
 /**
