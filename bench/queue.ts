@@ -22,8 +22,11 @@ const WARMUP = Number(process.env.BENCH_WARMUP ?? 1000);
 const logger = createLogger({ level: "warn", destination: process.stderr });
 /** drain:fair: users, one task each, N runs in all. */
 const FAIR_USERS = 100;
-/** drain:fair: pairs of a single-task drain and a fair drain (odd, so the median is one pair's). */
-const FAIR_PAIRS = Number(process.env.BENCH_FAIR_PAIRS ?? 3);
+/**
+ * drain:fair: pairs of a single-task drain and a fair drain (odd, so the median is one pair's). Five:
+ * one pair's ratio moved between 0.77 and 1.2 within a run (2026-12-04), and the median of three with it.
+ */
+const FAIR_PAIRS = Number(process.env.BENCH_FAIR_PAIRS ?? 5);
 /** pickup:fair: A's task, and B's samples taken while it drains. */
 const FAIR_BIG = Number(process.env.BENCH_FAIR_BIG ?? 20_000);
 const FAIR_SAMPLES = 100;

@@ -27,7 +27,7 @@ import {
   claimQuantum,
   type Lease,
   type Outcome,
-  queueOwnersPrune,
+  queueOwnersPruneIdle,
   type Retry,
   type RetryResult,
   runClaim,
@@ -151,8 +151,8 @@ export class Worker {
   private readonly attemptSeconds = new Map<string, number>();
   /** Per type, until when claims are fair ones without trying runClaimSole first (see claim()). */
   private readonly soleRecheckAt = new Map<string, number>();
-  /** Until when the sole owner's claim does not prune rows of owners with nothing queued (see claim()). */
-  private pruneAt = 0;
+  /** Per type, until when rows of owners with nothing queued are not pruned again (see claim()). */
+  private readonly pruneAt = new Map<string, number>();
   /** Per type, until when the next owner's claim (runClaimTurn) is not tried (see claim()). */
   private readonly turnRecheckAt = new Map<string, number>();
   /** Types with a wake-up since their last claim: that claim is the fair one (see claim()). */
@@ -294,7 +294,8 @@ export class Worker {
    * owner's, and a small claim in vain would sit on the path from a create to its first run. After
    * a small claim found its case does not hold (others waiting; k or fewer owners; the next owner
    * short of due runs), it is not tried
-   * for SOLE_RECHECK_MS: at most one statement in vain per type and kind that often.
+   * for SOLE_RECHECK_MS: at most one statement in vain per type and kind that often. Rows of owners
+   * whose queue has emptied, which the sole owner's claim reports, are pruned on the spot.
    */
   private async claim(o: ClaimOptions): Promise<ClaimedRun[]> {
     const limited = o.globalLimit > 0 || (o.userLimit ?? 0) > 0;
@@ -303,24 +304,30 @@ export class Worker {
     const now = performance.now();
     if (now >= (this.soleRecheckAt.get(o.analysisType) ?? 0)) {
       const sole = await runClaimSole(this.o.sql, o);
-      // Alone with nothing due, or no owner left but rows: the fair claim's tidy takes rows whose
-      // owner has nothing queued out of the rotation (the sole claim never tidies), so such an owner
-      // rejoins behind a newcomer, not ahead with its old `since`.
-      if (sole.runs.length === 0 && (sole.owners === 1 || (sole.owners === 0 && sole.rows > 0)))
-        return runClaim(this.o.sql, o);
-      // Alone beside rows whose owner has nothing queued (left by a fair-share period): each costs
-      // every sole claim an index probe until the reaper's prune, so they go now (once a recheck
-      // interval at most; a failure is the reaper's to redo).
-      if (sole.owners === 1 && sole.rows > 1 && now >= this.pruneAt) {
-        this.pruneAt = now + SOLE_RECHECK_MS;
-        // Must not throw: the runs are claimed and must reach the caller.
-        await queueOwnersPrune(this.o.sql).catch((err: unknown) => {
-          try {
-            o.onTidyError?.(err);
-          } catch {}
-        });
+      if (sole.runs.length > 0) return sole.runs;
+      if (sole.owners < 2) {
+        // Rows beyond the owner waiting (if any): their owner's queue has emptied. Pruned at once, so
+        // the next claim is the sole owner's again. A prune that removed nothing (the rows locked by a
+        // create bringing their owner back, or it failed) is not tried again for a recheck interval,
+        // and until then the claims of the type are fair ones.
+        if (sole.rows > sole.owners) {
+          const at = this.pruneAt.get(o.analysisType) ?? 0;
+          if (now >= at) {
+            // Must not throw: a failed prune is the reaper's to redo, and the claim goes on.
+            const pruned = await queueOwnersPruneIdle(this.o.sql, o.analysisType).catch((err: unknown) => {
+              try {
+                o.onTidyError?.(err);
+              } catch {}
+              return 0;
+            });
+            if (pruned === 0) this.pruneAt.set(o.analysisType, now + SOLE_RECHECK_MS);
+          } else this.soleRecheckAt.set(o.analysisType, at);
+        }
+        // An owner waiting beside such rows: this claim is the fair one, which counts the owner's
+        // pass (the rows' owners, queueing again, are ordered against it). Alone with nothing due, or
+        // nobody waiting: nothing to claim.
+        return sole.owners === 1 && sole.rows > 1 ? runClaim(this.o.sql, o) : [];
       }
-      if (sole.owners < 2) return sole.runs;
       this.soleRecheckAt.set(o.analysisType, now + SOLE_RECHECK_MS);
     }
     if (

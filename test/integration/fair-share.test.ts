@@ -9,6 +9,7 @@ import { Reaper } from "../../src/queue/reaper.ts";
 import {
   CLAIM_QUANTUM,
   claimQuantum,
+  queueOwnersPruneIdle,
   queueOwnersTidy,
   runClaim,
   runClaimSole,
@@ -1107,35 +1108,46 @@ test("the sole owner's claim: one owner alone gets its due runs in turn order; w
   await assert.rejects(claimSole("sole1", 0), /positive integer/);
 });
 
-test("the sole owner's claim counts only owners with runs queued: a row left behind by an emptied queue does not stop it", async () => {
-  const [a, b] = await seedUsers("sole6-a", "sole6-b");
-  assert.ok(a && b);
+test("beside a row whose owner's queue has emptied the sole owner's claim claims nothing and says so; the type's prune removes such rows only", async () => {
+  const [a, b, c] = await seedUsers("sole6-a", "sole6-b", "sole6-c");
+  assert.ok(a && b && c);
   await createTask(db.sql, a, "sole6", 5);
   await createTask(db.sql, b, "sole6", 1);
+  // C's idle row at another type must stay.
+  await createTask(db.sql, c, "sole6-other", 1);
+  const [other] = await claimRuns("sole6-other", 1);
+  assert.ok(other);
+  await done([other]);
   assert.deepEqual(await claimSole("sole6", 3), { runs: [], owners: 2, rows: 2 });
   // B's one run taken and finished by fair claims: its row stays (nothing walked past it since).
   let bRun: { id: number; leaseToken: string } | undefined;
   while (!bRun) {
-    const [c] = await claimRuns("sole6", 1);
-    assert.ok(c);
-    if ((await ownerOf(c.id)) === String(b.userId)) bRun = c;
+    const [r] = await claimRuns("sole6", 1);
+    assert.ok(r);
+    if ((await ownerOf(r.id)) === String(b.userId)) bRun = r;
   }
   await done([bRun]);
   assert.equal(await rowsOf("sole6"), 2);
-  // A alone has runs queued: the sole owner's claim serves it, and says a second row is listed.
+  // A waits alone, but B's row would keep its old place: nothing claimed, and the answer says why.
+  assert.deepEqual(await claimSole("sole6", 10), { runs: [], owners: 1, rows: 2 });
+  assert.equal(await queueOwnersPruneIdle(db.sql, "sole6"), 1);
+  assert.equal(await rowsOf("sole6"), 1);
+  assert.equal(await rowsOf("sole6-other"), 1);
+  // Alone now: the sole owner's claim serves A.
   const alone = await claimSole("sole6", 10);
   assert.equal(alone.owners, 1);
-  assert.equal(alone.rows, 2);
+  assert.equal(alone.rows, 1);
   assert.ok(alone.runs.length > 0);
   for (const r of alone.runs) assert.equal(await ownerOf(r.id), String(a.userId));
-  // Nobody has runs queued; the rows are still listed (the worker then claims the fair way, whose
-  // tidy removes them).
-  assert.deepEqual(await claimSole("sole6", 10), { runs: [], owners: 0, rows: 2 });
-  // A run in backoff still counts its owner as waiting.
+  // Nothing queued: no owner, the row still listed (the worker prunes it).
+  assert.deepEqual(await claimSole("sole6", 10), { runs: [], owners: 0, rows: 1 });
+  // A run in backoff still counts its owner as waiting, and its row is not pruned.
   const [retried] = alone.runs;
   assert.ok(retried);
   await backOff(retried);
-  assert.deepEqual(await claimSole("sole6", 10), { runs: [], owners: 1, rows: 2 });
+  assert.deepEqual(await claimSole("sole6", 10), { runs: [], owners: 1, rows: 1 });
+  assert.equal(await queueOwnersPruneIdle(db.sql, "sole6"), 0);
+  assert.equal(await rowsOf("sole6"), 1);
 });
 
 test("an owner served alone by the sole owner's claim and a newcomer then take turns from the first fair claim", async () => {
@@ -1173,13 +1185,13 @@ test("a worker claims with the sole owner's claim while one user waits, and serv
   await waitForTerminal(db.sql, big);
 });
 
-test("a worker whose sole owner has nothing left claims once the fair way, whose tidy takes the row out of the rotation", async () => {
+test("a worker whose sole owner has nothing left prunes its row out of the rotation", async () => {
   const [a] = await seedUsers("sole4-a");
   assert.ok(a);
   const task = await createTask(db.sql, a, "sole4", 10);
   await startWorker("sole4", 2);
   await waitForTerminal(db.sql, task);
-  // No reaper runs here and the sole owner's claim never tidies: only that fair claim removes the row.
+  // No reaper runs here and the sole owner's claim never tidies: only the worker's prune removes the row.
   await waitFor(async () => (await rowsOf("sole4")) === 0);
 });
 
@@ -1206,10 +1218,50 @@ test("a worker serving a sole owner beside a row whose owner has nothing queued 
   await w.start();
   running = w;
   await waitFor(async () => (await rowsOf(type)) === 1);
-  // Pruned while A's task was still draining, by sole claims alone (no fair claim walked past it).
+  // Pruned while A's task was still draining, after one fair claim at most: the rest were the sole
+  // owner's (before, the fair claim served for a second: every claim of this drain).
   assert.ok((await taskRow(db.sql, big)).succeeded < 40);
-  assert.equal(walks.count(), 0);
   await waitForTerminal(db.sql, big);
+  assert.ok(walks.count() <= 1, `${walks.count()} fair claims`);
+});
+
+test("a prune that fails leaves the worker claiming the fair way; the task still drains", async () => {
+  const type = "sole8";
+  let begins = 0;
+  // The prune is the only transaction of a claim without limits: every sql.begin fails.
+  const failing = new Proxy(db.sql, {
+    get(target, prop, receiver) {
+      if (prop === "begin")
+        return async () => {
+          begins++;
+          throw new Error("injected: the prune's transaction failed");
+        };
+      return Reflect.get(target, prop, receiver);
+    },
+  });
+  const [a, b] = await seedUsers("sole8-a", "sole8-b");
+  assert.ok(a && b);
+  const big = await createTask(db.sql, a, type, 30);
+  const gone = await createTask(db.sql, b, type, 3);
+  assert.equal((await taskCancel(db.sql, b, gone)).kind, "cancelling");
+  const w = new Worker({
+    sql: failing,
+    logger,
+    types: { [type]: { handler: handler(5) } },
+    concurrency: 2,
+    leaseTtlMs: 30_000,
+    pollIntervalMs: 100,
+    retryBaseMs: 20,
+  });
+  const began = performance.now();
+  await w.start();
+  running = w;
+  await waitForTerminal(db.sql, big);
+  const seconds = (performance.now() - began) / 1000;
+  assert.equal((await taskRow(db.sql, big)).succeeded, 30);
+  // Tried, and after a prune that removed nothing not again for SOLE_RECHECK_MS (~15 claims here).
+  assert.ok(begins >= 1, "the prune was tried");
+  assert.ok(begins <= Math.ceil(seconds) + 1, `${begins} prunes in ${seconds.toFixed(1)} s`);
 });
 
 test("with two owners waiting the worker tries the sole owner's claim at most once a second (SOLE_RECHECK_MS)", async () => {

@@ -522,22 +522,24 @@ function claimedColumns(sql: Sql) {
  * priority), which is the shape of most of a queue's work — one user's large task draining. It takes
  * up to `o.limit` of that owner's due runs in turn order, which is what the fair claim (runClaim)
  * would give it, with a plan a fraction of the size: no walk over owners, no rotation to advance, no
- * rows walked past to tidy. Its answer says how many owners it saw with runs queued at the type (0,
- * 1, or 2 for "two or more"): with two or more it claims nothing, and the caller claims with runClaim.
- * Only owners with runs queued count (due or not: an owner whose runs back off is still waiting): the
- * rotation keeps a row a while after its owner's queue emptied (until a fair claim's tidy or the
- * reaper's prune), and counting those rows sent a single task drained after a fair-share period to the
- * fair claim for a second at a time (a drain after a fair one ~12% slower). The answer
- * also says whether the type has any row at all (`rows`, 0 to 2), so the caller can have such rows
- * tidied when no owner is left.
+ * rows walked past to tidy. It claims only when the type has exactly one row and that row's owner has
+ * runs queued. Its answer says what it found, for the caller to choose the next step: `owners`, the
+ * rows whose owner has runs queued (due or not: an owner whose runs back off still waits), and `rows`,
+ * the type's rows (each 0, 1, or 2 for "two or more"). Two or more owners waiting: the fair claim
+ * decides. Rows beyond the owners waiting are rows whose owner's queue has emptied, which the rotation
+ * keeps until a fair claim's tidy or a prune removes them (a fair-share period leaves many): the caller
+ * prunes them (queueOwnersPruneIdle) rather than treating them as owners waiting, which sent a single
+ * task drained after a fair period to the fair claim for a second at a time (~12% slower).
  *
  * The owner's pass is not advanced, and nothing is lost by that: a pass orders owners against each
  * other, and an owner alone is served whatever its pass. A newcomer joins at the highest pass of the
  * level — then the sole owner's, not advanced — with a later `since`, so the owner that was alone
  * goes first, one turn, exactly as when its pass had been advanced: both start even, and the
- * rotation goes on from there. It never tidies: a row whose owner has nothing queued any more stays
- * until a fair claim's tidy or the reaper's prune removes it (the worker claims the fair way when this
- * finds the owner alone with nothing due, for that tidy; see Worker.claim).
+ * rotation goes on from there. That holds only when no other row is there: a row whose owner's queue
+ * emptied keeps its pass and `since`, and its owner, queueing again, would go ahead of a newcomer where
+ * fair claims (advancing the sole owner's pass) would have put it behind — so with such a row this
+ * claims nothing. It never tidies: the worker prunes such rows when this reports them (see
+ * Worker.claim).
  *
  * Only without limits (the caller's to check: a limited claim is runClaim's transaction). Commits
  * asynchronously, like runClaim's claim without limits (see there).
@@ -566,6 +568,9 @@ export async function runClaimSole(
       where q.analysis_type = ${o.analysisType}
       limit 2
     ),
+    listed as materialized (
+      select count(*) as n from (select 1 from queue_owners q where q.analysis_type = ${o.analysisType} limit 2) l
+    ),
     picked as materialized (
       select p.id from sole s
       cross join lateral (
@@ -576,14 +581,13 @@ export async function runClaimSole(
         limit ${K}
         for update of r skip locked
       ) p
-      -- Alone: with two rows the fair claim decides.
-      where (select count(*) from sole) = 1
+      -- Alone: one row, its owner's (with more rows, the caller decides).
+      where (select count(*) from sole) = 1 and (select n from listed) = 1
     ),
     claimed as (${claimUpdate(sql, o)})
     select ${claimedColumns(sql)},
            (select count(*) from sole)::int as owners,
-           (select count(*) from (select 1 from queue_owners q
-                                  where q.analysis_type = ${o.analysisType} limit 2) l)::int as rows
+           (select n from listed)::int as rows
     -- One row of nulls when nothing was claimed: it still carries owners and rows.
     from (select 1) one left join claimed c on true
     where ${commitMode(sql, false)}

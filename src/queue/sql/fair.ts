@@ -108,3 +108,43 @@ export async function queueOwnersPrune(sql: Sql, limit = 500): Promise<number> {
     return rows.length;
   });
 }
+
+/**
+ * queueOwnersPrune for one analysis type, for a worker that found rows there whose owner has nothing
+ * queued beside an owner alone (runClaimSole then claims nothing): deletes up to `limit` of them, so
+ * the next claim is the sole owner's again. The same two statements as queueOwnersPrune (lock, then
+ * judge by a later snapshot), with the claim's index probe per row rather than NOT EXISTS (which a
+ * planner that believes the queue empty — statistics taken when it was — turned into a scan of every
+ * queued run per row), and an asynchronous commit: a prune lost in a crash only leaves rows the next
+ * claim or the reaper prunes again. Returns how many rows went.
+ */
+export async function queueOwnersPruneIdle(sql: Sql, analysisType: string, limit = 1000): Promise<number> {
+  return sql.begin(async (tx) => {
+    await tx`set local synchronous_commit = off`;
+    const idle = await tx<{ priority: number; owner_id: string }[]>`
+      select q.priority, q.owner_id::text from queue_owners q
+      left join lateral (
+        select 1 as queued from runs r
+        where r.status = 'queued' and r.analysis_type = q.analysis_type
+          and r.owner_id = q.owner_id and r.priority = q.priority
+        order by r.turn, r.id
+        limit 1
+      ) x on true
+      where q.analysis_type = ${analysisType} and x.queued is null
+      order by q.owner_id
+      limit ${limit}
+      for update of q skip locked`;
+    if (idle.length === 0) return 0;
+    const rows = await tx`
+      delete from queue_owners q
+      using jsonb_to_recordset(${tx.json(idle)}) as i(priority int, owner_id bigint)
+      where q.analysis_type = ${analysisType} and q.priority = i.priority and q.owner_id = i.owner_id
+        and (select 1 from runs r
+             where r.status = 'queued' and r.analysis_type = q.analysis_type
+               and r.owner_id = q.owner_id and r.priority = q.priority
+             order by r.turn, r.id
+             limit 1) is null
+      returning 1`;
+    return rows.length;
+  });
+}
