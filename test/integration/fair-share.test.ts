@@ -1150,6 +1150,27 @@ test("beside a row whose owner's queue has emptied the sole owner's claim claims
   assert.equal(await rowsOf("sole6"), 1);
 });
 
+test("the type's prune skips a row that a create bringing its owner back holds, and the row stays", async () => {
+  const type = "sole9";
+  const [b] = await seedUsers("sole9-b");
+  assert.ok(b);
+  const gone = await createTask(db.sql, b, type, 2);
+  assert.equal((await taskCancel(db.sql, b, gone)).kind, "cancelling");
+  assert.equal(await rowsOf(type), 1);
+  let pruned = -1;
+  await db.sql.begin(async (tx) => {
+    // The create's upsert holds B's row until this transaction commits.
+    await createTask(tx as unknown as typeof db.sql, b, type, 2);
+    pruned = await queueOwnersPruneIdle(db.sql, type);
+  });
+  assert.equal(pruned, 0);
+  assert.equal(await rowsOf(type), 1);
+  const back = await claimSole(type, 5);
+  assert.equal(back.runs.length, 2);
+  assert.equal(back.owners, 1);
+  assert.equal(back.rows, 1);
+});
+
 test("an owner served alone by the sole owner's claim and a newcomer then take turns from the first fair claim", async () => {
   const [a, b] = await seedUsers("sole2-a", "sole2-b");
   assert.ok(a && b);
@@ -1186,13 +1207,26 @@ test("a worker claims with the sole owner's claim while one user waits, and serv
 });
 
 test("a worker whose sole owner has nothing left prunes its row out of the rotation", async () => {
+  const walks = counting("with walk as materialized");
   const [a] = await seedUsers("sole4-a");
   assert.ok(a);
   const task = await createTask(db.sql, a, "sole4", 10);
-  await startWorker("sole4", 2);
+  const w = new Worker({
+    sql: walks.sql,
+    logger,
+    types: { sole4: { handler: handler(2) } },
+    concurrency: 2,
+    leaseTtlMs: 30_000,
+    pollIntervalMs: 100,
+    retryBaseMs: 20,
+  });
+  await w.start();
+  running = w;
   await waitForTerminal(db.sql, task);
-  // No reaper runs here and the sole owner's claim never tidies: only the worker's prune removes the row.
+  // No reaper runs here, the sole owner's claim never tidies, and no fair claim ran (whose tidy
+  // removed the row before): the worker's prune removes it.
   await waitFor(async () => (await rowsOf("sole4")) === 0);
+  assert.equal(walks.count(), 0);
 });
 
 test("a worker serving a sole owner beside a row whose owner has nothing queued prunes that row at once", async () => {
@@ -1218,11 +1252,12 @@ test("a worker serving a sole owner beside a row whose owner has nothing queued 
   await w.start();
   running = w;
   await waitFor(async () => (await rowsOf(type)) === 1);
-  // Pruned while A's task was still draining, after one fair claim at most: the rest were the sole
-  // owner's (before, the fair claim served for a second: every claim of this drain).
+  // Pruned while A's task was still draining, with one fair claim (the cycle that found the row
+  // claims the fair way): the rest were the sole owner's (before, the fair claim served for a second:
+  // every claim of this drain).
   assert.ok((await taskRow(db.sql, big)).succeeded < 40);
   await waitForTerminal(db.sql, big);
-  assert.ok(walks.count() <= 1, `${walks.count()} fair claims`);
+  assert.equal(walks.count(), 1);
 });
 
 test("a prune that fails leaves the worker claiming the fair way; the task still drains", async () => {
@@ -1241,8 +1276,9 @@ test("a prune that fails leaves the worker claiming the fair way; the task still
   });
   const [a, b] = await seedUsers("sole8-a", "sole8-b");
   assert.ok(a && b);
-  const big = await createTask(db.sql, a, type, 30);
-  const gone = await createTask(db.sql, b, type, 3);
+  const big = await createTask(db.sql, a, type, 60);
+  // At a worse priority: no fair claim serving A walks past B's row (and tidies it).
+  const gone = await createTask(db.sql, b, type, 3, { priority: 9 });
   assert.equal((await taskCancel(db.sql, b, gone)).kind, "cancelling");
   const w = new Worker({
     sql: failing,
@@ -1258,8 +1294,8 @@ test("a prune that fails leaves the worker claiming the fair way; the task still
   running = w;
   await waitForTerminal(db.sql, big);
   const seconds = (performance.now() - began) / 1000;
-  assert.equal((await taskRow(db.sql, big)).succeeded, 30);
-  // Tried, and after a prune that removed nothing not again for SOLE_RECHECK_MS (~15 claims here).
+  assert.equal((await taskRow(db.sql, big)).succeeded, 60);
+  // Tried, and after a prune that removed nothing not again for SOLE_RECHECK_MS (~30 claims here).
   assert.ok(begins >= 1, "the prune was tried");
   assert.ok(begins <= Math.ceil(seconds) + 1, `${begins} prunes in ${seconds.toFixed(1)} s`);
 });

@@ -10,8 +10,8 @@
 // Rows come and go safely: every statement that makes a run queued (create, retry, reaper) upserts
 // its owner's row with DO UPDATE, which waits for a row lock; queueOwnersPrune locks rows first (skip
 // locked) and decides in a second statement, whose snapshot post-dates the lock, that an owner has
-// nothing queued. A run made queued concurrently is either seen by that statement, or its upsert
-// waits for the delete and inserts the row again. After a claim, queueOwnersTidy also deletes rows the
+// nothing queued (queueOwnersPruneIdle does the same for one type). A run made queued concurrently is
+// either seen by that statement, or its upsert waits for the delete and inserts the row again. After a claim, queueOwnersTidy also deletes rows the
 // claim walked past with nothing queued: there the upsert's `version` bump is what protects a row
 // whose owner got runs after the walk's snapshot.
 //
