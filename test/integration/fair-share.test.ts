@@ -61,9 +61,9 @@ async function startWorker(type: string, ms = 4, concurrency = 2): Promise<Worke
 }
 
 /** A worker of `type` running `h`, stopped after the test. */
-async function startHandler(type: string, h: Handler, concurrency: number): Promise<Worker> {
+async function startHandler(type: string, h: Handler, concurrency: number, sql = db.sql): Promise<Worker> {
   const w = new Worker({
-    sql: db.sql,
+    sql,
     logger,
     types: { [type]: { handler: h } },
     concurrency,
@@ -1211,17 +1211,7 @@ test("a worker whose sole owner has nothing left prunes its row out of the rotat
   const [a] = await seedUsers("sole4-a");
   assert.ok(a);
   const task = await createTask(db.sql, a, "sole4", 10);
-  const w = new Worker({
-    sql: walks.sql,
-    logger,
-    types: { sole4: { handler: handler(2) } },
-    concurrency: 2,
-    leaseTtlMs: 30_000,
-    pollIntervalMs: 100,
-    retryBaseMs: 20,
-  });
-  await w.start();
-  running = w;
+  await startHandler("sole4", handler(2), 2, walks.sql);
   await waitForTerminal(db.sql, task);
   // No reaper runs here, the sole owner's claim never tidies, and no fair claim ran (whose tidy
   // removed the row before): the worker's prune removes it.
@@ -1240,17 +1230,7 @@ test("a worker serving a sole owner beside a row whose owner has nothing queued 
   assert.equal((await taskRow(db.sql, gone)).status, "cancelled");
   // B's queue is empty but its row stays: nothing has walked past it, and no reaper runs here.
   assert.equal(await rowsOf(type), 2);
-  const w = new Worker({
-    sql: walks.sql,
-    logger,
-    types: { [type]: { handler: handler(10) } },
-    concurrency: 2,
-    leaseTtlMs: 30_000,
-    pollIntervalMs: 100,
-    retryBaseMs: 20,
-  });
-  await w.start();
-  running = w;
+  await startHandler(type, handler(10), 2, walks.sql);
   await waitFor(async () => (await rowsOf(type)) === 1);
   // Pruned while A's task was still draining, with one fair claim (the cycle that found the row
   // claims the fair way): the rest were the sole owner's (before, the fair claim served for a second:
@@ -1280,18 +1260,8 @@ test("a prune that fails leaves the worker claiming the fair way; the task still
   // At a worse priority: no fair claim serving A walks past B's row (and tidies it).
   const gone = await createTask(db.sql, b, type, 3, { priority: 9 });
   assert.equal((await taskCancel(db.sql, b, gone)).kind, "cancelling");
-  const w = new Worker({
-    sql: failing,
-    logger,
-    types: { [type]: { handler: handler(5) } },
-    concurrency: 2,
-    leaseTtlMs: 30_000,
-    pollIntervalMs: 100,
-    retryBaseMs: 20,
-  });
   const began = performance.now();
-  await w.start();
-  running = w;
+  await startHandler(type, handler(5), 2, failing);
   await waitForTerminal(db.sql, big);
   const seconds = (performance.now() - began) / 1000;
   assert.equal((await taskRow(db.sql, big)).succeeded, 60);
@@ -1307,18 +1277,8 @@ test("with two owners waiting the worker tries the sole owner's claim at most on
   assert.ok(a && b);
   const ta = await createTask(db.sql, a, type, 30);
   const tb = await createTask(db.sql, b, type, 30);
-  const w = new Worker({
-    sql: counted,
-    logger,
-    types: { [type]: { handler: handler(5) } },
-    concurrency: 2,
-    leaseTtlMs: 30_000,
-    pollIntervalMs: 100,
-    retryBaseMs: 20,
-  });
   const began = performance.now();
-  await w.start();
-  running = w;
+  await startHandler(type, handler(5), 2, counted);
   await waitForTerminal(db.sql, ta);
   await waitForTerminal(db.sql, tb);
   const seconds = (performance.now() - began) / 1000;

@@ -1,5 +1,6 @@
 // Claiming runs and keeping their leases (DESIGN §4.2–4.4).
 import type { Sql } from "../../db/client.ts";
+import { ownerQueued } from "./fair.ts";
 import { byId, INT8_OID, inLive, type Json, type Lease, matchesLease, notifyEvents } from "./shared.ts";
 
 /** Advisory-lock namespace of the per-type claim lock (the second key is hashtext(type)). */
@@ -386,13 +387,7 @@ async function claimStatement(
          or exists (select 1 from queue_owners q
                     join served_floor f on f.priority = q.priority
                     -- The same index probe as above (as EXISTS it became one scan of every queued run).
-                    cross join lateral (
-                      select 1 from runs r
-                      where r.status = 'queued' and r.analysis_type = q.analysis_type
-                        and r.owner_id = q.owner_id and r.priority = q.priority
-                      order by r.turn, r.id
-                      limit 1
-                    ) x
+                    cross join lateral (${ownerQueued(sql)}) x
                     where q.analysis_type = ${o.analysisType} and q.pass < f.pass - ${SLACK})`
         }
     )
@@ -557,14 +552,7 @@ export async function runClaimSole(
   const rows = await sql<(ClaimedRun & { owners: number; rows: number })[]>`
     with sole as materialized (
       select q.priority, q.owner_id from queue_owners q
-      -- An index probe per row, as in the tidy (as EXISTS it became one scan of every queued run).
-      cross join lateral (
-        select 1 from runs r
-        where r.status = 'queued' and r.analysis_type = q.analysis_type
-          and r.owner_id = q.owner_id and r.priority = q.priority
-        order by r.turn, r.id
-        limit 1
-      ) x
+      cross join lateral (${ownerQueued(sql)}) x
       where q.analysis_type = ${o.analysisType}
       limit 2
     ),
