@@ -467,8 +467,9 @@ export async function runClaimTurn(
     claimed as (${claimUpdate(sql, o)}),
     advanced as (
       update queue_owners q set pass = q.pass + (select count(*) from picked), since = statement_timestamp()
-      from nxt n
-      where q.analysis_type = ${o.analysisType} and q.priority = n.priority and q.owner_id = n.owner_id
+      -- By primary key (a join with nxt read every row of the type, ~a third of this CTE's cost).
+      where q.analysis_type = ${o.analysisType} and q.priority = (select priority from nxt)
+        and q.owner_id = (select owner_id from nxt)
         and (select count(*) from picked) > 0
     )
     select ${claimedColumns(sql)}, (select owners from level)::int as owners
