@@ -149,7 +149,7 @@ export class Worker {
   private rotation = 0;
   /** Each type's running mean of successful attempts' durations, in seconds (claimQuantum). */
   private readonly attemptSeconds = new Map<string, number>();
-  /** Per type, until when claims are fair ones without trying runClaimSole first (see claim()). */
+  /** Per type, until when claims skip runClaimSole (see claim()). */
   private readonly soleRecheckAt = new Map<string, number>();
   /** Per type, until when rows of owners with nothing queued are not pruned again (see claim()). */
   private readonly pruneAt = new Map<string, number>();

@@ -467,7 +467,8 @@ export async function runClaimTurn(
     claimed as (${claimUpdate(sql, o)}),
     advanced as (
       update queue_owners q set pass = q.pass + (select count(*) from picked), since = statement_timestamp()
-      -- By primary key (a join with nxt read every row of the type, ~a third of this CTE's cost).
+      -- By primary key: a join with nxt read every row of the type (~a third of this claim's cost
+      -- above the sole owner's claim).
       where q.analysis_type = ${o.analysisType} and q.priority = (select priority from nxt)
         and q.owner_id = (select owner_id from nxt)
         and (select count(*) from picked) > 0
