@@ -151,8 +151,10 @@ export class Worker {
   private readonly attemptSeconds = new Map<string, number>();
   /** Per type, until when claims skip runClaimSole (see claim()). */
   private readonly soleRecheckAt = new Map<string, number>();
-  /** Per type, until when rows of owners with nothing queued are not pruned again (see claim()). */
+  /** Per type, until when rows of owners with nothing queued are not pruned again (see pruneIdle()). */
   private readonly pruneAt = new Map<string, number>();
+  /** Per type, the prune in flight (see pruneIdle()). */
+  private readonly pruning = new Map<string, Promise<void>>();
   /** Per type, until when the next owner's claim (runClaimTurn) is not tried (see claim()). */
   private readonly turnRecheckAt = new Map<string, number>();
   /** Types with a wake-up since their last claim: that claim is the fair one (see claim()). */
@@ -306,22 +308,14 @@ export class Worker {
       const sole = await runClaimSole(this.o.sql, o);
       if (sole.runs.length > 0) return sole.runs;
       if (sole.owners < 2) {
-        // Rows beyond the owner waiting (if any): their owner's queue has emptied. Pruned at once, so
-        // the next claim is the sole owner's again. A prune that removed nothing (the rows locked by a
-        // create bringing their owner back, or it failed) is not tried again for a recheck interval,
-        // and until then the claims of the type are fair ones.
+        // Rows beyond the owner waiting (if any): their owner's queue has emptied. Pruned now, beside
+        // this claim (pruneIdle), so a claim soon after is the sole owner's again; after a prune that
+        // removed nothing, not for a recheck interval, and until then the claims skip the sole
+        // owner's claim.
         if (sole.rows > sole.owners) {
           const at = this.pruneAt.get(o.analysisType) ?? 0;
-          if (now >= at) {
-            // Must not throw: a failed prune is the reaper's to redo, and the claim goes on.
-            const pruned = await queueOwnersPruneIdle(this.o.sql, o.analysisType).catch((err: unknown) => {
-              try {
-                o.onTidyError?.(err);
-              } catch {}
-              return 0;
-            });
-            if (pruned === 0) this.pruneAt.set(o.analysisType, now + SOLE_RECHECK_MS);
-          } else this.soleRecheckAt.set(o.analysisType, at);
+          if (now >= at) this.pruneIdle(o);
+          else this.soleRecheckAt.set(o.analysisType, at);
         }
         // An owner waiting beside such rows: this claim is the fair one, which counts the owner's
         // pass (the rows' owners, queueing again, are ordered against it). Alone with nothing due, or
@@ -346,6 +340,30 @@ export class Worker {
       return [...turn.runs, ...(await runClaim(this.o.sql, { ...o, limit: o.limit - turn.runs.length }))];
     }
     return runClaim(this.o.sql, o);
+  }
+
+  /**
+   * Prunes the type's rows whose owner has nothing queued (queueOwnersPruneIdle), in the background:
+   * housekeeping, kept off the claim's path (a transaction of four round trips). One at a time per
+   * type; stop() waits for it. A prune that removed nothing (the rows locked by a create bringing their
+   * owner back or by another prune, or it failed) holds the next off for SOLE_RECHECK_MS. Must not
+   * throw or reject: a failure is the reaper's prune to redo.
+   */
+  private pruneIdle(o: ClaimOptions): void {
+    const type = o.analysisType;
+    if (this.pruning.has(type)) return;
+    const done = queueOwnersPruneIdle(this.o.sql, type)
+      .catch((err: unknown) => {
+        try {
+          o.onTidyError?.(err);
+        } catch {}
+        return 0;
+      })
+      .then((pruned) => {
+        if (pruned === 0) this.pruneAt.set(type, performance.now() + SOLE_RECHECK_MS);
+      })
+      .finally(() => this.pruning.delete(type));
+    this.pruning.set(type, done);
   }
 
   /** The claim's quantum for `type` (claimQuantum), from its successful attempts and its live ones. */
@@ -829,6 +847,8 @@ export class Worker {
     this.stopping = true;
     this.wake();
     await this.loop;
+    // No statement of ours after stop(): the caller may close the pool next.
+    await Promise.all(this.pruning.values());
     for (const run of this.buffer) {
       this.queueRetry(run, null, {
         id: run.id,

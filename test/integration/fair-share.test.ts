@@ -1232,12 +1232,12 @@ test("a worker serving a sole owner beside a row whose owner has nothing queued 
   assert.equal(await rowsOf(type), 2);
   await startHandler(type, handler(10), 2, walks.sql);
   await waitFor(async () => (await rowsOf(type)) === 1);
-  // Pruned while A's task was still draining, with one fair claim (the cycle that found the row
-  // claims the fair way): the rest were the sole owner's (before, the fair claim served for a second:
-  // every claim of this drain).
+  // Pruned while A's task was still draining. The cycle that found the row claims the fair way, and so
+  // does any claim before the prune beside it has committed; the rest were the sole owner's (before,
+  // the fair claim served for a second: all ~20 claims of this drain).
   assert.ok((await taskRow(db.sql, big)).succeeded < 40);
   await waitForTerminal(db.sql, big);
-  assert.equal(walks.count(), 1);
+  assert.ok(walks.count() >= 1 && walks.count() <= 5, `${walks.count()} fair claims`);
 });
 
 test("a prune that fails leaves the worker claiming the fair way; the task still drains", async () => {
