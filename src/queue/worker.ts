@@ -303,6 +303,9 @@ export class Worker {
     const limited = o.globalLimit > 0 || (o.userLimit ?? 0) > 0;
     const woken = this.notified.delete(o.analysisType);
     if (limited || woken) return runClaim(this.o.sql, o);
+    // Rows left by owners whose queue emptied are being pruned: the sole owner's claim would claim
+    // nothing beside them.
+    if (this.pruning.has(o.analysisType)) return runClaim(this.o.sql, o);
     const now = performance.now();
     if (now >= (this.soleRecheckAt.get(o.analysisType) ?? 0)) {
       const sole = await runClaimSole(this.o.sql, o);
@@ -344,7 +347,7 @@ export class Worker {
 
   /**
    * Prunes the type's rows whose owner has nothing queued (queueOwnersPruneIdle), in the background:
-   * housekeeping, kept off the claim's path (a transaction of four round trips). One at a time per
+   * housekeeping, kept off the claim's path (a transaction of five round trips). One at a time per
    * type; stop() waits for it. A prune that removed nothing (the rows locked by a create bringing their
    * owner back or by another prune, or it failed) holds the next off for SOLE_RECHECK_MS. Must not
    * throw or reject: a failure is the reaper's prune to redo.
