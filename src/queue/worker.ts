@@ -112,8 +112,9 @@ interface Pending<T> {
  */
 export const PROGRESS_FLUSH_MS = 250;
 /**
- * After a claim that found several owners waiting at a type, how long the worker claims with the fair
- * claim before it tries the sole owner's claim (runClaimSole) again.
+ * After a claim that found several owners waiting at a type, how long the worker's claims skip the
+ * sole owner's claim (runClaimSole); also how long after a prune of the type's idle rotation rows that
+ * removed nothing the next one waits (see Worker.pruneIdle).
  */
 export const SOLE_RECHECK_MS = 1000;
 /** Delay before retrying a failed completion write (e.g. the database is down). */
@@ -297,7 +298,7 @@ export class Worker {
    * a small claim found its case does not hold (others waiting; k or fewer owners; the next owner
    * short of due runs), it is not tried
    * for SOLE_RECHECK_MS: at most one statement in vain per type and kind that often. Rows of owners
-   * whose queue has emptied, which the sole owner's claim reports, are pruned on the spot.
+   * whose queue has emptied, which the sole owner's claim reports, are pruned in the background.
    */
   private async claim(o: ClaimOptions): Promise<ClaimedRun[]> {
     const limited = o.globalLimit > 0 || (o.userLimit ?? 0) > 0;
@@ -347,7 +348,7 @@ export class Worker {
 
   /**
    * Prunes the type's rows whose owner has nothing queued (queueOwnersPruneIdle), in the background:
-   * housekeeping, kept off the claim's path (a transaction of five round trips). One at a time per
+   * housekeeping, kept off the claim's path (a transaction of four round trips). One at a time per
    * type; stop() waits for it. A prune that removed nothing (the rows locked by a create bringing their
    * owner back or by another prune, or it failed) holds the next off for SOLE_RECHECK_MS. Must not
    * throw or reject: a failure is the reaper's prune to redo.

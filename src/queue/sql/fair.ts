@@ -10,10 +10,10 @@
 // Rows come and go safely: every statement that makes a run queued (create, retry, reaper) upserts
 // its owner's row with DO UPDATE, which waits for a row lock; queueOwnersPrune locks rows first (skip
 // locked) and decides in a second statement, whose snapshot post-dates the lock, that an owner has
-// nothing queued (queueOwnersPruneIdle does the same for one type). A run made queued concurrently is
-// either seen by that statement, or its upsert waits for the delete and inserts the row again. After a claim, queueOwnersTidy also deletes rows the
-// claim walked past with nothing queued: there the upsert's `version` bump is what protects a row
-// whose owner got runs after the walk's snapshot.
+// nothing queued (queueOwnersPruneIdle does the same for one type). A run made queued concurrently
+// is either seen by that statement, or its upsert waits for the delete and inserts the row again.
+// After a claim, queueOwnersTidy also deletes rows the claim walked past with nothing queued: there
+// the upsert's `version` bump is what protects a row whose owner got runs after the walk's snapshot.
 //
 // Lock order: queue_owners rows are locked in owner order by every statement that locks several.
 import type { PendingQuery, Row } from "postgres";
@@ -99,54 +99,41 @@ export function requeuedRejoin(sql: Sql) {
 }
 
 /**
- * Deletes up to `limit` rows whose owner has nothing queued at their level. Two statements: the
- * rows are locked first, then judged by a snapshot taken after the lock (see the top of this file).
+ * Deletes up to `limit` rows whose owner has nothing queued at their level (the reaper's prune). Two
+ * statements: the rows are locked first, then judged by a snapshot taken after the lock (see the top
+ * of this file). Each row is judged by one index probe (ownerQueued), not NOT EXISTS. Commits
+ * asynchronously: a prune lost in a crash only leaves rows the next prune removes.
  */
-export async function queueOwnersPrune(sql: Sql, limit = 500): Promise<number> {
-  return sql.begin(async (tx) => {
-    const idle = await tx<{ analysis_type: string; priority: number; owner_id: string }[]>`
-      select q.analysis_type, q.priority, q.owner_id::text from queue_owners q
-      where not exists (select 1 from runs r where r.status = 'queued' and r.analysis_type = q.analysis_type
-                          and r.owner_id = q.owner_id and r.priority = q.priority)
-      order by q.owner_id
-      limit ${limit}
-      for update skip locked`;
-    if (idle.length === 0) return 0;
-    const rows = await tx`
-      delete from queue_owners q
-      using jsonb_to_recordset(${tx.json(idle)}) as i(analysis_type text, priority int, owner_id bigint)
-      where q.analysis_type = i.analysis_type and q.priority = i.priority and q.owner_id = i.owner_id
-        and not exists (select 1 from runs r where r.status = 'queued' and r.analysis_type = q.analysis_type
-                          and r.owner_id = q.owner_id and r.priority = q.priority)
-      returning 1`;
-    return rows.length;
-  });
+export function queueOwnersPrune(sql: Sql, limit = 500): Promise<number> {
+  return pruneIdleRows(sql, null, limit);
 }
 
 /**
  * queueOwnersPrune for one analysis type, for a worker that found rows there whose owner has nothing
- * queued beside an owner alone (runClaimSole then claims nothing): deletes up to `limit` of them, so
- * the next claim is the sole owner's again. The same two statements as queueOwnersPrune (lock, then
- * judge by a later snapshot), with the index probe per row (ownerQueued) rather than NOT EXISTS, and
- * an asynchronous commit: a prune lost in a crash only leaves rows the next
- * claim or the reaper prunes again. Returns how many rows went.
+ * queued beside an owner alone (runClaimSole then claims nothing), so that its next claim is the sole
+ * owner's again. Returns how many rows went.
  */
-export async function queueOwnersPruneIdle(sql: Sql, analysisType: string, limit = 1000): Promise<number> {
+export function queueOwnersPruneIdle(sql: Sql, analysisType: string, limit = 1000): Promise<number> {
+  return pruneIdleRows(sql, analysisType, limit);
+}
+
+async function pruneIdleRows(sql: Sql, analysisType: string | null, limit: number): Promise<number> {
   return sql.begin(async (tx) => {
     const t = tx as unknown as Sql;
-    await tx`set local synchronous_commit = off`;
-    const idle = await tx<{ priority: number; owner_id: string }[]>`
-      select q.priority, q.owner_id::text from queue_owners q
+    // The transaction's commit mode, set in the first statement (no round trip of its own).
+    const idle = await tx<{ analysis_type: string; priority: number; owner_id: string }[]>`
+      select q.analysis_type, q.priority, q.owner_id::text from queue_owners q
       left join lateral (${ownerQueued(t)}) x on true
-      where q.analysis_type = ${analysisType} and x.queued is null
+      where (select set_config('synchronous_commit', 'off', true)) is not null and x.queued is null
+        ${analysisType === null ? tx`` : tx`and q.analysis_type = ${analysisType}`}
       order by q.owner_id
       limit ${limit}
       for update of q skip locked`;
     if (idle.length === 0) return 0;
     const rows = await tx`
       delete from queue_owners q
-      using jsonb_to_recordset(${tx.json(idle)}) as i(priority int, owner_id bigint)
-      where q.analysis_type = ${analysisType} and q.priority = i.priority and q.owner_id = i.owner_id
+      using jsonb_to_recordset(${tx.json(idle)}) as i(analysis_type text, priority int, owner_id bigint)
+      where q.analysis_type = i.analysis_type and q.priority = i.priority and q.owner_id = i.owner_id
         and (${ownerQueued(t)}) is null
       returning 1`;
     return rows.length;
