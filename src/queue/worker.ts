@@ -294,7 +294,8 @@ export class Worker {
    * One claim: runClaimSole while one owner alone waits at the type (no limits); the next owner's
    * claim (runClaimTurn) when more owners wait than the claim takes and a turn takes the whole claim;
    * the fair claim otherwise. The fair claim straight away after a wake-up: new work may be another
-   * owner's, and a small claim in vain would sit on the path from a create to its first run. After
+   * owner's, and a small claim in vain would sit on the path from a create to its first run; and
+   * right after a sole owner's claim that found others waiting, for the same reason. After
    * a small claim found its case does not hold (others waiting; k or fewer owners; the next owner
    * short of due runs), it is not tried
    * for SOLE_RECHECK_MS: at most one statement in vain per type and kind that often. Rows of owners
@@ -327,6 +328,11 @@ export class Worker {
         return sole.owners === 1 && sole.rows > 1 ? runClaim(this.o.sql, o) : [];
       }
       this.soleRecheckAt.set(o.analysisType, now + SOLE_RECHECK_MS);
+      // A second owner has just arrived, most likely one (a newcomer whose create's wake-up this
+      // claim beat): the next owner's claim would claim nothing with k or fewer owners waiting, a
+      // second statement in vain between the newcomer's create and its first run. The fair claim
+      // serves it now; the next owner's claim is tried from the next claim on.
+      return runClaim(this.o.sql, o);
     }
     if (
       Math.min(o.limit, o.quantum ?? CLAIM_QUANTUM) === o.limit &&

@@ -1206,6 +1206,51 @@ test("a worker claims with the sole owner's claim while one user waits, and serv
   await waitForTerminal(db.sql, big);
 });
 
+test("after a sole owner's claim finds a newcomer waiting, the worker's next statement is the fair claim, not the next owner's claim", async () => {
+  const type = "sole10";
+  // The claim statements the worker sends, in order, by kind.
+  const kinds: string[] = [];
+  const kindOf: [string, string][] = [
+    ["with sole as materialized", "sole"],
+    ["with nxt as materialized", "turn"],
+    ["with walk as materialized", "fair"],
+  ];
+  const recorded = new Proxy(db.sql, {
+    apply(target, self, args) {
+      const strings = args[0] as unknown;
+      if (Array.isArray(strings)) {
+        const text = strings.join("");
+        const kind = kindOf.find(([fragment]) => text.includes(fragment));
+        if (kind) kinds.push(kind[1]);
+      }
+      return Reflect.apply(target, self, args);
+    },
+  });
+  const [a, b] = await seedUsers("sole10-a", "sole10-b");
+  assert.ok(a && b);
+  const big = await createTask(db.sql, a, type, 400);
+  // Short attempts on 4 slots: the worker's quantum is its whole claim, so it has the next owner's
+  // claim to choose from.
+  await startHandler(type, handler(0), 4, recorded);
+  await waitFor(async () => (await taskRow(db.sql, big)).succeeded >= 40);
+  // B's runs come due 300 ms after its create: the claim its create's wake-up makes finds none due,
+  // and the sole owner's claims after it find B waiting (its runs back off) without a wake-up.
+  // From before the create: the worker may claim before this test sees the commit.
+  const from = kinds.length;
+  const small = await db.sql.begin(async (tx) => {
+    const id = await createTask(tx as unknown as typeof db.sql, b, type, 2);
+    await tx`update runs set run_after = now() + interval '300 milliseconds' where task_id = ${id}`;
+    return id;
+  });
+  await waitForTerminal(db.sql, small);
+  const after = kinds.slice(from);
+  const pairs = after.slice(1).map((k, i) => `${after[i]}→${k}`);
+  // The case arose (the check below can fail), and every time the next statement was the fair claim.
+  assert.ok(pairs.includes("sole→fair"), after.join(" "));
+  assert.ok(!pairs.includes("sole→turn"), after.join(" "));
+  await waitForTerminal(db.sql, big);
+});
+
 test("a worker whose sole owner has nothing left prunes its row out of the rotation", async () => {
   const walks = counting("with walk as materialized");
   let prunes = 0;
