@@ -9,6 +9,7 @@ import { Reaper } from "../../src/queue/reaper.ts";
 import {
   CLAIM_QUANTUM,
   claimQuantum,
+  queueOwnersPrune,
   queueOwnersPruneIdle,
   queueOwnersTidy,
   runClaim,
@@ -1148,6 +1149,41 @@ test("beside a row whose owner's queue has emptied the sole owner's claim claims
   assert.deepEqual(await claimSole("sole6", 10), { runs: [], owners: 1, rows: 1 });
   assert.equal(await queueOwnersPruneIdle(db.sql, "sole6"), 0);
   assert.equal(await rowsOf("sole6"), 1);
+});
+
+test("the reaper's prune removes idle rows at every type; it keeps owners with runs queued or in backoff, and a row a create holds", async () => {
+  const [a, b, c, d] = await seedUsers("prune-a", "prune-b", "prune-c", "prune-d");
+  assert.ok(a && b && c && d);
+  const rowOf = async (type: string, u: Principal) => {
+    const [r] = await db.sql<{ n: number }[]>`
+      select count(*)::int as n from queue_owners where analysis_type = ${type} and owner_id = ${u.userId}`;
+    return r?.n;
+  };
+  // A: its one run at prune-x finished, its row idle. D: likewise, but coming back (below).
+  for (const u of [a, d]) {
+    await createTask(db.sql, u, "prune-x", 1);
+    const [r] = await claimRuns("prune-x", 1);
+    assert.ok(r);
+    await done([r]);
+  }
+  // B: its run at prune-y backs off (still queued). C: two runs queued at prune-y.
+  await createTask(db.sql, b, "prune-y", 1);
+  const [rb] = await claimRuns("prune-y", 1);
+  assert.ok(rb);
+  await backOff(rb);
+  await createTask(db.sql, c, "prune-y", 2);
+  await db.sql.begin(async (tx) => {
+    // D's create holds its row until this transaction commits: the prune skips it.
+    await createTask(tx as unknown as typeof db.sql, d, "prune-x", 1);
+    assert.ok((await queueOwnersPrune(db.sql)) >= 1);
+  });
+  assert.deepEqual(
+    [await rowOf("prune-x", a), await rowOf("prune-x", d), await rowOf("prune-y", b), await rowOf("prune-y", c)],
+    [0, 1, 1, 1],
+  );
+  // Nothing idle at these types now: a second prune leaves them all.
+  await queueOwnersPrune(db.sql);
+  assert.deepEqual([await rowOf("prune-x", d), await rowOf("prune-y", b), await rowOf("prune-y", c)], [1, 1, 1]);
 });
 
 test("the type's prune skips a row that a create bringing its owner back holds, and the row stays", async () => {
