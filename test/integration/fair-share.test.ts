@@ -1178,12 +1178,20 @@ test("the reaper's prune removes idle rows at every type; it keeps owners with r
     assert.ok((await queueOwnersPrune(db.sql)) >= 1);
   });
   assert.deepEqual(
-    [await rowOf("prune-x", a), await rowOf("prune-x", d), await rowOf("prune-y", b), await rowOf("prune-y", c)],
+    [
+      await rowOf("prune-x", a),
+      await rowOf("prune-x", d),
+      await rowOf("prune-y", b),
+      await rowOf("prune-y", c),
+    ],
     [0, 1, 1, 1],
   );
   // Nothing idle at these types now: a second prune leaves them all.
   await queueOwnersPrune(db.sql);
-  assert.deepEqual([await rowOf("prune-x", d), await rowOf("prune-y", b), await rowOf("prune-y", c)], [1, 1, 1]);
+  assert.deepEqual(
+    [await rowOf("prune-x", d), await rowOf("prune-y", b), await rowOf("prune-y", c)],
+    [1, 1, 1],
+  );
 });
 
 test("the type's prune skips a row that a create bringing its owner back holds, and the row stays", async () => {
