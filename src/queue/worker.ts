@@ -370,7 +370,12 @@ export class Worker {
         return 0;
       })
       .then((pruned) => {
-        if (pruned === 0) this.pruneAt.set(type, performance.now() + SOLE_RECHECK_MS);
+        if (pruned === 0) {
+          // The rows are still there: until the next prune, a sole owner's claim would claim nothing.
+          const at = performance.now() + SOLE_RECHECK_MS;
+          this.pruneAt.set(type, at);
+          this.soleRecheckAt.set(type, at);
+        }
       })
       .finally(() => this.pruning.delete(type));
     this.pruning.set(type, done);
