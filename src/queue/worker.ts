@@ -156,6 +156,8 @@ export class Worker {
   private readonly pruneAt = new Map<string, number>();
   /** Per type, the prune in flight (see pruneIdle()). */
   private readonly pruning = new Map<string, Promise<void>>();
+  /** The fair-share upkeep after a claim (queueOwnersTidy) running in the background, per type. */
+  private readonly tidying = new Map<string, Promise<void>>();
   /** Per type, until when the next owner's claim (runClaimTurn) is not tried (see claim()). */
   private readonly turnRecheckAt = new Map<string, number>();
   /** Types with a wake-up since their last claim: that claim is the fair one (see claim()). */
@@ -276,6 +278,7 @@ export class Worker {
             { err, workerId: this.id, analysisType: type },
             "fair-share upkeep after a claim failed (later claims and the reaper's prune redo it)",
           ),
+        tidyAside: (upkeep) => this.tidyAside(type, upkeep),
       });
       this.observer.claimed(
         type,
@@ -379,6 +382,20 @@ export class Worker {
       })
       .finally(() => this.pruning.delete(type));
     this.pruning.set(type, done);
+  }
+
+  /**
+   * Runs a claim's fair-share upkeep (queueOwnersTidy) in the background, so the claimed runs start
+   * without waiting for its round trip (with two owners it followed every other claim). One at a time
+   * per type: while one runs, a later claim's is dropped — the rows it would tidy are still there, and
+   * the next claim that walks past them asks again. stop() waits for it. The upkeep never rejects.
+   */
+  private tidyAside(type: string, upkeep: () => Promise<void>): void {
+    if (this.tidying.has(type)) return;
+    this.tidying.set(
+      type,
+      upkeep().finally(() => this.tidying.delete(type)),
+    );
   }
 
   /** The claim's quantum for `type` (claimQuantum), from its successful attempts and its live ones. */
@@ -864,6 +881,7 @@ export class Worker {
     await this.loop;
     // No statement of ours after stop(): the caller may close the pool next.
     await Promise.all(this.pruning.values());
+    await Promise.all(this.tidying.values());
     for (const run of this.buffer) {
       this.queueRetry(run, null, {
         id: run.id,

@@ -51,6 +51,13 @@ export interface ClaimOptions {
    * the reaper's prune, but a failure that repeats would bring back owners taking bursts of turns.
    */
   onTidyError?: (error: unknown) => void;
+  /**
+   * When given, the fair-share upkeep after a claim without limits (queueOwnersTidy) is handed to
+   * this instead of being awaited, so the claimed runs reach the caller one round trip sooner: the
+   * caller runs it beside its next claims (the worker: in the background, one at a time per type).
+   * The upkeep never throws (a failure goes to onTidyError) and never waits for a lock.
+   */
+  tidyAside?: (upkeep: () => Promise<void>) => void;
 }
 
 /** An owner the claim may serve, and how many runs it may give them (the per-user limit's room). */
@@ -89,17 +96,22 @@ export async function runClaim(sql: Sql, o: ClaimOptions): Promise<ClaimedRun[]>
   const userLimit = o.userLimit ?? 0;
   if (o.globalLimit <= 0 && userLimit <= 0) {
     const { runs, tidy, slack } = await claimStatement(sql, o, o.limit, null, false);
+    if (!tidy) return runs;
     // Best effort, after the claim has committed: the runs it claimed must reach the caller whatever
     // happens here (a failure goes to onTidyError), and what is left untidied the next claim that
-    // walks there, or the reaper's prune, tidies.
-    if (tidy)
-      await queueOwnersTidy(sql, o.analysisType, tidy, slack, false, false).catch((err: unknown) => {
+    // walks there, or the reaper's prune, tidies. Done later, beside the next claims, it is what
+    // another worker's tidy always is (every lock it takes is SKIP LOCKED, and a row leaves only at
+    // the version the walk read).
+    const upkeep = () =>
+      queueOwnersTidy(sql, o.analysisType, tidy, slack, false, false).catch((err: unknown) => {
         try {
           o.onTidyError?.(err);
         } catch {
           // Must not throw: the claim has committed, and its runs must reach the caller.
         }
       });
+    if (o.tidyAside) o.tidyAside(upkeep);
+    else await upkeep();
     return runs;
   }
   return sql.begin(async (tx): Promise<ClaimedRun[]> => {
