@@ -305,6 +305,9 @@ export class Worker {
    * whose queue has emptied, which the sole owner's claim reports, are pruned in the background.
    */
   private async claim(o: ClaimOptions): Promise<ClaimedRun[]> {
+    // The upkeep of this worker's last claim of the type first (tidyAside).
+    const upkeep = this.tidying.get(o.analysisType);
+    if (upkeep) await upkeep;
     const limited = o.globalLimit > 0 || (o.userLimit ?? 0) > 0;
     const woken = this.notified.delete(o.analysisType);
     if (limited || woken) return runClaim(this.o.sql, o);
@@ -373,29 +376,24 @@ export class Worker {
         return 0;
       })
       .then((pruned) => {
-        if (pruned === 0) {
-          // The rows are still there: until the next prune, a sole owner's claim would claim nothing.
-          const at = performance.now() + SOLE_RECHECK_MS;
-          this.pruneAt.set(type, at);
-          this.soleRecheckAt.set(type, at);
-        }
+        if (pruned === 0) this.pruneAt.set(type, performance.now() + SOLE_RECHECK_MS);
       })
       .finally(() => this.pruning.delete(type));
     this.pruning.set(type, done);
   }
 
   /**
-   * Runs a claim's fair-share upkeep (queueOwnersTidy) in the background, so the claimed runs start
-   * without waiting for its round trip (with two owners it followed every other claim). One at a time
-   * per type: while one runs, a later claim's is dropped — the rows it would tidy are still there, and
-   * the next claim that walks past them asks again. stop() waits for it. The upkeep never rejects.
+   * Runs a claim's fair-share upkeep (queueOwnersTidy) beside the start of the runs it claimed, which
+   * no longer wait for its round trip (with two owners it followed every other claim). The worker's
+   * next claim of the type waits for it (see claim()), so this worker walks the rotation only after
+   * its own upkeep, as when it was awaited; only other workers' claims run beside it, as they always
+   * could. stop() waits for it. The upkeep never rejects.
    */
   private tidyAside(type: string, upkeep: () => Promise<void>): void {
-    if (this.tidying.has(type)) return;
-    this.tidying.set(
-      type,
-      upkeep().finally(() => this.tidying.delete(type)),
-    );
+    const done = upkeep().finally(() => {
+      if (this.tidying.get(type) === done) this.tidying.delete(type);
+    });
+    this.tidying.set(type, done);
   }
 
   /** The claim's quantum for `type` (claimQuantum), from its successful attempts and its live ones. */

@@ -53,9 +53,9 @@ export interface ClaimOptions {
   onTidyError?: (error: unknown) => void;
   /**
    * When given, the fair-share upkeep after a claim without limits (queueOwnersTidy) is handed to
-   * this instead of being awaited, so the claimed runs reach the caller one round trip sooner: the
-   * caller runs it beside its next claims (the worker: in the background, one at a time per type).
-   * The upkeep never throws (a failure goes to onTidyError) and never waits for a lock.
+   * this instead of being awaited, so the claimed runs reach the caller one round trip sooner. The
+   * caller runs it; the worker runs it beside the start of those runs and before its next claim of
+   * the type. The upkeep never rejects (a failure goes to onTidyError) and never waits for a lock.
    */
   tidyAside?: (upkeep: () => Promise<void>) => void;
 }
@@ -99,9 +99,9 @@ export async function runClaim(sql: Sql, o: ClaimOptions): Promise<ClaimedRun[]>
     if (!tidy) return runs;
     // Best effort, after the claim has committed: the runs it claimed must reach the caller whatever
     // happens here (a failure goes to onTidyError), and what is left untidied the next claim that
-    // walks there, or the reaper's prune, tidies. Done later, beside the next claims, it is what
-    // another worker's tidy always is (every lock it takes is SKIP LOCKED, and a row leaves only at
-    // the version the walk read).
+    // walks there, or the reaper's prune, tidies. Done by the caller (tidyAside), beside other
+    // workers' claims, it is what a tidy always was: every lock it takes is SKIP LOCKED, and a row
+    // leaves only at the version the walk read.
     const upkeep = () =>
       queueOwnersTidy(sql, o.analysisType, tidy, slack, false, false).catch((err: unknown) => {
         try {
@@ -110,8 +110,15 @@ export async function runClaim(sql: Sql, o: ClaimOptions): Promise<ClaimedRun[]>
           // Must not throw: the claim has committed, and its runs must reach the caller.
         }
       });
-    if (o.tidyAside) o.tidyAside(upkeep);
-    else await upkeep();
+    if (o.tidyAside) {
+      try {
+        o.tidyAside(upkeep);
+        return runs;
+      } catch {
+        // The caller could not take it: done here, so the runs the claim took still reach it.
+      }
+    }
+    await upkeep();
     return runs;
   }
   return sql.begin(async (tx): Promise<ClaimedRun[]> => {
