@@ -6,6 +6,7 @@
 //   DATABASE_URL=postgres://… npx tsx bench/queue.ts   # an empty database; it is migrated
 import { performance } from "node:perf_hooks";
 import { run as graphileRun, Logger, makeWorkerUtils } from "graphile-worker";
+import { loadConfig } from "../src/config.ts";
 import { createDatabase } from "../src/db/client.ts";
 import { createLogger } from "../src/log.ts";
 import { Worker } from "../src/queue/worker.ts";
@@ -161,6 +162,7 @@ try {
       leaseTtlMs: 30_000,
       pollIntervalMs: 2000,
       retryBaseMs: 1000,
+      completionDelayMs: loadConfig().completionDelayMs,
     });
     const big = await createNoopTask(sql, a.owner, a.fileIds);
     await w.start();
@@ -265,6 +267,7 @@ try {
     leaseTtlMs: 30_000,
     pollIntervalMs: 2000,
     retryBaseMs: 1000,
+    completionDelayMs: loadConfig().completionDelayMs,
   });
   await worker.start();
   const latencies: number[] = [];

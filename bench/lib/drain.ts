@@ -1,6 +1,7 @@
 // Shared by the queue benchmarks: seed N files, create one task of N runs, drain it with one worker.
 import { performance } from "node:perf_hooks";
 import type { Sql } from "../../src/db/client.ts";
+import { loadConfig } from "../../src/config.ts";
 import { createLogger } from "../../src/log.ts";
 import { Worker } from "../../src/queue/worker.ts";
 import { taskCreate } from "../../src/tasks/create.ts";
@@ -83,6 +84,8 @@ export async function drainTasks(
     pollIntervalMs: 2000,
     retryBaseMs: 1000,
     prefetch,
+    // As `assay worker` records outcomes: the configured completion delay (25 ms unless set).
+    completionDelayMs: loadConfig().completionDelayMs,
   });
   const start = performance.now();
   await worker.start();
