@@ -1,7 +1,7 @@
 // Shared by the queue benchmarks: seed N files, create one task of N runs, drain it with one worker.
 import { performance } from "node:perf_hooks";
-import type { Sql } from "../../src/db/client.ts";
 import { loadConfig } from "../../src/config.ts";
+import type { Sql } from "../../src/db/client.ts";
 import { createLogger } from "../../src/log.ts";
 import { Worker } from "../../src/queue/worker.ts";
 import { taskCreate } from "../../src/tasks/create.ts";
