@@ -1152,39 +1152,43 @@ test("beside a row whose owner's queue has emptied the sole owner's claim claims
 });
 
 test("the reaper's prune removes idle rows at every type; it keeps owners with runs queued or in backoff, and a row a create holds", async () => {
-  const [a, b, c, d] = await seedUsers("prune-a", "prune-b", "prune-c", "prune-d");
-  assert.ok(a && b && c && d);
+  const [a, b, c, d, e] = await seedUsers("prune-a", "prune-b", "prune-c", "prune-d", "prune-e");
+  assert.ok(a && b && c && d && e);
   const rowOf = async (type: string, u: Principal) => {
     const [r] = await db.sql<{ n: number }[]>`
       select count(*)::int as n from queue_owners where analysis_type = ${type} and owner_id = ${u.userId}`;
     return r?.n;
   };
-  // A: its one run at prune-x finished, its row idle. D: likewise, but coming back (below).
-  for (const u of [a, d]) {
-    await createTask(db.sql, u, "prune-x", 1);
-    const [r] = await claimRuns("prune-x", 1);
-    assert.ok(r);
-    await done([r]);
-  }
+  /** An owner whose queue emptied (its task cancelled) and whose row stays: nothing walked past it. */
+  const idle = async (type: string, u: Principal) => {
+    const t = await createTask(db.sql, u, type, 1);
+    assert.equal((await taskCancel(db.sql, u, t)).kind, "cancelling");
+    assert.equal(await rowOf(type, u), 1);
+  };
   // B: its run at prune-y backs off (still queued). C: two runs queued at prune-y.
   await createTask(db.sql, b, "prune-y", 1);
   const [rb] = await claimRuns("prune-y", 1);
   assert.ok(rb);
   await backOff(rb);
   await createTask(db.sql, c, "prune-y", 2);
+  // Idle rows at both types: A and D at prune-x, E at prune-y.
+  await idle("prune-x", a);
+  await idle("prune-x", d);
+  await idle("prune-y", e);
   await db.sql.begin(async (tx) => {
-    // D's create holds its row until this transaction commits: the prune skips it.
+    // D's create, bringing D back, holds its row until this transaction commits: the prune skips it.
     await createTask(tx as unknown as typeof db.sql, d, "prune-x", 1);
-    assert.ok((await queueOwnersPrune(db.sql)) >= 1);
+    assert.ok((await queueOwnersPrune(db.sql)) >= 2);
   });
   assert.deepEqual(
     [
       await rowOf("prune-x", a),
+      await rowOf("prune-y", e),
       await rowOf("prune-x", d),
       await rowOf("prune-y", b),
       await rowOf("prune-y", c),
     ],
-    [0, 1, 1, 1],
+    [0, 0, 1, 1, 1],
   );
   // Nothing idle at these types now: a second prune leaves them all.
   await queueOwnersPrune(db.sql);
@@ -1347,6 +1351,58 @@ test("a claim hands its upkeep to tidyAside, which runs it; a tidyAside that thr
   });
   assert.equal(second.length, 1, "the claimed run reached the caller");
   assert.equal(await rowOf(j), 0, "done in the claim instead");
+});
+
+test("a worker's next claim of a type waits for its last claim's upkeep, which does not hold back the runs claimed", async () => {
+  const type = "aside-w";
+  // The worker's statements, in order; each upkeep (queueOwnersTidy) takes 30 ms more.
+  const events: string[] = [];
+  const delayed = new Proxy(db.sql, {
+    apply(target, self, args) {
+      const strings = args[0] as unknown;
+      const text = Array.isArray(strings) ? strings.join("") : "";
+      if (text.includes("left_rotation as (")) {
+        events.push("tidy");
+        return (async () => {
+          await new Promise((resolve) => setTimeout(resolve, 30));
+          const result = await Reflect.apply(target, self, args);
+          events.push("tidied");
+          return result;
+        })();
+      }
+      if (/with (walk|sole|nxt) as materialized/.test(text)) events.push("claim");
+      return Reflect.apply(target, self, args);
+    },
+  });
+  const [a, k] = await seedUsers("aside-w-a", "aside-w-k");
+  assert.ok(a && k);
+  // K's only run backs off for an hour: every claim walks past K, and K is raised every few claims.
+  const kt = await createTask(db.sql, k, type, 1);
+  await db.sql`update runs set run_after = now() + interval '1 hour' where task_id = ${kt}`;
+  const big = await createTask(db.sql, a, type, 40);
+  const h = handler(5);
+  const startedAt: number[] = [];
+  await startHandler(
+    type,
+    async (run, ctx) => {
+      startedAt.push(events.length);
+      return h(run, ctx);
+    },
+    1,
+    delayed,
+  );
+  await waitForTerminal(db.sql, big);
+  assert.ok(events.includes("tidied"), events.join(" "));
+  // No claim while an upkeep runs; and some run started while one did (it did not wait for it).
+  let inUpkeep = false;
+  let startedBeside = false;
+  for (const [i, e] of events.entries()) {
+    if (e === "tidy") inUpkeep = true;
+    if (e === "tidied") inUpkeep = false;
+    if (e === "claim") assert.ok(!inUpkeep, `a claim during an upkeep: ${events.slice(0, i + 1).join(" ")}`);
+    if (inUpkeep && startedAt.includes(i + 1)) startedBeside = true;
+  }
+  assert.ok(startedBeside, "a run claimed before an upkeep started while it ran");
 });
 
 test("a worker whose sole owner has nothing left prunes its row out of the rotation", async () => {
