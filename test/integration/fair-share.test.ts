@@ -332,6 +332,8 @@ test("an owner whose only run went back to the queue after leaving the rotation 
     workerWaitMs: 600_000,
   });
   let calls = 0;
+  // Checked after the task ends: an assertion thrown in the handler would only fail the attempt.
+  let rowsWhileClaimed = -1;
   const w = new Worker({
     sql: db.sql,
     logger,
@@ -344,7 +346,7 @@ test("an owner whose only run went back to the queue after leaving the rotation 
             await reaper.runOnce();
             const [row] = await db.sql<{ n: number }[]>`
               select count(*)::int as n from queue_owners where owner_id = ${u.userId} and analysis_type = 'fair5'`;
-            assert.equal(row?.n, 0, "the idle owner was pruned");
+            rowsWhileClaimed = row?.n ?? -1;
             return { status: "failed", errorCode: "ANALYSIS_DEPENDENCY_FAILED", transient: true };
           }
           return { status: "succeeded", result: { metrics: {} } };
@@ -359,6 +361,7 @@ test("an owner whose only run went back to the queue after leaving the rotation 
   await w.start();
   running = w;
   const row = await waitForTerminal(db.sql, taskId, 20_000);
+  assert.equal(rowsWhileClaimed, 0, "the idle owner was pruned");
   assert.equal(row.status, "succeeded");
   assert.equal(calls, 2);
 });
