@@ -26,9 +26,11 @@ try {
         select ${owner.userId}, 'noop', 'succeeded', ${perTask}, ${perTask}, now(), now() from generate_series(1, 50)
         returning id
       )
-      insert into runs (task_id, analysis_type, status, attempt, max_attempts, input_file_id, input_storage_key,
-                        input_name, input_size_bytes, input_sha256, progress, started_at, finished_at, result)
-      select t.id, 'noop', 'succeeded', 1, 3, g, 'files/x', 'f.csv', 1, 'x', 100, now(), now(), '{}'::jsonb
+      insert into runs (task_id, analysis_type, owner_id, status, attempt, max_attempts, input_file_id,
+                        input_storage_key, input_name, input_size_bytes, input_sha256, progress, started_at,
+                        finished_at, result)
+      select t.id, 'noop', ${owner.userId}, 'succeeded', 1, 3, g, 'files/x', 'f.csv', 1, 'x', 100, now(), now(),
+             '{}'::jsonb
       from t, generate_series(1, ${perTask}) g`;
   }
   await sql`vacuum analyze`;
