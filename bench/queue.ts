@@ -168,7 +168,8 @@ try {
     });
     const big = await createNoopTask(sql, a.owner, a.fileIds);
     await w.start();
-    await waitForRunsDone(sql, big, aMs > 0 ? 200 : 1000);
+    // (A quarter of A's task at most: at small BENCH_FAIR_BIG sizes the drain ends sooner.)
+    await waitForRunsDone(sql, big, Math.min(aMs > 0 ? 200 : 1000, Math.floor(FAIR_BIG / 4)));
     const samples: number[] = [];
     for (const fileId of b.fileIds) {
       const started = new Promise<number>((resolve) => bFiles.set(fileId, resolve));
