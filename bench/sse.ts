@@ -28,6 +28,9 @@ const api = spawn(process.execPath, [path.join(root, "bin/assay.js"), "api"], {
   },
   stdio: ["ignore", "pipe", "inherit"],
 });
+// Listened for from the start: an API that exits early (before the finally below) must not leave
+// the benchmark waiting for a close that has already happened.
+const apiClosed = new Promise((r) => api.on("close", r));
 try {
   // LOG_LEVEL=warn hides "listening": find the port from the process's sockets instead.
   const port = await new Promise<number>((resolve, reject) => {
@@ -81,8 +84,14 @@ try {
     );
     let out = "";
     child.stdout.on("data", (c: Buffer) => (out += c.toString()));
-    const ready = new Promise<void>((resolve) => {
-      const check = () => (out.includes("ready\n") ? resolve() : setTimeout(check, 50));
+    const ready = new Promise<void>((resolve, reject) => {
+      const check = () => {
+        if (out.includes("ready\n")) resolve();
+        // It ended without connecting (its error is on stderr): fail rather than wait forever.
+        else if (child.exitCode !== null || child.signalCode !== null)
+          reject(new Error(`an SSE client process exited before its streams were open`));
+        else setTimeout(check, 50);
+      };
       check();
     });
     const results = new Promise<void>((resolve) =>
@@ -137,7 +146,7 @@ try {
   });
 } finally {
   api.kill("SIGTERM");
-  await new Promise((r) => api.on("close", r));
+  await apiClosed;
   await close();
   await bench.stop();
 }
