@@ -1,6 +1,6 @@
 // SSE benchmark (issue 5): 1,000 concurrent subscribers on one API process to one task while events
 // are committed at 10/s; latency from commit to client receipt, and the API process's RSS.
-import { spawn } from "node:child_process";
+import { type ChildProcess, spawn } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import { performance } from "node:perf_hooks";
@@ -26,8 +26,11 @@ const api = spawn(process.execPath, [path.join(root, "bin/assay.js"), "api"], {
     LOG_LEVEL: "warn",
     ASSAY_SSE_HEARTBEAT_MS: "15000",
   },
-  stdio: ["ignore", "pipe", "inherit"],
+  // Its stdout unread would fill the pipe and stall the server: the port comes from /proc instead.
+  stdio: ["ignore", "ignore", "inherit"],
 });
+/** The client processes, ended in the finally below whatever happened. */
+const clientProcesses: ChildProcess[] = [];
 // Listened for from the start: an API that exits early (before the finally below) must not leave
 // the benchmark waiting for a close that has already happened.
 const apiClosed = new Promise((r) => api.on("close", r));
@@ -82,6 +85,7 @@ try {
       ],
       { stdio: ["ignore", "pipe", "inherit"] },
     );
+    clientProcesses.push(child);
     let out = "";
     child.stdout.on("data", (c: Buffer) => (out += c.toString()));
     const ready = new Promise<void>((resolve, reject) => {
@@ -145,6 +149,7 @@ try {
     apiRssMiB: Math.round(rssKb / 1024),
   });
 } finally {
+  for (const c of clientProcesses) c.kill("SIGKILL");
   api.kill("SIGTERM");
   await apiClosed;
   await close();

@@ -370,9 +370,10 @@ export class Worker {
     if (this.pruning.has(type)) return;
     const done = queueOwnersPruneIdle(this.o.sql, type)
       .catch((err: unknown) => {
-        try {
-          o.onTidyError?.(err);
-        } catch {}
+        this.o.logger.warn(
+          { err, workerId: this.id, analysisType: type },
+          "pruning the rotation's idle rows failed (the reaper's prune redoes it)",
+        );
         return 0;
       })
       .then((pruned) => {

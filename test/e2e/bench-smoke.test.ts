@@ -78,14 +78,23 @@ for (const [file, knobs] of BENCHES) {
           process.kill(-(child.pid as number), "SIGKILL");
         } catch {}
       }, BENCH_TIMEOUT_MS);
-      child.on("close", () => clearTimeout(timer));
+      // Whatever it started goes with it, so nothing outlives the test or holds its pipes open.
+      child.on("exit", () => {
+        clearTimeout(timer);
+        try {
+          process.kill(-(child.pid as number), "SIGKILL");
+        } catch {}
+      });
       child.stdout.on("data", (d: Buffer) => {
         out += d;
       });
       child.stderr.on("data", (d: Buffer) => {
         err += d;
       });
-      child.on("error", reject);
+      child.on("error", (e) => {
+        clearTimeout(timer);
+        reject(e);
+      });
       child.on("close", (c) => resolve({ code: c, stdout: out, stderr: err }));
     });
     assert.equal(code, 0, `bench/${file} exited ${code}:\n${stderr.slice(-3000)}`);

@@ -1,7 +1,16 @@
 // Claiming runs and keeping their leases (DESIGN §4.2–4.4).
 import type { Sql } from "../../db/client.ts";
 import { ownerQueued } from "./fair.ts";
-import { byId, INT8_OID, inLive, type Json, type Lease, matchesLease, notifyEvents } from "./shared.ts";
+import {
+  byId,
+  commitMode,
+  INT8_OID,
+  inLive,
+  type Json,
+  type Lease,
+  matchesLease,
+  notifyEvents,
+} from "./shared.ts";
 
 /** Advisory-lock namespace of the per-type claim lock (the second key is hashtext(type)). */
 const CLAIM_LOCK_NAMESPACE = 0x636c6169; // "clai"
@@ -606,15 +615,6 @@ export async function runClaimSole(
   const runs: ClaimedRun[] = [];
   for (const { owners: _, rows: __, ...run } of rows) if (run.id !== null) runs.push(run);
   return { runs, owners, rows: listed };
-}
-
-/**
- * A WHERE condition that is always true and evaluated once: it sets how the statement's own
- * transaction commits — asynchronously unless `durable` (then the server's setting, whatever it is).
- */
-function commitMode(sql: Sql, durable: boolean) {
-  return sql`(select set_config('synchronous_commit',
-             case when ${durable} then current_setting('synchronous_commit') else 'off' end, true)) is not null`;
 }
 
 /** What a claim tells queueOwnersTidy: the rows it walked past and where the rotation stands. */

@@ -18,6 +18,7 @@
 // Lock order: queue_owners rows are locked in owner order by every statement that locks several.
 import type { PendingQuery, Row } from "postgres";
 import type { Sql } from "../../db/client.ts";
+import { commitMode } from "./shared.ts";
 
 /** A task's priority when none is given: 0 runs first, 9 last. */
 export const DEFAULT_PRIORITY = 5;
@@ -124,7 +125,7 @@ async function pruneIdleRows(sql: Sql, analysisType: string | null, limit: numbe
     const idle = await tx<{ analysis_type: string; priority: number; owner_id: string }[]>`
       select q.analysis_type, q.priority, q.owner_id::text from queue_owners q
       left join lateral (${ownerQueued(t)}) x on true
-      where (select set_config('synchronous_commit', 'off', true)) is not null and x.queued is null
+      where ${commitMode(t, false)} and x.queued is null
         ${analysisType === null ? tx`` : tx`and q.analysis_type = ${analysisType}`}
       order by q.owner_id
       limit ${limit}

@@ -178,3 +178,12 @@ export function notifyEvents(sql: Sql) {
       ) p
     )`;
 }
+
+/**
+ * A WHERE condition that is always true and evaluated once: it sets how the statement's own
+ * transaction commits — asynchronously unless `durable` (then the server's setting, whatever it is).
+ */
+export function commitMode(sql: Sql, durable: boolean) {
+  return sql`(select set_config('synchronous_commit',
+             case when ${durable} then current_setting('synchronous_commit') else 'off' end, true)) is not null`;
+}
