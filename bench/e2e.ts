@@ -127,6 +127,7 @@ try {
       },
     },
     prefetch: config.prefetch,
+    prefetchWindowMs: config.prefetchWindowMs,
     completionDelayMs: config.completionDelayMs,
   });
   await worker.start();

@@ -192,13 +192,19 @@ const FIELDS = {
     env: "ASSAY_PREFETCH",
     schema: Type.Integer({ minimum: 0, maximum: 1000, default: 0 }),
     description:
-      "Runs a worker claims ahead of its free slots (0: only free slots, plus one for each slot whose program has reported its result and is exiting). Only for very short handlers: prefetched runs hold leases while they wait.",
+      "Runs a worker claims ahead of its free slots, however long the runs take (0: only free slots, plus one for each slot whose program has reported its result and is exiting, and what ASSAY_PREFETCH_WINDOW_MS adds while runs are short). Only for very short handlers: prefetched runs hold leases while they wait.",
+  },
+  prefetchWindowMs: {
+    env: "ASSAY_PREFETCH_WINDOW_MS",
+    ...durationMs(0, 200),
+    description:
+      "While a type's runs are short, a worker claims ahead as many runs as keep its slots busy for this long (at most 4 per slot), so one claim serves several runs; none for runs this long or longer, nor under a global or per-user limit. Runs of a newly arrived task still go ahead of those claimed ahead. 0: only ASSAY_PREFETCH.",
   },
   completionDelayMs: {
     env: "ASSAY_COMPLETION_DELAY_MS",
-    ...durationMs(0, 25),
+    ...durationMs(0, 200),
     description:
-      "How long a worker may hold a finished run's outcome to record it together with others that finish meanwhile, in one statement (0: record each at once). A full batch (as many as the worker has slots) is recorded at once; a shutdown records everything at once.",
+      "How long a worker may hold a finished run's outcome to record it together with others that finish meanwhile, in one statement (0: record each at once). Recorded at once instead: a full batch (4 outcomes per slot), an outcome with no other run live or claimed on the worker (a lone run, a task's last), one of a type with a global limit or under a per-user limit, and everything at shutdown.",
   },
   userConcurrency: {
     env: "ASSAY_USER_CONCURRENCY",

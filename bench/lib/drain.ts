@@ -84,7 +84,9 @@ export async function drainTasks(
     pollIntervalMs: 2000,
     retryBaseMs: 1000,
     prefetch,
-    // As `assay worker` records outcomes: the configured completion delay (25 ms unless set).
+    // As `assay worker` claims and records outcomes: the configured automatic prefetch and completion
+    // delay (ASSAY_PREFETCH_WINDOW_MS, ASSAY_COMPLETION_DELAY_MS; 200 ms each unless set).
+    prefetchWindowMs: loadConfig().prefetchWindowMs,
     completionDelayMs: loadConfig().completionDelayMs,
   });
   const start = performance.now();

@@ -47,6 +47,7 @@ const worker = new Worker({
   pollIntervalMs: config.pollIntervalMs,
   retryBaseMs: config.retryBaseMs,
   prefetch: config.prefetch,
+  prefetchWindowMs: config.prefetchWindowMs,
   completionDelayMs: config.completionDelayMs,
 });
 const reaper = new Reaper({

@@ -74,6 +74,7 @@ export async function startWorkerRuntime(
     pollIntervalMs: config.pollIntervalMs,
     retryBaseMs: config.retryBaseMs,
     prefetch: config.prefetch,
+    prefetchWindowMs: config.prefetchWindowMs,
     completionDelayMs: config.completionDelayMs,
     userLimit: config.userConcurrency,
     onDiscard: discardAttempt(store),

@@ -65,11 +65,17 @@ export interface WorkerOptions {
   leaseTtlMs: number;
   pollIntervalMs: number;
   retryBaseMs: number;
-  /** Runs claimed ahead of free slots (ASSAY_PREFETCH). */
+  /** Runs claimed ahead of free slots, whatever the runs' length (ASSAY_PREFETCH). */
   prefetch?: number;
   /**
+   * While a type's attempts are short, claim ahead as many runs as keep the slots busy for this long
+   * (autoPrefetch; ASSAY_PREFETCH_WINDOW_MS); 0 or absent: only the fixed prefetch.
+   */
+  prefetchWindowMs?: number;
+  /**
    * How long a finished attempt's outcome may wait to be recorded with others in one completion
-   * statement (ASSAY_COMPLETION_DELAY_MS); 0 or absent: recorded at once.
+   * statement (ASSAY_COMPLETION_DELAY_MS); 0 or absent: recorded at once. See queueOutcome for
+   * when a batch is recorded before the delay is over.
    */
   completionDelayMs?: number;
   /** Most live runs of one owner across all workers (ASSAY_USER_CONCURRENCY); 0 or absent = none. */
@@ -117,6 +123,13 @@ export const PROGRESS_FLUSH_MS = 250;
  * removed nothing the next one waits (see Worker.pruneIdle).
  */
 export const SOLE_RECHECK_MS = 1000;
+/**
+ * A completion batch this many times the slots is recorded at once, without waiting out the
+ * completion delay (queueOutcome).
+ */
+export const COMPLETION_BATCH_PER_SLOT = 4;
+/** The automatic prefetch claims at most this many runs per slot ahead (autoPrefetch). */
+export const AUTO_PREFETCH_PER_SLOT = 4;
 /** Delay before retrying a failed completion write (e.g. the database is down). */
 const FLUSH_RETRY_MS = 1000;
 const DEFAULT_TIMEOUT_MS = 600_000;
@@ -252,18 +265,27 @@ export class Worker {
   }
 
   /**
-   * One claim cycle: starts buffered runs, claims for free slots (plus prefetch, when the buffer is
-   * at most half full) rotating over the types, and starts what it claimed. Returns runs claimed.
+   * One claim cycle: starts buffered runs, claims for free slots (plus each type's prefetch, when the
+   * buffer is at most half of it) rotating over the types, and starts what it claimed. Returns runs
+   * claimed.
    */
   async runOnce(): Promise<number> {
     this.drainBuffer();
-    const prefetch = this.o.prefetch ?? 0;
-    if (prefetch > 0 && this.buffer.length > prefetch / 2) return 0;
-    let want = this.claimableSlots() + prefetch - this.buffer.length;
+    const base = this.claimableSlots() - this.buffer.length;
     let claimed = 0;
     const start = this.rotation++;
-    for (let i = 0; i < this.typeNames.length && want > 0 && !this.stopping; i++) {
+    for (let i = 0; i < this.typeNames.length && !this.stopping; i++) {
       const type = this.typeNames[(start + i) % this.typeNames.length] as string;
+      const prefetch = this.prefetchFor(type);
+      // New work (a wake-up) may be another owner's: claimed now even into a full buffer, and put
+      // ahead of it (place()), so a prefetch does not stand between a newcomer and the next free
+      // slot. A newcomer is at the back of the rotation, so that claim spans owners: a quantum of
+      // CLAIM_QUANTUM each, and at least two turns. Otherwise a buffer more than half full waits:
+      // claims of a run or two each would cost a statement apiece.
+      const woken = prefetch > 0 && this.notified.has(type);
+      if (prefetch > 0 && this.buffer.length > prefetch / 2 && !woken) continue;
+      const want = Math.max(base + prefetch - claimed, woken ? 2 * CLAIM_QUANTUM : 0);
+      if (want <= 0) continue;
       const began = performance.now();
       const runs = await this.claim({
         workerId: this.id,
@@ -272,7 +294,7 @@ export class Worker {
         globalLimit: this.o.types[type]?.globalLimit ?? 0,
         userLimit: this.o.userLimit ?? 0,
         leaseTtlMs: this.o.leaseTtlMs,
-        quantum: this.quantumFor(type, want),
+        quantum: woken ? CLAIM_QUANTUM : this.quantumFor(type, want),
         onTidyError: (err) =>
           this.o.logger.warn(
             { err, workerId: this.id, analysisType: type },
@@ -285,12 +307,53 @@ export class Worker {
         (performance.now() - began) / 1000,
         runs.map((r) => r.waitedSeconds),
       );
-      this.buffer.push(...runs);
+      this.place(runs, woken);
       claimed += runs.length;
-      want -= runs.length;
     }
     this.drainBuffer();
     return claimed;
+  }
+
+  /**
+   * Buffers claimed runs. After a wake-up, runs of tasks with nothing buffered go ahead of the buffer
+   * (a newcomer's, most likely); the rest, and every other claim's, queue behind it. A task's runs
+   * never overtake each other, so each task still starts its runs in file order.
+   */
+  private place(runs: ClaimedRun[], woken: boolean): void {
+    if (!woken || this.buffer.length === 0) {
+      this.buffer.push(...runs);
+      return;
+    }
+    const buffered = new Set(this.buffer.map((r) => r.taskId));
+    const ahead = runs.filter((r) => !buffered.has(r.taskId));
+    this.buffer = [...ahead, ...this.buffer, ...runs.filter((r) => buffered.has(r.taskId))];
+  }
+
+  /** Runs of `type` to claim ahead of free slots: the fixed prefetch, or the automatic one if more. */
+  private prefetchFor(type: string): number {
+    return Math.max(this.o.prefetch ?? 0, this.autoPrefetch(type));
+  }
+
+  /**
+   * The automatic prefetch: while the type's attempts are short, as many runs as keep the slots busy
+   * for prefetchWindowMs (from the type's running mean), at most AUTO_PREFETCH_PER_SLOT per slot. With
+   * two slots and runs of ~50 ms a claim then takes a few runs instead of one, and PostgreSQL's
+   * CPU per run fell by more than half (bench/e2e.ts; docs/architecture.md). None for runs as long as
+   * the window or longer (a buffered run would wait that long for a slot while another worker may be
+   * idle),
+   * before the type has a mean, while one of its live attempts is older than the window (the mean
+   * is out of date), and under a global or per-user limit (a buffered run's lease counts against it).
+   */
+  private autoPrefetch(type: string): number {
+    const windowMs = this.o.prefetchWindowMs ?? 0;
+    const mean = this.attemptSeconds.get(type);
+    if (windowMs <= 0 || mean === undefined || mean * 1000 >= windowMs) return 0;
+    if ((this.o.types[type]?.globalLimit ?? 0) > 0 || (this.o.userLimit ?? 0) > 0) return 0;
+    const now = performance.now();
+    for (const a of this.active.values())
+      if (a.run.analysisType === type && now - a.began >= windowMs) return 0;
+    const runs = Math.floor((this.o.concurrency * windowMs) / Math.max(mean * 1000, 0.01));
+    return Math.min(runs, AUTO_PREFETCH_PER_SLOT * this.o.concurrency);
   }
 
   /**
@@ -555,16 +618,26 @@ export class Worker {
   }
 
   /**
-   * Queues an outcome for the next completion statement. With a completion delay, a batch that is
-   * not full waits up to that long for more outcomes: a statement's fixed cost is most of what a
-   * completion costs PostgreSQL, and with slots finishing one at a time every outcome was a statement
-   * of its own. The slot is free already (the delay costs no throughput); the lease is heartbeated
-   * meanwhile (heldLeases), and a shutdown records the batch at once.
+   * Queues an outcome for the next completion statement. With a completion delay, a batch waits up
+   * to that long for more outcomes: a statement's fixed cost is most of what a completion costs
+   * PostgreSQL, and with slots finishing one at a time every outcome was a statement of its own. The
+   * slot is free already (the delay costs no throughput); the lease is heartbeated meanwhile
+   * (heldLeases). Recorded at once instead: a full batch (COMPLETION_BATCH_PER_SLOT × slots); when
+   * no company can come (no attempt live, none buffered: a lone run, a task's last); an outcome
+   * whose lease holds a slot of a global or per-user limit (others may be waiting for it); and
+   * during a shutdown.
    */
   private queueOutcome(run: ClaimedRun, seconds: number | null, outcome: Outcome): void {
     this.outcomes.push({ run, seconds, value: outcome });
     const delay = this.o.completionDelayMs ?? 0;
-    if (delay <= 0 || this.stopping || this.outcomes.length >= this.o.concurrency) {
+    if (
+      delay <= 0 ||
+      this.stopping ||
+      this.outcomes.length >= COMPLETION_BATCH_PER_SLOT * this.o.concurrency ||
+      (this.active.size === 0 && this.buffer.length === 0) ||
+      (this.o.types[run.analysisType]?.globalLimit ?? 0) > 0 ||
+      (this.o.userLimit ?? 0) > 0
+    ) {
       this.flushNow();
       return;
     }

@@ -3,9 +3,10 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import type { Principal } from "../../src/auth/tokens.ts";
 import { createLogger } from "../../src/log.ts";
+import { NO_OBSERVER } from "../../src/queue/observer.ts";
 import { Reaper } from "../../src/queue/reaper.ts";
 import { runCancelQueued, runClaim, runComplete, runProgress } from "../../src/queue/sql.ts";
-import { type Handler, Worker, type WorkerOptions } from "../../src/queue/worker.ts";
+import { AUTO_PREFETCH_PER_SLOT, type Handler, Worker, type WorkerOptions } from "../../src/queue/worker.ts";
 import { taskCancel } from "../../src/tasks/cancel.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import {
@@ -723,34 +724,214 @@ describe("completion batching (ASSAY_COMPLETION_DELAY_MS)", () => {
     }
   });
 
-  test("a full batch (as many outcomes as slots) is recorded without waiting for the delay", async () => {
-    const taskId = await createTask(db.sql, owner, "t-batch-full", 2);
-    const g = gated(2);
-    const w = worker({ "t-batch-full": g.handler }, { concurrency: 2, completionDelayMs: 600_000 });
+  /** A handler that holds the task's first run (by id) until released, and ends every other at once. */
+  function firstHeld() {
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    let first: number | undefined;
+    const handler: Handler = async (run) => {
+      first ??= run.id;
+      if (run.id === first) await held;
+      return { status: "succeeded" };
+    };
+    return { handler, release };
+  }
+
+  test("a full batch (4 outcomes per slot) is recorded at once while other runs are live", async () => {
+    // Two slots: the first run holds one (the company), eight quick runs end through the other.
+    const taskId = await createTask(db.sql, owner, "t-batch-full", 9);
+    const h = firstHeld();
+    const w = worker({ "t-batch-full": h.handler }, { concurrency: 2, completionDelayMs: 600_000 });
     await w.start();
-    await g.started;
-    for (const release of g.release) release();
+    await waitFor(async () => (await taskRow(db.sql, taskId)).succeeded === 8, 20_000);
+    const runs = await finishedAt(taskId);
+    assert.equal(runs[0]?.status, "starting", "the first run is still live");
+    // One statement recorded the eight: they share its now().
+    assert.equal(new Set(runs.slice(1).map((r) => r.finished)).size, 1);
+    h.release();
+    await waitForTerminal(db.sql, taskId, 20_000);
+    await w.stop();
+  });
+
+  test("an outcome with no other run live or claimed on the worker is recorded at once", async () => {
+    const taskId = await createTask(db.sql, owner, "t-batch-lone", 1);
+    const w = worker({ "t-batch-lone": succeed }, { concurrency: 3, completionDelayMs: 600_000 });
+    await w.start();
     const row = await waitForTerminal(db.sql, taskId, 20_000);
     await w.stop();
-    assert.equal(row.succeeded, 2);
+    assert.equal(row.succeeded, 1);
+  });
+
+  test("an outcome of a globally limited type is recorded at once (its slot may be awaited elsewhere)", async () => {
+    const taskId = await createTask(db.sql, owner, "t-batch-limited", 2);
+    const h = firstHeld();
+    const w = new Worker({
+      sql: db.sql,
+      logger,
+      types: { "t-batch-limited": { handler: h.handler, globalLimit: 5 } },
+      concurrency: 2,
+      leaseTtlMs: 30_000,
+      pollIntervalMs: 200,
+      retryBaseMs: 50,
+      completionDelayMs: 600_000,
+    });
+    await w.start();
+    // The second run ends while the first is still live: with company, but recorded anyway.
+    await waitFor(async () => (await taskRow(db.sql, taskId)).succeeded === 1, 20_000);
+    h.release();
+    await waitForTerminal(db.sql, taskId, 20_000);
+    await w.stop();
   });
 
   test("a shutdown records a waiting outcome at once", async () => {
-    const taskId = await createTask(db.sql, owner, "t-batch-stop", 1);
-    const g = gated(1);
-    const w = worker({ "t-batch-stop": g.handler }, { concurrency: 3, completionDelayMs: 600_000 });
+    const taskId = await createTask(db.sql, owner, "t-batch-stop", 2);
+    // The first run to start ends when released; the other only when the shutdown aborts it.
+    let releaseFirst!: () => void;
+    const firstGate = new Promise<void>((resolve) => (releaseFirst = resolve));
+    let allStarted!: () => void;
+    const started = new Promise<void>((resolve) => (allStarted = resolve));
+    let first: number | undefined;
+    let starts = 0;
+    const handler: Handler = async (run, { signal }) => {
+      first ??= run.id;
+      if (++starts === 2) allStarted();
+      if (run.id === first) {
+        await firstGate;
+        return { status: "succeeded" };
+      }
+      await new Promise((resolve) => signal.addEventListener("abort", resolve));
+      return { status: "cancelled" };
+    };
+    const w = worker({ "t-batch-stop": handler }, { concurrency: 3, completionDelayMs: 600_000 });
     await w.start();
-    await g.started;
-    g.release[0]?.();
-    await new Promise((resolve) => setImmediate(resolve));
+    await started;
+    releaseFirst();
+    // Its outcome waits for company (the other run is live): nothing recorded yet.
+    await new Promise((resolve) => setTimeout(resolve, 50));
     assert.equal(
       (await taskRow(db.sql, taskId)).succeeded,
       0,
       "recorded before the delay: nothing was batched",
     );
     const began = Date.now();
+    // The other run is aborted by the shutdown and goes back to the queue; the waiting outcome is
+    // recorded.
     await w.stop();
     assert.ok(Date.now() - began < 20_000, "stop waited for the completion delay");
-    assert.equal((await taskRow(db.sql, taskId)).status, "succeeded");
+    assert.equal((await taskRow(db.sql, taskId)).succeeded, 1);
+    assert.deepEqual((await finishedAt(taskId)).map((r) => r.status).sort(), ["queued", "succeeded"]);
+  });
+});
+
+describe("automatic prefetch (ASSAY_PREFETCH_WINDOW_MS)", () => {
+  const pause = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+  /** Runs a task of `runs` runs of `type` on a worker of two slots; returns each claim's size. */
+  async function claimSizes(
+    type: string,
+    runs: number,
+    handler: Handler,
+    extra: Partial<WorkerOptions>,
+    globalLimit = 0,
+  ): Promise<number[]> {
+    const taskId = await createTask(db.sql, owner, type, runs);
+    const sizes: number[] = [];
+    const w = new Worker({
+      sql: db.sql,
+      logger,
+      types: { [type]: { handler, globalLimit } },
+      concurrency: 2,
+      leaseTtlMs: 30_000,
+      pollIntervalMs: 200,
+      retryBaseMs: 50,
+      observer: {
+        ...NO_OBSERVER,
+        claimed: (_type, _seconds, waited) => {
+          if (waited.length > 0) sizes.push(waited.length);
+        },
+      },
+      ...extra,
+    });
+    await w.start();
+    const row = await waitForTerminal(db.sql, taskId, 30_000);
+    await w.stop();
+    assert.equal(row.succeeded, runs);
+    return sizes;
+  }
+
+  const quick: Handler = async () => {
+    await pause(2);
+    return { status: "succeeded" };
+  };
+
+  test("while a type's runs are short, claims take runs ahead of the free slots; without a window, never", async () => {
+    const off = await claimSizes("t-auto-off", 40, quick, {});
+    assert.ok(
+      off.every((n) => n <= 2),
+      `claims: ${off}`,
+    );
+    const on = await claimSizes("t-auto-on", 40, quick, { prefetchWindowMs: 10_000 });
+    assert.ok(Math.max(...on) > 2, `claims: ${on}`);
+    assert.ok(
+      on.every((n) => n <= 2 + AUTO_PREFETCH_PER_SLOT * 2),
+      `claims: ${on}`,
+    );
+    assert.ok(on.length < off.length, `${on.length} claims with it against ${off.length} without`);
+  });
+
+  test("none for runs as long as the window or longer, nor for a type with a global limit", async () => {
+    const long: Handler = async () => {
+      await pause(40);
+      return { status: "succeeded" };
+    };
+    const sizes = await claimSizes("t-auto-long", 12, long, { prefetchWindowMs: 20 });
+    assert.ok(
+      sizes.every((n) => n <= 2),
+      `claims: ${sizes}`,
+    );
+    const limited = await claimSizes("t-auto-limited", 30, quick, { prefetchWindowMs: 10_000 }, 10);
+    assert.ok(
+      limited.every((n) => n <= 2),
+      `claims: ${limited}`,
+    );
+  });
+
+  test("a newcomer's run is claimed into a full buffer and starts ahead of the runs claimed before it", async () => {
+    const userB = await seedUser(db.sql, "worker-tests-newcomer");
+    const type = "t-auto-newcomer";
+    const big = await createTask(db.sql, owner, type, 40);
+    // One slot: the first five runs end at once (the type's mean becomes short), the sixth holds
+    // the slot until released while the worker fills its buffer.
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const starts: string[] = [];
+    let released = false;
+    const handler: Handler = async (run) => {
+      starts.push(released ? `after:${run.taskId}` : String(run.taskId));
+      if (String(run.taskId) === big && starts.length >= 6) await gate;
+      return { status: "succeeded" };
+    };
+    const w = worker({ [type]: handler }, { concurrency: 1, prefetchWindowMs: 10_000 });
+    await w.start();
+    const live = async (taskId: string) =>
+      Number(
+        (
+          await db.sql<{ n: number }[]>`
+            select count(*)::int as n from runs where task_id = ${taskId} and status in ('starting', 'running')`
+        )[0]?.n,
+      );
+    // The held run and a full buffer (AUTO_PREFETCH_PER_SLOT runs claimed ahead).
+    await waitFor(async () => (await live(big)) === 1 + AUTO_PREFETCH_PER_SLOT, 20_000);
+    // The newcomer is at the back of the rotation: the wake-up's claim takes a turn of the big
+    // task's (behind the buffer) and then the newcomer's run (ahead of it), while the slot is held.
+    const small = await createTask(db.sql, userB, type, 1);
+    await waitFor(async () => (await live(small)) === 1, 20_000);
+    released = true;
+    release();
+    await waitForTerminal(db.sql, small, 20_000);
+    await waitForTerminal(db.sql, big, 30_000);
+    await w.stop();
+    const after = starts.filter((s) => s.startsWith("after:"));
+    assert.equal(after[0], `after:${small}`, `starts after the release: ${after.slice(0, 6)}`);
   });
 });
