@@ -21,8 +21,11 @@ const LATENCY_TASKS = Number(process.env.BENCH_LATENCY_N ?? 200);
 /** Runs (jobs) drained before measuring, unreported, by Assay and graphile-worker alike. */
 const WARMUP = Number(process.env.BENCH_WARMUP ?? 1000);
 const logger = createLogger({ level: "warn", destination: process.stderr });
-/** Outcomes are recorded as `assay worker` records them: with the configured completion delay. */
-const { completionDelayMs } = loadConfig();
+/**
+ * Runs are claimed and outcomes recorded as `assay worker` does: with the configured automatic
+ * prefetch and completion delay.
+ */
+const { completionDelayMs, prefetchWindowMs } = loadConfig();
 /** drain:fair: users, one task each, N runs in all. */
 const FAIR_USERS = 100;
 /**
@@ -135,8 +138,11 @@ try {
   // pickup:fair — B's one-run tasks, one at a time, while A's FAIR_BIG-run task drains on the same
   // worker: create → B's handler start. Without fair share B waits for A's whole backlog. Twice: with
   // A's runs as no-ops (the queue saturated: ~4,000 claims and completions a second on two cores, the
-  // worst case for B's create commit) and with A's runs taking 20 ms each, as the shortest real
-  // analysis process would. A's rest is cancelled after each, so no later workload drains it.
+  // worst case for B's create commit) and with A's runs taking 20 ms on average, as the shortest real
+  // analysis process would: 10–30 ms, since real runs vary (runs of one exact length free their slots
+  // in lockstep once a prefetch refills them at once, and a B that arrives right after a wave, as each
+  // sample does, would wait for the next whole wave). A's rest is cancelled after each, so no later
+  // workload drains it.
   for (const [workload, aMs] of [
     ["pickup:fair", 0],
     ["pickup:fair:20ms", 20],
@@ -155,7 +161,7 @@ try {
           handler: async (run) => {
             const started = bFiles.get(String(run.inputFileId));
             if (started) started(performance.now());
-            else if (aMs > 0) await new Promise((res) => setTimeout(res, aMs));
+            else if (aMs > 0) await new Promise((res) => setTimeout(res, aMs * (0.5 + Math.random())));
             return { status: "succeeded" };
           },
         },
@@ -164,6 +170,7 @@ try {
       leaseTtlMs: 30_000,
       pollIntervalMs: 2000,
       retryBaseMs: 1000,
+      prefetchWindowMs,
       completionDelayMs,
     });
     const big = await createNoopTask(sql, a.owner, a.fileIds);
@@ -198,6 +205,7 @@ try {
       {
         bigTask: FAIR_BIG,
         bigRunMs: aMs,
+        bigRunRangeMs: [aMs / 2, (aMs * 3) / 2],
         bigDoneAtEnd: left?.done,
         note: "create → handler start of B's one-run tasks while A's task drains; ok = A still draining at the end",
       },
@@ -270,6 +278,7 @@ try {
     leaseTtlMs: 30_000,
     pollIntervalMs: 2000,
     retryBaseMs: 1000,
+    prefetchWindowMs,
     completionDelayMs,
   });
   await worker.start();

@@ -128,8 +128,25 @@ export const SOLE_RECHECK_MS = 1000;
  * completion delay (queueOutcome).
  */
 export const COMPLETION_BATCH_PER_SLOT = 4;
+/**
+ * Attempts shorter than this on average (in-process handlers; a program's process takes longer to
+ * start) are not prefetched automatically (autoPrefetch): the claim loop is their bottleneck, and
+ * claims big enough to hide it held a newcomer's first run back (docs/architecture.md).
+ */
+export const AUTO_PREFETCH_MIN_MS = 1;
 /** The automatic prefetch claims at most this many runs per slot ahead (autoPrefetch). */
 export const AUTO_PREFETCH_PER_SLOT = 4;
+/**
+ * The size of a claim after a wake-up into a buffer of runs claimed ahead (Worker.runOnce): a
+ * newcomer starts at the back of the rotation, and with two owners waiting the claim gives the one
+ * in turn at least CLAIM_QUANTUM (an even share, at least that), so one more reaches the newcomer.
+ */
+export const NEWCOMER_CLAIM = CLAIM_QUANTUM + 1;
+/**
+ * Runs of a newly claimed task go ahead of buffered runs (claimed ahead) that have waited less than
+ * this, never of those that have waited longer (Worker.place).
+ */
+export const OVERTAKE_MS = 200;
 /** Delay before retrying a failed completion write (e.g. the database is down). */
 const FLUSH_RETRY_MS = 1000;
 const DEFAULT_TIMEOUT_MS = 600_000;
@@ -147,6 +164,12 @@ export class Worker {
   /** Active attempts whose process reported its result (HandlerContext.finishing), not yet released. */
   private readonly finishing = new Set<number>();
   private buffer: ClaimedRun[] = [];
+  /** When each buffered run was claimed (performance.now(); see place()). */
+  private readonly bufferedAt = new Map<number, number>();
+  /** A claim of the claim loop's is in flight (see claimBeside()). */
+  private claimInFlight = false;
+  /** Per type, the newcomer's claim beside the claim loop's (claimBeside()). */
+  private readonly besides = new Map<string, Promise<void>>();
   private outcomes: Pending<Outcome>[] = [];
   private retries: Pending<Retry>[] = [];
   private readonly progress = new Map<
@@ -217,6 +240,8 @@ export class Worker {
           // next claim of the type is the fair one (see claim()).
           this.notified.add(type);
           this.wake();
+          const prefetch = this.prefetchFor(type);
+          if (this.claimInFlight && prefetch > 0 && this.roomBeyond(prefetch)) this.claimBeside(type);
         },
         onListen: () => this.wake(),
       },
@@ -277,56 +302,113 @@ export class Worker {
     for (let i = 0; i < this.typeNames.length && !this.stopping; i++) {
       const type = this.typeNames[(start + i) % this.typeNames.length] as string;
       const prefetch = this.prefetchFor(type);
-      // New work (a wake-up) may be another owner's: claimed now even into a full buffer, and put
-      // ahead of it (place()), so a prefetch does not stand between a newcomer and the next free
-      // slot. A newcomer is at the back of the rotation, so that claim spans owners: a quantum of
-      // CLAIM_QUANTUM each, and at least two turns. Otherwise a buffer more than half full waits:
-      // claims of a run or two each would cost a statement apiece.
+      // A buffer more than half full waits: claims of a run or two each would cost a statement
+      // apiece. Except after a wake-up: new work may be another owner's, who should not wait for the
+      // runs claimed ahead. That claim is of NEWCOMER_CLAIM runs, enough to reach a newcomer behind
+      // the owner in turn, and its runs go ahead of the buffer (place()). A wake-up with the buffer
+      // already over the prefetch by two quanta waits for it to drain, or wake-ups arriving faster
+      // than it drains would grow it without end.
+      const full = prefetch > 0 && this.buffer.length > prefetch / 2;
       const woken = prefetch > 0 && this.notified.has(type);
-      if (prefetch > 0 && this.buffer.length > prefetch / 2 && !woken) continue;
-      const want = Math.max(base + prefetch - claimed, woken ? 2 * CLAIM_QUANTUM : 0);
+      if (full && !(woken && this.roomBeyond(prefetch))) continue;
+      const want = full ? NEWCOMER_CLAIM : base + prefetch - claimed;
       if (want <= 0) continue;
       const began = performance.now();
-      const runs = await this.claim({
-        workerId: this.id,
-        analysisType: type,
-        limit: want,
-        globalLimit: this.o.types[type]?.globalLimit ?? 0,
-        userLimit: this.o.userLimit ?? 0,
-        leaseTtlMs: this.o.leaseTtlMs,
-        quantum: woken ? CLAIM_QUANTUM : this.quantumFor(type, want),
-        onTidyError: (err) =>
-          this.o.logger.warn(
-            { err, workerId: this.id, analysisType: type },
-            "fair-share upkeep after a claim failed (later claims and the reaper's prune redo it)",
-          ),
-        tidyAside: (upkeep) => this.tidyAside(type, upkeep),
+      this.claimInFlight = true;
+      // A claim after a wake-up spreads over owners (a quantum of CLAIM_QUANTUM each), so it reaches
+      // the newcomer.
+      const quantum = woken ? CLAIM_QUANTUM : this.quantumFor(type, want);
+      const runs = await this.claim(this.claimOptions(type, want, quantum)).finally(() => {
+        this.claimInFlight = false;
       });
       this.observer.claimed(
         type,
         (performance.now() - began) / 1000,
         runs.map((r) => r.waitedSeconds),
       );
-      this.place(runs, woken);
+      this.place(runs);
       claimed += runs.length;
     }
     this.drainBuffer();
     return claimed;
   }
 
+  /** The options of a claim of `limit` runs of `type`, at most `quantum` per owner in turn. */
+  private claimOptions(type: string, limit: number, quantum: number): ClaimOptions {
+    return {
+      workerId: this.id,
+      analysisType: type,
+      limit,
+      globalLimit: this.o.types[type]?.globalLimit ?? 0,
+      userLimit: this.o.userLimit ?? 0,
+      leaseTtlMs: this.o.leaseTtlMs,
+      quantum,
+      onTidyError: (err) =>
+        this.o.logger.warn(
+          { err, workerId: this.id, analysisType: type },
+          "fair-share upkeep after a claim failed (later claims and the reaper's prune redo it)",
+        ),
+      tidyAside: (upkeep) => this.tidyAside(type, upkeep),
+    };
+  }
+
   /**
-   * Buffers claimed runs. After a wake-up, runs of tasks with nothing buffered go ahead of the buffer
-   * (a newcomer's, most likely); the rest, and every other claim's, queue behind it. A task's runs
-   * never overtake each other, so each task still starts its runs in file order.
+   * A wake-up arrived while the claim loop waits for a claim: with a prefetch, that claim may be of
+   * many runs and take milliseconds under load, and the new work may be a newcomer's. Its claim
+   * (NEWCOMER_CLAIM runs) goes beside the one in flight, and what it claims is placed as any claim's
+   * (place()). One per type at a time; stop() waits for it. Must not reject.
    */
-  private place(runs: ClaimedRun[], woken: boolean): void {
-    if (!woken || this.buffer.length === 0) {
+  private claimBeside(type: string): void {
+    if (this.besides.has(type) || this.stopping) return;
+    const done = (async () => {
+      const began = performance.now();
+      const runs = await this.claim(this.claimOptions(type, NEWCOMER_CLAIM, CLAIM_QUANTUM));
+      this.observer.claimed(
+        type,
+        (performance.now() - began) / 1000,
+        runs.map((r) => r.waitedSeconds),
+      );
+      // Buffered even when stopping: stop() hands the buffer back to the queue.
+      this.place(runs);
+      this.drainBuffer();
+    })()
+      .catch((err: unknown) => {
+        this.o.logger.warn({ err, workerId: this.id, analysisType: type }, "claim failed; retrying");
+      })
+      .finally(() => this.besides.delete(type));
+    this.besides.set(type, done);
+  }
+
+  /**
+   * Buffers claimed runs. Runs of a task with nothing buffered (a newcomer's, most likely) go ahead of
+   * the buffered runs, except those that have waited OVERTAKE_MS already; the rest queue behind. So
+   * a prefetch does not make a new task wait for the runs claimed before it, a task's runs never
+   * overtake each other (each task starts its runs in file order), and no buffered run is overtaken
+   * once it has waited OVERTAKE_MS.
+   */
+  private place(runs: ClaimedRun[]): void {
+    const now = performance.now();
+    for (const r of runs) this.bufferedAt.set(r.id, now);
+    const buffered = new Set(this.buffer.map((r) => r.taskId));
+    const ahead = runs.filter((r) => !buffered.has(r.taskId));
+    if (ahead.length === 0) {
       this.buffer.push(...runs);
       return;
     }
-    const buffered = new Set(this.buffer.map((r) => r.taskId));
-    const ahead = runs.filter((r) => !buffered.has(r.taskId));
-    this.buffer = [...ahead, ...this.buffer, ...runs.filter((r) => buffered.has(r.taskId))];
+    let at = this.buffer.length;
+    while (at > 0 && now - (this.bufferedAt.get((this.buffer[at - 1] as ClaimedRun).id) ?? 0) < OVERTAKE_MS)
+      at--;
+    this.buffer = [
+      ...this.buffer.slice(0, at),
+      ...ahead,
+      ...this.buffer.slice(at),
+      ...runs.filter((r) => buffered.has(r.taskId)),
+    ];
+  }
+
+  /** A newcomer's claim may add to the buffer: it holds less than the prefetch and two quanta. */
+  private roomBeyond(prefetch: number): boolean {
+    return this.buffer.length < prefetch + 2 * CLAIM_QUANTUM;
   }
 
   /** Runs of `type` to claim ahead of free slots: the fixed prefetch, or the automatic one if more. */
@@ -348,6 +430,7 @@ export class Worker {
     const windowMs = this.o.prefetchWindowMs ?? 0;
     const mean = this.attemptSeconds.get(type);
     if (windowMs <= 0 || mean === undefined || mean * 1000 >= windowMs) return 0;
+    if (mean * 1000 < AUTO_PREFETCH_MIN_MS) return 0;
     if ((this.o.types[type]?.globalLimit ?? 0) > 0 || (this.o.userLimit ?? 0) > 0) return 0;
     const now = performance.now();
     for (const a of this.active.values())
@@ -471,7 +554,9 @@ export class Worker {
 
   private drainBuffer(): void {
     while (this.buffer.length > 0 && this.freeSlots() > 0 && !this.stopping) {
-      this.startAttempt(this.buffer.shift() as ClaimedRun);
+      const run = this.buffer.shift() as ClaimedRun;
+      this.bufferedAt.delete(run.id);
+      this.startAttempt(run);
     }
   }
 
@@ -561,6 +646,9 @@ export class Worker {
           mean === undefined ? seconds : mean + (seconds - mean) * ATTEMPT_MEAN_WEIGHT,
         );
       }
+      // The slot is free: a run claimed ahead starts now, not when the claim loop is next free (it
+      // may be waiting for a claim).
+      this.drainBuffer();
       this.settle(run, seconds, controller.signal.reason as AbortReason | undefined, outcome);
       this.wake();
     })();
@@ -873,6 +961,14 @@ export class Worker {
     }
   }
 
+  /** Takes a run out of the buffer (lost or cancelled while it waited). */
+  private unbuffer(id: number): void {
+    const i = this.buffer.findIndex((r) => r.id === id);
+    if (i === -1) return;
+    this.buffer.splice(i, 1);
+    this.bufferedAt.delete(id);
+  }
+
   private applyStatuses(alive: Map<number, string>, asked: number[]): void {
     for (const id of asked) {
       const status = alive.get(id);
@@ -881,12 +977,12 @@ export class Worker {
         const lost = attempt?.run ?? this.buffer.find((r) => r.id === id);
         if (lost) this.observer.leaseLost(lost.analysisType, "heartbeat");
         attempt?.controller.abort("lost");
-        this.buffer = this.buffer.filter((r) => r.id !== id);
+        this.unbuffer(id);
       } else if (status === "cancelling") {
         attempt?.controller.abort("cancel");
         const buffered = this.buffer.find((r) => r.id === id);
         if (buffered) {
-          this.buffer = this.buffer.filter((r) => r.id !== id);
+          this.unbuffer(id);
           this.queueOutcome(buffered, null, {
             id,
             token: buffered.leaseToken,
@@ -951,6 +1047,7 @@ export class Worker {
     this.stopping = true;
     this.wake();
     await this.loop;
+    await Promise.all(this.besides.values());
     // No statement of ours after stop(): the caller may close the pool next.
     await Promise.all(this.pruning.values());
     await Promise.all(this.tidying.values());
@@ -965,6 +1062,7 @@ export class Worker {
       });
     }
     this.buffer = [];
+    this.bufferedAt.clear();
     const all = () => Promise.all([...this.active.values()].map((a) => a.done));
     if (this.active.size > 0 && graceMs > 0) {
       await Promise.race([all(), sleep(graceMs)]);

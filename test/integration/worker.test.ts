@@ -879,7 +879,7 @@ describe("automatic prefetch (ASSAY_PREFETCH_WINDOW_MS)", () => {
     assert.ok(on.length < off.length, `${on.length} claims with it against ${off.length} without`);
   });
 
-  test("none for runs as long as the window or longer, nor for a type with a global limit", async () => {
+  test("none for runs as long as the window or longer, nor shorter than AUTO_PREFETCH_MIN_MS, nor for a type with a global limit", async () => {
     const long: Handler = async () => {
       await pause(40);
       return { status: "succeeded" };
@@ -888,6 +888,12 @@ describe("automatic prefetch (ASSAY_PREFETCH_WINDOW_MS)", () => {
     assert.ok(
       sizes.every((n) => n <= 2),
       `claims: ${sizes}`,
+    );
+    // In-process handlers that return at once: their mean stays under AUTO_PREFETCH_MIN_MS.
+    const instant = await claimSizes("t-auto-instant", 40, succeed, { prefetchWindowMs: 10_000 });
+    assert.ok(
+      instant.every((n) => n <= 2),
+      `claims: ${instant}`,
     );
     const limited = await claimSizes("t-auto-limited", 30, quick, { prefetchWindowMs: 10_000 }, 10);
     assert.ok(
@@ -909,6 +915,7 @@ describe("automatic prefetch (ASSAY_PREFETCH_WINDOW_MS)", () => {
     const handler: Handler = async (run) => {
       starts.push(released ? `after:${run.taskId}` : String(run.taskId));
       if (String(run.taskId) === big && starts.length >= 6) await gate;
+      await pause(2);
       return { status: "succeeded" };
     };
     const w = worker({ [type]: handler }, { concurrency: 1, prefetchWindowMs: 10_000 });
