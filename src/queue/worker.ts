@@ -104,11 +104,15 @@ interface Attempt {
   began: number;
 }
 
-/** An ending waiting to be written; `seconds` is the attempt's run time (null: it never started). */
+/**
+ * An ending waiting to be written; `seconds` is the attempt's run time (null: it never started),
+ * `endedAt` when it ended (performance.now()).
+ */
 interface Pending<T> {
   run: ClaimedRun;
   seconds: number | null;
   value: T;
+  endedAt: number;
 }
 
 /**
@@ -143,10 +147,24 @@ export const AUTO_PREFETCH_PER_SLOT = 4;
  */
 export const NEWCOMER_CLAIM = CLAIM_QUANTUM + 1;
 /**
- * Runs of a newly claimed task go ahead of buffered runs (claimed ahead) that have waited less than
- * this, never of those that have waited longer (Worker.place).
+ * Runs a worker claims ahead of its free slots automatically (ASSAY_PREFETCH_WINDOW_MS): while a
+ * type's attempts are short, as many runs as keep the slots busy for the window, from the type's
+ * running mean of successful attempts, at most AUTO_PREFETCH_PER_SLOT per slot. With two slots and
+ * runs of ~50 ms a claim then takes three or more runs instead of one, and PostgreSQL's CPU per run
+ * fell by more than half (bench/e2e.ts; docs/architecture.md). None before the type has a mean,
+ * for runs as long as the window or longer (a buffered run would wait that long for a slot while
+ * another worker may be idle), and for runs shorter than AUTO_PREFETCH_MIN_MS.
  */
-export const OVERTAKE_MS = 200;
+export function autoPrefetchRuns(
+  meanAttemptSeconds: number | undefined,
+  windowMs: number,
+  concurrency: number,
+): number {
+  if (meanAttemptSeconds === undefined || windowMs <= 0) return 0;
+  const meanMs = meanAttemptSeconds * 1000;
+  if (meanMs >= windowMs || meanMs < AUTO_PREFETCH_MIN_MS) return 0;
+  return Math.min(Math.floor((concurrency * windowMs) / meanMs), AUTO_PREFETCH_PER_SLOT * concurrency);
+}
 /** Delay before retrying a failed completion write (e.g. the database is down). */
 const FLUSH_RETRY_MS = 1000;
 const DEFAULT_TIMEOUT_MS = 600_000;
@@ -166,10 +184,13 @@ export class Worker {
   private buffer: ClaimedRun[] = [];
   /** When each buffered run was claimed (performance.now(); see place()). */
   private readonly bufferedAt = new Map<number, number>();
-  /** A claim of the claim loop's is in flight (see claimBeside()). */
-  private claimInFlight = false;
-  /** Per type, the newcomer's claim beside the claim loop's (claimBeside()). */
-  private readonly besides = new Map<string, Promise<void>>();
+  /** Per type, when this worker last claimed runs of it (see autoPrefetch()). */
+  private readonly lastClaimed = new Map<string, number>();
+  /**
+   * Types to claim at least one run of even though other types' runs fill the buffer (see runOnce()):
+   * every type, every poll interval.
+   */
+  private readonly recheck = new Set<string>();
   private outcomes: Pending<Outcome>[] = [];
   private retries: Pending<Retry>[] = [];
   private readonly progress = new Map<
@@ -240,8 +261,6 @@ export class Worker {
           // next claim of the type is the fair one (see claim()).
           this.notified.add(type);
           this.wake();
-          const prefetch = this.prefetchFor(type);
-          if (this.claimInFlight && prefetch > 0 && this.roomBeyond(prefetch)) this.claimBeside(type);
         },
         onListen: () => this.wake(),
       },
@@ -251,6 +270,11 @@ export class Worker {
     const heartbeatEvery = Math.max(100, Math.floor(this.o.leaseTtlMs / 3));
     this.timers.push(setInterval(() => void this.heartbeat(), heartbeatEvery));
     this.timers.push(setInterval(() => void this.progressOnce(), this.progressFlushMs()));
+    this.timers.push(
+      setInterval(() => {
+        for (const type of this.typeNames) this.recheck.add(type);
+      }, this.o.pollIntervalMs),
+    );
     this.loop = this.claimLoop();
     this.o.logger.info(
       { workerId: this.id, types: this.typeNames, concurrency: this.o.concurrency },
@@ -305,27 +329,36 @@ export class Worker {
       // A buffer more than half full waits: claims of a run or two each would cost a statement
       // apiece. Except after a wake-up: new work may be another owner's, who should not wait for the
       // runs claimed ahead. That claim is of NEWCOMER_CLAIM runs, enough to reach a newcomer behind
-      // the owner in turn, and its runs go ahead of the buffer (place()). A wake-up with the buffer
-      // already over the prefetch by two quanta waits for it to drain, or wake-ups arriving faster
-      // than it drains would grow it without end.
+      // the owner in turn (with two owners waiting), and its runs go ahead of the buffer (place()).
+      // It is not made when it could take the buffer past two quanta over the prefetch, or wake-ups
+      // arriving faster than the buffer drains would grow it without end.
       const full = prefetch > 0 && this.buffer.length > prefetch / 2;
-      const woken = prefetch > 0 && this.notified.has(type);
-      if (full && !(woken && this.roomBeyond(prefetch))) continue;
-      const want = full ? NEWCOMER_CLAIM : base + prefetch - claimed;
+      const woken = this.notified.has(type);
+      if (full && !(woken && this.buffer.length + NEWCOMER_CLAIM <= prefetch + 2 * CLAIM_QUANTUM)) continue;
+      let want = full ? NEWCOMER_CLAIM : base + prefetch - claimed;
+      // Runs of other types fill the buffer (and so every slot that frees): a type with nothing
+      // buffered claims one run all the same after a wake-up or once a poll interval, which goes
+      // ahead of them (place()); from then on no type is prefetched automatically (autoPrefetch()).
+      if (
+        want <= 0 &&
+        (woken || this.recheck.has(type)) &&
+        this.buffer.some((r) => r.analysisType !== type) &&
+        !this.buffer.some((r) => r.analysisType === type)
+      )
+        want = 1;
+      this.recheck.delete(type);
       if (want <= 0) continue;
       const began = performance.now();
-      this.claimInFlight = true;
-      // A claim after a wake-up spreads over owners (a quantum of CLAIM_QUANTUM each), so it reaches
-      // the newcomer.
-      const quantum = woken ? CLAIM_QUANTUM : this.quantumFor(type, want);
-      const runs = await this.claim(this.claimOptions(type, want, quantum)).finally(() => {
-        this.claimInFlight = false;
-      });
+      // With a prefetch, a claim after a wake-up spreads over owners (a quantum of CLAIM_QUANTUM each),
+      // so it reaches the newcomer.
+      const quantum = woken && prefetch > 0 ? CLAIM_QUANTUM : this.quantumFor(type, want);
+      const runs = await this.claim(this.claimOptions(type, want, quantum));
       this.observer.claimed(
         type,
         (performance.now() - began) / 1000,
         runs.map((r) => r.waitedSeconds),
       );
+      if (runs.length > 0) this.lastClaimed.set(type, performance.now());
       this.place(runs);
       claimed += runs.length;
     }
@@ -353,38 +386,12 @@ export class Worker {
   }
 
   /**
-   * A wake-up arrived while the claim loop waits for a claim: with a prefetch, that claim may be of
-   * many runs and take milliseconds under load, and the new work may be a newcomer's. Its claim
-   * (NEWCOMER_CLAIM runs) goes beside the one in flight, and what it claims is placed as any claim's
-   * (place()). One per type at a time; stop() waits for it. Must not reject.
-   */
-  private claimBeside(type: string): void {
-    if (this.besides.has(type) || this.stopping) return;
-    const done = (async () => {
-      const began = performance.now();
-      const runs = await this.claim(this.claimOptions(type, NEWCOMER_CLAIM, CLAIM_QUANTUM));
-      this.observer.claimed(
-        type,
-        (performance.now() - began) / 1000,
-        runs.map((r) => r.waitedSeconds),
-      );
-      // Buffered even when stopping: stop() hands the buffer back to the queue.
-      this.place(runs);
-      this.drainBuffer();
-    })()
-      .catch((err: unknown) => {
-        this.o.logger.warn({ err, workerId: this.id, analysisType: type }, "claim failed; retrying");
-      })
-      .finally(() => this.besides.delete(type));
-    this.besides.set(type, done);
-  }
-
-  /**
    * Buffers claimed runs. Runs of a task with nothing buffered (a newcomer's, most likely) go ahead of
-   * the buffered runs, except those that have waited OVERTAKE_MS already; the rest queue behind. So
-   * a prefetch does not make a new task wait for the runs claimed before it, a task's runs never
-   * overtake each other (each task starts its runs in file order), and no buffered run is overtaken
-   * once it has waited OVERTAKE_MS.
+   * the buffered runs, except those that have waited the prefetch window already (with no window,
+   * all of them); the rest queue behind. So a prefetch does not make a new task wait for the runs
+   * claimed before it, a task's runs never overtake each other (claims are made one at a time, each
+   * in file order, so each task starts its runs in file order), and no buffered run is overtaken
+   * once it has waited a window.
    */
   private place(runs: ClaimedRun[]): void {
     const now = performance.now();
@@ -396,7 +403,8 @@ export class Worker {
       return;
     }
     let at = this.buffer.length;
-    while (at > 0 && now - (this.bufferedAt.get((this.buffer[at - 1] as ClaimedRun).id) ?? 0) < OVERTAKE_MS)
+    const windowMs = this.o.prefetchWindowMs ?? 0;
+    while (at > 0 && now - (this.bufferedAt.get((this.buffer[at - 1] as ClaimedRun).id) ?? 0) < windowMs)
       at--;
     this.buffer = [
       ...this.buffer.slice(0, at),
@@ -406,37 +414,30 @@ export class Worker {
     ];
   }
 
-  /** A newcomer's claim may add to the buffer: it holds less than the prefetch and two quanta. */
-  private roomBeyond(prefetch: number): boolean {
-    return this.buffer.length < prefetch + 2 * CLAIM_QUANTUM;
-  }
-
   /** Runs of `type` to claim ahead of free slots: the fixed prefetch, or the automatic one if more. */
   private prefetchFor(type: string): number {
     return Math.max(this.o.prefetch ?? 0, this.autoPrefetch(type));
   }
 
   /**
-   * The automatic prefetch: while the type's attempts are short, as many runs as keep the slots busy
-   * for prefetchWindowMs (from the type's running mean), at most AUTO_PREFETCH_PER_SLOT per slot. With
-   * two slots and runs of ~50 ms a claim then takes a few runs instead of one, and PostgreSQL's
-   * CPU per run fell by more than half (bench/e2e.ts; docs/architecture.md). None for runs as long as
-   * the window or longer (a buffered run would wait that long for a slot while another worker may be
-   * idle),
-   * before the type has a mean, while one of its live attempts is older than the window (the mean
-   * is out of date), and under a global or per-user limit (a buffered run's lease counts against it).
+   * The automatic prefetch of `type` (autoPrefetchRuns), or none: under a global or per-user limit (a
+   * buffered run's lease counts against it while nothing runs); while one of the type's live attempts
+   * is older than the window (the mean is out of date); and while another type shares the worker's
+   * slots (one of its attempts live or buffered, or claimed within SOLE_RECHECK_MS): the runs claimed
+   * ahead would wait behind its runs, and its runs behind them (the buffer fills every slot that frees).
    */
   private autoPrefetch(type: string): number {
     const windowMs = this.o.prefetchWindowMs ?? 0;
-    const mean = this.attemptSeconds.get(type);
-    if (windowMs <= 0 || mean === undefined || mean * 1000 >= windowMs) return 0;
-    if (mean * 1000 < AUTO_PREFETCH_MIN_MS) return 0;
+    if (windowMs <= 0) return 0;
     if ((this.o.types[type]?.globalLimit ?? 0) > 0 || (this.o.userLimit ?? 0) > 0) return 0;
     const now = performance.now();
-    for (const a of this.active.values())
-      if (a.run.analysisType === type && now - a.began >= windowMs) return 0;
-    const runs = Math.floor((this.o.concurrency * windowMs) / Math.max(mean * 1000, 0.01));
-    return Math.min(runs, AUTO_PREFETCH_PER_SLOT * this.o.concurrency);
+    for (const a of this.active.values()) {
+      if (a.run.analysisType !== type) return 0;
+      if (now - a.began >= windowMs) return 0;
+    }
+    if (this.buffer.some((r) => r.analysisType !== type)) return 0;
+    for (const [other, at] of this.lastClaimed) if (other !== type && now - at < SOLE_RECHECK_MS) return 0;
+    return autoPrefetchRuns(this.attemptSeconds.get(type), windowMs, this.o.concurrency);
   }
 
   /**
@@ -716,7 +717,7 @@ export class Worker {
    * during a shutdown.
    */
   private queueOutcome(run: ClaimedRun, seconds: number | null, outcome: Outcome): void {
-    this.outcomes.push({ run, seconds, value: outcome });
+    this.outcomes.push({ run, seconds, value: outcome, endedAt: performance.now() });
     const delay = this.o.completionDelayMs ?? 0;
     if (
       delay <= 0 ||
@@ -739,7 +740,7 @@ export class Worker {
   }
 
   private queueRetry(run: ClaimedRun, seconds: number | null, retry: Retry): void {
-    this.retries.push({ run, seconds, value: retry });
+    this.retries.push({ run, seconds, value: retry, endedAt: performance.now() });
     this.flush();
   }
 
@@ -780,6 +781,9 @@ export class Worker {
   private flush(): Promise<void> {
     this.flushing ??= this.flushAll().finally(() => {
       this.flushing = undefined;
+      // Queued after the loop's last look and before this ran (a flush asked for meanwhile got the
+      // finishing one): written now, or it would wait for the next outcome.
+      if (this.outcomes.length > 0 || this.retries.length > 0) void this.flush();
     });
     return this.flushing;
   }
@@ -797,7 +801,7 @@ export class Worker {
       const [completion, retried] = await Promise.allSettled([
         runComplete(
           this.o.sql,
-          outcomes.map((o) => o.value),
+          outcomes.map((o) => ({ ...o.value, endedMsAgo: performance.now() - o.endedAt })),
         ),
         runRetry(
           this.o.sql,
@@ -1047,7 +1051,6 @@ export class Worker {
     this.stopping = true;
     this.wake();
     await this.loop;
-    await Promise.all(this.besides.values());
     // No statement of ours after stop(): the caller may close the pool next.
     await Promise.all(this.pruning.values());
     await Promise.all(this.tidying.values());

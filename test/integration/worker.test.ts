@@ -6,7 +6,14 @@ import { createLogger } from "../../src/log.ts";
 import { NO_OBSERVER } from "../../src/queue/observer.ts";
 import { Reaper } from "../../src/queue/reaper.ts";
 import { runCancelQueued, runClaim, runComplete, runProgress } from "../../src/queue/sql.ts";
-import { AUTO_PREFETCH_PER_SLOT, type Handler, Worker, type WorkerOptions } from "../../src/queue/worker.ts";
+import {
+  AUTO_PREFETCH_MIN_MS,
+  AUTO_PREFETCH_PER_SLOT,
+  autoPrefetchRuns,
+  type Handler,
+  Worker,
+  type WorkerOptions,
+} from "../../src/queue/worker.ts";
 import { taskCancel } from "../../src/tasks/cancel.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import {
@@ -584,6 +591,8 @@ test("releaseSlot: the next run starts while a finished process's outputs are ha
 test("finishing: the next run is claimed while the process exits, and starts only when the slot is released", async () => {
   const taskId = await createTask(db.sql, owner, "t-finishing", 3);
   const events: { runId: number; what: "start" | "release"; at: number }[] = [];
+  // Per run: whether the next run was claimed (leased, `starting`) before this one released its slot.
+  const claimedAhead = new Map<number, boolean>();
   const handler: Handler = async (run, { finishing, releaseSlot }) => {
     events.push({ runId: run.id, what: "start", at: Date.now() });
     await new Promise((r) => setTimeout(r, 20)); // the process works
@@ -595,6 +604,7 @@ test("finishing: the next run is claimed while the process exits, and starts onl
         select count(*) filter (where status = 'queued')::int as queued,
                count(*) filter (where status = 'starting' and id <> ${run.id})::int as ahead
         from runs where task_id = ${run.taskId}`;
+      claimedAhead.set(run.id, (n?.ahead ?? 0) > 0);
       return n?.queued === 0 || (n?.ahead ?? 0) > 0;
     }, 10_000).catch(() => {}); // claimed-ahead or not, the assertions below decide
     events.push({ runId: run.id, what: "release", at: Date.now() });
@@ -605,15 +615,15 @@ test("finishing: the next run is claimed while the process exits, and starts onl
   await w.start();
   await waitForTerminal(db.sql, taskId);
   await w.stop();
-  const claims = await db.sql<{ id: number; claimedAt: Date }[]>`
-    select r.id::float8 as id, r.started_at as "claimedAt" from runs r where r.task_id = ${taskId} order by r.id`;
+  const claims = await db.sql<{ id: number }[]>`
+    select r.id::float8 as id from runs r where r.task_id = ${taskId} order by r.id`;
   assert.equal(claims.length, 3);
   for (let i = 1; i < claims.length; i++) {
     const previous = claims[i - 1] as { id: number };
-    const current = claims[i] as { id: number; claimedAt: Date };
+    const current = claims[i] as { id: number };
     const released = events.find((e) => e.runId === previous.id && e.what === "release")?.at as number;
     const started = events.find((e) => e.runId === current.id && e.what === "start")?.at as number;
-    assert.ok(current.claimedAt.getTime() < released, "claimed while the previous process was exiting");
+    assert.equal(claimedAhead.get(previous.id), true, "claimed while the previous process was exiting");
     assert.ok(started >= released, "started only after the previous slot was released");
   }
 });
@@ -682,6 +692,14 @@ describe("completion batching (ASSAY_COMPLETION_DELAY_MS)", () => {
     return { handler, release, started };
   }
 
+  /** Per run (in id order), the transaction that last wrote its row. */
+  const writers = async (taskId: string) =>
+    (
+      await db.sql<
+        { xmin: string }[]
+      >`select r.xmin::text as xmin from runs r where r.task_id = ${taskId} order by r.id`
+    ).map((r) => r.xmin);
+
   const finishedAt = async (taskId: string) =>
     (
       await db.sql<{ id: string; status: string; finished: string | null }[]>`
@@ -718,9 +736,10 @@ describe("completion batching (ASSAY_COMPLETION_DELAY_MS)", () => {
         runs.map((r) => r.status),
         ["succeeded", "succeeded"],
       );
-      // now() is the transaction's start: one statement gives both runs the same finished_at.
-      if (delayMs === 0) assert.notEqual(runs[0]?.finished, runs[1]?.finished);
-      else assert.equal(runs[0]?.finished, runs[1]?.finished);
+      // Rows one statement wrote share its transaction id (xmin); finished_at is each attempt's end.
+      const xmins = await writers(taskId);
+      if (delayMs === 0) assert.notEqual(xmins[0], xmins[1]);
+      else assert.equal(xmins[0], xmins[1]);
     }
   });
 
@@ -737,6 +756,26 @@ describe("completion batching (ASSAY_COMPLETION_DELAY_MS)", () => {
     return { handler, release };
   }
 
+  test("an outcome that waited for company records when its attempt ended, not when it was written", async () => {
+    const taskId = await createTask(db.sql, owner, "t-batch-ended", 2);
+    const g = gated(2);
+    const w = worker({ "t-batch-ended": g.handler }, { concurrency: 3, completionDelayMs: 600_000 });
+    await w.start();
+    await g.started;
+    g.release[0]?.();
+    await new Promise((resolve) => setTimeout(resolve, 400));
+    g.release[1]?.();
+    await waitForTerminal(db.sql, taskId, 10_000);
+    await w.stop();
+    const rows = await db.sql<{ xmin: string; finished: Date; started: Date }[]>`
+      select xmin::text as xmin, finished_at as finished, started_at as started from runs
+      where task_id = ${taskId} order by finished_at`;
+    assert.equal(rows[0]?.xmin, rows[1]?.xmin, "one statement");
+    const gap = (rows[1]?.finished.getTime() ?? 0) - (rows[0]?.finished.getTime() ?? 0);
+    assert.ok(gap >= 300, `the two attempts ended ~400 ms apart; finished_at ${gap} ms apart`);
+    for (const r of rows) assert.ok(r.started.getTime() <= r.finished.getTime());
+  });
+
   test("a full batch (4 outcomes per slot) is recorded at once while other runs are live", async () => {
     // Two slots: the first run holds one (the company), eight quick runs end through the other.
     const taskId = await createTask(db.sql, owner, "t-batch-full", 9);
@@ -745,9 +784,9 @@ describe("completion batching (ASSAY_COMPLETION_DELAY_MS)", () => {
     await w.start();
     await waitFor(async () => (await taskRow(db.sql, taskId)).succeeded === 8, 20_000);
     const runs = await finishedAt(taskId);
-    assert.equal(runs[0]?.status, "starting", "the first run is still live");
-    // One statement recorded the eight: they share its now().
-    assert.equal(new Set(runs.slice(1).map((r) => r.finished)).size, 1);
+    assert.equal(runs[0]?.finished, null, "the first run is still live");
+    // One statement recorded the eight: they share its transaction.
+    assert.equal(new Set((await writers(taskId)).slice(1)).size, 1);
     h.release();
     await waitForTerminal(db.sql, taskId, 20_000);
     await w.stop();
@@ -879,7 +918,7 @@ describe("automatic prefetch (ASSAY_PREFETCH_WINDOW_MS)", () => {
     assert.ok(on.length < off.length, `${on.length} claims with it against ${off.length} without`);
   });
 
-  test("none for runs as long as the window or longer, nor shorter than AUTO_PREFETCH_MIN_MS, nor for a type with a global limit", async () => {
+  test("none for runs as long as the window or longer, nor for a type with a global limit", async () => {
     const long: Handler = async () => {
       await pause(40);
       return { status: "succeeded" };
@@ -889,12 +928,6 @@ describe("automatic prefetch (ASSAY_PREFETCH_WINDOW_MS)", () => {
       sizes.every((n) => n <= 2),
       `claims: ${sizes}`,
     );
-    // In-process handlers that return at once: their mean stays under AUTO_PREFETCH_MIN_MS.
-    const instant = await claimSizes("t-auto-instant", 40, succeed, { prefetchWindowMs: 10_000 });
-    assert.ok(
-      instant.every((n) => n <= 2),
-      `claims: ${instant}`,
-    );
     const limited = await claimSizes("t-auto-limited", 30, quick, { prefetchWindowMs: 10_000 }, 10);
     assert.ok(
       limited.every((n) => n <= 2),
@@ -902,43 +935,99 @@ describe("automatic prefetch (ASSAY_PREFETCH_WINDOW_MS)", () => {
     );
   });
 
-  test("a newcomer's run is claimed into a full buffer and starts ahead of the runs claimed before it", async () => {
-    const userB = await seedUser(db.sql, "worker-tests-newcomer");
-    const type = "t-auto-newcomer";
-    const big = await createTask(db.sql, owner, type, 40);
-    // One slot: the first five runs end at once (the type's mean becomes short), the sixth holds
-    // the slot until released while the worker fills its buffer.
+  /**
+   * One slot: `big`'s first five runs end at once (the type's mean becomes short), its sixth holds the
+   * slot until released while the worker fills its buffer. Resolves `held` once the sixth is held.
+   */
+  function holdSixth(big: () => string) {
     let release!: () => void;
     const gate = new Promise<void>((resolve) => (release = resolve));
+    let reached!: () => void;
+    const held = new Promise<void>((resolve) => (reached = resolve));
     const starts: string[] = [];
     let released = false;
     const handler: Handler = async (run) => {
       starts.push(released ? `after:${run.taskId}` : String(run.taskId));
-      if (String(run.taskId) === big && starts.length >= 6) await gate;
+      if (String(run.taskId) === big() && starts.length >= 6 && !released) {
+        reached();
+        await gate;
+      }
       await pause(2);
       return { status: "succeeded" };
     };
-    const w = worker({ [type]: handler }, { concurrency: 1, prefetchWindowMs: 10_000 });
+    return {
+      handler,
+      held,
+      starts,
+      release: () => {
+        released = true;
+        release();
+      },
+    };
+  }
+
+  const live = async (taskId: string) =>
+    Number(
+      (
+        await db.sql<{ n: number }[]>`
+          select count(*)::int as n from runs where task_id = ${taskId} and status in ('starting', 'running')`
+      )[0]?.n,
+    );
+
+  test("a newcomer's run is claimed into a full buffer and starts ahead of the runs claimed before it", async () => {
+    const userB = await seedUser(db.sql, "worker-tests-newcomer");
+    const type = "t-auto-newcomer";
+    const big = await createTask(db.sql, owner, type, 40);
+    const h = holdSixth(() => big);
+    const w = worker({ [type]: h.handler }, { concurrency: 1, prefetchWindowMs: 60_000 });
     await w.start();
-    const live = async (taskId: string) =>
-      Number(
-        (
-          await db.sql<{ n: number }[]>`
-            select count(*)::int as n from runs where task_id = ${taskId} and status in ('starting', 'running')`
-        )[0]?.n,
-      );
+    await h.held;
     // The held run and a full buffer (AUTO_PREFETCH_PER_SLOT runs claimed ahead).
     await waitFor(async () => (await live(big)) === 1 + AUTO_PREFETCH_PER_SLOT, 20_000);
     // The newcomer is at the back of the rotation: the wake-up's claim takes a turn of the big
     // task's (behind the buffer) and then the newcomer's run (ahead of it), while the slot is held.
     const small = await createTask(db.sql, userB, type, 1);
     await waitFor(async () => (await live(small)) === 1, 20_000);
-    released = true;
-    release();
+    h.release();
     await waitForTerminal(db.sql, small, 20_000);
     await waitForTerminal(db.sql, big, 30_000);
     await w.stop();
-    const after = starts.filter((s) => s.startsWith("after:"));
+    const after = h.starts.filter((s) => s.startsWith("after:"));
     assert.equal(after[0], `after:${small}`, `starts after the release: ${after.slice(0, 6)}`);
+  });
+
+  test("another type's run is claimed although one type's runs fill the buffer, and starts ahead of them", async () => {
+    const big = await createTask(db.sql, owner, "t-auto-mixed-a", 40);
+    const h = holdSixth(() => big);
+    const w = worker(
+      { "t-auto-mixed-a": h.handler, "t-auto-mixed-b": h.handler },
+      { concurrency: 1, prefetchWindowMs: 60_000 },
+    );
+    await w.start();
+    await h.held;
+    await waitFor(async () => (await live(big)) === 1 + AUTO_PREFETCH_PER_SLOT, 20_000);
+    const other = await createTask(db.sql, owner, "t-auto-mixed-b", 1);
+    await waitFor(async () => (await live(other)) === 1, 20_000);
+    h.release();
+    await waitForTerminal(db.sql, other, 20_000);
+    await waitForTerminal(db.sql, big, 30_000);
+    await w.stop();
+    const after = h.starts.filter((s) => s.startsWith("after:"));
+    assert.equal(after[0], `after:${other}`, `starts after the release: ${after.slice(0, 6)}`);
+  });
+
+  test("autoPrefetchRuns: a window's worth of runs for the slots, at most AUTO_PREFETCH_PER_SLOT each; none outside [AUTO_PREFETCH_MIN_MS, window)", () => {
+    // Two slots, runs of 50 ms, a window of 200 ms: 8 runs (the cap is also 8).
+    assert.equal(autoPrefetchRuns(0.05, 200, 2), 8);
+    assert.equal(autoPrefetchRuns(0.1, 200, 2), 4);
+    assert.equal(autoPrefetchRuns(0.002, 200, 10), AUTO_PREFETCH_PER_SLOT * 10);
+    for (const [mean, window] of [
+      [undefined, 200],
+      [0.2, 200],
+      [0.5, 200],
+      [AUTO_PREFETCH_MIN_MS / 1000 / 2, 200],
+      [0.05, 0],
+    ] as const)
+      assert.equal(autoPrefetchRuns(mean, window, 2), 0, `mean ${mean} s, window ${window} ms`);
   });
 });

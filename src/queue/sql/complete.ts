@@ -12,6 +12,11 @@ export interface Outcome extends Lease {
   result?: Record<string, unknown> | null;
   /** A success's output folder, relative to the outputs root (see runner/outputs.ts). */
   outputKey?: string | null;
+  /**
+   * Milliseconds since the attempt ended, when the statement is sent (an outcome may wait for company,
+   * see Worker.queueOutcome): the run's finished_at is backdated by it. Absent: finished now.
+   */
+  endedMsAgo?: number;
 }
 
 export interface CompletionResult {
@@ -37,6 +42,7 @@ export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<Comple
     error_message: o.errorMessage ?? null,
     result: o.result ?? null,
     output_key: o.outputKey ?? null,
+    ended_ago_ms: Math.max(0, Math.round(o.endedMsAgo ?? 0)),
   }));
   const [row] = await sql<
     { completed: number[] | null; finished: CompletionResult["finishedTasks"] | null }[]
@@ -44,12 +50,13 @@ export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<Comple
     with i as (
       select * from jsonb_to_recordset(${sql.json(input as unknown as Json)})
         as i(id bigint, token uuid, status text, error_code text, error_message text, result jsonb,
-             output_key text)
+             output_key text, ended_ago_ms bigint)
     ),
     done as (
       update runs r set
         status = i.status,
-        finished_at = now(),
+        -- When the attempt ended, not when its outcome was written (it may have waited for company).
+        finished_at = now() - i.ended_ago_ms * interval '1 millisecond',
         error_code = i.error_code,
         error_message = i.error_message,
         result = i.result,
