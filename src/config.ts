@@ -198,13 +198,13 @@ const FIELDS = {
     env: "ASSAY_PREFETCH_WINDOW_MS",
     ...durationMs(0, 200),
     description:
-      "While a type's runs are short (1 ms up to this long, on average), a worker claims ahead as many runs as keep its slots busy for this long (at most 4 per slot), so one claim serves several runs. None under a global or per-user limit, nor while another type's runs share the worker's slots. Runs of a newly arrived task go ahead of those claimed ahead. 0: only ASSAY_PREFETCH.",
+      "While a type's runs are short (1 ms up to this long, on average), a worker claims ahead as many runs as keep its slots busy for this long (at most 4 per slot), so one claim serves several runs. None under a global or per-user limit, nor while another type's runs share the worker's slots. A newly arrived task's runs go ahead of the runs of its type claimed ahead (those that have waited less than this long). 0: only ASSAY_PREFETCH.",
   },
   completionDelayMs: {
     env: "ASSAY_COMPLETION_DELAY_MS",
     ...durationMs(0, 200),
     description:
-      "How long a worker may hold a finished run's outcome to record it together with others that finish meanwhile, in one statement (0: record each at once). Recorded at once instead: a full batch (4 outcomes per slot), an outcome when no other run is live or claimed on the worker at that moment (a lone run, say), one of a type with a global limit or under a per-user limit, and everything at shutdown. The run's finished_at is when it ended either way.",
+      "How long a worker may hold a finished run's outcome to record it together with others that finish meanwhile, in one statement (0: record each at once). Recorded at once instead: a full batch (as many outcomes as the worker has slots, at least 8), an outcome when no other run is live or claimed on the worker at that moment (a lone run, say), one of a type with a global limit or under a per-user limit, and everything at shutdown. The run's finished_at is when it ended either way.",
   },
   userConcurrency: {
     env: "ASSAY_USER_CONCURRENCY",

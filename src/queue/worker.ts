@@ -128,10 +128,12 @@ export const PROGRESS_FLUSH_MS = 250;
  */
 export const SOLE_RECHECK_MS = 1000;
 /**
- * A completion batch this many times the slots is recorded at once, without waiting out the
- * completion delay (queueOutcome).
+ * A completion batch of as many outcomes as the worker has slots, and at least this many, is recorded
+ * at once, without waiting out the completion delay (queueOutcome). With two slots and runs of
+ * ~50 ms, batches of 8 halved the completions' share of PostgreSQL's CPU again; with ten slots of
+ * no-op runs, larger batches than the slots gained nothing (docs/architecture.md).
  */
-export const COMPLETION_BATCH_PER_SLOT = 4;
+export const COMPLETION_BATCH_MIN = 8;
 /**
  * Attempts shorter than this on average (in-process handlers; a program's process takes longer to
  * start) are not prefetched automatically (autoPrefetch): the claim loop is their bottleneck, and
@@ -146,6 +148,8 @@ export const AUTO_PREFETCH_PER_SLOT = 4;
  * in turn at least CLAIM_QUANTUM (an even share, at least that), so one more reaches the newcomer.
  */
 export const NEWCOMER_CLAIM = CLAIM_QUANTUM + 1;
+/** Runs of a new task go ahead of buffered runs younger than the prefetch window, or this (Worker.place). */
+export const OVERTAKE_MIN_MS = 200;
 /**
  * Runs a worker claims ahead of its free slots automatically (ASSAY_PREFETCH_WINDOW_MS): while a
  * type's attempts are short, as many runs as keep the slots busy for the window, from the type's
@@ -186,10 +190,9 @@ export class Worker {
   private readonly bufferedAt = new Map<number, number>();
   /** Per type, when this worker last claimed runs of it (see autoPrefetch()). */
   private readonly lastClaimed = new Map<string, number>();
-  /**
-   * Types to claim at least one run of even though other types' runs fill the buffer (see runOnce()):
-   * every type, every poll interval.
-   */
+  /** Per type, when it last found other types' runs claimed ahead filling the buffer (runOnce()). */
+  private readonly contended = new Map<string, number>();
+  /** Types to look at for that even without a wake-up: every type, every poll interval. */
   private readonly recheck = new Set<string>();
   private outcomes: Pending<Outcome>[] = [];
   private retries: Pending<Retry>[] = [];
@@ -332,21 +335,22 @@ export class Worker {
       // the owner in turn (with two owners waiting), and its runs go ahead of the buffer (place()).
       // It is not made when it could take the buffer past two quanta over the prefetch, or wake-ups
       // arriving faster than the buffer drains would grow it without end.
-      const full = prefetch > 0 && this.buffer.length > prefetch / 2;
       const woken = this.notified.has(type);
-      if (full && !(woken && this.buffer.length + NEWCOMER_CLAIM <= prefetch + 2 * CLAIM_QUANTUM)) continue;
-      let want = full ? NEWCOMER_CLAIM : base + prefetch - claimed;
-      // Runs of other types fill the buffer (and so every slot that frees): a type with nothing
-      // buffered claims one run all the same after a wake-up or once a poll interval, which goes
-      // ahead of them (place()); from then on no type is prefetched automatically (autoPrefetch()).
+      // Runs of other types claimed ahead fill the buffer, and so every slot that frees: this type,
+      // with work (a wake-up) or perhaps some (once a poll interval), would wait until they stop
+      // coming. It says so, and no type is prefetched automatically for a while (autoPrefetch()):
+      // the buffer drains within about a window, and the types share the slots that free.
       if (
-        want <= 0 &&
         (woken || this.recheck.has(type)) &&
+        this.buffer.length > this.claimableSlots() &&
         this.buffer.some((r) => r.analysisType !== type) &&
         !this.buffer.some((r) => r.analysisType === type)
       )
-        want = 1;
+        this.contended.set(type, performance.now());
       this.recheck.delete(type);
+      const full = prefetch > 0 && this.buffer.length > prefetch / 2;
+      if (full && !(woken && this.buffer.length + NEWCOMER_CLAIM <= prefetch + 2 * CLAIM_QUANTUM)) continue;
+      const want = full ? NEWCOMER_CLAIM : base + prefetch - claimed;
       if (want <= 0) continue;
       const began = performance.now();
       // With a prefetch, a claim after a wake-up spreads over owners (a quantum of CLAIM_QUANTUM each),
@@ -387,11 +391,11 @@ export class Worker {
 
   /**
    * Buffers claimed runs. Runs of a task with nothing buffered (a newcomer's, most likely) go ahead of
-   * the buffered runs, except those that have waited the prefetch window already (with no window,
-   * all of them); the rest queue behind. So a prefetch does not make a new task wait for the runs
-   * claimed before it, a task's runs never overtake each other (claims are made one at a time, each
-   * in file order, so each task starts its runs in file order), and no buffered run is overtaken
-   * once it has waited a window.
+   * the buffered runs of their type at the buffer's end that have waited less than the prefetch
+   * window (at least OVERTAKE_MIN_MS); the rest queue behind. So a prefetch does not make a new task
+   * wait for the runs claimed before it, a task's runs never overtake each other (claims are made one
+   * at a time, each in file order, so each task starts its runs in file order), no buffered run is
+   * overtaken once it has waited a window, and none by a run of another type (which may be long).
    */
   private place(runs: ClaimedRun[]): void {
     const now = performance.now();
@@ -403,9 +407,13 @@ export class Worker {
       return;
     }
     let at = this.buffer.length;
-    const windowMs = this.o.prefetchWindowMs ?? 0;
-    while (at > 0 && now - (this.bufferedAt.get((this.buffer[at - 1] as ClaimedRun).id) ?? 0) < windowMs)
+    const youngMs = Math.max(this.o.prefetchWindowMs ?? 0, OVERTAKE_MIN_MS);
+    for (;;) {
+      const last = this.buffer[at - 1];
+      if (!last || last.analysisType !== (ahead[0] as ClaimedRun).analysisType) break;
+      if (now - (this.bufferedAt.get(last.id) ?? 0) >= youngMs) break;
       at--;
+    }
     this.buffer = [
       ...this.buffer.slice(0, at),
       ...ahead,
@@ -423,7 +431,8 @@ export class Worker {
    * The automatic prefetch of `type` (autoPrefetchRuns), or none: under a global or per-user limit (a
    * buffered run's lease counts against it while nothing runs); while one of the type's live attempts
    * is older than the window (the mean is out of date); and while another type shares the worker's
-   * slots (one of its attempts live or buffered, or claimed within SOLE_RECHECK_MS): the runs claimed
+   * slots (one of its attempts live or buffered, or claimed or kept waiting by the buffer within
+   * SOLE_RECHECK_MS): the runs claimed
    * ahead would wait behind its runs, and its runs behind them (the buffer fills every slot that frees).
    */
   private autoPrefetch(type: string): number {
@@ -436,7 +445,8 @@ export class Worker {
       if (now - a.began >= windowMs) return 0;
     }
     if (this.buffer.some((r) => r.analysisType !== type)) return 0;
-    for (const [other, at] of this.lastClaimed) if (other !== type && now - at < SOLE_RECHECK_MS) return 0;
+    for (const seen of [this.lastClaimed, this.contended])
+      for (const [other, at] of seen) if (other !== type && now - at < SOLE_RECHECK_MS) return 0;
     return autoPrefetchRuns(this.attemptSeconds.get(type), windowMs, this.o.concurrency);
   }
 
@@ -711,7 +721,7 @@ export class Worker {
    * to that long for more outcomes: a statement's fixed cost is most of what a completion costs
    * PostgreSQL, and with slots finishing one at a time every outcome was a statement of its own. The
    * slot is free already (the delay costs no throughput); the lease is heartbeated meanwhile
-   * (heldLeases). Recorded at once instead: a full batch (COMPLETION_BATCH_PER_SLOT × slots); when
+   * (heldLeases). Recorded at once instead: a full batch (the slots, at least COMPLETION_BATCH_MIN); when
    * no company can come (no attempt live, none buffered: a lone run, a task's last); an outcome
    * whose lease holds a slot of a global or per-user limit (others may be waiting for it); and
    * during a shutdown.
@@ -722,7 +732,7 @@ export class Worker {
     if (
       delay <= 0 ||
       this.stopping ||
-      this.outcomes.length >= COMPLETION_BATCH_PER_SLOT * this.o.concurrency ||
+      this.outcomes.length >= Math.max(this.o.concurrency, COMPLETION_BATCH_MIN) ||
       (this.active.size === 0 && this.buffer.length === 0) ||
       (this.o.types[run.analysisType]?.globalLimit ?? 0) > 0 ||
       (this.o.userLimit ?? 0) > 0
@@ -782,8 +792,9 @@ export class Worker {
     this.flushing ??= this.flushAll().finally(() => {
       this.flushing = undefined;
       // Queued after the loop's last look and before this ran (a flush asked for meanwhile got the
-      // finishing one): written now, or it would wait for the next outcome.
-      if (this.outcomes.length > 0 || this.retries.length > 0) void this.flush();
+      // finishing one): written now, or it would wait for the next outcome. Returned, so whoever
+      // awaits this flush (stop()) awaits that one too.
+      if (this.outcomes.length > 0 || this.retries.length > 0) return this.flush();
     });
     return this.flushing;
   }

@@ -70,9 +70,9 @@ export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<Comple
       where ${matchesLease(sql)}
         -- only a cancelling run may end cancelled (the state guard would reject the whole batch)
         and (i.status <> 'cancelled' or r.status = 'cancelling')
-      returning r.id, r.task_id, r.status, r.attempt, r.error_code
+      returning r.id, r.task_id, r.status, r.attempt, r.error_code, r.started_at as run_started
     ),
-    ${countIntoTasks(sql)}
+    ${countIntoTasks(sql, false, { runStarts: true })}
     select (select json_agg(id::float8) from done) as completed,
            (select json_agg(json_build_object('taskId', id::float8, 'status', status))
               from counted where finished) as finished,

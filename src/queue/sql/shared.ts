@@ -75,9 +75,10 @@ export function byId<T extends { id: number }>(rows: readonly T[]): T[] {
  * locks their tasks in id order, adds the outcomes to the counters, flips tasks whose counters reach
  * their total, appends the events and announces them. Defines `counted` (id, status, finished) and
  * `notified`. With `runEvents: false` only the tasks' closing events are appended: the caller has
- * recorded the runs' endings in one event of its own (a cancel's queued runs, see taskCancel).
+ * recorded the runs' endings in one event of its own (a cancel's queued runs, see taskCancel). With
+ * `runStarts`, `done` also has `run_started` (the run's started_at) for the task's start.
  */
-export function countIntoTasks(sql: Sql, withRequeued = false, { runEvents = true } = {}) {
+export function countIntoTasks(sql: Sql, withRequeued = false, { runEvents = true, runStarts = false } = {}) {
   return sql`
     agg as (
       select task_id,
@@ -85,7 +86,7 @@ export function countIntoTasks(sql: Sql, withRequeued = false, { runEvents = tru
         count(*) filter (where status = 'failed')::int as f,
         count(*) filter (where status = 'timed_out')::int as x,
         count(*) filter (where status = 'cancelled')::int as c,
-        bool_or(attempt > 0) as started
+        bool_or(attempt > 0) as started${runStarts ? sql`, min(run_started) as first_started` : sql``}
       from done group by task_id
     ),
     locked as materialized (
@@ -115,7 +116,11 @@ export function countIntoTasks(sql: Sql, withRequeued = false, { runEvents = tru
                + t.cancelled_count + a.c = t.total_count then now()
           else t.finished_at end,
         -- A run that ended after it started may be the first news of its task starting.
-        started_at = case when a.started then coalesce(t.started_at, now()) else t.started_at end,
+        -- With the runs' own starts (runStarts), the earliest: their finished_at may be backdated
+        -- (a completion that waited for company), and the task must not start after they ended.
+        started_at = case when a.started
+          then coalesce(t.started_at, ${runStarts ? sql`least(now(), a.first_started)` : sql`now()`})
+          else t.started_at end,
         updated_at = now()
       from agg a, locked l
       where t.id = a.task_id and l.id = a.task_id
