@@ -348,7 +348,11 @@ export class Worker {
       )
         this.contended.set(type, performance.now());
       this.recheck.delete(type);
-      const full = prefetch > 0 && this.buffer.length > prefetch / 2;
+      // The automatic prefetch refills at a quarter: its runs last milliseconds, not microseconds, so
+      // a claim's round trip is over long before the last quarter has started, and its claims are
+      // bigger (fewer statements per run); a fixed prefetch, for runs of any length, at half.
+      const refillAt = prefetch > (this.o.prefetch ?? 0) ? prefetch / 4 : prefetch / 2;
+      const full = prefetch > 0 && this.buffer.length > refillAt;
       if (full && !(woken && this.buffer.length + NEWCOMER_CLAIM <= prefetch + 2 * CLAIM_QUANTUM)) continue;
       const want = full ? NEWCOMER_CLAIM : base + prefetch - claimed;
       if (want <= 0) continue;
