@@ -354,7 +354,12 @@ export class Worker {
       const refillAt = prefetch > (this.o.prefetch ?? 0) ? prefetch / 4 : prefetch / 2;
       const full = prefetch > 0 && this.buffer.length > refillAt;
       if (full && !(woken && this.buffer.length + NEWCOMER_CLAIM <= prefetch + 2 * CLAIM_QUANTUM)) continue;
-      const want = full ? NEWCOMER_CLAIM : base + prefetch - claimed;
+      // A claim after a wake-up takes at least NEWCOMER_CLAIM whatever the buffer holds, or with a few
+      // runs buffered it would be the owner in turn's alone.
+      const want =
+        woken && prefetch > 0
+          ? Math.max(full ? 0 : base + prefetch - claimed, NEWCOMER_CLAIM)
+          : base + prefetch - claimed;
       if (want <= 0) continue;
       const began = performance.now();
       // With a prefetch, a claim after a wake-up spreads over owners (a quantum of CLAIM_QUANTUM each),
