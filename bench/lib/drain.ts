@@ -75,6 +75,7 @@ export async function drainTasks(
   concurrency: number,
   prefetch = 0,
 ): Promise<DrainResult> {
+  const { prefetchWindowMs, completionDelayMs } = loadConfig();
   const worker = new Worker({
     sql,
     logger: createLogger({ level: "warn", destination: process.stderr }),
@@ -86,8 +87,8 @@ export async function drainTasks(
     prefetch,
     // As `assay worker` claims and records outcomes: the configured automatic prefetch and completion
     // delay (ASSAY_PREFETCH_WINDOW_MS, ASSAY_COMPLETION_DELAY_MS; 200 ms each unless set).
-    prefetchWindowMs: loadConfig().prefetchWindowMs,
-    completionDelayMs: loadConfig().completionDelayMs,
+    prefetchWindowMs,
+    completionDelayMs,
   });
   const start = performance.now();
   await worker.start();

@@ -124,7 +124,8 @@ export const PROGRESS_FLUSH_MS = 250;
 /**
  * After a claim that found several owners waiting at a type, how long the worker's claims skip the
  * sole owner's claim (runClaimSole); also how long after a prune of the type's idle rotation rows that
- * removed nothing the next one waits (see Worker.pruneIdle).
+ * removed nothing the next one waits (see Worker.pruneIdle), and how long another type's claim or
+ * wait keeps a type from being prefetched automatically (see Worker.autoPrefetch).
  */
 export const SOLE_RECHECK_MS = 1000;
 /**
@@ -143,7 +144,7 @@ export const AUTO_PREFETCH_MIN_MS = 1;
 /** The automatic prefetch claims at most this many runs per slot ahead (autoPrefetch). */
 export const AUTO_PREFETCH_PER_SLOT = 4;
 /**
- * The size of a claim after a wake-up into a buffer of runs claimed ahead (Worker.runOnce): a
+ * The least size of a claim after a wake-up with runs claimed ahead (Worker.runOnce): a
  * newcomer starts at the back of the rotation, and with two owners waiting the claim gives the one
  * in turn at least CLAIM_QUANTUM (an even share, at least that), so one more reaches the newcomer.
  */
@@ -188,10 +189,11 @@ export class Worker {
   private buffer: ClaimedRun[] = [];
   /** When each buffered run was claimed (performance.now(); see place()). */
   private readonly bufferedAt = new Map<number, number>();
-  /** Per type, when this worker last claimed runs of it (see autoPrefetch()). */
-  private readonly lastClaimed = new Map<string, number>();
-  /** Per type, when it last found other types' runs claimed ahead filling the buffer (runOnce()). */
-  private readonly contended = new Map<string, number>();
+  /**
+   * Per type, when it last showed it needs this worker's slots: runs of it claimed, or it found other
+   * types' runs claimed ahead filling the buffer (see runOnce() and autoPrefetch()).
+   */
+  private readonly neededAt = new Map<string, number>();
   /** Types to look at for that even without a wake-up: every type, every poll interval. */
   private readonly recheck = new Set<string>();
   private outcomes: Pending<Outcome>[] = [];
@@ -318,8 +320,8 @@ export class Worker {
 
   /**
    * One claim cycle: starts buffered runs, claims for free slots (plus each type's prefetch, when the
-   * buffer is at most half of it) rotating over the types, and starts what it claimed. Returns runs
-   * claimed.
+   * buffer is down to its refill point) rotating over the types, and starts what it claimed. Returns
+   * runs claimed.
    */
   async runOnce(): Promise<number> {
     this.drainBuffer();
@@ -329,8 +331,8 @@ export class Worker {
     for (let i = 0; i < this.typeNames.length && !this.stopping; i++) {
       const type = this.typeNames[(start + i) % this.typeNames.length] as string;
       const prefetch = this.prefetchFor(type);
-      // A buffer more than half full waits: claims of a run or two each would cost a statement
-      // apiece. Except after a wake-up: new work may be another owner's, who should not wait for the
+      // A buffer above its refill point (below) waits: claims of a run or two each would cost a
+      // statement apiece. Except after a wake-up: new work may be another owner's, who should not wait for the
       // runs claimed ahead. That claim is of NEWCOMER_CLAIM runs, enough to reach a newcomer behind
       // the owner in turn (with two owners waiting), and its runs go ahead of the buffer (place()).
       // It is not made when it could take the buffer past two quanta over the prefetch, or wake-ups
@@ -346,7 +348,7 @@ export class Worker {
         this.buffer.some((r) => r.analysisType !== type) &&
         !this.buffer.some((r) => r.analysisType === type)
       )
-        this.contended.set(type, performance.now());
+        this.neededAt.set(type, performance.now());
       this.recheck.delete(type);
       // The automatic prefetch refills at a quarter: its runs last milliseconds, not microseconds, so
       // a claim's round trip is over long before the last quarter has started, and its claims are
@@ -371,7 +373,7 @@ export class Worker {
         (performance.now() - began) / 1000,
         runs.map((r) => r.waitedSeconds),
       );
-      if (runs.length > 0) this.lastClaimed.set(type, performance.now());
+      if (runs.length > 0) this.neededAt.set(type, performance.now());
       this.place(runs);
       claimed += runs.length;
     }
@@ -407,6 +409,7 @@ export class Worker {
    * overtaken once it has waited a window, and none by a run of another type (which may be long).
    */
   private place(runs: ClaimedRun[]): void {
+    if (runs.length === 0) return;
     const now = performance.now();
     for (const r of runs) this.bufferedAt.set(r.id, now);
     const buffered = new Set(this.buffer.map((r) => r.taskId));
@@ -441,8 +444,8 @@ export class Worker {
    * buffered run's lease counts against it while nothing runs); while one of the type's live attempts
    * is older than the window (the mean is out of date); and while another type shares the worker's
    * slots (one of its attempts live or buffered, or claimed or kept waiting by the buffer within
-   * SOLE_RECHECK_MS): the runs claimed
-   * ahead would wait behind its runs, and its runs behind them (the buffer fills every slot that frees).
+   * SOLE_RECHECK_MS): the runs claimed ahead would wait behind its runs, and its runs behind them (the
+   * buffer fills every slot that frees).
    */
   private autoPrefetch(type: string): number {
     const windowMs = this.o.prefetchWindowMs ?? 0;
@@ -454,8 +457,7 @@ export class Worker {
       if (now - a.began >= windowMs) return 0;
     }
     if (this.buffer.some((r) => r.analysisType !== type)) return 0;
-    for (const seen of [this.lastClaimed, this.contended])
-      for (const [other, at] of seen) if (other !== type && now - at < SOLE_RECHECK_MS) return 0;
+    for (const [other, at] of this.neededAt) if (other !== type && now - at < SOLE_RECHECK_MS) return 0;
     return autoPrefetchRuns(this.attemptSeconds.get(type), windowMs, this.o.concurrency);
   }
 
@@ -731,7 +733,7 @@ export class Worker {
    * PostgreSQL, and with slots finishing one at a time every outcome was a statement of its own. The
    * slot is free already (the delay costs no throughput); the lease is heartbeated meanwhile
    * (heldLeases). Recorded at once instead: a full batch (the slots, at least COMPLETION_BATCH_MIN); when
-   * no company can come (no attempt live, none buffered: a lone run, a task's last); an outcome
+   * no company is in sight (no attempt live and none buffered at that moment: a lone run); an outcome
    * whose lease holds a slot of a global or per-user limit (others may be waiting for it); and
    * during a shutdown.
    */
