@@ -338,28 +338,37 @@ export class Worker {
       // It is not made when it could take the buffer past two quanta over the prefetch, or wake-ups
       // arriving faster than the buffer drains would grow it without end.
       const woken = this.notified.has(type);
-      // Runs of other types claimed ahead fill the buffer, and so every slot that frees: this type,
-      // with work (a wake-up) or perhaps some (once a poll interval), would wait until they stop
-      // coming. It says so, and no type is prefetched automatically for a while (autoPrefetch()):
-      // the buffer drains within about a window, and the types share the slots that free.
-      if (
-        (woken || this.recheck.has(type)) &&
+      // Runs of other types claimed ahead fill the buffer, and so every slot that frees: this type
+      // would wait until they stop coming. After a wake-up (work) it says so, and no type is
+      // prefetched automatically for a while (autoPrefetch()): the buffer drains within about a
+      // window, and the types share the slots that free. Once a poll interval (perhaps work: a run
+      // the reaper put back, another worker's retry come due) a claim of one run finds out; a run it
+      // finds says so in turn, and waits behind the buffer (place()). Without the claim, every idle
+      // type said so every poll interval, and a worker of several types hardly ever claimed ahead.
+      const crowded =
         this.buffer.length > this.claimableSlots() &&
         this.buffer.some((r) => r.analysisType !== type) &&
-        !this.buffer.some((r) => r.analysisType === type)
-      )
-        this.neededAt.set(type, performance.now());
+        !this.buffer.some((r) => r.analysisType === type);
+      if (crowded && woken) this.neededAt.set(type, performance.now());
+      const probe =
+        crowded &&
+        !woken &&
+        this.recheck.has(type) &&
+        (this.o.types[type]?.globalLimit ?? 0) === 0 &&
+        (this.o.userLimit ?? 0) === 0;
       this.recheck.delete(type);
       // The automatic prefetch refills at a quarter: its runs last milliseconds, not microseconds, so
       // a claim's round trip is over long before the last quarter has started, and its claims are
       // bigger (fewer statements per run); a fixed prefetch, for runs of any length, at half.
       const refillAt = prefetch > (this.o.prefetch ?? 0) ? prefetch / 4 : prefetch / 2;
       const full = prefetch > 0 && this.buffer.length > refillAt;
-      if (full && !(woken && this.buffer.length + NEWCOMER_CLAIM <= prefetch + 2 * CLAIM_QUANTUM)) continue;
+      if (!probe && full && !(woken && this.buffer.length + NEWCOMER_CLAIM <= prefetch + 2 * CLAIM_QUANTUM))
+        continue;
       // A claim after a wake-up takes at least NEWCOMER_CLAIM whatever the buffer holds, or with a few
       // runs buffered it would be the owner in turn's alone.
-      const want =
-        woken && prefetch > 0
+      const want = probe
+        ? 1
+        : woken && prefetch > 0
           ? Math.max(full ? 0 : base + prefetch - claimed, NEWCOMER_CLAIM)
           : base + prefetch - claimed;
       if (want <= 0) continue;

@@ -776,6 +776,36 @@ describe("completion batching (ASSAY_COMPLETION_DELAY_MS)", () => {
     for (const r of rows) assert.ok(r.started.getTime() <= r.finished.getTime());
   });
 
+  test("a task's started_at is never after its runs' ends, though a running mark set it while an outcome waited", async () => {
+    const taskId = await createTask(db.sql, owner, "t-batch-start", 2);
+    // The first run to start ends at once and waits for company; the other runs until released, long
+    // enough for a progress flush to mark it (and its task) running.
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    let first: number | undefined;
+    const handler: Handler = async (run) => {
+      first ??= run.id;
+      if (run.id !== first) await gate;
+      return { status: "succeeded" };
+    };
+    const w = worker(
+      { "t-batch-start": handler },
+      { concurrency: 3, completionDelayMs: 600_000, progressFlushMs: 50 },
+    );
+    await w.start();
+    await waitFor(async () => (await taskRow(db.sql, taskId)).status === "running", 10_000);
+    release();
+    await waitForTerminal(db.sql, taskId, 10_000);
+    await w.stop();
+    const [row] = await db.sql<{ taskStarted: Date; firstEnd: Date }[]>`
+      select t.started_at as "taskStarted", (select min(finished_at) from runs where task_id = t.id) as "firstEnd"
+      from tasks t where t.id = ${taskId}`;
+    assert.ok(
+      (row?.taskStarted.getTime() ?? 0) <= (row?.firstEnd.getTime() ?? 0),
+      `task started ${(row?.taskStarted.getTime() ?? 0) - (row?.firstEnd.getTime() ?? 0)} ms after its first run ended`,
+    );
+  });
+
   test("a full batch (the slots, at least COMPLETION_BATCH_MIN = 8) is recorded at once while other runs are live", async () => {
     // Two slots: the first run holds one (the company), eight quick runs end through the other.
     const taskId = await createTask(db.sql, owner, "t-batch-full", 9);
@@ -1021,6 +1051,31 @@ describe("automatic prefetch (ASSAY_PREFETCH_WINDOW_MS)", () => {
       at >= 0 && at <= 2 * (AUTO_PREFETCH_PER_SLOT + 1),
       `starts after the release: ${after.slice(0, 12)}`,
     );
+  });
+
+  test("a worker of two types keeps claiming ahead for the busy one while the other has nothing queued", async () => {
+    const taskId = await createTask(db.sql, owner, "t-auto-busy", 150);
+    let claims = 0;
+    const w = worker(
+      { "t-auto-busy": quick, "t-auto-idle": quick },
+      {
+        concurrency: 1,
+        prefetchWindowMs: 10_000,
+        pollIntervalMs: 50,
+        observer: {
+          ...NO_OBSERVER,
+          claimed: (type, _seconds, waited) => {
+            if (type === "t-auto-busy" && waited.length > 0) claims++;
+          },
+        },
+      },
+    );
+    await w.start();
+    await waitForTerminal(db.sql, taskId, 30_000);
+    await w.stop();
+    // Claims of several runs (up to AUTO_PREFETCH_PER_SLOT ahead); one per run if the idle type's
+    // poll-interval look had stopped the prefetch.
+    assert.ok(claims < 150 / 2, `${claims} claims for 150 runs`);
   });
 
   test("autoPrefetchRuns: a window's worth of runs for the slots, at most AUTO_PREFETCH_PER_SLOT each; none outside [AUTO_PREFETCH_MIN_MS, window)", () => {

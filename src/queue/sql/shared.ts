@@ -116,10 +116,11 @@ export function countIntoTasks(sql: Sql, withRequeued = false, { runEvents = tru
                + t.cancelled_count + a.c = t.total_count then now()
           else t.finished_at end,
         -- A run that ended after it started may be the first news of its task starting.
-        -- With the runs' own starts (runStarts), the earliest: their finished_at may be backdated
-        -- (a completion that waited for company), and the task must not start after they ended.
+        -- With the runs' own starts (runStarts), the earliest, also against a start a running mark
+        -- set meanwhile: their finished_at may be backdated (a completion that waited for company),
+        -- and the task must not start after they ended. (least() skips nulls.)
         started_at = case when a.started
-          then coalesce(t.started_at, ${runStarts ? sql`least(now(), a.first_started)` : sql`now()`})
+          then ${runStarts ? sql`least(t.started_at, a.first_started, now())` : sql`coalesce(t.started_at, now())`}
           else t.started_at end,
         updated_at = now()
       from agg a, locked l
