@@ -14,6 +14,7 @@ export {
   MAX_BACKOFF_MS,
   NOTIFY_MAX_BYTES,
   notifyEvents,
+  TASK_CREATED_CHANNEL,
   WAKEUP_CHANNEL,
 } from "./sql/shared.ts";
 export * from "./sql/workers.ts";

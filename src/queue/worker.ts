@@ -24,6 +24,7 @@ import {
   type ClaimedRun,
   type ClaimOptions,
   type CompletionResult,
+  type CreatedTask,
   claimQuantum,
   type Lease,
   type Outcome,
@@ -31,6 +32,7 @@ import {
   type Retry,
   type RetryResult,
   runClaim,
+  runClaimNewcomer,
   runClaimSole,
   runClaimTurn,
   runComplete,
@@ -39,6 +41,7 @@ import {
   runProgress,
   runRetry,
   runWake,
+  TASK_CREATED_CHANNEL,
   type TypeUnavailable,
   WAKEUP_CHANNEL,
   workerDelete,
@@ -269,6 +272,8 @@ export class Worker {
         },
         onListen: () => this.wake(),
       },
+      // Sent just before the create's wake-up: a newcomer's first run may be claimed at once.
+      { channel: TASK_CREATED_CHANNEL, onNotify: (payload) => this.claimNewcomer(payload) },
       // A missed cancel is caught by the next heartbeat, which returns the run as cancelling.
       { channel: CANCEL_CHANNEL, onNotify: (taskId) => this.cancelTask(Number(taskId)) },
     ]);
@@ -289,6 +294,52 @@ export class Worker {
 
   /** The progress flush in flight (progressOnce): flushes never overlap. */
   private progressFlight: Promise<void> | undefined;
+  /** The newcomer's claim in flight (claimNewcomer): at most one at a time. */
+  private newcomerFlight: Promise<void> | undefined;
+
+  /**
+   * A task was created (TASK_CREATED_CHANNEL): when its owner is a newcomer (runClaimNewcomer says
+   * who is), its first run is claimed now, beside the claim loop's claim in flight, and goes ahead of
+   * the runs claimed ahead (place()). Otherwise its run waits for its turn in the rotation, claimed by
+   * the loop after the create's wake-up, as always. Only with room for it — a free slot no buffered
+   * run will take, or runs of the type short enough to be claimed ahead (a slot frees within the
+   * window) — so it never waits here for a long run to end while another worker is idle; never under
+   * a global or per-user limit (that claim is serialised); at most one at a time (a burst of creates
+   * must not take the pool from the completions; the rest go the rotation's way). Must not throw:
+   * a failure only costs the newcomer the shortcut.
+   */
+  private claimNewcomer(payload: string): void {
+    if (this.stopping || this.newcomerFlight) return;
+    const task = parseCreated(payload);
+    if (!task) return;
+    const type = task.type;
+    const options = this.o.types[type];
+    if (!options || (options.globalLimit ?? 0) > 0 || (this.o.userLimit ?? 0) > 0) return;
+    if (this.freeSlots() - this.buffer.length <= 0 && this.autoPrefetch(type) === 0) return;
+    const began = performance.now();
+    this.newcomerFlight = runClaimNewcomer(this.o.sql, this.claimOptions(type, 1, 1), task)
+      .then((runs) => {
+        this.observer.claimed(
+          type,
+          (performance.now() - began) / 1000,
+          runs.map((r) => r.waitedSeconds),
+        );
+        if (runs.length === 0) return;
+        this.neededAt.set(type, performance.now());
+        // While stopping, it stays in the buffer: stop() hands the buffer back.
+        this.place(runs);
+        this.drainBuffer();
+      })
+      .catch((err: unknown) =>
+        this.o.logger.warn(
+          { err, workerId: this.id, analysisType: type },
+          "a newcomer's claim failed (its run waits for its turn)",
+        ),
+      )
+      .finally(() => {
+        this.newcomerFlight = undefined;
+      });
+  }
 
   /** Wakes the claim loop (a NOTIFY arrived, a slot freed, a retry is due). */
   wake(): void {
@@ -1082,6 +1133,7 @@ export class Worker {
     this.stopping = true;
     this.wake();
     await this.loop;
+    await this.newcomerFlight;
     // No statement of ours after stop(): the caller may close the pool next.
     await Promise.all(this.pruning.values());
     await Promise.all(this.tidying.values());
@@ -1119,4 +1171,24 @@ export class Worker {
     );
     this.o.logger.info({ workerId: this.id }, "worker stopped");
   }
+}
+
+/** A TASK_CREATED_CHANNEL payload, or undefined when it is not one (a newer or older sender). */
+function parseCreated(payload: string): (CreatedTask & { type: string }) | undefined {
+  let v: unknown;
+  try {
+    v = JSON.parse(payload);
+  } catch {
+    return undefined;
+  }
+  if (typeof v !== "object" || v === null) return undefined;
+  const { type, taskId, ownerId, priority } = v as Record<string, unknown>;
+  if (
+    typeof type !== "string" ||
+    !Number.isSafeInteger(taskId) ||
+    !Number.isSafeInteger(ownerId) ||
+    !Number.isSafeInteger(priority)
+  )
+    return undefined;
+  return { type, taskId: taskId as number, ownerId: ownerId as number, priority: priority as number };
 }

@@ -3,7 +3,13 @@
 import { createHash } from "node:crypto";
 import type { Principal } from "../auth/tokens.ts";
 import type { Sql } from "../db/client.ts";
-import { DEFAULT_PRIORITY, INT8_OID, queueOwnersJoin, WAKEUP_CHANNEL } from "../queue/sql.ts";
+import {
+  DEFAULT_PRIORITY,
+  INT8_OID,
+  queueOwnersJoin,
+  TASK_CREATED_CHANNEL,
+  WAKEUP_CHANNEL,
+} from "../queue/sql.ts";
 
 export interface TaskCreateInput {
   analysisType: string;
@@ -109,7 +115,14 @@ export async function taskCreate(
         select id, 'task.queued', jsonb_build_object('status', 'queued', 'totalCount', ${input.fileIds.length}::int)
         from t
       ),
-      wake as (select pg_notify(${WAKEUP_CHANNEL}, ${input.analysisType}) from t)
+      -- The task's own notification first (a worker may claim a newcomer's first run at once:
+      -- runClaimNewcomer), then the wake-up; one row, evaluated left to right.
+      wake as (
+        select pg_notify(${TASK_CREATED_CHANNEL},
+                         json_build_object('type', ${input.analysisType}::text, 'taskId', id,
+                                           'ownerId', ${owner.userId}::bigint, 'priority', ${priority}::int)::text),
+               pg_notify(${WAKEUP_CHANNEL}, ${input.analysisType})
+        from t)
       select (select id::text from t) as id, (select count(*) from wake) as woken,
              (select count(*) from joined) as joined`;
     return row?.id ? { kind: "created", taskId: row.id } : { kind: "files-missing" };

@@ -13,11 +13,13 @@ import {
   queueOwnersPruneIdle,
   queueOwnersTidy,
   runClaim,
+  runClaimNewcomer,
   runClaimSole,
   runClaimTurn,
   runComplete,
   runRetry,
   SHORT_ATTEMPT_SECONDS,
+  TASK_CREATED_CHANNEL,
   walkHead,
 } from "../../src/queue/sql.ts";
 import { type Handler, Worker } from "../../src/queue/worker.ts";
@@ -1586,4 +1588,120 @@ test("a worker whose attempts are short claims the next owner's turn with the sm
   // Twelve owners, claims of at most three slots: once the attempts are known to be short, turns
   // take whole claims, and those are the next owner's claims.
   assert.ok(count() > 0, "the next owner's claim was used");
+});
+
+/** runClaimNewcomer for `task` (as its creation's notification names it), without limits. */
+function claimNewcomer(analysisType: string, task: { taskId: number; ownerId: number; priority: number }) {
+  return runClaimNewcomer(
+    db.sql,
+    { workerId: "w-newcomer", analysisType, limit: 1, globalLimit: 0, leaseTtlMs: 30_000 },
+    task,
+  );
+}
+
+test("a create names its task on the created channel; the newcomer's claim takes its first run, one per claim, while the owner is within a turn of the least served", async () => {
+  const type = "newcomer1";
+  const [a, b] = await seedUsers("newcomer1-a", "newcomer1-b");
+  assert.ok(a && b);
+  const payloads: string[] = [];
+  const listening = await db.sql.listen(TASK_CREATED_CHANNEL, (p) => payloads.push(p));
+  try {
+    await createTask(db.sql, a, type, 6);
+    const small = await createTask(db.sql, b, type, 8);
+    const created = await waitFor(async () =>
+      payloads.map((p) => JSON.parse(p) as Record<string, unknown>).find((p) => String(p.taskId) === small),
+    );
+    assert.deepEqual(created, { type, taskId: Number(small), ownerId: b.userId, priority: 5 });
+    const task = { taskId: Number(small), ownerId: b.userId, priority: 5 };
+    const ids = (
+      await db.sql<{ id: number }[]>`select id::float8 as id from runs where task_id = ${small} order by id`
+    ).map((r) => r.id);
+    const before = await passOf(type, b);
+    // Its runs in file order, one a claim, the pass one further each time: from the least served's
+    // pass (A's and B's are level: B joined at the top of the level) up to a quantum above it.
+    const got: number[] = [];
+    for (let i = 0; i <= CLAIM_QUANTUM; i++) {
+      const runs = await claimNewcomer(type, task);
+      assert.equal(runs.length, 1, `claim ${i + 1}`);
+      got.push((runs[0] as { id: number }).id);
+      assert.equal(await passOf(type, b), before + i + 1);
+    }
+    assert.deepEqual(got, ids.slice(0, CLAIM_QUANTUM + 1));
+    // A turn ahead of A now: no more that way; its runs are the rotation's.
+    assert.deepEqual(await claimNewcomer(type, task), []);
+    assert.equal(await passOf(type, b), before + CLAIM_QUANTUM + 1);
+    // A's runs were never touched.
+    const [left] = await db.sql<{ n: number }[]>`
+      select count(*)::int as n from runs where owner_id = ${a.userId} and status = 'queued'`;
+    assert.equal(left?.n, 6);
+  } finally {
+    await listening.unlisten();
+  }
+});
+
+test("the newcomer's claim takes nothing while an owner waits at a better priority, nothing not yet due, and is refused under limits", async () => {
+  const type = "newcomer2";
+  const [a, b, c] = await seedUsers("newcomer2-a", "newcomer2-b", "newcomer2-c");
+  assert.ok(a && b && c);
+  await createTask(db.sql, a, type, 3, { priority: 2 });
+  const small = await createTask(db.sql, b, type, 2);
+  const task = { taskId: Number(small), ownerId: b.userId, priority: 5 };
+  assert.deepEqual(await claimNewcomer(type, task), []);
+  assert.equal(await passOf(type, b), 0);
+  // With the better priority's runs gone and its row pruned, B is served.
+  await claimOwned(type, a);
+  await db.sql`delete from queue_owners where analysis_type = ${type} and owner_id = ${a.userId}`;
+  // A run in backoff is not due.
+  const later = await createTask(db.sql, c, type, 1);
+  await db.sql`update runs set run_after = now() + interval '1 hour' where task_id = ${later}`;
+  assert.deepEqual(await claimNewcomer(type, { taskId: Number(later), ownerId: c.userId, priority: 5 }), []);
+  assert.equal((await claimNewcomer(type, task)).length, 1);
+  await assert.rejects(
+    runClaimNewcomer(
+      db.sql,
+      { workerId: "w", analysisType: type, limit: 1, globalLimit: 2, leaseTtlMs: 30_000 },
+      task,
+    ),
+    /limit/,
+  );
+  await assert.rejects(
+    runClaimNewcomer(
+      db.sql,
+      { workerId: "w", analysisType: type, limit: 1, globalLimit: 0, userLimit: 1, leaseTtlMs: 30_000 },
+      task,
+    ),
+    /limit/,
+  );
+});
+
+test("a newcomer's first run starts while the worker's claim waits (the newcomer's claim goes beside it)", async () => {
+  const type = "newcomer3";
+  const [a, c, b] = await seedUsers("newcomer3-a", "newcomer3-c", "newcomer3-b");
+  assert.ok(a && b && c);
+  const aTask = await createTask(db.sql, a, type, 3);
+  const cTask = await createTask(db.sql, c, type, 3);
+  const started: string[] = [];
+  const h: Handler = async (run) => {
+    started.push(String(run.taskId));
+    return { status: "succeeded", result: { metrics: {} } };
+  };
+  // A's rotation row held: the worker's fair claim (two owners wait) locks the rows it served and waits.
+  const holder = await db.sql.reserve();
+  try {
+    await holder`begin`;
+    await holder`select 1 from queue_owners where analysis_type = ${type} and owner_id = ${a.userId} for update`;
+    await startHandler(type, h, 2);
+    await claimWaiting("transactionid");
+    const small = await createTask(db.sql, b, type, 1);
+    await waitFor(async () => started.includes(small), 10_000, "B's run to start");
+    // Nothing else has started: the loop's claim still waits.
+    assert.deepEqual(started, [small]);
+  } finally {
+    // Also when the test fails: the worker's claim must not wait past it (stop() waits for the claim).
+    await holder`rollback`.catch(() => {});
+    holder.release();
+  }
+  await waitForTerminal(db.sql, aTask);
+  await waitForTerminal(db.sql, cTask);
+  assert.equal(started.length, 7);
 });

@@ -512,6 +512,66 @@ export async function runClaimTurn(
   return { runs, owners };
 }
 
+/** A task just created, as its creation's notification names it (TASK_CREATED_CHANNEL). */
+export interface CreatedTask {
+  taskId: number;
+  ownerId: number;
+  priority: number;
+}
+
+/**
+ * The first run of a task just created, claimed straight away when its owner is due a turn anyway:
+ * no owner waits at the type with a better priority (a queue_owners row of a lower number, idle or
+ * not), and the owner's pass at the task's level is at most CLAIM_QUANTUM above the level's lowest
+ * (within a turn of the owners least served). The worker makes it beside the claim it may have in
+ * flight, so a new user's first run does not wait for a claim of runs of the users already being
+ * served; the rest of the task is the rotation's. The owner's pass is advanced by the run it got, as
+ * the fair claim would, so an owner creating task after task is served this way only until its pass
+ * stands a turn ahead of the others'. It takes the task's first queued run or nothing (the guard
+ * says no, that run is not due, or another claim holds it), so the task's runs start in file order. Only without limits (it throws; a limited claim is serialised).
+ * Locks: the run (SKIP LOCKED), then the owner's queue_owners row, the order of every statement.
+ * Commits asynchronously, like the fair claim without limits.
+ */
+export async function runClaimNewcomer(sql: Sql, o: ClaimOptions, task: CreatedTask): Promise<ClaimedRun[]> {
+  if (o.globalLimit > 0 || (o.userLimit ?? 0) > 0)
+    throw new Error("a claim under a global or per-user limit is runClaim's");
+  const rows = await sql<ClaimedRun[]>`
+    with due as materialized (
+      select 1 as ok from queue_owners q
+      where q.analysis_type = ${o.analysisType} and q.priority = ${task.priority} and q.owner_id = ${task.ownerId}
+        and q.pass <= (select min(m.pass) from queue_owners m
+                       where m.analysis_type = ${o.analysisType} and m.priority = ${task.priority})
+                      + ${sql.unsafe(String(CLAIM_QUANTUM))}
+        and not exists (select 1 from queue_owners b
+                        where b.analysis_type = ${o.analysisType} and b.priority < ${task.priority})
+    ),
+    -- The task's first queued run, or nothing: when another claim holds it (the worker's own fair
+    -- claim, serving the newcomer already), the second would start before the first.
+    first as materialized (
+      select r.id from runs r
+      where r.status = 'queued' and r.analysis_type = ${o.analysisType} and r.owner_id = ${task.ownerId}
+        and r.priority = ${task.priority} and r.task_id = ${task.taskId}
+        and exists (select 1 from due)
+      order by r.turn, r.id
+      limit 1
+    ),
+    picked as materialized (
+      select r.id from runs r
+      where r.id = (select id from first) and r.status = 'queued' and r.run_after <= now()
+      for update of r skip locked
+    ),
+    claimed as (${claimUpdate(sql, o)}),
+    advanced as (
+      update queue_owners q set pass = q.pass + 1, since = statement_timestamp()
+      where q.analysis_type = ${o.analysisType} and q.priority = ${task.priority}
+        and q.owner_id = ${task.ownerId} and exists (select 1 from picked)
+    )
+    select ${claimedColumns(sql)}
+    from claimed c
+    where ${commitMode(sql, false)}`;
+  return [...rows];
+}
+
 /** The claim's update of the runs in `picked` (a CTE of ids): each becomes an attempt of this worker. */
 function claimUpdate(sql: Sql, o: ClaimOptions) {
   return sql`

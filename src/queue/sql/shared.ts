@@ -8,6 +8,11 @@ import { LIVE_RUN_STATUSES, RUN_STATUSES } from "../../tasks/states.ts";
 export const MAX_BACKOFF_MS = 5 * 60 * 1000;
 /** Wake-up channel: the payload is the analysis type that has work. */
 export const WAKEUP_CHANNEL = "assay_runs";
+/**
+ * A task was created: `{"type", "taskId", "ownerId", "priority"}` (ids as numbers), sent just before the
+ * wake-up of WAKEUP_CHANNEL, so a worker may claim a newcomer's first run at once (runClaimNewcomer).
+ */
+export const TASK_CREATED_CHANNEL = "assay_task_created";
 /** Cancel channel: the payload is a task id whose live runs were just marked cancelling. */
 export const CANCEL_CHANNEL = "assay_cancel";
 /** Event channel: `{taskId, events: [...]}`, or `{taskId, eventId}` when that would not fit. */
