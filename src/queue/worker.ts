@@ -294,19 +294,21 @@ export class Worker {
 
   /** The progress flush in flight (progressOnce): flushes never overlap. */
   private progressFlight: Promise<void> | undefined;
-  /** The newcomer's claim in flight (claimNewcomer): at most one at a time. */
+  /** The newcomer's claim in flight (claimNewcomer) and its type: at most one at a time. */
   private newcomerFlight: Promise<void> | undefined;
+  private newcomerType: string | undefined;
+  /** Runs the claim loop's claim in flight asked for (see roomForNewcomer()). */
+  private claiming = 0;
 
   /**
-   * A task was created (TASK_CREATED_CHANNEL): when its owner is a newcomer (runClaimNewcomer says
-   * who is), its first run is claimed now, beside the claim loop's claim in flight, and goes ahead of
-   * the runs claimed ahead (place()). Otherwise its run waits for its turn in the rotation, claimed by
-   * the loop after the create's wake-up, as always. Only with room for it — a free slot no buffered
-   * run will take, or runs of the type short enough to be claimed ahead (a slot frees within the
-   * window) — so it never waits here for a long run to end while another worker is idle; never under
-   * a global or per-user limit (that claim is serialised); at most one at a time (a burst of creates
-   * must not take the pool from the completions; the rest go the rotation's way). Must not throw:
-   * a failure only costs the newcomer the shortcut.
+   * A task was created (TASK_CREATED_CHANNEL): when its owner is due a turn anyway (runClaimNewcomer
+   * says when), its first run is claimed now, beside the claim loop's claim in flight, and goes ahead
+   * of the runs claimed ahead (place()). Otherwise its run waits for its turn in the rotation, claimed
+   * by the loop after the create's wake-up, as always. Only with room for it (roomForNewcomer()), so
+   * it never waits here for a long run to end while another worker is idle; never under a global or
+   * per-user limit (that claim is serialised); at most one at a time (a burst of creates must not
+   * take the pool from the completions; the rest go the rotation's way). The loop's next claim of
+   * the type waits for it (claim()). Must not throw: a failure only costs the newcomer the shortcut.
    */
   private claimNewcomer(payload: string): void {
     if (this.stopping || this.newcomerFlight) return;
@@ -315,8 +317,9 @@ export class Worker {
     const type = task.type;
     const options = this.o.types[type];
     if (!options || (options.globalLimit ?? 0) > 0 || (this.o.userLimit ?? 0) > 0) return;
-    if (this.freeSlots() - this.buffer.length <= 0 && this.autoPrefetch(type) === 0) return;
+    if (!this.roomForNewcomer(type)) return;
     const began = performance.now();
+    this.newcomerType = type;
     this.newcomerFlight = runClaimNewcomer(this.o.sql, this.claimOptions(type, 1, 1), task)
       .then((runs) => {
         this.observer.claimed(
@@ -338,7 +341,26 @@ export class Worker {
       )
       .finally(() => {
         this.newcomerFlight = undefined;
+        this.newcomerType = undefined;
       });
+  }
+
+  /**
+   * Whether a newcomer's run of `type` would start soon here: a slot is free that neither a buffered
+   * run nor the loop's claim in flight will take; or the type's runs are shorter than the prefetch
+   * window (its running mean) and no live attempt is older than that, so a slot frees within about
+   * a window whatever is claimed (no-op handlers, short programs). Otherwise — runs of minutes, or a
+   * type not run here yet — the run would wait in the buffer, its lease held, while another worker
+   * may have a slot free (a review: one run more than the slots, with runs of minutes).
+   */
+  private roomForNewcomer(type: string): boolean {
+    if (this.freeSlots() - this.buffer.length - this.claiming > 0) return true;
+    const windowMs = this.o.prefetchWindowMs ?? 0;
+    const mean = this.attemptSeconds.get(type);
+    if (mean === undefined || mean * 1000 >= windowMs) return false;
+    const now = performance.now();
+    for (const a of this.active.values()) if (now - a.began >= windowMs) return false;
+    return true;
   }
 
   /** Wakes the claim loop (a NOTIFY arrived, a slot freed, a retry is due). */
@@ -376,7 +398,8 @@ export class Worker {
    */
   async runOnce(): Promise<number> {
     this.drainBuffer();
-    const base = this.claimableSlots() - this.buffer.length;
+    // A newcomer's claim in flight takes a slot too (roomForNewcomer()).
+    const base = this.claimableSlots() - this.buffer.length - (this.newcomerFlight ? 1 : 0);
     let claimed = 0;
     const start = this.rotation++;
     for (let i = 0; i < this.typeNames.length && !this.stopping; i++) {
@@ -427,7 +450,13 @@ export class Worker {
       // With a prefetch, a claim after a wake-up spreads over owners (a quantum of CLAIM_QUANTUM each),
       // so it reaches the newcomer.
       const quantum = woken && prefetch > 0 ? CLAIM_QUANTUM : this.quantumFor(type, want);
-      const runs = await this.claim(this.claimOptions(type, want, quantum));
+      this.claiming = want;
+      let runs: ClaimedRun[];
+      try {
+        runs = await this.claim(this.claimOptions(type, want, quantum));
+      } finally {
+        this.claiming = 0;
+      }
       this.observer.claimed(
         type,
         (performance.now() - began) / 1000,
@@ -464,8 +493,9 @@ export class Worker {
    * Buffers claimed runs. Runs of a task with nothing buffered (a newcomer's, most likely) go ahead of
    * the buffered runs of their type at the buffer's end that have waited less than the prefetch
    * window (at least OVERTAKE_MIN_MS); the rest queue behind. So a prefetch does not make a new task
-   * wait for the runs claimed before it, a task's runs never overtake each other (claims are made one
-   * at a time, each in file order, so each task starts its runs in file order), no buffered run is
+   * wait for the runs claimed before it, a task's runs never overtake each other (the loop's claims
+   * are made one at a time, each in file order, and wait for a newcomer's claim of their type, which
+   * takes only a task's first run: so each task starts its runs in file order), no buffered run is
    * overtaken once it has waited a window, and none by a run of another type (which may be long).
    */
   private place(runs: ClaimedRun[]): void {
@@ -536,6 +566,9 @@ export class Worker {
     // The upkeep of this worker's last claim of the type first (tidyAside).
     const upkeep = this.tidying.get(o.analysisType);
     if (upkeep) await upkeep;
+    // And a newcomer's claim of the type (claimNewcomer): this claim could otherwise take the task's
+    // second run while that one holds its first, and start it first.
+    if (this.newcomerFlight && this.newcomerType === o.analysisType) await this.newcomerFlight;
     const limited = o.globalLimit > 0 || (o.userLimit ?? 0) > 0;
     const woken = this.notified.delete(o.analysisType);
     if (limited || woken) return runClaim(this.o.sql, o);
@@ -1182,13 +1215,20 @@ function parseCreated(payload: string): (CreatedTask & { type: string }) | undef
     return undefined;
   }
   if (typeof v !== "object" || v === null) return undefined;
-  const { type, taskId, ownerId, priority } = v as Record<string, unknown>;
+  const { type, taskId, runId, ownerId, priority } = v as Record<string, unknown>;
   if (
     typeof type !== "string" ||
     !Number.isSafeInteger(taskId) ||
+    !Number.isSafeInteger(runId) ||
     !Number.isSafeInteger(ownerId) ||
     !Number.isSafeInteger(priority)
   )
     return undefined;
-  return { type, taskId: taskId as number, ownerId: ownerId as number, priority: priority as number };
+  return {
+    type,
+    taskId: taskId as number,
+    runId: runId as number,
+    ownerId: ownerId as number,
+    priority: priority as number,
+  };
 }

@@ -99,7 +99,7 @@ export async function taskCreate(
                f.storage_key, f.name, f.size_bytes, f.sha256
         from t, f, frontier
         order by f.id
-        returning 1
+        returning id
       ),
       -- Fair share between owners: the owner joins the claim's rotation (see queueOwnersJoin) — after
       -- every run is inserted (it reads r), so the owner's row is locked only for the commit, not while
@@ -120,6 +120,7 @@ export async function taskCreate(
       wake as (
         select pg_notify(${TASK_CREATED_CHANNEL},
                          json_build_object('type', ${input.analysisType}::text, 'taskId', id,
+                                           'runId', (select min(id) from r),
                                            'ownerId', ${owner.userId}::bigint, 'priority', ${priority}::int)::text),
                pg_notify(${WAKEUP_CHANNEL}, ${input.analysisType})
         from t)

@@ -8,6 +8,7 @@ import { createLogger } from "../../src/log.ts";
 import { Reaper } from "../../src/queue/reaper.ts";
 import {
   CLAIM_QUANTUM,
+  type CreatedTask,
   claimQuantum,
   queueOwnersPrune,
   queueOwnersPruneIdle,
@@ -1591,7 +1592,7 @@ test("a worker whose attempts are short claims the next owner's turn with the sm
 });
 
 /** runClaimNewcomer for `task` (as its creation's notification names it), without limits. */
-function claimNewcomer(analysisType: string, task: { taskId: number; ownerId: number; priority: number }) {
+function claimNewcomer(analysisType: string, task: CreatedTask) {
   return runClaimNewcomer(
     db.sql,
     { workerId: "w-newcomer", analysisType, limit: 1, globalLimit: 0, leaseTtlMs: 30_000 },
@@ -1599,7 +1600,17 @@ function claimNewcomer(analysisType: string, task: { taskId: number; ownerId: nu
   );
 }
 
-test("a create names its task on the created channel; the newcomer's claim takes its first run, one per claim, while the owner is within a turn of the least served", async () => {
+/** What a create's notification says of `taskId` (its first run, owner and priority), from the table. */
+async function createdOf(taskId: string): Promise<CreatedTask> {
+  const [t] = await db.sql<CreatedTask[]>`
+    select t.id::float8 as "taskId", (select min(r.id) from runs r where r.task_id = t.id)::float8 as "runId",
+           t.owner_id::float8 as "ownerId", t.priority
+    from tasks t where t.id = ${taskId}`;
+  assert.ok(t);
+  return t;
+}
+
+test("a create names its task and first run on the created channel; the newcomer's claim takes that run once, while the owner is within a turn of the least served", async () => {
   const type = "newcomer1";
   const [a, b] = await seedUsers("newcomer1-a", "newcomer1-b");
   assert.ok(a && b);
@@ -1607,28 +1618,37 @@ test("a create names its task on the created channel; the newcomer's claim takes
   const listening = await db.sql.listen(TASK_CREATED_CHANNEL, (p) => payloads.push(p));
   try {
     await createTask(db.sql, a, type, 6);
-    const small = await createTask(db.sql, b, type, 8);
+    const tasks: string[] = [];
+    for (let i = 0; i <= CLAIM_QUANTUM + 1; i++) tasks.push(await createTask(db.sql, b, type, 2));
+    const first = tasks[0] as string;
     const created = await waitFor(async () =>
-      payloads.map((p) => JSON.parse(p) as Record<string, unknown>).find((p) => String(p.taskId) === small),
+      payloads.map((p) => JSON.parse(p) as Record<string, unknown>).find((p) => String(p.taskId) === first),
     );
-    assert.deepEqual(created, { type, taskId: Number(small), ownerId: b.userId, priority: 5 });
-    const task = { taskId: Number(small), ownerId: b.userId, priority: 5 };
-    const ids = (
-      await db.sql<{ id: number }[]>`select id::float8 as id from runs where task_id = ${small} order by id`
-    ).map((r) => r.id);
+    const expected = await createdOf(first);
+    assert.deepEqual(created, { type, ...expected });
+    assert.deepEqual(expected, {
+      taskId: Number(first),
+      runId: expected.runId,
+      ownerId: b.userId,
+      priority: 5,
+    });
     const before = await passOf(type, b);
-    // Its runs in file order, one a claim, the pass one further each time: from the least served's
+    // Each task's first run, one claim each, the pass one further each time: from the least served's
     // pass (A's and B's are level: B joined at the top of the level) up to a quantum above it.
-    const got: number[] = [];
     for (let i = 0; i <= CLAIM_QUANTUM; i++) {
+      const task = await createdOf(tasks[i] as string);
       const runs = await claimNewcomer(type, task);
-      assert.equal(runs.length, 1, `claim ${i + 1}`);
-      got.push((runs[0] as { id: number }).id);
+      assert.deepEqual(
+        runs.map((r) => r.id),
+        [task.runId],
+        `task ${i + 1}`,
+      );
       assert.equal(await passOf(type, b), before + i + 1);
+      // Once: the run is taken (another worker told of the same task gets nothing).
+      assert.deepEqual(await claimNewcomer(type, task), []);
     }
-    assert.deepEqual(got, ids.slice(0, CLAIM_QUANTUM + 1));
     // A turn ahead of A now: no more that way; its runs are the rotation's.
-    assert.deepEqual(await claimNewcomer(type, task), []);
+    assert.deepEqual(await claimNewcomer(type, await createdOf(tasks[CLAIM_QUANTUM + 1] as string)), []);
     assert.equal(await passOf(type, b), before + CLAIM_QUANTUM + 1);
     // A's runs were never touched.
     const [left] = await db.sql<{ n: number }[]>`
@@ -1639,28 +1659,42 @@ test("a create names its task on the created channel; the newcomer's claim takes
   }
 });
 
-test("the newcomer's claim takes nothing while an owner waits at a better priority, nothing not yet due, and is refused under limits", async () => {
+test("the newcomer's claim takes nothing while an owner waits at a better priority, nor a run not due or held by another claim, and is refused under limits", async () => {
   const type = "newcomer2";
   const [a, b, c] = await seedUsers("newcomer2-a", "newcomer2-b", "newcomer2-c");
   assert.ok(a && b && c);
   await createTask(db.sql, a, type, 3, { priority: 2 });
-  const small = await createTask(db.sql, b, type, 2);
-  const task = { taskId: Number(small), ownerId: b.userId, priority: 5 };
-  assert.deepEqual(await claimNewcomer(type, task), []);
+  const small = await createdOf(await createTask(db.sql, b, type, 2));
+  assert.deepEqual(await claimNewcomer(type, small), []);
   assert.equal(await passOf(type, b), 0);
-  // With the better priority's runs gone and its row pruned, B is served.
+  // With the better priority's runs gone and its row pruned, B could be served.
   await claimOwned(type, a);
   await db.sql`delete from queue_owners where analysis_type = ${type} and owner_id = ${a.userId}`;
   // A run in backoff is not due.
   const later = await createTask(db.sql, c, type, 1);
   await db.sql`update runs set run_after = now() + interval '1 hour' where task_id = ${later}`;
-  assert.deepEqual(await claimNewcomer(type, { taskId: Number(later), ownerId: c.userId, priority: 5 }), []);
-  assert.equal((await claimNewcomer(type, task)).length, 1);
+  assert.deepEqual(await claimNewcomer(type, await createdOf(later)), []);
+  assert.equal(await passOf(type, c), 0);
+  // B's first run held by another claim (its row locked): nothing, not B's second run.
+  const holder = await db.sql.reserve();
+  try {
+    await holder`begin`;
+    await holder`select 1 from runs where id = ${small.runId} for update`;
+    assert.deepEqual(await claimNewcomer(type, small), []);
+    assert.equal(await passOf(type, b), 0);
+  } finally {
+    await holder`rollback`.catch(() => {});
+    holder.release();
+  }
+  assert.deepEqual(
+    (await claimNewcomer(type, small)).map((r) => r.id),
+    [small.runId],
+  );
   await assert.rejects(
     runClaimNewcomer(
       db.sql,
       { workerId: "w", analysisType: type, limit: 1, globalLimit: 2, leaseTtlMs: 30_000 },
-      task,
+      small,
     ),
     /limit/,
   );
@@ -1668,7 +1702,7 @@ test("the newcomer's claim takes nothing while an owner waits at a better priori
     runClaimNewcomer(
       db.sql,
       { workerId: "w", analysisType: type, limit: 1, globalLimit: 0, userLimit: 1, leaseTtlMs: 30_000 },
-      task,
+      small,
     ),
     /limit/,
   );
@@ -1676,26 +1710,50 @@ test("the newcomer's claim takes nothing while an owner waits at a better priori
 
 test("a newcomer's first run starts while the worker's claim waits (the newcomer's claim goes beside it)", async () => {
   const type = "newcomer3";
-  const [a, c, b] = await seedUsers("newcomer3-a", "newcomer3-c", "newcomer3-b");
-  assert.ok(a && b && c);
-  const aTask = await createTask(db.sql, a, type, 3);
-  const cTask = await createTask(db.sql, c, type, 3);
+  const [d, a, c, b] = await seedUsers("newcomer3-d", "newcomer3-a", "newcomer3-c", "newcomer3-b");
+  assert.ok(d && a && b && c);
   const started: string[] = [];
   const h: Handler = async (run) => {
     started.push(String(run.taskId));
     return { status: "succeeded", result: { metrics: {} } };
   };
-  // A's rotation row held: the worker's fair claim (two owners wait) locks the rows it served and waits.
+  const w = new Worker({
+    sql: db.sql,
+    logger,
+    types: { [type]: { handler: h } },
+    concurrency: 2,
+    leaseTtlMs: 30_000,
+    pollIntervalMs: 100,
+    retryBaseMs: 20,
+    prefetchWindowMs: 200,
+  });
+  await w.start();
+  running = w;
+  // The worker learns that the type's runs are short (a newcomer's claim beside a claim in flight
+  // is made only then: a slot frees soon whatever that claim takes).
+  await waitForTerminal(db.sql, await createTask(db.sql, d, type, 3));
+  // A's and C's runs, not due yet: their rotation rows are there for the test to hold A's.
+  const notDue = async (owner: Principal) =>
+    db.sql.begin(async (tx) => {
+      const id = await createTask(tx as unknown as typeof db.sql, owner, type, 3);
+      await tx`update runs set run_after = now() + interval '1 hour' where task_id = ${id}`;
+      return id;
+    });
+  const aTask = await notDue(a);
+  const cTask = await notDue(c);
+  // A's rotation row held: once A's and C's runs are due, the worker's fair claim (two owners wait)
+  // locks the rows of the owners it served, and waits.
   const holder = await db.sql.reserve();
   try {
     await holder`begin`;
     await holder`select 1 from queue_owners where analysis_type = ${type} and owner_id = ${a.userId} for update`;
-    await startHandler(type, h, 2);
+    await db.sql`update runs set run_after = now() where task_id in (${aTask}, ${cTask})`;
     await claimWaiting("transactionid");
+    const before = started.length;
     const small = await createTask(db.sql, b, type, 1);
     await waitFor(async () => started.includes(small), 10_000, "B's run to start");
     // Nothing else has started: the loop's claim still waits.
-    assert.deepEqual(started, [small]);
+    assert.deepEqual(started.slice(before), [small]);
   } finally {
     // Also when the test fails: the worker's claim must not wait past it (stop() waits for the claim).
     await holder`rollback`.catch(() => {});
@@ -1703,5 +1761,41 @@ test("a newcomer's first run starts while the worker's claim waits (the newcomer
   }
   await waitForTerminal(db.sql, aTask);
   await waitForTerminal(db.sql, cTask);
-  assert.equal(started.length, 7);
+});
+
+test("a newcomer's claim takes no slot the worker has not got: with runs of minutes, a run past its slots stays queued for another worker", async () => {
+  const type = "newcomer4";
+  const [b] = await seedUsers("newcomer4-b");
+  assert.ok(b);
+  const started: number[] = [];
+  const blocking: Handler = async (run, { signal }) => {
+    started.push(run.id);
+    await sleep(120_000, signal);
+    return { status: "succeeded", result: { metrics: {} } };
+  };
+  await startHandler(type, blocking, 2);
+  const task = await createTask(db.sql, b, type, 3);
+  await waitFor(async () => started.length >= 2, 10_000, "two runs to start");
+  // A second worker: the third run is still queued (the first worker holds two, one per slot), so
+  // this one takes it. With a run claimed past the slots, the first worker would hold it in its
+  // buffer, its lease heartbeated, until a run of minutes ended.
+  const second = new Worker({
+    sql: db.sql,
+    logger,
+    types: { [type]: { handler: blocking } },
+    concurrency: 2,
+    leaseTtlMs: 30_000,
+    pollIntervalMs: 100,
+    retryBaseMs: 20,
+  });
+  await second.start();
+  try {
+    await waitFor(async () => started.length >= 3, 10_000, "the third run to start on the second worker");
+    const [held] = await db.sql<{ n: number }[]>`
+      select count(*)::int as n from runs where task_id = ${task} and lease_owner = ${second.id}`;
+    assert.equal(held?.n, 1);
+    assert.deepEqual([...new Set(started)].length, 3);
+  } finally {
+    await second.stop();
+  }
 });

@@ -515,6 +515,8 @@ export async function runClaimTurn(
 /** A task just created, as its creation's notification names it (TASK_CREATED_CHANNEL). */
 export interface CreatedTask {
   taskId: number;
+  /** The task's first run (its lowest id: the first in file order). */
+  runId: number;
   ownerId: number;
   priority: number;
 }
@@ -527,8 +529,9 @@ export interface CreatedTask {
  * flight, so a new user's first run does not wait for a claim of runs of the users already being
  * served; the rest of the task is the rotation's. The owner's pass is advanced by the run it got, as
  * the fair claim would, so an owner creating task after task is served this way only until its pass
- * stands a turn ahead of the others'. It takes the task's first queued run or nothing (the guard
- * says no, that run is not due, or another claim holds it), so the task's runs start in file order. Only without limits (it throws; a limited claim is serialised).
+ * stands a turn ahead of the others'. It takes the task's first run or nothing (the guard says no,
+ * the run is not queued and due, or another claim holds it): so a task's runs start in file order,
+ * and of several workers told of the same task one gets the run and the others nothing. Only without limits (it throws; a limited claim is serialised).
  * Locks: the run (SKIP LOCKED), then the owner's queue_owners row, the order of every statement.
  * Commits asynchronously, like the fair claim without limits.
  */
@@ -545,19 +548,15 @@ export async function runClaimNewcomer(sql: Sql, o: ClaimOptions, task: CreatedT
         and not exists (select 1 from queue_owners b
                         where b.analysis_type = ${o.analysisType} and b.priority < ${task.priority})
     ),
-    -- The task's first queued run, or nothing: when another claim holds it (the worker's own fair
-    -- claim, serving the newcomer already), the second would start before the first.
-    first as materialized (
-      select r.id from runs r
-      where r.status = 'queued' and r.analysis_type = ${o.analysisType} and r.owner_id = ${task.ownerId}
-        and r.priority = ${task.priority} and r.task_id = ${task.taskId}
-        and exists (select 1 from due)
-      order by r.turn, r.id
-      limit 1
-    ),
+    -- The task's first run, by primary key, or nothing: when another claim holds it (a fair claim
+    -- serving the newcomer already, or another worker's newcomer's claim), taking the second instead
+    -- could start it before the first.
     picked as materialized (
       select r.id from runs r
-      where r.id = (select id from first) and r.status = 'queued' and r.run_after <= now()
+      where r.id = ${task.runId} and r.task_id = ${task.taskId} and r.status = 'queued'
+        and r.analysis_type = ${o.analysisType} and r.owner_id = ${task.ownerId}
+        and r.priority = ${task.priority} and r.run_after <= now()
+        and exists (select 1 from due)
       for update of r skip locked
     ),
     claimed as (${claimUpdate(sql, o)}),

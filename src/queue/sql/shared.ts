@@ -9,7 +9,8 @@ export const MAX_BACKOFF_MS = 5 * 60 * 1000;
 /** Wake-up channel: the payload is the analysis type that has work. */
 export const WAKEUP_CHANNEL = "assay_runs";
 /**
- * A task was created: `{"type", "taskId", "ownerId", "priority"}` (ids as numbers), sent just before the
+ * A task was created: `{"type", "taskId", "runId", "ownerId", "priority"}` (ids as numbers; `runId` its
+ * first run), sent just before the
  * wake-up of WAKEUP_CHANNEL, so a worker may claim a newcomer's first run at once (runClaimNewcomer).
  */
 export const TASK_CREATED_CHANNEL = "assay_task_created";
