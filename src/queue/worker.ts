@@ -321,28 +321,43 @@ export class Worker {
     const began = performance.now();
     this.newcomerType = type;
     this.newcomerFlight = runClaimNewcomer(this.o.sql, this.claimOptions(type, 1, 1), task)
-      .then((runs) => {
-        this.observer.claimed(
-          type,
-          (performance.now() - began) / 1000,
-          runs.map((r) => r.waitedSeconds),
-        );
-        if (runs.length === 0) return;
-        this.neededAt.set(type, performance.now());
-        // While stopping, it stays in the buffer: stop() hands the buffer back.
-        this.place(runs);
-        this.drainBuffer();
-      })
-      .catch((err: unknown) =>
-        this.o.logger.warn(
-          { err, workerId: this.id, analysisType: type },
-          "a newcomer's claim failed (its run waits for its turn)",
-        ),
+      .then(
+        (runs) => {
+          this.observer.claimed(
+            type,
+            (performance.now() - began) / 1000,
+            runs.map((r) => r.waitedSeconds),
+          );
+          return runs;
+        },
+        (err: unknown) => {
+          this.o.logger.warn(
+            { err, workerId: this.id, analysisType: type },
+            "a newcomer's claim failed (its run waits for its turn)",
+          );
+          return [];
+        },
       )
-      .finally(() => {
+      .then((runs) => {
+        // Over before its run is placed: a claim cycle from here on counts the run where it is.
         this.newcomerFlight = undefined;
         this.newcomerType = undefined;
+        if (runs.length > 0) {
+          this.neededAt.set(type, performance.now());
+          // While stopping, it stays in the buffer: stop() hands the buffer back.
+          this.place(runs);
+          this.drainBuffer();
+        }
+        // The loop's claim cycle may have left a slot to this claim (runOnce's `base`): with nothing
+        // taken (another worker's, the owner not due, a failure) the rest of the task must not wait
+        // for the next poll.
+        this.wake();
       });
+  }
+
+  /** Until a newcomer's claim of `type` in flight is over (see claim()). */
+  private async newcomerSettled(type: string): Promise<void> {
+    if (this.newcomerFlight && this.newcomerType === type) await this.newcomerFlight;
   }
 
   /**
@@ -358,9 +373,12 @@ export class Worker {
     const windowMs = this.o.prefetchWindowMs ?? 0;
     const mean = this.attemptSeconds.get(type);
     if (mean === undefined || mean * 1000 >= windowMs) return false;
+    // Only while the slots turn over with this type's runs: another type's (perhaps minutes long)
+    // holding them or buffered, the run would wait for those (place() never moves it past them).
     const now = performance.now();
-    for (const a of this.active.values()) if (now - a.began >= windowMs) return false;
-    return true;
+    for (const a of this.active.values())
+      if (a.run.analysisType !== type || now - a.began >= windowMs) return false;
+    return !this.buffer.some((r) => r.analysisType !== type);
   }
 
   /** Wakes the claim loop (a NOTIFY arrived, a slot freed, a retry is due). */
@@ -567,8 +585,13 @@ export class Worker {
     const upkeep = this.tidying.get(o.analysisType);
     if (upkeep) await upkeep;
     // And a newcomer's claim of the type (claimNewcomer): this claim could otherwise take the task's
-    // second run while that one holds its first, and start it first.
-    if (this.newcomerFlight && this.newcomerType === o.analysisType) await this.newcomerFlight;
+    // second run while that one holds its first, and start it first. Again before each statement
+    // after the first (one may have begun during the first's round trip).
+    await this.newcomerSettled(o.analysisType);
+    const fair = async (options: ClaimOptions) => {
+      await this.newcomerSettled(o.analysisType);
+      return runClaim(this.o.sql, options);
+    };
     const limited = o.globalLimit > 0 || (o.userLimit ?? 0) > 0;
     const woken = this.notified.delete(o.analysisType);
     if (limited || woken) return runClaim(this.o.sql, o);
@@ -577,6 +600,7 @@ export class Worker {
     if (this.pruning.has(o.analysisType)) return runClaim(this.o.sql, o);
     const now = performance.now();
     if (now >= (this.soleRecheckAt.get(o.analysisType) ?? 0)) {
+      await this.newcomerSettled(o.analysisType);
       const sole = await runClaimSole(this.o.sql, o);
       if (sole.runs.length > 0) return sole.runs;
       if (sole.owners < 2) {
@@ -592,19 +616,20 @@ export class Worker {
         // An owner waiting beside such rows: this claim is the fair one, which counts the owner's
         // pass (the rows' owners, queueing again, are ordered against it). Alone with nothing due, or
         // nobody waiting: nothing to claim.
-        return sole.owners === 1 && sole.rows > 1 ? runClaim(this.o.sql, o) : [];
+        return sole.owners === 1 && sole.rows > 1 ? fair(o) : [];
       }
       this.soleRecheckAt.set(o.analysisType, now + SOLE_RECHECK_MS);
       // A second owner has just arrived, most likely one (a newcomer whose create's wake-up this
       // claim beat): the next owner's claim would claim nothing with k or fewer owners waiting, a
       // second statement in vain between the newcomer's create and its first run. The fair claim
       // serves it now; the next owner's claim is tried from the next claim on.
-      return runClaim(this.o.sql, o);
+      return fair(o);
     }
     if (
       Math.min(o.limit, o.quantum ?? CLAIM_QUANTUM) === o.limit &&
       now >= (this.turnRecheckAt.get(o.analysisType) ?? 0)
     ) {
+      await this.newcomerSettled(o.analysisType);
       const turn = await runClaimTurn(this.o.sql, o);
       // Also when the owner next in turn was short of due runs: an owner whose runs all back off
       // stays first in turn, and every claim would try it in vain (a review: 20 of 20 claims).
@@ -614,7 +639,7 @@ export class Worker {
       // The owner next in turn had fewer due runs (or none), or k or fewer owners wait (then it
       // claimed none): the fair claim takes the rest, from where the rotation now stands (walking
       // past that owner when it had none).
-      return [...turn.runs, ...(await runClaim(this.o.sql, { ...o, limit: o.limit - turn.runs.length }))];
+      return [...turn.runs, ...(await fair({ ...o, limit: o.limit - turn.runs.length }))];
     }
     return runClaim(this.o.sql, o);
   }

@@ -1799,3 +1799,32 @@ test("a newcomer's claim takes no slot the worker has not got: with runs of minu
     await second.stop();
   }
 });
+
+test("a newcomer's claim that takes nothing wakes the loop, which claims the run without waiting for a poll", async () => {
+  const type = "newcomer5";
+  const [a, b] = await seedUsers("newcomer5-a", "newcomer5-b");
+  assert.ok(a && b);
+  // Rows for both owners, kept by runs not due: A's at pass 0, B's a long way ahead, so the
+  // newcomer's claim for B's next task takes nothing (B is not due a turn by its pass).
+  for (const owner of [a, b])
+    await db.sql.begin(async (tx) => {
+      const id = await createTask(tx as unknown as typeof db.sql, owner, type, 1);
+      await tx`update runs set run_after = now() + interval '1 hour' where task_id = ${id}`;
+    });
+  await db.sql`update queue_owners set pass = 100 where analysis_type = ${type} and owner_id = ${b.userId}`;
+  const w = new Worker({
+    sql: db.sql,
+    logger,
+    types: { [type]: { handler: handler(1) } },
+    concurrency: 1,
+    leaseTtlMs: 30_000,
+    // Far beyond the test's wait: only a wake-up can start B's runs in time.
+    pollIntervalMs: 120_000,
+    retryBaseMs: 20,
+  });
+  await w.start();
+  running = w;
+  const task = await createTask(db.sql, b, type, 2);
+  await waitForTerminal(db.sql, task, 10_000);
+  assert.ok((await passOf(type, b)) >= 100);
+});
