@@ -140,10 +140,18 @@ export const SOLE_RECHECK_MS = 1000;
 export const COMPLETION_BATCH_MIN = 8;
 /**
  * Attempts shorter than this on average (in-process handlers; a program's process takes longer to
- * start) are not prefetched automatically (autoPrefetch): the claim loop is their bottleneck, and
- * claims big enough to hide it held a newcomer's first run back (docs/architecture.md).
+ * start) are prefetched automatically only while no task of their type has been created for
+ * ARRIVAL_QUIET_MS (autoPrefetch): the claim loop is their bottleneck, so claiming ahead lifts a
+ * drain by about half, and keeps both cores busy while doing so — a newcomer's create and claim
+ * beside such a drain waited for a core (docs/architecture.md).
  */
 export const AUTO_PREFETCH_MIN_MS = 1;
+/**
+ * How long after a task of a type was created (its notification, TASK_CREATED_CHANNEL) runs shorter
+ * than AUTO_PREFETCH_MIN_MS are not prefetched: while users arrive, the claims of the free slots
+ * only; while one backlog drains, ahead.
+ */
+export const ARRIVAL_QUIET_MS = 1000;
 /** The automatic prefetch claims at most this many runs per slot ahead (autoPrefetch). */
 export const AUTO_PREFETCH_PER_SLOT = 4;
 /**
@@ -161,16 +169,18 @@ export const OVERTAKE_MIN_MS = 200;
  * runs of ~50 ms a claim then takes three or more runs instead of one, and PostgreSQL's CPU per run
  * fell by more than half (bench/e2e.ts; docs/architecture.md). None before the type has a mean,
  * for runs as long as the window or longer (a buffered run would wait that long for a slot while
- * another worker may be idle), and for runs shorter than AUTO_PREFETCH_MIN_MS.
+ * another worker may be idle), and for runs shorter than AUTO_PREFETCH_MIN_MS while tasks of the type
+ * are arriving (`arriving`; see ARRIVAL_QUIET_MS).
  */
 export function autoPrefetchRuns(
   meanAttemptSeconds: number | undefined,
   windowMs: number,
   concurrency: number,
+  arriving = false,
 ): number {
   if (meanAttemptSeconds === undefined || windowMs <= 0) return 0;
   const meanMs = meanAttemptSeconds * 1000;
-  if (meanMs >= windowMs || meanMs < AUTO_PREFETCH_MIN_MS) return 0;
+  if (meanMs >= windowMs || (meanMs < AUTO_PREFETCH_MIN_MS && arriving)) return 0;
   return Math.min(Math.floor((concurrency * windowMs) / meanMs), AUTO_PREFETCH_PER_SLOT * concurrency);
 }
 /** Delay before retrying a failed completion write (e.g. the database is down). */
@@ -266,11 +276,18 @@ export class Worker {
         onNotify: (type) => {
           if (!this.o.types[type]) return;
           // New work (a task created, a slot of a limited type freed) may be another owner's: the
-          // next claim of the type is the fair one (see claim()).
+          // next claim of the type is the fair one (see claim()). Also an arrival (ARRIVAL_QUIET_MS):
+          // every version of the create statement sends this, not only the created notification
+          // (a slot freed is only ever told of a limited type, which is never prefetched anyway).
           this.notified.add(type);
+          this.createdAt.set(type, performance.now());
           this.wake();
         },
-        onListen: () => this.wake(),
+        // (Re)connected: notifications of the gap are lost, arrivals among them.
+        onListen: () => {
+          for (const type of this.typeNames) this.createdAt.set(type, performance.now());
+          this.wake();
+        },
       },
       // Sent just before the create's wake-up: a newcomer's first run may be claimed at once.
       { channel: TASK_CREATED_CHANNEL, onNotify: (payload) => this.claimNewcomer(payload) },
@@ -299,6 +316,8 @@ export class Worker {
   private newcomerType: string | undefined;
   /** Runs the claim loop's claim in flight asked for (see roomForNewcomer()). */
   private claiming = 0;
+  /** Per type, when a task of it was last created (its notification; see ARRIVAL_QUIET_MS). */
+  private readonly createdAt = new Map<string, number>();
 
   /**
    * A task was created (TASK_CREATED_CHANNEL): when its owner is due a turn anyway (runClaimNewcomer
@@ -311,11 +330,13 @@ export class Worker {
    * the type waits for it (claim()). Must not throw: a failure only costs the newcomer the shortcut.
    */
   private claimNewcomer(payload: string): void {
-    if (this.stopping || this.newcomerFlight) return;
+    if (this.stopping) return;
     const task = parseCreated(payload);
     if (!task) return;
     const type = task.type;
     const options = this.o.types[type];
+    if (options) this.createdAt.set(type, performance.now());
+    if (this.newcomerFlight) return;
     if (!options || (options.globalLimit ?? 0) > 0 || (this.o.userLimit ?? 0) > 0) return;
     if (!this.roomForNewcomer(type)) return;
     const began = performance.now();
@@ -553,7 +574,8 @@ export class Worker {
    * is older than the window (the mean is out of date); and while another type shares the worker's
    * slots (one of its attempts live or buffered, or claimed or kept waiting by the buffer within
    * SOLE_RECHECK_MS): the runs claimed ahead would wait behind its runs, and its runs behind them (the
-   * buffer fills every slot that frees).
+   * buffer fills every slot that frees); and for runs under AUTO_PREFETCH_MIN_MS, within
+   * ARRIVAL_QUIET_MS of a task of the type being created (told by its notifications).
    */
   private autoPrefetch(type: string): number {
     const windowMs = this.o.prefetchWindowMs ?? 0;
@@ -566,7 +588,8 @@ export class Worker {
     }
     if (this.buffer.some((r) => r.analysisType !== type)) return 0;
     for (const [other, at] of this.neededAt) if (other !== type && now - at < SOLE_RECHECK_MS) return 0;
-    return autoPrefetchRuns(this.attemptSeconds.get(type), windowMs, this.o.concurrency);
+    const arriving = now - (this.createdAt.get(type) ?? Number.NEGATIVE_INFINITY) < ARRIVAL_QUIET_MS;
+    return autoPrefetchRuns(this.attemptSeconds.get(type), windowMs, this.o.concurrency, arriving);
   }
 
   /**

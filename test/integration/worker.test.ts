@@ -948,6 +948,54 @@ describe("automatic prefetch (ASSAY_PREFETCH_WINDOW_MS)", () => {
     assert.ok(on.length < off.length, `${on.length} claims with it against ${off.length} without`);
   });
 
+  test("runs under AUTO_PREFETCH_MIN_MS are claimed ahead while one backlog drains, and only for the free slots while tasks of their type arrive", async () => {
+    const type = "t-auto-instant";
+    const instant: Handler = async () => ({ status: "succeeded" });
+    const big = await createTask(db.sql, owner, type, 20_000);
+    const claims: { at: number; size: number }[] = [];
+    const w = new Worker({
+      sql: db.sql,
+      logger,
+      types: { [type]: { handler: instant } },
+      concurrency: 2,
+      leaseTtlMs: 30_000,
+      pollIntervalMs: 200,
+      retryBaseMs: 50,
+      // Small: a stall of the process (GC, a busy machine) that lifts the handler's running mean past
+      // AUTO_PREFETCH_MIN_MS lifts it past the window too, so nothing is prefetched by the rule for
+      // runs from 1 ms up while the check below runs.
+      prefetchWindowMs: 1.5,
+      observer: {
+        ...NO_OBSERVER,
+        claimed: (_type, seconds, waited) => {
+          if (waited.length > 0) claims.push({ at: performance.now() - seconds * 1000, size: waited.length });
+        },
+      },
+    });
+    await w.start();
+    try {
+      // One backlog, no task created since the worker started: ahead of the slots.
+      await waitFor(async () => claims.some((c) => c.size > 2), 10_000, "a claim ahead of the slots");
+      // Tasks arrive, one every 100 ms: from the first one's notification on, the free slots only.
+      // Counted from the second create on, when the first's notification has long been in (one
+      // claim over the slots tolerated: a stall may hold a notification back).
+      const sizes: number[] = [];
+      let from = 0;
+      for (let i = 0; i < 6; i++) {
+        await createTask(db.sql, owner, type, 1);
+        if (i === 1) from = performance.now();
+        await pause(100);
+      }
+      for (const c of claims) if (c.at >= from) sizes.push(c.size);
+      assert.ok(sizes.length > 10, `claims while tasks arrived: ${sizes.length}`);
+      assert.ok(sizes.filter((n) => n > 2).length <= 1, `claims: ${sizes}`);
+      assert.ok((await taskRow(db.sql, big)).succeeded < 20_000, "the backlog still draining");
+    } finally {
+      await taskCancel(db.sql, owner, big);
+      await w.stop();
+    }
+  });
+
   test("none for runs as long as the window or longer, nor for a type with a global limit", async () => {
     const long: Handler = async () => {
       await pause(40);
@@ -1078,16 +1126,19 @@ describe("automatic prefetch (ASSAY_PREFETCH_WINDOW_MS)", () => {
     assert.ok(claims < 150 / 2, `${claims} claims for 150 runs`);
   });
 
-  test("autoPrefetchRuns: a window's worth of runs for the slots, at most AUTO_PREFETCH_PER_SLOT each; none outside [AUTO_PREFETCH_MIN_MS, window)", () => {
+  test("autoPrefetchRuns: a window's worth of runs for the slots, at most AUTO_PREFETCH_PER_SLOT each; none from the window up, nor under AUTO_PREFETCH_MIN_MS while tasks arrive", () => {
     // Two slots, runs of 50 ms, a window of 200 ms: 8 runs (the cap is also 8).
     assert.equal(autoPrefetchRuns(0.05, 200, 2), 8);
     assert.equal(autoPrefetchRuns(0.1, 200, 2), 4);
     assert.equal(autoPrefetchRuns(0.002, 200, 10), AUTO_PREFETCH_PER_SLOT * 10);
+    // Shorter than AUTO_PREFETCH_MIN_MS: the cap, unless tasks of the type are arriving.
+    assert.equal(autoPrefetchRuns(AUTO_PREFETCH_MIN_MS / 1000 / 2, 200, 2), AUTO_PREFETCH_PER_SLOT * 2);
+    assert.equal(autoPrefetchRuns(AUTO_PREFETCH_MIN_MS / 1000 / 2, 200, 2, true), 0);
+    assert.equal(autoPrefetchRuns(0.05, 200, 2, true), 8);
     for (const [mean, window] of [
       [undefined, 200],
       [0.2, 200],
       [0.5, 200],
-      [AUTO_PREFETCH_MIN_MS / 1000 / 2, 200],
       [0.05, 0],
     ] as const)
       assert.equal(autoPrefetchRuns(mean, window, 2), 0, `mean ${mean} s, window ${window} ms`);
