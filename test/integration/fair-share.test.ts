@@ -23,7 +23,7 @@ import {
   TASK_CREATED_CHANNEL,
   walkHead,
 } from "../../src/queue/sql.ts";
-import { type Handler, Worker } from "../../src/queue/worker.ts";
+import { type Handler, Worker, type WorkerOptions } from "../../src/queue/worker.ts";
 import { taskCancel } from "../../src/tasks/cancel.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import { createTask, seedUser, taskRow, waitFor, waitForTerminal } from "../helpers/queue.ts";
@@ -65,7 +65,13 @@ async function startWorker(type: string, ms = 4, concurrency = 2): Promise<Worke
 }
 
 /** A worker of `type` running `h`, stopped after the test. */
-async function startHandler(type: string, h: Handler, concurrency: number, sql = db.sql): Promise<Worker> {
+async function startHandler(
+  type: string,
+  h: Handler,
+  concurrency: number,
+  sql = db.sql,
+  extra: Partial<WorkerOptions> = {},
+): Promise<Worker> {
   const w = new Worker({
     sql,
     logger,
@@ -74,6 +80,7 @@ async function startHandler(type: string, h: Handler, concurrency: number, sql =
     leaseTtlMs: 30_000,
     pollIntervalMs: 100,
     retryBaseMs: 20,
+    ...extra,
   });
   await w.start();
   running = w;
@@ -1591,6 +1598,15 @@ test("a worker whose attempts are short claims the next owner's turn with the sm
   assert.ok(count() > 0, "the next owner's claim was used");
 });
 
+/** A task of `n` runs of `type` for `owner` whose runs are not due for an hour (its owner's row stays). */
+function createNotDue(owner: Principal, type: string, n: number): Promise<string> {
+  return db.sql.begin(async (tx) => {
+    const id = await createTask(tx as unknown as typeof db.sql, owner, type, n);
+    await tx`update runs set run_after = now() + interval '1 hour' where task_id = ${id}`;
+    return id;
+  });
+}
+
 /** runClaimNewcomer for `task` (as its creation's notification names it), without limits. */
 function claimNewcomer(analysisType: string, task: CreatedTask) {
   return runClaimNewcomer(
@@ -1717,30 +1733,13 @@ test("a newcomer's first run starts while the worker's claim waits (the newcomer
     started.push(String(run.taskId));
     return { status: "succeeded", result: { metrics: {} } };
   };
-  const w = new Worker({
-    sql: db.sql,
-    logger,
-    types: { [type]: { handler: h } },
-    concurrency: 2,
-    leaseTtlMs: 30_000,
-    pollIntervalMs: 100,
-    retryBaseMs: 20,
-    prefetchWindowMs: 200,
-  });
-  await w.start();
-  running = w;
+  await startHandler(type, h, 2, db.sql, { prefetchWindowMs: 200 });
   // The worker learns that the type's runs are short (a newcomer's claim beside a claim in flight
   // is made only then: a slot frees soon whatever that claim takes).
   await waitForTerminal(db.sql, await createTask(db.sql, d, type, 3));
   // A's and C's runs, not due yet: their rotation rows are there for the test to hold A's.
-  const notDue = async (owner: Principal) =>
-    db.sql.begin(async (tx) => {
-      const id = await createTask(tx as unknown as typeof db.sql, owner, type, 3);
-      await tx`update runs set run_after = now() + interval '1 hour' where task_id = ${id}`;
-      return id;
-    });
-  const aTask = await notDue(a);
-  const cTask = await notDue(c);
+  const aTask = await createNotDue(a, type, 3);
+  const cTask = await createNotDue(c, type, 3);
   // A's rotation row held: once A's and C's runs are due, the worker's fair claim (two owners wait)
   // locks the rows of the owners it served, and waits.
   const holder = await db.sql.reserve();
@@ -1806,24 +1805,10 @@ test("a newcomer's claim that takes nothing wakes the loop, which claims the run
   assert.ok(a && b);
   // Rows for both owners, kept by runs not due: A's at pass 0, B's a long way ahead, so the
   // newcomer's claim for B's next task takes nothing (B is not due a turn by its pass).
-  for (const owner of [a, b])
-    await db.sql.begin(async (tx) => {
-      const id = await createTask(tx as unknown as typeof db.sql, owner, type, 1);
-      await tx`update runs set run_after = now() + interval '1 hour' where task_id = ${id}`;
-    });
+  for (const owner of [a, b]) await createNotDue(owner, type, 1);
   await db.sql`update queue_owners set pass = 100 where analysis_type = ${type} and owner_id = ${b.userId}`;
-  const w = new Worker({
-    sql: db.sql,
-    logger,
-    types: { [type]: { handler: handler(1) } },
-    concurrency: 1,
-    leaseTtlMs: 30_000,
-    // Far beyond the test's wait: only a wake-up can start B's runs in time.
-    pollIntervalMs: 120_000,
-    retryBaseMs: 20,
-  });
-  await w.start();
-  running = w;
+  // A poll far beyond the test's wait: only a wake-up can start B's runs in time.
+  await startHandler(type, handler(1), 1, db.sql, { pollIntervalMs: 120_000 });
   const task = await createTask(db.sql, b, type, 2);
   await waitForTerminal(db.sql, task, 10_000);
   assert.ok((await passOf(type, b)) >= 100);
