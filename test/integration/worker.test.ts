@@ -961,10 +961,11 @@ describe("automatic prefetch (ASSAY_PREFETCH_WINDOW_MS)", () => {
       leaseTtlMs: 30_000,
       pollIntervalMs: 200,
       retryBaseMs: 50,
-      // Small: a stall of the process (GC, a busy machine) that lifts the handler's running mean past
-      // AUTO_PREFETCH_MIN_MS lifts it past the window too, so nothing is prefetched by the rule for
-      // runs from 1 ms up while the check below runs.
-      prefetchWindowMs: 1.5,
+      // The window at AUTO_PREFETCH_MIN_MS: a stall of the process (GC, a busy machine) that lifts the
+      // handler's running mean to 1 ms or more (on the way up or back down) puts it at the window, so
+      // the rule for runs from 1 ms up prefetches nothing while the check below runs (a review: with
+      // 1.5 a mean between the two claimed ahead whatever arrived).
+      prefetchWindowMs: AUTO_PREFETCH_MIN_MS,
       observer: {
         ...NO_OBSERVER,
         claimed: (_type, seconds, waited) => {
