@@ -1302,8 +1302,11 @@ test("after a sole owner's claim finds a newcomer waiting, the worker's next sta
   await waitFor(async () => (await taskRow(db.sql, big)).succeeded >= 40);
   // B's runs come due 300 ms after its create: the claim its create's wake-up makes finds none due,
   // and the sole owner's claims after it find B waiting (its runs back off) without a wake-up.
-  // From before the create: the worker may claim before this test sees the commit.
-  const from = kinds.length;
+  // From before the create: the worker may claim before this test sees the commit. And from the
+  // statement before that, which may still be on its way: sent before the create, it can run after
+  // the create's commit and find B (the pair then straddled the mark, and the window held only its
+  // second half: "fair fair turn fair …", under two test files' load).
+  const from = Math.max(0, kinds.length - 1);
   small = await db.sql.begin(async (tx) => {
     const id = await createTask(tx as unknown as typeof db.sql, b, type, 2);
     await tx`update runs set run_after = now() + interval '300 milliseconds' where task_id = ${id}`;

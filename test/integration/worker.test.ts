@@ -1066,7 +1066,10 @@ describe("automatic prefetch (ASSAY_PREFETCH_WINDOW_MS)", () => {
     // The newcomer is at the back of the rotation: the wake-up's claim takes a turn of the big
     // task's (behind the buffer) and then the newcomer's run (ahead of it), while the slot is held.
     const small = await createTask(db.sql, userB, type, 1);
-    await waitFor(async () => (await live(small)) === 1, 20_000);
+    // In the worker's buffer, not only claimed in the database: a claim's reply may reach the worker
+    // after its commit shows (a busy machine), and A's runs would start meanwhile.
+    const buffered = () => (w as unknown as { buffer: { taskId: number }[] }).buffer;
+    await waitFor(async () => buffered().some((r) => String(r.taskId) === small), 20_000);
     h.release();
     await waitForTerminal(db.sql, small, 20_000);
     await waitForTerminal(db.sql, big, 30_000);
