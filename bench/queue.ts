@@ -81,7 +81,9 @@ try {
     const d = await drainTask(sql, taskId, N, C, prefetch);
     report(workload, N, C, d.seconds, d.latencies, d.ok, {
       prefetch,
-      note: "latencies: claim → completion per run",
+      // The automatic prefetch is on in both (as in `assay worker`); `prefetch` is ASSAY_PREFETCH.
+      prefetchWindowMs,
+      note: "latencies: claim → completion per run (finished_at: when the attempt ended)",
     });
   }
   // drain:fair — the same N runs spread over 100 users' tasks (fair share serves them in turn), against

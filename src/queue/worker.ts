@@ -147,7 +147,7 @@ export const COMPLETION_BATCH_MIN = 8;
  */
 export const AUTO_PREFETCH_MIN_MS = 1;
 /**
- * How long after a task of a type was created (its notification, TASK_CREATED_CHANNEL) runs shorter
+ * How long after a task of a type was created (its create's wake-up, WAKEUP_CHANNEL) runs shorter
  * than AUTO_PREFETCH_MIN_MS are not prefetched: while users arrive, the claims of the free slots
  * only; while one backlog drains, ahead.
  */
@@ -329,50 +329,59 @@ export class Worker {
    * the type waits for it (claim()). Must not throw: a failure only costs the newcomer the shortcut.
    */
   private claimNewcomer(payload: string): void {
-    if (this.stopping) return;
+    if (this.stopping || this.newcomerFlight) return;
     const task = parseCreated(payload);
     if (!task) return;
     const type = task.type;
-    const options = this.o.types[type];
-    if (options) this.createdAt.set(type, performance.now());
-    if (this.newcomerFlight) return;
-    if (!options || (options.globalLimit ?? 0) > 0 || (this.o.userLimit ?? 0) > 0) return;
-    if (!this.roomForNewcomer(type)) return;
-    const began = performance.now();
+    if (!this.o.types[type] || this.limited(type) || !this.roomForNewcomer(type)) return;
     this.newcomerType = type;
-    this.newcomerFlight = runClaimNewcomer(this.o.sql, this.claimOptions(type, 1, 1), task)
-      .then(
-        (runs) => {
-          this.observer.claimed(
-            type,
-            (performance.now() - began) / 1000,
-            runs.map((r) => r.waitedSeconds),
-          );
-          return runs;
-        },
-        (err: unknown) => {
-          this.o.logger.warn(
-            { err, workerId: this.id, analysisType: type },
-            "a newcomer's claim failed (its run waits for its turn)",
-          );
-          return [];
-        },
-      )
-      .then((runs) => {
-        // Over before its run is placed: a claim cycle from here on counts the run where it is.
-        this.newcomerFlight = undefined;
-        this.newcomerType = undefined;
-        if (runs.length > 0) {
-          this.neededAt.set(type, performance.now());
-          // While stopping, it stays in the buffer: stop() hands the buffer back.
-          this.place(runs);
-          this.drainBuffer();
-        }
-        // The loop's claim cycle may have left a slot to this claim (runOnce's `base`): with nothing
-        // taken (another worker's, the owner not due, a failure) the rest of the task must not wait
-        // for the next poll.
-        this.wake();
-      });
+    this.newcomerFlight = (async () => {
+      const began = performance.now();
+      let runs: ClaimedRun[] = [];
+      try {
+        runs = await runClaimNewcomer(this.o.sql, this.claimOptions(type, 1, 1), task);
+        this.observer.claimed(
+          type,
+          (performance.now() - began) / 1000,
+          runs.map((r) => r.waitedSeconds),
+        );
+      } catch (err) {
+        this.o.logger.warn(
+          { err, workerId: this.id, analysisType: type },
+          "a newcomer's claim failed (its run waits for its turn)",
+        );
+      }
+      // Over before its run is placed: a claim cycle from here on counts the run where it is.
+      this.newcomerFlight = undefined;
+      this.newcomerType = undefined;
+      if (runs.length > 0) {
+        this.neededAt.set(type, performance.now());
+        // While stopping, it stays in the buffer: stop() hands the buffer back.
+        this.place(runs);
+        this.drainBuffer();
+      }
+      // The loop's claim cycle may have left a slot to this claim (runOnce's `base`): with nothing
+      // taken (another worker's, the owner not due, a failure) the rest of the task must not wait
+      // for the next poll.
+      this.wake();
+    })();
+  }
+
+  /** Under a global limit for `type` or the per-user limit: claims are serialised, nothing claimed ahead. */
+  private limited(type: string): boolean {
+    return (this.o.types[type]?.globalLimit ?? 0) > 0 || (this.o.userLimit ?? 0) > 0;
+  }
+
+  /**
+   * Whether the worker's slots turn over with `type`'s runs alone: every live attempt is of it and
+   * younger than `windowMs`, and nothing of another type is buffered (which would hold the slots
+   * that free, perhaps for minutes; place() never moves a run past it).
+   */
+  private slotsTurnOverWith(type: string, windowMs: number): boolean {
+    const now = performance.now();
+    for (const a of this.active.values())
+      if (a.run.analysisType !== type || now - a.began >= windowMs) return false;
+    return !this.buffer.some((r) => r.analysisType !== type);
   }
 
   /** Until a newcomer's claim of `type` in flight is over (see claim()). */
@@ -393,12 +402,7 @@ export class Worker {
     const windowMs = this.o.prefetchWindowMs ?? 0;
     const mean = this.attemptSeconds.get(type);
     if (mean === undefined || mean * 1000 >= windowMs) return false;
-    // Only while the slots turn over with this type's runs: another type's (perhaps minutes long)
-    // holding them or buffered, the run would wait for those (place() never moves it past them).
-    const now = performance.now();
-    for (const a of this.active.values())
-      if (a.run.analysisType !== type || now - a.began >= windowMs) return false;
-    return !this.buffer.some((r) => r.analysisType !== type);
+    return this.slotsTurnOverWith(type, windowMs);
   }
 
   /** Wakes the claim loop (a NOTIFY arrived, a slot freed, a retry is due). */
@@ -574,18 +578,12 @@ export class Worker {
    * slots (one of its attempts live or buffered, or claimed or kept waiting by the buffer within
    * SOLE_RECHECK_MS): the runs claimed ahead would wait behind its runs, and its runs behind them (the
    * buffer fills every slot that frees); and for runs under AUTO_PREFETCH_MIN_MS, within
-   * ARRIVAL_QUIET_MS of a task of the type being created (told by its notifications).
+   * ARRIVAL_QUIET_MS of a task of the type being created (told by its wake-up).
    */
   private autoPrefetch(type: string): number {
     const windowMs = this.o.prefetchWindowMs ?? 0;
-    if (windowMs <= 0) return 0;
-    if ((this.o.types[type]?.globalLimit ?? 0) > 0 || (this.o.userLimit ?? 0) > 0) return 0;
+    if (windowMs <= 0 || this.limited(type) || !this.slotsTurnOverWith(type, windowMs)) return 0;
     const now = performance.now();
-    for (const a of this.active.values()) {
-      if (a.run.analysisType !== type) return 0;
-      if (now - a.began >= windowMs) return 0;
-    }
-    if (this.buffer.some((r) => r.analysisType !== type)) return 0;
     for (const [other, at] of this.neededAt) if (other !== type && now - at < SOLE_RECHECK_MS) return 0;
     const arriving = now - (this.createdAt.get(type) ?? Number.NEGATIVE_INFINITY) < ARRIVAL_QUIET_MS;
     return autoPrefetchRuns(this.attemptSeconds.get(type), windowMs, this.o.concurrency, arriving);
@@ -885,8 +883,7 @@ export class Worker {
       this.stopping ||
       this.outcomes.length >= Math.max(this.o.concurrency, COMPLETION_BATCH_MIN) ||
       (this.active.size === 0 && this.buffer.length === 0) ||
-      (this.o.types[run.analysisType]?.globalLimit ?? 0) > 0 ||
-      (this.o.userLimit ?? 0) > 0
+      this.limited(run.analysisType)
     ) {
       this.flushNow();
       return;
@@ -1127,12 +1124,13 @@ export class Worker {
     }
   }
 
-  /** Takes a run out of the buffer (lost or cancelled while it waited). */
-  private unbuffer(id: number): void {
+  /** Takes a run out of the buffer (lost or cancelled while it waited); returns it, if it was there. */
+  private unbuffer(id: number): ClaimedRun | undefined {
     const i = this.buffer.findIndex((r) => r.id === id);
-    if (i === -1) return;
-    this.buffer.splice(i, 1);
+    if (i === -1) return undefined;
+    const [run] = this.buffer.splice(i, 1);
     this.bufferedAt.delete(id);
+    return run;
   }
 
   private applyStatuses(alive: Map<number, string>, asked: number[]): void {
@@ -1140,15 +1138,13 @@ export class Worker {
       const status = alive.get(id);
       const attempt = this.active.get(id);
       if (status === undefined) {
-        const lost = attempt?.run ?? this.buffer.find((r) => r.id === id);
+        const lost = attempt?.run ?? this.unbuffer(id);
         if (lost) this.observer.leaseLost(lost.analysisType, "heartbeat");
         attempt?.controller.abort("lost");
-        this.unbuffer(id);
       } else if (status === "cancelling") {
         attempt?.controller.abort("cancel");
-        const buffered = this.buffer.find((r) => r.id === id);
+        const buffered = this.unbuffer(id);
         if (buffered) {
-          this.unbuffer(id);
           this.queueOutcome(buffered, null, {
             id,
             token: buffered.leaseToken,

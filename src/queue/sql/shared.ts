@@ -10,8 +10,8 @@ export const MAX_BACKOFF_MS = 5 * 60 * 1000;
 export const WAKEUP_CHANNEL = "assay_runs";
 /**
  * A task was created: `{"type", "taskId", "runId", "ownerId", "priority"}` (ids as numbers; `runId` its
- * first run), sent just before the
- * wake-up of WAKEUP_CHANNEL, so a worker may claim a newcomer's first run at once (runClaimNewcomer).
+ * first run), sent just before the wake-up of WAKEUP_CHANNEL, so a worker may claim a newcomer's first
+ * run at once (runClaimNewcomer).
  */
 export const TASK_CREATED_CHANNEL = "assay_task_created";
 /** Cancel channel: the payload is a task id whose live runs were just marked cancelling. */
