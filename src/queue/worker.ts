@@ -532,7 +532,10 @@ export class Worker {
   }
 
   /**
-   * Buffers claimed runs. Runs of a task with nothing buffered (a newcomer's, most likely) go ahead of
+   * Buffers claimed runs. Runs of a task with nothing buffered or running here (a newcomer's, most
+   * likely; a task whose runs are running is not one, though its buffered runs have all started — a
+   * newcomer's run placed alone by its own claim would otherwise be overtaken by that task's next
+   * claim) go ahead of
    * the buffered runs of their type at the buffer's end that have waited less than the prefetch
    * window (at least OVERTAKE_MIN_MS); the rest queue behind. So a prefetch does not make a new task
    * wait for the runs claimed before it, a task's runs never overtake each other (the loop's claims
@@ -544,8 +547,9 @@ export class Worker {
     if (runs.length === 0) return;
     const now = performance.now();
     for (const r of runs) this.bufferedAt.set(r.id, now);
-    const buffered = new Set(this.buffer.map((r) => r.taskId));
-    const ahead = runs.filter((r) => !buffered.has(r.taskId));
+    const here = new Set(this.buffer.map((r) => r.taskId));
+    for (const a of this.active.values()) here.add(a.run.taskId);
+    const ahead = runs.filter((r) => !here.has(r.taskId));
     if (ahead.length === 0) {
       this.buffer.push(...runs);
       return;
@@ -562,7 +566,7 @@ export class Worker {
       ...this.buffer.slice(0, at),
       ...ahead,
       ...this.buffer.slice(at),
-      ...runs.filter((r) => buffered.has(r.taskId)),
+      ...runs.filter((r) => here.has(r.taskId)),
     ];
   }
 
