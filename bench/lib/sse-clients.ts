@@ -10,11 +10,20 @@ const url = new URL(urlArg as string);
 const count = Number(countArg);
 const now = () => performance.timeOrigin + performance.now();
 const received: Record<string, number[]> = {};
+const READY_TIMEOUT_MS = 60_000;
 const sockets: net.Socket[] = [];
 const request =
   `GET ${url.pathname} HTTP/1.1\r\nHost: ${url.host}\r\nAuthorization: Bearer ${token}\r\n` +
   "Accept: text/event-stream\r\nConnection: keep-alive\r\n\r\n";
 
+/** Streams whose response headers have arrived (for the message when they do not all arrive). */
+let open = 0;
+// A stream that never gets its headers must not leave bench/sse.ts waiting for "ready" forever: after
+// this long the process says how many it has and exits (bench/sse.ts then fails with that).
+const readyTimer = setTimeout(() => {
+  process.stderr.write(`sse-clients: ${open} of ${count} streams open after ${READY_TIMEOUT_MS} ms\n`);
+  process.exit(1);
+}, READY_TIMEOUT_MS);
 await Promise.all(
   Array.from(
     { length: count },
@@ -26,6 +35,11 @@ await Promise.all(
         let headers = true;
         let buffer = "";
         socket.on("error", reject);
+        // Closed by the server before its headers (a clean close is no "error"): fail, do not wait.
+        socket.on("close", () => {
+          if (headers)
+            reject(new Error(`stream closed before its headers: ${JSON.stringify(buffer.slice(0, 80))}`));
+        });
         socket.on("data", (chunk: string) => {
           const at = now();
           buffer += chunk;
@@ -35,6 +49,7 @@ await Promise.all(
             if (!buffer.startsWith("HTTP/1.1 200")) return reject(new Error(buffer.slice(0, 80)));
             buffer = buffer.slice(end + 4);
             headers = false;
+            open++;
             resolve();
           }
           // Chunked encoding wraps the frames; only the `id:` lines matter here.
@@ -52,6 +67,7 @@ await Promise.all(
       }),
   ),
 );
+clearTimeout(readyTimer);
 process.stdout.write("ready\n");
 process.once("SIGTERM", () => {
   for (const s of sockets) s.destroy();
