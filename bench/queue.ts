@@ -18,9 +18,11 @@ import { createNoopTask, drainTask, drainTasks, seedOwnerAndFiles, seedUsersAndF
 const N = Number(process.env.BENCH_N ?? 10_000);
 const C = 10;
 /**
- * ASSAY_PREFETCH as docs/configuration.md gives it for in-process handlers under a millisecond: the
- * drain's claims are serial (a claim of k runs takes ~0.5 ms + ~20 µs per run in PostgreSQL, and the
- * worker starts them in a fraction of that), so runs/s grow with k; 1,000 keeps claims of ~500.
+ * The fixed prefetch of `drain:prefetch` (the Worker's `prefetch`; ASSAY_PREFETCH for `assay worker`),
+ * the setting's maximum: the queue's ceiling with in-process handlers under a millisecond, not a
+ * setting for analysis programs. The drain's claims are serial (a claim of k runs takes ~0.5 ms + ~20
+ * µs per run in PostgreSQL, and the worker starts them in a fraction of that), so runs/s grow with k;
+ * 1,000 keeps claims of ~500 (docs/architecture.md, Capacity).
  */
 const DOCUMENTED_PREFETCH = 1000;
 const LATENCY_TASKS = Number(process.env.BENCH_LATENCY_N ?? 200);
@@ -78,9 +80,8 @@ try {
   report("create", N, 1, createSeconds, [createSeconds * 1000], true);
 
   // drain: one worker, concurrency C, no-op handler, until the task is terminal; then the same with
-  // the fixed prefetch docs/configuration.md gives for in-process handlers under a millisecond
-  // (ASSAY_PREFETCH, DOCUMENTED_PREFETCH), and with 50 (DESIGN §4's figure, the workload's setting
-  // before 2026-12-05).
+  // a fixed prefetch of DOCUMENTED_PREFETCH (the queue's ceiling), and with 50 (DESIGN §4's figure,
+  // the workload's setting before 2026-12-05).
   for (const [workload, prefetch] of [
     ["drain", 0],
     ["drain:prefetch", DOCUMENTED_PREFETCH],

@@ -130,7 +130,18 @@ try {
   }
   await new Promise((r) => setTimeout(r, 1000));
   for (const c of clients) c.child.kill("SIGTERM");
+  // A client process prints its results and exits on SIGTERM; one that has not within 10 s is killed,
+  // and the benchmark fails saying so.
+  const stuck = setTimeout(() => {
+    for (const c of clients)
+      if (c.child.exitCode === null && c.child.signalCode === null) {
+        process.stderr.write("an SSE client process did not exit within 10 s of SIGTERM; killed\n");
+        process.exitCode = 1;
+        c.child.kill("SIGKILL");
+      }
+  }, 10_000);
   await Promise.all(clients.map((c) => c.results));
+  clearTimeout(stuck);
   const rssKb = Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${api.pid}/status`, "utf8"))?.[1] ?? 0);
   const latencies: number[] = [];
   let delivered = 0;
@@ -151,8 +162,13 @@ try {
 } finally {
   for (const c of clientProcesses) c.kill("SIGKILL");
   api.kill("SIGTERM");
-  // Its shutdown is bounded (docs/operations.md); past that, it is killed rather than waited for.
-  const kill = setTimeout(() => api.kill("SIGKILL"), 30_000);
+  // The API bounds its own shutdown (its grace period and 15 s more: src/cli/serve.ts); one still
+  // running after 60 s is killed, and the benchmark fails saying so.
+  const kill = setTimeout(() => {
+    process.stderr.write("the API did not exit within 60 s of SIGTERM; killed\n");
+    process.exitCode = 1;
+    api.kill("SIGKILL");
+  }, 60_000);
   await apiClosed;
   clearTimeout(kill);
   await close();

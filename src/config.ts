@@ -192,7 +192,7 @@ const FIELDS = {
     env: "ASSAY_PREFETCH",
     schema: Type.Integer({ minimum: 0, maximum: 1000, default: 0 }),
     description:
-      "Runs a worker claims ahead of its free slots, however long the runs take (0: only free slots, plus one for each slot whose program has reported its result and is exiting, and what ASSAY_PREFETCH_WINDOW_MS adds while runs are short). Only for very short handlers: prefetched runs hold leases while they wait. For in-process handlers under a millisecond, 1000: a drain's claims are then of ~500 runs, and one worker drains 24,000–28,000 runs/s on two cores, against ~15,000 at 50 (bench/queue.ts).",
+      "Runs a worker claims ahead of its free slots, however long the runs take (0: only free slots, plus one for each slot whose program has reported its result and is exiting, and what ASSAY_PREFETCH_WINDOW_MS adds while runs are short). Only for very short handlers: prefetched runs hold leases while they wait, out of other workers' reach. Analysis programs need none (ASSAY_PREFETCH_WINDOW_MS claims ahead while runs are short); the queue's ceiling, measured with in-process no-op handlers at 1000, is in docs/architecture.md (Capacity).",
   },
   prefetchWindowMs: {
     env: "ASSAY_PREFETCH_WINDOW_MS",

@@ -21,8 +21,9 @@ let open = 0;
 // A stream that never gets its headers must not leave bench/sse.ts waiting for "ready" forever: after
 // this long the process says how many it has and exits (bench/sse.ts then fails with that).
 const readyTimer = setTimeout(() => {
-  process.stderr.write(`sse-clients: ${open} of ${count} streams open after ${READY_TIMEOUT_MS} ms\n`);
-  process.exit(1);
+  process.stderr.write(`sse-clients: ${open} of ${count} streams open after ${READY_TIMEOUT_MS} ms\n`, () =>
+    process.exit(1),
+  );
 }, READY_TIMEOUT_MS);
 await Promise.all(
   Array.from(

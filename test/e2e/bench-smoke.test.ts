@@ -30,8 +30,9 @@ const BENCHES: [string, Record<string, string> | null][] = [
   ["big-task.ts", { BENCH_BIG_N: "300" }],
   ["api.ts", { BENCH_API_RUNS: "6", BENCH_API_SECONDS: "1" }],
   // It hung once here under the full suite's load (2026-12-04, a fresh-clone CI run), before printing
-  // anything; every wait it has is now bounded (its client processes give up on streams without
-  // headers after 60 s, or on one the server closes), so a repeat fails with its cause.
+  // anything; its waits now end (its client processes give up on streams without headers after
+  // 60 s or closed by the server; processes that outlive SIGTERM are killed and fail it), so a
+  // repeat fails with its cause.
   ["sse.ts", { BENCH_SSE_N: "50", BENCH_SSE_SECONDS: "1" }],
   ["submit.ts", { BENCH_SUBMIT_N: "10", BENCH_SUBMIT_KB: "1", BENCH_STATUS_RUNS: "2" }],
   ["startup.ts", { BENCH_STARTUP_N: "1" }],
