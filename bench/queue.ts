@@ -12,7 +12,7 @@ import { createLogger } from "../src/log.ts";
 import { Worker } from "../src/queue/worker.ts";
 import { taskCancel } from "../src/tasks/cancel.ts";
 import { taskCreate } from "../src/tasks/create.ts";
-import { benchDatabase, percentile, report } from "./lib/db.ts";
+import { benchDatabase, checkpoint, percentile, report } from "./lib/db.ts";
 import { createNoopTask, drainTask, drainTasks, seedOwnerAndFiles, seedUsersAndFiles } from "./lib/drain.ts";
 
 const N = Number(process.env.BENCH_N ?? 10_000);
@@ -186,6 +186,7 @@ try {
       completionDelayMs,
     });
     const big = await createNoopTask(sql, a.owner, a.fileIds);
+    await checkpoint(sql);
     await w.start();
     // (A quarter of A's task at most: at small BENCH_FAIR_BIG sizes the drain ends sooner.)
     await waitForRunsDone(sql, big, Math.min(aMs > 0 ? 200 : 1000, Math.floor(FAIR_BIG / 4)));
@@ -259,6 +260,8 @@ try {
   t0 = performance.now();
   await utils.addJobs(Array.from({ length: N }, () => ({ identifier: "inc", payload: {} })));
   report("graphile:create", N, 1, (performance.now() - t0) / 1000, [performance.now() - t0], true);
+  // As before each of Assay's drains (drainTasks).
+  await checkpoint(sql);
   let onJob: (() => void) | undefined;
   const runner = await graphileRunner(() => onJob?.());
   t0 = performance.now();
@@ -274,6 +277,7 @@ try {
   // one at a time, alternating between the systems (ABBA), so both are measured under the same
   // conditions — sequential phases had put graphile-worker's after more autovacuum work had settled.
   await sql`vacuum analyze`;
+  await checkpoint(sql);
   let handlerStarted: (() => void) | undefined;
   const worker = new Worker({
     sql,

@@ -3,6 +3,7 @@
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import type { Sql } from "../../src/db/client.ts";
 import { startEmbeddedPostgres } from "../../src/db/embedded.ts";
 import { runMigrations } from "../../src/db/migrate.ts";
 
@@ -71,6 +72,28 @@ export async function benchDatabase(): Promise<BenchDatabase> {
       fs.rmSync(dir, { recursive: true, force: true });
     },
   };
+}
+
+let checkpointRefused = false;
+
+/**
+ * A CHECKPOINT, before a measurement: the WAL written so far becomes segments to recycle. A fresh
+ * cluster has none, so each 16 MB of WAL a measured workload writes makes one commit create a segment
+ * (zero-filled and fsynced: `IO:WalInitSync`, ~10–20 ms here) while the commits behind it wait on
+ * it and on the NOTIFY lock it holds — a stall a server that has run a while, recycling its segments
+ * at each checkpoint, does not have (docs/architecture.md, Capacity). A database where the benchmark's
+ * role may not checkpoint (DATABASE_URL; it needs superuser or pg_checkpoint) is measured as it is,
+ * said once on stderr.
+ */
+export async function checkpoint(sql: Sql): Promise<void> {
+  if (checkpointRefused) return;
+  try {
+    await sql`checkpoint`;
+  } catch (err) {
+    if ((err as { code?: string }).code !== "42501") throw err;
+    checkpointRefused = true;
+    process.stderr.write("bench: CHECKPOINT refused (not superuser or pg_checkpoint); measuring without\n");
+  }
 }
 
 export function percentile(sorted: number[], p: number): number {
