@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import type { Principal } from "../../src/auth/tokens.ts";
 import { createLogger } from "../../src/log.ts";
-import { NO_OBSERVER } from "../../src/queue/observer.ts";
+import { NO_OBSERVER, type QueueObserver } from "../../src/queue/observer.ts";
 import { Reaper } from "../../src/queue/reaper.ts";
 import { runCancelQueued, runClaim, runComplete, runProgress } from "../../src/queue/sql.ts";
 import {
@@ -674,6 +674,145 @@ test("a run claimed ahead waits for its slot with a live lease, is cancelled wit
     const r = await queuedRun(taskId);
     assert.deepEqual({ status: r.status, attempt: r.attempt }, { status: "queued", attempt: 0 });
   }
+});
+
+describe("a type whose queue emptied (drained)", () => {
+  /** Each claim's type and the runs it took, empty ones included. */
+  function claimLog(): { claims: { type: string; runs: number }[]; observer: QueueObserver } {
+    const claims: { type: string; runs: number }[] = [];
+    return {
+      claims,
+      observer: {
+        ...NO_OBSERVER,
+        claimed: (type, _seconds, waited) => void claims.push({ type, runs: waited.length }),
+      },
+    };
+  }
+
+  test("a slot freed after the queue emptied claims nothing; a wake-up claims again", async () => {
+    const taskId = await createTask(db.sql, owner, "d-end", 8);
+    const gates = new Map<number, () => void>();
+    const log = claimLog();
+    const w = worker(
+      {
+        "d-end": (run) => new Promise((resolve) => gates.set(run.id, () => resolve({ status: "succeeded" }))),
+      },
+      // No poll within the test, no claiming ahead, outcomes recorded at once: a claim is a slot's.
+      {
+        concurrency: 4,
+        pollIntervalMs: 60_000,
+        prefetchWindowMs: 0,
+        completionDelayMs: 0,
+        observer: log.observer,
+      },
+    );
+    await w.start();
+    try {
+      // Ends runs one at a time, each after the last has freed its slot and the loop has claimed.
+      const released = new Set<number>();
+      for (let ended = 0; ended < 8; ended++) {
+        await waitFor(async () => [...gates.keys()].find((id) => !released.has(id)), 10_000, "a run to end");
+        const id = [...gates.keys()].find((k) => !released.has(k)) as number;
+        released.add(id);
+        const claimsBefore = log.claims.length;
+        gates.get(id)?.();
+        // The slot's claim (if any) is made within the loop's next cycle: wait for it or for the
+        // run's ending to be recorded, whichever the rule allows.
+        await waitFor(
+          async () =>
+            log.claims.length > claimsBefore ||
+            (await db.sql`select 1 from runs where id = ${id} and status = 'succeeded'`).length > 0,
+          10_000,
+          "the slot's claim or the run's ending",
+        );
+      }
+      assert.equal((await waitForTerminal(db.sql, taskId, 10_000)).succeeded, 8);
+      // Four runs claimed at start, one per slot freed by runs 1–4, then one claim that found the
+      // queue empty (freed by run 5); the slots freed by runs 6–8 claimed nothing. Each of them used to.
+      const mine = log.claims.filter((c) => c.type === "d-end");
+      assert.deepEqual(
+        mine.map((c) => c.runs),
+        [4, 1, 1, 1, 1, 0],
+        "claims (runs each) of the drained type",
+      );
+      // A task created now wakes the worker (its NOTIFY): claimed at once, though the poll is a minute away.
+      const next = await createTask(db.sql, owner, "d-end", 2);
+      for (;;) {
+        for (const [id, open] of gates) {
+          if (released.has(id)) continue;
+          released.add(id);
+          open();
+        }
+        if ((await taskRow(db.sql, next)).succeeded === 2) break;
+        await new Promise((r) => setTimeout(r, 10));
+      }
+    } finally {
+      for (const open of gates.values()) open();
+      await w.stop();
+    }
+  });
+
+  test("work that comes without a wake-up is found by the poll, also while another type's runs keep waking the loop", async () => {
+    // d-quiet's one run is claimed elsewhere, so the worker finds its queue empty (drained); the
+    // claim's lease then expires and the reaper puts the run back, which sends no wake-up.
+    const quietTask = await createTask(db.sql, owner, "d-quiet", 1, { maxAttempts: 3 });
+    const [elsewhere] = await runClaim(db.sql, {
+      workerId: "elsewhere",
+      analysisType: "d-quiet",
+      limit: 1,
+      globalLimit: 0,
+      leaseTtlMs: 1,
+    });
+    assert.ok(elsewhere);
+    // A stream of short d-busy runs: each ending wakes the claim loop long before its own poll
+    // timer (300 ms) would fire.
+    const busyTask = await createTask(db.sql, owner, "d-busy", 400);
+    const log = claimLog();
+    const w = worker(
+      {
+        "d-busy": async () => {
+          await new Promise((r) => setTimeout(r, 5));
+          return { status: "succeeded" };
+        },
+        "d-quiet": succeed,
+      },
+      {
+        concurrency: 2,
+        pollIntervalMs: 300,
+        prefetchWindowMs: 0,
+        completionDelayMs: 0,
+        observer: log.observer,
+      },
+    );
+    await w.start();
+    try {
+      await waitFor(
+        async () => log.claims.some((c) => c.type === "d-quiet" && c.runs === 0) || undefined,
+        10_000,
+        "d-quiet's queue found empty",
+      );
+      const reaper = new Reaper({
+        sql: db.sql,
+        logger,
+        intervalMs: 1000,
+        leaseTtlMs: 1,
+        retryBaseMs: 1,
+        workerWaitMs: 60_000,
+      });
+      await reaper.runOnce();
+      const [back] = await db.sql<{ status: string }[]>`select status from runs where id = ${elsewhere.id}`;
+      assert.equal(back?.status, "queued", "the reaper put d-quiet's run back");
+      await db.sql`update runs set run_after = now() where id = ${elsewhere.id}`;
+      const quiet = await waitForTerminal(db.sql, quietTask, 10_000);
+      assert.equal(quiet.succeeded, 1);
+      // Found while d-busy's runs were still ending, not after them.
+      const busy = await taskRow(db.sql, busyTask);
+      assert.ok(busy.succeeded < 400, `d-quiet's run waited for d-busy's ${busy.succeeded} runs`);
+      assert.equal((await waitForTerminal(db.sql, busyTask, 30_000)).succeeded, 400);
+    } finally {
+      await w.stop();
+    }
+  });
 });
 
 describe("completion batching (ASSAY_COMPLETION_DELAY_MS)", () => {
