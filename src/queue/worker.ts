@@ -238,11 +238,17 @@ export class Worker {
   /** Types with a wake-up since their last claim: that claim is the fair one (see claim()). */
   private readonly notified = new Set<string>();
   /**
-   * Types whose last claim found nothing to claim (without a limit: see runOnce()). A slot that frees
-   * does not claim them again; a wake-up of the type, the poll, this worker's retry coming due or a
-   * reconnect of the LISTEN connection does.
+   * Types whose last claim found nothing to claim (not under a limit: see runOnce()), and when. For a
+   * poll interval from then, a slot that frees does not claim the type; a wake-up of the type does
+   * (`notified`), and the mark goes when this worker's retry comes due, the LISTEN connection
+   * reconnects or the loop's poll fires (clearDrained()). It expires by itself after the interval:
+   * the loop's poll never fires while runs of another type keep ending (each wakes the loop), and
+   * work that comes without a wake-up (a run the reaper or another worker put back) would wait for
+   * them all.
    */
-  private readonly drained = new Set<string>();
+  private readonly drained = new Map<string, number>();
+  /** Counts clearDrained() calls: a claim in flight across one does not mark its type. */
+  private drainEpoch = 0;
   private timers: NodeJS.Timeout[] = [];
   /** When this worker's own retries that are not due yet become due, in order. */
   private retriesDue: number[] = [];
@@ -293,7 +299,7 @@ export class Worker {
         // (bench/queue.ts's whole drain), and arrivals lost in a reconnect's gap only leave the
         // prefetch on until the next one's notification.
         onListen: () => {
-          this.drained.clear();
+          this.clearDrained();
           this.wake();
         },
       },
@@ -308,10 +314,6 @@ export class Worker {
     this.timers.push(
       setInterval(() => {
         for (const type of this.typeNames) this.recheck.add(type);
-        // The poll for types found empty, on a clock of its own: the loop's poll below never comes
-        // while runs of another type keep ending (each wakes the loop), and work that comes without
-        // a wake-up (a run another worker or the reaper put back) would wait for them all.
-        this.drained.clear();
       }, this.o.pollIntervalMs),
     );
     this.loop = this.claimLoop();
@@ -418,6 +420,12 @@ export class Worker {
     return this.slotsTurnOverWith(type, windowMs);
   }
 
+  /** Work may have come without a wake-up of its type: every type is claimed again (see drained). */
+  private clearDrained(): void {
+    this.drained.clear();
+    this.drainEpoch++;
+  }
+
   /** Wakes the claim loop (a NOTIFY arrived, a slot freed, a retry is due). */
   wake(): void {
     this.woken = true;
@@ -459,11 +467,17 @@ export class Worker {
     const start = this.rotation++;
     for (let i = 0; i < this.typeNames.length && !this.stopping; i++) {
       const type = this.typeNames[(start + i) % this.typeNames.length] as string;
-      // Its last claim found nothing, and nothing has said there is more (a wake-up of the type;
-      // the poll and the rest clear the mark): a slot freed by one of its last runs claims nothing
-      // but a statement. Each run that ended after the queue had emptied used to claim in vain (41
-      // of 141 claims in bench/e2e.ts's shape, ~15% of PostgreSQL's CPU per run there).
-      if (this.drained.has(type) && !this.notified.has(type)) continue;
+      // Its last claim found nothing less than a poll interval ago, and no wake-up of the type has
+      // come since (see drained): a slot freed by one of its last runs would claim nothing but a
+      // statement. Each run that ended after the queue had emptied used to claim in vain (41 of 141
+      // claims in bench/e2e.ts's shape, ~15% of PostgreSQL's CPU per run there).
+      const drainedAt = this.drained.get(type);
+      if (
+        drainedAt !== undefined &&
+        !this.notified.has(type) &&
+        performance.now() - drainedAt < this.o.pollIntervalMs
+      )
+        continue;
       const prefetch = this.prefetchFor(type);
       // A buffer above its refill point (below) waits: claims of a run or two each would cost a
       // statement apiece. Except after a wake-up: new work may be another owner's, who should not wait for the
@@ -511,9 +525,15 @@ export class Worker {
       // so it reaches the newcomer.
       const quantum = woken && prefetch > 0 ? CLAIM_QUANTUM : this.quantumFor(type, want);
       this.claiming = want;
+      const epoch = this.drainEpoch;
       let runs: ClaimedRun[];
       try {
         runs = await this.claim(this.claimOptions(type, want, quantum));
+      } catch (err) {
+        // The claim took the type's wake-up (claim() consumes `notified`): the claim after the
+        // error's backoff must not skip the type for a mark of before.
+        this.drained.delete(type);
+        throw err;
       } finally {
         this.claiming = 0;
       }
@@ -524,9 +544,10 @@ export class Worker {
       );
       if (runs.length > 0) this.neededAt.set(type, performance.now());
       // Nothing found: the type waits for a sign of work (see drained). Not under a limit, whose
-      // claim finds nothing while the limit is full (a slot's release sends a wake-up anyway).
+      // claim finds nothing while the limit is full (a slot's release sends a wake-up anyway); nor
+      // when a sign came while the claim was in flight (its snapshot may predate the work).
       if (runs.length > 0) this.drained.delete(type);
-      else if (!this.limited(type)) this.drained.add(type);
+      else if (!this.limited(type) && epoch === this.drainEpoch) this.drained.set(type, performance.now());
       this.place(runs);
       claimed += runs.length;
     }
@@ -766,7 +787,7 @@ export class Worker {
         // The poll: work that came without a wake-up (a run another worker or the reaper put back,
         // one whose backoff ran out) is found by claiming every type again.
         const timer = setTimeout(() => {
-          this.drained.clear();
+          this.clearDrained();
           resolve();
         }, jitter(this.o.pollIntervalMs));
         this.wakeUp = () => {
@@ -888,7 +909,7 @@ export class Worker {
         const now = Date.now();
         while ((this.retriesDue[0] ?? Number.POSITIVE_INFINITY) <= now) this.retriesDue.shift();
         // A run of this worker's is due again: the queue it found empty is not.
-        this.drained.clear();
+        this.clearDrained();
         this.wake();
         this.armRetryWake();
       },
@@ -1080,15 +1101,14 @@ export class Worker {
     // then waited for the next poll).
     // A run already due when the statement ended (it outlasted the backoff) needs a claim now: the
     // wake-up after settle() fired while the statement still ran, and a retry sends no NOTIFY.
-    // Its type's queue is not empty any more (see drained): the timer clears the mark when it fires.
-    const typeOf = new Map(retries.map((p) => [p.run.id, p.run.analysisType]));
-    retried.dueInMs.forEach((inMs, i) => {
+    // Its type's queue is not empty any more (see drained): the timer clears the marks when it fires.
+    for (const inMs of retried.dueInMs) {
       if (inMs > 0) this.wakeAt(Date.now() + inMs + 2);
       else {
-        this.drained.delete(typeOf.get(retried.requeued[i] as number) as string);
+        this.clearDrained();
         this.wake();
       }
-    });
+    }
     const cancelled = new Set(retried.cancelled);
     const ended: ClaimedRun[] = [];
     for (const p of retries) {
