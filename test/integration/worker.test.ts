@@ -52,6 +52,23 @@ function worker(types: Record<string, Handler>, extra: Partial<WorkerOptions> = 
 
 const succeed: Handler = async () => ({ status: "succeeded", result: { metrics: { rows: 1 } } });
 
+/** Claims one run of `type` as another worker would, with a lease that has expired by the next reap. */
+async function claimExpiring(type: string, workerId: string) {
+  const [run] = await runClaim(db.sql, {
+    workerId,
+    analysisType: type,
+    limit: 1,
+    globalLimit: 0,
+    leaseTtlMs: 1,
+  });
+  assert.ok(run);
+  return run;
+}
+
+/** A reaper that finds every 1 ms lease expired and makes re-queued runs due 1 ms later. */
+const quickReaper = () =>
+  new Reaper({ sql: db.sql, logger, intervalMs: 1000, leaseTtlMs: 1, retryBaseMs: 1, workerWaitMs: 60_000 });
+
 describe("last child wins", () => {
   test("success path: every run succeeds → task succeeded, counters exact", async () => {
     const taskId = await createTask(db.sql, owner, "t-ok", 25);
@@ -221,24 +238,9 @@ describe("retries", () => {
 describe("fencing", () => {
   test("an attempt whose lease was taken over completes late: nothing counted, the newer outcome stands", async () => {
     const taskId = await createTask(db.sql, owner, "t-fence", 1, { maxAttempts: 3 });
-    const [old] = await runClaim(db.sql, {
-      workerId: "old",
-      analysisType: "t-fence",
-      limit: 1,
-      globalLimit: 0,
-      leaseTtlMs: 1,
-    });
-    assert.ok(old);
+    const old = await claimExpiring("t-fence", "old");
     await new Promise((r) => setTimeout(r, 5));
-    const reaper = new Reaper({
-      sql: db.sql,
-      logger,
-      intervalMs: 1000,
-      leaseTtlMs: 1,
-      retryBaseMs: 1,
-      workerWaitMs: 60_000,
-    });
-    assert.equal((await reaper.runOnce()).requeued, 1);
+    assert.equal((await quickReaper().runOnce()).requeued, 1);
     await db.sql`update runs set run_after = now() where id = ${old.id}`;
     const [fresh] = await runClaim(db.sql, {
       workerId: "new",
@@ -677,6 +679,15 @@ test("a run claimed ahead waits for its slot with a live lease, is cancelled wit
 });
 
 describe("a type whose queue emptied (drained)", () => {
+  /** No claiming ahead and outcomes recorded at once: each claim is for the slots that are free. */
+  const slotBySlot = (concurrency: number, pollIntervalMs: number, observer: QueueObserver) => ({
+    concurrency,
+    pollIntervalMs,
+    prefetchWindowMs: 0,
+    completionDelayMs: 0,
+    observer,
+  });
+
   /** Each claim's type and the runs it took, empty ones included. */
   function claimLog(): { claims: { type: string; runs: number }[]; observer: QueueObserver } {
     const claims: { type: string; runs: number }[] = [];
@@ -697,14 +708,8 @@ describe("a type whose queue emptied (drained)", () => {
       {
         "d-end": (run) => new Promise((resolve) => gates.set(run.id, () => resolve({ status: "succeeded" }))),
       },
-      // No poll within the test, no claiming ahead, outcomes recorded at once: a claim is a slot's.
-      {
-        concurrency: 4,
-        pollIntervalMs: 60_000,
-        prefetchWindowMs: 0,
-        completionDelayMs: 0,
-        observer: log.observer,
-      },
+      // No poll within the test.
+      slotBySlot(4, 60_000, log.observer),
     );
     await w.start();
     try {
@@ -758,14 +763,7 @@ describe("a type whose queue emptied (drained)", () => {
     // d-quiet's one run is claimed elsewhere, so the worker finds its queue empty (drained); the
     // claim's lease then expires and the reaper puts the run back, which sends no wake-up.
     const quietTask = await createTask(db.sql, owner, "d-quiet", 1, { maxAttempts: 3 });
-    const [elsewhere] = await runClaim(db.sql, {
-      workerId: "elsewhere",
-      analysisType: "d-quiet",
-      limit: 1,
-      globalLimit: 0,
-      leaseTtlMs: 1,
-    });
-    assert.ok(elsewhere);
+    const elsewhere = await claimExpiring("d-quiet", "elsewhere");
     // A stream of short d-busy runs: each ending wakes the claim loop long before its own poll
     // timer (300 ms) would fire.
     const busyTask = await createTask(db.sql, owner, "d-busy", 400);
@@ -778,13 +776,7 @@ describe("a type whose queue emptied (drained)", () => {
         },
         "d-quiet": succeed,
       },
-      {
-        concurrency: 2,
-        pollIntervalMs: 300,
-        prefetchWindowMs: 0,
-        completionDelayMs: 0,
-        observer: log.observer,
-      },
+      slotBySlot(2, 300, log.observer),
     );
     await w.start();
     try {
@@ -793,15 +785,7 @@ describe("a type whose queue emptied (drained)", () => {
         10_000,
         "d-quiet's queue found empty",
       );
-      const reaper = new Reaper({
-        sql: db.sql,
-        logger,
-        intervalMs: 1000,
-        leaseTtlMs: 1,
-        retryBaseMs: 1,
-        workerWaitMs: 60_000,
-      });
-      await reaper.runOnce();
+      await quickReaper().runOnce();
       // Put back (the worker may have claimed it again already): no longer the expired claim's.
       const [back] = await db.sql<{ owner: string | null }[]>`
         select lease_owner as owner from runs where id = ${elsewhere.id}`;
