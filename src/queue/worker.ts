@@ -244,7 +244,10 @@ export class Worker {
    * reconnects or the loop's poll fires (clearDrained()). It expires by itself after the interval:
    * the loop's poll never fires while runs of another type keep ending (each wakes the loop), and
    * work that comes without a wake-up (a run the reaper or another worker put back) would wait for
-   * them all.
+   * them all. Nothing wakes the loop at the expiry: a loop that went to sleep just before it claims
+   * at its next poll, so such work may wait up to about 2.2 poll intervals (the poll is jittered by
+   * ±20%). runOnce() called without start() gets no wake-ups: after an empty claim it skips the
+   * type for a poll interval, even right after a task of it is created.
    */
   private readonly drained = new Map<string, number>();
   /** Counts clearDrained() calls: a claim in flight across one does not mark its type. */
@@ -498,12 +501,7 @@ export class Worker {
         this.buffer.some((r) => r.analysisType !== type) &&
         !this.buffer.some((r) => r.analysisType === type);
       if (crowded && woken) this.neededAt.set(type, performance.now());
-      const probe =
-        crowded &&
-        !woken &&
-        this.recheck.has(type) &&
-        (this.o.types[type]?.globalLimit ?? 0) === 0 &&
-        (this.o.userLimit ?? 0) === 0;
+      const probe = crowded && !woken && this.recheck.has(type) && !this.limited(type);
       this.recheck.delete(type);
       // The automatic prefetch refills at a quarter: its runs last milliseconds, not microseconds, so
       // a claim's round trip is over long before the last quarter has started, and its claims are
@@ -583,8 +581,11 @@ export class Worker {
    * window (at least OVERTAKE_MIN_MS); the rest queue behind. So a prefetch does not make a new task
    * wait for the runs claimed before it, a task's runs never overtake each other (the loop's claims
    * are made one at a time, each in file order, and wait for a newcomer's claim of their type, which
-   * takes only a task's first run: so each task starts its runs in file order), no buffered run is
-   * overtaken once it has waited a window, and none by a run of another type (which may be long).
+   * takes only a task's first run: so each task starts its runs in file order, but for one race — a
+   * loop claim already executing when the task is created skips the first run the newcomer's claim
+   * holds and takes the next; if its reply comes first, the first run is placed behind the buffer,
+   * docs/architecture.md), no buffered run is overtaken once it has waited a window, and none by a
+   * run of another type (which may be long).
    */
   private place(runs: ClaimedRun[]): void {
     if (runs.length === 0) return;
@@ -652,22 +653,21 @@ export class Worker {
     const upkeep = this.tidying.get(o.analysisType);
     if (upkeep) await upkeep;
     // And a newcomer's claim of the type (claimNewcomer): this claim could otherwise take the task's
-    // second run while that one holds its first, and start it first. Again before each statement
-    // after the first (one may have begun during the first's round trip).
+    // second run while that one holds its first, and start it first. Again before a statement that
+    // follows another (`fair`: one may have begun during the first's round trip); the statements
+    // below that come first run before anything else can begin one.
     await this.newcomerSettled(o.analysisType);
     const fair = async (options: ClaimOptions) => {
       await this.newcomerSettled(o.analysisType);
       return runClaim(this.o.sql, options);
     };
-    const limited = o.globalLimit > 0 || (o.userLimit ?? 0) > 0;
     const woken = this.notified.delete(o.analysisType);
-    if (limited || woken) return runClaim(this.o.sql, o);
+    if (this.limited(o.analysisType) || woken) return runClaim(this.o.sql, o);
     // Rows left by owners whose queue emptied are being pruned: the sole owner's claim would claim
     // nothing beside them.
     if (this.pruning.has(o.analysisType)) return runClaim(this.o.sql, o);
     const now = performance.now();
     if (now >= (this.soleRecheckAt.get(o.analysisType) ?? 0)) {
-      await this.newcomerSettled(o.analysisType);
       const sole = await runClaimSole(this.o.sql, o);
       if (sole.runs.length > 0) return sole.runs;
       if (sole.owners < 2) {
@@ -696,7 +696,6 @@ export class Worker {
       Math.min(o.limit, o.quantum ?? CLAIM_QUANTUM) === o.limit &&
       now >= (this.turnRecheckAt.get(o.analysisType) ?? 0)
     ) {
-      await this.newcomerSettled(o.analysisType);
       const turn = await runClaimTurn(this.o.sql, o);
       // Also when the owner next in turn was short of due runs: an owner whose runs all back off
       // stays first in turn, and every claim would try it in vain (a review: 20 of 20 claims).

@@ -766,7 +766,9 @@ describe("a type whose queue emptied (drained)", () => {
     const elsewhere = await claimExpiring("d-quiet", "elsewhere");
     // A stream of short d-busy runs: each ending wakes the claim loop long before its own poll
     // timer (300 ms) would fire.
-    const busyTask = await createTask(db.sql, owner, "d-busy", 400);
+    // ~2.5 s of them on two slots: room for the mark's expiry (a poll interval) and a loaded machine.
+    const BUSY = 1000;
+    const busyTask = await createTask(db.sql, owner, "d-busy", BUSY);
     const log = claimLog();
     const w = worker(
       {
@@ -785,6 +787,8 @@ describe("a type whose queue emptied (drained)", () => {
         10_000,
         "d-quiet's queue found empty",
       );
+      // (Its 1 ms lease TTL also counts this worker's row stale and deletes it; the next heartbeat
+      // writes it again, and nothing here reads it.)
       await quickReaper().runOnce();
       // Put back (the worker may have claimed it again already): no longer the expired claim's.
       const [back] = await db.sql<{ owner: string | null }[]>`
@@ -795,8 +799,8 @@ describe("a type whose queue emptied (drained)", () => {
       assert.equal(quiet.succeeded, 1);
       // Found while d-busy's runs were still ending, not after them.
       const busy = await taskRow(db.sql, busyTask);
-      assert.ok(busy.succeeded < 400, `d-quiet's run waited for d-busy's ${busy.succeeded} runs`);
-      assert.equal((await waitForTerminal(db.sql, busyTask, 30_000)).succeeded, 400);
+      assert.ok(busy.succeeded < BUSY, `d-quiet's run waited for d-busy's ${busy.succeeded} runs`);
+      assert.equal((await waitForTerminal(db.sql, busyTask, 30_000)).succeeded, BUSY);
     } finally {
       await w.stop();
     }

@@ -525,13 +525,16 @@ export interface CreatedTask {
  * The first run of a task just created, claimed straight away when its owner is due a turn anyway:
  * no owner waits at the type with a better priority (a queue_owners row of a lower number, idle or
  * not), and the owner's pass at the task's level is at most CLAIM_QUANTUM above the level's lowest
- * (within a turn of the owners least served). The worker makes it beside the claim it may have in
+ * (within a turn of the owners least served). Both read every row of the type, including rows of
+ * owners with nothing due that the tidy or the prune has not removed yet: such a row can turn the
+ * shortcut down (the run then goes the rotation's way), never let it through wrongly. The worker makes it beside the claim it may have in
  * flight, so a new user's first run does not wait for a claim of runs of the users already being
  * served; the rest of the task is the rotation's. The owner's pass is advanced by the run it got, as
  * the fair claim would, so an owner creating task after task is served this way only until its pass
  * stands a turn ahead of the others'. It takes the task's first run or nothing (the guard says no,
- * the run is not queued and due, or another claim holds it): so a task's runs start in file order,
- * and of several workers told of the same task one gets the run and the others nothing. Only without limits (it throws; a limited claim is serialised).
+ * the run is not queued and due, or another claim holds it): so a task's runs start in file order
+ * (but for one race, see Worker.place()), and of several workers told of the same task one gets the
+ * run and the others nothing. Only without limits (it throws; a limited claim is serialised).
  * Locks: the run (SKIP LOCKED), then the owner's queue_owners row, the order of every statement.
  * Commits asynchronously, like the fair claim without limits.
  */
