@@ -19,6 +19,12 @@ export class TokenCache {
   private unlisten: (() => Promise<void>) | undefined;
   /** False until the listener is up: until then nothing is cached (a revoke could not reach it). */
   private listening = false;
+  /**
+   * Moves on every clear(). A lookup takes it before asking the database and stores its answer only
+   * if it has not moved: a revoke that committed, and emptied the cache, while the lookup was in
+   * flight must not see the lookup's older answer stored after it.
+   */
+  private generation = 0;
   readonly ttlMs: number;
 
   constructor(ttlMs = TOKEN_CACHE_TTL_MS) {
@@ -35,8 +41,14 @@ export class TokenCache {
     return entry.principal;
   }
 
-  set(hash: string, principal: Authenticated, now = Date.now()): void {
-    if (!this.listening || this.ttlMs <= 0) return;
+  /** The ticket a lookup takes before it asks the database (see set). */
+  begin(): number {
+    return this.generation;
+  }
+
+  /** Stores a lookup's answer, unless the cache was emptied since the lookup's `ticket` (begin()). */
+  set(hash: string, principal: Authenticated, ticket: number, now = Date.now()): void {
+    if (!this.listening || this.ttlMs <= 0 || ticket !== this.generation) return;
     if (this.entries.size >= MAX_ENTRIES) {
       const oldest = this.entries.keys().next().value;
       if (oldest !== undefined) this.entries.delete(oldest);
@@ -45,6 +57,7 @@ export class TokenCache {
   }
 
   clear(): void {
+    this.generation++;
     this.entries.clear();
   }
 

@@ -101,6 +101,7 @@ export async function tokenAuthenticate(
   const hash = hashToken(token);
   const cached = cache?.get(hash);
   if (cached) return cached;
+  const ticket = cache?.begin() ?? 0;
   const [row] = await sql<(Principal & { tokenId: number; stale: boolean })[]>`
     select u.id::float8 as "userId", u.name, u.role, t.id::float8 as "tokenId",
            (t.last_used_at is null or t.last_used_at < now() - interval '1 minute') as stale
@@ -112,6 +113,6 @@ export async function tokenAuthenticate(
     sql`update api_tokens set last_used_at = now() where id = ${row.tokenId}`.catch(() => {});
   }
   const principal = { userId: row.userId, name: row.name, role: row.role, tokenId: row.tokenId };
-  cache?.set(hash, principal);
+  cache?.set(hash, principal, ticket);
   return principal;
 }

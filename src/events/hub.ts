@@ -16,6 +16,7 @@ interface Subscriber {
   after: bigint;
   deliver(events: TaskEvent[]): void;
   end(): void;
+  fail(): void;
 }
 
 export interface EventHubOptions {
@@ -36,6 +37,17 @@ export class EventHub {
   private unlisten: (() => Promise<void>) | undefined;
   private starting: Promise<void> | undefined;
   private reconnects = 0;
+  /**
+   * The LISTEN connection's identity as postgres.js keeps it (the backend's pid and cancel key, the
+   * same object across reconnects), and the identity the hub last caught up for. A reconnected
+   * connection can hand over a notification before postgres.js calls onlisten (PostgreSQL sends
+   * what arrived while the LISTEN ran before its ReadyForQuery, and onlisten runs a few promise turns
+   * later): delivered first, it would move the subscribers past the events committed during the
+   * outage, which the catch-up then skips. A notification from a connection the hub has not caught
+   * up for starts the catch-up itself, ahead of its own delivery.
+   */
+  private listenState: { pid: unknown; secret: unknown } | undefined;
+  private caughtUpFor: string | undefined;
   private sweepTimer: NodeJS.Timeout | undefined;
   private stopped = false;
   /** Notifications received, and how many were doorbells (the events were too large to carry). */
@@ -57,17 +69,15 @@ export class EventHub {
   }
 
   private async start(): Promise<void> {
-    const { unlisten } = await this.o.sql.listen(
+    const { state, unlisten } = await this.o.sql.listen(
       EVENTS_CHANNEL,
       (payload) => this.onNotification(payload),
-      () => {
-        // Called on the first LISTEN and after every reconnect: catch up from the table.
-        if (this.reconnects++ > 0)
-          this.o.logger.warn("event listener reconnected; catching up from the table");
-        for (const taskId of this.tasks.keys()) this.enqueue(taskId, () => this.catchUp(taskId));
-      },
+      // Called on the first LISTEN and after every reconnect.
+      () => this.connected(),
     );
     this.unlisten = unlisten;
+    this.listenState = state as unknown as { pid: unknown; secret: unknown };
+    this.caughtUpFor = this.connection();
     if (!this.stopped) this.scheduleSweep();
   }
 
@@ -126,16 +136,19 @@ export class EventHub {
 
   /**
    * Delivers every event of `taskId` with an id above `afterId`, as it is announced; `end` is called
-   * when the sweep finds the task finished or deleted and the subscription still there. Returns the
-   * unsubscribe function (idempotent).
+   * when the sweep finds the task finished or deleted and the subscription still there; `fail` when
+   * the hub could not deliver (a read of the table failed), after which the subscription is gone and
+   * nothing more is delivered — the subscriber must not take that for the end of the task. Returns
+   * the unsubscribe function (idempotent).
    */
   subscribe(
     taskId: string,
     afterId: string | null,
     deliver: (events: TaskEvent[]) => void,
     end: () => void = () => {},
+    fail: () => void = end,
   ): () => void {
-    const sub: Subscriber = { after: BigInt(afterId ?? 0), deliver, end };
+    const sub: Subscriber = { after: BigInt(afterId ?? 0), deliver, end, fail };
     let subs = this.tasks.get(taskId);
     if (!subs) {
       subs = new Set();
@@ -152,7 +165,26 @@ export class EventHub {
     };
   }
 
+  /** The LISTEN connection's identity (see listenState); undefined before the first LISTEN returned. */
+  private connection(): string | undefined {
+    const s = this.listenState;
+    return s ? `${String(s.pid)}:${String(s.secret)}` : undefined;
+  }
+
+  /**
+   * A (re)connected LISTEN connection: every subscribed task catches up from the table, once per
+   * connection (from onlisten, or from the first notification that arrives before it).
+   */
+  private connected(): void {
+    const connection = this.connection();
+    if (connection !== undefined && connection === this.caughtUpFor) return;
+    this.caughtUpFor = connection;
+    if (this.reconnects++ > 0) this.o.logger.warn("event listener reconnected; catching up from the table");
+    for (const taskId of this.tasks.keys()) this.enqueue(taskId, () => this.catchUp(taskId));
+  }
+
   private onNotification(raw: string): void {
+    if (this.connection() !== this.caughtUpFor) this.connected();
     let payload: Payload;
     try {
       payload = JSON.parse(raw) as Payload;
@@ -170,7 +202,16 @@ export class EventHub {
 
   private enqueue(taskId: string, work: () => Promise<void>): void {
     const next = (this.chains.get(taskId) ?? Promise.resolve()).then(work).catch((err) => {
-      this.o.logger.warn({ err, taskId }, "event delivery failed");
+      // The subscribers may now miss events (a catch-up that failed read none of them), and the next
+      // notification would move them past the gap: their streams are broken off instead, and their
+      // clients resume from the table by Last-Event-ID.
+      const subs = [...(this.tasks.get(taskId) ?? [])];
+      this.o.logger.warn({ err, taskId, streams: subs.length }, "event delivery failed; streams broken off");
+      for (const sub of subs) {
+        this.tasks.get(taskId)?.delete(sub);
+        sub.fail();
+      }
+      if (this.tasks.get(taskId)?.size === 0) this.tasks.delete(taskId);
     });
     this.chains.set(taskId, next);
   }

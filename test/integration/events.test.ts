@@ -5,6 +5,7 @@ import assert from "node:assert/strict";
 import net from "node:net";
 import { after, before, describe, test } from "node:test";
 import type { Principal } from "../../src/auth/tokens.ts";
+import { EventHub } from "../../src/events/hub.ts";
 import type { TaskEvent } from "../../src/events/read.ts";
 import { serveTaskEvents } from "../../src/http/routes/events.ts";
 import { createLogger } from "../../src/log.ts";
@@ -171,6 +172,164 @@ describe("the hub", () => {
       } finally {
         unsubscribe();
       }
+    },
+  );
+
+  /** Inserts an event straight into the table (no notification), as the hub would read it. */
+  async function insertEvent(taskId: string, type: string): Promise<TaskEvent> {
+    const [e] = await t.db.sql<TaskEvent[]>`
+      insert into task_events (task_id, type, data) values (${taskId}, ${type}, '{}'::jsonb)
+      returning id::text as id, task_id::text as "taskId", run_id::text as "runId", type, data,
+                to_char(created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') as "createdAt"`;
+    assert.ok(e);
+    return e;
+  }
+
+  /** Kills the LISTEN connection(s) of this test database (postgres.js reconnects and re-listens). */
+  async function killListener(): Promise<void> {
+    const killed = await t.db.sql`
+      select pg_terminate_backend(pid) from pg_stat_activity
+      where datname = current_database() and query ~* '^(un)?listen "' and pid <> pg_backend_pid()`;
+    assert.ok(killed.length >= 1, "found the LISTEN connection");
+  }
+
+  test(
+    "a reconnected LISTEN connection's notification that comes before onlisten does not skip the outage's events",
+    LIMIT,
+    async () => {
+      // (Event ids are past several powers of ten by now: the tests above crossed them.)
+      const taskId = await createTask(t.db.sql, owner, "ev-relisten", 1);
+      const [first] = await tableEvents(t.db.sql, taskId);
+      assert.ok(first);
+      let notify: ((payload: string) => void) | undefined;
+      let listens = 0;
+      let reconnected: (() => Promise<void>) | undefined;
+      // The real listener, with one thing staged: on the reconnect, before the hub's onlisten runs,
+      // events are committed without a notification (as during the outage), and one more is handed
+      // to the hub as PostgreSQL hands over a notification that arrived while the LISTEN ran.
+      const sql = new Proxy(t.db.sql, {
+        get(target, prop, receiver) {
+          if (prop !== "listen") return Reflect.get(target, prop, receiver);
+          return (channel: string, fn: (payload: string) => void, onlisten?: () => void) => {
+            notify = fn;
+            return target.listen(channel, fn, () => {
+              const staged = reconnected;
+              if (listens++ === 0 || !staged) return onlisten?.();
+              reconnected = undefined;
+              staged().then(
+                () => onlisten?.(),
+                (err: unknown) => console.error("staging the reconnect failed", err),
+              );
+            });
+          };
+        },
+      });
+      const hub = new EventHub({ sql, logger: createLogger({ level: "silent" }), sweepIntervalMs: 60_000 });
+      await hub.ready();
+      const delivered: string[] = [];
+      const unsubscribe = hub.subscribe(taskId, first[0], (events) =>
+        delivered.push(...events.map((e) => e.id)),
+      );
+      const expected: string[] = [];
+      let staged = false;
+      reconnected = async () => {
+        for (let i = 0; i < 3; i++) expected.push((await insertEvent(taskId, "test.outage")).id);
+        const late = await insertEvent(taskId, "test.late");
+        expected.push(late.id);
+        notify?.(JSON.stringify({ taskId, events: [late] }));
+        staged = true;
+      };
+      try {
+        await killListener();
+        await waitFor(async () => staged, 10_000, "the reconnect");
+        await waitFor(async () => delivered.length >= expected.length, 5_000, `4 events (got ${delivered})`);
+        assert.deepEqual(delivered, expected);
+      } finally {
+        unsubscribe();
+        await hub.stop();
+      }
+    },
+  );
+
+  test(
+    "a catch-up whose read fails breaks the task's streams off instead of letting them skip what it missed",
+    LIMIT,
+    async () => {
+      const taskId = await createTask(t.db.sql, owner, "ev-readfail", 1);
+      const [first] = await tableEvents(t.db.sql, taskId);
+      assert.ok(first);
+      let failReads = false;
+      const sql = new Proxy(t.db.sql, {
+        apply(target, self, args: unknown[]) {
+          const strings = args[0] as { raw?: readonly string[] } & readonly string[];
+          if (failReads && strings?.raw && strings.join("").includes("from task_events e")) {
+            failReads = false;
+            return Promise.reject(new Error("the catch-up's read failed (test)"));
+          }
+          return Reflect.apply(target, self, args);
+        },
+      });
+      const hub = new EventHub({ sql, logger: createLogger({ level: "silent" }), sweepIntervalMs: 60_000 });
+      await hub.ready();
+      const delivered: string[] = [];
+      let ended = false;
+      let failed = false;
+      hub.subscribe(
+        taskId,
+        first[0],
+        (events) => delivered.push(...events.map((e) => e.id)),
+        () => {
+          ended = true;
+        },
+        () => {
+          failed = true;
+        },
+      );
+      try {
+        failReads = true;
+        // A doorbell (an event too large to travel): the hub must read the table, and that read fails.
+        const missed = await insertEvent(taskId, "test.missed");
+        await t.db.sql`select pg_notify('assay_events', ${JSON.stringify({ taskId, eventId: missed.id })})`;
+        await waitFor(async () => failed, 5_000, "the subscriber broken off");
+        // The next event travels in its notification: it must not reach the subscriber, whose stream
+        // would otherwise resume after it and never see the missed one.
+        const next = await insertEvent(taskId, "test.next");
+        await t.db.sql`select pg_notify('assay_events', ${JSON.stringify({ taskId, events: [next] })})`;
+        await waitFor(async () => hub.received.notifications >= 2, 5_000, "the second notification");
+        assert.deepEqual(delivered, []);
+        assert.equal(ended, false, "broken off, not ended: the client must not take it for the task's end");
+        assert.equal(hub.size, 0);
+      } finally {
+        await hub.stop();
+      }
+    },
+  );
+
+  test(
+    "a client more than 1 MiB behind is broken off, not ended (a graceful end would wait for it to read)",
+    LIMIT,
+    async () => {
+      const hub = t.app.services.events;
+      await hub.ready();
+      const taskId = await createTask(t.db.sql, owner, "ev-behind", 1);
+      let destroyed = false;
+      await serveTaskEvents(
+        hub,
+        t.db.sql,
+        taskId,
+        null,
+        {
+          write: () => false,
+          writableLength: 2 * 1024 * 1024,
+          close: () => assert.fail("ended gracefully"),
+          destroy: () => {
+            destroyed = true;
+          },
+        },
+        new AbortController().signal,
+      );
+      assert.ok(destroyed);
+      assert.equal(hub.size, 0, "no subscription left behind");
     },
   );
 

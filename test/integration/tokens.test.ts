@@ -1,7 +1,10 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
+import { TokenCache } from "../../src/auth/token-cache.ts";
 import { hashToken, tokenAuthenticate, tokenCreate, tokenList, tokenRevoke } from "../../src/auth/tokens.ts";
+import { createLogger } from "../../src/log.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
+import { waitFor } from "../helpers/queue.ts";
 
 let db: TestDatabase;
 before(async () => {
@@ -47,4 +50,35 @@ test("authenticate: unknown and revoked tokens are refused; list shows no secret
   assert.ok(entry?.revokedAt);
   assert.equal(entry?.user, "finn");
   assert.ok(!JSON.stringify(list).includes(created.token));
+});
+
+test("a revoke that lands while a lookup is in flight is not undone by the lookup's answer being cached", async () => {
+  const cache = new TokenCache();
+  await cache.start(db.sql, createLogger({ level: "silent" }));
+  try {
+    const created = await tokenCreate(db.sql, "gale");
+    const hash = hashToken(created.token);
+    // The lookup reads the token while it is still valid; before its answer comes back, the token is
+    // revoked and the revoke's notification has emptied the cache.
+    const racing = new Proxy(db.sql, {
+      apply(target, self, args: unknown[]) {
+        const [strings] = args as [TemplateStringsArray];
+        const result = Reflect.apply(target, self, args);
+        if (!strings.join("?").includes("from api_tokens t join users u")) return result;
+        return (async () => {
+          const ticket = cache.begin();
+          const rows = await result;
+          assert.equal(await tokenRevoke(db.sql, created.tokenId), true);
+          await waitFor(async () => cache.begin() !== ticket, 5_000, "the revoke's notification");
+          return rows;
+        })();
+      },
+    });
+    const answer = await tokenAuthenticate(racing, created.token, cache);
+    assert.equal(answer?.tokenId, created.tokenId, "the lookup itself read the token before the revoke");
+    assert.equal(cache.get(hash), undefined, "the answer read before the revoke is not cached");
+    assert.equal(await tokenAuthenticate(db.sql, created.token, cache), undefined);
+  } finally {
+    await cache.stop();
+  }
 });

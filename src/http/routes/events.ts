@@ -12,7 +12,7 @@ import { Envelope, errorResponses, IdParam, isId, ok } from "../schemas.ts";
 
 const BACKLOG_PAGE = 500;
 
-/** A stream whose client reads slower than this much buffered output is closed; it resumes by Last-Event-ID. */
+/** A stream whose client reads slower than this much buffered output is broken off; it resumes by Last-Event-ID. */
 const MAX_BUFFERED_BYTES = 1024 * 1024;
 
 /**
@@ -66,11 +66,23 @@ export async function serveTaskEvents(
     signal.removeEventListener("abort", finish);
     target.close();
   };
+  // Not a clean end: the client must not take it for the end of the task, and resumes by
+  // Last-Event-ID (a frame is dispatched only whole, so a cut one is sent again).
+  const breakOff = () => {
+    if (done) return;
+    done = true;
+    unsubscribe();
+    signal.removeEventListener("abort", finish);
+    target.destroy();
+  };
   const write = (event: TaskEvent) => {
     if (done || BigInt(event.id) <= last) return;
     last = BigInt(event.id);
     target.write(frame(event));
-    if (isFinalEvent(event) || target.writableLength > MAX_BUFFERED_BYTES) finish();
+    if (isFinalEvent(event)) finish();
+    // A client that stopped reading would otherwise keep its socket and the buffer for as long as
+    // it likes: a graceful end waits for it to read.
+    else if (target.writableLength > MAX_BUFFERED_BYTES) breakOff();
   };
   const unsubscribe = hub.subscribe(
     taskId,
@@ -83,6 +95,8 @@ export async function serveTaskEvents(
     () => {
       if (live) finish();
     },
+    // The hub could not deliver (a read failed): events may be missing, so no clean end.
+    breakOff,
   );
   signal.addEventListener("abort", finish);
   if (signal.aborted) return finish();
@@ -99,10 +113,7 @@ export async function serveTaskEvents(
     if (ended) return finish();
   } catch (err) {
     // Not a clean end: the client must not take a failed read for the end of the task.
-    done = true;
-    unsubscribe();
-    signal.removeEventListener("abort", finish);
-    target.destroy();
+    breakOff();
     throw err;
   }
   live = true;
