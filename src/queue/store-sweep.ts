@@ -6,7 +6,7 @@
 // every worker at once (deleting an object twice is harmless).
 import type { Sql } from "../db/client.ts";
 import type { Logger } from "../log.ts";
-import type { ObjectInfo, ObjectStore } from "../storage/store.ts";
+import { KEY_PREFIXES, type ObjectInfo, type ObjectStore } from "../storage/store.ts";
 import { IntervalService } from "./service.ts";
 import { fileIdsKnown, type OutputFolder, outputFoldersReferenced } from "./sql.ts";
 
@@ -23,7 +23,6 @@ export interface StoreSweepOptions {
 
 const DEFAULT_MIN_AGE_MS = 24 * 3600 * 1000;
 const DEFAULT_PAGE = 1000;
-const PREFIXES = ["files/", "outputs/"] as const;
 const FILE_KEY = /^files\/([1-9][0-9]{0,17})$/;
 const OUTPUT_KEY = /^outputs\/([1-9][0-9]{0,17})\/(([1-9][0-9]{0,17})(?:\.[0-9]+\.([0-9a-f-]{36}))?)\/[^/]+$/;
 
@@ -47,7 +46,7 @@ export class StoreSweep extends IntervalService<number> {
    */
   async runOnce(): Promise<number> {
     let deleted = 0;
-    for (const prefix of PREFIXES) deleted += await this.sweep(prefix);
+    for (const prefix of KEY_PREFIXES) deleted += await this.sweep(prefix);
     if (deleted > 0)
       this.o.logger.info({ objects: deleted }, "store sweep removed objects no row references");
     return deleted + (await this.abortIncomplete());
@@ -73,7 +72,7 @@ export class StoreSweep extends IntervalService<number> {
     }
   }
 
-  private async sweep(prefix: (typeof PREFIXES)[number]): Promise<number> {
+  private async sweep(prefix: (typeof KEY_PREFIXES)[number]): Promise<number> {
     const limit = this.o.pageSize ?? DEFAULT_PAGE;
     const after = this.cursors.get(prefix);
     const page = await this.o.store.list(prefix, { limit, ...(after === undefined ? {} : { after }) });

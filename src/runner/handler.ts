@@ -4,7 +4,6 @@
 // outcome; whether it becomes the run's output is decided by the completion's lease fence.
 import fs from "node:fs";
 import fsp from "node:fs/promises";
-import os from "node:os";
 import path from "node:path";
 import type { Program } from "../analyses/programs.ts";
 import type { ClaimedRun, Handler, HandlerOutcome } from "../queue/worker.ts";
@@ -35,16 +34,26 @@ export interface ProcessHandlerDeps {
 interface AttemptPlace {
   inputPath: string;
   outputDir: string;
+  /**
+   * The program's HOME: a folder of this attempt's own, beside its outputs, so that nothing one user's
+   * run leaves there (caches, settings, history) is seen by the next, and it goes with the attempt's
+   * folder — removed after the attempt, or with a killed worker's folder by the work-folder sweep.
+   */
+  home: string;
   /** Makes the checked outputs the store's, under the attempt's key (a remote store: uploads them). */
   keep(files: readonly OutputFile[]): Promise<void>;
-  /** Removes what the attempt leaves locally, and its outputs too unless they were kept. */
-  close(kept: boolean): Promise<void>;
+  /** Removes the attempt's scratch folder: its home, and its outputs unless keep made them the store's. */
+  close(): Promise<void>;
 }
+
+/** The attempt's scratch folder in the worker's: named as its output key's last segment. */
+const attemptDir = (workDir: string, run: ClaimedRun) =>
+  path.join(workDir, `${run.id}.${run.attempt}.${run.leaseToken}`);
 
 /**
  * The attempt's place on a local store: programs read the stored input in place, and write into the
- * attempt's scratch folder, which becomes the stored output folder with one rename when it is kept
- * (the scratch folder is under the data directory: one filesystem).
+ * `out` folder of the attempt's scratch folder, which becomes the stored output folder with one rename
+ * when it is kept (the scratch folder is under the data directory: one filesystem).
  */
 function localPlace(
   store: ObjectStore & { localPath(key: string): string },
@@ -53,20 +62,24 @@ function localPlace(
   outputKey: string,
 ): AttemptPlace {
   const inputPath = store.localPath(run.inputStorageKey);
-  const outputDir = path.join(workDir, `${run.id}.${run.attempt}.${run.leaseToken}`);
+  const dir = attemptDir(workDir, run);
+  const outputDir = path.join(dir, "out");
+  const home = path.join(dir, "home");
   // Synchronous: a local metadata call is cheaper than a thread-pool round trip, and it sits on the
   // path from claim to spawn.
-  fs.mkdirSync(outputDir);
+  fs.mkdirSync(outputDir, { recursive: true });
+  fs.mkdirSync(home);
   return {
     inputPath,
     outputDir,
+    home,
     keep: async () => {
       const target = store.localPath(`outputs/${outputKey}`);
       fs.mkdirSync(path.dirname(target), { recursive: true });
       fs.renameSync(outputDir, target);
     },
-    close: async (kept) => {
-      if (!kept) await fsp.rm(outputDir, { recursive: true, force: true });
+    close: async () => {
+      await fsp.rm(dir, { recursive: true, force: true });
     },
   };
 }
@@ -78,13 +91,16 @@ async function remotePlace(
   run: ClaimedRun,
   outputKey: string,
 ): Promise<AttemptPlace> {
-  const dir = path.join(workDir, `${run.id}.${run.attempt}.${run.leaseToken}`);
+  const dir = attemptDir(workDir, run);
   const inputPath = path.join(dir, "input");
   const outputDir = path.join(dir, "out");
+  const home = path.join(dir, "home");
   await fsp.mkdir(outputDir, { recursive: true });
+  await fsp.mkdir(home);
   const place: AttemptPlace = {
     inputPath,
     outputDir,
+    home,
     keep: async (files) => {
       try {
         for (const f of files)
@@ -101,7 +117,7 @@ async function remotePlace(
   try {
     await store.download(run.inputStorageKey, inputPath);
   } catch (err) {
-    await place.close(false);
+    await place.close();
     throw err;
   }
   return place;
@@ -177,8 +193,6 @@ function inputReadable(file: string): boolean {
 }
 
 export function processHandler(program: Program, deps: ProcessHandlerDeps): Handler {
-  // One private HOME per handler, made on first use: programs get a writable home, not ours.
-  let home: Promise<string> | undefined;
   const { store } = deps;
   return async (run, { signal, reportProgress, releaseSlot, finishing }) => {
     if (!fs.existsSync(program.script)) {
@@ -204,7 +218,6 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
       }
       throw err; // the store cannot be reached: retried with backoff
     }
-    let kept = false;
     try {
       if (!inputReadable(place.inputPath)) {
         return {
@@ -213,7 +226,6 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
           errorMessage: "the input file cannot be read",
         };
       }
-      home ??= fsp.mkdtemp(path.join(os.tmpdir(), "assay-home-"));
       const result = await runProcess(
         {
           executable: program.executable,
@@ -227,7 +239,7 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
             JSON.stringify(run.parameters),
           ],
           cwd: program.cwd,
-          env: childEnv(await home),
+          env: childEnv(place.home),
         },
         signal,
         {
@@ -253,10 +265,9 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
       // Kept under the attempt's own key: the completion records it only if it wins the fence; if it
       // loses, the worker discards it (onDiscard).
       await place.keep(check.files);
-      kept = true;
       return { ...outcome, result: { ...outcome.result, files: check.files }, outputKey };
     } finally {
-      await place.close(kept);
+      await place.close();
     }
   };
 }

@@ -13,6 +13,7 @@ import {
   ListMultipartUploadsCommand,
   ListObjectsV2Command,
   NoSuchKey,
+  NoSuchUpload,
   S3Client,
   S3ServiceException,
 } from "@aws-sdk/client-s3";
@@ -21,6 +22,7 @@ import { meter } from "./local.ts";
 import {
   checkKey,
   checkPrefix,
+  KEY_PREFIXES,
   type ObjectInfo,
   ObjectMissingError,
   type ObjectStore,
@@ -77,6 +79,10 @@ export class S3Store implements ObjectStore {
     // store by itself (its own error). Decided before the meter is destroyed, which fails the source.
     const failure = watchPut(source, [m.stream]);
     const piped = pipeline(source, m.stream);
+    // Handled at once: when the body fails (or grows too large) while parts are in flight, the pipeline
+    // rejects long before upload.done() settles — it waits for those parts and the abort — and an
+    // unhandled rejection would end the process. Its error is still awaited and mapped below.
+    piped.catch(() => {});
     try {
       await upload.done();
     } catch (err) {
@@ -166,28 +172,50 @@ export class S3Store implements ObjectStore {
     await this.client.send(new HeadBucketCommand({ Bucket: this.bucket }));
   }
 
-  /** At most 10 pages of uploads per call (one sweep pass); the next pass goes on. */
+  /**
+   * Only uploads under the service's own keys: with an empty prefix the bucket's root may hold other
+   * tools' uploads, which are not ours to end. At most 10 pages of uploads per key prefix and call (one
+   * sweep pass); the next pass goes on.
+   */
   async abortIncompleteUploads(olderThan: Date): Promise<number> {
     let aborted = 0;
-    let markers: { KeyMarker?: string; UploadIdMarker?: string } = {};
-    for (let page = 0; page < 10; page++) {
-      const res = await this.client.send(
-        new ListMultipartUploadsCommand({ Bucket: this.bucket, Prefix: this.prefix, ...markers }),
-      );
-      for (const u of res.Uploads ?? []) {
-        if (!u.Key || !u.UploadId || !u.Initiated || u.Initiated >= olderThan) continue;
-        await this.client.send(
-          new AbortMultipartUploadCommand({ Bucket: this.bucket, Key: u.Key, UploadId: u.UploadId }),
+    for (const keyPrefix of KEY_PREFIXES) {
+      let markers: { KeyMarker?: string; UploadIdMarker?: string } = {};
+      for (let page = 0; page < 10; page++) {
+        const res = await this.client.send(
+          new ListMultipartUploadsCommand({
+            Bucket: this.bucket,
+            Prefix: `${this.prefix}${keyPrefix}`,
+            ...markers,
+          }),
         );
-        aborted++;
+        for (const u of res.Uploads ?? []) {
+          if (!u.Key || !u.UploadId || !u.Initiated || u.Initiated >= olderThan) continue;
+          if (await this.abortUpload(u.Key, u.UploadId)) aborted++;
+        }
+        if (!res.IsTruncated) break;
+        markers = {
+          ...(res.NextKeyMarker ? { KeyMarker: res.NextKeyMarker } : {}),
+          ...(res.NextUploadIdMarker ? { UploadIdMarker: res.NextUploadIdMarker } : {}),
+        };
       }
-      if (!res.IsTruncated) break;
-      markers = {
-        ...(res.NextKeyMarker ? { KeyMarker: res.NextKeyMarker } : {}),
-        ...(res.NextUploadIdMarker ? { UploadIdMarker: res.NextUploadIdMarker } : {}),
-      };
     }
     return aborted;
+  }
+
+  /** Whether this call ended the upload; false when it was already gone. */
+  private async abortUpload(key: string, uploadId: string): Promise<boolean> {
+    try {
+      await this.client.send(
+        new AbortMultipartUploadCommand({ Bucket: this.bucket, Key: key, UploadId: uploadId }),
+      );
+      return true;
+    } catch (err) {
+      // Another worker's sweep (or the upload's own completion) got there first: the upload is gone,
+      // which is all the sweep wants.
+      if (err instanceof NoSuchUpload || (err as { name?: string }).name === "NoSuchUpload") return false;
+      throw err;
+    }
   }
 }
 

@@ -129,6 +129,12 @@ export function checkPrefix(prefix: string): string {
   return prefix;
 }
 
+/**
+ * The folders every key of the service is under. Whatever else a bucket holds (with an empty
+ * ASSAY_S3_PREFIX, Assay shares its root with other tools) is not ours to sweep.
+ */
+export const KEY_PREFIXES = ["files/", "outputs/"] as const;
+
 /** The storage key of an output file: `outputs/<outputKey>/<name>` (outputKey as runs.output_key has it). */
 export const outputObjectKey = (outputKey: string, name: string) => `outputs/${outputKey}/${name}`;
 

@@ -3,6 +3,7 @@ import assert from "node:assert/strict";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import { buffer } from "node:stream/consumers";
 import { after, before, describe, test } from "node:test";
 import { tokenCreate } from "../../src/auth/tokens.ts";
 import { decide } from "../../src/queue/outcomes.ts";
@@ -21,6 +22,7 @@ import {
   runOutputDir,
   strayOutputs,
 } from "../helpers/runner.ts";
+import { createTestBucket } from "../helpers/s3.ts";
 
 let env: RunnerEnv;
 let input: string;
@@ -112,6 +114,46 @@ describe("starting", () => {
     assert.equal(seen.cwd, path.dirname(FIXTURE));
     assert.equal(seen.argv[0], "--input");
     assert.ok(!JSON.stringify(seen.env).includes("postgres://"));
+  });
+
+  test("HOME is a private folder inside the attempt's own work folder, gone with it (local and S3 stores)", async () => {
+    const homesInTmp = () => fs.readdirSync(os.tmpdir()).filter((n) => n.startsWith("assay-home-"));
+    const before = new Set(homesInTmp());
+    const bucket = await createTestBucket();
+    const remote = await runnerEnv({ store: bucket.store() });
+    try {
+      for (const e of [env, remote]) {
+        const type = `fx-${++typeSeq}`;
+        const w = e.worker([fixtureProgram(type)]);
+        const taskId = await e.task(type, [await e.file("a,b\n1,2\n")], { mode: "home" });
+        await w.start();
+        const task = await waitForTerminal(e.db.sql, taskId, 30_000);
+        await w.stop();
+        assert.equal(task.status, "succeeded", e.storage.kind);
+        const [run] = await e.db.sql<{ key: string }[]>`
+          select output_key as key from runs where task_id = ${taskId}`;
+        const key = run?.key as string;
+        const { stream } = await e.storage.open(`outputs/${key}/home.json`);
+        const { home } = JSON.parse((await buffer(stream)).toString());
+        // `<workDir>/<runId>.<attempt>.<leaseToken>/home`: the attempt's folder is named as its output key.
+        assert.equal(home, path.join(e.dataDir, "work", path.basename(key), "home"), e.storage.kind);
+        assert.equal(fs.existsSync(home), false, "removed with the attempt's folder");
+        assert.deepEqual(fs.readdirSync(path.join(e.dataDir, "work")), [], e.storage.kind);
+        // Only the declared output was stored: the home stayed out of it.
+        assert.deepEqual(
+          (await e.storage.list(`outputs/${key}/`)).map((o) => o.key),
+          [`outputs/${key}/home.json`],
+        );
+      }
+    } finally {
+      await remote.close();
+      await bucket.drop();
+    }
+    assert.deepEqual(
+      homesInTmp().filter((n) => !before.has(n)),
+      [],
+      "no home left in the system's tmp folder",
+    );
   });
 
   test("the program and what it starts run at the configured CPU priority, never above the worker's", async () => {

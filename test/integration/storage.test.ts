@@ -45,6 +45,28 @@ function failingSource(bytes: number): Readable {
   });
 }
 
+/**
+ * A source that sends `total` bytes 64 KiB a tick, as a client's upload arrives, then ends — or fails
+ * after `failAfter` bytes. Paced, the store has parts in flight when the body fails or grows too large.
+ */
+function pacedSource(total: number, failAfter = Number.POSITIVE_INFINITY): Readable {
+  const chunk = 64 * 1024;
+  let sent = 0;
+  return new Readable({
+    read() {
+      setImmediate(() => {
+        if (sent >= failAfter) this.destroy(new Error("the client went away"));
+        else if (sent >= total) this.push(null);
+        else {
+          const n = Math.min(chunk, total - sent);
+          sent += n;
+          this.push(randomBytes(n));
+        }
+      });
+    },
+  });
+}
+
 const backends: [string, () => ObjectStore][] = [
   ["local", () => new LocalStore(fs.mkdtempSync(path.join(scratch, "local-")))],
   ["s3", () => bucket.store(`c${randomBytes(3).toString("hex")}/`)],
@@ -101,6 +123,25 @@ for (const [kind, make] of backends) {
         (err) => err instanceof SourceError && /went away/.test(String((err as Error).cause)),
       );
       await assert.rejects(store.open("files/cut"), (err) => err instanceof ObjectMissingError);
+      assert.equal(await store.abortIncompleteUploads(new Date(Date.now() + 3_600_000)), 0);
+    });
+
+    test("a paced body that fails or grows too large with parts in flight is refused, leaving nothing", async () => {
+      // The body's failure must not go unhandled while the store waits for the parts it sent: node:test
+      // fails the test on an unhandled rejection (the service's process would die of it).
+      const MiB = 1024 * 1024;
+      await assert.rejects(
+        store.put("files/paced-cut", pacedSource(12 * MiB, 8 * MiB), 16 * MiB),
+        (err) => err instanceof SourceError && /went away/.test(String((err as Error).cause)),
+      );
+      await assert.rejects(
+        store.put("files/paced-big", pacedSource(12 * MiB), 8 * MiB),
+        (err) => err instanceof PayloadTooLargeError,
+      );
+      assert.deepEqual(
+        (await store.list("files/paced")).map((o) => o.key),
+        [],
+      );
       assert.equal(await store.abortIncompleteUploads(new Date(Date.now() + 3_600_000)), 0);
     });
 

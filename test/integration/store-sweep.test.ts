@@ -7,6 +7,7 @@ import path from "node:path";
 import { Readable } from "node:stream";
 import { after, before, test } from "node:test";
 import {
+  AbortMultipartUploadCommand,
   CreateMultipartUploadCommand,
   ListMultipartUploadsCommand,
   UploadPartCommand,
@@ -142,3 +143,58 @@ for (const [kind, makeStore] of [
     await assert.rejects(store.open(key), /no object/);
   });
 }
+
+/** Starts a multipart upload of `key` (a full key: the bucket's own) that nobody completes. */
+async function startUpload(key: string): Promise<string> {
+  const client = bucket.store().client;
+  const { UploadId } = await client.send(new CreateMultipartUploadCommand({ Bucket: bucket.name, Key: key }));
+  await client.send(
+    new UploadPartCommand({ Bucket: bucket.name, Key: key, UploadId, PartNumber: 1, Body: "half" }),
+  );
+  return UploadId as string;
+}
+
+/** The keys of the bucket's incomplete uploads under `prefix`. */
+async function uploadKeys(prefix: string): Promise<string[]> {
+  const res = await bucket
+    .store()
+    .client.send(new ListMultipartUploadsCommand({ Bucket: bucket.name, Prefix: prefix }));
+  return (res.Uploads ?? []).map((u) => u.Key as string);
+}
+
+test("s3: two workers ending the same old upload at once both succeed (NoSuchUpload is not a failure)", async () => {
+  await startUpload("race/files/1234568");
+  const first = bucket.store("race/");
+  const second = bucket.store("race/");
+  // The second worker lists the upload, then the first aborts it before the second's abort arrives.
+  let raced = false;
+  second.client.middlewareStack.add(
+    (next, context) => async (args) => {
+      if (context.commandName === "AbortMultipartUploadCommand" && !raced) {
+        raced = true;
+        assert.ok((await sweepOf(first, -1000).runOnce()) >= 1);
+      }
+      return next(args);
+    },
+    { step: "initialize", name: "raceFirstWorker" },
+  );
+  await sweepOf(second, -1000).runOnce();
+  assert.ok(raced, "the second worker tried to abort the upload too");
+  assert.deepEqual(await uploadKeys("race/"), []);
+});
+
+test("s3: the sweep ends only uploads under Assay's own keys; another tool's old upload survives", async () => {
+  // An empty ASSAY_S3_PREFIX: Assay shares the bucket's root with whatever else writes there.
+  const otherId = await startUpload("other/backup.tar");
+  const lookalike = await startUpload("filesystem-dump");
+  await startUpload("files/1234569");
+  await startUpload("outputs/1/2.1.00000000-0000-4000-8000-000000000000/out.json");
+  await sweepOf(bucket.store(), -1000).runOnce();
+  assert.deepEqual((await uploadKeys("")).sort(), ["filesystem-dump", "other/backup.tar"]);
+  const { client } = bucket.store();
+  for (const [Key, UploadId] of [
+    ["other/backup.tar", otherId],
+    ["filesystem-dump", lookalike],
+  ])
+    await client.send(new AbortMultipartUploadCommand({ Bucket: bucket.name, Key, UploadId }));
+});
