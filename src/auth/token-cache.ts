@@ -65,6 +65,18 @@ export class TokenCache {
     return this.entries.size;
   }
 
+  private readonly revokeListeners = new Set<(tokenId: string) => void>();
+
+  /**
+   * Tells `listener` of every revoke (the token's id) and role change ("*": any token's principal
+   * may have changed) as its notification arrives: what a request checked once, at its start, such
+   * as a live event stream's right to its task, must be checked again. Returns the unsubscribe.
+   */
+  onRevoke(listener: (tokenId: string) => void): () => void {
+    this.revokeListeners.add(listener);
+    return () => this.revokeListeners.delete(listener);
+  }
+
   /**
    * Listens for revokes (on postgres.js's LISTEN connection, shared with the event hub). A reconnect
    * empties the cache: notifications may have been missed meanwhile.
@@ -73,7 +85,10 @@ export class TokenCache {
     try {
       const { unlisten } = await sql.listen(
         TOKENS_CHANNEL,
-        () => this.clear(),
+        (payload) => {
+          this.clear();
+          for (const listener of this.revokeListeners) listener(payload);
+        },
         () => {
           this.clear();
           this.listening = true;

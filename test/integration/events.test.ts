@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import net from "node:net";
 import { after, before, describe, test } from "node:test";
-import type { Principal } from "../../src/auth/tokens.ts";
+import { type Principal, tokenCreate, tokenRevoke } from "../../src/auth/tokens.ts";
 import { EventHub } from "../../src/events/hub.ts";
 import type { TaskEvent } from "../../src/events/read.ts";
 import { serveTaskEvents } from "../../src/http/routes/events.ts";
@@ -555,6 +555,59 @@ describe("the events NOTIFY", () => {
         );
       } finally {
         await unlisten();
+      }
+    },
+  );
+});
+
+describe("streams and their tokens", () => {
+  test(
+    "a revoke ends the token's live streams (not the same user's other token's); a role change ends every stream",
+    LIMIT,
+    async () => {
+      const revokee = await tokenCreate(t.db.sql, "stream-revokee");
+      const other = await tokenCreate(t.db.sql, "stream-revokee");
+      const user: Principal = { userId: revokee.userId, name: "stream-revokee", role: revokee.role };
+      // A task nobody runs: its streams stay open until something ends them.
+      const taskId = await createTask(t.db.sql, user, "ev-revoke", 1);
+      const url = `${base}/api/analysis-tasks/${taskId}/events`;
+      const hub = t.app.services.events;
+      const already = hub.size;
+      const revoked = await openSse(url, revokee.token);
+      const kept = await openSse(url, other.token);
+      assert.equal(revoked.status, 200);
+      assert.equal(kept.status, 200);
+      let keptEnded = false;
+      void kept.ended.then(() => {
+        keptEnded = true;
+      });
+      try {
+        await revoked.waitFor((events) => events.length === 1, 5_000);
+        await kept.waitFor((events) => events.length === 1, 5_000);
+        assert.equal(await tokenRevoke(t.db.sql, revokee.tokenId), true);
+        await Promise.race([
+          revoked.ended,
+          new Promise((_, reject) =>
+            setTimeout(() => reject(new Error("the revoked token's stream went on")), 5_000),
+          ),
+        ]);
+        await waitFor(async () => hub.size === already + 1, 5_000, "the revoked stream's subscription gone");
+        assert.equal(keptEnded, false, "the other token's stream goes on");
+        const again = await openSse(url, revokee.token);
+        assert.equal(again.status, 401);
+        again.close();
+        // A role change may change what any token's principal sees: every stream is checked again.
+        await tokenCreate(t.db.sql, "stream-revokee", "admin");
+        await Promise.race([
+          kept.ended,
+          new Promise((_, reject) =>
+            setTimeout(() => reject(new Error("the stream outlived a role change")), 5_000),
+          ),
+        ]);
+        await waitFor(async () => hub.size === already, 5_000, "no subscription left behind");
+      } finally {
+        revoked.close();
+        kept.close();
       }
     },
   );

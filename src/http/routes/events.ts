@@ -121,6 +121,18 @@ export async function serveTaskEvents(
 }
 
 export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = async (app, opts) => {
+  // Live streams by the token that opened them: a stream checks its token and its right to the task
+  // once, at its start, so a revoke ends the token's streams, and a role change ("*") every stream;
+  // their clients reconnect and are checked again (a revoked token gets 401).
+  const byToken = new Map<number, Set<AbortController>>();
+  const stopRevokes = app.services.tokens?.onRevoke((tokenId) => {
+    const streams = tokenId === "*" ? [...byToken.values()] : [byToken.get(Number(tokenId)) ?? []];
+    for (const set of streams) for (const stream of set) stream.abort();
+  });
+  app.addHook("onClose", async () => {
+    stopRevokes?.();
+  });
+
   app.get(
     "/analysis-tasks/:taskId/logs",
     {
@@ -162,6 +174,21 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
       const closed = new AbortController();
       reply.raw.once("close", () => closed.abort());
       if (reply.raw.destroyed) closed.abort();
+      // Before any await, like the close listener: a revoke that arrives from here on ends the stream.
+      const { tokenId } = principalOf(request);
+      const revoked = new AbortController();
+      let tokenStreams = byToken.get(tokenId);
+      if (!tokenStreams) {
+        tokenStreams = new Set();
+        byToken.set(tokenId, tokenStreams);
+      }
+      tokenStreams.add(revoked);
+      const forget = () => {
+        tokenStreams.delete(revoked);
+        if (tokenStreams.size === 0 && byToken.get(tokenId) === tokenStreams) byToken.delete(tokenId);
+      };
+      reply.raw.once("close", forget);
+      if (reply.raw.destroyed) forget();
       const { taskId } = request.params;
       const sql = app.services.database.sql;
       if (!isId(taskId) || !(await taskVisible(sql, principalOf(request), taskId)))
@@ -190,7 +217,7 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
           close: () => reply.sse.close(),
           destroy: () => raw.destroy(),
         },
-        AbortSignal.any([closed.signal, opts.streams]),
+        AbortSignal.any([closed.signal, opts.streams, revoked.signal]),
       );
     },
   );
