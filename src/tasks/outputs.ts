@@ -1,9 +1,11 @@
 // What a finished task offers for download: the succeeded runs' recorded outputs in the object store.
+import { createHash } from "node:crypto";
 import type { Principal } from "../auth/tokens.ts";
 import type { Sql } from "../db/client.ts";
 import { type OutputFile, SAFE_NAME } from "../runner/outputs.ts";
 import { type ObjectInfo, type ObjectStore, outputObjectKey, taskOutputsPrefix } from "../storage/store.ts";
 import { taskVisible, visible } from "./read.ts";
+import { RESULTS_FILE_NAME } from "./results.ts";
 import { TERMINAL_TASK_STATUSES } from "./states.ts";
 
 export interface RunOutput {
@@ -136,8 +138,11 @@ export async function runOutputFiles(store: ObjectStore, output: RunOutput): Pro
 /** A run of a zip, with its output files as the store lists them; `names` null: its output is missing. */
 export interface ZipRun {
   output: RunOutput;
-  /** Whether another succeeded run of the task has the same input name. */
-  repeated: boolean;
+  /**
+   * The run's folder in the zip: its input file's name, or with ` (run <id>)` when that name could
+   * share a folder with another run's, or with the results table, once extracted (see zipFolder).
+   */
+  folder: string;
   /** The run's output files in key order (safe names only); null when the result file is not there. */
   names: string[] | null;
 }
@@ -146,9 +151,72 @@ export interface ZipRun {
 export const ZIP_PAGE = 1000;
 
 /**
+ * An input name as one path segment of the zip. Input names were sanitised at upload (a base name, no
+ * control characters); be strict anyway: no separator, and no leading dot (`.`, `..`, a hidden file).
+ */
+export const zipFolderBase = (inputName: string) =>
+  inputName.replace(/[/\\]/g, "_").replace(/^\.+/, "_") || "input";
+
+/**
+ * How a folder compares where zips are extracted: macOS and Windows fold case, and macOS stores names
+ * decomposed, so `A.csv` and `a.csv`, or a composed and a decomposed `é.csv`, are one folder there.
+ * The same key as the CLI's downloads (client/download.ts). Computed here, not in SQL: PostgreSQL's
+ * lower() follows the database's collation (ASCII only under C, which the embedded cluster uses), so
+ * a duplicate check in SQL would miss `Ä.csv`/`ä.csv` on one database and not on another.
+ */
+export const zipFolderKey = (folder: string) => folder.normalize("NFC").toLowerCase();
+
+/**
+ * What every folder made unique ends with. An input named so is made unique too: else an input named
+ * `a.csv (run 12)` and run 12 of two runs named `a.csv` would share a folder. With it, a made-unique
+ * folder's key ends with its own run's id and a plain one's never does, so no two folders share a key.
+ */
+const RUN_SUFFIX = / \(run [0-9]+\)$/;
+
+/**
+ * The zip folder of a run: its input's name, with ` (run <id>)` when `shared` (another succeeded run's
+ * folder has the same key), when it is the results table's name at the root, or when it ends like a
+ * made-unique folder.
+ */
+export function zipFolder(inputName: string, runId: string, shared: boolean): string {
+  const base = zipFolderBase(inputName);
+  const key = zipFolderKey(base);
+  return shared || key === RESULTS_FILE_NAME || RUN_SUFFIX.test(key) ? `${base} (run ${runId})` : base;
+}
+
+/**
+ * A folder key in 48 bits: the task's keys are held as these numbers, 8 bytes a run whatever the
+ * names' lengths. Two keys that happen to hash alike only make both folders unique when they need
+ * not be: a collision never merges folders.
+ */
+const keyHash = (key: string) => createHash("sha256").update(key).digest().readUIntBE(0, 6);
+
+/** The sorted key hashes of a task's folders: whether a key is that of more than one run's. */
+class SharedKeys {
+  private readonly sorted: Float64Array;
+
+  constructor(hashes: Float64Array) {
+    this.sorted = hashes.sort();
+  }
+
+  /** Whether the folder of `inputName` is shared with another run's. */
+  shared(inputName: string): boolean {
+    const h = keyHash(zipFolderKey(zipFolderBase(inputName)));
+    let lo = 0;
+    let hi = this.sorted.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if ((this.sorted[mid] as number) < h) lo = mid + 1;
+      else hi = mid;
+    }
+    return this.sorted[lo] === h && this.sorted[lo + 1] === h;
+  }
+}
+
+/**
  * The succeeded runs of a task with their output files, in pages of ZIP_PAGE runs, for a zip that is
  * written page by page: what is in memory at once is one page of runs and one page of the store's
- * listing, plus 8 bytes per run (their ids, in order).
+ * listing, plus 16 bytes per run (their ids, in order, and their folder keys' hashes).
  *
  * The order is that of the runs' output keys, so one listing of the task's outputs, read forward in
  * step with the runs, gives every run's files in as many store requests as the task has objects /
@@ -156,22 +224,36 @@ export const ZIP_PAGE = 1000;
  * the order of the runs' `<key>/` prefixes is the order of the run ids' decimal text: `.` and `/` sort
  * before every digit. A key of another shape (none is written so) is listed on its own.
  *
- * The run ids are read first, in that order, as one compact value; each page's rows then by primary
- * key. A run that is gone by then (retention deleted the task) is an error: the zip must not end as if
- * whole without it.
+ * The run ids and input names are read first, in that order, by one statement read in pages (so the
+ * names and the ids are of one snapshot), and kept as packed ids and folder key hashes; each page's
+ * rows then by primary key. A run that is gone by then (retention deleted the task) is an error: the
+ * zip must not end as if whole without it.
  */
 export async function* zipPages(sql: Sql, store: ObjectStore, taskId: string): AsyncGenerator<ZipRun[]> {
-  const [ids] = await sql<{ ids: Buffer | null }[]>`
-    select string_agg(int8send(r.id), ''::bytea order by r.id::text collate "C") as ids
-    from runs r where r.task_id = ${taskId} and r.status = 'succeeded'`;
-  const packed = ids?.ids ?? Buffer.alloc(0);
-  const repeated = new Set(
-    (
-      await sql<{ name: string }[]>`
-        select r.input_name as name from runs r where r.task_id = ${taskId} and r.status = 'succeeded'
-        group by r.input_name having count(*) > 1`
-    ).map((r) => r.name),
-  );
+  const idChunks: Buffer[] = [];
+  const hashChunks: Float64Array[] = [];
+  await sql<{ id: string; name: string }[]>`
+    select r.id::text as id, r.input_name as name from runs r
+    where r.task_id = ${taskId} and r.status = 'succeeded'
+    order by r.id::text collate "C"`.cursor(ZIP_PAGE, (rows) => {
+    const ids = Buffer.alloc(rows.length * 8);
+    const hashes = new Float64Array(rows.length);
+    for (const [i, r] of rows.entries()) {
+      ids.writeBigInt64BE(BigInt(r.id), i * 8);
+      hashes[i] = keyHash(zipFolderKey(zipFolderBase(r.name)));
+    }
+    idChunks.push(ids);
+    hashChunks.push(hashes);
+  });
+  const packed = Buffer.concat(idChunks);
+  const allHashes = new Float64Array(packed.length / 8);
+  for (let i = 0, at = 0; i < hashChunks.length; at += (hashChunks[i] as Float64Array).length, i++) {
+    allHashes.set(hashChunks[i] as Float64Array, at);
+  }
+  // This frame lives as long as the zip is read: the chunks are copies of what is kept, let them go.
+  idChunks.length = 0;
+  hashChunks.length = 0;
+  const keys = new SharedKeys(allHashes);
   const listing = new Listing(store, taskOutputsPrefix(taskId));
   for (let at = 0; at < packed.length; at += ZIP_PAGE * 8) {
     const pageIds: string[] = [];
@@ -193,7 +275,7 @@ export async function* zipPages(sql: Sql, store: ObjectStore, taskId: string): A
       const names = output.usable ? await outputNames(store, listing, taskId, output) : [];
       page.push({
         output,
-        repeated: repeated.has(output.inputName),
+        folder: zipFolder(output.inputName, output.runId, keys.shared(output.inputName)),
         names: names.includes(output.outputFileName) ? names : null,
       });
     }

@@ -88,9 +88,25 @@ function rowLine(r: ResultRow, keys: readonly string[]): string {
 }
 
 /**
+ * The task was deleted (by retention) while its table was read: its later pages would come back empty
+ * and the table would end short but well-formed, so the stream fails instead.
+ */
+export class ResultsTaskGoneError extends Error {
+  constructor(taskId: string) {
+    super(`task ${taskId} was deleted while its results were read`);
+    this.name = "ResultsTaskGoneError";
+  }
+}
+
+/**
  * The table's lines: the header, then one line per run in id order, read a page at a time (keyset by
  * run id, one short query per page: no cursor holds a connection while a slow client reads). The
  * metric columns are read first; a run finishing meanwhile with a new key does not add a column.
+ *
+ * Each page is read together with the task's row, in one statement: a task and its runs are deleted
+ * in one statement too (the tasks_delete_children trigger), so a page without the task means it was
+ * deleted, and a page with it holds every run that is left after `after`. Checked on every page, not
+ * once: the runs that were read before are not deleted from the client's copy.
  */
 export async function* resultLines(
   sql: Sql,
@@ -99,15 +115,25 @@ export async function* resultLines(
 ): AsyncGenerator<string> {
   yield csvLine([...FIXED_COLUMNS, ...keys.map((k) => textCell(k))]);
   for (let after = "0"; ; ) {
-    const rows = await sql<ResultRow[]>`
-      select r.id::text as "runId", r.input_name as "inputName", r.status, r.attempt,
-             r.error_code as "errorCode", r.error_message as "errorMessage",
-             r.started_at as "startedAt", r.finished_at as "finishedAt",
-             r.result -> 'metrics' as metrics
-      from runs r
-      where r.task_id = ${taskId} and r.id > ${after}
-      order by r.id
-      limit ${PAGE}`;
+    // The task's row, left-joined to the page: no row at all when the task is gone, one row of nulls
+    // when it is there and no run is left.
+    const found = await sql<(ResultRow | { runId: null })[]>`
+      select r."runId", r."inputName", r.status, r.attempt, r."errorCode", r."errorMessage",
+             r."startedAt", r."finishedAt", r.metrics
+      from tasks t left join lateral (
+        select r.id, r.id::text as "runId", r.input_name as "inputName", r.status, r.attempt,
+               r.error_code as "errorCode", r.error_message as "errorMessage",
+               r.started_at as "startedAt", r.finished_at as "finishedAt",
+               r.result -> 'metrics' as metrics
+        from runs r
+        where r.task_id = t.id and r.id > ${after}
+        order by r.id
+        limit ${PAGE}
+      ) r on true
+      where t.id = ${taskId}
+      order by r.id`;
+    if (found.length === 0) throw new ResultsTaskGoneError(taskId);
+    const rows = found.filter((r): r is ResultRow => r.runId !== null);
     if (rows.length > 0) yield rows.map((r) => rowLine(r, keys)).join("");
     const last = rows.at(-1);
     if (rows.length < PAGE || !last) return;

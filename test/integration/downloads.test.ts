@@ -223,6 +223,29 @@ async function succeededTask(n: number): Promise<{ taskId: string; runIds: strin
   return { taskId, runIds };
 }
 
+/** Every entry of a zip with its content as text, read by Python's zipfile in one go. */
+function zipContents(zip: Buffer): Map<string, string> {
+  const zipPath = path.join(env.dataDir, `contents-${process.hrtime.bigint()}.zip`);
+  fs.writeFileSync(zipPath, zip);
+  try {
+    const out = execFileSync(
+      "python3",
+      [
+        "-c",
+        "import json,sys,zipfile; z=zipfile.ZipFile(sys.argv[1]); print(json.dumps([[n, z.read(n).decode()] for n in z.namelist()]))",
+        zipPath,
+      ],
+      { maxBuffer: 64 << 20 },
+    );
+    return new Map(JSON.parse(out.toString()) as [string, string][]);
+  } finally {
+    fs.rmSync(zipPath, { force: true });
+  }
+}
+
+/** A name as macOS and Windows compare it when a zip is extracted. */
+const onDisk = (name: string) => name.normalize("NFC").toLowerCase();
+
 test("a zip of more runs than a page: every run once, names unique across pages, ids past a power of ten", {
   timeout: 120_000,
 }, async () => {
@@ -238,8 +261,28 @@ test("a zip of more runs than a page: every run once, names unique across pages,
   const first = byKey[0] as string;
   const last = byKey.at(-1) as string;
   const results = byKey[5] as string;
+  const at = (i: number) => byKey.at(i) as string;
+  // Names that are distinct as text but one folder once sanitised (a leading dot becomes `_`), once
+  // extracted on macOS or Windows (case, Unicode normalisation), or beside the root results.csv; and
+  // an input named like another run's made-unique folder. Spread over both pages.
+  const hostile: [id: string, input: string, folder: string][] = [
+    [at(1), ".d.csv", `_d.csv (run ${at(1)})`],
+    [at(ZIP_PAGE + 10), "_d.csv", `_d.csv (run ${at(ZIP_PAGE + 10)})`],
+    [at(2), "D.csv", `D.csv (run ${at(2)})`],
+    [at(-2), "d.csv", `d.csv (run ${at(-2)})`],
+    [at(3), "Results.csv", `Results.csv (run ${at(3)})`],
+    [at(4), "...", `_ (run ${at(4)})`],
+    [at(6), "_", `_ (run ${at(6)})`],
+    [at(7), "Ä.csv", `Ä.csv (run ${at(7)})`],
+    [at(ZIP_PAGE + 20), "ä.csv", `ä.csv (run ${at(ZIP_PAGE + 20)})`],
+    [at(8), "\u00e9t\u00e9.csv", `\u00e9t\u00e9.csv (run ${at(8)})`],
+    [at(ZIP_PAGE + 30), "e\u0301te\u0301.csv", `e\u0301te\u0301.csv (run ${at(ZIP_PAGE + 30)})`],
+    [at(9), `same.csv (run ${last})`, `same.csv (run ${last}) (run ${at(9)})`],
+    [at(10), "ünïcødé — 数据 (run).csv", "ünïcødé — 数据 (run).csv"],
+  ];
   await env.db.sql`update runs set input_name = 'same.csv' where id in (${first}, ${last})`;
   await env.db.sql`update runs set input_name = 'results.csv' where id = ${results}`;
+  for (const [id, input] of hostile) await env.db.sql`update runs set input_name = ${input} where id = ${id}`;
   const res = await get(`/api/analysis-tasks/${taskId}/download`);
   assert.equal(res.statusCode, 200);
   const names = zipNames(res.rawPayload);
@@ -251,17 +294,26 @@ test("a zip of more runs than a page: every run once, names unique across pages,
         select id::text, input_name as name from runs where task_id = ${taskId}`
     ).map((r) => [r.id, r.name]),
   );
+  const hostileFolders = new Map(hostile.map(([id, , folder]) => [id, folder]));
   const folder = (id: string) =>
     id === first || id === last
       ? `same.csv (run ${id})`
       : id === results
         ? `results.csv (run ${id})`
-        : (inputs.get(id) as string);
+        : (hostileFolders.get(id) ?? (inputs.get(id) as string));
   // Every run once, in the order of their output keys (the text of their ids).
   assert.deepEqual(
     names.slice(1),
     byKey.map((id) => `${folder(id)}/result.json`),
   );
+  // Extracted where case and normalisation do not count, no entry overwrites another, no folder is
+  // the results table, and every run's own output is in its folder.
+  assert.equal(new Set(names.map(onDisk)).size, names.length);
+  const folders = names.slice(1).map((e) => e.slice(0, e.lastIndexOf("/")));
+  assert.equal(new Set(folders.map(onDisk)).size, n);
+  assert.ok(!folders.some((f) => onDisk(f) === "results.csv"));
+  const contents = zipContents(res.rawPayload);
+  for (const id of runIds) assert.equal(contents.get(`${folder(id)}/result.json`), `{"run":${id}}`, id);
   assert.equal(zipRead(res.rawPayload, `same.csv (run ${last})/result.json`).toString(), `{"run":${last}}`);
 });
 
@@ -349,5 +401,79 @@ test("a client that leaves while an output's read is stalled releases that read 
     assert.ok(released, "the stalled read was released when the client left");
   } finally {
     await stalling.close();
+  }
+});
+
+test("HEAD on an output, a view link, a zip or results.csv is 405 and reads nothing from the store", async () => {
+  const local = new LocalStore(fs.mkdtempSync(path.join(os.tmpdir(), "assay-dl-head-")));
+  const opened: string[] = [];
+  const store = new Proxy(local, {
+    get(target, prop, receiver) {
+      const value = Reflect.get(target, prop, receiver);
+      if (prop !== "open" || typeof value !== "function") return value;
+      return async (key: string) => {
+        opened.push(key);
+        return value.call(target, key);
+      };
+    },
+  });
+  const heads = await runnerEnv({ store });
+  try {
+    const logs: Record<string, unknown>[] = [];
+    const headApp = await heads.app(logs);
+    const user = (await tokenCreate(heads.db.sql, "héad-user")).token;
+    const w = heads.worker([fixtureProgram("dl-head")]);
+    await w.start();
+    const one = await heads.task("dl-head", [await heads.file("a\n1\n")], { mode: "ok" });
+    const many = await heads.task("dl-head", [await heads.file("a\n1\n"), await heads.file("b\n22\n")], {
+      mode: "ok",
+    });
+    await waitForTerminal(heads.db.sql, one);
+    await waitForTerminal(heads.db.sql, many);
+    await w.stop();
+    await heads.db.sql`update tasks set owner_id = (select id from users where name = 'héad-user')`;
+    const [run] = await heads.db.sql<{ id: string }[]>`
+      select r.id::text as id from runs r where r.task_id = ${many} order by r.id limit 1`;
+    const runUrl = `/api/analysis-tasks/${many}/runs/${run?.id}`;
+    const link = await headApp.inject({
+      method: "POST",
+      url: `${runUrl}/outputs/out.json/link`,
+      headers: bearer(user),
+    });
+    assert.equal(link.statusCode, 200, link.body);
+    const urls = [
+      `/api/analysis-tasks/${one}/download`,
+      `/api/analysis-tasks/${many}/download`,
+      `/api/analysis-tasks/${many}/results.csv`,
+      `${runUrl}/download`,
+      `${runUrl}/outputs/out.json`,
+      link.json().data.url as string,
+    ];
+    const answers = [];
+    for (const url of urls)
+      answers.push(await headApp.inject({ method: "HEAD", url, headers: bearer(user) }));
+    // Anything a HEAD had set going would have opened objects by now.
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    assert.deepEqual(opened, []);
+    assert.deepEqual(
+      logs.filter((l) => (l.level as number) >= 40),
+      [],
+    );
+    // A view link is a capability: not in the log for a HEAD either.
+    const linkPath = (link.json().data.url as string).split("/")[2] as string;
+    assert.ok(!JSON.stringify(logs).includes(linkPath), "the view link stays out of the log");
+    for (const [i, res] of answers.entries()) {
+      assert.equal(res.statusCode, 405, urls[i]);
+      assert.equal(res.headers.allow, "GET", urls[i]);
+      assert.equal(res.rawPayload.length, 0, urls[i]);
+    }
+    // GET still serves, and opens what it serves (the wrapper sees it).
+    for (const url of urls) {
+      const res = await headApp.inject({ url, headers: bearer(user) });
+      assert.equal(res.statusCode, 200, url);
+    }
+    assert.ok(opened.length >= urls.length - 1, opened.join(" "));
+  } finally {
+    await heads.close();
   }
 });

@@ -2,9 +2,15 @@
 // hostile file names and messages, metric columns, failed runs, a task still running, and a task of
 // thousands of runs read back in id order.
 import assert from "node:assert/strict";
+import { Writable } from "node:stream";
 import { after, before, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { tokenCreate } from "../../src/auth/tokens.ts";
+import { loadConfig } from "../../src/config.ts";
+import type { Sql } from "../../src/db/client.ts";
+import { expectedMigrationCount } from "../../src/db/migrate.ts";
+import { buildServer } from "../../src/http/server.ts";
+import { createLogger } from "../../src/log.ts";
 import { runClaim, runComplete } from "../../src/queue/sql.ts";
 import { guardFormula } from "../../src/tasks/results.ts";
 import { bearer } from "../helpers/app.ts";
@@ -313,4 +319,67 @@ test("a task of 3,000 runs streams every row once, in numeric id order across pa
   for (const r of succeeded) assert.equal(r.n, String(Number(r.run_id) % 7));
   // The run ids of the test template cross a power of ten: text order would differ from this.
   assert.ok(new Set(ids.map((r) => r.id.length)).size > 1, "the ids cross a power of ten");
+});
+
+test("results.csv of a task deleted between two pages is broken off, never ended as a shorter table", async () => {
+  const n = 1500; // more than a page (1,000 runs)
+  await idsCrossPowerOfTen(env.db.sql, "runs", n / 2);
+  const taskId = await createTask(env.db.sql, env.owner, "csv-gone", n);
+  await env.db.sql`
+    update runs set input_name = 'ünïcødé — ' || id || '.csv', error_message = ${'=1+1, "x"\n'}
+    where task_id = ${taskId}`;
+  // Retention's delete (the task row, and its runs by trigger), committed just before the second page
+  // is read: a page query is the one naming this task and a run id to read after.
+  let pages = 0;
+  const sql = new Proxy(env.db.sql, {
+    apply(target, thisArg, args: unknown[]) {
+      const [strings, ...values] = args;
+      const page = Array.isArray(strings) && strings.join("?").includes("r.id > ") && values.includes(taskId);
+      if (page && ++pages === 2) {
+        return (async () => {
+          await env.db.sql`delete from tasks where id = ${taskId}`;
+          return Reflect.apply(target, thisArg, args);
+        })();
+      }
+      return Reflect.apply(target, thisArg, args);
+    },
+  }) as Sql;
+  const logs: Record<string, unknown>[] = [];
+  const destination = new Writable({
+    write(chunk: Buffer, _enc, done) {
+      for (const line of chunk.toString().split("\n")) if (line) logs.push(JSON.parse(line));
+      done();
+    },
+  });
+  const raced = await buildServer(
+    {
+      config: loadConfig({ ASSAY_DATA_DIR: env.dataDir, DATABASE_URL: env.db.url }),
+      database: { ...env.db, sql },
+      storage: env.storage,
+      expectedMigrations: expectedMigrationCount(),
+    },
+    createLogger({ level: "info", destination }),
+  );
+  try {
+    const outcome = await raced
+      .inject({ url: `/api/analysis-tasks/${taskId}/results.csv`, headers: bearer(token) })
+      .then(
+        (res) => ({ status: res.statusCode, rows: table(res.body).rows.length }),
+        (err: unknown) => err,
+      );
+    assert.equal(pages, 2, "the task was deleted after the first page");
+    assert.ok(outcome instanceof Error, `ended whole: ${JSON.stringify(outcome)}`);
+    assert.match(outcome.message, /destroyed before completion/);
+    assert.ok(
+      logs.some(
+        (l) =>
+          l.msg === "results.csv broken off" &&
+          l.taskId === taskId &&
+          (l.err as { type?: string }).type === "ResultsTaskGoneError",
+      ),
+      JSON.stringify(logs.filter((l) => (l.level as number) >= 40)),
+    );
+  } finally {
+    await raced.close();
+  }
 });

@@ -55,18 +55,6 @@ export function contentDisposition(name: string, kind: "attachment" | "inline" =
 }
 
 /**
- * The folder of a run inside the zip: its input file's name, made unique with the run id when another
- * succeeded run of the task has the same input name or when it is the name of the results table at
- * the root.
- */
-function folderName(run: ZipRun): string {
-  const name = run.output.inputName;
-  // Input names were sanitised at upload (a base name, no control characters); be strict anyway.
-  const safe = name.replace(/[/\\]/g, "_").replace(/^\.+/, "_") || "input";
-  return run.repeated || name === RESULTS_FILE_NAME ? `${safe} (run ${run.output.runId})` : safe;
-}
-
-/**
  * A recorded output that is not there. When its task is gone too, retention deleted both between the
  * plan and the read: a 404, as if the request had come a moment later. Otherwise the store lost it: a
  * logged 500, before any byte is sent.
@@ -120,10 +108,9 @@ async function send(
         // A later page's missing output: the zip is broken off (logged), never ended without it.
         if (run.names === null)
           throw new ObjectMissingError(outputKeyOf(run.output, run.output.outputFileName));
-        const folder = folderName(run);
         for (const name of run.names) {
           const key = outputKeyOf(run.output, name);
-          yield { name: `${folder}/${name}`, open: async () => (await store.open(key)).stream };
+          yield { name: `${run.folder}/${name}`, open: async () => (await store.open(key)).stream };
         }
       }
     }
@@ -211,12 +198,27 @@ function zipStream(entries: AsyncGenerator<ZipEntry>, reply: FastifyReply): Read
   return Readable.from(bytes(), { objectMode: false });
 }
 
+/**
+ * HEAD on a route that streams a file, a zip or a table: 405, with `Allow: GET`. Fastify's own HEAD
+ * route would run the GET handler and read the streamed body to its end to discard it: an output read
+ * whole from the store (a full GET from S3) per HEAD, a zip's plan run and its stream destroyed. A
+ * truthful HEAD needs what only opening the object tells (whether it is there, its length), and a
+ * zip's or a table's length is not known before it is written, so these routes have none.
+ */
+function noHead(app: FastifyInstance, url: string, o: { logLevel?: "warn" } = {}) {
+  app.head(url, { schema: { hide: true }, ...o }, async (_request, reply) =>
+    reply.code(405).header("allow", "GET").send(),
+  );
+}
+
 export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const responses = { 409: ErrorBody, ...errorResponses };
 
+  noHead(app, "/analysis-tasks/:taskId/download");
   app.get(
     "/analysis-tasks/:taskId/download",
     {
+      exposeHeadRoute: false,
       schema: {
         summary: "The output: the file itself for a one-file task, else a zip with a folder per input file",
         tags: ["tasks"],
@@ -238,9 +240,11 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
   );
 
+  noHead(app, "/analysis-tasks/:taskId/results.csv");
   app.get(
     "/analysis-tasks/:taskId/results.csv",
     {
+      exposeHeadRoute: false,
       schema: {
         summary:
           "The task's runs as one CSV table (a row per run, a column per metric key); streamed, also while the task runs",
@@ -261,17 +265,20 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
       reply.header("content-disposition", contentDisposition(`task-${taskId}-results.csv`));
       reply.header("x-content-type-options", "nosniff");
       const csv = resultsCsv(sql, taskId, keys);
-      // A page that cannot be read mid-stream breaks the response off (never a complete-looking
-      // truncated table); Fastify destroys the connection, this says why.
+      // A page that cannot be read mid-stream, or a task that retention deleted between pages
+      // (resultLines checks it with every page), breaks the response off — never a complete-looking
+      // truncated table; Fastify destroys the connection, this says why.
       csv.once("error", (err) => reply.log.error({ err, taskId }, "results.csv broken off"));
       // The response schema lists errors only: the body is a stream, not JSON.
       return (reply as FastifyReply).send(csv);
     },
   );
 
+  noHead(app, "/analysis-tasks/:taskId/runs/:runId/download");
   app.get(
     "/analysis-tasks/:taskId/runs/:runId/download",
     {
+      exposeHeadRoute: false,
       schema: {
         summary: "One succeeded run's output file",
         tags: ["tasks"],
@@ -319,9 +326,11 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
   );
 
+  noHead(app, "/analysis-tasks/:taskId/runs/:runId/outputs/:name");
   app.get(
     "/analysis-tasks/:taskId/runs/:runId/outputs/:name",
     {
+      exposeHeadRoute: false,
       schema: {
         summary: "One output file of a run, shown inline in a sandbox (no script runs in this origin)",
         tags: ["tasks"],
@@ -378,9 +387,12 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
  * no fetch) and lets the document style itself and show inline images.
  */
 export const viewRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  // The link is a capability: its HEAD's request line stays out of the info log too.
+  noHead(app, "/view/:link/:name", { logLevel: "warn" });
   app.get(
     "/view/:link/:name",
     {
+      exposeHeadRoute: false,
       schema: { hide: true, params: Type.Object({ link: Type.String(), name: Type.String() }) },
       // The link is a capability: the request lines that name it stay out of the info log.
       logLevel: "warn",
