@@ -3,7 +3,7 @@
 // exit code. Nothing here (or in anything a client command imports) loads the server or its
 // configuration: a client command starts in a fraction of a second.
 import { type ParseArgsConfig, parseArgs } from "node:util";
-import { ClientUsageError, Interrupted, ServerProblem } from "../client/exit.ts";
+import { ClientUsageError, EXIT, Interrupted, OutputClosed, ServerProblem } from "../client/exit.ts";
 import { ApiClient } from "../client/http.ts";
 import { Output } from "../client/output.ts";
 
@@ -23,7 +23,8 @@ export const COMMON_HELP = `Common options:
   -h, --help     this help
 
 Exit codes: 0 done (the task succeeded), 1 the task failed, partially succeeded, timed out or was
-cancelled, 2 usage or validation error, 3 cannot reach or authenticate with the server, 130 Ctrl-C.`;
+cancelled, 2 usage or validation error, 3 cannot reach or authenticate with the server, 130 Ctrl-C,
+141 stdout was closed by its reader (\`| head\`).`;
 
 export interface ClientContext {
   client: ApiClient;
@@ -58,17 +59,59 @@ function clientFrom(values: { url?: string | undefined; token?: string | undefin
   }
   const token = values.token ?? process.env.ASSAY_TOKEN;
   if (!token) throw new ServerProblem("no API token: set ASSAY_TOKEN (or pass --token)");
+  // Such a token cannot even go into a header (fetch would throw before connecting); the token
+  // itself is never part of the message.
+  if (!/^[\x21-\x7e]+$/.test(token))
+    throw new ServerProblem(
+      "the API token has characters no token has (spaces, non-ASCII): check ASSAY_TOKEN",
+    );
   return new ApiClient(url, token);
 }
 
-/** Ctrl-C aborts the returned signal once; a second Ctrl-C exits at once with 130. */
+/** How long a command may take to wind down once its output is gone, before the process just exits. */
+const OUTPUT_CLOSED_GRACE_MS = 5_000;
+
+/** Set once stdout's reader has gone away (EPIPE): the command's exit code is then 141. */
+let outputClosed = false;
+
+/**
+ * Node ignores SIGPIPE, so a write after stdout's reader exited (`assay follow 42 | head -1`) is an
+ * 'error' event, which unhandled crashes the process with a stack trace and exit 1 — the code for a
+ * task that failed. Instead the command is stopped as by Ctrl-C (temporary files removed, the
+ * cursor restored) and exits 141, as a shell reports a process killed by SIGPIPE. The listeners stay
+ * for the process's life: the last lines a command prints fail only after it has returned.
+ */
+function watchOutput(stop: (reason: Interrupted) => void): void {
+  const onError = (err: NodeJS.ErrnoException) => {
+    if (err.code !== "EPIPE") throw err;
+    if (outputClosed) return;
+    outputClosed = true;
+    process.exitCode = EXIT.OUTPUT_CLOSED;
+    stop(new OutputClosed("the output was closed by its reader"));
+    // A step that ignores the signal (creating the task, which Ctrl-C does not cut off either)
+    // must not keep a process nobody listens to alive for long.
+    setTimeout(() => process.exit(EXIT.OUTPUT_CLOSED), OUTPUT_CLOSED_GRACE_MS).unref();
+  };
+  process.stdout.on("error", onError);
+  // With 2>&1 into the same pipe, stderr loses its reader too.
+  process.stderr.on("error", onError);
+  process.on("exit", () => {
+    if (outputClosed) process.exitCode = EXIT.OUTPUT_CLOSED;
+  });
+}
+
+/**
+ * Ctrl-C aborts the returned signal once; a second Ctrl-C exits at once with 130 (the 'exit'
+ * handlers of download.ts and tty.ts remove temporary files and show the cursor again).
+ */
 function interrupts(): { signal: AbortSignal; dispose: () => void } {
   const controller = new AbortController();
   const onSigint = () => {
-    if (controller.signal.aborted) process.exit(130);
+    if (controller.signal.aborted) process.exit(EXIT.INTERRUPTED);
     controller.abort(new Interrupted("interrupted"));
   };
   process.on("SIGINT", onSigint);
+  watchOutput((reason) => controller.abort(reason));
   return { signal: controller.signal, dispose: () => process.off("SIGINT", onSigint) };
 }
 
@@ -97,8 +140,11 @@ export async function runClientCommand<O extends Options>(
       out,
       signal: stop.signal,
     };
-    return await spec.run(ctx, args);
+    const code = await spec.run(ctx, args);
+    return outputClosed ? EXIT.OUTPUT_CLOSED : code;
   } catch (err) {
+    // Nobody reads the error line, and the stop was ours: quietly.
+    if (outputClosed) return EXIT.OUTPUT_CLOSED;
     if (err instanceof ClientUsageError) {
       const code = out.fail(err);
       if (!out.json)

@@ -31,7 +31,7 @@ export const downloadCommand = (argv: string[]) =>
       ) => {
         const taskId = taskIdArg(positionals, "assay download <taskId> [--out DIR]");
         const concurrency = intOption(values.concurrency, "concurrency", 8, 64);
-        const task = await taskGet(ctx.client, taskId);
+        const task = await taskGet(ctx.client, taskId, ctx.signal);
         if (!isTerminal(task.status)) {
           throw new TaskStateError(
             `task ${taskId} has not ended (${task.status}): wait with assay follow ${taskId}`,
@@ -40,7 +40,7 @@ export const downloadCommand = (argv: string[]) =>
         if (task.succeededCount === 0)
           throw new TaskStateError(`task ${taskId} ${task.status}: no run has outputs`);
         const out = path.resolve(values.out ?? `task-${taskId}`);
-        const runs = await runsOf(ctx.client, taskId, "succeeded");
+        const runs = await runsOf(ctx.client, taskId, "succeeded", ctx.signal);
         const folders = folderNames(runs);
         const { got, files } = await downloadReported(
           ctx,

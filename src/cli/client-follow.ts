@@ -176,7 +176,9 @@ export function eventLine(e: TaskEvent, names: Map<string, string>): string {
 
 async function printLogs(ctx: ClientContext, taskId: string, follow: boolean): Promise<number> {
   const names = new Map(
-    ctx.out.json ? [] : (await runsOf(ctx.client, taskId)).map((r) => [r.runId, r.fileName]),
+    ctx.out.json
+      ? []
+      : (await runsOf(ctx.client, taskId, undefined, ctx.signal)).map((r) => [r.runId, r.fileName]),
   );
   const print = (e: TaskEvent) => {
     ctx.out.line("event", e);
@@ -184,7 +186,7 @@ async function printLogs(ctx: ClientContext, taskId: string, follow: boolean): P
   };
   let after: string | null = null;
   for (;;) {
-    const page = await logsPage(ctx.client, taskId, after);
+    const page = await logsPage(ctx.client, taskId, after, 1000, ctx.signal);
     for (const e of page.items) print(e);
     after = page.items.at(-1)?.id ?? after;
     if (page.nextCursor === null) break;

@@ -7,12 +7,12 @@ import { randomUUID } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { analysisTypes, runsOf, taskCreate } from "../client/api.ts";
-import { folderFromLabel } from "../client/download.ts";
+import { foldersFromLabels } from "../client/download.ts";
 import { ClientUsageError, EXIT, Interrupted } from "../client/exit.ts";
 import { type ApiClient, ConnectionError } from "../client/http.ts";
 import type { LocalInput } from "../client/inputs.ts";
 import { listInputs } from "../client/inputs.ts";
-import { bytes, seconds, shown } from "../client/output.ts";
+import { bytes, fit, seconds, shown } from "../client/output.ts";
 import { type JsonSchema, knownParams, paramProblems, parseParams } from "../client/params.ts";
 import { mapLimit, sleep } from "../client/pool.ts";
 import { findCopies, hashInputs, uploadFile } from "../client/upload.ts";
@@ -35,12 +35,13 @@ task id. The parameters are checked against the type's schema before anything is
   --out DIR            when the task ends, download its outputs: DIR/<input path>/<output files>,
                        and DIR/results.csv
   --idempotency-key K  the same key again returns the same task instead of a new one
+                       (1 to 200 visible ASCII characters, no spaces)
   --concurrency N      uploads (and downloads) at once (default 8)
 
 Exit codes: 0 created (with --follow or --out: the task succeeded); 1 the task failed, partially
 succeeded, timed out or was cancelled; 2 bad arguments or parameters (nothing uploaded); 3 the
 server cannot be reached or refuses the token; 130 Ctrl-C (during uploads: no task was created;
-while following: the task goes on).
+while following: the task goes on); 141 stdout was closed by its reader.
 
 Examples:
   assay submit --type summary data/ --follow --out results/
@@ -66,8 +67,12 @@ interface SubmitValues {
 }
 
 /** The analysis type by name, with a list of the known ones when it is not one. */
-async function chooseType(c: ApiClient, name: string | undefined): Promise<AnalysisTypeInfo> {
-  const types = await analysisTypes(c);
+async function chooseType(
+  c: ApiClient,
+  name: string | undefined,
+  signal: AbortSignal,
+): Promise<AnalysisTypeInfo> {
+  const types = await analysisTypes(c, signal);
   const known = types.map((t) => t.name).join(", ");
   if (!name) throw new ClientUsageError(`--type is required (one of ${known})`);
   const type = types.find((t) => t.name === name);
@@ -228,14 +233,14 @@ async function createTask(
 
 async function downloadTo(ctx: ClientContext, taskId: string, out: string, sent: Sent, concurrency: number) {
   const labelOf = new Map(sent.records.map((r, i) => [r.fileId, sent.inputs[i]?.label ?? r.name]));
-  const runs = await runsOf(ctx.client, taskId, "succeeded");
+  const runs = await runsOf(ctx.client, taskId, "succeeded", ctx.signal);
+  const folders = foldersFromLabels(
+    runs.map((run) => ({ runId: run.runId, label: labelOf.get(run.inputFileId) ?? run.fileName })),
+  );
   const { got, files } = await downloadReported(
     ctx,
     taskId,
-    runs.map((run) => ({
-      run,
-      folder: folderFromLabel(labelOf.get(run.inputFileId) ?? run.fileName, run.runId),
-    })),
+    runs.map((run) => ({ run, folder: folders.get(run.runId) as string })),
     out,
     concurrency,
   );
@@ -244,11 +249,28 @@ async function downloadTo(ctx: ClientContext, taskId: string, out: string, sent:
   );
 }
 
+/**
+ * The server's rule for an Idempotency-Key (1–200 visible ASCII characters), checked before
+ * anything is uploaded: the server would refuse it only after every upload, and a character outside
+ * Latin-1 cannot even go into a header, which fetch reports like a network failure.
+ */
+const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,200}$/;
+
+function idempotencyKey(given: string | undefined): string {
+  if (given === undefined) return `assay-cli-${randomUUID()}`;
+  if (!IDEMPOTENCY_KEY.test(given))
+    throw new ClientUsageError(
+      `--idempotency-key must be 1 to 200 visible ASCII characters (no spaces), not ${JSON.stringify(fit(shown(given), 40))}`,
+    );
+  return given;
+}
+
 async function submit(ctx: ClientContext, values: SubmitValues, positionals: string[]): Promise<number> {
+  const key = idempotencyKey(values["idempotency-key"]);
   const concurrency = intOption(values.concurrency, "concurrency", 8, 64);
   const listed = listInputs(positionals);
   const out = prepareOut(values.out);
-  const type = await chooseType(ctx.client, values.type);
+  const type = await chooseType(ctx.client, values.type, ctx.signal);
   const parameters = await checkedParams(type, values.param ?? []);
   if (!type.available)
     ctx.out.note(`no worker runs ${type.name} right now (${type.reason}); its runs will wait for one`);
@@ -262,7 +284,6 @@ async function submit(ctx: ClientContext, values: SubmitValues, positionals: str
     ctx.out.note(message);
     return EXIT.INTERRUPTED;
   }
-  const key = values["idempotency-key"] ?? `assay-cli-${randomUUID()}`;
   const created = await createTask(ctx.client, type.name, sent, parameters, key);
   ctx.out.line("task", {
     taskId: created.taskId,

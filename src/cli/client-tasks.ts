@@ -68,11 +68,15 @@ export const tasksCommand = (argv: string[]) =>
           throw new ClientUsageError(`--status must be one of ${TASK_STATUSES.join(", ")}`);
         }
         const tasks = await upTo(limit, (q) =>
-          taskPage(ctx.client, {
-            ...q,
-            ...(status === undefined ? {} : { status }),
-            ...(values.type === undefined ? {} : { analysisType: values.type }),
-          }),
+          taskPage(
+            ctx.client,
+            {
+              ...q,
+              ...(status === undefined ? {} : { status }),
+              ...(values.type === undefined ? {} : { analysisType: values.type }),
+            },
+            ctx.signal,
+          ),
         );
         for (const t of tasks) ctx.out.line("task", t);
         ctx.out.say(
@@ -115,7 +119,10 @@ export const statusCommand = (argv: string[]) =>
       options: {},
       run: async (ctx: ClientContext, { positionals }: { positionals: string[] }) => {
         const taskId = taskIdArg(positionals, "assay status <taskId>");
-        const [task, runs] = await Promise.all([taskGet(ctx.client, taskId), runsOf(ctx.client, taskId)]);
+        const [task, runs] = await Promise.all([
+          taskGet(ctx.client, taskId, ctx.signal),
+          runsOf(ctx.client, taskId, undefined, ctx.signal),
+        ]);
         ctx.out.line("task", task);
         for (const r of runs) ctx.out.line("run", r);
         ctx.out.say(
@@ -165,13 +172,13 @@ export const cancelCommand = (argv: string[]) =>
       run: async (ctx: ClientContext, { positionals }: { positionals: string[] }) => {
         const taskId = taskIdArg(positionals, "assay cancel <taskId>");
         try {
-          const r = await taskCancel(ctx.client, taskId);
+          const r = await taskCancel(ctx.client, taskId, ctx.signal);
           ctx.out.line("cancel", r);
           ctx.out.say(`Cancellation accepted: task ${r.taskId} is ${r.status}`);
           return EXIT.OK;
         } catch (err) {
           if (err instanceof ApiRequestError && err.code === "ANALYSIS_TASK_ALREADY_FINISHED") {
-            const task = await taskGet(ctx.client, taskId);
+            const task = await taskGet(ctx.client, taskId, ctx.signal);
             throw new TaskStateError(`task ${taskId} had already ended (${task.status})`);
           }
           throw err;
@@ -197,7 +204,7 @@ export const filesCommand = (argv: string[]) =>
       options: { limit: { type: "string" } } as const,
       run: async (ctx: ClientContext, { values }: { values: { limit?: string } }) => {
         const limit = intOption(values.limit, "limit", 20, 100_000);
-        const files: FileRecord[] = await upTo(limit, (q) => filePage(ctx.client, q));
+        const files: FileRecord[] = await upTo(limit, (q) => filePage(ctx.client, q, ctx.signal));
         for (const f of files) ctx.out.line("file", f);
         ctx.out.say(
           files.length === 0
@@ -234,7 +241,7 @@ export const typesCommand = (argv: string[]) =>
       help: TYPES_HELP,
       options: {},
       run: async (ctx: ClientContext) => {
-        const types = await analysisTypes(ctx.client);
+        const types = await analysisTypes(ctx.client, ctx.signal);
         for (const t of types) ctx.out.line("type", t);
         for (const t of types) {
           const schema = t.parameters as JsonSchema;

@@ -21,8 +21,8 @@ const PAGE = 100;
 
 const enc = encodeURIComponent;
 
-export const analysisTypes = async (c: ApiClient) =>
-  (await c.get<{ items: AnalysisTypeInfo[] }>("/api/analysis-types")).items;
+export const analysisTypes = async (c: ApiClient, signal?: AbortSignal) =>
+  (await c.get<{ items: AnalysisTypeInfo[] }>("/api/analysis-types", undefined, signal)).items;
 
 /** Every item of a paged list, following `nextCursor`. */
 async function allPages<T>(
@@ -44,8 +44,8 @@ async function allPages<T>(
 export const filesBySha256 = (c: ApiClient, sha256: string, signal?: AbortSignal) =>
   allPages<FileRecord>(c, "/api/files", { sha256 }, signal);
 
-export const filePage = (c: ApiClient, q: { limit: number; cursor?: string }) =>
-  c.get<PageOf<FileRecord>>("/api/files", q);
+export const filePage = (c: ApiClient, q: { limit: number; cursor?: string }, signal?: AbortSignal) =>
+  c.get<PageOf<FileRecord>>("/api/files", q, signal);
 
 export async function taskCreate(
   c: ApiClient,
@@ -61,21 +61,34 @@ export async function taskCreate(
 export const taskGet = (c: ApiClient, taskId: string, signal?: AbortSignal) =>
   c.get<Task>(`/api/analysis-tasks/${enc(taskId)}`, undefined, signal);
 
-export const taskPage = (c: ApiClient, q: TaskListParams) =>
-  c.get<PageOf<Task>>("/api/analysis-tasks", { ...q });
+export const taskPage = (c: ApiClient, q: TaskListParams, signal?: AbortSignal) =>
+  c.get<PageOf<Task>>("/api/analysis-tasks", { ...q }, signal);
 
 /** Every run of a task (with `status`, only those), in run id order. */
-export const runsOf = (c: ApiClient, taskId: string, status?: RunStatus) =>
-  allPages<Run>(c, `/api/analysis-tasks/${enc(taskId)}/runs`, { status });
+export const runsOf = (c: ApiClient, taskId: string, status?: RunStatus, signal?: AbortSignal) =>
+  allPages<Run>(c, `/api/analysis-tasks/${enc(taskId)}/runs`, { status }, signal);
 
-export const taskCancel = (c: ApiClient, taskId: string) =>
-  c.json<CancelAccepted>("POST", `/api/analysis-tasks/${enc(taskId)}/cancel`);
+export const taskCancel = (c: ApiClient, taskId: string, signal?: AbortSignal) =>
+  c.json<CancelAccepted>("POST", `/api/analysis-tasks/${enc(taskId)}/cancel`, {
+    ...(signal === undefined ? {} : { signal }),
+  });
 
-export const logsPage = (c: ApiClient, taskId: string, after: string | null, limit = 1000) =>
-  c.get<LogsPage>(`/api/analysis-tasks/${enc(taskId)}/logs`, { limit, after: after ?? undefined });
+export const logsPage = (
+  c: ApiClient,
+  taskId: string,
+  after: string | null,
+  limit = 1000,
+  signal?: AbortSignal,
+) => c.get<LogsPage>(`/api/analysis-tasks/${enc(taskId)}/logs`, { limit, after: after ?? undefined }, signal);
 
-export const runOutputs = async (c: ApiClient, taskId: string, runId: string) =>
-  (await c.get<{ items: Output[] }>(`/api/analysis-tasks/${enc(taskId)}/runs/${enc(runId)}/outputs`)).items;
+export const runOutputs = async (c: ApiClient, taskId: string, runId: string, signal?: AbortSignal) =>
+  (
+    await c.get<{ items: Output[] }>(
+      `/api/analysis-tasks/${enc(taskId)}/runs/${enc(runId)}/outputs`,
+      undefined,
+      signal,
+    )
+  ).items;
 
 /** A streamed body (an output file, results.csv); an error status becomes an ApiRequestError. */
 export async function fetchBody(c: ApiClient, path: string, signal?: AbortSignal): Promise<Response> {

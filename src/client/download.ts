@@ -2,13 +2,14 @@
 // the task's results.csv at the top. Each file is written under a temporary name and renamed when
 // complete, so a file under its own name is whole; names from the server are used only as single
 // path segments inside the chosen directory.
+import { randomBytes } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import type { Run } from "../http/api-types.ts";
 import { fetchBody, outputPath, resultsCsvPath, runOutputs } from "./api.ts";
-import type { ApiClient } from "./http.ts";
+import { type ApiClient, ConnectionError } from "./http.ts";
 import { mapLimit } from "./pool.ts";
 
 export const RESULTS_FILE = "results.csv";
@@ -30,30 +31,59 @@ export function safeSegment(name: string): string {
 }
 
 /**
+ * How a name compares on the file systems people download to: macOS and Windows fold case, and
+ * macOS stores names decomposed (NFD), so "Ä.csv" typed and "Ä.csv" pasted are one folder there.
+ */
+const folderKey = (name: string) => name.normalize("NFC").toLowerCase();
+
+/**
+ * `wanted` folder per run, made distinct: every run of a name that would be one folder on some file
+ * system (after safeSegment, case folding or normalization) gets " (run <id>)", as in the task's
+ * zip. Both runs get it, not only the second, so a name never depends on the order runs came in.
+ */
+function distinctFolders(wanted: { runId: string; folder: string }[]): Map<string, string> {
+  const counts = new Map<string, number>([[RESULTS_FILE, 1]]);
+  for (const w of wanted) counts.set(folderKey(w.folder), (counts.get(folderKey(w.folder)) ?? 0) + 1);
+  const used = new Set<string>([RESULTS_FILE]);
+  const names = new Map<string, string>();
+  for (const { runId, folder } of wanted) {
+    const base = (counts.get(folderKey(folder)) ?? 0) > 1 ? `${folder} (run ${runId})` : folder;
+    // An input may itself be named like another's suffixed name ("a.csv (run 12)").
+    let name = base;
+    for (let n = 2; used.has(folderKey(name)); n++) name = `${base} (${n})`;
+    used.add(folderKey(name));
+    names.set(runId, name);
+  }
+  return names;
+}
+
+/**
  * A folder per run named after its input file, as in the task's zip: repeated names, and the name of
  * the results table at the top, get " (run <id>)".
  */
 export function folderNames(runs: Pick<Run, "runId" | "fileName">[]): Map<string, string> {
-  const counts = new Map<string, number>([[RESULTS_FILE, 1]]);
-  for (const r of runs) counts.set(safeSegment(r.fileName), (counts.get(safeSegment(r.fileName)) ?? 0) + 1);
-  return new Map(
-    runs.map((r) => {
-      const name = safeSegment(r.fileName);
-      return [r.runId, (counts.get(name) ?? 0) > 1 ? `${name} (run ${r.runId})` : name];
-    }),
-  );
+  return distinctFolders(runs.map((r) => ({ runId: r.runId, folder: safeSegment(r.fileName) })));
 }
 
 /**
- * Folders from the local inputs' labels ("sub/a.csv"): the input tree mirrored, every segment made
+ * A folder from a local input's label ("sub/a.csv"): the input tree mirrored, every segment made
  * safe; a top folder named like the results table gets " (run <id>)".
  */
 export function folderFromLabel(label: string, runId: string): string {
   const segments = label.split("/").map(safeSegment);
-  if (segments[0] === RESULTS_FILE) {
-    segments[0] = segments.length === 1 ? `${RESULTS_FILE} (run ${runId})` : `${RESULTS_FILE} (folder)`;
+  if (folderKey(segments[0] ?? "") === RESULTS_FILE) {
+    segments[0] = segments.length === 1 ? `${segments[0]} (run ${runId})` : `${segments[0]} (folder)`;
   }
   return segments.join("/");
+}
+
+/**
+ * Folders for runs from their inputs' labels (folderFromLabel), made distinct: labels that differ
+ * only in characters safeSegment drops or replaces ("a\tb.csv", "ab.csv"), in case, or in Unicode
+ * normalization would otherwise share a folder, and their downloads would overwrite each other.
+ */
+export function foldersFromLabels(runs: { runId: string; label: string }[]): Map<string, string> {
+  return distinctFolders(runs.map((r) => ({ runId: r.runId, folder: folderFromLabel(r.label, r.runId) })));
 }
 
 /** `rel` under `root`, refusing anything that would land outside it. */
@@ -64,20 +94,77 @@ function inside(root: string, rel: string): string {
   return full;
 }
 
-async function saveBody(res: Response, target: string): Promise<number> {
-  const tmp = `${target}.partial-${process.pid}`;
+/** Temporary files being written, removed if the process exits before they are renamed. */
+const partials = new Set<string>();
+let exitHook = false;
+
+/**
+ * A second Ctrl-C (or an EPIPE's last resort) ends the process with process.exit: no catch or
+ * finally runs, so the half-written files are removed here, synchronously, as it exits.
+ */
+function trackPartial(tmp: string): void {
+  partials.add(tmp);
+  if (exitHook) return;
+  exitHook = true;
+  process.on("exit", () => {
+    for (const p of partials) fs.rmSync(p, { force: true });
+  });
+}
+
+/** How long a download may wait for its next bytes (or its headers) before it is given up. */
+export const DOWNLOAD_IDLE_MS = 60_000;
+
+/**
+ * GET `route` into `target`: written under a temporary name of its own and renamed only when whole
+ * (and `expectedBytes` long, when known), so a file under its final name is always complete. The
+ * request is given up when no bytes arrive for `idleMs`: a server that stalls mid-body would
+ * otherwise hold the command forever.
+ */
+async function download(
+  c: ApiClient,
+  route: string,
+  target: string,
+  o: { signal: AbortSignal; idleMs: number; expectedBytes?: number; what: string },
+): Promise<number> {
+  const stalled = new AbortController();
+  const signal = AbortSignal.any([o.signal, stalled.signal]);
+  let idle: NodeJS.Timeout | undefined;
+  const armIdle = () => {
+    clearTimeout(idle);
+    idle = setTimeout(
+      () =>
+        stalled.abort(
+          new ConnectionError(`${o.what}: nothing received from ${c.shownUrl} for ${o.idleMs / 1000} s`),
+        ),
+      o.idleMs,
+    );
+  };
+  // Unique per call, not per process: two downloads to one target (which distinct folders should
+  // prevent, but a case-folding file system can still arrange) must never share a temporary file.
+  const tmp = `${target}.partial-${process.pid}-${randomBytes(6).toString("hex")}`;
   let written = 0;
   try {
+    armIdle();
+    const res = await fetchBody(c, route, signal);
+    trackPartial(tmp);
     const body = Readable.fromWeb(res.body as never);
     body.on("data", (chunk: Buffer) => {
       written += chunk.length;
+      armIdle();
     });
-    await pipeline(body, fs.createWriteStream(tmp));
+    await pipeline(body, fs.createWriteStream(tmp, { flags: "wx" }));
+    clearTimeout(idle);
+    if (o.expectedBytes !== undefined && written !== o.expectedBytes)
+      throw new ConnectionError(`${o.what}: received ${written} of ${o.expectedBytes} bytes`);
     fs.renameSync(tmp, target);
     return written;
   } catch (err) {
     fs.rmSync(tmp, { force: true });
+    if (stalled.signal.aborted && !o.signal.aborted) throw stalled.signal.reason;
     throw err;
+  } finally {
+    clearTimeout(idle);
+    partials.delete(tmp);
   }
 }
 
@@ -85,6 +172,8 @@ export interface DownloadOptions {
   concurrency: number;
   signal: AbortSignal;
   onRun?: (d: Downloaded) => void;
+  /** Give a download up after this long without bytes (default DOWNLOAD_IDLE_MS). */
+  idleMs?: number;
 }
 
 /** Downloads the outputs of `runs` (the succeeded ones) into `outDir/<folder of run>/`, and results.csv. */
@@ -97,18 +186,21 @@ export async function downloadOutputs(
 ): Promise<{ runs: Downloaded[]; resultsCsv: string }> {
   const root = path.resolve(outDir);
   fs.mkdirSync(root, { recursive: true });
+  const idleMs = o.idleMs ?? DOWNLOAD_IDLE_MS;
   const done = await mapLimit(runs, o.concurrency, async ({ run, folder }) => {
     const dir = inside(root, folder);
     fs.mkdirSync(dir, { recursive: true });
-    const outputs = await runOutputs(c, taskId, run.runId);
+    const outputs = await runOutputs(c, taskId, run.runId, o.signal);
     const files: string[] = [];
     let total = 0;
     for (const output of outputs) {
       const name = safeSegment(output.name);
-      const res = await fetchBody(c, outputPath(taskId, run.runId, output.name), o.signal);
-      const size = await saveBody(res, inside(dir, name));
-      if (size !== output.sizeBytes)
-        throw new Error(`${output.name} of run ${run.runId}: ${size} of ${output.sizeBytes} bytes`);
+      const size = await download(c, outputPath(taskId, run.runId, output.name), inside(dir, name), {
+        signal: o.signal,
+        idleMs,
+        expectedBytes: output.sizeBytes,
+        what: `${output.name} of run ${run.runId}`,
+      });
       files.push(name);
       total += size;
     }
@@ -117,6 +209,6 @@ export async function downloadOutputs(
     return d;
   });
   const resultsCsv = inside(root, RESULTS_FILE);
-  await saveBody(await fetchBody(c, resultsCsvPath(taskId), o.signal), resultsCsv);
+  await download(c, resultsCsvPath(taskId), resultsCsv, { signal: o.signal, idleMs, what: RESULTS_FILE });
   return { runs: done, resultsCsv };
 }

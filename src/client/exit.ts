@@ -12,6 +12,8 @@ export const EXIT = {
   SERVER: 3,
   /** Ctrl-C. */
   INTERRUPTED: 130,
+  /** stdout was closed by its reader (`assay follow 42 | head -1`): 128 + SIGPIPE, as shells report it. */
+  OUTPUT_CLOSED: 141,
 } as const;
 
 /** A problem with the command line or its inputs, found before (or without) asking the server. */
@@ -34,7 +36,13 @@ export class Interrupted extends Error {
   override name = "Interrupted";
 }
 
+/** stdout's reader went away, as an abort reason: nobody is left to read what the command prints. */
+export class OutputClosed extends Interrupted {
+  override name = "OutputClosed";
+}
+
 export function exitCodeOf(err: unknown): number {
+  if (err instanceof OutputClosed) return EXIT.OUTPUT_CLOSED;
   if (err instanceof Interrupted) return EXIT.INTERRUPTED;
   if (err instanceof ClientUsageError) return EXIT.USAGE;
   if (err instanceof TaskStateError) return EXIT.TASK_NOT_SUCCEEDED;
@@ -55,6 +63,7 @@ export function errorCodeOf(err: unknown): string {
   if (err instanceof ClientUsageError) return "USAGE";
   if (err instanceof ServerProblem) return "SERVER";
   if (err instanceof TaskStateError) return "TASK_STATE";
+  if (err instanceof OutputClosed) return "OUTPUT_CLOSED";
   if (err instanceof Interrupted) return "INTERRUPTED";
   return "CLIENT_ERROR";
 }

@@ -42,13 +42,16 @@ function networkReason(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
 }
 
+/** fetch's "fetch failed" (refused, reset, DNS, TLS): a TypeError whose cause is the real error. */
+const isNetworkFailure = (err: unknown) => err instanceof TypeError && err.cause !== undefined;
+
 export class ApiClient {
   readonly base: URL;
   readonly #token: string;
 
   /** Streamed uploads with this client's server and token. */
-  uploader(connections: number): Promise<Uploader> {
-    return Uploader.open(this, this.#token, connections);
+  uploader(connections: number, idleMs = UPLOAD_IDLE_MS): Promise<Uploader> {
+    return Uploader.open(this, this.#token, connections, idleMs);
   }
 
   constructor(baseUrl: string, token: string) {
@@ -92,6 +95,9 @@ export class ApiClient {
     } catch (err) {
       if (o.signal?.aborted) throw o.signal.reason;
       if (timeout?.aborted) throw new ConnectionError(`${this.shownUrl} did not answer in time`);
+      // fetch rejects with a TypeError for a request it could not even build too (a header value
+      // outside Latin-1, say): only one with a cause — the socket's error — is the network failing.
+      if (!isNetworkFailure(err)) throw err;
       throw new ConnectionError(`cannot reach ${this.shownUrl} (${networkReason(err)})`);
     }
   }
@@ -149,6 +155,13 @@ function errorFromBody(status: number, statusText: string, text: string): ApiReq
 export type BodyWriter = (write: (chunk: Buffer) => Promise<void>) => Promise<void>;
 
 /**
+ * How long an upload's connection may go without sending or receiving a byte before it is given up:
+ * a server that stops reading, or never answers once it has the body, would otherwise hold the
+ * command forever (an upload has no overall time limit: a large file takes as long as it takes).
+ */
+export const UPLOAD_IDLE_MS = 60_000;
+
+/**
  * Streamed POSTs over node:http(s) with keep-alive connections, for uploads. fetch with a streamed
  * body costs about a millisecond of CPU more per request (web streams), which is most of what a
  * thousand small uploads cost the client; and a write callback says when bytes were really handed
@@ -159,22 +172,30 @@ export class Uploader {
   readonly #token: string;
   readonly #agent: import("node:http").Agent;
   readonly #request: typeof import("node:http").request;
+  readonly #idleMs: number;
 
   private constructor(
     client: ApiClient,
     token: string,
     mod: typeof import("node:http"),
     connections: number,
+    idleMs: number,
   ) {
     this.#client = client;
     this.#token = token;
     this.#request = mod.request;
     this.#agent = new mod.Agent({ keepAlive: true, maxSockets: connections });
+    this.#idleMs = idleMs;
   }
 
-  static async open(client: ApiClient, token: string, connections: number): Promise<Uploader> {
+  static async open(
+    client: ApiClient,
+    token: string,
+    connections: number,
+    idleMs: number,
+  ): Promise<Uploader> {
     const mod = client.base.protocol === "https:" ? await import("node:https") : await import("node:http");
-    return new Uploader(client, token, mod as typeof import("node:http"), connections);
+    return new Uploader(client, token, mod as typeof import("node:http"), connections, idleMs);
   }
 
   /** The response's status and body text; throws ConnectionError when there is none. */
@@ -196,9 +217,15 @@ export class Uploader {
       const fail = (err: unknown) => {
         if (signal.aborted) reject(signal.reason);
         else if (bodyError !== undefined) reject(bodyError);
+        else if (err instanceof ConnectionError) reject(err);
         else reject(new ConnectionError(`cannot upload to ${shown} (${networkReason({ cause: err })})`));
       };
       req.on("error", fail);
+      req.setTimeout(this.#idleMs, () =>
+        req.destroy(
+          new ConnectionError(`${shown} neither took nor answered the upload for ${this.#idleMs / 1000} s`),
+        ),
+      );
       req.on("response", (res) => {
         let text = "";
         res.setEncoding("utf8");

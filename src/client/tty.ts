@@ -18,8 +18,18 @@ function finish(bars: cliProgress.MultiBar): void {
   bars.stop();
 }
 
+/** Bars that may have hidden the cursor, with their terminal. */
+const drawing = new Map<cliProgress.MultiBar, NodeJS.WriteStream>();
+
+// cli-progress shows the cursor again only in stop(), which a second Ctrl-C (process.exit) never
+// reaches: the shell would be left without a cursor. A terminal write is synchronous, so it can be
+// done here, as the process exits.
+process.on("exit", () => {
+  for (const [bars, stream] of drawing) if (bars.isActive) stream.write("\x1b[?25h");
+});
+
 function multiBar(stream: NodeJS.WriteStream, format: string): cliProgress.MultiBar {
-  return new cliProgress.MultiBar({
+  const bars = new cliProgress.MultiBar({
     stream,
     format,
     hideCursor: true,
@@ -29,6 +39,8 @@ function multiBar(stream: NodeJS.WriteStream, format: string): cliProgress.Multi
     autopadding: true,
     ...BAR_CHARS,
   });
+  drawing.set(bars, stream);
+  return bars;
 }
 
 /** Hashing, then uploading: two bars counted in bytes, with file counts. */

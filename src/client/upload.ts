@@ -134,14 +134,31 @@ export async function uploadFile(
     counted += chunk.length;
     onBytes(chunk.length);
   };
+  // The request declares the size the file had when it was hashed. A file that has shrunk since
+  // would leave the server waiting for bytes that never come, and one that grew would overrun the
+  // declared length: either is refused here, before the tail, and the failed body aborts the request.
+  const changed = () => new ClientUsageError(`${input.label} changed while it was uploaded`);
   const body: BodyWriter = async (write) => {
     await write(head);
     // A small file in one read (one request to the thread pool instead of open, reads and close).
-    if (input.sizeBytes <= SMALL_FILE) await send(write, await fs.promises.readFile(input.path, { signal }));
-    else {
-      for await (const chunk of fs.createReadStream(input.path, { highWaterMark: 256 * 1024, signal })) {
+    if (input.sizeBytes <= SMALL_FILE) {
+      const bytes = await fs.promises.readFile(input.path, { signal });
+      if (bytes.length !== input.sizeBytes) throw changed();
+      await send(write, bytes);
+    } else {
+      let read = 0;
+      // `end` is inclusive: at most one byte past the hashed size is read, enough to see growth.
+      const stream = fs.createReadStream(input.path, {
+        highWaterMark: 256 * 1024,
+        signal,
+        end: input.sizeBytes,
+      });
+      for await (const chunk of stream) {
+        read += (chunk as Buffer).length;
+        if (read > input.sizeBytes) throw changed();
         await send(write, chunk as Buffer);
       }
+      if (read !== input.sizeBytes) throw changed();
     }
     await write(tail);
   };

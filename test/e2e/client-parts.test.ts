@@ -2,24 +2,37 @@
 // mid-frame (against a tiny HTTP server of the test's own), the task tracker, parameters typed by a
 // schema, output folder names and exit codes.
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import fs from "node:fs";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
-import { test } from "node:test";
-import { folderFromLabel, folderNames, safeSegment } from "../../src/client/download.ts";
+import os from "node:os";
+import path from "node:path";
+import { after, test } from "node:test";
+import {
+  downloadOutputs,
+  folderFromLabel,
+  folderNames,
+  foldersFromLabels,
+  safeSegment,
+} from "../../src/client/download.ts";
 import {
   ClientUsageError,
   exitCodeOf,
   Interrupted,
+  OutputClosed,
   ServerProblem,
   TaskStateError,
 } from "../../src/client/exit.ts";
 import { ApiClient, ApiRequestError, ConnectionError } from "../../src/client/http.ts";
-import { serverName } from "../../src/client/inputs.ts";
+import { hashFile, serverName } from "../../src/client/inputs.ts";
 import { shown } from "../../src/client/output.ts";
 import { type JsonSchema, paramProblems, parseParams } from "../../src/client/params.ts";
 import { TaskTracker } from "../../src/client/progress.ts";
 import { SseParser, taskEvents } from "../../src/client/sse.ts";
-import type { TaskEvent } from "../../src/http/api-types.ts";
+import { uploadFile } from "../../src/client/upload.ts";
+import type { Run, TaskEvent } from "../../src/http/api-types.ts";
+import { cleanEnv, collect, ROOT, spawnCli } from "../helpers/cli.ts";
 
 test("the SSE parser joins frames split anywhere, with LF, CRLF or CR, and skips comments", () => {
   const text =
@@ -263,5 +276,343 @@ test("exit codes: 2 usage, 3 server, 1 task state, 130 Ctrl-C", () => {
   assert.equal(exitCodeOf(new ServerProblem("x")), 3);
   assert.equal(exitCodeOf(new TaskStateError("x")), 1);
   assert.equal(exitCodeOf(new Interrupted("x")), 130);
+  assert.equal(exitCodeOf(new OutputClosed("x")), 141);
   assert.equal(exitCodeOf(Object.assign(new Error("x"), { code: "EACCES" })), 2);
+});
+
+test("folder names that one file system would take for one folder are made distinct", () => {
+  // Labels that differ only in what safeSegment drops or replaces, in case, or in normalization
+  // (é composed, and e + combining acute as macOS stores it).
+  const labels = [
+    ["20", "a\tb.csv"],
+    ["21", "ab.csv"],
+    ["22", "a\\b.csv"],
+    ["23", "a_b.csv"],
+    ["24", "Données.csv"],
+    ["25", "données.csv"],
+    ["26", "caf\u00e9/x.csv"],
+    ["27", "cafe\u0301/x.csv"],
+    ["28", "RESULTS.CSV"],
+    ["29", "unique ✓.csv"],
+  ].map(([runId, label]) => ({ runId: runId as string, label: label as string }));
+  const folders = foldersFromLabels(labels);
+  assert.deepEqual(
+    [...folders.values()],
+    [
+      "ab.csv (run 20)",
+      "ab.csv (run 21)",
+      "a_b.csv (run 22)",
+      "a_b.csv (run 23)",
+      "Données.csv (run 24)",
+      "données.csv (run 25)",
+      "caf\u00e9/x.csv (run 26)",
+      "cafe\u0301/x.csv (run 27)",
+      "RESULTS.CSV (run 28)",
+      "unique ✓.csv",
+    ],
+  );
+  const keys = [...folders.values()].map((f) => f.normalize("NFC").toLowerCase());
+  assert.equal(new Set([...keys, "results.csv"]).size, labels.length + 1, "no two alike, none results.csv");
+  // A label that is literally another's suffixed name still gets a folder of its own.
+  assert.deepEqual(
+    [
+      ...foldersFromLabels([
+        { runId: "5", label: "x.csv" },
+        { runId: "6", label: "X.csv" },
+        { runId: "7", label: "x.csv (run 5)" },
+      ]).values(),
+    ],
+    ["x.csv (run 5)", "X.csv (run 6)", "x.csv (run 5) (2)"],
+  );
+  // assay download: the server's names, folded the same way.
+  assert.deepEqual(
+    [
+      ...folderNames([
+        { runId: "10", fileName: "Report.csv" },
+        { runId: "11", fileName: "report.csv" },
+        { runId: "12", fileName: "Results.CSV" },
+      ]).values(),
+    ],
+    ["Report.csv (run 10)", "report.csv (run 11)", "Results.CSV (run 12)"],
+  );
+});
+
+// ---- uploads and downloads against a tiny server of the test's own ----------------------------
+
+const scratch = fs.mkdtempSync(path.join(os.tmpdir(), "assay-client-parts-"));
+after(() => fs.rmSync(scratch, { recursive: true, force: true }));
+
+async function tinyServer(handler: http.RequestListener): Promise<{ c: ApiClient; close: () => void }> {
+  const server = http.createServer(handler);
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  return {
+    c: new ApiClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, "assay_test"),
+    close: () => {
+      server.closeAllConnections();
+      server.close();
+    },
+  };
+}
+
+/** Rejects with a message when `p` has not settled within `ms` (the bug here is a hang). */
+function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  return Promise.race([
+    p.finally(() => clearTimeout(timer)),
+    new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`${what}: still waiting after ${ms} ms`)), ms);
+    }),
+  ]);
+}
+
+/** Answers an upload the way the API does once the whole body has arrived. */
+const acceptUpload: http.RequestListener = (req, res) => {
+  let n = 0;
+  req.on("data", (c: Buffer) => {
+    n += c.length;
+  });
+  req.on("end", () => {
+    res.writeHead(201, { "content-type": "application/json" });
+    res.end(JSON.stringify({ data: { fileId: "1000001", name: "x", sizeBytes: n, sha256: "?" } }));
+  });
+};
+
+test("a file that shrinks or grows between hashing and upload fails at once with exit 2, not a hang", async () => {
+  const { c, close } = await tinyServer(acceptUpload);
+  const uploader = await c.uploader(2);
+  try {
+    // Small files are read whole, large ones streamed: both paths.
+    for (const [size, change] of [
+      [10_000, "shrink"],
+      [10_000, "grow"],
+      [3 * 1024 * 1024, "shrink"],
+      [3 * 1024 * 1024, "grow"],
+    ] as const) {
+      const file = path.join(scratch, `mesures ${change} ${size} — été.csv`);
+      fs.writeFileSync(file, Buffer.alloc(size, "1,2,3\n"));
+      const input = { path: file, label: `relevés/${path.basename(file)}`, ...(await hashFile(file)) };
+      if (change === "shrink") fs.truncateSync(file, Math.floor(size / 2));
+      else fs.appendFileSync(file, "4,5,6\n");
+      let counted = 0;
+      await assert.rejects(
+        within(
+          uploadFile(uploader, input, new AbortController().signal, (n) => {
+            counted += n;
+          }),
+          2000,
+          `upload of a file that did ${change}`,
+        ),
+        (err: unknown) =>
+          err instanceof ClientUsageError &&
+          err.message === `${input.label} changed while it was uploaded` &&
+          exitCodeOf(err) === 2,
+      );
+      assert.equal(counted, 0, "the bytes counted for the failed upload are taken back");
+    }
+  } finally {
+    uploader.close();
+    close();
+  }
+});
+
+test("an upload the server takes but never answers is given up after the idle timeout", async () => {
+  const { c, close } = await tinyServer((req) => req.resume());
+  const uploader = await c.uploader(1, 300);
+  const file = path.join(scratch, "données sans réponse.csv");
+  fs.writeFileSync(file, "id,value\n1,2\n");
+  const input = { path: file, label: "données sans réponse.csv", ...(await hashFile(file)) };
+  const t0 = performance.now();
+  try {
+    await assert.rejects(
+      within(
+        uploadFile(uploader, input, new AbortController().signal, () => {}),
+        3000,
+        "silent server",
+      ),
+      (err: unknown) => err instanceof ConnectionError && /for 0\.3 s/.test(err.message),
+    );
+    assert.ok(performance.now() - t0 < 2000);
+  } finally {
+    uploader.close();
+    close();
+  }
+});
+
+const outputsRoute = /^\/api\/analysis-tasks\/7\/runs\/70\/outputs$/;
+const run70 = { runId: "70", fileName: "entrée ✓.csv" } as Run;
+
+/** Every file under `dir`, relative. */
+const filesUnder = (dir: string) =>
+  fs.existsSync(dir)
+    ? (fs.readdirSync(dir, { recursive: true }) as string[]).filter((p) =>
+        fs.statSync(path.join(dir, p)).isFile(),
+      )
+    : [];
+
+test("a download shorter than its listed size fails and leaves no file under its name, nor a temporary one", async () => {
+  const { c, close } = await tinyServer((req, res) => {
+    if (outputsRoute.test(req.url ?? "")) {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify({ data: { items: [{ name: "résumé.json", sizeBytes: 10 }] } }));
+    } else {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end("12345");
+    }
+  });
+  const out = path.join(scratch, "court");
+  try {
+    await assert.rejects(
+      downloadOutputs(c, "7", [{ run: run70, folder: "entrée ✓.csv" }], out, {
+        concurrency: 2,
+        signal: new AbortController().signal,
+      }),
+      (err: unknown) => err instanceof ConnectionError && /received 5 of 10 bytes/.test(err.message),
+    );
+    assert.deepEqual(filesUnder(out), [], "neither résumé.json nor a .partial-* file");
+  } finally {
+    close();
+  }
+});
+
+test("a download that stalls mid-body is given up after the idle timeout and removed", async () => {
+  const { c, close } = await tinyServer((req, res) => {
+    if (outputsRoute.test(req.url ?? "")) {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify({ data: { items: [{ name: "gros fichier.csv", sizeBytes: 1000 }] } }));
+    } else {
+      // Half the body, then silence with the connection open.
+      res.writeHead(200, { "content-type": "text/csv", "content-length": "1000" });
+      res.write(Buffer.alloc(500, "x"));
+    }
+  });
+  const out = path.join(scratch, "bloqué");
+  try {
+    await assert.rejects(
+      within(
+        downloadOutputs(c, "7", [{ run: run70, folder: "entrée ✓.csv" }], out, {
+          concurrency: 1,
+          signal: new AbortController().signal,
+          idleMs: 300,
+        }),
+        3000,
+        "stalled download",
+      ),
+      (err: unknown) => err instanceof ConnectionError && /nothing received .* for 0\.3 s/.test(err.message),
+    );
+    assert.deepEqual(filesUnder(out), []);
+  } finally {
+    close();
+  }
+});
+
+test("a reader that closes the pipe early stops the client quietly with 141, not a crash with exit 1", async () => {
+  // A task that never ends and prints an event every few milliseconds: `assay follow 1 | head -1`.
+  let id = 10;
+  const { c, close } = await tinyServer((req, res) => {
+    if (req.url === "/api/analysis-tasks/1") {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify({ data: { taskId: "1", status: "running", totalCount: 1 } }));
+      return;
+    }
+    res.writeHead(200, { "content-type": "text/event-stream" });
+    const timer = setInterval(() => {
+      id++;
+      const e = {
+        id: String(id),
+        taskId: "1",
+        runId: "5",
+        type: "run.progress",
+        data: { percent: id % 100, message: "lecture de « données » ✓" },
+        createdAt: "2026-12-01T00:00:00.000Z",
+      };
+      res.write(`id: ${id}\nevent: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`);
+    }, 2);
+    res.on("close", () => clearInterval(timer));
+  });
+  try {
+    const child = spawnCli(["follow", "1"], cleanEnv({ ASSAY_URL: c.shownUrl, ASSAY_TOKEN: "assay_test" }));
+    const done = collect(child);
+    // The first line, then the reader goes away as `head -1` does.
+    await new Promise<void>((resolve) => {
+      let text = "";
+      const onData = (chunk: Buffer) => {
+        text += chunk.toString();
+        if (!text.includes("\n")) return;
+        child.stdout?.off("data", onData);
+        child.stdout?.destroy();
+        resolve();
+      };
+      child.stdout?.on("data", onData);
+    });
+    const r = await within(done, 10_000, "the client after its reader went away");
+    assert.doesNotMatch(r.stderr, /Unhandled 'error' event|EPIPE|\n\s+at /, r.stderr);
+    assert.equal(r.code, 141, r.stderr);
+  } finally {
+    close();
+  }
+});
+
+test("a process that exits mid-download (a second Ctrl-C) leaves no temporary file behind", async () => {
+  const { c, close } = await tinyServer((req, res) => {
+    if (outputsRoute.test(req.url ?? "")) {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify({ data: { items: [{ name: "à moitié.csv", sizeBytes: 1000 }] } }));
+    } else {
+      res.writeHead(200, { "content-type": "text/csv", "content-length": "1000" });
+      res.write(Buffer.alloc(500, "x"));
+    }
+  });
+  const out = path.join(scratch, "interrompu");
+  // The download in a process of its own that, once the temporary file exists, exits the way the
+  // second Ctrl-C does: process.exit, no catch or finally run.
+  const script = `
+    import fs from "node:fs";
+    import { downloadOutputs } from ${JSON.stringify(path.join(ROOT, "src/client/download.ts"))};
+    import { ApiClient } from ${JSON.stringify(path.join(ROOT, "src/client/http.ts"))};
+    const out = ${JSON.stringify(out)};
+    downloadOutputs(new ApiClient(${JSON.stringify(c.shownUrl)}, "assay_test"), "7",
+      [{ run: { runId: "70", fileName: "x" }, folder: "entrée ✓.csv" }], out,
+      { concurrency: 1, signal: new AbortController().signal });
+    const dir = out + "/entrée ✓.csv";
+    const poll = setInterval(() => {
+      const names = fs.existsSync(dir) ? fs.readdirSync(dir) : [];
+      if (names.some((n) => n.includes(".partial-") && fs.statSync(dir + "/" + n).size > 0)) {
+        console.log("partial:", names.join(","));
+        process.exit(130);
+      }
+    }, 5);`;
+  try {
+    const child = spawn(process.execPath, ["--input-type=module", "-e", script], {
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    const r = await within(collect(child), 10_000, "the downloading process");
+    assert.equal(r.code, 130, r.stderr);
+    assert.match(r.stdout, /partial: à moitié\.csv\.partial-\d+-[0-9a-f]+/, "it did exit mid-download");
+    assert.deepEqual(filesUnder(out), []);
+  } finally {
+    close();
+  }
+});
+
+test("Ctrl-C stops a small command waiting on a silent server at once, not after its 30 s timeout", async () => {
+  let asked = () => {};
+  // Takes every request and never answers.
+  const { c, close } = await tinyServer(() => asked());
+  try {
+    for (const args of [["status", "100000042"], ["types"]]) {
+      const reached = new Promise<void>((r) => {
+        asked = r;
+      });
+      const child = spawnCli(args, cleanEnv({ ASSAY_URL: c.shownUrl, ASSAY_TOKEN: "assay_test" }));
+      const done = collect(child);
+      await reached;
+      const t0 = performance.now();
+      child.kill("SIGINT");
+      const r = await within(done, 5000, `assay ${args.join(" ")} after Ctrl-C`);
+      assert.equal(r.code, 130, r.stderr);
+      assert.ok(performance.now() - t0 < 3000);
+    }
+  } finally {
+    close();
+  }
 });

@@ -193,6 +193,70 @@ test("a re-submit of the same folder uploads nothing and makes a task over the s
   assert.equal(ofKind(a, "task")[0]?.taskId, ofKind(b, "task")[0]?.taskId);
 });
 
+test("submit --out: inputs whose folders would coincide get one folder each, with their own outputs", async () => {
+  // Pairs that are one folder after control characters are dropped and separators replaced, or on a
+  // file system that folds case or normalization (macOS, Windows).
+  const dir = path.join(work, "collide");
+  const rowsOf: Record<string, number> = {
+    "a\tb.csv": 31,
+    "ab.csv": 32,
+    "a\\b.csv": 33,
+    "a_b.csv": 34,
+    "Relevé.csv": 35,
+    "relevé.csv": 36,
+    "caf\u00e9.csv": 37,
+    "cafe\u0301.csv": 38,
+  };
+  fs.mkdirSync(dir);
+  for (const [name, rows] of Object.entries(rowsOf)) fs.writeFileSync(path.join(dir, name), csv(rows, rows));
+  const out = path.join(work, "collide-out");
+  const r = await client(["submit", "--type", "summary", dir, "--out", out], server.env(token));
+  assert.equal(r.code, 0, r.stderr);
+  const lines = jsonLines(r.stdout);
+  const pathOf = new Map(ofKind(lines, "file").map((f) => [f.fileId as string, f.path as string]));
+  const taskId = ofKind(lines, "task")[0]?.taskId as string;
+  const runs = await apiAll<{ runId: string; inputFileId: string }>(
+    server,
+    token,
+    `/api/analysis-tasks/${taskId}/runs`,
+  );
+  const downloads = ofKind(lines, "download");
+  assert.equal(downloads.length, 8);
+  const folders = downloads.map((d) => d.folder as string);
+  assert.equal(
+    new Set(folders.map((f) => f.normalize("NFC").toLowerCase())).size,
+    8,
+    `one folder per input on any file system: ${folders.join(" | ")}`,
+  );
+  for (const d of downloads) {
+    const run = runs.find((x) => x.runId === d.runId);
+    const local = pathOf.get(run?.inputFileId as string) as string;
+    assert.match(d.folder as string, new RegExp(` \\(run ${d.runId}\\)$`), `${local}: its run id`);
+    const summary = JSON.parse(fs.readFileSync(path.join(out, d.folder as string, "summary.json"), "utf8"));
+    assert.equal(summary.rows, rowsOf[local], `${d.folder} holds the outputs of ${JSON.stringify(local)}`);
+  }
+  assert.deepEqual(
+    fs.readdirSync(out).filter((f) => f.includes(".partial-")),
+    [],
+    "no temporary file left behind",
+  );
+  assert.equal(fs.readdirSync(out).length, 9, "eight folders and results.csv");
+});
+
+test("a bad --idempotency-key exits 2 before anything is uploaded", async () => {
+  const dave = await server.token("dave");
+  for (const key of ["a b", "日本", "x".repeat(201), ""]) {
+    const r = await client(
+      ["submit", "--type", "summary", inputDir, "--idempotency-key", key],
+      server.env(dave),
+    );
+    assert.equal(r.code, 2, `${JSON.stringify(key)}: ${r.stderr}`);
+    assert.equal(ofKind(jsonLines(r.stdout), "error")[0]?.code, "USAGE");
+    assert.match(r.stderr, /--idempotency-key must be 1 to 200 visible ASCII characters/);
+  }
+  assert.deepEqual(await apiAll(server, dave, "/api/files"), [], "nothing was uploaded");
+});
+
 test("a failing type exits 1 and names the runs that failed", async () => {
   const dir = path.join(work, "mixed");
   fs.mkdirSync(dir);
