@@ -38,16 +38,20 @@ const folderKey = (name: string) => name.normalize("NFC").toLowerCase();
 
 /**
  * `wanted` folder per run, made distinct: every run of a name that would be one folder on some file
- * system (after safeSegment, case folding or normalization) gets " (run <id>)", as in the task's
- * zip. Both runs get it, not only the second, so a name never depends on the order runs came in.
+ * system (after safeSegment, case folding or normalization), and one marked `runLike`, gets
+ * " (run <id>)", as in the task's zip. Both runs get it, not only the second, so a name never
+ * depends on the order runs came in.
  */
-function distinctFolders(wanted: { runId: string; folder: string }[]): Map<string, string> {
+function distinctFolders(
+  wanted: { runId: string; folder: string; runLike?: boolean }[],
+): Map<string, string> {
   const counts = new Map<string, number>([[RESULTS_FILE, 1]]);
   for (const w of wanted) counts.set(folderKey(w.folder), (counts.get(folderKey(w.folder)) ?? 0) + 1);
   const used = new Set<string>([RESULTS_FILE]);
   const names = new Map<string, string>();
-  for (const { runId, folder } of wanted) {
-    const base = (counts.get(folderKey(folder)) ?? 0) > 1 ? `${folder} (run ${runId})` : folder;
+  for (const { runId, folder, runLike } of wanted) {
+    const suffix = (counts.get(folderKey(folder)) ?? 0) > 1 || runLike === true;
+    const base = suffix ? `${folder} (run ${runId})` : folder;
     // An input may itself be named like another's suffixed name ("a.csv (run 12)").
     let name = base;
     for (let n = 2; used.has(folderKey(name)); n++) name = `${base} (${n})`;
@@ -62,7 +66,14 @@ function distinctFolders(wanted: { runId: string; folder: string }[]): Map<strin
  * the results table at the top, get " (run <id>)".
  */
 export function folderNames(runs: Pick<Run, "runId" | "fileName">[]): Map<string, string> {
-  return distinctFolders(runs.map((r) => ({ runId: r.runId, folder: safeSegment(r.fileName) })));
+  return distinctFolders(
+    runs.map((r) => {
+      const folder = safeSegment(r.fileName);
+      // A name that already ends like a suffixed one ("a.csv (run 12)") gets its own suffix too, as
+      // the zip gives it: it could otherwise take the folder a repeated name's run 12 gets.
+      return { runId: r.runId, folder, runLike: / \(run \d+\)$/.test(folder) };
+    }),
+  );
 }
 
 /**

@@ -168,7 +168,9 @@ export class EventHub {
   /** The LISTEN connection's identity (see listenState); undefined before the first LISTEN returned. */
   private connection(): string | undefined {
     const s = this.listenState;
-    return s ? `${String(s.pid)}:${String(s.secret)}` : undefined;
+    // Without BackendKeyData (a pooler may not send it) there is no identity to go by: undefined,
+    // so every onlisten catches up, as before the identity was used.
+    return s && s.pid != null ? `${String(s.pid)}:${String(s.secret)}` : undefined;
   }
 
   /**
@@ -211,7 +213,10 @@ export class EventHub {
         this.tasks.get(taskId)?.delete(sub);
         sub.fail();
       }
-      if (this.tasks.get(taskId)?.size === 0) this.tasks.delete(taskId);
+      if (this.tasks.get(taskId)?.size === 0) {
+        this.tasks.delete(taskId);
+        this.chains.delete(taskId);
+      }
     });
     this.chains.set(taskId, next);
   }

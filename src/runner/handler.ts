@@ -11,6 +11,7 @@ import { ObjectMissingError, type ObjectStore, outputObjectKey } from "../storag
 import type { GroupRegistry } from "./group-guard.ts";
 import { attemptOutputKey, checkOutputs, type OutputFile } from "./outputs.ts";
 import { type ProcessResult, runProcess } from "./run-process.ts";
+import { removeTree } from "./workdir.ts";
 
 export interface ProcessHandlerDeps {
   /** Where inputs are read from and outputs go. */
@@ -68,7 +69,12 @@ function localPlace(
   // Synchronous: a local metadata call is cheaper than a thread-pool round trip, and it sits on the
   // path from claim to spawn.
   fs.mkdirSync(outputDir, { recursive: true });
-  fs.mkdirSync(home);
+  try {
+    fs.mkdirSync(home);
+  } catch (err) {
+    fs.rmSync(dir, { recursive: true, force: true });
+    throw err;
+  }
   return {
     inputPath,
     outputDir,
@@ -78,9 +84,7 @@ function localPlace(
       fs.mkdirSync(path.dirname(target), { recursive: true });
       fs.renameSync(outputDir, target);
     },
-    close: async () => {
-      await fsp.rm(dir, { recursive: true, force: true });
-    },
+    close: () => removeTree(dir),
   };
 }
 
@@ -95,8 +99,13 @@ async function remotePlace(
   const inputPath = path.join(dir, "input");
   const outputDir = path.join(dir, "out");
   const home = path.join(dir, "home");
-  await fsp.mkdir(outputDir, { recursive: true });
-  await fsp.mkdir(home);
+  try {
+    await fsp.mkdir(outputDir, { recursive: true });
+    await fsp.mkdir(home);
+  } catch (err) {
+    await fsp.rm(dir, { recursive: true, force: true }).catch(() => {});
+    throw err;
+  }
   const place: AttemptPlace = {
     inputPath,
     outputDir,
@@ -110,9 +119,7 @@ async function remotePlace(
         throw err;
       }
     },
-    close: async () => {
-      await fsp.rm(dir, { recursive: true, force: true });
-    },
+    close: () => removeTree(dir),
   };
   try {
     await store.download(run.inputStorageKey, inputPath);
@@ -267,7 +274,9 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
       await place.keep(check.files);
       return { ...outcome, result: { ...outcome.result, files: check.files }, outputKey };
     } finally {
-      await place.close();
+      // Must not replace the outcome (the outputs may be the store's already): a folder that cannot be
+      // removed is left to the worker's own close and the next sweep of leftovers.
+      await place.close().catch(() => {});
     }
   };
 }

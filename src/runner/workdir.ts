@@ -61,13 +61,42 @@ async function abandoned(root: string, name: string, tag: string, now: number): 
   return stat !== undefined && now - stat.mtimeMs > WORKDIR_ABANDONED_MS;
 }
 
-/** Removes the leftovers of workers that are gone; returns how many. */
+/**
+ * Removes a folder and everything in it, also what a program left read-only (a Go module cache in its
+ * HOME is read-only directories): a plain recursive rm fails there for any user but root, so on
+ * EACCES or EPERM the tree's folders are made writable and the rm tried once more.
+ */
+export async function removeTree(dir: string): Promise<void> {
+  try {
+    await fsp.rm(dir, { recursive: true, force: true });
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code !== "EACCES" && code !== "EPERM") throw err;
+    await writable(dir);
+    await fsp.rm(dir, { recursive: true, force: true });
+  }
+}
+
+async function writable(dir: string): Promise<void> {
+  await fsp.chmod(dir, 0o700).catch(() => {});
+  const entries = await fsp.readdir(dir, { withFileTypes: true }).catch(() => []);
+  for (const e of entries) if (e.isDirectory()) await writable(path.join(dir, e.name));
+}
+
+/**
+ * Removes the leftovers of workers that are gone; returns how many. A folder that cannot be removed is
+ * skipped (the next sweep tries again): it must not stop a worker from starting.
+ */
 export async function sweepWorkDirs(root: string, tag = machineTag(), now = Date.now()): Promise<number> {
   let removed = 0;
   for (const name of await fsp.readdir(root).catch(() => [])) {
     if (await abandoned(root, name, tag, now)) {
-      await fsp.rm(path.join(root, name), { recursive: true, force: true });
-      removed++;
+      try {
+        await removeTree(path.join(root, name));
+        removed++;
+      } catch {
+        // Left for the next sweep; the folder's owner may fix its permissions meanwhile.
+      }
     }
   }
   return removed;
@@ -91,7 +120,7 @@ export async function openWorkDir(dataDir: string, o: { touchMs?: number } = {})
     dir,
     close: async () => {
       clearInterval(timer);
-      await fsp.rm(dir, { recursive: true, force: true });
+      await removeTree(dir);
     },
   };
 }

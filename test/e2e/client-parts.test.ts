@@ -335,6 +335,17 @@ test("folder names that one file system would take for one folder are made disti
     ],
     ["Report.csv (run 10)", "report.csv (run 11)", "Results.CSV (run 12)"],
   );
+  // A name that ends like a suffixed one gets its own suffix, as the zip gives it.
+  assert.deepEqual(
+    [
+      ...folderNames([
+        { runId: "12", fileName: "same.csv" },
+        { runId: "13", fileName: "same.csv" },
+        { runId: "14", fileName: "same.csv (run 12)" },
+      ]).values(),
+    ],
+    ["same.csv (run 12)", "same.csv (run 13)", "same.csv (run 12) (run 14)"],
+  );
 });
 
 // ---- uploads and downloads against a tiny server of the test's own ----------------------------

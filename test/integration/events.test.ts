@@ -294,8 +294,11 @@ describe("the hub", () => {
         // The next event travels in its notification: it must not reach the subscriber, whose stream
         // would otherwise resume after it and never see the missed one.
         const next = await insertEvent(taskId, "test.next");
+        const seen = hub.received.notifications;
         await t.db.sql`select pg_notify('assay_events', ${JSON.stringify({ taskId, events: [next] })})`;
-        await waitFor(async () => hub.received.notifications >= 2, 5_000, "the second notification");
+        await waitFor(async () => hub.received.notifications > seen, 5_000, "the second notification");
+        // Its delivery, had there been one, runs in the task's chain a turn later.
+        await new Promise((resolve) => setImmediate(resolve));
         assert.deepEqual(delivered, []);
         assert.equal(ended, false, "broken off, not ended: the client must not take it for the task's end");
         assert.equal(hub.size, 0);
@@ -306,13 +309,15 @@ describe("the hub", () => {
   );
 
   test(
-    "a client more than 1 MiB behind is broken off, not ended (a graceful end would wait for it to read)",
+    "a live client more than 1 MiB behind is broken off, not ended (a graceful end would wait for it to read)",
     LIMIT,
     async () => {
       const hub = t.app.services.events;
       await hub.ready();
       const taskId = await createTask(t.db.sql, owner, "ev-behind", 1);
+      let buffered = 0;
       let destroyed = false;
+      const already = hub.size;
       await serveTaskEvents(
         hub,
         t.db.sql,
@@ -320,7 +325,9 @@ describe("the hub", () => {
         null,
         {
           write: () => false,
-          writableLength: 2 * 1024 * 1024,
+          get writableLength() {
+            return buffered;
+          },
           close: () => assert.fail("ended gracefully"),
           destroy: () => {
             destroyed = true;
@@ -328,8 +335,62 @@ describe("the hub", () => {
         },
         new AbortController().signal,
       );
-      assert.ok(destroyed);
-      assert.equal(hub.size, 0, "no subscription left behind");
+      // Live now; the client stops reading.
+      buffered = 2 * 1024 * 1024;
+      const next = await insertEvent(taskId, "test.live");
+      await t.db.sql`select pg_notify('assay_events', ${JSON.stringify({ taskId, events: [next] })})`;
+      await waitFor(async () => destroyed, 5_000, "the stream broken off");
+      assert.equal(hub.size, already, "its subscription gone");
+    },
+  );
+
+  test(
+    "a client slower than the backlog is read is waited for between pages, not broken off",
+    LIMIT,
+    async () => {
+      const hub = t.app.services.events;
+      await hub.ready();
+      const taskId = await createTask(t.db.sql, owner, "ev-slow-reader", 1);
+      // More than two backlog pages.
+      await t.db.sql`
+      insert into task_events (task_id, type, data)
+      select ${taskId}, 'test.history', jsonb_build_object('n', g) from generate_series(1, 1100) g`;
+      const all = await tableEvents(t.db.sql, taskId);
+      let buffered = 0;
+      let waits = 0;
+      const written: string[] = [];
+      const stop = new AbortController();
+      await serveTaskEvents(
+        hub,
+        t.db.sql,
+        taskId,
+        null,
+        {
+          write: (chunk) => {
+            written.push(/^id: (\d+)/.exec(chunk)?.[1] ?? "?");
+            // Every frame counts as 4 KiB not yet taken: a page of 500 is ~2 MiB behind.
+            buffered += 4096;
+            return false;
+          },
+          get writableLength() {
+            return buffered;
+          },
+          close: () => {},
+          destroy: () => assert.fail("broken off"),
+          drained: async () => {
+            waits++;
+            await new Promise((r) => setImmediate(r));
+            buffered = 0;
+          },
+        },
+        stop.signal,
+      );
+      stop.abort();
+      assert.ok(waits >= 2, `waited ${waits} times`);
+      assert.deepEqual(
+        written,
+        all.map(([id]) => id),
+      );
     },
   );
 

@@ -1,7 +1,7 @@
 // Scratch folders of workers: a folder is judged by its pid only on its own machine and pid namespace;
 // anyone else's folder (another container or host on a shared data directory) only by its age.
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -79,5 +79,74 @@ test("a worker's folder is touched while it lives, swept by nobody, and removed 
     assert.equal(fs.existsSync(work.dir), false);
   } finally {
     fs.rmSync(dataDir, { recursive: true, force: true });
+  }
+});
+
+/** A tree as a Go module cache leaves in a program's HOME: read-only folders with files in them. */
+function readOnlyTree(root: string): void {
+  const pkg = path.join(root, "home", "go", "pkg", "mod");
+  fs.mkdirSync(pkg, { recursive: true });
+  fs.writeFileSync(path.join(pkg, "module.go"), "package m\n");
+  for (const d of [pkg, path.dirname(pkg)]) fs.chmodSync(d, 0o555);
+}
+
+test("removeTree removes what a program left read-only, as a worker that is not root", () => {
+  // The worker's user owns the tree; root would pass every permission check, so the removal runs in a
+  // child that loads the module as root and then becomes nobody.
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), "assay-rotree-"));
+  fs.chmodSync(root, 0o777);
+  const dir = path.join(root, "attempt");
+  fs.mkdirSync(dir);
+  readOnlyTree(dir);
+  try {
+    const nobody = 65534;
+    const own = (p: string) => {
+      fs.chownSync(p, nobody, nobody);
+      if (fs.statSync(p).isDirectory()) for (const e of fs.readdirSync(p)) own(path.join(p, e));
+    };
+    own(dir);
+    const module = new URL("../../src/runner/workdir.ts", import.meta.url).href;
+    const script = `
+      const { removeTree } = await import(${JSON.stringify(module)});
+      process.setgid(${nobody});
+      process.setuid(${nobody});
+      await removeTree(${JSON.stringify(dir)});
+      console.log("removed");`;
+    const child = spawnSync(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script], {
+      encoding: "utf8",
+    });
+    assert.equal(child.status, 0, child.stderr);
+    assert.equal(child.stdout.trim(), "removed");
+    assert.equal(fs.existsSync(dir), false);
+  } finally {
+    fs.rmSync(root, { recursive: true, force: true });
+  }
+});
+
+test("a leftover folder that cannot be removed is skipped; the sweep goes on and does not fail", async (t) => {
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), "assay-sweep-stuck-"));
+  const tag = "ffffffffffff";
+  const stuck = path.join(root, `${tag}.1.aaaa`);
+  const gone = path.join(root, `${tag}.2.bbbb`);
+  fs.mkdirSync(stuck);
+  fs.mkdirSync(gone);
+  // Even root cannot remove an immutable file: the sweep's removal of that folder fails.
+  const pinned = path.join(stuck, "pinned");
+  fs.writeFileSync(pinned, "x");
+  const chattr = spawnSync("chattr", ["+i", pinned], { encoding: "utf8" });
+  try {
+    if (chattr.status !== 0) {
+      // A filesystem without the immutable flag (overlayfs, tmpfs): nothing here can make rm fail as root.
+      t.skip(`chattr +i is not supported here: ${chattr.stderr || chattr.error}`);
+      return;
+    }
+    // Machine tag "ffffffffffff" is not this machine's: the folders are judged by age.
+    const later = Date.now() + WORKDIR_ABANDONED_MS + 60_000;
+    assert.equal(await sweepWorkDirs(root, machineTag(), later), 1);
+    assert.equal(fs.existsSync(gone), false);
+    assert.equal(fs.existsSync(stuck), true);
+  } finally {
+    spawnSync("chattr", ["-i", pinned]);
+    fs.rmSync(root, { recursive: true, force: true });
   }
 });

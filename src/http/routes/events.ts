@@ -7,7 +7,7 @@ import { eventsAfter, isFinalEvent, type TaskEvent } from "../../events/read.ts"
 import { tasksOpen, taskVisible } from "../../tasks/read.ts";
 import { LogsPageBody, LogsQuery } from "../api-types.ts";
 import { principalOf } from "../auth.ts";
-import { notFound, validationFailed } from "../errors.ts";
+import { ApiError, notFound, validationFailed } from "../errors.ts";
 import { Envelope, errorResponses, IdParam, isId, ok } from "../schemas.ts";
 
 const BACKLOG_PAGE = 500;
@@ -36,6 +36,8 @@ export interface StreamTarget {
   close(): void;
   /** Breaks the stream off, so the client sees an error rather than an end (idempotent). */
   destroy(): void;
+  /** Resolves when the buffered output has been taken by the client, or the stream is gone. */
+  drained?(): Promise<void>;
 }
 
 /**
@@ -81,8 +83,13 @@ export async function serveTaskEvents(
     target.write(frame(event));
     if (isFinalEvent(event)) finish();
     // A client that stopped reading would otherwise keep its socket and the buffer for as long as
-    // it likes: a graceful end waits for it to read.
-    else if (target.writableLength > MAX_BUFFERED_BYTES) breakOff();
+    // it likes: a graceful end waits for it to read. (The backlog waits for the client instead.)
+    else if (live && target.writableLength > MAX_BUFFERED_BYTES) breakOff();
+  };
+  // The backlog is read as fast as the table gives it: a client that reads more slowly, but reads,
+  // is waited for between pages, not broken off (and made to start over) for falling behind.
+  const keepUp = async () => {
+    if (!done && target.writableLength > MAX_BUFFERED_BYTES) await target.drained?.();
   };
   const unsubscribe = hub.subscribe(
     taskId,
@@ -109,8 +116,10 @@ export async function serveTaskEvents(
       const page = await eventsAfter(sql, taskId, last.toString(), BACKLOG_PAGE);
       for (const event of page) write(event);
       if (done || page.length < BACKLOG_PAGE) break;
+      await keepUp();
     }
     if (ended) return finish();
+    await keepUp();
   } catch (err) {
     // Not a clean end: the client must not take a failed read for the end of the task.
     breakOff();
@@ -198,6 +207,8 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
         throw validationFailed("Last-Event-ID must be an event id.");
       }
       await app.services.events.ready();
+      // Revoked while the task was looked up: as if it had been before the request.
+      if (revoked.signal.aborted) throw new ApiError(401, "UNAUTHORIZED");
       // Commit the 200 and the headers now: a client waiting on a quiet task must not wait for them
       // (writeHead alone holds them back until the first write: the first keep-alive, or never).
       reply.sse.sendHeaders();
@@ -216,6 +227,17 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
           },
           close: () => reply.sse.close(),
           destroy: () => raw.destroy(),
+          drained: () =>
+            new Promise<void>((resolve) => {
+              const done = () => {
+                raw.off("drain", done);
+                raw.off("close", done);
+                resolve();
+              };
+              raw.on("drain", done);
+              raw.on("close", done);
+              if (raw.destroyed || raw.writableLength === 0) done();
+            }),
         },
         AbortSignal.any([closed.signal, opts.streams, revoked.signal]),
       );
