@@ -61,22 +61,17 @@ export async function serveTaskEvents(
   let live = false;
   let done = false;
   const pending: TaskEvent[] = [];
-  const finish = () => {
+  const stop = (how: "close" | "destroy") => {
     if (done) return;
     done = true;
     unsubscribe();
     signal.removeEventListener("abort", finish);
-    target.close();
+    target[how]();
   };
+  const finish = () => stop("close");
   // Not a clean end: the client must not take it for the end of the task, and resumes by
   // Last-Event-ID (a frame is dispatched only whole, so a cut one is sent again).
-  const breakOff = () => {
-    if (done) return;
-    done = true;
-    unsubscribe();
-    signal.removeEventListener("abort", finish);
-    target.destroy();
-  };
+  const breakOff = () => stop("destroy");
   const write = (event: TaskEvent) => {
     if (done || BigInt(event.id) <= last) return;
     last = BigInt(event.id);
