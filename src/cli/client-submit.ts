@@ -306,7 +306,8 @@ async function submit(ctx: ClientContext, values: SubmitValues, positionals: str
     if (err instanceof Interrupted || ctx.signal.aborted) return leftRunning(ctx, created.taskId);
     throw err;
   }
-  if (out && result.task.succeededCount > 0) {
+  // Also when no run succeeded: results.csv still says what became of every run.
+  if (out) {
     try {
       await downloadTo(ctx, created.taskId, out, sent, concurrency);
     } catch (err) {

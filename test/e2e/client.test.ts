@@ -286,6 +286,8 @@ test("a failing type exits 1 and names the runs that failed", async () => {
       "columns=no such column",
       dir,
       "--follow",
+      "--out",
+      path.join(work, "mixed-out"),
     ],
     server.env(token),
   );
@@ -293,6 +295,17 @@ test("a failing type exits 1 and names the runs that failed", async () => {
   const [s2] = ofKind(jsonLines(all.stdout), "summary");
   assert.equal(s2?.status, "failed");
   assert.equal((s2?.failedRuns as unknown[] | undefined)?.length, 3);
+  // No outputs, but the table of what became of every run is written, by submit and by download.
+  const table = fs.readFileSync(path.join(work, "mixed-out", "results.csv"), "utf8");
+  assert.equal(table.trim().split("\n").length, 4, table);
+  assert.deepEqual(fs.readdirSync(path.join(work, "mixed-out")), ["results.csv"]);
+  const [created] = ofKind(jsonLines(all.stdout), "task");
+  const again = await client(
+    ["download", String(created?.taskId), "--out", path.join(work, "mixed-download")],
+    server.env(token),
+  );
+  assert.equal(again.code, 1, again.stderr);
+  assert.deepEqual(fs.readdirSync(path.join(work, "mixed-download")), ["results.csv"]);
 });
 
 test("bad parameters, an unknown type or bad arguments exit 2 before anything is uploaded", async () => {
