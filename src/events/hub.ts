@@ -19,6 +19,14 @@ interface Subscriber {
   fail(): void;
 }
 
+/**
+ * What subscribe() returns: calling it unsubscribes (idempotent); `advance(id)` says the subscriber has
+ * every event up to `id` from elsewhere (a stream's backlog, read from the table), so deliveries and
+ * catch-ups start after it — a catch-up during a long backlog would otherwise read the task's whole
+ * history again, and buffer it.
+ */
+export type Subscription = (() => void) & { advance(id: string): void };
+
 export interface EventHubOptions {
   sql: Sql;
   logger: Logger;
@@ -147,7 +155,7 @@ export class EventHub {
     deliver: (events: TaskEvent[]) => void,
     end: () => void = () => {},
     fail: () => void = end,
-  ): () => void {
+  ): Subscription {
     const sub: Subscriber = { after: BigInt(afterId ?? 0), deliver, end, fail };
     let subs = this.tasks.get(taskId);
     if (!subs) {
@@ -155,7 +163,7 @@ export class EventHub {
       this.tasks.set(taskId, subs);
     }
     subs.add(sub);
-    return () => {
+    const unsubscribe = () => {
       const set = this.tasks.get(taskId);
       set?.delete(sub);
       if (set?.size === 0) {
@@ -163,6 +171,12 @@ export class EventHub {
         this.chains.delete(taskId);
       }
     };
+    return Object.assign(unsubscribe, {
+      advance: (id: string) => {
+        const at = BigInt(id);
+        if (at > sub.after) sub.after = at;
+      },
+    });
   }
 
   /** The LISTEN connection's identity (see listenState); undefined before the first LISTEN returned. */
@@ -234,10 +248,11 @@ export class EventHub {
   private async catchUp(taskId: string): Promise<void> {
     const subs = this.tasks.get(taskId);
     if (!subs || subs.size === 0) return;
-    let after = [...subs].reduce(
-      (min, s) => (s.after < min ? s.after : min),
-      BigInt(Number.MAX_SAFE_INTEGER),
-    );
+    // The least of the subscribers' positions. (It started from 2^53 − 1, so with every subscriber
+    // past that — ids are bigint — a catch-up read from there, far behind them.)
+    let after: bigint | undefined;
+    for (const s of subs) if (after === undefined || s.after < after) after = s.after;
+    if (after === undefined) return;
     for (;;) {
       const events = await eventsAfter(this.o.sql, taskId, after.toString(), CATCH_UP_PAGE);
       this.fanOut(taskId, events);

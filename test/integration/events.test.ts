@@ -395,6 +395,80 @@ describe("the hub", () => {
   );
 
   test(
+    "a doorbell during a long backlog makes the hub read from where the backlog stands, not from the start",
+    LIMIT,
+    async () => {
+      const taskId = await createTask(t.db.sql, owner, "ev-backlog-doorbell", 1);
+      await t.db.sql`
+      insert into task_events (task_id, type, data)
+      select ${taskId}, 'test.history', jsonb_build_object('n', g) from generate_series(1, 1100) g`;
+      const all = await tableEvents(t.db.sql, taskId);
+      // Where each of the hub's reads of the table started.
+      const reads: string[] = [];
+      const sql = new Proxy(t.db.sql, {
+        apply(target, self, args: unknown[]) {
+          const strings = args[0] as { raw?: readonly string[] } & readonly string[];
+          if (strings?.raw && strings.join("?").includes("and e.id >")) reads.push(String(args[1]));
+          return Reflect.apply(target, self, args);
+        },
+      });
+      const hub = new EventHub({ sql, logger: createLogger({ level: "silent" }), sweepIntervalMs: 60_000 });
+      await hub.ready();
+      let buffered = 0;
+      let rang = false;
+      const written: string[] = [];
+      const stop = new AbortController();
+      try {
+        await serveTaskEvents(
+          hub,
+          t.db.sql,
+          taskId,
+          null,
+          {
+            write: (chunk) => {
+              written.push(/^id: (\d+)/.exec(chunk)?.[1] ?? "?");
+              buffered += 4096;
+              return false;
+            },
+            get writableLength() {
+              return buffered;
+            },
+            close: () => {},
+            destroy: () => assert.fail("broken off"),
+            drained: async () => {
+              if (!rang) {
+                // After the first page: an event too large to travel rings the doorbell.
+                rang = true;
+                const big = await insertEvent(taskId, "test.big");
+                await t.db
+                  .sql`select pg_notify('assay_events', ${JSON.stringify({ taskId, eventId: big.id })})`;
+                await waitFor(async () => reads.length > 0, 5_000, "the hub's catch-up");
+              }
+              buffered = 0;
+            },
+          },
+          stop.signal,
+        );
+        assert.ok(rang);
+        const firstPageEnd = all[499]?.[0] as string;
+        assert.ok(
+          BigInt(reads[0] as string) >= BigInt(firstPageEnd),
+          `the catch-up read after ${reads[0]}, the backlog stood at ${firstPageEnd}`,
+        );
+        const table = await tableEvents(t.db.sql, taskId);
+        await waitFor(async () => written.length === table.length, 5_000, "every event");
+        assert.deepEqual(
+          written,
+          table.map(([id]) => id),
+        );
+      } finally {
+        stop.abort();
+        await hub.stop();
+      }
+    },
+  );
+
+  test(
     "a stream never outlives its task: Last-Event-ID above every id, then the task ends",
     LIMIT,
     async () => {

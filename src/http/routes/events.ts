@@ -110,6 +110,8 @@ export async function serveTaskEvents(
     for (;;) {
       const page = await eventsAfter(sql, taskId, last.toString(), BACKLOG_PAGE);
       for (const event of page) write(event);
+      // Live deliveries meanwhile (buffered in `pending`) and the hub's catch-ups start from here.
+      unsubscribe.advance(last.toString());
       if (done || page.length < BACKLOG_PAGE) break;
       await keepUp();
     }
