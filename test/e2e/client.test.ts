@@ -440,8 +440,11 @@ test("tasks, status, logs, follow, files, download and cancel", async () => {
   const followed = await client(["follow", slowId], env);
   assert.equal(followed.code, 1);
   assert.equal(ofKind(jsonLines(followed.stdout), "summary")[0]?.status, "cancelled");
-  const notReady = await client(["download", slowId], env);
-  assert.equal(notReady.code, 1);
+  // Cancelled, nothing succeeded: no outputs, but the table of its runs, and exit 1.
+  const cancelledOut = path.join(work, "cancelled-download");
+  const cancelled = await client(["download", slowId, "--out", cancelledOut], env);
+  assert.equal(cancelled.code, 1, cancelled.stderr);
+  assert.deepEqual(fs.readdirSync(cancelledOut), ["results.csv"]);
 
   // Unknown ids: a usage error.
   assert.equal((await client(["status", "999999999999999"], env)).code, 2);
