@@ -44,6 +44,8 @@ export class EventHub {
   private readonly chains = new Map<string, Promise<void>>();
   private unlisten: (() => Promise<void>) | undefined;
   private starting: Promise<void> | undefined;
+  /** Calls of start(), so far (see start()). */
+  private starts = 0;
   private reconnects = 0;
   /**
    * The LISTEN connection's identity as postgres.js keeps it (the backend's pid and cancel key, the
@@ -77,11 +79,19 @@ export class EventHub {
   }
 
   private async start(): Promise<void> {
+    // postgres.js registers the callbacks before its LISTEN runs and keeps them when it fails (and
+    // re-listens with them later): every start retried during an outage left one more registration,
+    // and each notification was then handled that many times. Only the latest start's callbacks act.
+    const attempt = ++this.starts;
     const { state, unlisten } = await this.o.sql.listen(
       EVENTS_CHANNEL,
-      (payload) => this.onNotification(payload),
+      (payload) => {
+        if (attempt === this.starts) this.onNotification(payload);
+      },
       // Called on the first LISTEN and after every reconnect.
-      () => this.connected(),
+      () => {
+        if (attempt === this.starts) this.connected();
+      },
     );
     this.unlisten = unlisten;
     this.listenState = state as unknown as { pid: unknown; secret: unknown };

@@ -469,6 +469,48 @@ describe("the hub", () => {
   );
 
   test(
+    "a start whose LISTEN failed (its callbacks kept by postgres.js) does not make notifications count twice",
+    LIMIT,
+    async () => {
+      const taskId = await createTask(t.db.sql, owner, "ev-restart", 1);
+      const [first] = await tableEvents(t.db.sql, taskId);
+      assert.ok(first);
+      let calls = 0;
+      // As when the database is down at the first stream: postgres.js has registered the callbacks,
+      // and the caller gets an error (and no unlisten).
+      const sql = new Proxy(t.db.sql, {
+        get(target, prop, receiver) {
+          if (prop !== "listen") return Reflect.get(target, prop, receiver);
+          return async (channel: string, fn: (payload: string) => void, onlisten?: () => void) => {
+            const registered = await target.listen(channel, fn, onlisten);
+            if (calls++ === 0) throw new Error("LISTEN failed (test)");
+            return registered;
+          };
+        },
+      });
+      const hub = new EventHub({ sql, logger: createLogger({ level: "silent" }), sweepIntervalMs: 60_000 });
+      await assert.rejects(hub.ready(), /LISTEN failed/);
+      await hub.ready();
+      const delivered: string[][] = [];
+      const unsubscribe = hub.subscribe(taskId, first[0], (events) =>
+        delivered.push(events.map((e) => e.id)),
+      );
+      try {
+        const event = await insertEvent(taskId, "test.once");
+        const seen = hub.received.notifications;
+        await t.db.sql`select pg_notify('assay_events', ${JSON.stringify({ taskId, events: [event] })})`;
+        await waitFor(async () => delivered.length > 0, 5_000, "the delivery");
+        await new Promise((resolve) => setImmediate(resolve));
+        assert.equal(hub.received.notifications, seen + 1, "handled once");
+        assert.deepEqual(delivered, [[event.id]]);
+      } finally {
+        unsubscribe();
+        await hub.stop();
+      }
+    },
+  );
+
+  test(
     "a stream never outlives its task: Last-Event-ID above every id, then the task ends",
     LIMIT,
     async () => {
