@@ -311,7 +311,12 @@ async function submit(ctx: ClientContext, values: SubmitValues, positionals: str
     try {
       await downloadTo(ctx, created.taskId, out, sent, concurrency);
     } catch (err) {
-      if (!(err instanceof Interrupted) && !ctx.signal.aborted) throw err;
+      if (!(err instanceof Interrupted) && !ctx.signal.aborted) {
+        if (result.task.succeededCount > 0) throw err;
+        // Only the table was to come: its failure must not hide the task's own outcome below.
+        ctx.out.note(`results.csv could not be downloaded (${(err as Error).message})`);
+        return report(ctx, result);
+      }
       const message = `download interrupted; assay download ${created.taskId} --out ${out} fetches it again`;
       ctx.out.line("interrupted", { taskId: created.taskId, message });
       ctx.out.note(message);

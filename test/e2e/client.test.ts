@@ -444,7 +444,8 @@ test("tasks, status, logs, follow, files, download and cancel", async () => {
   const cancelledOut = path.join(work, "cancelled-download");
   const cancelled = await client(["download", slowId, "--out", cancelledOut], env);
   assert.equal(cancelled.code, 1, cancelled.stderr);
-  assert.deepEqual(fs.readdirSync(cancelledOut), ["results.csv"]);
+  // (A run that ended before the cancel would have its folder too.)
+  assert.ok(fs.readdirSync(cancelledOut).includes("results.csv"));
 
   // Unknown ids: a usage error.
   assert.equal((await client(["status", "999999999999999"], env)).code, 2);

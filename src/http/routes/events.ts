@@ -42,8 +42,8 @@ export interface StreamTarget {
 
 /**
  * Serves one task's events to `target`: the backlog after `after` from the table, then live events from
- * the hub, without gaps or repeats (the subscription starts before the backlog is read and buffers until
- * it is done; every write skips ids already sent). Live events are written synchronously from the hub's
+ * the hub, without gaps or repeats (the subscription starts before the backlog is read; what it delivers
+ * meanwhile the backlog reads from the table; every write skips ids already sent). Live events are written synchronously from the hub's
  * delivery, one shared frame each. Ends after the event that closes the task; right after the backlog
  * when the task had already ended when the stream subscribed (a client resuming from the closing event's id, or a larger one, is
  * owed nothing more); when the hub's sweep finds the task ended or deleted; when `signal` aborts; or when
@@ -60,7 +60,10 @@ export async function serveTaskEvents(
   let last = BigInt(after ?? 0);
   let live = false;
   let done = false;
-  const pending: TaskEvent[] = [];
+  // The highest id the hub delivered while the backlog was read. Those events are in the table (a
+  // delivery follows the commit), so the backlog reads them itself: nothing delivered meanwhile is
+  // kept, however long the backlog or however much a catch-up of the hub reads meanwhile.
+  let seen = 0n;
   const stop = (how: "close" | "destroy") => {
     if (done) return;
     done = true;
@@ -91,7 +94,11 @@ export async function serveTaskEvents(
     after,
     (events) => {
       if (live) for (const e of events) write(e);
-      else pending.push(...events);
+      else
+        for (const e of events) {
+          const id = BigInt(e.id);
+          if (id > seen) seen = id;
+        }
     },
     // The sweep found the task ended: before the backlog is sent, the check after it ends the stream.
     () => {
@@ -110,20 +117,26 @@ export async function serveTaskEvents(
     for (;;) {
       const page = await eventsAfter(sql, taskId, last.toString(), BACKLOG_PAGE);
       for (const event of page) write(event);
-      // Live deliveries meanwhile (buffered in `pending`) and the hub's catch-ups start from here.
+      // The hub's deliveries and catch-ups start from here.
       unsubscribe.advance(last.toString());
-      if (done || page.length < BACKLOG_PAGE) break;
+      if (done) return;
+      // Delivered, committed, and not in the table: retention deleted the task (its sweep would end
+      // the stream as well).
+      if (page.length === 0 && seen > last) return finish();
+      // Caught up with the table and with every delivery: the last read saw them all.
+      const more = page.length === BACKLOG_PAGE || seen > last;
+      if (!more && ended) return finish();
+      // Live from here, with nothing awaited since that read (so no delivery fell in between), once
+      // the client has taken what the backlog wrote: a live stream 1 MiB behind is broken off.
+      if (!more && target.writableLength <= MAX_BUFFERED_BYTES) break;
       await keepUp();
     }
-    if (ended) return finish();
-    await keepUp();
   } catch (err) {
     // Not a clean end: the client must not take a failed read for the end of the task.
     breakOff();
     throw err;
   }
   live = true;
-  for (const event of pending.splice(0)) write(event);
 }
 
 export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = async (app, opts) => {
