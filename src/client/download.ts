@@ -9,7 +9,7 @@ import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import type { Run } from "../http/api-types.ts";
 import { fetchBody, outputPath, resultsCsvPath, runOutputs } from "./api.ts";
-import { type ApiClient, ConnectionError } from "./http.ts";
+import { type ApiClient, ConnectionError, idleSignal } from "./http.ts";
 import { mapLimit } from "./pool.ts";
 
 export const RESULTS_FILE = "results.csv";
@@ -137,44 +137,34 @@ async function download(
   target: string,
   o: { signal: AbortSignal; idleMs: number; expectedBytes?: number; what: string },
 ): Promise<number> {
-  const stalled = new AbortController();
-  const signal = AbortSignal.any([o.signal, stalled.signal]);
-  let idle: NodeJS.Timeout | undefined;
-  const armIdle = () => {
-    clearTimeout(idle);
-    idle = setTimeout(
-      () =>
-        stalled.abort(
-          new ConnectionError(`${o.what}: nothing received from ${c.shownUrl} for ${o.idleMs / 1000} s`),
-        ),
-      o.idleMs,
-    );
-  };
+  const idle = idleSignal(
+    o.signal,
+    o.idleMs,
+    () => new ConnectionError(`${o.what}: nothing received from ${c.shownUrl} for ${o.idleMs / 1000} s`),
+  );
   // Unique per call, not per process: two downloads to one target (which distinct folders should
   // prevent, but a case-folding file system can still arrange) must never share a temporary file.
   const tmp = `${target}.partial-${process.pid}-${randomBytes(6).toString("hex")}`;
   let written = 0;
   try {
-    armIdle();
-    const res = await fetchBody(c, route, signal);
+    idle.touch();
+    const res = await fetchBody(c, route, idle.signal);
     trackPartial(tmp);
     const body = Readable.fromWeb(res.body as never);
     body.on("data", (chunk: Buffer) => {
       written += chunk.length;
-      armIdle();
+      idle.touch();
     });
     await pipeline(body, fs.createWriteStream(tmp, { flags: "wx" }));
-    clearTimeout(idle);
     if (o.expectedBytes !== undefined && written !== o.expectedBytes)
       throw new ConnectionError(`${o.what}: received ${written} of ${o.expectedBytes} bytes`);
     fs.renameSync(tmp, target);
     return written;
   } catch (err) {
     fs.rmSync(tmp, { force: true });
-    if (stalled.signal.aborted && !o.signal.aborted) throw stalled.signal.reason;
-    throw err;
+    throw idle.stalled() ?? err;
   } finally {
-    clearTimeout(idle);
+    idle.done();
     partials.delete(tmp);
   }
 }

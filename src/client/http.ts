@@ -21,6 +21,35 @@ export class ConnectionError extends Error {
   override name = "ConnectionError";
 }
 
+/**
+ * A signal for one long request that also aborts when `touch()` has not been called for `ms` (touch
+ * on every chunk received): a server that stalls mid-body would otherwise hold the command for ever.
+ * `stalled()` is the error to report when that is why the request failed (the caller's own signal did
+ * not abort); `done()` stops the timer and aborts whatever is left of the request.
+ */
+export function idleSignal(outer: AbortSignal, ms: number, reason: () => Error) {
+  const own = new AbortController();
+  let timer: NodeJS.Timeout | undefined;
+  let fired = false;
+  return {
+    signal: AbortSignal.any([outer, own.signal]),
+    touch(): void {
+      clearTimeout(timer);
+      timer = setTimeout(() => {
+        fired = true;
+        own.abort(reason());
+      }, ms);
+    },
+    stalled(): unknown {
+      return fired && !outer.aborted ? own.signal.reason : undefined;
+    },
+    done(): void {
+      clearTimeout(timer);
+      own.abort();
+    },
+  };
+}
+
 export interface RequestOptions {
   query?: Record<string, string | number | undefined>;
   /** A JSON body; or pass `rawBody` with your own content type. */

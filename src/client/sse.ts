@@ -4,7 +4,7 @@
 // BigInts: they are decimal strings that outgrow both string order and a Number's precision.
 import type { TaskEvent, TerminalTaskStatus } from "../http/api-types.ts";
 import { logsPage, taskGet } from "./api.ts";
-import { type ApiClient, ApiRequestError, ConnectionError, errorOf } from "./http.ts";
+import { type ApiClient, ApiRequestError, ConnectionError, errorOf, idleSignal } from "./http.ts";
 import { sleep } from "./pool.ts";
 
 export interface SseFrame {
@@ -144,18 +144,10 @@ async function* oneStream(
   o: FollowOptions,
   onOpen: () => void,
 ): AsyncGenerator<TaskEvent, "closed" | "ended"> {
-  const connection = new AbortController();
-  const signal = AbortSignal.any([o.signal, connection.signal]);
-  let idle: NodeJS.Timeout | undefined;
-  const armIdle = () => {
-    clearTimeout(idle);
-    idle = setTimeout(
-      () => connection.abort(new ConnectionError("the stream went silent")),
-      o.idleMs ?? 60_000,
-    );
-  };
+  const idle = idleSignal(o.signal, o.idleMs ?? 60_000, () => new ConnectionError("the stream went silent"));
+  const signal = idle.signal;
   try {
-    armIdle();
+    idle.touch();
     const res = await c.send("GET", `/api/analysis-tasks/${encodeURIComponent(taskId)}/events`, {
       signal,
       timeoutMs: 0,
@@ -172,7 +164,7 @@ async function* oneStream(
     const parser = new SseParser();
     const decoder = new TextDecoder();
     for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
-      armIdle();
+      idle.touch();
       for (const frame of parser.feed(decoder.decode(chunk, { stream: true }))) {
         const event = fresh(frame, cursor);
         if (!event) continue;
@@ -182,13 +174,13 @@ async function* oneStream(
     }
     return "ended";
   } catch (err) {
-    if (connection.signal.aborted && !o.signal.aborted) throw connection.signal.reason;
+    const stalled = idle.stalled();
+    if (stalled) throw stalled;
     if (err instanceof ApiRequestError || err instanceof ConnectionError || o.signal.aborted) throw err;
     // A body that broke off mid-stream ("terminated", a reset socket).
     throw new ConnectionError(`the stream broke off (${(err as Error).message})`);
   } finally {
-    clearTimeout(idle);
-    connection.abort();
+    idle.done();
   }
 }
 
