@@ -7,7 +7,7 @@ import { after, before, describe, test } from "node:test";
 import { type Principal, tokenCreate, tokenRevoke } from "../../src/auth/tokens.ts";
 import { EventHub } from "../../src/events/hub.ts";
 import type { TaskEvent } from "../../src/events/read.ts";
-import { serveTaskEvents } from "../../src/http/routes/events.ts";
+import { type StreamTarget, serveTaskEvents } from "../../src/http/routes/events.ts";
 import { createLogger } from "../../src/log.ts";
 import { runClaim, runComplete } from "../../src/queue/sql.ts";
 import { type Handler, Worker } from "../../src/queue/worker.ts";
@@ -193,6 +193,45 @@ describe("the hub", () => {
     assert.ok(killed.length >= 1, "found the LISTEN connection");
   }
 
+  /** `n` more events in the task's log (1,100: more than two backlog pages). */
+  async function addHistory(taskId: string, n: number): Promise<void> {
+    await t.db.sql`
+      insert into task_events (task_id, type, data)
+      select ${taskId}, 'test.history', jsonb_build_object('n', g) from generate_series(1, ${n}) g`;
+  }
+
+  /**
+   * A stream target whose client reads slowly: every frame counts as 4 KiB not yet taken (a page of 500
+   * is ~2 MiB behind) until `drained`, which first runs `beforeDrain`. Ending it is fine; breaking it
+   * off fails the test.
+   */
+  function slowReader(beforeDrain: () => Promise<void> = async () => {}) {
+    let buffered = 0;
+    const reader = {
+      written: [] as string[],
+      waits: 0,
+      target: {
+        write: (chunk: string) => {
+          reader.written.push(/^id: (\d+)/.exec(chunk)?.[1] ?? "?");
+          buffered += 4096;
+          return false;
+        },
+        get writableLength() {
+          return buffered;
+        },
+        close: () => {},
+        destroy: () => assert.fail("broken off"),
+        drained: async () => {
+          reader.waits++;
+          await beforeDrain();
+          await new Promise((r) => setImmediate(r));
+          buffered = 0;
+        },
+      } satisfies StreamTarget,
+    };
+    return reader;
+  }
+
   test(
     "a reconnected LISTEN connection's notification that comes before onlisten does not skip the outage's events",
     LIMIT,
@@ -352,43 +391,15 @@ describe("the hub", () => {
       await hub.ready();
       const taskId = await createTask(t.db.sql, owner, "ev-slow-reader", 1);
       // More than two backlog pages.
-      await t.db.sql`
-      insert into task_events (task_id, type, data)
-      select ${taskId}, 'test.history', jsonb_build_object('n', g) from generate_series(1, 1100) g`;
+      await addHistory(taskId, 1100);
       const all = await tableEvents(t.db.sql, taskId);
-      let buffered = 0;
-      let waits = 0;
-      const written: string[] = [];
+      const reader = slowReader();
       const stop = new AbortController();
-      await serveTaskEvents(
-        hub,
-        t.db.sql,
-        taskId,
-        null,
-        {
-          write: (chunk) => {
-            written.push(/^id: (\d+)/.exec(chunk)?.[1] ?? "?");
-            // Every frame counts as 4 KiB not yet taken: a page of 500 is ~2 MiB behind.
-            buffered += 4096;
-            return false;
-          },
-          get writableLength() {
-            return buffered;
-          },
-          close: () => {},
-          destroy: () => assert.fail("broken off"),
-          drained: async () => {
-            waits++;
-            await new Promise((r) => setImmediate(r));
-            buffered = 0;
-          },
-        },
-        stop.signal,
-      );
+      await serveTaskEvents(hub, t.db.sql, taskId, null, reader.target, stop.signal);
       stop.abort();
-      assert.ok(waits >= 2, `waited ${waits} times`);
+      assert.ok(reader.waits >= 2, `waited ${reader.waits} times`);
       assert.deepEqual(
-        written,
+        reader.written,
         all.map(([id]) => id),
       );
     },
@@ -399,9 +410,7 @@ describe("the hub", () => {
     LIMIT,
     async () => {
       const taskId = await createTask(t.db.sql, owner, "ev-backlog-doorbell", 1);
-      await t.db.sql`
-      insert into task_events (task_id, type, data)
-      select ${taskId}, 'test.history', jsonb_build_object('n', g) from generate_series(1, 1100) g`;
+      await addHistory(taskId, 1100);
       const all = await tableEvents(t.db.sql, taskId);
       // Where each of the hub's reads of the table started.
       const reads: string[] = [];
@@ -414,41 +423,19 @@ describe("the hub", () => {
       });
       const hub = new EventHub({ sql, logger: createLogger({ level: "silent" }), sweepIntervalMs: 60_000 });
       await hub.ready();
-      let buffered = 0;
       let rang = false;
-      const written: string[] = [];
+      const reader = slowReader(async () => {
+        if (rang) return;
+        // After the first page: an event too large to travel rings the doorbell.
+        rang = true;
+        const big = await insertEvent(taskId, "test.big");
+        await t.db.sql`select pg_notify('assay_events', ${JSON.stringify({ taskId, eventId: big.id })})`;
+        await waitFor(async () => reads.length > 0, 5_000, "the hub's catch-up");
+      });
+      const written = reader.written;
       const stop = new AbortController();
       try {
-        await serveTaskEvents(
-          hub,
-          t.db.sql,
-          taskId,
-          null,
-          {
-            write: (chunk) => {
-              written.push(/^id: (\d+)/.exec(chunk)?.[1] ?? "?");
-              buffered += 4096;
-              return false;
-            },
-            get writableLength() {
-              return buffered;
-            },
-            close: () => {},
-            destroy: () => assert.fail("broken off"),
-            drained: async () => {
-              if (!rang) {
-                // After the first page: an event too large to travel rings the doorbell.
-                rang = true;
-                const big = await insertEvent(taskId, "test.big");
-                await t.db
-                  .sql`select pg_notify('assay_events', ${JSON.stringify({ taskId, eventId: big.id })})`;
-                await waitFor(async () => reads.length > 0, 5_000, "the hub's catch-up");
-              }
-              buffered = 0;
-            },
-          },
-          stop.signal,
-        );
+        await serveTaskEvents(hub, t.db.sql, taskId, null, reader.target, stop.signal);
         assert.ok(rang);
         const firstPageEnd = all[499]?.[0] as string;
         assert.ok(
