@@ -34,11 +34,12 @@ export function idleSignal(outer: AbortSignal, ms: number, reason: () => Error) 
   return {
     signal: AbortSignal.any([outer, own.signal]),
     touch(): void {
-      clearTimeout(timer);
-      timer = setTimeout(() => {
-        fired = true;
-        own.abort(reason());
-      }, ms);
+      if (timer) timer.refresh();
+      else
+        timer = setTimeout(() => {
+          fired = true;
+          own.abort(reason());
+        }, ms);
     },
     stalled(): unknown {
       return fired && !outer.aborted ? own.signal.reason : undefined;

@@ -173,8 +173,7 @@ export async function uploadFile(
       signal,
     );
     const record = (JSON.parse(res.text) as { data: FileRecord }).data;
-    if (record.sha256 !== input.sha256)
-      throw new ClientUsageError(`${input.label} changed while it was uploaded`);
+    if (record.sha256 !== input.sha256) throw changed();
     return record;
   } catch (err) {
     onBytes(-counted);

@@ -103,7 +103,7 @@ async function remotePlace(
     await fsp.mkdir(outputDir, { recursive: true });
     await fsp.mkdir(home);
   } catch (err) {
-    await fsp.rm(dir, { recursive: true, force: true }).catch(() => {});
+    await removeTree(dir).catch(() => {});
     throw err;
   }
   const place: AttemptPlace = {
@@ -124,7 +124,9 @@ async function remotePlace(
   try {
     await store.download(run.inputStorageKey, inputPath);
   } catch (err) {
-    await place.close();
+    // The download's error decides what happens to the run (a missing input is permanent): a folder
+    // that cannot be removed must not replace it (the worker's close and the sweep take it later).
+    await place.close().catch(() => {});
     throw err;
   }
   return place;

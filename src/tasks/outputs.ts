@@ -191,32 +191,39 @@ export function zipFolder(inputName: string, runId: string, shared: boolean): st
  */
 const keyHash = (key: string) => createHash("sha256").update(key).digest().readUIntBE(0, 6);
 
-/** The sorted key hashes of a task's folders: whether a key is that of more than one run's. */
-class SharedKeys {
-  private readonly sorted: Float64Array;
-
-  constructor(hashes: Float64Array) {
-    this.sorted = hashes.sort();
+/**
+ * Which of a task's folders, in the order given (their key hashes, in chunks), share their key with
+ * another's: one byte per run, from the hashes sorted once.
+ */
+function sharedFolders(chunks: readonly Float64Array[]): Uint8Array {
+  const sorted = new Float64Array(chunks.reduce((n, c) => n + c.length, 0));
+  let at = 0;
+  for (const c of chunks) {
+    sorted.set(c, at);
+    at += c.length;
   }
-
-  /** Whether the folder of `inputName` is shared with another run's. */
-  shared(inputName: string): boolean {
-    const h = keyHash(zipFolderKey(zipFolderBase(inputName)));
-    let lo = 0;
-    let hi = this.sorted.length;
-    while (lo < hi) {
-      const mid = (lo + hi) >>> 1;
-      if ((this.sorted[mid] as number) < h) lo = mid + 1;
-      else hi = mid;
+  sorted.sort();
+  const shared = new Uint8Array(sorted.length);
+  let i = 0;
+  for (const c of chunks)
+    for (const h of c) {
+      let lo = 0;
+      let hi = sorted.length;
+      while (lo < hi) {
+        const mid = (lo + hi) >>> 1;
+        if ((sorted[mid] as number) < h) lo = mid + 1;
+        else hi = mid;
+      }
+      shared[i++] = sorted[lo] === h && sorted[lo + 1] === h ? 1 : 0;
     }
-    return this.sorted[lo] === h && this.sorted[lo + 1] === h;
-  }
+  return shared;
 }
 
 /**
  * The succeeded runs of a task with their output files, in pages of ZIP_PAGE runs, for a zip that is
  * written page by page: what is in memory at once is one page of runs and one page of the store's
- * listing, plus 16 bytes per run (their ids, in order, and their folder keys' hashes).
+ * listing, plus 9 bytes per run (their ids, in order, and whether their folder is shared; 25 while
+ * the folder keys' hashes are compared, before the first page).
  *
  * The order is that of the runs' output keys, so one listing of the task's outputs, read forward in
  * step with the runs, gives every run's files in as many store requests as the task has objects /
@@ -225,7 +232,8 @@ class SharedKeys {
  * before every digit. A key of another shape (none is written so) is listed on its own.
  *
  * The run ids and input names are read first, in that order, by one statement read in pages (so the
- * names and the ids are of one snapshot), and kept as packed ids and folder key hashes; each page's
+ * names and the ids are of one snapshot), and kept as packed ids and a byte per run saying whether its
+ * folder is shared (from the folder keys' hashes, compared once); each page's
  * rows then by primary key. A run that is gone by then (retention deleted the task) is an error: the
  * zip must not end as if whole without it.
  */
@@ -246,14 +254,10 @@ export async function* zipPages(sql: Sql, store: ObjectStore, taskId: string): A
     hashChunks.push(hashes);
   });
   const packed = Buffer.concat(idChunks);
-  const allHashes = new Float64Array(packed.length / 8);
-  for (let i = 0, at = 0; i < hashChunks.length; at += (hashChunks[i] as Float64Array).length, i++) {
-    allHashes.set(hashChunks[i] as Float64Array, at);
-  }
+  const shared = sharedFolders(hashChunks);
   // This frame lives as long as the zip is read: the chunks are copies of what is kept, let them go.
   idChunks.length = 0;
   hashChunks.length = 0;
-  const keys = new SharedKeys(allHashes);
   const listing = new Listing(store, taskOutputsPrefix(taskId));
   for (let at = 0; at < packed.length; at += ZIP_PAGE * 8) {
     const pageIds: string[] = [];
@@ -270,12 +274,12 @@ export async function* zipPages(sql: Sql, store: ObjectStore, taskId: string): A
     }
     const byId = new Map(rows.map((r) => [r.runId, r]));
     const page: ZipRun[] = [];
-    for (const id of pageIds) {
+    for (const [k, id] of pageIds.entries()) {
       const output = runOutput(byId.get(id) as OutputRow);
       const names = output.usable ? await outputNames(store, listing, taskId, output) : [];
       page.push({
         output,
-        folder: zipFolder(output.inputName, output.runId, keys.shared(output.inputName)),
+        folder: zipFolder(output.inputName, output.runId, shared[at / 8 + k] === 1),
         names: names.includes(output.outputFileName) ? names : null,
       });
     }
