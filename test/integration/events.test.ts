@@ -406,6 +406,38 @@ describe("the hub", () => {
   );
 
   test(
+    "a stream ended while its backlog waits for a reader that stopped reading is broken off, and returns",
+    LIMIT,
+    async () => {
+      const hub = t.app.services.events;
+      await hub.ready();
+      const taskId = await createTask(t.db.sql, owner, "ev-stalled-reader", 1);
+      await addHistory(taskId, 1100);
+      const already = hub.size;
+      const stop = new AbortController();
+      const ends: string[] = [];
+      let waits = 0;
+      // A reader that takes nothing: the first page leaves ~2 MiB queued, and drained never settles.
+      const target: StreamTarget = {
+        write: () => false,
+        writableLength: 2 * 1024 * 1024,
+        close: () => ends.push("close"),
+        destroy: () => ends.push("destroy"),
+        drained: () => {
+          waits++;
+          // A shutdown (or a revoke) while the stream waits.
+          setImmediate(() => stop.abort());
+          return new Promise<void>(() => {});
+        },
+      };
+      await serveTaskEvents(hub, t.db.sql, taskId, null, target, stop.signal);
+      assert.equal(waits, 1, "no page read after the end");
+      assert.deepEqual(ends, ["destroy"], "a graceful end would wait for a client 2 MiB behind");
+      assert.equal(hub.size, already, "no subscription left behind");
+    },
+  );
+
+  test(
     "a doorbell during a long backlog makes the hub read from where the backlog stands, not from the start",
     LIMIT,
     async () => {

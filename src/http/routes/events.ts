@@ -64,12 +64,19 @@ export async function serveTaskEvents(
   // delivery follows the commit), so the backlog reads them itself: nothing delivered meanwhile is
   // kept, however long the backlog or however much a catch-up of the hub reads meanwhile.
   let seen = 0n;
+  let stopped!: () => void;
+  const whenStopped = new Promise<void>((resolve) => {
+    stopped = resolve;
+  });
   const stop = (how: "close" | "destroy") => {
     if (done) return;
     done = true;
+    stopped();
     unsubscribe();
     signal.removeEventListener("abort", finish);
-    target[how]();
+    // A graceful end waits for the client to take what is queued: one that has fallen this far
+    // behind (a slow reader in the backlog, when a shutdown or a revoke ends it) is broken off.
+    target[how === "close" && target.writableLength > MAX_BUFFERED_BYTES ? "destroy" : how]();
   };
   const finish = () => stop("close");
   // Not a clean end: the client must not take it for the end of the task, and resumes by
@@ -87,7 +94,9 @@ export async function serveTaskEvents(
   // The backlog is read as fast as the table gives it: a client that reads more slowly, but reads,
   // is waited for between pages, not broken off (and made to start over) for falling behind.
   const keepUp = async () => {
-    if (!done && target.writableLength > MAX_BUFFERED_BYTES) await target.drained?.();
+    // Raced with the stream's end: a stream ended meanwhile must not wait for a reader that may never read.
+    if (!done && target.writableLength > MAX_BUFFERED_BYTES && target.drained)
+      await Promise.race([target.drained(), whenStopped]);
   };
   const unsubscribe = hub.subscribe(
     taskId,
@@ -130,6 +139,7 @@ export async function serveTaskEvents(
       // the client has taken what the backlog wrote: a live stream 1 MiB behind is broken off.
       if (!more && target.writableLength <= MAX_BUFFERED_BYTES) break;
       await keepUp();
+      if (done) return;
     }
   } catch (err) {
     // Not a clean end: the client must not take a failed read for the end of the task.
