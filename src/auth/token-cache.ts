@@ -69,8 +69,9 @@ export class TokenCache {
 
   /**
    * Tells `listener` of every revoke (the token's id) and role change ("*": any token's principal
-   * may have changed) as its notification arrives: what a request checked once, at its start, such
-   * as a live event stream's right to its task, must be checked again. Returns the unsubscribe.
+   * may have changed) as its notification arrives, and of every reconnect of the listener ("*": a
+   * notification may have been missed): what a request checked once, at its start, such as a live
+   * event stream's right to its task, must be checked again. Returns the unsubscribe.
    */
   onRevoke(listener: (tokenId: string) => void): () => void {
     this.revokeListeners.add(listener);
@@ -91,6 +92,8 @@ export class TokenCache {
         },
         () => {
           this.clear();
+          // A reconnect: revokes and role changes may have been missed meanwhile.
+          if (this.listening) for (const listener of this.revokeListeners) listener("*");
           this.listening = true;
         },
       );

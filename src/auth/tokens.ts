@@ -116,3 +116,12 @@ export async function tokenAuthenticate(
   cache?.set(hash, principal, ticket);
   return principal;
 }
+
+/** The roles of the live (not revoked) tokens among `tokenIds`; a revoked or unknown token is absent. */
+export async function tokenRoles(sql: Sql, tokenIds: readonly number[]): Promise<Map<number, Role>> {
+  const rows = await sql<{ id: number; role: Role }[]>`
+    select t.id::float8 as id, u.role
+    from api_tokens t join users u on u.id = t.user_id
+    where t.id = any(${sql.array(tokenIds as number[], 20)}) and t.revoked_at is null`;
+  return new Map(rows.map((r) => [r.id, r.role]));
+}

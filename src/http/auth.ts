@@ -30,9 +30,14 @@ export function principalOf(request: FastifyRequest): Authenticated {
   return request.principal;
 }
 
+/** The request's bearer token; only for handlers behind `requireBearer`. */
+export function bearerOf(request: FastifyRequest): string {
+  const token = BEARER.exec(request.headers.authorization ?? "")?.[1];
+  if (!token) throw new Error("bearerOf called outside an authenticated scope");
+  return token;
+}
+
 /** The stored hash of the request's bearer token; only for handlers behind `requireBearer`. */
 export function bearerHashOf(request: FastifyRequest): string {
-  const token = BEARER.exec(request.headers.authorization ?? "")?.[1];
-  if (!token) throw new Error("bearerHashOf called outside an authenticated scope");
-  return hashToken(token);
+  return hashToken(bearerOf(request));
 }

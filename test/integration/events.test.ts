@@ -757,54 +757,138 @@ describe("the events NOTIFY", () => {
 });
 
 describe("streams and their tokens", () => {
+  /** Rejects when `stream` has not ended within 5 s. */
+  const endsSoon = (stream: { ended: Promise<void> }, what: string) =>
+    Promise.race([
+      stream.ended,
+      new Promise((_, reject) => setTimeout(() => reject(new Error(what)), 5_000)),
+    ]);
+  /** Whether `stream` has ended by now (its end is taken as it comes). */
+  const watch = (stream: { ended: Promise<void> }) => {
+    const state = { ended: false };
+    void stream.ended.then(() => {
+      state.ended = true;
+    });
+    return state;
+  };
+
   test(
-    "a revoke ends the token's live streams (not the same user's other token's); a role change ends every stream",
+    "a revoke ends the token's live streams (not the same user's other token's); a role change ends its user's streams only",
     LIMIT,
     async () => {
       const revokee = await tokenCreate(t.db.sql, "stream-revokee");
       const other = await tokenCreate(t.db.sql, "stream-revokee");
+      const bystander = await tokenCreate(t.db.sql, "stream-bystander");
       const user: Principal = { userId: revokee.userId, name: "stream-revokee", role: revokee.role };
-      // A task nobody runs: its streams stay open until something ends them.
+      // Tasks nobody runs: their streams stay open until something ends them.
       const taskId = await createTask(t.db.sql, user, "ev-revoke", 1);
+      const bystanderTask = await createTask(
+        t.db.sql,
+        { userId: bystander.userId, name: "stream-bystander", role: bystander.role },
+        "ev-revoke",
+        1,
+      );
       const url = `${base}/api/analysis-tasks/${taskId}/events`;
       const hub = t.app.services.events;
       const already = hub.size;
       const revoked = await openSse(url, revokee.token);
       const kept = await openSse(url, other.token);
-      assert.equal(revoked.status, 200);
-      assert.equal(kept.status, 200);
-      let keptEnded = false;
-      void kept.ended.then(() => {
-        keptEnded = true;
-      });
+      const byStander = await openSse(`${base}/api/analysis-tasks/${bystanderTask}/events`, bystander.token);
+      assert.deepEqual([revoked.status, kept.status, byStander.status], [200, 200, 200]);
+      const keptState = watch(kept);
+      const bystanderState = watch(byStander);
       try {
-        await revoked.waitFor((events) => events.length === 1, 5_000);
-        await kept.waitFor((events) => events.length === 1, 5_000);
+        for (const s of [revoked, kept, byStander]) await s.waitFor((events) => events.length === 1, 5_000);
         assert.equal(await tokenRevoke(t.db.sql, revokee.tokenId), true);
-        await Promise.race([
-          revoked.ended,
-          new Promise((_, reject) =>
-            setTimeout(() => reject(new Error("the revoked token's stream went on")), 5_000),
-          ),
-        ]);
-        await waitFor(async () => hub.size === already + 1, 5_000, "the revoked stream's subscription gone");
-        assert.equal(keptEnded, false, "the other token's stream goes on");
+        await endsSoon(revoked, "the revoked token's stream went on");
+        await waitFor(async () => hub.size === already + 2, 5_000, "the revoked stream's subscription gone");
+        assert.equal(keptState.ended, false, "the other token's stream goes on");
         const again = await openSse(url, revokee.token);
         assert.equal(again.status, 401);
         again.close();
-        // A role change may change what any token's principal sees: every stream is checked again.
+        // A role change: every stream's token is checked again, and the streams of the user whose
+        // role changed end (what they may see has changed); the bystander's goes on.
         await tokenCreate(t.db.sql, "stream-revokee", "admin");
-        await Promise.race([
-          kept.ended,
-          new Promise((_, reject) =>
-            setTimeout(() => reject(new Error("the stream outlived a role change")), 5_000),
-          ),
-        ]);
-        await waitFor(async () => hub.size === already, 5_000, "no subscription left behind");
+        await endsSoon(kept, "the stream outlived its user's role change");
+        assert.equal(bystanderState.ended, false, "another user's stream goes on");
+        await waitFor(async () => hub.size === already + 1, 5_000, "the ended stream's subscription gone");
       } finally {
-        revoked.close();
-        kept.close();
+        for (const s of [revoked, kept, byStander]) s.close();
+      }
+      await waitFor(async () => hub.size === already, 5_000, "no subscription left behind");
+    },
+  );
+
+  test(
+    "a revoke missed while the LISTEN connection was down ends the token's streams when it reconnects",
+    LIMIT,
+    async () => {
+      const lost = await tokenCreate(t.db.sql, "stream-outage-lost");
+      const fine = await tokenCreate(t.db.sql, "stream-outage-fine");
+      const taskOf = (c: typeof lost, name: string) =>
+        createTask(t.db.sql, { userId: c.userId, name, role: c.role }, "ev-outage-revoke", 1);
+      const lostStream = await openSse(sseUrl(await taskOf(lost, "stream-outage-lost")), lost.token);
+      const fineStream = await openSse(sseUrl(await taskOf(fine, "stream-outage-fine")), fine.token);
+      assert.deepEqual([lostStream.status, fineStream.status], [200, 200]);
+      const fineState = watch(fineStream);
+      try {
+        // Committed, and its notification lost (as while the connection is down).
+        await t.db.sql`update api_tokens set revoked_at = now() where id = ${lost.tokenId}`;
+        const killed = await t.db.sql`
+          select pg_terminate_backend(pid) from pg_stat_activity
+          where datname = current_database() and query ~* '^(un)?listen "' and pid <> pg_backend_pid()`;
+        assert.ok(killed.length >= 1, "found the LISTEN connection");
+        await endsSoon(lostStream, "the revoked token's stream outlived the reconnect");
+        assert.equal(fineState.ended, false, "a live token's stream goes on across the reconnect");
+        const again = await openSse(sseUrl(await taskOf(lost, "stream-outage-lost")), lost.token);
+        assert.equal(again.status, 401, "the reconnect emptied the token cache");
+        again.close();
+      } finally {
+        lostStream.close();
+        fineStream.close();
       }
     },
   );
+
+  test("streams that open while role changes are announced open, and stay open", LIMIT, async () => {
+    const reader = await tokenCreate(t.db.sql, "stream-storm");
+    const changing = await tokenCreate(t.db.sql, "stream-storm-changing");
+    const ownedBy = (c: typeof reader, name: string) =>
+      createTask(t.db.sql, { userId: c.userId, name, role: c.role }, "ev-storm", 1);
+    const taskId = await ownedBy(reader, "stream-storm");
+    const hub = t.app.services.events;
+    const already = hub.size;
+    // Other users' role changes (as `assay token create NAME --role ...` announces them), while 20
+    // streams open: none of them concerns this user.
+    let storming = true;
+    const storm = (async () => {
+      let n = 0;
+      while (storming || n < 20) {
+        await t.db.sql`select pg_notify('assay_tokens', '*')`;
+        n++;
+      }
+      return n;
+    })();
+    const streams = await Promise.all(
+      Array.from({ length: 20 }, () => openSse(sseUrl(taskId), reader.token)),
+    );
+    storming = false;
+    const announced = await storm;
+    // A stream whose user's role changes last: when it has ended, every check before has been made.
+    const last = await openSse(sseUrl(await ownedBy(changing, "stream-storm-changing")), changing.token);
+    try {
+      assert.deepEqual(
+        streams.map((s) => s.status),
+        streams.map(() => 200),
+        `${announced} announcements`,
+      );
+      assert.equal(last.status, 200);
+      await waitFor(async () => hub.size === already + 21, 5_000, "21 subscriptions");
+      await tokenCreate(t.db.sql, "stream-storm-changing", "admin");
+      await last.ended;
+      assert.equal(hub.size, already + 20, "the 20 streams are still subscribed");
+    } finally {
+      for (const s of [...streams, last]) s.close();
+    }
+  });
 });

@@ -1,12 +1,14 @@
 // Task events: JSON pages (/logs) and a live Server-Sent Events stream (/events).
 import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
+import type { FastifyRequest } from "fastify";
 import { Type } from "typebox";
+import { type Role, tokenAuthenticate, tokenRoles } from "../../auth/tokens.ts";
 import type { Sql } from "../../db/client.ts";
 import type { EventHub } from "../../events/hub.ts";
 import { eventsAfter, isFinalEvent, type TaskEvent } from "../../events/read.ts";
 import { tasksOpen, taskVisible } from "../../tasks/read.ts";
 import { LogsPageBody, LogsQuery } from "../api-types.ts";
-import { principalOf } from "../auth.ts";
+import { bearerOf, principalOf } from "../auth.ts";
 import { ApiError, notFound, validationFailed } from "../errors.ts";
 import { Envelope, errorResponses, IdParam, isId, ok } from "../schemas.ts";
 
@@ -149,14 +151,85 @@ export async function serveTaskEvents(
   live = true;
 }
 
+/** A live stream, as its token's revokes and role changes find it. */
+interface LiveStream {
+  readonly tokenId: number;
+  /** The role the stream's right to its task was checked with. */
+  role: Role;
+  readonly revoked: AbortController;
+}
+
 export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = async (app, opts) => {
-  // Live streams by the token that opened them: a stream checks its token and its right to the task
-  // once, at its start, so a revoke ends the token's streams, and a role change ("*") every stream;
-  // their clients reconnect and are checked again (a revoked token gets 401).
-  const byToken = new Map<number, Set<AbortController>>();
+  // A stream checks its token and its right to the task once, at its start. So a revoke ends the
+  // token's streams; a role change ("*"), or a reconnect of the LISTEN connection (a revoke may have
+  // been missed meanwhile), checks every stream's token again, and ends those revoked or whose role
+  // changed. Their clients reconnect and are checked again (a revoked token gets 401).
+  const live = new Set<LiveStream>();
+  let checking = false;
+  let checkAgain = false;
+  const checkAll = async () => {
+    if (checking) {
+      checkAgain = true;
+      return;
+    }
+    checking = true;
+    try {
+      do {
+        checkAgain = false;
+        const streams = [...live];
+        if (streams.length === 0) continue;
+        let roles: Map<number, Role> | undefined;
+        try {
+          roles = await tokenRoles(app.services.database.sql, [...new Set(streams.map((s) => s.tokenId))]);
+        } catch (err) {
+          // Unchecked is not kept: every stream ends, and its client is checked as it reconnects.
+          app.log.warn({ err }, "could not check the live streams' tokens again: ending them");
+        }
+        for (const s of streams) if (roles?.get(s.tokenId) !== s.role) s.revoked.abort();
+      } while (checkAgain);
+    } finally {
+      checking = false;
+    }
+  };
+  /**
+   * Registers a stream, then checks its token and its right to the task again (401, 404): a revoke or
+   * role change announced from its registration on reaches it, and one announced since the request's
+   * own check (which was before) is caught by this one. The stream leaves the register as `closed` aborts.
+   */
+  const admit = async (request: FastifyRequest, taskId: string, closed: AbortSignal): Promise<LiveStream> => {
+    for (let tries = 1; ; tries++) {
+      const { tokenId, role } = principalOf(request);
+      const stream: LiveStream = { tokenId, role, revoked: new AbortController() };
+      const forget = () => {
+        live.delete(stream);
+        closed.removeEventListener("abort", forget);
+      };
+      if (!closed.aborted) {
+        live.add(stream);
+        closed.addEventListener("abort", forget);
+      }
+      try {
+        const sql = app.services.database.sql;
+        const now = await tokenAuthenticate(sql, bearerOf(request), app.services.tokens);
+        if (!now) throw new ApiError(401, "UNAUTHORIZED");
+        stream.role = now.role;
+        if (!(await taskVisible(sql, now, taskId))) throw notFound("ANALYSIS_TASK_NOT_FOUND");
+        await app.services.events.ready();
+      } catch (err) {
+        forget();
+        throw err;
+      }
+      if (!stream.revoked.signal.aborted) return stream;
+      // Ended by a revoke of its token, or by a check of every stream (a role change, maybe another
+      // user's, or a reconnect) that may have seen what it held before its own check: check again.
+      forget();
+      if (tries === 3) throw new ApiError(401, "UNAUTHORIZED");
+    }
+  };
+
   const stopRevokes = app.services.tokens?.onRevoke((tokenId) => {
-    const streams = tokenId === "*" ? [...byToken.values()] : [byToken.get(Number(tokenId)) ?? []];
-    for (const set of streams) for (const stream of set) stream.abort();
+    if (tokenId === "*") return void checkAll();
+    for (const s of live) if (s.tokenId === Number(tokenId)) s.revoked.abort();
   });
   app.addHook("onClose", async () => {
     stopRevokes?.();
@@ -203,32 +276,14 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
       const closed = new AbortController();
       reply.raw.once("close", () => closed.abort());
       if (reply.raw.destroyed) closed.abort();
-      // Before any await, like the close listener: a revoke that arrives from here on ends the stream.
-      const { tokenId } = principalOf(request);
-      const revoked = new AbortController();
-      let tokenStreams = byToken.get(tokenId);
-      if (!tokenStreams) {
-        tokenStreams = new Set();
-        byToken.set(tokenId, tokenStreams);
-      }
-      tokenStreams.add(revoked);
-      const forget = () => {
-        tokenStreams.delete(revoked);
-        if (tokenStreams.size === 0 && byToken.get(tokenId) === tokenStreams) byToken.delete(tokenId);
-      };
-      reply.raw.once("close", forget);
-      if (reply.raw.destroyed) forget();
       const { taskId } = request.params;
       const sql = app.services.database.sql;
-      if (!isId(taskId) || !(await taskVisible(sql, principalOf(request), taskId)))
-        throw notFound("ANALYSIS_TASK_NOT_FOUND");
+      if (!isId(taskId)) throw notFound("ANALYSIS_TASK_NOT_FOUND");
+      const { revoked } = await admit(request, taskId, closed.signal);
       const lastEventId = request.headers["last-event-id"];
       if (lastEventId !== undefined && !/^[0-9]{1,18}$/.test(lastEventId)) {
         throw validationFailed("Last-Event-ID must be an event id.");
       }
-      await app.services.events.ready();
-      // Revoked while the task was looked up: as if it had been before the request.
-      if (revoked.signal.aborted) throw new ApiError(401, "UNAUTHORIZED");
       // Commit the 200 and the headers now: a client waiting on a quiet task must not wait for them
       // (writeHead alone holds them back until the first write: the first keep-alive, or never).
       reply.sse.sendHeaders();
