@@ -7,12 +7,21 @@ import fs from "node:fs";
 import path from "node:path";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
+import {
+  folderKey,
+  inputFolderKey,
+  RESULTS_FILE,
+  runFolder,
+  safeSegment,
+  withRunSuffix,
+} from "../files/folder-names.ts";
 import type { Run } from "../http/api-types.ts";
 import { fetchBody, outputPath, resultsCsvPath, runOutputs } from "./api.ts";
 import { type ApiClient, ConnectionError, idleSignal } from "./http.ts";
 import { mapLimit } from "./pool.ts";
 
-export const RESULTS_FILE = "results.csv";
+// The naming rules are the zip's own (files/folder-names.ts), so a run's folder here is its folder there.
+export { RESULTS_FILE, safeSegment };
 
 export interface Downloaded {
   runId: string;
@@ -23,38 +32,24 @@ export interface Downloaded {
   bytes: number;
 }
 
-/** A name from the server as one path segment: no separators, no leading dots, no controls. */
-export function safeSegment(name: string): string {
-  // biome-ignore lint/suspicious/noControlCharactersInRegex: dropping control characters is the point
-  const clean = name.replace(/[\u0000-\u001f\u007f]/g, "").replace(/[/\\]/g, "_");
-  return clean.replace(/^\.+/, "_") || "input";
+/** How many of `keys` are each key. */
+function tally(keys: string[]): Map<string, number> {
+  const counts = new Map<string, number>();
+  for (const k of keys) counts.set(k, (counts.get(k) ?? 0) + 1);
+  return counts;
 }
 
 /**
- * How a name compares on the file systems people download to: macOS and Windows fold case, and
- * macOS stores names decomposed (NFD), so "Ä.csv" typed and "Ä.csv" pasted are one folder there.
+ * The folders, by run, checked distinct once more on the file systems people download to (folderKey)
+ * and apart from the results table: a folder that would still share one gets " (2)", " (3)"… The
+ * rules that made them already keep them apart (files/folder-names.ts); this only guards the disk.
  */
-const folderKey = (name: string) => name.normalize("NFC").toLowerCase();
-
-/**
- * `wanted` folder per run, made distinct: every run of a name that would be one folder on some file
- * system (after safeSegment, case folding or normalization), and one marked `runLike`, gets
- * " (run <id>)", as in the task's zip. Both runs get it, not only the second, so a name never
- * depends on the order runs came in.
- */
-function distinctFolders(
-  wanted: { runId: string; folder: string; runLike?: boolean }[],
-): Map<string, string> {
-  const counts = new Map<string, number>([[RESULTS_FILE, 1]]);
-  for (const w of wanted) counts.set(folderKey(w.folder), (counts.get(folderKey(w.folder)) ?? 0) + 1);
+function distinct(folders: { runId: string; folder: string }[]): Map<string, string> {
   const used = new Set<string>([RESULTS_FILE]);
   const names = new Map<string, string>();
-  for (const { runId, folder, runLike } of wanted) {
-    const suffix = (counts.get(folderKey(folder)) ?? 0) > 1 || runLike === true;
-    const base = suffix ? `${folder} (run ${runId})` : folder;
-    // An input may itself be named like another's suffixed name ("a.csv (run 12)").
-    let name = base;
-    for (let n = 2; used.has(folderKey(name)); n++) name = `${base} (${n})`;
+  for (const { runId, folder } of folders) {
+    let name = folder;
+    for (let n = 2; used.has(folderKey(name)); n++) name = `${folder} (${n})`;
     used.add(folderKey(name));
     names.set(runId, name);
   }
@@ -62,17 +57,19 @@ function distinctFolders(
 }
 
 /**
- * A folder per run named after its input file, as in the task's zip: repeated names, and the name of
- * the results table at the top, get " (run <id>)".
+ * A folder per run named after its input file, exactly as in the task's zip (runFolder): every run of
+ * a name that would be one folder on some file system (once made a safe segment, case folded or
+ * normalized) gets " (run <id>)" — all of them, not only the second, so a name never depends on the
+ * order runs came in — and so do the name of the results table and a name that already ends so.
  */
 export function folderNames(runs: Pick<Run, "runId" | "fileName">[]): Map<string, string> {
-  return distinctFolders(
-    runs.map((r) => {
-      const folder = safeSegment(r.fileName);
-      // A name that already ends like a suffixed one ("a.csv (run 12)") gets its own suffix too, as
-      // the zip gives it: it could otherwise take the folder a repeated name's run 12 gets.
-      return { runId: r.runId, folder, runLike: / \(run \d+\)$/.test(folder) };
-    }),
+  const keys = runs.map((r) => inputFolderKey(r.fileName));
+  const counts = tally(keys);
+  return distinct(
+    runs.map((r, i) => ({
+      runId: r.runId,
+      folder: runFolder(r.fileName, r.runId, (counts.get(keys[i] as string) ?? 0) > 1),
+    })),
   );
 }
 
@@ -83,18 +80,27 @@ export function folderNames(runs: Pick<Run, "runId" | "fileName">[]): Map<string
 export function folderFromLabel(label: string, runId: string): string {
   const segments = label.split("/").map(safeSegment);
   if (folderKey(segments[0] ?? "") === RESULTS_FILE) {
-    segments[0] = segments.length === 1 ? `${segments[0]} (run ${runId})` : `${segments[0]} (folder)`;
+    segments[0] =
+      segments.length === 1 ? withRunSuffix(segments[0] as string, runId) : `${segments[0]} (folder)`;
   }
   return segments.join("/");
 }
 
 /**
  * Folders for runs from their inputs' labels (folderFromLabel), made distinct: labels that differ
- * only in characters safeSegment drops or replaces ("a\tb.csv", "ab.csv"), in case, or in Unicode
- * normalization would otherwise share a folder, and their downloads would overwrite each other.
+ * only in characters safeSegment replaces ("a:b.csv", "a_b.csv"), in case, or in Unicode
+ * normalization would otherwise share a folder, and their downloads would overwrite each other; each
+ * of them gets " (run <id>)".
  */
 export function foldersFromLabels(runs: { runId: string; label: string }[]): Map<string, string> {
-  return distinctFolders(runs.map((r) => ({ runId: r.runId, folder: folderFromLabel(r.label, r.runId) })));
+  const wanted = runs.map((r) => ({ runId: r.runId, folder: folderFromLabel(r.label, r.runId) }));
+  const counts = tally(wanted.map((w) => folderKey(w.folder)));
+  return distinct(
+    wanted.map(({ runId, folder }) => ({
+      runId,
+      folder: (counts.get(folderKey(folder)) ?? 0) > 1 ? withRunSuffix(folder, runId) : folder,
+    })),
+  );
 }
 
 /** `rel` under `root`, refusing anything that would land outside it. */

@@ -26,8 +26,12 @@ export const OUTPUT_LIMITS = {
   extensions: [".json", ".csv", ".html", ".png", ".svg", ".txt", ".md"],
 };
 
-/** Names a script may give its outputs: a plain file name, no path, no leading dot. */
-export const SAFE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+/**
+ * Names a script may give its outputs: a plain file name, no path, no leading dot, and none that
+ * Windows reserves for a device (`con.json`, `NUL.txt`, `com1.csv`): a zip or a download of it could
+ * not be extracted or written there (the folder names follow the same rules, files/folder-names.ts).
+ */
+export const SAFE_NAME = /^(?!(con|prn|aux|nul|com[1-9]|lpt[1-9])(\.|$))[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/i;
 
 export type OutputCheck = { ok: true; files: OutputFile[] } | { ok: false; message: string };
 
@@ -38,9 +42,10 @@ export type OutputCheck = { ok: true; files: OutputFile[] } | { ok: false; messa
  * directory stops at the file limit, so a program that wrote a million files cannot stall the loop.
  */
 export function checkOutputs(dir: string, resultName: string): OutputCheck {
-  if (!SAFE_NAME.test(resultName) || path.basename(resultName) !== resultName) {
+  if (path.basename(resultName) !== resultName) {
     return { ok: false, message: "the result names a file outside the output directory" };
   }
+  if (!SAFE_NAME.test(resultName)) return { ok: false, message: "the result names an unsafe output file" };
   const files: OutputFile[] = [];
   let total = 0;
   const listing = fs.opendirSync(dir);

@@ -2,10 +2,10 @@
 import { createHash } from "node:crypto";
 import type { Principal } from "../auth/tokens.ts";
 import type { Sql } from "../db/client.ts";
+import { inputFolderKey, runFolder } from "../files/folder-names.ts";
 import { type OutputFile, SAFE_NAME } from "../runner/outputs.ts";
 import { type ObjectInfo, type ObjectStore, outputObjectKey, taskOutputsPrefix } from "../storage/store.ts";
 import { taskVisible, visible } from "./read.ts";
-import { RESULTS_FILE_NAME } from "./results.ts";
 import { TERMINAL_TASK_STATUSES } from "./states.ts";
 
 export interface RunOutput {
@@ -139,8 +139,9 @@ export async function runOutputFiles(store: ObjectStore, output: RunOutput): Pro
 export interface ZipRun {
   output: RunOutput;
   /**
-   * The run's folder in the zip: its input file's name, or with ` (run <id>)` when that name could
-   * share a folder with another run's, or with the results table, once extracted (see zipFolder).
+   * The run's folder in the zip: its input file's name as one safe path segment, or with ` (run <id>)`
+   * when that name could share a folder with another run's, or with the results table, once extracted
+   * (runFolder in files/folder-names.ts, the rules the CLI's downloads follow too).
    */
   folder: string;
   /** The run's output files in key order (safe names only); null when the result file is not there. */
@@ -149,40 +150,6 @@ export interface ZipRun {
 
 /** Runs per page of a zip (and store objects per listing). */
 export const ZIP_PAGE = 1000;
-
-/**
- * An input name as one path segment of the zip. Input names were sanitised at upload (a base name, no
- * control characters); be strict anyway: no separator, and no leading dot (`.`, `..`, a hidden file).
- */
-export const zipFolderBase = (inputName: string) =>
-  inputName.replace(/[/\\]/g, "_").replace(/^\.+/, "_") || "input";
-
-/**
- * How a folder compares where zips are extracted: macOS and Windows fold case, and macOS stores names
- * decomposed, so `A.csv` and `a.csv`, or a composed and a decomposed `é.csv`, are one folder there.
- * The same key as the CLI's downloads (client/download.ts). Computed here, not in SQL: PostgreSQL's
- * lower() follows the database's collation (ASCII only under C, which the embedded cluster uses), so
- * a duplicate check in SQL would miss `Ä.csv`/`ä.csv` on one database and not on another.
- */
-export const zipFolderKey = (folder: string) => folder.normalize("NFC").toLowerCase();
-
-/**
- * What every folder made unique ends with. An input named so is made unique too: else an input named
- * `a.csv (run 12)` and run 12 of two runs named `a.csv` would share a folder. With it, a made-unique
- * folder's key ends with its own run's id and a plain one's never does, so no two folders share a key.
- */
-const RUN_SUFFIX = / \(run [0-9]+\)$/;
-
-/**
- * The zip folder of a run: its input's name, with ` (run <id>)` when `shared` (another succeeded run's
- * folder has the same key), when it is the results table's name at the root, or when it ends like a
- * made-unique folder.
- */
-export function zipFolder(inputName: string, runId: string, shared: boolean): string {
-  const base = zipFolderBase(inputName);
-  const key = zipFolderKey(base);
-  return shared || key === RESULTS_FILE_NAME || RUN_SUFFIX.test(key) ? `${base} (run ${runId})` : base;
-}
 
 /**
  * A folder key in 48 bits: the task's keys are held as these numbers, 8 bytes a run whatever the
@@ -248,7 +215,7 @@ export async function* zipPages(sql: Sql, store: ObjectStore, taskId: string): A
     const hashes = new Float64Array(rows.length);
     for (const [i, r] of rows.entries()) {
       ids.writeBigInt64BE(BigInt(r.id), i * 8);
-      hashes[i] = keyHash(zipFolderKey(zipFolderBase(r.name)));
+      hashes[i] = keyHash(inputFolderKey(r.name));
     }
     idChunks.push(ids);
     hashChunks.push(hashes);
@@ -279,7 +246,7 @@ export async function* zipPages(sql: Sql, store: ObjectStore, taskId: string): A
       const names = output.usable ? await outputNames(store, listing, taskId, output) : [];
       page.push({
         output,
-        folder: zipFolder(output.inputName, output.runId, shared[at / 8 + k] === 1),
+        folder: runFolder(output.inputName, output.runId, shared[at / 8 + k] === 1),
         names: names.includes(output.outputFileName) ? names : null,
       });
     }

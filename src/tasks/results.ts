@@ -3,11 +3,13 @@
 // stream it from here, a page of runs at a time, so a task of any size is never held in memory.
 import { Readable } from "node:stream";
 import { isoTime, type Sql } from "../db/client.ts";
+import { RESULTS_FILE } from "../files/folder-names.ts";
 
 /** Runs read per query. */
 const PAGE = 1000;
 
-export const RESULTS_FILE_NAME = "results.csv";
+/** The table's name at the root of a zip (and of a CLI download: one name, files/folder-names.ts). */
+export const RESULTS_FILE_NAME = RESULTS_FILE;
 
 const FIXED_COLUMNS = [
   "run_id",

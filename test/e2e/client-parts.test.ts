@@ -246,8 +246,12 @@ test("--param values are typed by the schema and checked against it", async () =
 
 test("folder names: one safe path segment each, repeats and results.csv made unique", () => {
   assert.equal(safeSegment("../../etc/passwd"), "__.._etc_passwd");
-  assert.equal(safeSegment("a\u0000b\nc.csv"), "abc.csv");
+  assert.equal(safeSegment("a\u0000b\nc.csv"), "a_b_c.csv");
   assert.equal(safeSegment("..."), "_");
+  // Windows-safe (the rules are src/files/folder-names.ts's, tested in test/unit/folder-names.test.ts).
+  assert.equal(safeSegment('a:b<c>"d|e?f*.csv'), "a_b_c__d_e_f_.csv");
+  assert.equal(safeSegment("x. "), "x__");
+  assert.equal(safeSegment("CON.csv"), "_CON.csv");
   assert.deepEqual(
     [
       ...folderNames([
@@ -255,9 +259,20 @@ test("folder names: one safe path segment each, repeats and results.csv made uni
         { runId: "11", fileName: "a.csv" },
         { runId: "12", fileName: "results.csv" },
         { runId: "13", fileName: "b.csv" },
+        { runId: "14", fileName: "a:b.csv" },
+        { runId: "15", fileName: "a_b.csv" },
+        { runId: "16", fileName: "nul.csv" },
       ]).values(),
     ],
-    ["a.csv (run 10)", "a.csv (run 11)", "results.csv (run 12)", "b.csv"],
+    [
+      "a.csv (run 10)",
+      "a.csv (run 11)",
+      "results.csv (run 12)",
+      "b.csv",
+      "a_b.csv (run 14)",
+      "a_b.csv (run 15)",
+      "_nul.csv",
+    ],
   );
   assert.equal(folderFromLabel("sub/dir/x.csv", "1"), "sub/dir/x.csv");
   assert.equal(folderFromLabel("results.csv", "7"), "results.csv (run 7)");
@@ -281,8 +296,9 @@ test("exit codes: 2 usage, 3 server, 1 task state, 130 Ctrl-C", () => {
 });
 
 test("folder names that one file system would take for one folder are made distinct", () => {
-  // Labels that differ only in what safeSegment drops or replaces, in case, or in normalization
-  // (é composed, and e + combining acute as macOS stores it).
+  // Labels that differ only in what safeSegment replaces, in case, or in normalization (é composed,
+  // and e + combining acute as macOS stores it); a control character is replaced, not dropped, so
+  // "ab.csv" keeps its own folder.
   const labels = [
     ["20", "a\tb.csv"],
     ["21", "ab.csv"],
@@ -294,13 +310,17 @@ test("folder names that one file system would take for one folder are made disti
     ["27", "cafe\u0301/x.csv"],
     ["28", "RESULTS.CSV"],
     ["29", "unique ✓.csv"],
+    ["30", "a:b.csv"],
+    ["31", "x."],
+    ["32", "x_"],
+    ["33", "con.csv"],
   ].map(([runId, label]) => ({ runId: runId as string, label: label as string }));
   const folders = foldersFromLabels(labels);
   assert.deepEqual(
     [...folders.values()],
     [
-      "ab.csv (run 20)",
-      "ab.csv (run 21)",
+      "a_b.csv (run 20)",
+      "ab.csv",
       "a_b.csv (run 22)",
       "a_b.csv (run 23)",
       "Données.csv (run 24)",
@@ -309,6 +329,10 @@ test("folder names that one file system would take for one folder are made disti
       "cafe\u0301/x.csv (run 27)",
       "RESULTS.CSV (run 28)",
       "unique ✓.csv",
+      "a_b.csv (run 30)",
+      "x_ (run 31)",
+      "x_ (run 32)",
+      "_con.csv",
     ],
   );
   const keys = [...folders.values()].map((f) => f.normalize("NFC").toLowerCase());

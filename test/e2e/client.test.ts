@@ -37,13 +37,14 @@ const INPUTS: { file: string; rows: number; folder: string | ((runId: string) =>
   { file: "données β.csv", rows: 11, folder: "données β.csv" },
   { file: "日本語データ.csv", rows: 12, folder: "日本語データ.csv" },
   { file: "emoji 🎉.csv", rows: 13, folder: "emoji 🎉.csv" },
-  { file: "<img src=x onerror=alert(1)>.csv", rows: 14, folder: "<img src=x onerror=alert(1)>.csv" },
-  { file: `quote " and ' apostrophe.csv`, rows: 15, folder: `quote " and ' apostrophe.csv` },
+  // Characters Windows refuses in a name become `_` (src/files/folder-names.ts).
+  { file: "<img src=x onerror=alert(1)>.csv", rows: 14, folder: "_img src=x onerror=alert(1)_.csv" },
+  { file: `quote " and ' apostrophe.csv`, rows: 15, folder: `quote _ and ' apostrophe.csv` },
   { file: "-rf.csv", rows: 16, folder: "-rf.csv" },
   { file: "--help.csv", rows: 17, folder: "--help.csv" },
   { file: "spaces   in name.csv", rows: 18, folder: "spaces   in name.csv" },
   { file: "results.csv", rows: 19, folder: (runId) => `results.csv (run ${runId})` },
-  { file: "tab\there.csv", rows: 20, folder: "tabhere.csv" },
+  { file: "tab\there.csv", rows: 20, folder: "tab_here.csv" },
   { file: "back\\slash.csv", rows: 21, folder: "back_slash.csv" },
   { file: "percent%20name.csv", rows: 22, folder: "percent%20name.csv" },
   { file: "CAPS.CSV", rows: 23, folder: "CAPS.CSV" },
@@ -194,8 +195,9 @@ test("a re-submit of the same folder uploads nothing and makes a task over the s
 });
 
 test("submit --out: inputs whose folders would coincide get one folder each, with their own outputs", async () => {
-  // Pairs that are one folder after control characters are dropped and separators replaced, or on a
-  // file system that folds case or normalization (macOS, Windows).
+  // Names that are one folder after control characters, separators and characters Windows refuses
+  // are replaced, or on a file system that folds case or normalization (macOS, Windows); "ab.csv" is
+  // none of them, and "CON.csv", a Windows device name, becomes "_CON.csv".
   const dir = path.join(work, "collide");
   const rowsOf: Record<string, number> = {
     "a\tb.csv": 31,
@@ -206,6 +208,8 @@ test("submit --out: inputs whose folders would coincide get one folder each, wit
     "relevé.csv": 36,
     "caf\u00e9.csv": 37,
     "cafe\u0301.csv": 38,
+    "a:b.csv": 39,
+    "CON.csv": 40,
   };
   fs.mkdirSync(dir);
   for (const [name, rows] of Object.entries(rowsOf)) fs.writeFileSync(path.join(dir, name), csv(rows, rows));
@@ -221,17 +225,18 @@ test("submit --out: inputs whose folders would coincide get one folder each, wit
     `/api/analysis-tasks/${taskId}/runs`,
   );
   const downloads = ofKind(lines, "download");
-  assert.equal(downloads.length, 8);
+  assert.equal(downloads.length, 10);
   const folders = downloads.map((d) => d.folder as string);
   assert.equal(
     new Set(folders.map((f) => f.normalize("NFC").toLowerCase())).size,
-    8,
+    10,
     `one folder per input on any file system: ${folders.join(" | ")}`,
   );
   for (const d of downloads) {
     const run = runs.find((x) => x.runId === d.runId);
     const local = pathOf.get(run?.inputFileId as string) as string;
-    assert.match(d.folder as string, new RegExp(` \\(run ${d.runId}\\)$`), `${local}: its run id`);
+    if (local === "ab.csv" || local === "CON.csv") assert.equal(d.folder, local.replace("CON", "_CON"));
+    else assert.match(d.folder as string, new RegExp(` \\(run ${d.runId}\\)$`), `${local}: its run id`);
     const summary = JSON.parse(fs.readFileSync(path.join(out, d.folder as string, "summary.json"), "utf8"));
     assert.equal(summary.rows, rowsOf[local], `${d.folder} holds the outputs of ${JSON.stringify(local)}`);
   }
@@ -240,7 +245,7 @@ test("submit --out: inputs whose folders would coincide get one folder each, wit
     [],
     "no temporary file left behind",
   );
-  assert.equal(fs.readdirSync(out).length, 9, "eight folders and results.csv");
+  assert.equal(fs.readdirSync(out).length, 11, "ten folders and results.csv");
 });
 
 test("a bad --idempotency-key exits 2 before anything is uploaded", async () => {

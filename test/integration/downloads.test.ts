@@ -10,6 +10,7 @@ import { Readable } from "node:stream";
 import { after, before, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { tokenCreate } from "../../src/auth/tokens.ts";
+import { folderNames } from "../../src/client/download.ts";
 import { LocalStore } from "../../src/storage/local.ts";
 import { taskOutputsPrefix } from "../../src/storage/store.ts";
 import { ZIP_PAGE } from "../../src/tasks/outputs.ts";
@@ -246,6 +247,12 @@ function zipContents(zip: Buffer): Map<string, string> {
 /** A name as macOS and Windows compare it when a zip is extracted. */
 const onDisk = (name: string) => name.normalize("NFC").toLowerCase();
 
+/** Whether Windows can create a folder so named: no reserved character, trailing dot or space, or device name. */
+const windowsSafe = (name: string) =>
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are what it looks for
+  !/[\u0000-\u001f\u007f<>:"|?*/\\]|[. ]$/.test(name) &&
+  !/^(con|prn|aux|nul|com[1-9]|lpt[1-9]) *(\.|$)/i.test(name);
+
 test("a zip of more runs than a page: every run once, names unique across pages, ids past a power of ten", {
   timeout: 120_000,
 }, async () => {
@@ -262,9 +269,10 @@ test("a zip of more runs than a page: every run once, names unique across pages,
   const last = byKey.at(-1) as string;
   const results = byKey[5] as string;
   const at = (i: number) => byKey.at(i) as string;
-  // Names that are distinct as text but one folder once sanitised (a leading dot becomes `_`), once
-  // extracted on macOS or Windows (case, Unicode normalisation), or beside the root results.csv; and
-  // an input named like another run's made-unique folder. Spread over both pages.
+  // Names that are distinct as text but one folder once sanitised (a leading dot, a character Windows
+  // refuses or a trailing dot becomes `_`), once extracted on macOS or Windows (case, Unicode
+  // normalisation), or beside the root results.csv; a Windows device name; and an input named like
+  // another run's made-unique folder. Spread over both pages.
   const hostile: [id: string, input: string, folder: string][] = [
     [at(1), ".d.csv", `_d.csv (run ${at(1)})`],
     [at(ZIP_PAGE + 10), "_d.csv", `_d.csv (run ${at(ZIP_PAGE + 10)})`],
@@ -279,6 +287,13 @@ test("a zip of more runs than a page: every run once, names unique across pages,
     [at(ZIP_PAGE + 30), "e\u0301te\u0301.csv", `e\u0301te\u0301.csv (run ${at(ZIP_PAGE + 30)})`],
     [at(9), `same.csv (run ${last})`, `same.csv (run ${last}) (run ${at(9)})`],
     [at(10), "ünïcødé — 数据 (run).csv", "ünïcødé — 数据 (run).csv"],
+    [at(11), "a:b.csv", `a_b.csv (run ${at(11)})`],
+    [at(ZIP_PAGE + 40), "a_b.csv", `a_b.csv (run ${at(ZIP_PAGE + 40)})`],
+    [at(12), "x.", `x_ (run ${at(12)})`],
+    [at(ZIP_PAGE + 50), "x_", `x_ (run ${at(ZIP_PAGE + 50)})`],
+    [at(13), "CON.csv", "_CON.csv"],
+    [at(14), "nul", "_nul"],
+    [at(15), 'q<>"|?*.csv', "q______.csv"],
   ];
   await env.db.sql`update runs set input_name = 'same.csv' where id in (${first}, ${last})`;
   await env.db.sql`update runs set input_name = 'results.csv' where id = ${results}`;
@@ -312,6 +327,18 @@ test("a zip of more runs than a page: every run once, names unique across pages,
   const folders = names.slice(1).map((e) => e.slice(0, e.lastIndexOf("/")));
   assert.equal(new Set(folders.map(onDisk)).size, n);
   assert.ok(!folders.some((f) => onDisk(f) === "results.csv"));
+  assert.deepEqual(
+    folders.filter((f) => !windowsSafe(f)),
+    [],
+    "every folder can be extracted on Windows",
+  );
+  // `assay download` names the same folders from the runs' file names (client/download.ts).
+  const cli = folderNames([...inputs].map(([runId, fileName]) => ({ runId, fileName })));
+  assert.deepEqual(
+    runIds.filter((id) => cli.get(id) !== folder(id)),
+    [],
+    "a run's folder in a download is its folder in the zip",
+  );
   const contents = zipContents(res.rawPayload);
   for (const id of runIds) assert.equal(contents.get(`${folder(id)}/result.json`), `{"run":${id}}`, id);
   assert.equal(zipRead(res.rawPayload, `same.csv (run ${last})/result.json`).toString(), `{"run":${last}}`);

@@ -63,6 +63,13 @@ test("checkOutputs: the named file among allowed files passes; every limit is en
     "an output file has a type that is not allowed",
   );
   assert.equal(fails(folder({ "a.json": 1, "-x.json": 1 }), "a.json"), "an output file has an unsafe name");
+  // Names Windows keeps for devices, which no zip or download of them could hold there.
+  for (const reserved of ["con.json", "NUL.txt", "Com1.csv", "lpt9.md"])
+    assert.equal(
+      fails(folder({ "a.json": 1, [reserved]: 1 }), "a.json"),
+      "an output file has an unsafe name",
+    );
+  assert.equal(fails(folder({ "con.json": 1 }), "con.json"), "the result names an unsafe output file");
   const withLink = folder({ "a.json": 1 });
   fs.symlinkSync("/etc/passwd", path.join(withLink, "p.json"));
   assert.equal(fails(withLink, "a.json"), "outputs must be regular files (no links or folders)");

@@ -1,0 +1,79 @@
+// The folder a run's outputs get, named after its input file: one set of rules for the task's zip
+// (tasks/outputs.ts, zipPages) and for the command-line client's downloads (client/download.ts:
+// `assay download`, `submit --out`), so that a run's folder in the zip is its folder in a download.
+//
+// Pure, and imports nothing: the client loads this module, and a client command must load nothing of
+// the server (test/e2e/client.test.ts and test/unit/bundle.test.ts trace what `assay status` and
+// `assay tasks` load).
+
+/** The task's results table, at the root of a zip and of a download: no run's folder may be it. */
+export const RESULTS_FILE = "results.csv";
+
+/**
+ * What may not be in a path segment: the separators, the characters Windows refuses in a name
+ * (`<>:"|?*`), and control characters (U+0000–U+001F, which Windows refuses too, and U+007F).
+ */
+// biome-ignore lint/suspicious/noControlCharactersInRegex: replacing control characters is the point
+const UNSAFE = /[\u0000-\u001f\u007f/\\<>:"|?*]/g;
+
+/**
+ * Windows' device names: a file whose name up to the first dot is one of them, also with spaces
+ * after it (`CON.csv`, `nul .txt`, `LPT1`), cannot be created or opened as a file there. Windows also
+ * takes the superscript digits ¹²³ for digits in COM and LPT.
+ */
+const RESERVED = /^(con|prn|aux|nul|com[1-9¹²³]|lpt[1-9¹²³]) *$/i;
+
+/**
+ * A name (an input's, an output's, a segment of a local path) as one path segment that means the same
+ * folder or file on Linux, macOS and Windows: separators, `<>:"|?*` and control characters become `_`;
+ * leading dots become one `_` (no `.`, `..` or hidden file); each trailing dot or space becomes `_`
+ * (Windows drops them, so `x.` would be `x` there); a Windows device name gets a `_` before it
+ * (`CON.csv` → `_CON.csv`); nothing left is `input`. Applied twice it changes nothing more.
+ */
+export function safeSegment(name: string): string {
+  const clean = name
+    .replace(UNSAFE, "_")
+    .replace(/^\.+/, "_")
+    .replace(/[. ]+$/, (tail) => "_".repeat(tail.length));
+  if (clean === "") return "input";
+  return RESERVED.test(clean.split(".", 1)[0] as string) ? `_${clean}` : clean;
+}
+
+/**
+ * How a folder compares where outputs land: macOS and Windows fold case, and macOS stores names
+ * decomposed, so `A.csv` and `a.csv`, or a composed and a decomposed `é.csv`, are one folder there.
+ * Computed in JS, not in SQL: PostgreSQL's lower() follows the database's collation (ASCII only under
+ * C, which the embedded cluster uses).
+ */
+export const folderKey = (folder: string) => folder.normalize("NFC").toLowerCase();
+
+/** The key of the folder a run of this input gets before any suffix: that of its safe name. */
+export const inputFolderKey = (inputName: string) => folderKey(safeSegment(inputName));
+
+/**
+ * What every folder made unique ends with. A folder whose key ends so is made unique too: else an
+ * input named `a.csv (run 12)` and run 12 of two runs named `a.csv` would share a folder. With it, a
+ * made-unique folder's key ends with its own run's id and a plain one's never does, so no two folders
+ * share a key.
+ */
+export const RUN_SUFFIX = / \(run [0-9]+\)$/;
+
+/** A folder made unique by its run's id. */
+export const withRunSuffix = (folder: string, runId: string) => `${folder} (run ${runId})`;
+
+/**
+ * Whether a folder (by its key) gets ` (run <id>)`: when it is `shared` (another run's folder has the
+ * same key), when it is the results table's name, or when it already ends like a made-unique folder.
+ */
+export const needsRunSuffix = (key: string, shared: boolean) =>
+  shared || key === RESULTS_FILE || RUN_SUFFIX.test(key);
+
+/**
+ * The folder of a run of the input `inputName`: its safe name, with ` (run <runId>)` when
+ * needsRunSuffix says so. `shared`: another run of the same task (of those that get a folder) has
+ * the same inputFolderKey.
+ */
+export function runFolder(inputName: string, runId: string, shared: boolean): string {
+  const base = safeSegment(inputName);
+  return needsRunSuffix(folderKey(base), shared) ? withRunSuffix(base, runId) : base;
+}
