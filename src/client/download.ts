@@ -14,6 +14,7 @@ import {
   runFolder,
   safeSegment,
   withRunSuffix,
+  withSuffix,
 } from "../files/folder-names.ts";
 import type { Run } from "../http/api-types.ts";
 import { fetchBody, outputPath, resultsCsvPath, runOutputs } from "./api.ts";
@@ -49,7 +50,7 @@ function distinct(folders: { runId: string; folder: string }[]): Map<string, str
   const names = new Map<string, string>();
   for (const { runId, folder } of folders) {
     let name = folder;
-    for (let n = 2; used.has(folderKey(name)); n++) name = `${folder} (${n})`;
+    for (let n = 2; used.has(folderKey(name)); n++) name = withSuffix(folder, ` (${n})`);
     used.add(folderKey(name));
     names.set(runId, name);
   }
@@ -81,7 +82,9 @@ export function folderFromLabel(label: string, runId: string): string {
   const segments = label.split("/").map(safeSegment);
   if (folderKey(segments[0] ?? "") === RESULTS_FILE) {
     segments[0] =
-      segments.length === 1 ? withRunSuffix(segments[0] as string, runId) : `${segments[0]} (folder)`;
+      segments.length === 1
+        ? withRunSuffix(segments[0] as string, runId)
+        : withSuffix(segments[0] as string, " (folder)");
   }
   return segments.join("/");
 }

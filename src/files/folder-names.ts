@@ -24,17 +24,52 @@ const UNSAFE = /[\u0000-\u001f\u007f/\\<>:"|?*]/g;
 const RESERVED = /^(con|prn|aux|nul|com[1-9¹²³]|lpt[1-9¹²³]) *$/i;
 
 /**
+ * The longest name, in UTF-8 bytes, that Linux's file systems hold (ext4, XFS, Btrfs: 255 bytes;
+ * macOS and Windows count 255 UTF-16 units, which this never exceeds). An upload's name may be 255
+ * characters, up to 765 bytes in a script such as Chinese.
+ */
+const MAX_SEGMENT_BYTES = 255;
+
+const utf8Length = (codePoint: number) =>
+  codePoint < 0x80 ? 1 : codePoint < 0x800 ? 2 : codePoint < 0x10000 ? 3 : 4;
+
+/** The longest start of `text` of at most `max` UTF-8 bytes, never splitting a character. */
+function fitBytes(text: string, max: number): string {
+  let bytes = 0;
+  let end = 0;
+  for (const ch of text) {
+    bytes += utf8Length(ch.codePointAt(0) as number);
+    if (bytes > max) return text.slice(0, end);
+    end += ch.length;
+  }
+  return text;
+}
+
+/**
+ * `name` + `suffix`, the name's last segment cut short (safeSegment's limit) so that the two fit in one
+ * segment. What the suffix says (a run's id) keeps the cut name apart from every other.
+ */
+export function withSuffix(name: string, suffix: string): string {
+  const slash = name.lastIndexOf("/");
+  const last = name.slice(slash + 1);
+  let room = MAX_SEGMENT_BYTES;
+  for (const ch of suffix) room -= utf8Length(ch.codePointAt(0) as number);
+  return `${name.slice(0, slash + 1)}${fitBytes(last, room)}${suffix}`;
+}
+
+/**
  * A name (an input's, an output's, a segment of a local path) as one path segment that means the same
  * folder or file on Linux, macOS and Windows: separators, `<>:"|?*` and control characters become `_`;
  * leading dots become one `_` (no `.`, `..` or hidden file); each trailing dot or space becomes `_`
  * (Windows drops them, so `x.` would be `x` there); a Windows device name gets a `_` before it
- * (`CON.csv` → `_CON.csv`); nothing left is `input`. Applied twice it changes nothing more.
+ * (`CON.csv` → `_CON.csv`); a name over 255 UTF-8 bytes is cut there (at a character); nothing left
+ * is `input`. Applied twice it changes nothing more.
  */
 export function safeSegment(name: string): string {
-  const clean = name
-    .replace(UNSAFE, "_")
-    .replace(/^\.+/, "_")
-    .replace(/[. ]+$/, (tail) => "_".repeat(tail.length));
+  const clean = fitBytes(name.replace(UNSAFE, "_").replace(/^\.+/, "_"), MAX_SEGMENT_BYTES).replace(
+    /[. ]+$/,
+    (tail) => "_".repeat(tail.length),
+  );
   if (clean === "") return "input";
   return RESERVED.test(clean.split(".", 1)[0] as string) ? `_${clean}` : clean;
 }
@@ -59,7 +94,7 @@ export const inputFolderKey = (inputName: string) => folderKey(safeSegment(input
 export const RUN_SUFFIX = / \(run [0-9]+\)$/;
 
 /** A folder made unique by its run's id. */
-export const withRunSuffix = (folder: string, runId: string) => `${folder} (run ${runId})`;
+export const withRunSuffix = (folder: string, runId: string) => withSuffix(folder, ` (run ${runId})`);
 
 /**
  * Whether a folder (by its key) gets ` (run <id>)`: when it is `shared` (another run's folder has the

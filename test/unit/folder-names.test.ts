@@ -273,3 +273,32 @@ test("hostile names: the CLI's folders are the zip's, one per run on any file sy
   assert.equal(new Set([...keys, RESULTS_FILE]).size, zip.length + 1, "no two alike, none the table");
   for (const f of zip) assert.ok(windowsSafe(f), f);
 });
+
+test("names over 255 UTF-8 bytes are cut at a character, and a suffixed one keeps its whole suffix", (t) => {
+  const bytes = (s: string) => Buffer.byteLength(s, "utf8");
+  // 100 Chinese characters and an extension: 304 bytes, over what ext4 holds in one name.
+  const long = `${"数据分析报告".repeat(17).slice(0, 100)}.csv`;
+  assert.equal(bytes(long), 304);
+  const safe = safeSegment(long);
+  assert.ok(bytes(safe) <= 255, `${bytes(safe)} bytes`);
+  assert.ok(long.startsWith(safe), "a start of the name, no character split");
+  assert.equal(safeSegment(safe), safe, "a second pass changes nothing");
+  // A cut that ends on a space or a dot is made Windows-safe like any other name.
+  assert.ok(windowsSafe(safeSegment(`${"a".repeat(254)} b`)));
+  // Two names alike in their first 255 bytes are one folder: both get their run's id, whole.
+  const twins = [
+    { runId: "99999", fileName: `${long.slice(0, 90)}甲.csv` },
+    { runId: "100000", fileName: `${long.slice(0, 90)}乙.csv` },
+  ];
+  const cli = folderNames(twins);
+  assert.deepEqual([...cli.values()], zipFolders(twins));
+  assert.match(cli.get("99999") as string, / \(run 99999\)$/);
+  assert.match(cli.get("100000") as string, / \(run 100000\)$/);
+  // And the folders can be made where outputs land.
+  const root = fs.mkdtempSync("/tmp/folder-names-");
+  t.after(() => fs.rmSync(root, { recursive: true, force: true }));
+  for (const folder of [safe, ...cli.values(), withRunSuffix(safe, "123456789012")]) {
+    assert.ok(bytes(folder) <= 255, `${bytes(folder)} bytes`);
+    fs.mkdirSync(`${root}/${folder}`);
+  }
+});
