@@ -8,6 +8,8 @@ import type { ObjectStore } from "../storage/store.ts";
 export interface FileRecord {
   fileId: string;
   name: string;
+  /** The owner's user name. */
+  owner: string;
   contentType: string;
   sizeBytes: number;
   sha256: string;
@@ -18,15 +20,20 @@ export interface FileRecord {
 const MAX_NAME_LENGTH = 255;
 
 /**
- * The user's file name as metadata: its base name (either separator), without control characters,
- * at most 255 characters; `upload` when nothing is left.
+ * The user's file name as metadata: its base name (either separator), without control characters
+ * (C0, DEL and C1: U+009B is a terminal's CSI, which a CLI printing the name would obey), at most 255
+ * characters, cut before a character rather than inside one (half a surrogate pair would be stored as
+ * U+FFFD); `upload` when nothing is left.
  */
 export function sanitizeFileName(raw: string | undefined): string {
   const base = (raw ?? "").split(/[/\\]/).pop() ?? "";
   // biome-ignore lint/suspicious/noControlCharactersInRegex: stripping control characters is the point
-  const clean = base.replace(/[\u0000-\u001f\u007f]/g, "").trim();
+  const clean = base.replace(/[\u0000-\u001f\u007f-\u009f]/g, "").trim();
   const name = clean === "." || clean === ".." ? "" : clean;
-  return name.slice(0, MAX_NAME_LENGTH) || "upload";
+  let end = Math.min(name.length, MAX_NAME_LENGTH);
+  // A high surrogate at the cut: its pair would be cut off.
+  if (end < name.length && /[\ud800-\udbff]/.test(name.charAt(end - 1))) end--;
+  return name.slice(0, end) || "upload";
 }
 
 /**
@@ -53,7 +60,7 @@ export async function fileCreate(
       insert into files (id, owner_id, name, content_type, size_bytes, sha256, storage_key)
       values (${id}, ${owner.userId}, ${meta.name}, ${meta.contentType}, ${stored.sizeBytes},
               ${stored.sha256}, ${key})
-      returning id::text as "fileId", name, content_type as "contentType",
+      returning id::text as "fileId", name, ${owner.name}::text as owner, content_type as "contentType",
                 size_bytes::float8 as "sizeBytes", sha256, created_at as "createdAt"`;
     if (!row) throw new Error("file insert returned no row");
     return { ...row, createdAt: isoTime(row.createdAt) };
@@ -77,9 +84,9 @@ export async function fileList(
   o: { limit: number; cursor?: string; sha256?: string },
 ): Promise<{ items: FileRecord[]; nextCursor: string | null }> {
   const rows = await sql<FileRecord[]>`
-    select f.id::text as "fileId", f.name, f.content_type as "contentType", f.size_bytes::float8 as "sizeBytes",
-           f.sha256, f.created_at as "createdAt"
-    from files f
+    select f.id::text as "fileId", f.name, u.name as owner, f.content_type as "contentType",
+           f.size_bytes::float8 as "sizeBytes", f.sha256, f.created_at as "createdAt"
+    from files f join users u on u.id = f.owner_id
     where (${principal.role === "admin"} or f.owner_id = ${principal.userId})
       ${o.sha256 ? sql`and f.sha256 = ${o.sha256}` : sql``}
       ${o.cursor ? sql`and f.id < ${o.cursor}` : sql``}
@@ -96,9 +103,9 @@ export async function fileGet(
   fileId: string,
 ): Promise<FileRecord | undefined> {
   const [row] = await sql<FileRecord[]>`
-    select id::text as "fileId", name, content_type as "contentType", size_bytes::float8 as "sizeBytes",
-           sha256, created_at as "createdAt"
-    from files
-    where id = ${fileId} and (${principal.role === "admin"} or owner_id = ${principal.userId})`;
+    select f.id::text as "fileId", f.name, u.name as owner, f.content_type as "contentType",
+           f.size_bytes::float8 as "sizeBytes", f.sha256, f.created_at as "createdAt"
+    from files f join users u on u.id = f.owner_id
+    where f.id = ${fileId} and (${principal.role === "admin"} or f.owner_id = ${principal.userId})`;
   return row && { ...row, createdAt: isoTime(row.createdAt) };
 }

@@ -15,6 +15,7 @@ export { Envelope, ErrorBody, Page, PageQuery };
 export const FileBody = Type.Object({
   fileId: Type.String(),
   name: Type.String(),
+  owner: Type.String({ description: "The owner's user name" }),
   contentType: Type.String(),
   sizeBytes: Type.Integer(),
   sha256: Type.String(),

@@ -67,7 +67,7 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
   await fastify.register(multipart, {
     // One byte above ours: the store's meter rejects an upload past the limit first (413, nothing
     // stored); at exactly this limit @fastify/multipart would truncate the stream instead.
-    limits: { fileSize: opts.services.config.maxUploadBytes + 1, files: 1, fields: 10, parts: 20 },
+    limits: { fileSize: opts.services.config.maxUploadBytes + 1, files: 1, fields: 10, parts: 11 },
   });
 
   await fastify.register(fastifySSE, { heartbeatInterval: opts.services.config.sseHeartbeatMs });

@@ -19,6 +19,15 @@ function classify(err: FastifyError): { status: number; code: ErrorCode; message
     };
   }
   if (err.validation) {
+    // Ajv's message for an unknown field names where it is, not the field ("body must NOT have
+    // additional properties"): this one names it.
+    const unknown = err.validation.find((v) => v.keyword === "additionalProperties");
+    const field = unknown?.params?.additionalProperty;
+    if (typeof field === "string") {
+      const at = `${err.validationContext ?? "body"}${unknown?.instancePath ?? ""}`;
+      const name = field.length > 64 ? `${field.slice(0, 64)}…` : field;
+      return { status: 400, code: "VALIDATION_FAILED", message: `${at}/${name} is not a known field.` };
+    }
     // Fastify's message names the field, e.g. "body/analysisType must be string".
     return { status: 400, code: "VALIDATION_FAILED", message: err.message };
   }

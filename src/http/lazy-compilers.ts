@@ -55,28 +55,45 @@ type AjvCompile = ReturnType<ReturnType<typeof ValidatorSelector>>;
  * Fastify's default factories, made once per server as Fastify does (the validator's keeps one Ajv
  * instance per distinct set of shared schemas and options), with each compiled function made lazy.
  */
-export function lazyCompilers(): CompilersFactory {
+export function lazyCompilers(o: { coerceBodies?: boolean } = {}): CompilersFactory {
   const validatorFactory = ValidatorSelector();
   const serializerFactory = SerializerSelector();
+  type Options = Parameters<typeof validatorFactory>[1];
   return {
     buildValidator: (externalSchemas, options) => {
       // The Ajv instance too is made on first use: making it compiles JSON Schema's meta-schema to
       // check the shared schemas against (~50 ms of start-up). A shared schema Ajv refuses then fails
       // the requests that validate (500) instead of the start — each with the same error, remembered,
       // not by making Ajv again. Our schemas are code, and every route's tests would fail first.
-      let made: { compile: ReturnType<typeof validatorFactory> } | { error: unknown } | undefined;
-      const factory = () => {
-        if (!made) {
-          try {
-            made = { compile: validatorFactory(externalSchemas, options) };
-          } catch (error) {
-            made = { error };
+      const ajvFor = (opts: Options) => {
+        let made: { compile: ReturnType<typeof validatorFactory> } | { error: unknown } | undefined;
+        return () => {
+          if (!made) {
+            try {
+              made = { compile: validatorFactory(externalSchemas, opts) };
+            } catch (error) {
+              made = { error };
+            }
           }
-        }
-        if ("error" in made) throw made.error;
-        return made.compile;
+          if ("error" in made) throw made.error;
+          return made.compile;
+        };
       };
-      return ((route) => lazyValidator(() => factory()(route) as Validate)) as AjvCompile;
+      const forParts = ajvFor(options);
+      // JSON bodies carry their types: a value of the wrong one is refused, not coerced (Ajv's
+      // coercion turns null into 0 and "7" into 7). Querystrings, params and headers are text, and
+      // are coerced as configured.
+      const forBodies =
+        o.coerceBodies === false
+          ? ajvFor({
+              ...options,
+              customOptions: { ...options?.customOptions, coerceTypes: false },
+            } as Options)
+          : forParts;
+      return ((route) =>
+        lazyValidator(
+          () => (route.httpPart === "body" ? forBodies : forParts)()(route) as Validate,
+        )) as AjvCompile;
     },
     buildSerializer: (externalSchemas, options) => {
       const compile = serializerFactory(externalSchemas, options);

@@ -44,7 +44,7 @@ export async function buildServer(
       },
     },
     return503OnClosing: true,
-    schemaController: { compilersFactory: lazyCompilers() },
+    schemaController: { compilersFactory: lazyCompilers({ coerceBodies: false }) },
   });
   const tokens = new TokenCache();
   await tokens.start(services.database.sql, logger);

@@ -111,6 +111,10 @@ export class TaskCache {
         if (oldest === undefined) break;
         this.dropPages(oldest);
       }
+      // The oldest task dropped may have been this one: its map is gone from the cache, and a page
+      // stored in it would be counted and never found (the count then drifted up until nothing was
+      // cached at all).
+      pages = this.pages.get(taskId);
       if (!pages) {
         pages = new Map();
         this.pages.set(taskId, pages);

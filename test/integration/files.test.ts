@@ -99,6 +99,36 @@ describe("POST /api/files", () => {
     assert.equal(res.json().code, "VALIDATION_FAILED");
   });
 
+  test("form fields: up to 10 before the file are ignored, more → 413; parts after the file are ignored", async () => {
+    const B = "assayFieldsBoundary";
+    const part = (name: string, filename: string | null, content: string, type?: string) =>
+      `--${B}\r\nContent-Disposition: form-data; name="${name}"${filename === null ? "" : `; filename="${filename}"`}\r\n${
+        type ? `Content-Type: ${type}\r\n` : ""
+      }\r\n${content}\r\n`;
+    const fields = (n: number) => Array.from({ length: n }, (_, i) => part(`f${i}`, null, "v")).join("");
+    const send = (body: string) =>
+      t.app.inject({
+        method: "POST",
+        url: "/api/files",
+        payload: `${body}--${B}--\r\n`,
+        headers: { ...bearer(alice), "content-type": `multipart/form-data; boundary=${B}` },
+      });
+    const file = part("file", "f.csv", "a\n1\n", "text/csv");
+    const before = await fileRows();
+    assert.equal((await send(fields(10) + file)).statusCode, 201);
+    for (const n of [11, 19]) {
+      const res = await send(fields(n) + file);
+      assert.equal(res.statusCode, 413, `${n} fields`);
+      assert.equal(res.json().code, "BAD_REQUEST");
+    }
+    assert.equal((await send(file + fields(30))).statusCode, 201, "fields after the file");
+    assert.equal((await send(file + part("x", "b.csv", "b", "text/csv"))).statusCode, 201, "a second file");
+    // A part that declares no type is text/plain (RFC 7578's default).
+    const untyped = await send(part("file", "n.csv", "a\n"));
+    assert.equal(untyped.json().data.contentType, "text/plain");
+    assert.equal(await fileRows(), before + 4);
+  });
+
   test("a body that is not multipart → 400", async () => {
     const res = await t.app.inject({
       method: "POST",
@@ -166,9 +196,14 @@ describe("GET /api/files/:fileId", () => {
       (await t.app.inject({ url: `/api/files/${fileId}`, headers: bearer(alice) })).statusCode,
       200,
     );
+    const byAdmin = await t.app.inject({ url: `/api/files/${fileId}`, headers: bearer(admin) });
+    assert.equal(byAdmin.statusCode, 200);
+    // Whose it is, for an admin who sees everyone's (the dashboard's Owner column).
+    assert.equal(byAdmin.json().data.owner, "alice");
+    const listed = await t.app.inject({ url: "/api/files?limit=100", headers: bearer(admin) });
     assert.equal(
-      (await t.app.inject({ url: `/api/files/${fileId}`, headers: bearer(admin) })).statusCode,
-      200,
+      listed.json().data.items.find((f: { fileId: string }) => f.fileId === fileId)?.owner,
+      "alice",
     );
     const other = await t.app.inject({ url: `/api/files/${fileId}`, headers: bearer(bob) });
     assert.equal(other.statusCode, 404);

@@ -213,6 +213,15 @@ describe("task cache", () => {
       assert.equal(cache.pagesSize, 1_000);
       assert.equal(cache.getPage("1000", "a"), undefined, "the oldest task's page went first");
       assert.deepEqual(cache.getPage("2000", "a")?.value, { i: 1_000 });
+      // One task paged past the bound (a client reading 100,000 runs 100 at a time): its own pages
+      // go to make room, and the next page is kept and counted once.
+      cache.invalidate("3000");
+      for (let i = 0; i < 1_001; i++) cache.setPage("3000", `p${i}`, 1, { i }, cache.begin());
+      assert.equal(cache.pagesSize, 1);
+      assert.deepEqual(cache.getPage("3000", "p1000")?.value, { i: 1_000 });
+      for (let i = 0; i < 50; i++) cache.setPage("3001", `p${i}`, 1, { i }, cache.begin());
+      assert.equal(cache.pagesSize, 51, "the count is the pages kept");
+      for (let i = 0; i < 50; i++) assert.ok(cache.getPage("3001", `p${i}`), `page ${i} of the next task`);
     } finally {
       await cache.stop();
     }

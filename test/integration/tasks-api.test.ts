@@ -108,7 +108,26 @@ describe("POST /api/analysis-tasks", () => {
         { analysisType: "r-report", inputFileId: aliceFiles[0], parameters: { title: "x".repeat(201) } },
         "title",
       ],
-      [{ analysisType: "summary", inputFileId: aliceFiles[0], extra: 1 }, "body"],
+      [{ analysisType: "summary", inputFileId: aliceFiles[0], extra: 1 }, "^body/extra is not a known field"],
+      [
+        {
+          analysisType: "python-stats",
+          inputFileId: aliceFiles[0],
+          parameters: { method: "mean", colour: 1 },
+        },
+        "^body/parameters/colour is not a known field",
+      ],
+      // A JSON body carries its types: none is coerced (Ajv would make "a" into ["a"], 7 into "7").
+      [
+        {
+          analysisType: "python-stats",
+          inputFileId: aliceFiles[0],
+          parameters: { method: "mean", columns: "a" },
+        },
+        "columns",
+      ],
+      [{ analysisType: "summary", inputFileId: Number(aliceFiles[0]) }, "inputFileId"],
+      [{ analysisType: "summary", inputFileIds: aliceFiles[0] }, "inputFileIds"],
     ];
     const before = await counts();
     for (const [body, field] of cases) {
@@ -342,11 +361,13 @@ describe("reading tasks", () => {
       await t.app.inject({ url: "/api/analysis-tasks?status=succeeded", headers: bearer(alice) })
     ).json().data;
     assert.deepEqual(none, { items: [], nextCursor: null });
-    for (const q of ["status=bogus", "limit=0", "limit=101", "cursor=abc"]) {
+    for (const q of ["status=bogus", "limit=0", "limit=101", "cursor=abc", "colour=red"]) {
       const res = await t.app.inject({ url: `/api/analysis-tasks?${q}`, headers: bearer(alice) });
       assert.equal(res.statusCode, 400, q);
       assert.equal(res.json().code, "VALIDATION_FAILED");
     }
+    const unknown = await t.app.inject({ url: "/api/analysis-tasks?colour=red", headers: bearer(alice) });
+    assert.equal(unknown.json().message, "querystring/colour is not a known field.");
   });
 });
 
@@ -392,7 +413,12 @@ describe("priority and where a queued task stands", () => {
     assert.equal(res.statusCode, 400);
     assert.equal(res.json().code, "VALIDATION_FAILED");
     assert.match(res.json().message, /priority/);
-    for (const priority of [-1, 10, 2.5, "high"]) {
+    // Whatever else is wrong with the request (an id that cannot exist would be a 404).
+    const withBadId = await create(alice, { analysisType: "summary", inputFileId: "abc", priority: 1 });
+    assert.equal(withBadId.statusCode, 400);
+    assert.equal(withBadId.json().message, "body/priority may only be set by an admin.");
+    // A JSON null is a value of the wrong type, not "the default" (coerced, it was 0: the first priority).
+    for (const priority of [-1, 10, 2.5, "high", null, "7", false, [3]]) {
       const bad = await create(admin, { analysisType: "summary", inputFileId: aliceFiles[0], priority });
       assert.equal(bad.statusCode, 400, String(priority));
       assert.match(bad.json().message, /priority/, String(priority));

@@ -76,3 +76,45 @@ test("lazy compilers answer every request as Fastify's defaults do, in either or
     await app.close();
   }
 });
+
+test("with coerceBodies false, a JSON body of the wrong type is refused while querystrings are still coerced", async () => {
+  const app = Fastify({
+    ajv: { customOptions: { removeAdditional: false, coerceTypes: "array", useDefaults: true } },
+    schemaController: { compilersFactory: lazyCompilers({ coerceBodies: false }) },
+  });
+  app.post(
+    "/task",
+    {
+      schema: {
+        body: Type.Object({ priority: Type.Optional(Type.Integer()), ids: Type.Array(Type.String()) }),
+        querystring: Type.Object({ limit: Type.Optional(Type.Integer()) }),
+      },
+    },
+    async (r) => ({ body: r.body, query: r.query }),
+  );
+  try {
+    const post = (body: unknown, url = "/task") =>
+      app.inject({
+        method: "POST",
+        url,
+        payload: JSON.stringify(body),
+        headers: { "content-type": "application/json" },
+      });
+    // What Ajv's coercion would have made of them: 0, 0, 1, 7, 3, ["5"].
+    for (const bad of [
+      { priority: null },
+      { priority: false },
+      { priority: true },
+      { priority: "7" },
+      { priority: [3] },
+    ])
+      assert.equal((await post({ ...bad, ids: ["1"] })).statusCode, 400, JSON.stringify(bad));
+    assert.equal((await post({ ids: "5" })).statusCode, 400, "a string for an array");
+    assert.equal((await post({ ids: [5] })).statusCode, 400, "a number for a string");
+    const good = await post({ priority: 3, ids: ["5"] }, "/task?limit=7");
+    assert.equal(good.statusCode, 200);
+    assert.deepEqual(good.json(), { body: { priority: 3, ids: ["5"] }, query: { limit: 7 } });
+  } finally {
+    await app.close();
+  }
+});

@@ -40,6 +40,13 @@ test("sanitizeFileName keeps only a safe base name", () => {
   assert.equal(sanitizeFileName(undefined), "upload");
   assert.equal(sanitizeFileName(".."), "upload");
   assert.equal(sanitizeFileName("x".repeat(300)).length, 255);
+  // C1 controls too: U+009B is a terminal's CSI ("\u009b31m" would turn a CLI's output red).
+  assert.equal(sanitizeFileName("a\u0085b\u009b[31mred.csv"), "ab[31mred.csv");
+  // Cut before a character, never inside one: an emoji is two UTF-16 units.
+  const emoji = sanitizeFileName(`${"x".repeat(254)}😀.csv`);
+  assert.equal(emoji, "x".repeat(254));
+  assert.ok(Buffer.from(emoji, "utf8").toString("utf8") === emoji, "well formed");
+  assert.equal(sanitizeFileName(`${"x".repeat(253)}😀.csv`), `${"x".repeat(253)}😀`);
 });
 
 test("a source that failed before the store read it leaves no partial file", async () => {

@@ -59,17 +59,18 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
       if (fileIds.length > config.maxTaskRuns) {
         throw validationFailed(`A task may have at most ${config.maxTaskRuns} input files.`);
       }
-      // An id that cannot exist is a missing file, as in GET /api/files/:fileId.
-      if (!fileIds.every(isId)) throw notFound("FILE_NOT_FOUND");
       const key = request.headers["idempotency-key"];
       if (key !== undefined && !IDEMPOTENCY_KEY.test(key)) {
         throw validationFailed("The Idempotency-Key header must be 1–200 visible ASCII characters.");
       }
       const principal = principalOf(request);
-      // Never silently ignored: a user who asks for a priority is told it is not theirs to set.
+      // Never silently ignored: a user who asks for a priority is told it is not theirs to set
+      // (before any file is looked at: whatever else is wrong, this is).
       if (body.priority !== undefined && principal.role !== "admin") {
         throw validationFailed("body/priority may only be set by an admin.");
       }
+      // An id that cannot exist is a missing file, as in GET /api/files/:fileId.
+      if (!fileIds.every(isId)) throw notFound("FILE_NOT_FOUND");
       const result = await taskCreate(database.sql, principal, {
         analysisType: body.analysisType,
         fileIds,
