@@ -118,3 +118,29 @@ export function decide(
     result: thrown ? null : (ending.result ?? null),
   });
 }
+
+/** The error message of an attempt whose own outcome the database refused (unrecordable()). */
+export const UNRECORDABLE_MESSAGE = "the attempt's outcome could not be recorded";
+
+/**
+ * What the worker records instead of an outcome that the database refused on its own (a completion
+ * statement of that one outcome failed, for a reason not the connection's; see Worker.writeBatch):
+ * the run failed, with ANALYSIS_PROCESS_FAILED and a fixed message, and nothing of what the attempt
+ * reported (its result, its outputs). Only constants: PostgreSQL takes this whatever it refused.
+ */
+export function unrecordable(outcome: Outcome): Outcome {
+  return {
+    id: outcome.id,
+    token: outcome.token,
+    status: "failed",
+    errorCode: "ANALYSIS_PROCESS_FAILED",
+    errorMessage: UNRECORDABLE_MESSAGE,
+    result: null,
+    outputKey: null,
+  };
+}
+
+/** The same for a retry: still put back (after its backoff), with the fixed code and message. */
+export function unrecordableRetry(retry: Retry): Retry {
+  return { ...retry, errorCode: "ANALYSIS_PROCESS_FAILED", errorMessage: UNRECORDABLE_MESSAGE };
+}

@@ -17,6 +17,8 @@ import {
   type Handler,
   type HandlerContext,
   type HandlerOutcome,
+  unrecordable,
+  unrecordableRetry,
 } from "./outcomes.ts";
 import {
   CANCEL_CHANNEL,
@@ -116,6 +118,28 @@ interface Pending<T> {
   seconds: number | null;
   value: T;
   endedAt: number;
+  /** How many statements refused a batch holding it, for a reason not the connection's (writeBatch). */
+  refusals?: number;
+  /** `value` is the fixed stand-in for what the database refused (unrecordable()). */
+  standIn?: boolean;
+}
+
+/** What writing a batch did: the runs whose ending was recorded, and the errors that left work to retry. */
+interface Written {
+  released: ClaimedRun[];
+  errors: unknown[];
+}
+
+/** How one kind of batch (completions, retries) is written, settled, put back and stood in for. */
+interface BatchWriter<T, R> {
+  kind: "completion" | "retry";
+  write(batch: Pending<T>[]): Promise<R>;
+  /** Logs and reports what the statement did; returns the runs that ended. */
+  settle(batch: Pending<T>[], result: R): Promise<ClaimedRun[]>;
+  /** Back into the worker's queue of this kind, for the next flush. */
+  putBack(batch: Pending<T>[]): void;
+  /** What to write instead of a value the database refused on its own. */
+  standIn(p: Pending<T>): T;
 }
 
 /**
@@ -443,7 +467,7 @@ export class Worker {
     if (mine.length === 0) return;
     this.applyStatuses(
       new Map(mine.map((r) => [r.id, "cancelling"])),
-      mine.map((r) => r.id),
+      mine.map((r) => ({ id: r.id, token: r.leaseToken })),
     );
   }
 
@@ -531,10 +555,15 @@ export class Worker {
         // The claim took the type's wake-up (claim() consumes `notified`): the claim after the
         // error's backoff must not skip the type for a mark of before.
         this.drained.delete(type);
+        // Runs this cycle claimed of other types start now, not after the loop's backoff.
+        this.drainBuffer();
         throw err;
       } finally {
         this.claiming = 0;
       }
+      // Placed first: they are this worker's, whatever the observer does.
+      this.place(runs);
+      claimed += runs.length;
       this.observer.claimed(
         type,
         (performance.now() - began) / 1000,
@@ -546,8 +575,6 @@ export class Worker {
       // when a sign came while the claim was in flight (its snapshot may predate the work).
       if (runs.length > 0) this.drained.delete(type);
       else if (!this.limited(type) && epoch === this.drainEpoch) this.drained.set(type, performance.now());
-      this.place(runs);
-      claimed += runs.length;
     }
     this.drainBuffer();
     return claimed;
@@ -705,9 +732,29 @@ export class Worker {
       // The owner next in turn had fewer due runs (or none), or k or fewer owners wait (then it
       // claimed none): the fair claim takes the rest, from where the rotation now stands (walking
       // past that owner when it had none).
-      return [...turn.runs, ...(await fair({ ...o, limit: o.limit - turn.runs.length }))];
+      return this.andThen(turn.runs, () => fair({ ...o, limit: o.limit - turn.runs.length }));
     }
     return runClaim(this.o.sql, o);
+  }
+
+  /**
+   * `claimed`, runs a committed claim took, and what `more` claims after it. The runs are this
+   * worker's whatever `more` does: when it fails (a dropped connection, say) they are returned alone
+   * and the failure is logged. Thrown on, they were lost: leased here, never started nor heartbeated,
+   * until the reaper took them back after the lease with an attempt used up (a review: `failed
+   * ANALYSIS_WORKER_UNAVAILABLE` at one attempt). With nothing claimed, the failure is thrown as usual.
+   */
+  private async andThen(claimed: ClaimedRun[], more: () => Promise<ClaimedRun[]>): Promise<ClaimedRun[]> {
+    if (claimed.length === 0) return more();
+    try {
+      return [...claimed, ...(await more())];
+    } catch (err) {
+      this.o.logger.warn(
+        { err, workerId: this.id, analysisType: claimed[0]?.analysisType, claimed: claimed.length },
+        "a claim after a committed one failed (the runs claimed first start)",
+      );
+      return claimed;
+    }
   }
 
   /**
@@ -1003,46 +1050,130 @@ export class Worker {
   // This must not throw and must not drop an outcome: on a database error it keeps what was not
   // written (whose leases the heartbeat keeps extending) and tries again. The two statements are
   // settled separately: a batch is put back only when its own statement failed, so a completion that
-  // committed is never sent again because the retry beside it failed.
+  // committed is never sent again because the retry beside it failed. A batch the database refuses for
+  // what is in it is written in parts (writeBatch): one outcome it cannot take must not hold back the
+  // others, nor every later one (they joined the failing batch, forever, and stop() hung on it).
   private async flushAll(): Promise<void> {
     while (this.outcomes.length > 0 || this.retries.length > 0) {
       const outcomes = this.outcomes;
       const retries = this.retries;
       this.outcomes = [];
       this.retries = [];
-      const [completion, retried] = await Promise.allSettled([
-        runComplete(
-          this.o.sql,
-          outcomes.map((o) => ({ ...o.value, endedMsAgo: performance.now() - o.endedAt })),
-        ),
-        runRetry(
-          this.o.sql,
-          retries.map((r) => r.value),
-        ),
+      const written = await Promise.all([
+        this.writeBatch(outcomes, this.completions),
+        this.writeBatch(retries, this.requeues),
       ]);
-      const errors: unknown[] = [];
-      const released: ClaimedRun[] = [];
-      if (completion.status === "fulfilled") {
-        try {
-          released.push(...(await this.completed(outcomes, completion.value)));
-        } catch (err) {
-          errors.push(err);
-        }
-      } else {
-        this.outcomes.unshift(...outcomes);
-        errors.push(completion.reason);
-      }
-      if (retried.status === "fulfilled") released.push(...this.retried(retries, retried.value));
-      else {
-        this.retries.unshift(...retries);
-        errors.push(retried.reason);
-      }
-      await this.wakeOthers(released).catch((err) => errors.push(err));
+      const errors = written.flatMap((w) => w.errors);
+      await this.wakeOthers(written.flatMap((w) => w.released)).catch((err) => errors.push(err));
       if (errors.length > 0) {
         this.o.logger.warn({ err: errors[0], workerId: this.id }, "completion write failed; retrying");
         await sleep(FLUSH_RETRY_MS);
       }
     }
+  }
+
+  private readonly completions: BatchWriter<Outcome, CompletionResult> = {
+    kind: "completion",
+    write: (batch) =>
+      runComplete(
+        this.o.sql,
+        batch.map((o) => ({ ...o.value, endedMsAgo: performance.now() - o.endedAt })),
+      ),
+    settle: (batch, result) => this.completed(batch, result),
+    putBack: (batch) => this.outcomes.unshift(...batch),
+    standIn: (p) => {
+      // Its outputs will never be the run's.
+      if (p.value.outputKey) void this.discard(p.run);
+      return unrecordable(p.value);
+    },
+  };
+
+  private readonly requeues: BatchWriter<Retry, RetryResult> = {
+    kind: "retry",
+    write: (batch) =>
+      runRetry(
+        this.o.sql,
+        batch.map((r) => r.value),
+      ),
+    settle: async (batch, result) => this.retried(batch, result),
+    putBack: (batch) => this.retries.unshift(...batch),
+    standIn: (p) => unrecordableRetry(p.value),
+  };
+
+  /**
+   * Writes a batch in one statement. When the statement fails because of the connection or the
+   * server's state (connectionTrouble()), the batch is put back whole for the next try, as always.
+   * Otherwise the batch itself may be at fault: a data error (SQLSTATE class 22, e.g. a string jsonb
+   * refuses) at once, any other error the second time it refuses a batch holding the same outcome,
+   * the batch is written in halves, each the same way, down to the outcome at fault; that one is
+   * written again with a fixed stand-in (unrecordable(): failed, ANALYSIS_PROCESS_FAILED), and if
+   * even that is refused it is given up (logged; its lease, no longer heartbeated, is the reaper's).
+   * Nothing else in the batch waits for it. Never throws.
+   */
+  private async writeBatch<T, R>(batch: Pending<T>[], w: BatchWriter<T, R>): Promise<Written> {
+    if (batch.length === 0) return { released: [], errors: [] };
+    let result: R;
+    try {
+      result = await w.write(batch);
+    } catch (err) {
+      return this.refused(batch, err, w);
+    }
+    try {
+      return { released: await w.settle(batch, result), errors: [] };
+    } catch (err) {
+      return { released: [], errors: [err] };
+    }
+  }
+
+  private async refused<T, R>(batch: Pending<T>[], err: unknown, w: BatchWriter<T, R>): Promise<Written> {
+    if (connectionTrouble(err)) {
+      w.putBack(batch);
+      return { released: [], errors: [err] };
+    }
+    const again = batch.some((p) => (p.refusals ?? 0) > 0);
+    for (const p of batch) p.refusals = (p.refusals ?? 0) + 1;
+    if (!again && !dataError(err)) {
+      // Perhaps passing (a trigger's or a constraint's view of a moment): the whole batch once more.
+      w.putBack(batch);
+      return { released: [], errors: [err] };
+    }
+    if (batch.length > 1) {
+      this.o.logger.warn(
+        { err, workerId: this.id, runs: batch.length },
+        `${w.kind} batch refused; writing it in halves`,
+      );
+      const half = Math.ceil(batch.length / 2);
+      const first = await this.writeBatch(batch.slice(0, half), w);
+      if (first.errors.some(connectionTrouble)) {
+        // The connection failed meanwhile: the other half waits for the next try too.
+        w.putBack(batch.slice(half));
+        return first;
+      }
+      const second = await this.writeBatch(batch.slice(half), w);
+      return {
+        released: [...first.released, ...second.released],
+        errors: [...first.errors, ...second.errors],
+      };
+    }
+    const p = batch[0] as Pending<T>;
+    if (!p.standIn) {
+      this.o.logger.error(
+        { ...this.fields(p.run), err },
+        w.kind === "completion"
+          ? "the database refused this run's outcome: recording it as failed instead"
+          : "the database refused this run's retry: re-queueing it without its error",
+      );
+      p.value = w.standIn(p);
+      p.standIn = true;
+      return this.writeBatch([p], w);
+    }
+    this.o.logger.error(
+      { ...this.fields(p.run), err },
+      `${w.kind} of this run could not be written at all: given up, the reaper takes it back after its lease`,
+    );
+    this.ended(p, "lost");
+    void this.discard(p.run);
+    return { released: [], errors: [] };
   }
 
   /**
@@ -1163,44 +1294,65 @@ export class Worker {
     return runs.map((r) => ({ id: r.id, token: r.leaseToken }));
   }
 
+  /** Heartbeats in flight: stop() waits for them before it deletes the worker's row. */
+  private readonly beating = new Set<Promise<void>>();
+
   /** Extends every held lease in one statement; aborts attempts that were lost or are being cancelled. */
   async heartbeat(): Promise<void> {
+    const beat = this.beat();
+    this.beating.add(beat);
+    try {
+      await beat;
+    } finally {
+      this.beating.delete(beat);
+    }
+  }
+
+  private async beat(): Promise<void> {
     try {
       await workerHeartbeat(this.o.sql, this.info());
       const leases = this.heldLeases();
       const alive = new Map(
         (await runHeartbeat(this.o.sql, leases, this.o.leaseTtlMs)).map((r) => [r.id, r.status]),
       );
-      this.applyStatuses(
-        alive,
-        leases.map((l) => l.id),
-      );
+      this.applyStatuses(alive, leases);
     } catch (err) {
       // Leases outlive a short outage (they last a whole TTL); running attempts are not disturbed.
       this.o.logger.warn({ err, workerId: this.id }, "heartbeat failed");
     }
   }
 
-  /** Takes a run out of the buffer (lost or cancelled while it waited); returns it, if it was there. */
-  private unbuffer(id: number): ClaimedRun | undefined {
-    const i = this.buffer.findIndex((r) => r.id === id);
+  /**
+   * Takes a run out of the buffer (lost or cancelled while it waited) if it is there with the lease
+   * `token`; returns it.
+   */
+  private unbuffer(id: number, token: string): ClaimedRun | undefined {
+    const i = this.buffer.findIndex((r) => r.id === id && r.leaseToken === token);
     if (i === -1) return undefined;
     const [run] = this.buffer.splice(i, 1);
     this.bufferedAt.delete(id);
     return run;
   }
 
-  private applyStatuses(alive: Map<number, string>, asked: number[]): void {
-    for (const id of asked) {
+  /**
+   * Acts on what a statement answered about the leases it `asked` about (`alive`: the runs whose lease
+   * it matched, and their status), for the attempt or buffered run holding that very lease only. The
+   * answer may come late: meanwhile the run may have been retried and claimed again by this worker,
+   * and the old lease's absence from the answer says nothing about the new attempt (matched by run id
+   * alone, it was aborted as lost, or dropped from the buffer).
+   */
+  private applyStatuses(alive: Map<number, string>, asked: Lease[]): void {
+    for (const { id, token } of asked) {
       const status = alive.get(id);
-      const attempt = this.active.get(id);
+      const live = this.active.get(id);
+      const attempt = live?.run.leaseToken === token ? live : undefined;
       if (status === undefined) {
-        const lost = attempt?.run ?? this.unbuffer(id);
+        const lost = attempt?.run ?? this.unbuffer(id, token);
         if (lost) this.observer.leaseLost(lost.analysisType, "heartbeat");
         attempt?.controller.abort("lost");
       } else if (status === "cancelling") {
         attempt?.controller.abort("cancel");
-        const buffered = this.unbuffer(id);
+        const buffered = this.unbuffer(id, token);
         if (buffered) {
           this.queueOutcome(buffered, null, {
             id,
@@ -1249,8 +1401,13 @@ export class Worker {
     if (updates.length === 0) return;
     try {
       const rows = await runProgress(this.o.sql, updates);
-      const cancelling = rows.filter((r) => r.status === "cancelling");
-      for (const r of cancelling) this.active.get(r.id)?.controller.abort("cancel");
+      // The lease each row matched: the attempt may have been replaced while the write waited.
+      const asked = new Map(updates.map((u) => [u.id, u.token]));
+      for (const r of rows) {
+        const attempt = this.active.get(r.id);
+        if (r.status === "cancelling" && attempt?.run.leaseToken === asked.get(r.id))
+          attempt?.controller.abort("cancel");
+      }
     } catch (err) {
       this.o.logger.warn({ err, workerId: this.id }, "progress write failed");
     }
@@ -1299,6 +1456,12 @@ export class Worker {
     this.retryWake = undefined;
     this.retriesDue = [];
     await this.unlisten?.().catch(() => {});
+    // A heartbeat in flight would register the worker again after the delete (its upsert inserts a
+    // missing row): a row of a worker that is gone, live to the API for up to WORKER_STALE_TTLS.
+    if (this.beating.size > 0) {
+      this.o.logger.debug({ workerId: this.id }, "waiting for the heartbeat in flight");
+      await Promise.all(this.beating);
+    }
     await workerDelete(this.o.sql, this.id).catch((err) =>
       this.o.logger.warn({ err, workerId: this.id }, "could not deregister"),
     );
@@ -1331,4 +1494,38 @@ function parseCreated(payload: string): (CreatedTask & { type: string }) | undef
     ownerId: ownerId as number,
     priority: priority as number,
   };
+}
+
+/**
+ * SQLSTATE classes of errors that say nothing about what a statement carried: connection exception
+ * (08), invalid transaction state (25: a read-only server, as during a failover), transaction
+ * rollback (40: serialization failure, deadlock), insufficient resources (53),
+ * object not in prerequisite state (55: lock not available), operator intervention (57: shutdown,
+ * statement cancelled), system error (58).
+ */
+const BLAMELESS_CLASSES = new Set(["08", "25", "40", "53", "55", "57", "58"]);
+
+/**
+ * Whether a statement's failure came from the connection or the server's state, not from its input:
+ * then the same statement may well succeed later, and a batch is retried whole (Worker.writeBatch).
+ * postgres.js's own connection errors (CONNECTION_CLOSED, CONNECT_TIMEOUT, ...), a socket's (a Node
+ * system error: ECONNREFUSED, ECONNRESET ...), a cancelled statement ("57014"), and PostgreSQL's
+ * errors of the classes above.
+ */
+function connectionTrouble(err: unknown): boolean {
+  if (!(err instanceof Error)) return false;
+  const code = (err as { code?: unknown }).code;
+  if (typeof code !== "string") return false;
+  // A SQLSTATE: PostgreSQL's error, or postgres.js's own cancel ("57014").
+  if (err.name === "PostgresError" || /^\d\d[0-9A-Z]{3}$/.test(code))
+    return BLAMELESS_CLASSES.has(code.slice(0, 2));
+  return code.startsWith("CONNECT") || "syscall" in err;
+}
+
+/** A data exception (SQLSTATE class 22): a value the statement carried was refused (22P05: a NUL). */
+function dataError(err: unknown): boolean {
+  const code = err instanceof Error ? (err as { code?: unknown }).code : undefined;
+  return (
+    err instanceof Error && err.name === "PostgresError" && typeof code === "string" && code.startsWith("22")
+  );
 }

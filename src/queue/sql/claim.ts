@@ -10,6 +10,7 @@ import {
   type Lease,
   matchesLease,
   notifyEvents,
+  pgSafe,
 } from "./shared.ts";
 
 /** Advisory-lock namespace of the per-type claim lock (the second key is hashtext(type)). */
@@ -803,7 +804,7 @@ export interface ProgressUpdate extends Lease {
 /**
  * Records that attempts are running (starting → running) and their latest progress and message,
  * fenced by the lease token, and appends `run.running` / `run.progress` events. Returns the runs that matched, with
- * their status.
+ * their status. Messages reach PostgreSQL through pgSafe() (no NUL, no lone surrogate).
  */
 export function runProgress(sql: Sql, updates: ProgressUpdate[]): Promise<{ id: number; status: string }[]> {
   if (updates.length === 0) return Promise.resolve([]);
@@ -815,7 +816,7 @@ export function runProgress(sql: Sql, updates: ProgressUpdate[]): Promise<{ id: 
   }));
   return sql<{ id: number; status: string }[]>`
     with i as (
-      select * from jsonb_to_recordset(${sql.json(input as unknown as Json)})
+      select * from jsonb_to_recordset(${sql.json(pgSafe(input) as unknown as Json)})
         as i(id bigint, token uuid, progress int, message text)
     ),
     prev as (select r.id, r.status from runs r join i on i.id = r.id),

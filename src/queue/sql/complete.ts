@@ -3,7 +3,7 @@
 import type { Sql } from "../../db/client.ts";
 import type { TerminalRunStatus } from "../../tasks/states.ts";
 import { requeuedRejoin } from "./fair.ts";
-import { byId, countIntoTasks, type Json, type Lease, matchesLease } from "./shared.ts";
+import { byId, countIntoTasks, type Json, type Lease, matchesLease, pgSafe } from "./shared.ts";
 
 export interface Outcome extends Lease {
   status: TerminalRunStatus;
@@ -30,7 +30,8 @@ export interface CompletionResult {
  * Completes finished attempts in one statement (DESIGN §4.5): fenced run updates, their outcomes
  * added to their tasks' counters (aggregated per task), and a task flipped terminal when its
  * counters reach its total — the same path for every outcome. A run that did not match was fenced
- * off: nothing is counted for it, and the caller discards its output.
+ * off: nothing is counted for it, and the caller discards its output. Strings reach PostgreSQL through
+ * pgSafe() (a NUL in a stderr tail or a metrics key refused the whole batch).
  */
 export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<CompletionResult> {
   if (outcomes.length === 0) return { completed: [], finishedTasks: [] };
@@ -48,7 +49,7 @@ export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<Comple
     { completed: number[] | null; finished: CompletionResult["finishedTasks"] | null }[]
   >`
     with i as (
-      select * from jsonb_to_recordset(${sql.json(input as unknown as Json)})
+      select * from jsonb_to_recordset(${sql.json(pgSafe(input) as unknown as Json)})
         as i(id bigint, token uuid, status text, error_code text, error_message text, result jsonb,
              output_key text, ended_ago_ms bigint)
     ),
@@ -149,7 +150,7 @@ export async function runRetry(sql: Sql, retries: Retry[]): Promise<RetryResult>
     }[]
   >`
     with i as (
-      select * from jsonb_to_recordset(${sql.json(input as unknown as Json)})
+      select * from jsonb_to_recordset(${sql.json(pgSafe(input) as unknown as Json)})
         as i(id bigint, token uuid, delay_ms int, refund boolean, error_code text, error_message text)
     ),
     matched as materialized (

@@ -64,6 +64,80 @@ export interface Lease {
   token: string;
 }
 
+/** Any UTF-16 surrogate: only a string holding one can hold half a pair. */
+const SURROGATE = /[\uD800-\uDFFF]/;
+/** Half a surrogate pair: a high one not followed by a low one, or a low one not after a high one. */
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g;
+
+/**
+ * A string as PostgreSQL's text and jsonb can hold it: without U+0000 (neither type can: jsonb refuses
+ * the escape with 22P05, failing the whole statement) and with each lone surrogate (half a UTF-16 pair,
+ * which has no UTF-8 form: jsonb refuses its escape, a text parameter turns it into U+FFFD) replaced
+ * by U+FFFD. Anything else comes back as it was — the same string when there was nothing to change.
+ */
+export function pgText(s: string): string {
+  let out = s;
+  // Surrogates first: a NUL between the two halves of a broken pair must not join them.
+  if (SURROGATE.test(out)) out = out.replace(LONE_SURROGATE, "\uFFFD");
+  if (out.includes("\u0000")) out = out.replaceAll("\u0000", "");
+  return out;
+}
+
+/**
+ * A value bound for a statement's JSON input with pgText() applied to every string in it, object keys
+ * included, as JSON.stringify would reach them (arrays and objects without toJSON). The batch
+ * statements that write what attempts report (runComplete, runRetry, runProgress) take their input
+ * through this: a run's stderr tail, a result's metrics (keys and values), error and progress
+ * messages come from analysis programs and handlers, and one NUL among them refused the whole batch.
+ * Returns the value itself when nothing in it needed changing (no copy on the hot path).
+ */
+export function pgSafe<T>(value: T): T {
+  return unsafe(value) ? (clean(value) as T) : value;
+}
+
+const unsafeText = (s: string) => SURROGATE.test(s) || s.includes("\u0000");
+
+/** Whether anything in `value` needs pgText(): a walk that allocates nothing (the common case). */
+function unsafe(value: unknown): boolean {
+  if (typeof value === "string") return unsafeText(value);
+  if (typeof value !== "object" || value === null) return false;
+  if (Array.isArray(value)) {
+    for (const v of value) if (unsafe(v)) return true;
+    return false;
+  }
+  if (typeof (value as { toJSON?: unknown }).toJSON === "function") return false;
+  for (const k in value) {
+    if (!Object.hasOwn(value, k)) continue;
+    if (unsafeText(k) || unsafe((value as Record<string, unknown>)[k])) return true;
+  }
+  return false;
+}
+
+function clean(value: unknown): unknown {
+  if (typeof value === "string") return pgText(value);
+  if (typeof value !== "object" || value === null) return value;
+  if (Array.isArray(value)) {
+    let copy: unknown[] | undefined;
+    for (let i = 0; i < value.length; i++) {
+      const v = clean(value[i]);
+      if (v !== value[i]) {
+        copy ??= [...value];
+        copy[i] = v;
+      }
+    }
+    return copy ?? value;
+  }
+  if (typeof (value as { toJSON?: unknown }).toJSON === "function") return value;
+  let changed = false;
+  const entries = Object.entries(value).map(([k, v]) => {
+    const key = pgText(k);
+    const cleaned = clean(v);
+    if (key !== k || cleaned !== v) changed = true;
+    return [key, cleaned] as const;
+  });
+  return changed ? Object.fromEntries(entries) : value;
+}
+
 /**
  * Rows in id order. A batch statement joins its input to `runs` with the input as the probing side,
  * so the run rows are locked in input order; in id order, like `taskCancel` locks a task's runs, two
