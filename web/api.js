@@ -44,24 +44,85 @@ export async function api(path, { method = "GET", body, signal, extraHeaders } =
   return (await res.json()).data;
 }
 
-/** A response body as a Blob (outputs, zips, CSV), with its content type. */
+/**
+ * A response body as a Blob (outputs, zips, CSV), with its content type; a File, named as the
+ * response's Content-Disposition names it, when it names one.
+ */
 export async function apiBlob(path, { signal } = {}) {
   const res = await fetch(`/api${path}`, { headers: headers(), signal });
   if (!res.ok) throw await failure(res);
-  return res.blob();
+  const blob = await res.blob();
+  const name = fileNameOf(res.headers.get("content-disposition"));
+  return name ? new File([blob], name, { type: blob.type }) : blob;
 }
+
+/**
+ * The file name a Content-Disposition header gives: `filename*=UTF-8''…` (RFC 6266 / 5987) first, then
+ * `filename="…"` (or a bare token); only its last path segment, without control characters. Null when
+ * it gives none.
+ */
+export function fileNameOf(disposition) {
+  if (!disposition) return null;
+  let name = null;
+  const extended = /(?:^|;)\s*filename\*\s*=\s*([^';\s]*)'[^']*'([^;\s]*)/i.exec(disposition);
+  if (extended && /^utf-8$/i.test(extended[1] ?? "")) {
+    try {
+      name = decodeURIComponent(extended[2] ?? "");
+    } catch {
+      name = null;
+    }
+  }
+  if (!name) {
+    const plain = /(?:^|;)\s*filename\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^;\s]+))/i.exec(disposition);
+    if (plain) name = plain[1] !== undefined ? plain[1].replace(/\\(.)/g, "$1") : plain[2];
+  }
+  const last = lastSegment(name ?? "");
+  return last && last !== "." && last !== ".." ? last : null;
+}
+
+/** A name's last path segment, without control characters or outer blanks. */
+function lastSegment(name) {
+  const clean = name.replace(/\p{Cc}/gu, "");
+  return clean.slice(Math.max(clean.lastIndexOf("/"), clean.lastIndexOf("\\")) + 1).trim();
+}
+
+const EXTENSIONS = {
+  "application/zip": ".zip",
+  "application/json": ".json",
+  "text/csv": ".csv",
+  "text/html": ".html",
+  "text/markdown": ".md",
+  "text/plain": ".txt",
+  "image/png": ".png",
+  "image/svg+xml": ".svg",
+};
+
+/** `stem` with the extension of content type `type` (nothing added for a type not listed). */
+export function withExtension(stem, type) {
+  const mime = String(type ?? "").toLowerCase();
+  return stem + (EXTENSIONS[mime.split(";")[0].trim()] ?? "");
+}
+
+/**
+ * How often a page re-reads what sends no events while it changes (the task list, a queued task's
+ * place in the queue), while the tab is visible.
+ */
+export const POLL_MS = 2000;
 
 /** The raw response of an authenticated GET (for streams). */
 export function apiFetch(path, init = {}) {
   return fetch(`/api${path}`, { ...init, headers: headers(init.headers ?? {}) });
 }
 
-/** Saves a Blob under `name` through a temporary link. */
-export function saveBlob(blob, name) {
+/**
+ * Saves a Blob through a temporary link: under the name the API gave it (a File from apiBlob), else
+ * under `fallback`.
+ */
+export function saveBlob(blob, fallback) {
   const url = URL.createObjectURL(blob);
   const a = document.createElement("a");
   a.href = url;
-  a.download = name;
+  a.download = blob.name || fallback;
   document.body.append(a);
   a.click();
   a.remove();

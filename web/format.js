@@ -4,11 +4,15 @@ export function bytes(n) {
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
   let v = Number(n);
   let i = 0;
-  while (v >= 1024 && i < units.length - 1) {
+  // Shown rounded (to a tenth below 10, else whole): a value that rounds to 1024 is one of the next
+  // unit (1,048,575 bytes is "1.0 MiB", never "1024 KiB").
+  while (Math.round(v) >= 1024 && i < units.length - 1) {
     v /= 1024;
     i++;
   }
-  return `${i === 0 ? v : v.toFixed(v < 10 ? 1 : 0)} ${units[i]}`;
+  if (i === 0) return `${v} ${units[i]}`;
+  const tenths = Math.round(v * 10);
+  return `${tenths < 100 ? (tenths / 10).toFixed(1) : Math.round(v)} ${units[i]}`;
 }
 
 export function when(iso) {
@@ -17,15 +21,20 @@ export function when(iso) {
   return d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "medium" });
 }
 
+/**
+ * From `fromIso` to `toIso` (or now): "850 ms", "12.3 s", "4 min 5 s", "2 h 7 min". Rounded once, to
+ * the smallest unit shown, and split after: 119.5 s is "2 min 0 s", never "1 min 60 s".
+ */
 export function duration(fromIso, toIso) {
   if (!fromIso) return "";
   const ms = (toIso ? new Date(toIso) : new Date()) - new Date(fromIso);
-  if (ms < 0) return "";
+  if (!(ms >= 0)) return "";
   if (ms < 1000) return `${ms} ms`;
-  const s = Math.round(ms / 100) / 10;
-  if (s < 60) return `${s} s`;
-  const m = Math.floor(s / 60);
-  if (m < 60) return `${m} min ${Math.round(s % 60)} s`;
+  const tenths = Math.round(ms / 100);
+  if (tenths < 600) return `${tenths / 10} s`;
+  const s = Math.round(ms / 1000);
+  if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+  const m = Math.round(ms / 60_000);
   return `${Math.floor(m / 60)} h ${m % 60} min`;
 }
 

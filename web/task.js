@@ -1,8 +1,10 @@
 // A task: its bar and counts, one row per run (paged: a task may have 100,000), the event log, cancel,
 // downloads, each run's outputs, and the fan-in result. Live from the task's event stream: events are
-// applied in batches once per animation frame, and the task and the visible runs are re-read (at most
-// twice a second) when a run or the task changes state.
-import { api, apiBlob, saveBlob } from "./api.js";
+// applied in batches once per animation frame — or after FLUSH_MS when no frame comes (a hidden tab),
+// or at once when PENDING_MAX are waiting — and the task and the visible runs are re-read (at most
+// twice a second) when a run or the task changes state. A queued task has no events while it waits:
+// it is re-read every POLL_MS for its place in the queue. Only the latest read's answer is shown.
+import { api, apiBlob, POLL_MS, saveBlob, withExtension } from "./api.js";
 import { followTask, isTerminal } from "./events.js";
 import { duration, RUN_STATUSES, STATUS_LABEL, when } from "./format.js";
 import { html, useEffect, useRef, useState } from "./lib.js";
@@ -13,6 +15,10 @@ import { ErrorNote, Pager, QueuePlace, RunBar, Status, TaskBar } from "./widgets
 const RUNS_PAGE = 100;
 const LOG_KEPT = 1000;
 const REREAD_MS = 500;
+/** Events wait at most this long for an animation frame (none come in a hidden tab)… */
+const FLUSH_MS = 250;
+/** …and no more than this many wait at all. */
+const PENDING_MAX = LOG_KEPT;
 
 const STREAM_LABEL = {
   connecting: "connecting…",
@@ -54,17 +60,25 @@ export function TaskView({ taskId }) {
   const reread = useRef({ timer: null, task: false, runs: false });
   const pending = useRef([]);
   const frame = useRef(0);
+  const flushTimer = useRef(null);
   const pageQuery = useRef("");
+  // Each read's number: an answer that is not the latest read's (a slow one, overtaken by a re-read
+  // or by another page or filter chosen since) is dropped. The runs read before is aborted too.
+  const taskReads = useRef(0);
+  const runsRead = useRef({ seq: 0, ctrl: null });
 
-  const loadTask = () =>
-    api(`/analysis-tasks/${taskId}`).then(
+  const loadTask = () => {
+    const seq = ++taskReads.current;
+    return api(`/analysis-tasks/${taskId}`).then(
       (t) => {
+        if (seq !== taskReads.current) return t;
         taskRef.current = t;
         setTask(t);
         setLoadProblem(null);
         return t;
       },
       (err) => {
+        if (seq !== taskReads.current) return null;
         // A task that is gone is the page's answer; a failed read (the API restarting) lasts until
         // the next read succeeds.
         if (err.status === 404) setError(err);
@@ -72,14 +86,28 @@ export function TaskView({ taskId }) {
         return null;
       },
     );
-  const loadRuns = () =>
-    api(`/analysis-tasks/${taskId}/runs?${pageQuery.current}`).then(
+  };
+  const loadRuns = () => {
+    const r = runsRead.current;
+    r.ctrl?.abort();
+    const ctrl = new AbortController();
+    const seq = ++r.seq;
+    r.ctrl = ctrl;
+    return api(`/analysis-tasks/${taskId}/runs?${pageQuery.current}`, { signal: ctrl.signal }).then(
       (p) => {
+        if (seq !== r.seq) return;
+        r.ctrl = null;
         setRuns(p);
         setLive({});
       },
-      (err) => (err.status === 404 ? setError(err) : setLoadProblem(err)),
+      (err) => {
+        if (seq !== r.seq) return;
+        r.ctrl = null;
+        if (err.status === 404) setError(err);
+        else setLoadProblem(err);
+      },
     );
+  };
 
   function scheduleReread(which) {
     const r = reread.current;
@@ -93,8 +121,17 @@ export function TaskView({ taskId }) {
     }, REREAD_MS);
   }
 
+  function scheduleFlush() {
+    if (pending.current.length >= PENDING_MAX) return flush();
+    if (!frame.current) frame.current = requestAnimationFrame(flush);
+    if (!flushTimer.current) flushTimer.current = setTimeout(flush, FLUSH_MS);
+  }
+
   function flush() {
+    cancelAnimationFrame(frame.current);
     frame.current = 0;
+    clearTimeout(flushTimer.current);
+    flushTimer.current = null;
     const batch = pending.current;
     pending.current = [];
     if (batch.length === 0) return;
@@ -155,17 +192,21 @@ export function TaskView({ taskId }) {
       signal: ctrl.signal,
       onState: setStream,
       onEvents: (events) => {
-        pending.current.push(...events);
-        if (!frame.current) frame.current = requestAnimationFrame(flush);
+        if (ctrl.signal.aborted) return;
+        for (const e of events) pending.current.push(e);
+        scheduleFlush();
       },
       // Asked when a stream ends without the task's closing event. Only an answer ends following: the
       // task is finished, or it is gone (404). A request that fails (the API restarting) is no answer,
       // and the stream reconnects.
       isFinished: async () => {
+        const seq = ++taskReads.current;
         try {
           const t = await api(`/analysis-tasks/${taskId}`);
-          taskRef.current = t;
-          setTask(t);
+          if (seq === taskReads.current) {
+            taskRef.current = t;
+            setTask(t);
+          }
           return isTerminal(t.status);
         } catch (err) {
           if (err.status !== 404) return false;
@@ -177,9 +218,31 @@ export function TaskView({ taskId }) {
     return () => {
       ctrl.abort();
       cancelAnimationFrame(frame.current);
+      frame.current = 0;
+      clearTimeout(flushTimer.current);
+      flushTimer.current = null;
       clearTimeout(reread.current.timer);
+      reread.current.timer = null;
+      // Whatever is still on its way is no longer shown.
+      taskReads.current++;
+      runsRead.current.seq++;
+      runsRead.current.ctrl?.abort();
+      // Events not applied yet are dropped with the view. The ref itself outlives it: htm keeps a
+      // template's static parts as first made, module-wide, and a Preact vnode keeps the parent it was
+      // first shown in, so one past render of this view — its handlers and the refs they use — stays
+      // reachable for as long as the page is open.
+      pending.current = [];
     };
   }, [taskId]);
+
+  // A queued task sends no event while others' runs go before it: re-read for its place in the queue
+  // while it waits and the tab is visible (the first event or read that finds it started ends this).
+  const queued = task?.status === "queued";
+  useEffect(() => {
+    if (!queued) return;
+    const timer = setInterval(() => document.visibilityState === "visible" && loadTask(), POLL_MS);
+    return () => clearInterval(timer);
+  }, [taskId, queued]);
 
   useEffect(() => {
     const q = new URLSearchParams({ limit: String(RUNS_PAGE) });
@@ -209,9 +272,9 @@ export function TaskView({ taskId }) {
   async function downloadAll() {
     setBusy(true);
     try {
+      // Saved as the API names it: a one-file task's output itself, else task-<id>.zip.
       const blob = await apiBlob(`/analysis-tasks/${taskId}/download`);
-      const name = task.totalCount === 1 ? `task-${taskId}-output` : `task-${taskId}.zip`;
-      saveBlob(blob, name);
+      saveBlob(blob, withExtension(`task-${taskId}`, blob.type));
     } catch (err) {
       setError(err);
     } finally {
@@ -220,10 +283,9 @@ export function TaskView({ taskId }) {
   }
   async function downloadRun(run) {
     try {
-      saveBlob(
-        await apiBlob(`/analysis-tasks/${taskId}/runs/${run.runId}/download`),
-        `run-${run.runId}-${run.fileName}`,
-      );
+      // The run's output, under its own name (the API's), not the input's.
+      const blob = await apiBlob(`/analysis-tasks/${taskId}/runs/${run.runId}/download`);
+      saveBlob(blob, withExtension(`run-${run.runId}-output`, blob.type));
     } catch (err) {
       setError(err);
     }

@@ -1,6 +1,6 @@
-// The task list: newest first, paged, filtered by status and type; refreshed every two seconds while
-// any task on the page is still going (and the page is visible).
-import { api } from "./api.js";
+// The task list: newest first, paged, filtered by status and type; refreshed every two seconds
+// (POLL_MS) while any task on the page is still going (and the page is visible).
+import { api, POLL_MS } from "./api.js";
 import { isTerminal } from "./events.js";
 import { duration, STATUS_LABEL, TASK_STATUSES, when } from "./format.js";
 import { html, useEffect, useState } from "./lib.js";
@@ -32,7 +32,7 @@ export function TasksView({ me, types }) {
   const live = page?.items.some((t) => !isTerminal(t.status));
   useEffect(() => {
     if (!live) return;
-    const timer = setInterval(() => document.visibilityState === "visible" && setTick((n) => n + 1), 2000);
+    const timer = setInterval(() => document.visibilityState === "visible" && setTick((n) => n + 1), POLL_MS);
     return () => clearInterval(timer);
   }, [live]);
 

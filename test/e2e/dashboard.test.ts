@@ -204,6 +204,8 @@ test("a run's outputs: metrics, the CSV previewed; the fan-in results table; the
     page.waitForEvent("download"),
     page.getByRole("button", { name: /Download all/ }).click(),
   ]);
+  // Saved under the name the API gives it.
+  assert.equal(download.suggestedFilename(), `task-${taskIdFromUrl()}.zip`);
   const zipFile = await download.path();
   const names = zipNames(fs.readFileSync(zipFile));
   assert.ok(names.includes("results.csv"), names.join(", "));

@@ -1,0 +1,330 @@
+// The dashboard's task page in a real browser, set up as dashboard.test.ts is (Debian's chromium driven
+// by playwright-core, real `assay api` and `assay worker` processes): download names, a queued task's
+// place in the queue, a slow runs answer, events while animation frames are paused. Each test opens its
+// own browser context, signed in as the user it needs, and waits on conditions, never on time.
+import assert from "node:assert/strict";
+import type { ChildProcess } from "node:child_process";
+import fs from "node:fs";
+import { after, before, beforeEach, test } from "node:test";
+import { type Browser, chromium, type Page } from "playwright-core";
+import { tokenCreate } from "../../src/auth/tokens.ts";
+import { freePort } from "../../src/db/embedded.ts";
+import { cleanEnv, collect, spawnCli, watch } from "../helpers/cli.ts";
+import { waitFor, waitForTerminal } from "../helpers/queue.ts";
+import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
+
+const CHROMIUM = process.env.ASSAY_TEST_CHROMIUM ?? "/usr/bin/chromium";
+const haveChromium = fs.existsSync(CHROMIUM);
+// In CI a missing browser is a failure, not a skip (.ci/run installs it).
+const skip = haveChromium || process.env.CI === "true" ? false : `no chromium at ${CHROMIUM}`;
+
+let env: RunnerEnv;
+let port: number;
+let base: string;
+let adminToken: string;
+let api: { child: ChildProcess; done: Promise<unknown> } | undefined;
+let worker: ChildProcess | undefined;
+let workerDone: Promise<unknown> | undefined;
+let browser: Browser;
+/** Problems the pages reported: script errors, CSP violations, dialogs. */
+const problems: string[] = [];
+
+const serverEnv = () =>
+  cleanEnv({
+    DATABASE_URL: env.db.url,
+    ASSAY_DATA_DIR: env.dataDir,
+    HOST: "127.0.0.1",
+    PORT: String(port),
+    LOG_LEVEL: "warn",
+    ASSAY_POLL_INTERVAL_MS: "200",
+    ASSAY_SSE_HEARTBEAT_MS: "1000",
+    ASSAY_SHUTDOWN_GRACE_MS: "2000",
+  });
+
+before(async () => {
+  if (skip) return;
+  env = await runnerEnv();
+  port = await freePort();
+  base = `http://127.0.0.1:${port}`;
+  const child = spawnCli(["api", "--dev-token"], serverEnv());
+  const out = watch(child);
+  api = { child, done: collect(child) };
+  const [, link] = await out.waitFor(/(http:\/\/\S+\/#token=\S+)/);
+  adminToken = decodeURIComponent((link as string).split("#token=")[1] as string);
+  worker = spawnCli(["worker", "--concurrency", "2"], { ...serverEnv(), LOG_LEVEL: "info" });
+  workerDone = collect(worker);
+  await watch(worker).waitFor(/worker started/);
+  browser = await chromium.launch({ executablePath: CHROMIUM, args: ["--no-sandbox"] });
+});
+
+beforeEach(() => {
+  problems.length = 0;
+});
+
+after(async () => {
+  if (skip) return;
+  await browser?.close();
+  // A test that failed while the worker was paused must not leave it deaf to SIGTERM.
+  worker?.kill("SIGCONT");
+  worker?.kill("SIGTERM");
+  api?.child.kill("SIGTERM");
+  await api?.done;
+  await workerDone;
+  await env.close();
+});
+
+/** Runs `body` with the worker paused: tasks stay queued, and no run produces an event. */
+async function workerPaused<T>(body: () => Promise<T>): Promise<T> {
+  worker?.kill("SIGSTOP");
+  try {
+    return await body();
+  } finally {
+    worker?.kill("SIGCONT");
+  }
+}
+
+async function call(
+  token: string,
+  method: string,
+  p: string,
+  body?: unknown,
+): Promise<Record<string, unknown>> {
+  const res = await fetch(`${base}/api${p}`, {
+    method,
+    headers: { authorization: `Bearer ${token}`, ...(body ? { "content-type": "application/json" } : {}) },
+    ...(body ? { body: JSON.stringify(body) } : {}),
+  });
+  assert.ok(res.ok, `${method} ${p}: ${res.status}`);
+  return ((await res.json()) as { data: Record<string, unknown> }).data;
+}
+
+async function upload(token: string, name: string, content: string): Promise<string> {
+  const form = new FormData();
+  form.append("file", new Blob([content], { type: "text/csv" }), name);
+  const res = await fetch(`${base}/api/files`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${token}` },
+    body: form,
+  });
+  assert.equal(res.status, 201);
+  return ((await res.json()) as { data: { fileId: string } }).data.fileId;
+}
+
+/** A summary task over `n` small files of `token`'s; returns its id. */
+async function summaryTask(token: string, n: number, extra: Record<string, unknown> = {}): Promise<string> {
+  const ids: string[] = [];
+  for (let i = 0; i < n; i++) ids.push(await upload(token, `in-${i}.csv`, `a,b\n${i},2\n3,${i}\n`));
+  const task = await call(token, "POST", "/analysis-tasks", {
+    analysisType: "summary",
+    inputFileIds: ids,
+    ...extra,
+  });
+  return task.taskId as string;
+}
+
+/** A page in a context of its own, signed in with `token`; `init` runs before the page's own scripts. */
+async function pageFor(token: string, init?: string): Promise<Page> {
+  const ctx = await browser.newContext({ viewport: { width: 1280, height: 900 }, acceptDownloads: true });
+  if (init) await ctx.addInitScript(init);
+  const page = await ctx.newPage();
+  page.on("pageerror", (err) => problems.push(`page error: ${err.message}`));
+  page.on("console", (m) => {
+    if (m.type() === "error" && /Content Security Policy|Refused to/.test(m.text())) problems.push(m.text());
+  });
+  page.on("dialog", (d) => {
+    problems.push(`dialog: ${d.message()}`);
+    void d.dismiss();
+  });
+  await page.goto(`${base}/#token=${encodeURIComponent(token)}`);
+  await page.getByRole("heading", { name: "Tasks" }).waitFor();
+  return page;
+}
+
+async function saved(page: Page, click: () => Promise<void>): Promise<{ name: string; body: Buffer }> {
+  const [download] = await Promise.all([page.waitForEvent("download"), click()]);
+  return { name: download.suggestedFilename(), body: fs.readFileSync(await download.path()) };
+}
+
+test("downloads are saved under the API's names: a run's output, a one-file task's output, a task's zip", {
+  skip,
+}, async () => {
+  const one = await summaryTask(adminToken, 1);
+  const three = await summaryTask(adminToken, 3);
+  await waitForTerminal(env.db.sql, one, 60_000);
+  await waitForTerminal(env.db.sql, three, 60_000);
+  const page = await pageFor(adminToken);
+  await page.goto(`${base}/#/tasks/${one}`);
+  await page.locator(".task header .badge", { hasText: "succeeded" }).waitFor({ timeout: 30_000 });
+  // The run's output is summary.json: saved as that, not under the input's name (in-0.csv).
+  const run = await saved(page, () =>
+    page.locator("tr[data-run]").getByRole("button", { name: "download" }).click(),
+  );
+  assert.equal(run.name, "summary.json");
+  assert.equal(JSON.parse(run.body.toString()).rows, 2);
+  // A one-file task's download is that file itself.
+  const all = await saved(page, () => page.getByRole("button", { name: /Download all/ }).click());
+  assert.equal(all.name, "summary.json");
+  assert.deepEqual(all.body, run.body);
+  // Several files: a zip, saved as one.
+  await page.goto(`${base}/#/tasks/${three}`);
+  await page.locator(".task header .badge", { hasText: "succeeded" }).waitFor({ timeout: 30_000 });
+  const zip = await saved(page, () => page.getByRole("button", { name: /Download all \(zip\)/ }).click());
+  assert.equal(zip.name, `task-${three}.zip`);
+  assert.equal(zip.body.subarray(0, 4).toString("latin1"), "PK\x03\x04");
+  const second = await saved(page, () =>
+    page.locator("tr[data-run]", { hasText: "in-1.csv" }).getByRole("button", { name: "download" }).click(),
+  );
+  assert.equal(second.name, "summary.json");
+  await page.context().close();
+  assert.deepEqual(problems, []);
+});
+
+test("a queued task's page re-reads its place in the queue while it waits", { skip }, async () => {
+  await workerPaused(async () => {
+    const { token: alice } = await tokenCreate(env.db.sql, "alice", "user");
+    // Five runs of a higher priority go first.
+    const first = await summaryTask(adminToken, 5, { priority: 0 });
+    const mine = await summaryTask(alice, 1);
+    const page = await pageFor(alice);
+    // The page reads the task when it opens, and again after the stream's first event (task.queued):
+    // the cancel below comes after both, so only a later read can show it.
+    let reads = 0;
+    const taskUrl = new RegExp(`/api/analysis-tasks/${mine}$`);
+    page.on("requestfinished", (r) => {
+      if (taskUrl.test(r.url())) reads++;
+    });
+    await page.goto(`${base}/#/tasks/${mine}`);
+    const place = page.locator(".counts .queue-place");
+    await place.filter({ hasText: "≈ 5 runs ahead (estimate)" }).waitFor();
+    await waitFor(async () => reads >= 2, 10_000, "the page's first two reads of the task");
+    assert.match((await place.textContent()) ?? "", /≈ 5 runs ahead/);
+    // They are cancelled: nothing is ahead any more, and the page says so without an event of its own.
+    await call(adminToken, "POST", `/analysis-tasks/${first}/cancel`);
+    await place.filter({ hasText: "≈ 0 runs ahead (estimate)" }).waitFor({ timeout: 15_000 });
+    assert.equal(await page.locator(".task header .badge").textContent(), "queued");
+    await page.context().close();
+  });
+  assert.deepEqual(problems, []);
+});
+
+// Every fetch of the page, listed in `window.settled` by URL once the page has handled its answer (or
+// its failure): marked from a timer set when the body is parsed, so after the promise callbacks and the
+// render they cause, which all run before any timer.
+const MARK_SETTLED = `(() => {
+  const real = window.fetch.bind(window);
+  window.settled = [];
+  window.fetch = (input, init) => {
+    const url = String(input);
+    const mark = () => setTimeout(() => window.settled.push(url));
+    return real(input, init).then(
+      (res) => {
+        const json = res.json.bind(res);
+        res.json = () => json().finally(mark);
+        return res;
+      },
+      (err) => {
+        mark();
+        throw err;
+      },
+    );
+  };
+})();`;
+
+test("a slow runs answer for a filter left since does not replace the current filter's runs", {
+  skip,
+}, async () => {
+  await workerPaused(async () => {
+    // Queued, and the worker paused: no run event, so no re-read of the runs but the test's own.
+    const taskId = await summaryTask(adminToken, 3);
+    const page = await pageFor(adminToken, MARK_SETTLED);
+    // The first (unfiltered) runs page is held until the filter chosen since has been answered.
+    const unfiltered = /\/runs\?limit=100$/;
+    let held = () => {};
+    const heldNow = new Promise<void>((resolve) => {
+      held = resolve;
+    });
+    let release = () => {};
+    const released = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    let first = true;
+    await page.route(unfiltered, async (route) => {
+      if (first) {
+        first = false;
+        held();
+        await released;
+      }
+      // Fails when the page has given the request up meanwhile.
+      await route.continue().catch(() => {});
+    });
+    try {
+      await page.goto(`${base}/#/tasks/${taskId}`);
+      await heldNow;
+      await page.getByLabel("Run status").selectOption("succeeded");
+      await page.locator("table.runs").waitFor();
+      assert.equal(await page.locator("tr[data-run]").count(), 0, "no run has succeeded");
+    } finally {
+      release();
+    }
+    await page.waitForFunction(
+      (source) =>
+        (globalThis as unknown as { settled: string[] }).settled.some((url) => new RegExp(source).test(url)),
+      unfiltered.source,
+    );
+    assert.equal(await page.getByLabel("Run status").inputValue(), "succeeded");
+    assert.equal(await page.locator("tr[data-run]").count(), 0, "the unfiltered answer came too late");
+    // The filter chosen back: all three, queued.
+    await page.getByLabel("Run status").selectOption("");
+    await page.locator("tr[data-run]").nth(2).waitFor();
+    assert.deepEqual(await page.locator("tr[data-run] .badge").allTextContents(), [
+      "queued",
+      "queued",
+      "queued",
+    ]);
+    await page.context().close();
+  });
+  assert.deepEqual(problems, []);
+});
+
+test("events are applied while animation frames are paused (a hidden tab), and leaving drops them", {
+  skip,
+}, async () => {
+  await workerPaused(async () => {
+    const taskId = await summaryTask(adminToken, 1);
+    const [run] = await env.db.sql<{ id: string }[]>`select id::text from runs where task_id = ${taskId}`;
+    const EVENTS = 100_000;
+    await env.db.sql`insert into task_events (task_id, run_id, type, data)
+      select ${taskId}, ${run?.id ?? null}, 'run.progress',
+             jsonb_build_object('percent', g % 100, 'message', 'step ' || g || ' ' || repeat('x', 100))
+      from generate_series(1, ${EVENTS}) g`;
+    const [last] = await env.db.sql<{ id: string }[]>`
+      select max(id)::text as id from task_events where task_id = ${taskId}`;
+    // A hidden tab: the browser runs no animation frame, while the stream keeps reading.
+    const page = await pageFor(adminToken, "window.requestAnimationFrame = () => 1;");
+    const cdp = await page.context().newCDPSession(page);
+    const heap = async () => {
+      await cdp.send("HeapProfiler.collectGarbage");
+      return (await cdp.send("Runtime.getHeapUsage")).usedSize / 1048576;
+    };
+    const before = await heap();
+    await page.goto(`${base}/#/tasks/${taskId}`);
+    // The last event reached the run's row (a locator polls from playwright's own script, whose
+    // animation frames the stub does not stop).
+    await page.locator("tr[data-run] .message", { hasText: `step ${EVENTS} ` }).waitFor({ timeout: 60_000 });
+    const grew = (await heap()) - before;
+    // Without the timer, 100,000 events waited for a frame: 28.6 MiB. Now the latest 1,000 are kept.
+    assert.ok(grew < 8, `the page's heap grew ${grew.toFixed(1)} MiB`);
+    await page.getByRole("tab", { name: "Event log" }).click();
+    await page.getByText("The latest 1000 events.").waitFor();
+    const shown = page.locator("li[data-event]");
+    assert.equal(await shown.count(), 1000);
+    assert.equal(await shown.last().getAttribute("data-event"), last?.id);
+    // Leaving the view leaves nothing of it behind.
+    await page.goto(`${base}/#/`);
+    await page.getByRole("heading", { name: "Tasks" }).waitFor();
+    const left = (await heap()) - before;
+    assert.ok(left < 4, `${left.toFixed(1)} MiB above the heap before the visit`);
+    await page.context().close();
+  });
+  assert.deepEqual(problems, []);
+});
