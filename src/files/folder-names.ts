@@ -66,12 +66,13 @@ export function withSuffix(name: string, suffix: string): string {
  * is `input`. Applied twice it changes nothing more.
  */
 export function safeSegment(name: string): string {
-  const clean = fitBytes(name.replace(UNSAFE, "_").replace(/^\.+/, "_"), MAX_SEGMENT_BYTES).replace(
-    /[. ]+$/,
-    (tail) => "_".repeat(tail.length),
-  );
+  const trailing = (text: string) => text.replace(/[. ]+$/, (tail) => "_".repeat(tail.length));
+  const clean = trailing(name.replace(UNSAFE, "_").replace(/^\.+/, "_"));
   if (clean === "") return "input";
-  return RESERVED.test(clean.split(".", 1)[0] as string) ? `_${clean}` : clean;
+  // The device name's `_` first, then the cut: the `_` counts towards the limit (added after, a name
+  // cut to 255 bytes became 256). A cut may leave a dot or a space at the end again.
+  const named = RESERVED.test(clean.split(".", 1)[0] as string) ? `_${clean}` : clean;
+  return trailing(fitBytes(named, MAX_SEGMENT_BYTES));
 }
 
 /**

@@ -1101,14 +1101,14 @@ export class Worker {
   };
 
   /**
-   * Writes a batch in one statement. When the statement fails because of the connection or the
-   * server's state (connectionTrouble()), the batch is put back whole for the next try, as always.
-   * Otherwise the batch itself may be at fault: a data error (SQLSTATE class 22, e.g. a string jsonb
-   * refuses) at once, any other error the second time it refuses a batch holding the same outcome,
-   * the batch is written in halves, each the same way, down to the outcome at fault; that one is
-   * written again with a fixed stand-in (unrecordable(): failed, ANALYSIS_PROCESS_FAILED), and if
-   * even that is refused it is given up (logged; its lease, no longer heartbeated, is the reaper's).
-   * Nothing else in the batch waits for it. Never throws.
+   * Writes a batch in one statement. When the statement fails for anything but what the batch
+   * carries (inputAtFault(): the connection, the server's state, a full NOTIFY queue...), the batch is
+   * put back whole for the next try, as always. When the batch is at fault — a data error (SQLSTATE
+   * class 22, e.g. a string jsonb refuses) at once, an integrity constraint's (23) the second time —
+   * it is written in halves, each the same way, down to the outcome at fault; that one is written
+   * again with a fixed stand-in (unrecordable(): failed, ANALYSIS_PROCESS_FAILED), and if even that
+   * is refused for what it carries it is given up (logged; its lease, no longer heartbeated, is the
+   * reaper's). Nothing else in the batch waits for it. Never throws.
    */
   private async writeBatch<T, R>(batch: Pending<T>[], w: BatchWriter<T, R>): Promise<Written> {
     if (batch.length === 0) return { released: [], errors: [] };
@@ -1126,14 +1126,10 @@ export class Worker {
   }
 
   private async refused<T, R>(batch: Pending<T>[], err: unknown, w: BatchWriter<T, R>): Promise<Written> {
-    if (connectionTrouble(err)) {
-      w.putBack(batch);
-      return { released: [], errors: [err] };
-    }
-    const again = batch.some((p) => (p.refusals ?? 0) > 0);
     for (const p of batch) p.refusals = (p.refusals ?? 0) + 1;
-    if (!again && !dataError(err)) {
-      // Perhaps passing (a trigger's or a constraint's view of a moment): the whole batch once more.
+    if (!inputAtFault(err, batch)) {
+      // The connection's, the server's, or nothing the batch could be blamed for: the whole batch
+      // again at the next flush, for as long as it takes (its leases are heartbeated meanwhile).
       w.putBack(batch);
       return { released: [], errors: [err] };
     }
@@ -1144,8 +1140,8 @@ export class Worker {
       );
       const half = Math.ceil(batch.length / 2);
       const first = await this.writeBatch(batch.slice(0, half), w);
-      if (first.errors.some(connectionTrouble)) {
-        // The connection failed meanwhile: the other half waits for the next try too.
+      if (first.errors.some((e) => !inputAtFault(e))) {
+        // The first half was put back for the connection's sake, say: the other half waits too.
         w.putBack(batch.slice(half));
         return first;
       }
@@ -1497,35 +1493,17 @@ function parseCreated(payload: string): (CreatedTask & { type: string }) | undef
 }
 
 /**
- * SQLSTATE classes of errors that say nothing about what a statement carried: connection exception
- * (08), invalid transaction state (25: a read-only server, as during a failover), transaction
- * rollback (40: serialization failure, deadlock), insufficient resources (53),
- * object not in prerequisite state (55: lock not available), operator intervention (57: shutdown,
- * statement cancelled), system error (58).
+ * Whether a refused batch is to blame for its refusal (Worker.writeBatch): a data exception (SQLSTATE
+ * class 22: a value the statement carried was refused, 22P05 a NUL) at once, an integrity constraint
+ * violation (class 23) when the batch, or an outcome in it, was refused before as well. Nothing else:
+ * a connection's or a server's trouble (08, 53, 54 "too many notifications", 57, XX, a socket's, ...)
+ * is waited out by retrying the whole batch, as it always was — blamed, a success would be recorded
+ * as failed for a passing outage (a review). `batch` given: the refusals counted so far.
  */
-const BLAMELESS_CLASSES = new Set(["08", "25", "40", "53", "55", "57", "58"]);
-
-/**
- * Whether a statement's failure came from the connection or the server's state, not from its input:
- * then the same statement may well succeed later, and a batch is retried whole (Worker.writeBatch).
- * postgres.js's own connection errors (CONNECTION_CLOSED, CONNECT_TIMEOUT, ...), a socket's (a Node
- * system error: ECONNREFUSED, ECONNRESET ...), a cancelled statement ("57014"), and PostgreSQL's
- * errors of the classes above.
- */
-function connectionTrouble(err: unknown): boolean {
-  if (!(err instanceof Error)) return false;
+function inputAtFault(err: unknown, batch?: readonly { refusals?: number }[]): boolean {
+  if (!(err instanceof Error) || err.name !== "PostgresError") return false;
   const code = (err as { code?: unknown }).code;
   if (typeof code !== "string") return false;
-  // A SQLSTATE: PostgreSQL's error, or postgres.js's own cancel ("57014").
-  if (err.name === "PostgresError" || /^\d\d[0-9A-Z]{3}$/.test(code))
-    return BLAMELESS_CLASSES.has(code.slice(0, 2));
-  return code.startsWith("CONNECT") || "syscall" in err;
-}
-
-/** A data exception (SQLSTATE class 22): a value the statement carried was refused (22P05: a NUL). */
-function dataError(err: unknown): boolean {
-  const code = err instanceof Error ? (err as { code?: unknown }).code : undefined;
-  return (
-    err instanceof Error && err.name === "PostgresError" && typeof code === "string" && code.startsWith("22")
-  );
+  if (code.startsWith("22")) return true;
+  return code.startsWith("23") && (batch?.some((p) => (p.refusals ?? 0) > 1) ?? true);
 }

@@ -27,11 +27,21 @@ export const OUTPUT_LIMITS = {
 };
 
 /**
- * Names a script may give its outputs: a plain file name, no path, no leading dot, and none that
- * Windows reserves for a device (`con.json`, `NUL.txt`, `com1.csv`): a zip or a download of it could
- * not be extracted or written there (the folder names follow the same rules, files/folder-names.ts).
+ * Names of outputs that may be served: a plain file name, no path, no leading dot. (What a script may
+ * name a new output is stricter: newOutputName.)
  */
-export const SAFE_NAME = /^(?!(con|prn|aux|nul|com[1-9]|lpt[1-9])(\.|$))[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/i;
+export const SAFE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+
+/** A name Windows keeps for a device (`con.json`, `NUL.txt`, `com1.csv`): up to the first dot. */
+const DEVICE_NAME = /^(con|prn|aux|nul|com[1-9]|lpt[1-9])(\.|$)/i;
+
+/**
+ * Names a script may give its outputs: SAFE_NAME, and none that Windows keeps for a device — a zip or
+ * a download of it could not be extracted or written there (the folder names follow the same rules,
+ * files/folder-names.ts). Only new outputs are held to this: one recorded before it was refused
+ * (`aux.json`) is still served.
+ */
+export const newOutputName = (name: string) => SAFE_NAME.test(name) && !DEVICE_NAME.test(name);
 
 export type OutputCheck = { ok: true; files: OutputFile[] } | { ok: false; message: string };
 
@@ -45,7 +55,7 @@ export function checkOutputs(dir: string, resultName: string): OutputCheck {
   if (path.basename(resultName) !== resultName) {
     return { ok: false, message: "the result names a file outside the output directory" };
   }
-  if (!SAFE_NAME.test(resultName)) return { ok: false, message: "the result names an unsafe output file" };
+  if (!newOutputName(resultName)) return { ok: false, message: "the result names an unsafe output file" };
   const files: OutputFile[] = [];
   let total = 0;
   const listing = fs.opendirSync(dir);
@@ -54,7 +64,7 @@ export function checkOutputs(dir: string, resultName: string): OutputCheck {
       if (files.length === OUTPUT_LIMITS.maxFiles) return { ok: false, message: "too many output files" };
       if (!entry.isFile())
         return { ok: false, message: "outputs must be regular files (no links or folders)" };
-      if (!SAFE_NAME.test(entry.name)) return { ok: false, message: "an output file has an unsafe name" };
+      if (!newOutputName(entry.name)) return { ok: false, message: "an output file has an unsafe name" };
       if (!OUTPUT_LIMITS.extensions.includes(path.extname(entry.name).toLowerCase())) {
         return { ok: false, message: "an output file has a type that is not allowed" };
       }

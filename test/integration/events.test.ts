@@ -406,6 +406,34 @@ describe("the hub", () => {
   );
 
   test(
+    "a slow but reading client of a finished task gets its end gracefully, whatever is still queued",
+    LIMIT,
+    async () => {
+      const hub = t.app.services.events;
+      await hub.ready();
+      const taskId = await createTask(t.db.sql, owner, "ev-final-slow", 1);
+      // History before the end: the backlog's last page leaves the client over 1 MiB behind.
+      await addHistory(taskId, 1300);
+      const w = worker("ev-final-slow", succeed);
+      await w.start();
+      try {
+        await waitForTerminal(t.db.sql, taskId);
+      } finally {
+        await w.stop();
+      }
+      const reader = slowReader();
+      let closed = 0;
+      reader.target.close = () => {
+        closed++;
+      };
+      await serveTaskEvents(hub, t.db.sql, taskId, null, reader.target, new AbortController().signal);
+      assert.ok(reader.target.writableLength > 1024 * 1024, "the end came with over 1 MiB queued");
+      assert.equal(closed, 1, "ended gracefully (slowReader fails the test when broken off)");
+      assert.equal(reader.written.length, (await tableEvents(t.db.sql, taskId)).length);
+    },
+  );
+
+  test(
     "a stream ended while its backlog waits for a reader that stopped reading is broken off, and returns",
     LIMIT,
     async () => {

@@ -1,11 +1,13 @@
 // Per-run outputs: GET …/runs/:runId/outputs lists a run's files, GET …/outputs/:name serves one inline
 // in a sandbox. Real programs (the behave fixture), a real worker, the local store.
 import assert from "node:assert/strict";
+import { Readable } from "node:stream";
 import { after, before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { tokenCreate, tokenRevoke } from "../../src/auth/tokens.ts";
 import { VIEW_LINK_TTL_SECONDS, viewLinkPath } from "../../src/auth/view-links.ts";
 import { VIEW_CSP } from "../../src/http/routes/downloads.ts";
+import { outputObjectKey } from "../../src/storage/store.ts";
 import { bearer } from "../helpers/app.ts";
 import { waitForTerminal } from "../helpers/queue.ts";
 import { fixtureProgram, type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
@@ -165,6 +167,31 @@ test("a run from before result.files was kept: its files are listed from the sto
       update runs set result = result || ${env.db.sql.json({
         files: expectedList().map((f) => ({ name: f.name, size: f.sizeBytes })),
       })} where id = ${okRun}`;
+  }
+});
+
+test("an output recorded before device names were refused (aux.json) is still listed and served", async () => {
+  const [row] = await env.db.sql<
+    { key: string; result: { outputFileName: string; files: { name: string; size: number }[] } }[]
+  >`
+    select output_key as key, result from runs where id = ${okRun}`;
+  assert.ok(row);
+  const content = '{"legacy":true}';
+  await env.storage.put(outputObjectKey(row.key, "aux.json"), Readable.from([Buffer.from(content)]));
+  await env.db.sql`
+    update runs set result = result || ${env.db.sql.json({
+      outputFileName: "aux.json",
+      files: [...row.result.files, { name: "aux.json", size: content.length }],
+    })} where id = ${okRun}`;
+  try {
+    const listed = (await get(base())).json().data.items.map((f: { name: string }) => f.name);
+    assert.ok(listed.includes("aux.json"), String(listed));
+    const served = await get(`${base()}/aux.json`);
+    assert.equal(served.statusCode, 200);
+    assert.equal(served.body, content);
+  } finally {
+    await env.db.sql`update runs set result = ${env.db.sql.json(row.result)} where id = ${okRun}`;
+    await env.storage.delete([outputObjectKey(row.key, "aux.json")]);
   }
 });
 

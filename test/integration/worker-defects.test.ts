@@ -223,6 +223,71 @@ test("outcomes the database refuses do not keep the rest of their batch, or late
   }
 });
 
+test("a batch refused for the server's sake (a full NOTIFY queue: 54000) is retried whole until it is written", async () => {
+  // A window of refusals no outcome is to blame for, as PostgreSQL raises when its NOTIFY queue is full
+  // (every completion notifies): blamed, a success was recorded failed after two refusals, and one
+  // longer outage gave every outcome of the batch up (a review).
+  await db.sql.unsafe(`
+    create table test_refusal_window (until timestamptz);
+    insert into test_refusal_window values (clock_timestamp() + interval '1 hour');
+    create function test_refuse_for_a_while() returns trigger language plpgsql as $$
+      begin
+        if clock_timestamp() < (select until from test_refusal_window) then
+          raise exception 'too many notifications in the NOTIFY queue' using errcode = '54000';
+        end if;
+        return new;
+      end $$;
+    create trigger test_refuse_for_a_while before update on runs for each row
+      when (new.status in ('succeeded', 'failed') and new.analysis_type = 'refuse-window')
+      execute function test_refuse_for_a_while();`);
+  let release: () => void = () => {};
+  const gate = new Promise<void>((r) => {
+    release = r;
+  });
+  const discarded: number[] = [];
+  const w = worker(
+    {
+      "refuse-window": async () => {
+        await gate;
+        return { status: "succeeded" };
+      },
+    },
+    {
+      onDiscard: async (run) => {
+        discarded.push(run.id);
+      },
+    },
+  );
+  try {
+    const taskId = await createTask(db.sql, owner, "refuse-window", 4, { maxAttempts: 1 });
+    await w.start();
+    await waitFor(
+      async () =>
+        (await db.sql`select 1 from runs where task_id = ${taskId} and status in ('starting', 'running')`)
+          .length === 4,
+      10_000,
+      "all four runs to start",
+    );
+    // Refused from here for 2.5 s: two or three flushes a second apart.
+    await db.sql`update test_refusal_window set until = clock_timestamp() + interval '2.5 seconds'`;
+    release();
+    const row = await waitForTerminal(db.sql, taskId, 15_000);
+    assert.equal(row.status, "succeeded");
+    assert.equal(row.succeeded, 4);
+    assert.deepEqual(discarded, [], "no outcome given up");
+  } finally {
+    release();
+    try {
+      await stopWithin(w);
+    } finally {
+      await db.sql.unsafe(`
+        drop trigger test_refuse_for_a_while on runs;
+        drop function test_refuse_for_a_while();
+        drop table test_refusal_window;`);
+    }
+  }
+});
+
 test("runs the next owner's claim took start when the fair claim after it fails", async () => {
   let failFair = false;
   // The pool, with the fair claim's statement (claimStatement's) made to fail on demand, as a dropped

@@ -283,6 +283,11 @@ test("names over 255 UTF-8 bytes are cut at a character, and a suffixed one keep
   assert.ok(bytes(safe) <= 255, `${bytes(safe)} bytes`);
   assert.ok(long.startsWith(safe), "a start of the name, no character split");
   assert.equal(safeSegment(safe), safe, "a second pass changes nothing");
+  // A device name's `_` counts towards the limit: `aux.ab` and 124 Chinese characters is 370 bytes.
+  const device = safeSegment(`aux.ab${"数".repeat(124)}`);
+  assert.ok(device.startsWith("_aux.ab"), device.slice(0, 10));
+  assert.ok(bytes(device) <= 255, `${bytes(device)} bytes`);
+  assert.equal(safeSegment(device), device, "a second pass changes nothing");
   // A cut that ends on a space or a dot is made Windows-safe like any other name.
   assert.ok(windowsSafe(safeSegment(`${"a".repeat(254)} b`)));
   // Two names alike in their first 255 bytes are one folder: both get their run's id, whole.

@@ -75,12 +75,14 @@ export async function serveTaskEvents(
     done = true;
     stopped();
     unsubscribe();
-    signal.removeEventListener("abort", finish);
-    // A graceful end waits for the client to take what is queued: one that has fallen this far
-    // behind (a slow reader in the backlog, when a shutdown or a revoke ends it) is broken off.
-    target[how === "close" && target.writableLength > MAX_BUFFERED_BYTES ? "destroy" : how]();
+    signal.removeEventListener("abort", onAbort);
+    target[how]();
   };
   const finish = () => stop("close");
+  // Ended from outside (a shutdown, a revoke, the client gone): a graceful end waits for the client
+  // to take what is queued, so one that has fallen this far behind (a slow reader in the backlog)
+  // is broken off. (The task's own end is always graceful: the closing event is in what is queued.)
+  const onAbort = () => stop(target.writableLength > MAX_BUFFERED_BYTES ? "destroy" : "close");
   // Not a clean end: the client must not take it for the end of the task, and resumes by
   // Last-Event-ID (a frame is dispatched only whole, so a cut one is sent again).
   const breakOff = () => stop("destroy");
@@ -118,8 +120,8 @@ export async function serveTaskEvents(
     // The hub could not deliver (a read failed): events may be missing, so no clean end.
     breakOff,
   );
-  signal.addEventListener("abort", finish);
-  if (signal.aborted) return finish();
+  signal.addEventListener("abort", onAbort);
+  if (signal.aborted) return onAbort();
   try {
     // Asked after subscribing and before the backlog: a task that has ended by now has every event
     // in the table, so the backlog holds all that is due. (Asked after the backlog, a task that ended
