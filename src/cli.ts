@@ -102,6 +102,44 @@ async function serverCommand(command: string, rest: string[]): Promise<number> {
   }
 }
 
+/**
+ * An error for stderr: its message and its causes' — drizzle's "Failed query: <SQL>" carries
+ * PostgreSQL's own error (relation "users" already exists) only as its cause — each with its code
+ * (SQLSTATE for PostgreSQL's) and PostgreSQL's detail and hint.
+ */
+function describeError(err: unknown): string {
+  const lines: string[] = [];
+  let e: unknown = err;
+  for (let depth = 0; e !== undefined && e !== null && depth < 10; depth++) {
+    if (!(e instanceof Error)) {
+      lines.push(String(e));
+      break;
+    }
+    const { code, detail, hint } = e as { code?: unknown; detail?: unknown; hint?: unknown };
+    let line = e.message;
+    // An AggregateError (a connection refused on every address) may have no message of its own.
+    if (e instanceof AggregateError && e.errors.length > 0) {
+      const inner = e.errors.map((x) => (x instanceof Error ? x.message : String(x)));
+      line = [line, ...inner].filter(Boolean).join("; ");
+    }
+    if (typeof code === "string" && !line.includes(code)) {
+      line += e.name === "PostgresError" ? ` (SQLSTATE ${code})` : ` (${code})`;
+    }
+    if (typeof detail === "string" && detail) line += `\n  detail: ${detail}`;
+    if (typeof hint === "string" && hint) line += `\n  hint: ${hint}`;
+    lines.push(line);
+    e = e.cause;
+  }
+  return lines.join("\n  caused by: ");
+}
+
+/**
+ * How long a failed command may take to end by itself once it has reported why. It closes what it
+ * opened and exits; should a handle stay open anyway, the process still exits (a supervisor's restart
+ * must not wait on it forever).
+ */
+const FAILED_EXIT_MS = 30_000;
+
 main(process.argv.slice(2)).then(
   (code) => {
     process.exitCode = code;
@@ -115,8 +153,9 @@ main(process.argv.slice(2)).then(
       console.error(`assay: ${err.message}`);
       process.exitCode = 2;
     } else {
-      console.error(`assay: ${err instanceof Error ? err.message : String(err)}`);
+      console.error(`assay: ${describeError(err)}`);
       process.exitCode = 1;
     }
+    setTimeout(() => process.exit(), FAILED_EXIT_MS).unref();
   },
 );

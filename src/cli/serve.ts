@@ -1,16 +1,17 @@
 // `assay api | worker | all`: long-running processes with a graceful shutdown.
+import { setTimeout as sleep } from "node:timers/promises";
 import closeWithGrace from "close-with-grace";
 import { tokenCreate } from "../auth/tokens.ts";
 import type { Config } from "../config.ts";
 import { expectedMigrationCount } from "../db/migrate.ts";
-import { openDatabase } from "../db/open.ts";
+import { type OpenedDatabase, openDatabase } from "../db/open.ts";
 import { createLogger, type Logger } from "../log.ts";
 import { LocalStore } from "../storage/local.ts";
 import { openStore } from "../storage/open.ts";
 import type { ObjectStore } from "../storage/store.ts";
 import { timerDelay } from "../timers.ts";
 import { need, parse, UsageError } from "./usage.ts";
-import { startWorkerRuntime } from "./worker-runtime.ts";
+import { startWorkerRuntime, type WorkerRuntime } from "./worker-runtime.ts";
 
 const HELP = {
   api: `Usage: assay api [--dev-token]
@@ -29,29 +30,68 @@ API and worker in one process, for development (\`make dev\`).
 } as const;
 
 /**
- * Total shutdown is bounded by ASSAY_SHUTDOWN_GRACE_MS plus this margin (kill grace, final writes);
- * a second signal exits at once and the reaper covers what that leaves.
+ * What a graceful shutdown may take after the kill grace: the last outcomes and progress written, the
+ * worker deregistered, the pool and an embedded database closed.
  */
-const SHUTDOWN_MARGIN_MS = 15_000;
+const FINAL_WRITES_MS = 10_000;
 /** Partial uploads older than this are what a killed process left behind. */
 const PARTIAL_UPLOAD_MAX_AGE_MS = 60 * 60 * 1000;
+/**
+ * Errors of the local store's folder that no wait will fix: a path through a regular file, no
+ * permission, a read-only file system. Start-up fails on them at once, saying which folder.
+ */
+const PERMANENT_LOCAL_ERRORS = new Set([
+  "ENOTDIR",
+  "EEXIST",
+  "EACCES",
+  "EPERM",
+  "EROFS",
+  "ELOOP",
+  "ENAMETOOLONG",
+]);
+
+/**
+ * The bound on a shutdown, after which the process exits 1 (the reaper covers what that leaves): the
+ * worker's grace for running analyses (ASSAY_SHUTDOWN_GRACE_MS), then the kill grace of those still
+ * running (SIGTERM to their groups, SIGKILL after ASSAY_KILL_GRACE_MS), then the final writes. 40 s
+ * with the defaults.
+ */
+export function shutdownBoundMs(config: Pick<Config, "shutdownGraceMs" | "killGraceMs">): number {
+  return timerDelay(config.shutdownGraceMs + config.killGraceMs + FINAL_WRITES_MS);
+}
 
 /**
  * Waits until the object store answers, retrying with a growing pause (a bucket that is down at start
- * is waited for, as a database is): the cause is logged each time, never a credential.
+ * is waited for, as a database is): the cause is logged each time, never a credential. A local
+ * store's permanent error fails at once; `signal` (a shutdown) ends the wait.
  */
-async function waitForStore(store: ObjectStore, logger: Logger): Promise<void> {
+async function waitForStore(store: ObjectStore, logger: Logger, signal: AbortSignal): Promise<void> {
   for (let attempt = 1; ; attempt++) {
+    signal.throwIfAborted();
     try {
       await store.check();
       if (attempt > 1) logger.info({ storage: store.kind }, "object store reachable");
       return;
     } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (store instanceof LocalStore && code !== undefined && PERMANENT_LOCAL_ERRORS.has(code)) {
+        throw new Error(
+          `ASSAY_DATA_DIR cannot hold the stored files (${(err as Error).message}): point it at a folder this user can write`,
+          { cause: err },
+        );
+      }
       const pauseMs = Math.min(10_000, 250 * 2 ** attempt);
       logger.warn({ err, storage: store.kind, retryInMs: pauseMs }, "object store unreachable; waiting");
-      await new Promise((r) => setTimeout(r, pauseMs));
+      await sleep(pauseMs, undefined, { signal });
     }
   }
+}
+
+/** A missing table (42P01, undefined_table) is a database that `assay migrate` has not brought up to date. */
+function explained(err: unknown): unknown {
+  return (err as { code?: unknown } | undefined)?.code === "42P01"
+    ? new Error("the database is not migrated to this version: run `assay migrate`", { cause: err })
+    : err;
 }
 
 export async function serveCommand(
@@ -77,82 +117,126 @@ export async function serveCommand(
   }
   const cfg = need(config);
   const logger = createLogger({ level: cfg.logLevel, pretty: cfg.logFormat === "pretty" });
-  const database = await openDatabase(cfg, logger, { applicationName: `assay-${mode}` });
-  // Opens the pool's first connection (TCP, authentication) while the rest of the process loads,
-  // not on the first request; a failure here is the first request's to report.
-  database.sql`select 1`.catch(() => {});
-  const storage = await openStore(cfg);
-  if (storage instanceof LocalStore) {
-    const swept = await storage.abortIncompleteUploads(new Date(Date.now() - PARTIAL_UPLOAD_MAX_AGE_MS));
-    if (swept > 0) logger.info({ swept }, "removed partial uploads left by an earlier process");
-  }
-  await waitForStore(storage, logger);
 
-  // `assay worker` without ASSAY_METRICS_PORT has no /metrics, so it keeps no metrics (and does not
-  // load prom-client: ~20 MiB of its idle RSS and ~50 ms of its start, bench/startup.ts).
-  const metrics =
-    mode === "worker" && cfg.metricsPort === 0
-      ? undefined
-      : (await import("../metrics/registry.ts")).processRegistry();
-  // Imported only where needed: a worker without the HTTP stack is smaller, and the cost of every
-  // spawn (a fork) grows with the parent's resident memory.
-  const server =
-    mode === "worker" || metrics === undefined
-      ? undefined
-      : await (await import("../http/server.ts")).buildServer(
-          { config: cfg, database, storage, expectedMigrations: expectedMigrationCount(), metrics },
-          logger,
-        );
-  const worker =
-    mode === "api"
-      ? undefined
-      : await startWorkerRuntime(cfg, database.sql, storage, logger, concurrency, metrics);
+  // What start-up has opened so far: a shutdown, or a start-up that fails, closes exactly that.
+  let database: OpenedDatabase | undefined;
+  let server: Awaited<ReturnType<typeof import("../http/server.ts").buildServer>> | undefined;
+  let worker: WorkerRuntime | undefined;
   /** `assay worker`'s own /metrics endpoint (the API serves its registry itself). */
   let metricsServer: { close(): Promise<void> } | undefined;
-  const closer = closeWithGrace(
-    { delay: timerDelay(cfg.shutdownGraceMs + SHUTDOWN_MARGIN_MS), logger },
-    async ({ signal, err }) => {
-      if (err) logger.error({ err }, "shutting down after an unexpected error");
-      else logger.info({ signal }, "shutting down");
+  let closing: Promise<void> | undefined;
+  const closeOpened = () => {
+    closing ??= (async () => {
       await Promise.all([server?.close(), worker?.stop(), metricsServer?.close()]);
-      await database.close();
-      logger.info("stopped");
-    },
-  );
-  try {
-    if (server) await server.listen({ host: cfg.host, port: cfg.port });
-    else if (metrics)
-      metricsServer = await (await import("../metrics/server.ts")).serveMetrics(
-        metrics,
-        cfg.host,
-        cfg.metricsPort,
+      // Last: the pool, and an embedded database this process started.
+      await database?.close();
+    })();
+    return closing;
+  };
+  /** Aborted by the first signal: start-up stops at its next step (a wait for the store at once). */
+  const shutdown = new AbortController();
+  let startup: Promise<void> = Promise.resolve();
+  /** Why start-up failed, once it has. */
+  let failure: { err: unknown } | undefined;
+
+  // Installed before anything is opened: a signal during start-up (waiting for the store, starting or
+  // migrating the embedded database) ends the step in progress and closes what was opened, instead of
+  // killing the process and leaving a detached embedded PostgreSQL behind.
+  const closer = closeWithGrace({ delay: shutdownBoundMs(cfg), logger }, async ({ signal, err }) => {
+    if (err) logger.error({ err }, "shutting down after an unexpected error");
+    else logger.info({ signal }, "shutting down");
+    shutdown.abort();
+    await startup.catch(() => {});
+    await closeOpened();
+    logger.info("stopped");
+    // A signal while a failed start-up was closing: still a failure (exit 1).
+    if (failure) throw failure.err;
+  });
+
+  const start = async () => {
+    const step = () => shutdown.signal.throwIfAborted();
+    database = await openDatabase(cfg, logger, { applicationName: `assay-${mode}` });
+    step();
+    // Opens the pool's first connection (TCP, authentication) while the rest of the process loads,
+    // not on the first request; a failure here is the first request's to report.
+    database.sql`select 1`.catch(() => {});
+    const storage = await openStore(cfg);
+    if (storage instanceof LocalStore) {
+      const swept = await storage.abortIncompleteUploads(new Date(Date.now() - PARTIAL_UPLOAD_MAX_AGE_MS));
+      if (swept > 0) logger.info({ swept }, "removed partial uploads left by an earlier process");
+    }
+    await waitForStore(storage, logger, shutdown.signal);
+
+    // `assay worker` without ASSAY_METRICS_PORT has no /metrics, so it keeps no metrics (and does not
+    // load prom-client: ~20 MiB of its idle RSS and ~50 ms of its start, bench/startup.ts).
+    const metrics =
+      mode === "worker" && cfg.metricsPort === 0
+        ? undefined
+        : (await import("../metrics/registry.ts")).processRegistry();
+    // Imported only where needed: a worker without the HTTP stack is smaller, and the cost of every
+    // spawn (a fork) grows with the parent's resident memory.
+    if (mode !== "worker" && metrics !== undefined) {
+      server = await (await import("../http/server.ts")).buildServer(
+        { config: cfg, database, storage, expectedMigrations: expectedMigrationCount(), metrics },
         logger,
       );
+    }
+    step();
+    if (mode !== "api") {
+      worker = await startWorkerRuntime(cfg, database.sql, storage, logger, concurrency, metrics);
+    }
+    step();
+    try {
+      if (server) await server.listen({ host: cfg.host, port: cfg.port });
+      else if (metrics)
+        metricsServer = await (await import("../metrics/server.ts")).serveMetrics(
+          metrics,
+          cfg.host,
+          cfg.metricsPort,
+          logger,
+        );
+    } catch (err) {
+      logger.error({ err }, "could not listen");
+      throw err;
+    }
+    if ((values as { "dev-token"?: boolean })["dev-token"] && server) {
+      const { token } = await tokenCreate(database.sql, "dev", "admin");
+      const address = `http://${cfg.host}:${(server.server.address() as { port: number }).port}`;
+      console.log(
+        [
+          "",
+          `Assay is listening on ${address}  (docs: ${address}/docs)`,
+          // The token rides in the fragment, which a browser never sends to a server (nor to its logs);
+          // the dashboard stores it and removes it from the address bar.
+          "Dashboard (signs you in as dev):",
+          `  ${address}/#token=${encodeURIComponent(token)}`,
+          "Development token (user dev, admin):",
+          `  export ASSAY_TOKEN=${token}`,
+          "Try:",
+          `  curl -s -H "Authorization: Bearer $ASSAY_TOKEN" -F file=@data.csv ${address}/api/files`,
+          "",
+        ].join("\n"),
+      );
+    }
+  };
+  startup = start();
+  try {
+    await startup;
   } catch (err) {
-    logger.error({ err }, "could not listen");
-    closer.uninstall();
-    await worker?.stop();
-    await database.close();
-    return 1;
-  }
-  if ((values as { "dev-token"?: boolean })["dev-token"] && server) {
-    const { token } = await tokenCreate(database.sql, "dev", "admin");
-    const address = `http://${cfg.host}:${(server.server.address() as { port: number }).port}`;
-    console.log(
-      [
-        "",
-        `Assay is listening on ${address}  (docs: ${address}/docs)`,
-        // The token rides in the fragment, which a browser never sends to a server (nor to its logs);
-        // the dashboard stores it and removes it from the address bar.
-        "Dashboard (signs you in as dev):",
-        `  ${address}/#token=${encodeURIComponent(token)}`,
-        "Development token (user dev, admin):",
-        `  export ASSAY_TOKEN=${token}`,
-        "Try:",
-        `  curl -s -H "Authorization: Bearer $ASSAY_TOKEN" -F file=@data.csv ${address}/api/files`,
-        "",
-      ].join("\n"),
-    );
+    // A signal's shutdown is under way: it closes what was opened and exits.
+    if (shutdown.signal.aborted) return new Promise<number>(() => {});
+    // Anything still open (the pool's connections, the group guard, an embedded database) would keep
+    // the process alive, failed, forever: close it, and let the caller report the cause and exit 1.
+    failure = { err };
+    logger.error({ err }, "start-up failed; closing what was opened");
+    try {
+      await closeOpened();
+    } catch (closeErr) {
+      logger.warn({ err: closeErr }, "could not close everything start-up opened");
+    }
+    // Last: until now a signal still closed in order; after this, the process simply exits.
+    if (!shutdown.signal.aborted) closer.uninstall();
+    throw explained(err);
   }
   // Keeps running until a signal; close-with-grace exits the process when shutdown is done.
   return new Promise<number>(() => {});

@@ -45,73 +45,88 @@ export async function startWorkerRuntime(
       "the group guard process ended: analyses of this worker will outlive it if it is killed outright",
     ),
   );
-  const types: Record<string, TypeOptions> = {};
-  for (const program of found.available) {
-    const settings = typeSettings(config, program.type as AnalysisType);
-    types[program.type] = {
-      handler: processHandler(program, {
-        store,
-        workDir: work.dir,
-        killGraceMs: config.killGraceMs,
-        guard,
-        nice: config.childNice,
-      }),
-      globalLimit: settings.concurrency,
-      timeoutMs: settings.timeoutMs,
+  try {
+    const types: Record<string, TypeOptions> = {};
+    for (const program of found.available) {
+      const settings = typeSettings(config, program.type as AnalysisType);
+      types[program.type] = {
+        handler: processHandler(program, {
+          store,
+          workDir: work.dir,
+          killGraceMs: config.killGraceMs,
+          guard,
+          nice: config.childNice,
+        }),
+        globalLimit: settings.concurrency,
+        timeoutMs: settings.timeoutMs,
+      };
+      logger.info({ analysisType: program.type, executable: program.executable }, "analysis type available");
+    }
+    // prom-client is loaded only when its metrics can be read: it is ~20 MiB of a worker's idle RSS.
+    const observer = metrics
+      ? (await import("../metrics/worker.ts")).workerMetrics(metrics, Object.keys(types))
+      : NO_OBSERVER;
+    const worker = new Worker({
+      sql,
+      logger,
+      types,
+      concurrency,
+      leaseTtlMs: config.leaseTtlMs,
+      pollIntervalMs: config.pollIntervalMs,
+      retryBaseMs: config.retryBaseMs,
+      prefetch: config.prefetch,
+      prefetchWindowMs: config.prefetchWindowMs,
+      completionDelayMs: config.completionDelayMs,
+      userLimit: config.userConcurrency,
+      onDiscard: discardAttempt(store),
+      onRecorded: removeLeftovers(store),
+      observer,
+      unavailable: found.missing,
+    });
+    const reaper = new Reaper({
+      sql,
+      logger,
+      intervalMs: config.reapIntervalMs,
+      leaseTtlMs: config.leaseTtlMs,
+      retryBaseMs: config.retryBaseMs,
+      workerWaitMs: config.workerWaitMs,
+      observer,
+    });
+    const retention = new Retention({
+      sql,
+      logger,
+      store,
+      retentionDays: config.retentionDays,
+      intervalMs: config.retentionIntervalMs,
+    });
+    // Objects no row references (a crash between storing and recording): as often as retention runs.
+    const sweep = new StoreSweep({ sql, logger, store, intervalMs: config.retentionIntervalMs });
+    await worker.start();
+    reaper.start();
+    retention.start();
+    sweep.start();
+    return {
+      worker,
+      reaper,
+      stop: async () => {
+        // Claiming stops at once (worker.stop sets its flag before it awaits anything), not after a
+        // background pass in progress ends: a retention pass deleting a big task's outputs can take
+        // minutes, and a run claimed meanwhile would be started only to be aborted.
+        await Promise.all([
+          worker.stop(config.shutdownGraceMs),
+          reaper.stop(),
+          retention.stop(),
+          sweep.stop(),
+        ]);
+        await guard.close();
+        await work.close();
+      },
     };
-    logger.info({ analysisType: program.type, executable: program.executable }, "analysis type available");
+  } catch (err) {
+    // Start-up failed (an unmigrated database, say): the helper process and the scratch folder would
+    // outlive it, and the helper keeps this process alive.
+    await guard.close();
+    await work.close();
+    throw err;
   }
-  // prom-client is loaded only when its metrics can be read: it is ~20 MiB of a worker's idle RSS.
-  const observer = metrics
-    ? (await import("../metrics/worker.ts")).workerMetrics(metrics, Object.keys(types))
-    : NO_OBSERVER;
-  const worker = new Worker({
-    sql,
-    logger,
-    types,
-    concurrency,
-    leaseTtlMs: config.leaseTtlMs,
-    pollIntervalMs: config.pollIntervalMs,
-    retryBaseMs: config.retryBaseMs,
-    prefetch: config.prefetch,
-    prefetchWindowMs: config.prefetchWindowMs,
-    completionDelayMs: config.completionDelayMs,
-    userLimit: config.userConcurrency,
-    onDiscard: discardAttempt(store),
-    onRecorded: removeLeftovers(store),
-    observer,
-    unavailable: found.missing,
-  });
-  const reaper = new Reaper({
-    sql,
-    logger,
-    intervalMs: config.reapIntervalMs,
-    leaseTtlMs: config.leaseTtlMs,
-    retryBaseMs: config.retryBaseMs,
-    workerWaitMs: config.workerWaitMs,
-    observer,
-  });
-  const retention = new Retention({
-    sql,
-    logger,
-    store,
-    retentionDays: config.retentionDays,
-    intervalMs: config.retentionIntervalMs,
-  });
-  // Objects no row references (a crash between storing and recording): as often as retention runs.
-  const sweep = new StoreSweep({ sql, logger, store, intervalMs: config.retentionIntervalMs });
-  await worker.start();
-  reaper.start();
-  retention.start();
-  sweep.start();
-  return {
-    worker,
-    reaper,
-    stop: async () => {
-      await Promise.all([reaper.stop(), retention.stop(), sweep.stop()]);
-      await worker.stop(config.shutdownGraceMs);
-      await guard.close();
-      await work.close();
-    },
-  };
 }

@@ -21,6 +21,10 @@ import { isAlive } from "../proc.ts";
 export const STAGE_ROOT = "/var/lib/assay-embedded";
 const READY_TIMEOUT_MS = 60_000;
 const STOP_TIMEOUT_MS = 30_000;
+/** The longest a start waits for another process's start on the same data dir (initdb, then readiness). */
+const LOCK_WAIT_MS = 2 * READY_TIMEOUT_MS;
+/** An empty lock file older than this was left by a process killed between creating and writing it. */
+const EMPTY_LOCK_STALE_MS = 5_000;
 const DATABASE_NAME = "assay";
 
 export interface EmbeddedOptions {
@@ -219,6 +223,74 @@ function runTool(file: string, args: string[], runAs: RunAs | undefined): Promis
   });
 }
 
+/** Start locks this process holds (by path): a lock holding our own pid is otherwise a stale one. */
+const heldLocks = new Set<string>();
+
+/**
+ * Takes `<dataDir>.lock` for the initialise-or-attach sequence: two commands starting on the same data
+ * dir at once would otherwise both run initdb (one fails, and as root one's set-up could remove the
+ * cluster the other is initialising). The file is created exclusively ("wx") and holds its taker's
+ * pid; the other start waits, then finds the cluster made and the server running, and attaches. A
+ * lock whose pid is dead (a start that was killed), or is ours while we do not hold it (a pid reused
+ * after a container restart), is taken over, and so is one still empty after EMPTY_LOCK_STALE_MS.
+ * Returns the release.
+ */
+async function lockStart(dataDir: string, log: (message: string) => void): Promise<() => Promise<void>> {
+  const lock = `${dataDir}.lock`;
+  await fsp.mkdir(path.dirname(lock), { recursive: true });
+  const deadline = Date.now() + LOCK_WAIT_MS;
+  let waitingFor: number | undefined;
+  for (;;) {
+    try {
+      const file = await fsp.open(lock, "wx", 0o600);
+      try {
+        await file.writeFile(String(process.pid));
+      } finally {
+        await file.close();
+      }
+      heldLocks.add(lock);
+      return async () => {
+        heldLocks.delete(lock);
+        await fsp.rm(lock, { force: true });
+      };
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== "EEXIST") throw err;
+    }
+    const text = await fsp.readFile(lock, "utf8").catch((err: NodeJS.ErrnoException) => {
+      if (err.code === "ENOENT") return undefined; // released meanwhile: try again
+      throw err;
+    });
+    if (text === undefined) continue;
+    const pid = Number(text.trim());
+    const holder = Number.isInteger(pid) && pid > 0 ? pid : undefined;
+    let stale: boolean;
+    if (holder !== undefined) {
+      stale = !isAlive(holder) || (holder === process.pid && !heldLocks.has(lock));
+    } else {
+      // No pid yet: being written, or its taker was killed between creating and writing it.
+      const stat = await fsp.stat(lock).catch(() => undefined);
+      if (!stat) continue;
+      stale = Date.now() - stat.mtimeMs > EMPTY_LOCK_STALE_MS;
+    }
+    if (stale) {
+      log(`taking over ${lock}, left by a start that did not finish`);
+      await fsp.rm(lock, { force: true });
+      continue;
+    }
+    const who = holder === undefined ? "another process" : `process ${holder}`;
+    if (Date.now() > deadline) {
+      throw new Error(
+        `${who} has been starting the embedded PostgreSQL in ${dataDir} for over ${LOCK_WAIT_MS / 1000} s; if it is not an assay command, remove ${lock}`,
+      );
+    }
+    if (holder !== undefined && holder !== waitingFor) {
+      waitingFor = holder;
+      log(`waiting for ${who}, which is starting the embedded PostgreSQL in ${dataDir}`);
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
 /**
  * Starts (or attaches to) the embedded cluster in `dataDir`, creating it on first use, and makes
  * sure the `assay` database exists.
@@ -226,6 +298,20 @@ function runTool(file: string, args: string[], runAs: RunAs | undefined): Promis
 export async function startEmbeddedPostgres(options: EmbeddedOptions): Promise<EmbeddedPostgres> {
   const log = options.log ?? (() => {});
   const dataDir = path.resolve(options.dataDir);
+  const release = await lockStart(dataDir, log);
+  try {
+    return await startLocked(options, dataDir, log);
+  } finally {
+    await release();
+  }
+}
+
+/** startEmbeddedPostgres() under the data dir's start lock. */
+async function startLocked(
+  options: EmbeddedOptions,
+  dataDir: string,
+  log: (message: string) => void,
+): Promise<EmbeddedPostgres> {
   const native = await locateNative();
   const runAs = isRoot() ? postgresUser() : undefined;
   const binDir = runAs ? await stageBinaries(native.binDir, native.version) : native.binDir;

@@ -91,6 +91,23 @@ describe("migrate", () => {
     }
   });
 
+  test("a migration PostgreSQL refuses → exit 1 with PostgreSQL's own error and its SQLSTATE", async () => {
+    const clash = await createTestDatabase();
+    try {
+      await clash.sql`drop schema public cascade`;
+      await clash.sql`drop schema drizzle cascade`;
+      await clash.sql`create schema public`;
+      // Another application's table where the first migration creates Assay's.
+      await clash.sql`create table users (x int)`;
+      const res = await runCli(["migrate"], cleanEnv({ DATABASE_URL: clash.url }));
+      assert.equal(res.code, 1, res.stderr);
+      assert.match(res.stderr, /Failed query:/);
+      assert.match(res.stderr, /caused by: relation "users" already exists \(SQLSTATE 42P07\)/);
+    } finally {
+      await clash.drop();
+    }
+  });
+
   test("an unreachable database → non-zero exit with the cause", async () => {
     const res = await runCli(["migrate"], cleanEnv({ DATABASE_URL: "postgres://x:y@127.0.0.1:1/none" }));
     assert.notEqual(res.code, 0);

@@ -5,9 +5,14 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
+import { shutdownBoundMs } from "../../src/cli/serve.ts";
+import { startWorkerRuntime } from "../../src/cli/worker-runtime.ts";
+import { loadConfig } from "../../src/config.ts";
 import { freePort } from "../../src/db/embedded.ts";
+import { createLogger } from "../../src/log.ts";
+import type { ObjectStore } from "../../src/storage/store.ts";
 import { ASSAY_BIN, cleanEnv, collect, ROOT, spawnCli, watch } from "../helpers/cli.ts";
-import { waitFor, waitForTerminal } from "../helpers/queue.ts";
+import { createTask, waitFor, waitForTerminal } from "../helpers/queue.ts";
 import { type RunnerEnv, runnerEnv, strayOutputs } from "../helpers/runner.ts";
 
 let env: RunnerEnv;
@@ -147,4 +152,73 @@ test("a worker without ASSAY_METRICS_PORT loads neither the HTTP stack, TypeBox,
     ),
   );
   assert.deepEqual([...new Set(heavy)], []);
+});
+
+test("on stop the worker stops claiming at once, not after a background pass in progress ends", async () => {
+  // A database of its own: the runs other tests left queued are not this worker's to claim.
+  const own = await runnerEnv();
+  let passStarted: () => void = () => {};
+  const inPass = new Promise<void>((resolve) => (passStarted = resolve));
+  let endPass: () => void = () => {};
+  const passMayEnd = new Promise<void>((resolve) => (endPass = resolve));
+  // A retention pass deleting a big task's outputs (minutes on S3): it ends when the test says so.
+  const slow: ObjectStore = Object.create(own.storage);
+  slow.deletePrefix = async (prefix: string) => {
+    passStarted();
+    await passMayEnd;
+    return own.storage.deletePrefix(prefix);
+  };
+  const expired = await createTask(own.db.sql, own.owner, "summary", 1);
+  await own.db.sql`update runs set status = 'cancelled', finished_at = now() where task_id = ${expired}`;
+  await own.db.sql`
+    update tasks set status = 'cancelled', cancelled_count = total_count, finished_at = now() - interval '40 days'
+    where id = ${expired}`;
+  const config = loadConfig({
+    DATABASE_URL: own.db.url,
+    ASSAY_DATA_DIR: own.dataDir,
+    ASSAY_RETENTION_DAYS: "30",
+    ASSAY_RETENTION_INTERVAL_MS: "1000",
+    ASSAY_SHUTDOWN_GRACE_MS: "0",
+    ASSAY_POLL_INTERVAL_MS: "100",
+  });
+  const runtime = await startWorkerRuntime(
+    config,
+    own.db.sql,
+    slow,
+    createLogger({ level: "silent" }),
+    2,
+    undefined,
+  );
+  try {
+    await inPass;
+    const stopping = runtime.stop(); // what SIGTERM calls
+    const taskId = await own.task("summary", [await own.file("a,b\n1,2\n")], {});
+    // Either the worker deregisters (it has stopped) or it claims the new run (it has not stopped claiming).
+    const seen = await waitFor(async () => {
+      const [run] = await own.db.sql<
+        { attempt: number }[]
+      >`select attempt from runs where task_id = ${taskId}`;
+      if ((run?.attempt ?? 0) > 0) return "claimed";
+      const registered = await own.db.sql`select 1 from workers where id = ${runtime.worker.id}`;
+      return registered.length === 0 ? "stopped" : undefined;
+    });
+    assert.equal(seen, "stopped", "the stopping worker claimed a run created after stop()");
+    endPass();
+    await stopping;
+    const [run] = await own.db.sql`select status, attempt from runs where task_id = ${taskId}`;
+    assert.deepEqual({ ...run }, { status: "queued", attempt: 0 });
+  } finally {
+    endPass();
+    await own.close();
+  }
+});
+
+test("the shutdown bound leaves room for the kill grace after the shutdown grace", () => {
+  // A program slow to die on SIGTERM is SIGKILLed ASSAY_KILL_GRACE_MS after the grace ends; the forced
+  // exit must come after that (and the final writes), or it leaves the run leased.
+  const bound = (env: Record<string, string>) =>
+    shutdownBoundMs(loadConfig({ ASSAY_DATA_DIR: "/x", ...env }));
+  assert.equal(bound({}), 40_000, "the defaults: 25 s grace, 5 s kill grace, 10 s for the final writes");
+  assert.equal(bound({ ASSAY_SHUTDOWN_GRACE_MS: "0", ASSAY_KILL_GRACE_MS: "20000" }), 30_000);
+  assert.equal(bound({ ASSAY_SHUTDOWN_GRACE_MS: "60000", ASSAY_KILL_GRACE_MS: "120000" }), 190_000);
 });
