@@ -60,6 +60,11 @@ interface Field {
   optional?: true;
   /** What to say when the value does not match, instead of the schema's own message. */
   hint?: string;
+  /**
+   * The value may hold a secret (a password): an error never shows it (see shownValue). Variables
+   * whose names say so (SECRET, PASSWORD, TOKEN, KEY, CREDENTIAL) are treated the same without it.
+   */
+  secret?: true;
 }
 
 /**
@@ -71,6 +76,7 @@ const FIELDS = {
     env: "DATABASE_URL",
     schema: Type.String({ pattern: "^postgres(ql)?://" }),
     optional: true,
+    secret: true,
     hint: "must be a postgres:// or postgresql:// URL",
     description:
       "PostgreSQL connection URL. When unset, an embedded PostgreSQL is started with its data under $ASSAY_DATA_DIR/pg.",
@@ -180,7 +186,7 @@ const FIELDS = {
     env: "ASSAY_WORKER_WAIT_MS",
     ...durationMs(1000, 600_000),
     description:
-      "How long queued runs of a type wait for any live worker that can execute it before failing with ANALYSIS_WORKER_UNAVAILABLE.",
+      "How long queued runs of a type wait for any live worker that can execute it before failing with ANALYSIS_WORKER_UNAVAILABLE. At least ASSAY_LEASE_TTL_MS: workers say which types they serve only with their heartbeat, every third of it.",
   },
   retryBaseMs: {
     env: "ASSAY_RETRY_BASE_MS",
@@ -221,7 +227,8 @@ const FIELDS = {
   retentionIntervalMs: {
     env: "ASSAY_RETENTION_INTERVAL_MS",
     ...durationMs(1000, 3_600_000),
-    description: "How often each worker runs the retention pass (jittered).",
+    description:
+      "How often each worker runs the retention pass and the store sweep (jittered); the first pass of each comes within a minute of the worker's start.",
   },
   sseHeartbeatMs: {
     env: "ASSAY_SSE_HEARTBEAT_MS",
@@ -307,14 +314,57 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
           : given;
     const error = schemaError(field.schema, value);
     if (error === undefined) out[key] = value;
-    else problems.push(`${field.env}=${JSON.stringify(given)}: ${field.hint ?? error}`);
+    else problems.push(`${field.env}${shownValue(field, given)}: ${field.hint ?? error}`);
   }
   if (out.storage === "s3" && out.s3Bucket === undefined) {
     problems.push("ASSAY_S3_BUCKET: is required with ASSAY_STORAGE=s3");
   }
+  // Live workers stamp the types they serve (analysis_type_seen) only with their heartbeat, every
+  // third of the lease TTL: a shorter wait failed runs of a type a live worker serves between two
+  // stamps. At least the TTL leaves three heartbeats' margin.
+  const { workerWaitMs, leaseTtlMs } = out as { workerWaitMs?: number; leaseTtlMs?: number };
+  if (workerWaitMs !== undefined && leaseTtlMs !== undefined && workerWaitMs < leaseTtlMs) {
+    problems.push(
+      `ASSAY_WORKER_WAIT_MS (${workerWaitMs}) must be at least ASSAY_LEASE_TTL_MS (${leaseTtlMs}): live workers refresh which types they serve only with their heartbeat, every ASSAY_LEASE_TTL_MS / 3 (${Math.round(leaseTtlMs / 3)} ms), so a shorter wait fails runs of a type a live worker serves with ANALYSIS_WORKER_UNAVAILABLE`,
+    );
+  }
   if (problems.length > 0) throw new ConfigError(problems);
   const config = out as Settings;
   return { ...config, dataDir: path.resolve(config.dataDir) };
+}
+
+/** Names of variables whose values are secrets even without `secret` on their field. */
+const SECRET_NAME = /SECRET|PASSWORD|PASSWD|TOKEN|KEY|CREDENTIAL/i;
+
+/**
+ * How a configuration error shows the value it refused: `="…"` as given, or for a secret (a field
+ * marked `secret`, or a name that says so) never the secret itself — a URL with its password (and any
+ * `password=` parameter) as `***`, anything else not at all. The problem still names the variable and
+ * the rule.
+ */
+function shownValue(field: Field, given: unknown): string {
+  if (!field.secret && !SECRET_NAME.test(field.env)) return `=${JSON.stringify(given)}`;
+  return typeof given === "string" ? maskedUrl(given) : " (value not shown: it may hold a secret)";
+}
+
+/**
+ * A URL (`scheme://[user[:password]@]host…`) with its password and `password=` parameters as `***`,
+ * as `="…"`; anything that does not begin like a URL is not shown. The user information runs to the
+ * last `@` (a password may hold an unescaped `@`, `/`, `#` or `?`): masking from the first `:` after
+ * the user name to there may hide more than the password, never less.
+ */
+function maskedUrl(value: string): string {
+  const scheme = /^[A-Za-z][A-Za-z0-9+.-]*:\/\//.exec(value)?.[0];
+  if (scheme === undefined) return " (value not shown: it may hold a secret)";
+  let rest = value.slice(scheme.length);
+  const at = rest.lastIndexOf("@");
+  if (at !== -1) {
+    const user = rest.slice(0, at);
+    const colon = user.indexOf(":");
+    rest = `${colon === -1 ? user : `${user.slice(0, colon)}:***`}${rest.slice(at)}`;
+  }
+  rest = rest.replace(/([?&]password=)[^&#]*/gi, "$1***");
+  return `=${JSON.stringify(scheme + rest)}`;
 }
 
 /** The settings table, as docs/configuration.md shows it. */

@@ -1,11 +1,13 @@
 // Retention (maintenance): deletes terminal tasks finished more than ASSAY_RETENTION_DAYS ago — their
 // runs and events go with them (the trigger tasks_delete_children) — and then their output objects, a few tasks per
 // statement, so the queue tables stay small. A service with start/stop/runOnce; safe to run in every
-// worker at once (SKIP LOCKED). Uploaded input files are not touched.
+// worker at once (SKIP LOCKED). Uploaded input files are not touched. The first pass comes within a
+// minute of start (FIRST_PASS_WITHIN_MS), not an interval (an hour by default) later: a worker that
+// lives less than an interval still runs it.
 import type { Sql } from "../db/client.ts";
 import type { Logger } from "../log.ts";
 import { type ObjectStore, taskOutputsPrefix } from "../storage/store.ts";
-import { IntervalService } from "./service.ts";
+import { FIRST_PASS_WITHIN_MS, IntervalService } from "./service.ts";
 import { taskDeleteExpired } from "./sql.ts";
 
 export interface RetentionOptions {
@@ -16,6 +18,8 @@ export interface RetentionOptions {
   intervalMs: number;
   /** Tasks per statement. */
   batchSize?: number;
+  /** The first pass comes at a random moment within this long of start() (at most intervalMs). */
+  firstPassWithinMs?: number;
 }
 
 const DEFAULT_BATCH = 20;
@@ -24,7 +28,7 @@ export class Retention extends IntervalService<number> {
   private readonly o: RetentionOptions;
 
   constructor(o: RetentionOptions) {
-    super("retention", o.intervalMs, o.logger);
+    super("retention", o.intervalMs, o.logger, o.firstPassWithinMs ?? FIRST_PASS_WITHIN_MS);
     this.o = o;
   }
 

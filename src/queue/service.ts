@@ -1,7 +1,15 @@
 // A background loop as a service (River style): start/stop, and a runOnce() that tests call directly.
 // Passes run on a jittered interval, one at a time; stop() waits for the pass in progress.
 import type { Logger } from "../log.ts";
+import { timerDelay } from "../timers.ts";
 import { jitter } from "./backoff.ts";
+
+/**
+ * The longest a service with a long interval (retention, the store sweep: an hour by default) waits
+ * for its first pass after start. Waiting a jittered interval instead, a process that lives less than
+ * that (a worker restarted often, one started for a batch) never ran the pass at all.
+ */
+export const FIRST_PASS_WITHIN_MS = 60_000;
 
 export abstract class IntervalService<T> {
   private timer: NodeJS.Timeout | undefined;
@@ -12,11 +20,19 @@ export abstract class IntervalService<T> {
 
   private readonly name: string;
   private readonly intervalMs: number;
+  private readonly firstPassWithinMs: number | undefined;
   protected readonly logger: Logger;
 
-  protected constructor(name: string, intervalMs: number, logger: Logger) {
+  /**
+   * With `firstPassWithinMs`, the first pass after start() comes at a random moment within that long
+   * (so a fleet started together does not run it in lockstep), at most the interval; without it, a
+   * jittered interval after start(), like every later pass.
+   */
+  protected constructor(name: string, intervalMs: number, logger: Logger, firstPassWithinMs?: number) {
     this.name = name;
     this.intervalMs = intervalMs;
+    this.firstPassWithinMs =
+      firstPassWithinMs === undefined ? undefined : Math.max(0, Math.min(intervalMs, firstPassWithinMs));
     this.logger = logger;
   }
 
@@ -26,16 +42,20 @@ export abstract class IntervalService<T> {
   start(): void {
     this.started = true;
     this.stopping = false;
-    this.schedule();
+    this.schedule(
+      this.firstPassWithinMs === undefined
+        ? jitter(this.intervalMs)
+        : timerDelay(Math.round(Math.random() * this.firstPassWithinMs)),
+    );
   }
 
-  private schedule(): void {
+  private schedule(delayMs = jitter(this.intervalMs)): void {
     if (!this.started || this.stopping) return;
     this.timer = setTimeout(() => {
       this.running = this.runOnce()
         .catch((err) => this.logger.warn({ err }, `${this.name} pass failed`))
         .finally(() => this.schedule());
-    }, jitter(this.intervalMs));
+    }, delayMs);
   }
 
   async stop(): Promise<void> {

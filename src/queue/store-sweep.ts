@@ -2,12 +2,15 @@
 // — what a crash between storing an object and writing its row leaves (an upload whose row was never
 // inserted, outputs of a task whose deletion was interrupted, an attempt whose worker died mid-upload
 // and whose run then ended elsewhere). Bounded: each pass looks at one page of each prefix, resuming
-// where the last pass stopped and wrapping around at the end. A service with start/stop/runOnce; safe in
-// every worker at once (deleting an object twice is harmless).
+// where the last pass stopped and wrapping around at the end. Each process starts at a random point of
+// each prefix's keys (randomStartKey), and its first pass comes within a minute of start: a cursor
+// starting at the first key in every process, an interval (an hour) after start, meant that workers
+// restarted daily only ever looked at the first ~24 pages, and short-lived ones at none. A service
+// with start/stop/runOnce; safe in every worker at once (deleting an object twice is harmless).
 import type { Sql } from "../db/client.ts";
 import type { Logger } from "../log.ts";
 import { KEY_PREFIXES, type ObjectInfo, type ObjectStore } from "../storage/store.ts";
-import { IntervalService } from "./service.ts";
+import { FIRST_PASS_WITHIN_MS, IntervalService } from "./service.ts";
 import { fileIdsKnown, type OutputFolder, outputFoldersReferenced } from "./sql.ts";
 
 export interface StoreSweepOptions {
@@ -19,6 +22,10 @@ export interface StoreSweepOptions {
   minAgeMs?: number;
   /** Objects looked at per prefix and pass. */
   pageSize?: number;
+  /** The first pass comes at a random moment within this long of start() (at most intervalMs). */
+  firstPassWithinMs?: number;
+  /** Where this process's walk of each prefix starts (randomStartKey's source of randomness). */
+  random?: () => number;
 }
 
 const DEFAULT_MIN_AGE_MS = 24 * 3600 * 1000;
@@ -26,15 +33,33 @@ const DEFAULT_PAGE = 1000;
 const FILE_KEY = /^files\/([1-9][0-9]{0,17})$/;
 const OUTPUT_KEY = /^outputs\/([1-9][0-9]{0,17})\/(([1-9][0-9]{0,17})(?:\.[0-9]+\.([0-9a-f-]{36}))?)\/[^/]+$/;
 
+/**
+ * A random point among the keys under `prefix`, for a walk to start after. Keys there begin with a
+ * decimal id (`files/<id>`, `outputs/<taskId>/…`) and are listed in byte order, where an id sorts by
+ * its digits read as a fraction (0.d₁d₂…): six random digits, the first not 0, pick that fraction
+ * evenly: the walk starts anywhere among the keys, whatever the ids' range (though not evenly among
+ * them: of ids up to 150,000 two in five begin with 1, where a start falls one time in nine). It goes
+ * on from there and wraps around, so one process still looks at every key in turn.
+ */
+export function randomStartKey(prefix: string, random: () => number = Math.random): string {
+  const r = Math.min(Math.max(random(), 0), 1 - Number.EPSILON);
+  return `${prefix}${100_000 + Math.floor(r * 900_000)}`;
+}
+
 export class StoreSweep extends IntervalService<number> {
-  /** Where the next pass resumes, per prefix (in memory: a restart starts over, which is harmless). */
+  /**
+   * Where the next pass resumes, per prefix: at first a random point of the prefix's keys (in memory,
+   * so each process starts somewhere else and restarts do not all look at the same first pages),
+   * then after the last key looked at; absent after the end, so the walk wraps around to the first key.
+   */
   private readonly cursors = new Map<string, string>();
 
   private readonly o: StoreSweepOptions;
 
   constructor(o: StoreSweepOptions) {
-    super("store sweep", o.intervalMs, o.logger);
+    super("store sweep", o.intervalMs, o.logger, o.firstPassWithinMs ?? FIRST_PASS_WITHIN_MS);
     this.o = o;
+    for (const prefix of KEY_PREFIXES) this.cursors.set(prefix, randomStartKey(prefix, o.random));
   }
 
   /** Whether the store said it cannot list incomplete uploads (said once, in the log). */
@@ -46,10 +71,14 @@ export class StoreSweep extends IntervalService<number> {
    */
   async runOnce(): Promise<number> {
     let deleted = 0;
-    for (const prefix of KEY_PREFIXES) deleted += await this.sweep(prefix);
+    for (const prefix of KEY_PREFIXES) {
+      deleted += await this.sweep(prefix);
+      // stop() waits for the pass in progress: it ends at the next step.
+      if (this.stopping) break;
+    }
     if (deleted > 0)
       this.o.logger.info({ objects: deleted }, "store sweep removed objects no row references");
-    return deleted + (await this.abortIncomplete());
+    return deleted + (this.stopping ? 0 : await this.abortIncomplete());
   }
 
   private async abortIncomplete(): Promise<number> {

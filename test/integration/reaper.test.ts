@@ -5,7 +5,7 @@ import { createLogger } from "../../src/log.ts";
 import { Reaper } from "../../src/queue/reaper.ts";
 import { runClaim, workerRegister } from "../../src/queue/sql.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
-import { createTask, runCounts, seedUser, taskRow } from "../helpers/queue.ts";
+import { createTask, runCounts, seedUser, taskRow, waitFor } from "../helpers/queue.ts";
 
 let db: TestDatabase;
 let owner: Principal;
@@ -92,3 +92,66 @@ test("stale worker rows are deleted", async () => {
   assert.ok(pass.staleWorkers >= 1);
   assert.equal((await db.sql`select 1 from workers where id = 'old'`).length, 0);
 });
+
+// A claim under a limit first waits for the claim locks (runClaim's transaction). Its lease used to be
+// stamped from now(), the transaction's start: a claim that waited W handed out TTL − W, and the reaper
+// took the fresh attempt back before its first heartbeat (TTL 3 s behind a lock held 2.5 s: 0.5 s left).
+for (const limit of ["global", "per-user"] as const) {
+  test(`a ${limit} limited claim that waited for the claim lock gets a whole lease, counted from when it wrote it`, async () => {
+    const type = `lease-after-lock-${limit}`;
+    const taskId = await createTask(db.sql, owner, type, 1);
+    const TTL = 3000;
+    // runClaim's advisory-lock keys (claim.ts: CLAIM_LOCK_NAMESPACE "clai" by type; OWNER_LOCK_NAMESPACE
+    // "ownr" by owner).
+    const lockKey =
+      limit === "global"
+        ? db.sql`select pg_advisory_xact_lock(${0x636c6169}, hashtext(${type}))`
+        : db.sql`select pg_advisory_xact_lock(${0x6f776e72}, hashint8(${owner.userId}::bigint))`;
+    let locked: () => void = () => {};
+    const isLocked = new Promise<void>((r) => (locked = r));
+    let claimWaits: () => void = () => {};
+    const waiting = new Promise<void>((r) => (claimWaits = r));
+    // Another worker's claim holding the lock (a slow commit, say) until well after this claim queued
+    // behind it; it returns when it let go (its last statement, by the database's clock).
+    const holder = db.sql.begin(async (tx) => {
+      await tx`${lockKey}`;
+      locked();
+      await waiting;
+      await tx`select pg_sleep(2)`;
+      const [row] = await tx<{ at: Date }[]>`select clock_timestamp() as at`;
+      return row?.at as Date;
+    });
+    await isLocked;
+    const claiming = runClaim(db.sql, {
+      workerId: "alive",
+      analysisType: type,
+      limit: 1,
+      globalLimit: limit === "global" ? 2 : 0,
+      userLimit: limit === "per-user" ? 5 : 0,
+      leaseTtlMs: TTL,
+    });
+    await waitFor(
+      async () =>
+        (await db.sql`select 1 from pg_locks where locktype = 'advisory' and not granted`).length > 0,
+      30_000,
+      "the claim to wait for the claim lock",
+    );
+    claimWaits();
+    const [released, claimed] = await Promise.all([holder, claiming]);
+    assert.equal(claimed.length, 1);
+    const [row] = await db.sql<{ expires: Date; heartbeat: Date; started: Date }[]>`
+      select lease_expires_at as expires, heartbeat_at as heartbeat, started_at as started
+      from runs where task_id = ${taskId}`;
+    assert.ok(row);
+    // Stamped after the lock was let go: the whole TTL from then on.
+    assert.ok(
+      row.expires.getTime() >= released.getTime() + TTL,
+      `lease ends ${row.expires.getTime() - released.getTime()} ms after the lock was let go, TTL ${TTL}`,
+    );
+    assert.ok(row.heartbeat.getTime() >= released.getTime());
+    assert.ok(row.started.getTime() >= released.getTime());
+    // So the reaper leaves the attempt alone until its first heartbeat is due (TTL / 3).
+    assert.equal((await reaper(600_000, TTL).runOnce()).requeued, 0);
+    assert.deepEqual(await runCounts(db.sql, taskId), { starting: 1 });
+  });
+}

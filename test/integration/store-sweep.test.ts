@@ -15,7 +15,7 @@ import {
 import type { Principal } from "../../src/auth/tokens.ts";
 import { createLogger } from "../../src/log.ts";
 import { runClaim, runComplete } from "../../src/queue/sql.ts";
-import { StoreSweep } from "../../src/queue/store-sweep.ts";
+import { randomStartKey, StoreSweep } from "../../src/queue/store-sweep.ts";
 import { LocalStore } from "../../src/storage/local.ts";
 import type { ObjectStore } from "../../src/storage/store.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
@@ -197,4 +197,72 @@ test("s3: the sweep ends only uploads under Assay's own keys; another tool's old
     ["filesystem-dump", lookalike],
   ])
     await client.send(new AbortMultipartUploadCommand({ Bucket: bucket.name, Key, UploadId }));
+});
+
+test("a random start: restarted sweeps reach an orphan past the first pages, not only the first keys", async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-sweep-restart-"));
+  const store = new LocalStore(dir);
+  // 6 referenced uploads, then an orphan whose key sorts after them: three pages of 3 keys.
+  const ids = await seedFiles(db.sql, owner, 6);
+  for (const id of ids) await put(store, `files/${id}`);
+  const orphan = "files/9999999";
+  await put(store, orphan);
+  const restart = (random: () => number) =>
+    new StoreSweep({
+      sql: db.sql,
+      logger: createLogger({ level: "silent" }),
+      store,
+      intervalMs: 60_000,
+      minAgeMs: 0,
+      pageSize: 3,
+      random,
+    });
+  // A process that lives for two passes, restarted ten times: each starts at a point of its own. (With
+  // the walk starting at the first key in every process, the orphan was never looked at.)
+  for (let life = 0; life < 10 && (await keys(store, "files/")).includes(orphan); life++) {
+    const sweep = restart(() => life / 10);
+    await sweep.runOnce();
+    await sweep.runOnce();
+  }
+  assert.deepEqual(await keys(store, "files/"), ids.map((id) => `files/${id}`).sort());
+  fs.rmSync(dir, { recursive: true, force: true });
+});
+
+test("each process's sweep starts after a random key of files/ and of outputs/, and wraps around", async () => {
+  assert.equal(
+    randomStartKey("files/", () => 0),
+    "files/100000",
+  );
+  assert.equal(
+    randomStartKey("outputs/", () => 0.5),
+    "outputs/550000",
+  );
+  assert.equal(
+    randomStartKey("files/", () => 0.9999999999),
+    "files/999999",
+  );
+  // What the first pass of each new process asks the store for (the default source of randomness).
+  const asked: { prefix: string; after: string | undefined }[] = [];
+  const base = new LocalStore(fs.mkdtempSync(path.join(os.tmpdir(), "assay-sweep-start-")));
+  const store: ObjectStore = Object.create(base);
+  store.list = (prefix, o = {}) => {
+    asked.push({ prefix, after: o.after });
+    return base.list(prefix, o);
+  };
+  for (let i = 0; i < 5; i++) await sweepOf(store, 0).runOnce();
+  for (const prefix of ["files/", "outputs/"]) {
+    const starts = asked.filter((a) => a.prefix === prefix).map((a) => a.after);
+    assert.equal(starts.length, 5);
+    for (const after of starts) assert.match(after ?? "", new RegExp(`^${prefix}[1-9][0-9]{5}$`));
+    assert.ok(new Set(starts).size > 1, `every process started at ${starts[0]}`);
+  }
+  // Past the last key, the next pass starts from the first.
+  asked.length = 0;
+  const sweep = sweepOf(store, 0);
+  await sweep.runOnce();
+  await sweep.runOnce();
+  assert.deepEqual(
+    asked.slice(2).map((a) => a.after),
+    [undefined, undefined],
+  );
 });

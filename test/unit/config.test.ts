@@ -58,6 +58,7 @@ test("queue settings and per-type settings (ASSAY_<TYPE>_…, `-` → `_`)", () 
     ASSAY_PYTHON_STATS_CONCURRENCY: "2",
     ASSAY_PYTHON_STATS_MAX_ATTEMPTS: "5",
     ASSAY_R_REPORT_TIMEOUT_MS: "1000",
+    ASSAY_LEASE_TTL_MS: "3000",
     ASSAY_WORKER_WAIT_MS: "5000",
   });
   assert.deepEqual(typeSettings(c, "python-stats"), { concurrency: 2, maxAttempts: 5, timeoutMs: 600_000 });
@@ -91,6 +92,83 @@ test("invalid values: one clear line per bad field", () => {
     'ASSAY_MAX_UPLOAD_BYTES="0": must be >= 1',
   ]);
   assert.throws(() => loadConfig({ PORT: "70000" }), /PORT="70000"/);
+});
+
+test("a worker wait shorter than the lease TTL is refused at start-up, naming both (workers stamp their types every TTL/3)", () => {
+  const refused = (env: NodeJS.ProcessEnv, wait: number, ttl: number) =>
+    assert.throws(
+      () => loadConfig(env),
+      (err: unknown) =>
+        err instanceof ConfigError &&
+        err.problems.length === 1 &&
+        err.problems[0]?.startsWith(
+          `ASSAY_WORKER_WAIT_MS (${wait}) must be at least ASSAY_LEASE_TTL_MS (${ttl}): `,
+        ) === true &&
+        /heartbeat, every ASSAY_LEASE_TTL_MS \/ 3/.test(err.problems[0] ?? "") &&
+        /ANALYSIS_WORKER_UNAVAILABLE/.test(err.problems[0] ?? ""),
+      JSON.stringify(env),
+    );
+  // The reviewer's case: 5 s against the default 30 s lease, whose heartbeat comes every 10 s.
+  refused({ ASSAY_WORKER_WAIT_MS: "5000" }, 5000, 30_000);
+  refused({ ASSAY_WORKER_WAIT_MS: "29999" }, 29_999, 30_000);
+  // A long lease against the default wait (10 minutes) as well.
+  refused({ ASSAY_LEASE_TTL_MS: "900000" }, 600_000, 900_000);
+  assert.equal(loadConfig({ ASSAY_WORKER_WAIT_MS: "30000" }).workerWaitMs, 30_000);
+  assert.equal(loadConfig({ ASSAY_WORKER_WAIT_MS: "1000", ASSAY_LEASE_TTL_MS: "1000" }).workerWaitMs, 1000);
+  // Either value invalid on its own: that one line only.
+  assert.throws(
+    () => loadConfig({ ASSAY_WORKER_WAIT_MS: "5000", ASSAY_LEASE_TTL_MS: "0" }),
+    (err: unknown) =>
+      err instanceof ConfigError &&
+      err.problems.length === 1 &&
+      err.problems[0]?.startsWith('ASSAY_LEASE_TTL_MS="0"') === true,
+  );
+});
+
+test("an invalid DATABASE_URL never shows its password: the URL with the password as ***, or no value", () => {
+  const problem = (url: string) => {
+    try {
+      loadConfig({ DATABASE_URL: url });
+    } catch (err) {
+      assert.ok(err instanceof ConfigError);
+      assert.equal(err.problems.length, 1);
+      return err.problems[0] as string;
+    }
+    assert.fail(`${url} was accepted`);
+  };
+  const rule = "must be a postgres:// or postgresql:// URL";
+  assert.equal(
+    problem("postgresql+psycopg2://assay:S3cr3tPw@db/assay"),
+    `DATABASE_URL="postgresql+psycopg2://assay:***@db/assay": ${rule}`,
+  );
+  // A password with unescaped @ / # ? in it, and one in a parameter.
+  for (const [url, shown] of [
+    ["mysql://assay:p@ss/w#rd?x@db:3306/assay", "mysql://assay:***@db:3306/assay"],
+    ["jdbc:postgresql://db/assay?user=assay&password=S3cr3tPw", undefined],
+    [
+      "postgis://db/assay?user=assay&password=S3cr3tPw&ssl=1",
+      "postgis://db/assay?user=assay&password=***&ssl=1",
+    ],
+  ] as const) {
+    const p = problem(url);
+    assert.ok(!/S3cr3tPw|p@ss|w#rd/.test(p), p);
+    assert.equal(
+      p,
+      shown === undefined
+        ? `DATABASE_URL (value not shown: it may hold a secret): ${rule}`
+        : `DATABASE_URL=${JSON.stringify(shown)}: ${rule}`,
+    );
+  }
+  // Not a URL at all (a libpq keyword string): not shown.
+  const p = problem("host=db user=assay password=S3cr3tPw");
+  assert.ok(!p.includes("S3cr3tPw"), p);
+  assert.match(p, /^DATABASE_URL .*must be a postgres/);
+  // The error's message (what the CLI prints) carries no password either.
+  assert.throws(
+    () => loadConfig({ DATABASE_URL: "postgresql+psycopg2://assay:S3cr3tPw@db/assay", PORT: "x" }),
+    (err: unknown) =>
+      err instanceof Error && !err.message.includes("S3cr3tPw") && /PORT="x"/.test(err.message),
+  );
 });
 
 test("digits are a number only where the field is numeric: HOST=10 and a bucket named 123456 are strings", () => {
@@ -132,7 +210,11 @@ test("durations a timer cannot wait for (over 2^31−1 ms, ~24.8 days) are refus
         /2147483647/.test(err.problems[0] ?? ""),
       env,
     );
-    assert.doesNotThrow(() => loadConfig({ [env]: String(2 ** 31 - 1) }), env);
+    // (The worker wait as long: it must be at least the lease TTL.)
+    assert.doesNotThrow(
+      () => loadConfig({ ASSAY_WORKER_WAIT_MS: String(2 ** 31 - 1), [env]: String(2 ** 31 - 1) }),
+      env,
+    );
   }
   assert.throws(() => loadConfig({ ASSAY_RETENTION_DAYS: "1e300" }), ConfigError);
 });

@@ -575,7 +575,15 @@ export async function runClaimNewcomer(sql: Sql, o: ClaimOptions, task: CreatedT
   return [...rows];
 }
 
-/** The claim's update of the runs in `picked` (a CTE of ids): each becomes an attempt of this worker. */
+/**
+ * The claim's update of the runs in `picked` (a CTE of ids): each becomes an attempt of this worker.
+ * Its stamps are statement_timestamp(), the start of the claim statement, not now(): now() is the
+ * start of the transaction, and a limited claim's transaction first waits for the claim locks in
+ * statements of its own (runClaim), so a claim that waited W for them handed out a lease with only
+ * the TTL less W left, and the reaper could take the attempt back before its first heartbeat. One
+ * stamp for the whole statement, as before: the runs one claim took share their started_at. The
+ * statement's text stays the same.
+ */
 function claimUpdate(sql: Sql, o: ClaimOptions) {
   return sql`
       update runs r set
@@ -583,9 +591,9 @@ function claimUpdate(sql: Sql, o: ClaimOptions) {
         attempt = r.attempt + 1,
         lease_token = gen_random_uuid(),
         lease_owner = ${o.workerId},
-        lease_expires_at = now() + ${o.leaseTtlMs} * interval '1 millisecond',
-        heartbeat_at = now(),
-        started_at = coalesce(r.started_at, now())
+        lease_expires_at = statement_timestamp() + ${o.leaseTtlMs} * interval '1 millisecond',
+        heartbeat_at = statement_timestamp(),
+        started_at = coalesce(r.started_at, statement_timestamp())
       where r.id = any(array(select id from picked))
       returning r.id, r.task_id, r.analysis_type, r.attempt, r.max_attempts, r.lease_token,
                 r.input_file_id, r.input_storage_key, r.input_name, r.input_size_bytes, r.input_sha256,
