@@ -41,9 +41,18 @@ interface AttemptPlace {
    * folder — removed after the attempt, or with a killed worker's folder by the work-folder sweep.
    */
   home: string;
+  /**
+   * The program's TMPDIR, beside its HOME and for the same reasons: R's session folder (`RtmpXXXX`),
+   * Python's `tempfile` and Node's `os.tmpdir()` go there — a program killed on timeout or cancel
+   * cannot clean up after itself, and its leftovers go with the attempt's folder.
+   */
+  tmp: string;
   /** Makes the checked outputs the store's, under the attempt's key (a remote store: uploads them). */
   keep(files: readonly OutputFile[]): Promise<void>;
-  /** Removes the attempt's scratch folder: its home, and its outputs unless keep made them the store's. */
+  /**
+   * Removes the attempt's scratch folder: its home and tmp, and its outputs unless keep made them the
+   * store's.
+   */
   close(): Promise<void>;
 }
 
@@ -66,11 +75,13 @@ function localPlace(
   const dir = attemptDir(workDir, run);
   const outputDir = path.join(dir, "out");
   const home = path.join(dir, "home");
+  const tmp = path.join(dir, "tmp");
   // Synchronous: a local metadata call is cheaper than a thread-pool round trip, and it sits on the
   // path from claim to spawn.
   fs.mkdirSync(outputDir, { recursive: true });
   try {
     fs.mkdirSync(home);
+    fs.mkdirSync(tmp);
   } catch (err) {
     fs.rmSync(dir, { recursive: true, force: true });
     throw err;
@@ -79,6 +90,7 @@ function localPlace(
     inputPath,
     outputDir,
     home,
+    tmp,
     keep: async () => {
       const target = store.localPath(`outputs/${outputKey}`);
       fs.mkdirSync(path.dirname(target), { recursive: true });
@@ -99,9 +111,11 @@ async function remotePlace(
   const inputPath = path.join(dir, "input");
   const outputDir = path.join(dir, "out");
   const home = path.join(dir, "home");
+  const tmp = path.join(dir, "tmp");
   try {
     await fsp.mkdir(outputDir, { recursive: true });
     await fsp.mkdir(home);
+    await fsp.mkdir(tmp);
   } catch (err) {
     await removeTree(dir).catch(() => {});
     throw err;
@@ -110,6 +124,7 @@ async function remotePlace(
     inputPath,
     outputDir,
     home,
+    tmp,
     keep: async (files) => {
       try {
         for (const f of files)
@@ -132,14 +147,18 @@ async function remotePlace(
   return place;
 }
 
-/** The child's whole environment: an allowlist, never the service's own (no DATABASE_URL, no tokens). */
-export function childEnv(home: string): Record<string, string> {
+/**
+ * The child's whole environment: an allowlist, never the service's own (no DATABASE_URL, no tokens).
+ * `tmp` (an attempt's own, see AttemptPlace) becomes TMPDIR; without it programs use the system's tmp.
+ */
+export function childEnv(home: string, tmp?: string): Record<string, string> {
   const env: Record<string, string> = {
     PATH: process.env.PATH ?? "/usr/local/bin:/usr/bin:/bin",
     LANG: process.env.LANG ?? "C.UTF-8",
     TZ: process.env.TZ ?? "UTC",
     HOME: home,
   };
+  if (tmp !== undefined) env.TMPDIR = tmp;
   return env;
 }
 
@@ -248,11 +267,13 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
             JSON.stringify(run.parameters),
           ],
           cwd: program.cwd,
-          env: childEnv(place.home),
+          env: childEnv(place.home, place.tmp),
         },
         signal,
         {
           killGraceMs: deps.killGraceMs,
+          // The attempt's HOME is its own: what a process that left the group still has (see RunLimits).
+          marker: `HOME=${place.home}`,
           ...(deps.guard ? { guard: deps.guard } : {}),
           ...(deps.nice === undefined ? {} : { nice: deps.nice }),
         },

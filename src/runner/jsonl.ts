@@ -1,5 +1,6 @@
 // A JSON Lines reader for a child's stdout: keeps a partial line across chunks, bounds the line
-// length and the total, and accepts only the protocol's events. Pure: no I/O.
+// length and the total, and accepts only the protocol's events, in UTF-8. Pure: no I/O.
+import { isUtf8 } from "node:buffer";
 
 export interface ProgressEvent {
   type: "progress";
@@ -38,6 +39,15 @@ export const DEFAULT_JSONL_LIMITS: JsonLinesLimits = {
 };
 
 const MAX_MESSAGE_CHARS = 500;
+
+/**
+ * A line's text. Bytes that are not UTF-8 break the protocol like any other bad line: decoded, they
+ * would become U+FFFD in a message or a file name, and the program's fault would pass unseen.
+ */
+function decode(bytes: Buffer): string {
+  if (!isUtf8(bytes)) throw new ProtocolError("invalid-json", "a stdout line is not valid UTF-8");
+  return bytes.toString("utf8");
+}
 
 function parseEvent(line: string): ProtocolEvent {
   let value: unknown;
@@ -101,9 +111,7 @@ export class JsonLinesReader {
     for (let nl = chunk.indexOf(10, start); nl !== -1; nl = chunk.indexOf(10, start)) {
       const piece = chunk.subarray(start, nl);
       this.checkLength(this.partialBytes + piece.length);
-      const line = Buffer.concat([...this.partial, piece])
-        .toString("utf8")
-        .replace(/\r$/, "");
+      const line = decode(Buffer.concat([...this.partial, piece])).replace(/\r$/, "");
       this.partial = [];
       this.partialBytes = 0;
       if (line.trim() !== "") events.push(parseEvent(line));
@@ -121,7 +129,7 @@ export class JsonLinesReader {
   /** At end of stream: a last line without a newline still counts. */
   end(): ProtocolEvent[] {
     if (this.partialBytes === 0) return [];
-    const line = Buffer.concat(this.partial).toString("utf8");
+    const line = decode(Buffer.concat(this.partial));
     this.partial = [];
     this.partialBytes = 0;
     return line.trim() === "" ? [] : [parseEvent(line)];

@@ -68,10 +68,15 @@ export function checkOutputs(dir: string, resultName: string): OutputCheck {
       if (!OUTPUT_LIMITS.extensions.includes(path.extname(entry.name).toLowerCase())) {
         return { ok: false, message: "an output file has a type that is not allowed" };
       }
-      const { size } = fs.lstatSync(path.join(dir, entry.name));
-      if (size > OUTPUT_LIMITS.maxFileBytes) return { ok: false, message: "an output file is too large" };
-      total += size;
-      files.push({ name: entry.name, size });
+      const stat = fs.lstatSync(path.join(dir, entry.name));
+      // A file with another name as well is a hard link, maybe to what the program did not write
+      // (/etc/passwd, a stored input): a file the program made has only its own name.
+      if (!stat.isFile() || stat.nlink !== 1)
+        return { ok: false, message: "outputs must be regular files (no links or folders)" };
+      if (stat.size > OUTPUT_LIMITS.maxFileBytes)
+        return { ok: false, message: "an output file is too large" };
+      total += stat.size;
+      files.push({ name: entry.name, size: stat.size });
     }
   } finally {
     listing.closeSync();

@@ -1,8 +1,10 @@
 // Runs one external process safely (DESIGN §5): argument array, no shell, its own process group,
 // stdin ignored, stdout parsed as bounded JSON Lines, the tail of stderr kept. Settles exactly once,
 // on `close` (or at once when the process never started). Timeout and abort both terminate the whole
-// group — SIGTERM, then SIGKILL after a grace period — and still wait for `close`. Knows nothing of
-// HTTP or SQL; the caller maps the result to an outcome.
+// group — SIGTERM, then SIGKILL after a grace period — and still wait for `close`. When the leader
+// exits its group is SIGKILLed, and `close` is waited for at most the grace period more: a process
+// that left the group (setsid) cannot hold the run open by holding its pipes. Knows nothing of HTTP
+// or SQL; the caller maps the result to an outcome.
 
 import { type ChildProcess, spawn } from "node:child_process";
 import os from "node:os";
@@ -15,7 +17,7 @@ import {
   ProtocolError,
   type ResultEvent,
 } from "./jsonl.ts";
-import { killGroup } from "./kill-group.ts";
+import { killGroup, killMarked } from "./kill-group.ts";
 import { RingBuffer } from "./ring-buffer.ts";
 
 export interface ProcessCommand {
@@ -30,7 +32,10 @@ export interface ProcessCommand {
 export interface RunLimits {
   /** Own wall-clock limit (the queue worker also aborts on its per-type timeout). */
   timeoutMs?: number;
-  /** Between SIGTERM and SIGKILL to the group. */
+  /**
+   * Between SIGTERM and SIGKILL to the group; also how long `close` is waited for once the leader has
+   * exited (at least MIN_DRAIN_MS).
+   */
   killGraceMs: number;
   jsonl?: JsonLinesLimits;
   /** Bytes of stderr kept (the last ones). */
@@ -42,6 +47,12 @@ export interface RunLimits {
    * (absent or lower: the process keeps ours).
    */
   nice?: number;
+  /**
+   * A `NAME=value` entry of `command.env` that no process but this run's has (the handler gives each
+   * attempt its own HOME): a process that left the group and still holds the output when the wait
+   * for `close` ends is looked for by it and killed (killMarked).
+   */
+  marker?: string;
 }
 
 export interface ProcessResult {
@@ -55,12 +66,22 @@ export interface ProcessResult {
   abortReason: unknown;
   protocolError: ProtocolError | undefined;
   result: ResultEvent | undefined;
+  /**
+   * stdout or stderr was still open when the wait for `close` after the leader's exit ended: a process
+   * that left the group held it. What it wrote after that is not read; the exit stands as it was.
+   */
+  outputHeld: boolean;
   stderrTail: string;
   durationMs: number;
   pid: number | undefined;
 }
 
 const STDERR_TAIL_CHARS = 4096;
+/**
+ * The shortest wait for `close` after the leader's exit, whatever the kill grace (which may be 0): what
+ * the program wrote just before it exited may still be unread when its exit is seen.
+ */
+export const MIN_DRAIN_MS = 1000;
 
 export function runProcess(
   command: ProcessCommand,
@@ -80,6 +101,7 @@ export function runProcess(
     protocolError: undefined as ProtocolError | undefined,
     result: undefined as ResultEvent | undefined,
     startError: undefined as NodeJS.ErrnoException | undefined,
+    outputHeld: false,
   };
 
   return new Promise<ProcessResult>((resolve) => {
@@ -87,13 +109,17 @@ export function runProcess(
     let terminating = false;
     let graceTimer: NodeJS.Timeout | undefined;
     let timeoutTimer: NodeJS.Timeout | undefined;
+    let drainTimer: NodeJS.Timeout | undefined;
     let child: ChildProcess;
+    /** The leader's exit status, once it has exited. */
+    let exit: { code: number | null; sig: NodeJS.Signals | null } | undefined;
 
     const settle = (exitCode: number | null, sig: NodeJS.Signals | null) => {
       if (settled) return;
       settled = true;
       clearTimeout(graceTimer);
       clearTimeout(timeoutTimer);
+      clearTimeout(drainTimer);
       signal.removeEventListener("abort", onAbort);
       resolve({
         exitCode,
@@ -105,26 +131,68 @@ export function runProcess(
       });
     };
 
-    // Each way of ending early is one small function; all of them converge on terminate().
+    // The process's output has ended (`close`), or stopped being waited for (stopDraining): the last
+    // unterminated line counts, the group is forgotten by the guard, and the result settles.
+    const finish = (code: number | null, sig: NodeJS.Signals | null) => {
+      if (settled) return;
+      if (!state.protocolError) {
+        try {
+          onEvents(reader.end());
+        } catch (err) {
+          state.protocolError = err as ProtocolError;
+        }
+      }
+      // The group was killed when its leader exited (or is out of reach, see terminate): the guard
+      // may forget it.
+      if (child.pid !== undefined) limits.guard?.remove(child.pid);
+      settle(code, sig);
+    };
+
+    /**
+     * Stops waiting for `close`, the kill grace (at least MIN_DRAIN_MS) after the leader exited. The
+     * rest of its group was SIGKILLed at that exit, so what still holds the pipes now is a process
+     * that left the group (setsid, a daemon's double fork): it is killed if it can be found
+     * (`limits.marker`), its pipes are destroyed, and the result settles with the leader's exit as it
+     * was. One more turn of the event loop first, so that nothing the program wrote is left unread.
+     */
+    const stopDraining = () =>
+      setImmediate(() => {
+        if (settled || !exit) return;
+        const held = [child.stdout, child.stderr].filter((s) => s && !s.readableEnded && !s.destroyed);
+        if (held.length > 0) {
+          state.outputHeld = true;
+          if (limits.marker) killMarked(limits.marker).catch(() => {});
+        }
+        for (const s of held) s?.destroy();
+        finish(exit.code, exit.sig);
+      });
+
+    // Each way of ending early is one small function; all of them converge on terminate(). Once the
+    // leader has exited, what it did stands: an abort or a timeout arriving while its pipes drain
+    // changes nothing (there is nothing left to signal: its group was killed at the exit), and the
+    // wait for `close` is bounded all the same (stopDraining).
     const terminate = () => {
-      if (terminating || child?.pid === undefined) return;
+      if (exit || terminating || child?.pid === undefined) return;
       terminating = true;
       killGroup(child.pid, "SIGTERM");
       graceTimer = setTimeout(() => {
-        if (child.pid !== undefined) killGroup(child.pid, "SIGKILL");
+        if (exit || child.pid === undefined) return;
+        // The group cannot be signalled (EPERM: its processes changed their user, see killGroup). The
+        // exit waited for may never come: the result settles now rather than hold the slot for ever.
+        if (killGroup(child.pid, "SIGKILL") === "failed") {
+          for (const s of [child.stdout, child.stderr]) s?.destroy();
+          finish(null, null);
+        }
       }, limits.killGraceMs);
     };
-    // The program has exited: what it did stands, and an abort or timeout arriving before `close`
-    // (the pipes still draining) changes nothing.
-    let exited = false;
     const onAbort = () => {
-      if (exited) return;
+      if (exit) return;
       state.isCanceled = true;
       state.abortReason = signal.reason;
       terminate();
     };
     const onTimeout = () => {
-      if (exited) return;
+      if (exit) return;
       state.timedOut = true;
       terminate();
     };
@@ -182,23 +250,15 @@ export function runProcess(
       }
     });
     child.stderr?.on("data", (chunk: Buffer) => stderr.write(chunk));
-    // The leader is gone: whatever it left in its group dies too, so the pipes close.
-    child.on("exit", () => {
-      exited = true;
+    // The leader is gone: whatever it left in its group dies too, so the pipes close — unless a process
+    // that left the group holds them: `close` is waited for only so long (stopDraining).
+    child.on("exit", (code, sig) => {
+      exit = { code, sig };
+      clearTimeout(graceTimer);
       if (child.pid !== undefined) killGroup(child.pid, "SIGKILL");
+      if (!settled) drainTimer = setTimeout(stopDraining, Math.max(limits.killGraceMs, MIN_DRAIN_MS));
     });
-    child.on("close", (code, sig) => {
-      if (!state.protocolError) {
-        try {
-          onEvents(reader.end());
-        } catch (err) {
-          state.protocolError = err as ProtocolError;
-        }
-      }
-      // The group was killed when its leader exited: the guard may forget it.
-      if (pgid !== undefined) limits.guard?.remove(pgid);
-      settle(code, sig);
-    });
+    child.on("close", (code, sig) => finish(code, sig));
 
     if (signal.aborted) onAbort();
     else signal.addEventListener("abort", onAbort, { once: true });

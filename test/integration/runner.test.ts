@@ -76,6 +76,26 @@ async function reportedPid(taskId: string, label: "pid" | "grandchild"): Promise
 
 const noStrayOutputs = async () => assert.deepEqual(await strayOutputs(env), []);
 
+/**
+ * A program written for one test (an ES module given the usual arguments, with `arg`, `out` and `say`
+ * in scope), as overrides for runOne.
+ */
+function program(name: string, body: string): { script: string; cwd: string } {
+  const dir = fs.mkdtempSync(path.join(env.dataDir, "scripts-"));
+  const script = path.join(dir, `${name}.mjs`);
+  fs.writeFileSync(
+    script,
+    `import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+const arg = (name) => process.argv[process.argv.indexOf(name) + 1];
+const out = arg("--output-dir");
+const say = (e) => process.stdout.write(JSON.stringify(e) + "\\n");
+${body}`,
+  );
+  return { script, cwd: dir };
+}
+
 describe("starting", () => {
   test("command missing → ANALYSIS_PROCESS_START_FAILED", async () => {
     const { run } = await runOne({ mode: "ok" }, { executable: "/nonexistent/bin/python9" });
@@ -110,7 +130,7 @@ describe("starting", () => {
     const seen = JSON.parse(fs.readFileSync(path.join(dir, "params.json"), "utf8"));
     assert.deepEqual(seen.params, evil);
     assert.equal(fs.existsSync("/tmp/assay-pwned"), false);
-    assert.deepEqual(Object.keys(seen.env).sort(), ["HOME", "LANG", "PATH", "TZ"]);
+    assert.deepEqual(Object.keys(seen.env).sort(), ["HOME", "LANG", "PATH", "TMPDIR", "TZ"]);
     assert.equal(seen.cwd, path.dirname(FIXTURE));
     assert.equal(seen.argv[0], "--input");
     assert.ok(!JSON.stringify(seen.env).includes("postgres://"));
@@ -252,6 +272,47 @@ describe("stdout protocol", () => {
     assert.equal(run.error_code, "ANALYSIS_OUTPUT_MISSING");
   });
 
+  test("a stdout line that is not UTF-8 → ANALYSIS_OUTPUT_INVALID", async () => {
+    const { run } = await runOne(
+      {},
+      program(
+        "not-utf8",
+        `process.stdout.write(Buffer.concat([
+          Buffer.from('{"type":"progress","percent":5,"message":"'),
+          Buffer.from([0xff, 0xfe]),
+          Buffer.from('"}\\n'),
+        ]));
+        fs.writeFileSync(path.join(out, "out.json"), "{}");
+        say({ type: "result", outputFileName: "out.json", metrics: {} });`,
+      ),
+    );
+    assert.equal(run.error_code, "ANALYSIS_OUTPUT_INVALID");
+    assert.match(run.error_message ?? "", /not valid UTF-8/);
+    await noStrayOutputs();
+  });
+
+  test("an output that is a hard link (to the input it did not write) → ANALYSIS_OUTPUT_INVALID, nothing published", async () => {
+    const content = "a,b\nsecret,2\n";
+    const fileId = await env.file(content);
+    const { run } = await runOne(
+      {},
+      program(
+        "hard-link",
+        `fs.writeFileSync(path.join(out, "out.json"), "{}");
+        fs.linkSync(arg("--input"), path.join(out, "input.csv"));
+        say({ type: "result", outputFileName: "out.json", metrics: {} });`,
+      ),
+      { fileId },
+    );
+    assert.equal(run.status, "failed");
+    assert.equal(run.error_code, "ANALYSIS_OUTPUT_INVALID");
+    assert.equal(run.error_message, "outputs must be regular files (no links or folders)");
+    await noStrayOutputs();
+    const stored = env.storage.localPath?.(`files/${fileId}`) as string;
+    assert.equal(fs.readFileSync(stored, "utf8"), content, "the input is untouched");
+    assert.equal(fs.statSync(stored).nlink, 1, "and has its own name only again");
+  });
+
   test("a result path outside the output dir, or a missing file → ANALYSIS_OUTPUT_INVALID, nothing published", async () => {
     const escaped = await runOne({ mode: "escape-result" });
     assert.equal(escaped.run.error_code, "ANALYSIS_OUTPUT_INVALID");
@@ -296,6 +357,60 @@ describe("ending early", () => {
     assert.deepEqual({ ...run }, { status: "cancelled", error_code: "ANALYSIS_PROCESS_CANCELLED" });
     await waitFor(async () => !alive(grandchild), 5000, "the grandchild to die");
     await noStrayOutputs();
+  });
+
+  test("TMPDIR is the attempt's own: a cancelled program's temporary files go with its folder, none in the system's tmp", async () => {
+    const tag = `assay-tmp-test-${process.pid}-${Date.now()}`;
+    const systemTmps = [...new Set(["/tmp", os.tmpdir()])];
+    const leftInSystemTmp = () =>
+      systemTmps.flatMap((d) =>
+        fs
+          .readdirSync(d)
+          .filter((n) => n.startsWith(tag))
+          .map((n) => path.join(d, n)),
+      );
+    const type = `fx-${++typeSeq}`;
+    // Like R's session folder (RtmpXXXX) or Python's tempfile: made in TMPDIR, never removed when killed.
+    const w = env.worker([
+      {
+        ...fixtureProgram(type),
+        ...program(
+          "tmp",
+          `const dir = fs.mkdtempSync(path.join(os.tmpdir(), ${JSON.stringify(tag)}));
+          fs.writeFileSync(path.join(dir, "scratch"), "x");
+          say({ type: "progress", percent: 10, message: "tmp " + dir });
+          setInterval(() => {}, 1000);`,
+        ),
+      },
+    ]);
+    const taskId = await env.task(type, [input], {});
+    await w.start();
+    try {
+      const [event] = await waitFor(async () => {
+        const rows = await env.db
+          .sql`select data from task_events where task_id = ${taskId} and type = 'run.progress'`;
+        return rows.length > 0 ? rows : undefined;
+      });
+      const tmp = String(event?.data.message).replace(/^tmp /, "");
+      const [running] = await env.db.sql`select id::float8 from runs where task_id = ${taskId}`;
+      // <workDir>/<runId>.<attempt>.<leaseToken>/tmp/<tag>XXXXXX
+      assert.match(
+        path.relative(path.join(env.dataDir, "work"), tmp),
+        new RegExp(`^${running?.id}\\.1\\.[^/]+/tmp/${tag}[^/]+$`),
+        `the program's tmp folder is in its attempt's folder: ${tmp}`,
+      );
+      assert.ok(fs.existsSync(path.join(tmp, "scratch")));
+      await env.db.sql`update tasks set status = 'cancelling' where id = ${taskId}`;
+      await env.db.sql`update runs set status = 'cancelling' where task_id = ${taskId}`;
+      await w.heartbeat();
+      const task = await waitForTerminal(env.db.sql, taskId);
+      assert.equal(task.status, "cancelled");
+      assert.equal(fs.existsSync(tmp), false, "removed with the attempt's folder");
+      assert.deepEqual(leftInSystemTmp(), [], "nothing left in the system's tmp");
+    } finally {
+      await w.stop();
+      for (const left of leftInSystemTmp()) fs.rmSync(left, { recursive: true, force: true });
+    }
   });
 
   test("a script that ignores SIGTERM is killed after the grace period", async () => {

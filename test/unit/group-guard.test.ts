@@ -1,16 +1,19 @@
 // The group guard's helper, without a worker: groups still listed when its stdin ends are killed,
-// groups removed from the list are left alone, and close() waits for the helper to exit.
+// groups removed from the list are left alone, and close() waits for the helper to exit. And killGroup,
+// which the runner calls from a child's exit handler and from timers: it never throws.
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { test } from "node:test";
 import { GroupGuard } from "../../src/runner/group-guard.ts";
+import { killGroup } from "../../src/runner/kill-group.ts";
 import { waitFor } from "../helpers/queue.ts";
 import { alive } from "../helpers/runner.ts";
 
-const sleeper = () => {
+const sleeper = (uid?: number) => {
   const child = spawn(process.execPath, ["-e", "setInterval(() => {}, 1000)"], {
     detached: true,
     stdio: "ignore",
+    ...(uid === undefined ? {} : { uid, gid: uid }),
   });
   child.unref();
   return child.pid as number;
@@ -33,4 +36,32 @@ test("on close, the groups still listed are killed; a removed group is not; an u
   const other = GroupGuard.start(() => lost++);
   process.kill(other.pid as number, "SIGKILL");
   await waitFor(async () => lost === 1, 10_000, "the loss to be reported");
+});
+
+test("killGroup: sent to a live group, a gone group, and a group of another user (EPERM) without throwing", {
+  skip: process.getuid?.() !== 0 && "needs root, to run processes as two other users",
+}, async () => {
+  const own = sleeper();
+  assert.equal(killGroup(own, "SIGKILL"), "sent");
+  await waitFor(async () => !alive(own), 10_000, "the group to die");
+  assert.equal(killGroup(own, "SIGKILL"), "gone");
+  // A group of user 65534, signalled by a process of user 65533: the kernel says EPERM.
+  const foreign = sleeper(65534);
+  try {
+    const tried = spawnSync(
+      process.execPath,
+      [
+        "--input-type=module",
+        "-e",
+        `import { killGroup } from ${JSON.stringify(new URL("../../src/runner/kill-group.ts", import.meta.url).href)};
+        process.stdout.write(killGroup(${foreign}, "SIGKILL"));`,
+      ],
+      { uid: 65533, gid: 65533, encoding: "utf8", cwd: "/" },
+    );
+    assert.equal(tried.stderr, "", "it did not throw");
+    assert.equal(tried.stdout, "failed");
+    assert.ok(alive(foreign));
+  } finally {
+    process.kill(-foreign, "SIGKILL");
+  }
 });

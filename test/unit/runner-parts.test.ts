@@ -35,6 +35,29 @@ test("JSON Lines: protocol violations", () => {
   bad(`${'{"type":"progress","percent":1}\n'.repeat(10)}`, "output-too-large");
 });
 
+test("JSON Lines: UTF-8 only — a character split across chunks is one character, invalid bytes are a protocol error", () => {
+  const r = new JsonLinesReader({ maxLineBytes: 1024, maxTotalBytes: 4096 });
+  const line = b('{"type":"progress","percent":5,"message":"é€😀"}\n');
+  const cut = line.indexOf(0xe2) + 1; // inside the three bytes of €
+  assert.deepEqual(r.push(line.subarray(0, cut)), []);
+  assert.deepEqual(r.push(line.subarray(cut)), [{ type: "progress", percent: 5, message: "é€😀" }]);
+  const invalid = (...chunks: Buffer[]) => {
+    const reader = new JsonLinesReader({ maxLineBytes: 1024, maxTotalBytes: 4096 });
+    assert.throws(
+      () => {
+        for (const c of chunks) reader.push(c);
+        reader.end();
+      },
+      (err) => err instanceof ProtocolError && err.reason === "invalid-json" && /UTF-8/.test(err.message),
+    );
+  };
+  const progress = (bytes: number[]) =>
+    Buffer.concat([b('{"type":"progress","percent":5,"message":"'), Buffer.from(bytes), b('"}')]);
+  invalid(progress([0xff, 0xfe]), b("\n"));
+  invalid(progress([0xc3])); // a character cut by the end of the stream, on the last line
+  invalid(progress([0xed, 0xa0, 0x80]), b("\n")); // a surrogate encoded as UTF-8 (CESU-8)
+});
+
 test("ring buffer keeps the last bytes, oldest first, across wraps", () => {
   const ring = new RingBuffer(8);
   assert.equal(ring.contents().length, 0, "nothing written, nothing kept");
