@@ -186,7 +186,7 @@ const FIELDS = {
     env: "ASSAY_WORKER_WAIT_MS",
     ...durationMs(1000, 600_000),
     description:
-      "How long queued runs of a type wait for any live worker that can execute it before failing with ANALYSIS_WORKER_UNAVAILABLE. At least ASSAY_LEASE_TTL_MS: workers say which types they serve only with their heartbeat, every third of it.",
+      "How long queued runs of a type wait for any live worker that can execute it before failing with ANALYSIS_WORKER_UNAVAILABLE. At least ASSAY_LEASE_TTL_MS: workers say which types they serve only with their heartbeat, every third of it (left unset with a longer TTL, it is the TTL).",
   },
   retryBaseMs: {
     env: "ASSAY_RETRY_BASE_MS",
@@ -322,8 +322,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   // Live workers stamp the types they serve (analysis_type_seen) only with their heartbeat, every
   // third of the lease TTL: a shorter wait failed runs of a type a live worker serves between two
   // stamps. At least the TTL leaves three heartbeats' margin.
+  // Left unset, the wait is its default or the TTL, whichever is longer: a TTL over the default wait
+  // was valid before the rule, and must not fail every command (migrate, token...) with it.
   const { workerWaitMs, leaseTtlMs } = out as { workerWaitMs?: number; leaseTtlMs?: number };
-  if (workerWaitMs !== undefined && leaseTtlMs !== undefined && workerWaitMs < leaseTtlMs) {
+  if (raw.workerWaitMs === undefined && workerWaitMs !== undefined && leaseTtlMs !== undefined)
+    out.workerWaitMs = Math.max(workerWaitMs, leaseTtlMs);
+  else if (workerWaitMs !== undefined && leaseTtlMs !== undefined && workerWaitMs < leaseTtlMs) {
     problems.push(
       `ASSAY_WORKER_WAIT_MS (${workerWaitMs}) must be at least ASSAY_LEASE_TTL_MS (${leaseTtlMs}): live workers refresh which types they serve only with their heartbeat, every ASSAY_LEASE_TTL_MS / 3 (${Math.round(leaseTtlMs / 3)} ms), so a shorter wait fails runs of a type a live worker serves with ANALYSIS_WORKER_UNAVAILABLE`,
     );

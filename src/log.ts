@@ -15,6 +15,9 @@ export const REDACT_PATHS = [
   "*.password",
   "databaseUrl",
   "*.databaseUrl",
+  // Node's URL errors carry the URL they could not parse: a DATABASE_URL with its password.
+  "err.input",
+  "err.cause.input",
 ];
 
 export interface LoggerOptions {

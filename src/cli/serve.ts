@@ -3,9 +3,11 @@ import { setTimeout as sleep } from "node:timers/promises";
 import closeWithGrace from "close-with-grace";
 import { tokenCreate } from "../auth/tokens.ts";
 import type { Config } from "../config.ts";
+import { startSignal } from "../db/embedded.ts";
 import { expectedMigrationCount } from "../db/migrate.ts";
 import { type OpenedDatabase, openDatabase } from "../db/open.ts";
 import { createLogger, type Logger } from "../log.ts";
+import { MIN_DRAIN_MS } from "../runner/run-process.ts";
 import { LocalStore } from "../storage/local.ts";
 import { openStore } from "../storage/open.ts";
 import type { ObjectStore } from "../storage/store.ts";
@@ -53,11 +55,13 @@ const PERMANENT_LOCAL_ERRORS = new Set([
 /**
  * The bound on a shutdown, after which the process exits 1 (the reaper covers what that leaves): the
  * worker's grace for running analyses (ASSAY_SHUTDOWN_GRACE_MS), then the kill grace of those still
- * running (SIGTERM to their groups, SIGKILL after ASSAY_KILL_GRACE_MS), then the final writes. 40 s
- * with the defaults.
+ * running (SIGTERM to their groups, SIGKILL after ASSAY_KILL_GRACE_MS), then the wait for their output
+ * to close after their exit (the runner's: the kill grace again, at least MIN_DRAIN_MS, and up to
+ * MIN_DRAIN_MS to find a process that left the group), then the final writes. 46 s with the defaults.
  */
 export function shutdownBoundMs(config: Pick<Config, "shutdownGraceMs" | "killGraceMs">): number {
-  return timerDelay(config.shutdownGraceMs + config.killGraceMs + FINAL_WRITES_MS);
+  const drain = Math.max(config.killGraceMs, MIN_DRAIN_MS) + MIN_DRAIN_MS;
+  return timerDelay(config.shutdownGraceMs + config.killGraceMs + drain + FINAL_WRITES_MS);
 }
 
 /**
@@ -219,7 +223,8 @@ export async function serveCommand(
       );
     }
   };
-  startup = start();
+  // The signal also ends a wait for another start of the embedded database (its start lock).
+  startup = startSignal.run(shutdown.signal, start);
   try {
     await startup;
   } catch (err) {

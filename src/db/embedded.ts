@@ -7,6 +7,7 @@
 // binaries are staged once under STAGE_ROOT and the cluster lives under STAGE_ROOT/clusters/<hash of
 // the data dir>, with `<dataDir>` itself a symlink to it. As an ordinary user everything stays
 // where it was asked to be.
+import { AsyncLocalStorage } from "node:async_hooks";
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
 import fs from "node:fs";
@@ -14,6 +15,7 @@ import fsp from "node:fs/promises";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import postgres from "postgres";
 import { isAlive } from "../proc.ts";
 
@@ -226,55 +228,143 @@ function runTool(file: string, args: string[], runAs: RunAs | undefined): Promis
 /** Start locks this process holds (by path): a lock holding our own pid is otherwise a stale one. */
 const heldLocks = new Set<string>();
 
+/** A process's start time (field 22 of /proc/<pid>/stat, in clock ticks since boot), where /proc has it. */
+function processStartTime(pid: number): string | undefined {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
+    // Fields after the command name, which is in parentheses and may hold spaces: field 3 first.
+    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19];
+  } catch {
+    return undefined;
+  }
+}
+
+let bootIdCache: string | null | undefined;
+/** This boot's id (Linux), so that a lock from before a reboot is never taken for a live one. */
+function bootId(): string | undefined {
+  if (bootIdCache === undefined) {
+    try {
+      bootIdCache = fs.readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim() || null;
+    } catch {
+      bootIdCache = null;
+    }
+  }
+  return bootIdCache ?? undefined;
+}
+
+/** What a start lock holds: its taker's pid, start time and boot id (the last two where /proc has them). */
+const lockText = () => [process.pid, processStartTime(process.pid), bootId()].filter((x) => x).join(" ");
+
+/**
+ * Whether the lock file at `file` (which is, or was, `lock`) was left by a start that did not finish;
+ * `undefined` when it is gone. `holder` is its pid, when it has one.
+ */
+async function judgeLock(
+  file: string,
+  lock: string,
+): Promise<{ stale: boolean; holder?: number } | undefined> {
+  const text = await fsp.readFile(file, "utf8").catch((err: NodeJS.ErrnoException) => {
+    if (err.code === "ENOENT") return undefined;
+    throw err;
+  });
+  if (text === undefined) return undefined;
+  const [pidText, startTime, boot] = text.trim().split(/\s+/);
+  const pid = Number(pidText);
+  if (!(Number.isInteger(pid) && pid > 0)) {
+    // No pid yet: being written, or its taker was killed between creating and writing it.
+    const stat = await fsp.stat(file).catch(() => undefined);
+    if (!stat) return undefined;
+    return { stale: Date.now() - stat.mtimeMs > EMPTY_LOCK_STALE_MS };
+  }
+  if (pid === process.pid) return { stale: !heldLocks.has(lock), holder: pid };
+  if (!isAlive(pid)) return { stale: true, holder: pid };
+  // The pid lives, but may be another process's now (a reboot, or pids wrapped): same boot, same start time.
+  const currentBoot = bootId();
+  if (boot !== undefined && currentBoot !== undefined && boot !== currentBoot)
+    return { stale: true, holder: pid };
+  const currentStart = startTime === undefined ? undefined : processStartTime(pid);
+  if (currentStart !== undefined && currentStart !== startTime) return { stale: true, holder: pid };
+  return { stale: false, holder: pid };
+}
+
+export interface StartLockOptions {
+  /** Ends the wait for another start (a shutdown during start-up): rejects with its reason. */
+  signal?: AbortSignal;
+  /** Tests only: runs after a lock was judged stale, before it is taken over. */
+  beforeTakeover?: () => Promise<void>;
+}
+
+/**
+ * The signal that ends a start's wait for the lock, for callers that cannot pass one through (serve.ts,
+ * via openDatabase): `startSignal.run(signal, start)`.
+ */
+export const startSignal = new AsyncLocalStorage<AbortSignal>();
+
 /**
  * Takes `<dataDir>.lock` for the initialise-or-attach sequence: two commands starting on the same data
  * dir at once would otherwise both run initdb (one fails, and as root one's set-up could remove the
  * cluster the other is initialising). The file is created exclusively ("wx") and holds its taker's
- * pid; the other start waits, then finds the cluster made and the server running, and attaches. A
- * lock whose pid is dead (a start that was killed), or is ours while we do not hold it (a pid reused
- * after a container restart), is taken over, and so is one still empty after EMPTY_LOCK_STALE_MS.
- * Returns the release.
+ * pid, start time and boot id; the other start waits, then finds the cluster made and the server
+ * running, and attaches. A lock whose pid is dead (a start that was killed), or alive with another
+ * start time or boot id (the pid reused by an unrelated process), or is ours while we do not hold it,
+ * is stale, and so is one still empty after EMPTY_LOCK_STALE_MS. A stale lock is taken over by
+ * renaming it aside (of several takers that judged it stale, one renames it) and judging the renamed
+ * file again: if it is not stale, another taker's new lock was renamed, and it is put back. Returns the
+ * release.
  */
-async function lockStart(dataDir: string, log: (message: string) => void): Promise<() => Promise<void>> {
+export async function lockStart(
+  dataDir: string,
+  log: (message: string) => void,
+  options: StartLockOptions = {},
+): Promise<() => Promise<void>> {
   const lock = `${dataDir}.lock`;
+  const signal = options.signal ?? startSignal.getStore();
   await fsp.mkdir(path.dirname(lock), { recursive: true });
   const deadline = Date.now() + LOCK_WAIT_MS;
   let waitingFor: number | undefined;
   for (;;) {
+    signal?.throwIfAborted();
+    const mine = lockText();
     try {
       const file = await fsp.open(lock, "wx", 0o600);
       try {
-        await file.writeFile(String(process.pid));
+        await file.writeFile(mine);
       } finally {
         await file.close();
       }
       heldLocks.add(lock);
       return async () => {
         heldLocks.delete(lock);
-        await fsp.rm(lock, { force: true });
+        // Only our own: a lock put back late by a takeover that misjudged may be another's by now.
+        if ((await fsp.readFile(lock, "utf8").catch(() => undefined)) === mine)
+          await fsp.rm(lock, { force: true });
       };
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== "EEXIST") throw err;
     }
-    const text = await fsp.readFile(lock, "utf8").catch((err: NodeJS.ErrnoException) => {
-      if (err.code === "ENOENT") return undefined; // released meanwhile: try again
-      throw err;
-    });
-    if (text === undefined) continue;
-    const pid = Number(text.trim());
-    const holder = Number.isInteger(pid) && pid > 0 ? pid : undefined;
-    let stale: boolean;
-    if (holder !== undefined) {
-      stale = !isAlive(holder) || (holder === process.pid && !heldLocks.has(lock));
-    } else {
-      // No pid yet: being written, or its taker was killed between creating and writing it.
-      const stat = await fsp.stat(lock).catch(() => undefined);
-      if (!stat) continue;
-      stale = Date.now() - stat.mtimeMs > EMPTY_LOCK_STALE_MS;
-    }
+    const judged = await judgeLock(lock, lock);
+    if (judged === undefined) continue; // released meanwhile: try again
+    const { stale, holder } = judged;
     if (stale) {
       log(`taking over ${lock}, left by a start that did not finish`);
-      await fsp.rm(lock, { force: true });
+      await options.beforeTakeover?.();
+      const aside = `${lock}.stale-${process.pid}-${randomBytes(4).toString("hex")}`;
+      try {
+        await fsp.rename(lock, aside);
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code === "ENOENT") continue; // another taker renamed it
+        throw err;
+      }
+      const again = await judgeLock(aside, lock);
+      if (again && !again.stale) {
+        // Another start took the stale lock over while we paused, and we renamed its live lock: put it
+        // back (link: never over a lock created meanwhile).
+        await fsp.link(aside, lock).catch((err: NodeJS.ErrnoException) => {
+          if (err.code !== "EEXIST") throw err;
+          log(`could not put back ${lock} of process ${again.holder}: another start took it meanwhile`);
+        });
+      }
+      await fsp.rm(aside, { force: true });
       continue;
     }
     const who = holder === undefined ? "another process" : `process ${holder}`;
@@ -287,7 +377,7 @@ async function lockStart(dataDir: string, log: (message: string) => void): Promi
       waitingFor = holder;
       log(`waiting for ${who}, which is starting the embedded PostgreSQL in ${dataDir}`);
     }
-    await new Promise((r) => setTimeout(r, 100));
+    await sleep(100, undefined, { signal });
   }
 }
 

@@ -187,6 +187,10 @@ export function outcomeOf(r: ProcessResult, outputCheck?: { ok: boolean; message
       `the program broke the output protocol: ${r.protocolError.message}`,
     );
   if (r.signal) return fail("ANALYSIS_PROCESS_FAILED", `the program was killed by ${r.signal}`);
+  // A process it started outlived it, holding its output: the program is not done when it exits, and
+  // what that process may still write into the outputs was never checked. Not kept, whatever the exit.
+  if (r.outputHeld)
+    return fail("ANALYSIS_PROCESS_FAILED", "a process the program started outlived it, holding its output");
   switch (r.exitCode) {
     case 0:
       if (!r.result) return fail("ANALYSIS_OUTPUT_MISSING", "the program exited 0 without a result event");

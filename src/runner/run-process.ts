@@ -83,6 +83,8 @@ const STDERR_TAIL_CHARS = 4096;
  */
 export const MIN_DRAIN_MS = 1000;
 
+const sleepMs = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms).unref());
+
 export function runProcess(
   command: ProcessCommand,
   signal: AbortSignal,
@@ -156,15 +158,20 @@ export function runProcess(
      * was. One more turn of the event loop first, so that nothing the program wrote is left unread.
      */
     const stopDraining = () =>
-      setImmediate(() => {
+      setImmediate(async () => {
         if (settled || !exit) return;
+        const { code, sig } = exit;
         const held = [child.stdout, child.stderr].filter((s) => s && !s.readableEnded && !s.destroyed);
+        for (const s of held) s?.destroy();
         if (held.length > 0) {
           state.outputHeld = true;
-          if (limits.marker) killMarked(limits.marker).catch(() => {});
+          // Killed before the result settles, as far as it can be found: the caller checks and keeps
+          // the attempt's outputs next, and a holder still alive could write into them (the run fails
+          // all the same: outcomeOf). Bounded: /proc is read once.
+          if (limits.marker)
+            await Promise.race([killMarked(limits.marker).catch(() => []), sleepMs(MIN_DRAIN_MS)]);
         }
-        for (const s of held) s?.destroy();
-        finish(exit.code, exit.sig);
+        finish(code, sig);
       });
 
     // Each way of ending early is one small function; all of them converge on terminate(). Once the

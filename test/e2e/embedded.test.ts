@@ -1,12 +1,13 @@
 // The two-command promise: with no DATABASE_URL, `assay all` starts an embedded PostgreSQL from a
 // data directory only its owner can read, migrates it, serves, and leaves nothing running on SIGINT.
 import assert from "node:assert/strict";
+import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, test } from "node:test";
 import { freePort } from "../../src/db/embedded.ts";
-import { cleanEnv, collect, spawnCli, watch } from "../helpers/cli.ts";
+import { cleanEnv, collect, ROOT, spawnCli, watch } from "../helpers/cli.ts";
 
 const home = fs.mkdtempSync(path.join(os.tmpdir(), "assay-embedded-")); // mode 0700: only its owner reads it
 after(() => fs.rmSync(home, { recursive: true, force: true }));
@@ -140,5 +141,131 @@ test("SIGTERM during start-up (waiting for the object store) stops the embedded 
     assert.equal(alive(pid), false, "the signal stopped the embedded PostgreSQL, not only the process");
   } finally {
     if (alive(pid)) process.kill(pid, "SIGINT");
+  }
+});
+
+/**
+ * A process that takes the start lock of `dataDir` (lockStart, as a start does), prints HELD, and
+ * releases it at a line on its stdin. With `pause`, it stops after judging a lock stale, before taking
+ * it over, until a line on its stdin.
+ */
+function lockTaker(dataDir: string, pause = false) {
+  const script = `
+    import readline from "node:readline";
+    const { lockStart } = await import(${JSON.stringify(path.join(ROOT, "src/db/embedded.ts"))});
+    const lines = readline.createInterface({ input: process.stdin })[Symbol.asyncIterator]();
+    const log = (m) => console.log(m);
+    const beforeTakeover = ${pause} ? async () => { console.log("PAUSED"); await lines.next(); } : undefined;
+    console.log("READY");
+    const release = await lockStart(${JSON.stringify(dataDir)}, log, { beforeTakeover });
+    console.log("HELD");
+    await lines.next();
+    await release();
+    console.log("RELEASED");
+    process.exit(0);
+  `;
+  const child = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script], {
+    cwd: ROOT,
+    stdio: ["pipe", "pipe", "pipe"],
+  });
+  return { child, out: watch(child), done: collect(child), say: () => child.stdin?.write("go\n") };
+}
+
+/** Rejects after `ms`: a bound on a wait that, without the fix, would last minutes. */
+const within = <T>(ms: number, what: string, p: Promise<T>) =>
+  Promise.race([
+    p,
+    new Promise<never>((_, reject) =>
+      setTimeout(() => reject(new Error(`no ${what} within ${ms} ms`)), ms).unref(),
+    ),
+  ]);
+
+test("two starts taking over the same stale start lock: only one holds it", async () => {
+  const dataDir = path.join(home, "stale-race");
+  fs.writeFileSync(`${dataDir}.lock`, String(spawnSync("true").pid)); // a dead pid
+  const x = lockTaker(dataDir, true);
+  let y: ReturnType<typeof lockTaker> | undefined;
+  try {
+    // X judged the lock stale and pauses before taking it over; Y takes it over meanwhile.
+    await x.out.waitFor(/PAUSED/);
+    y = lockTaker(dataDir);
+    await y.out.waitFor(/HELD/);
+    const yPid = y.child.pid as number;
+    assert.match(fs.readFileSync(`${dataDir}.lock`, "utf8"), new RegExp(`^${yPid}\\b`));
+    x.say();
+    // X, resumed, must find Y's lock live and wait (before the fix it removed Y's lock and took it too).
+    const [seen] = await x.out.waitFor(new RegExp(`HELD|waiting for process ${yPid}`));
+    assert.notEqual(seen, "HELD", "X took the lock Y holds");
+    assert.match(fs.readFileSync(`${dataDir}.lock`, "utf8"), new RegExp(`^${yPid}\\b`), "Y's lock put back");
+    y.say();
+    await y.out.waitFor(/RELEASED/);
+    await x.out.waitFor(/HELD/);
+    x.say();
+    assert.equal((await x.done).code, 0);
+    assert.equal((await y.done).code, 0);
+    assert.equal(fs.existsSync(`${dataDir}.lock`), false);
+    assert.deepEqual(
+      fs.readdirSync(home).filter((f) => f.startsWith("stale-race.lock.")),
+      [],
+      "no renamed lock left",
+    );
+  } finally {
+    x.child.kill("SIGKILL");
+    y?.child.kill("SIGKILL");
+  }
+});
+
+test("a start lock naming a live process with another start time (a reused pid) is taken over at once", async () => {
+  const dataDir = path.join(home, "reused-pid");
+  const bootId = fs.readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim();
+  // This test's own pid — alive, but not the process that took the lock: its start time differs.
+  fs.writeFileSync(`${dataDir}.lock`, `${process.pid} 1 ${bootId}`);
+  // Written "now": not an empty-lock takeover either.
+  const future = new Date(Date.now() + 3_600_000);
+  fs.utimesSync(`${dataDir}.lock`, future, future);
+  const taker = lockTaker(dataDir);
+  try {
+    await taker.out.waitFor(/READY/);
+    await within(10_000, "takeover", taker.out.waitFor(/HELD/));
+    assert.match(taker.out.stdout(), /taking over/);
+    assert.doesNotMatch(taker.out.stdout(), /waiting for process/);
+    taker.say();
+    assert.equal((await taker.done).code, 0);
+  } finally {
+    taker.child.kill("SIGKILL");
+  }
+});
+
+test("SIGTERM while start-up waits for another start's lock: exits 0 at once, having started nothing", async () => {
+  const dataDir = path.join(home, "lock-signal");
+  fs.mkdirSync(dataDir);
+  const holder = spawn("sleep", ["600"], { stdio: "ignore" }); // a live start holding the lock
+  fs.writeFileSync(path.join(dataDir, "pg.lock"), String(holder.pid));
+  // Shutdown bound 10 s: before the fix the lock wait (2 min) outlasted it and the forced exit was 1.
+  const env = cleanEnv({
+    ASSAY_DATA_DIR: dataDir,
+    LOG_LEVEL: "info",
+    ASSAY_SHUTDOWN_GRACE_MS: "0",
+    ASSAY_KILL_GRACE_MS: "0",
+  });
+  const child = spawnCli(["worker"], env);
+  const out = watch(child);
+  const done = collect(child);
+  try {
+    await out.waitFor(/waiting for process/);
+    child.kill("SIGTERM");
+    const exit = await done;
+    assert.equal(exit.code, 0, `${exit.code} ${exit.signal}\n${exit.stdout.slice(-1500)}\n${exit.stderr}`);
+    assert.match(exit.stdout, /"msg":"stopped"/);
+    assert.doesNotMatch(exit.stdout, /initialising|listening|forced/);
+    assert.equal(fs.existsSync(path.join(dataDir, "pg")), false, "no cluster made");
+    assert.equal(
+      fs.readFileSync(path.join(dataDir, "pg.lock"), "utf8"),
+      String(holder.pid),
+      "the holder's lock kept",
+    );
+  } finally {
+    child.kill("SIGKILL");
+    holder.kill("SIGKILL");
   }
 });

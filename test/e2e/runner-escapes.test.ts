@@ -11,7 +11,7 @@ import { after, before, test } from "node:test";
 import { outcomeOf } from "../../src/runner/handler.ts";
 import { MIN_DRAIN_MS, type ProcessResult, runProcess } from "../../src/runner/run-process.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
-import { alive, fixtureProgram, runnerEnv, runOutputDir } from "../helpers/runner.ts";
+import { alive, fixtureProgram, runnerEnv } from "../helpers/runner.ts";
 
 /**
  * The analysis: starts a process in a session of its own that inherits its stdout and stderr and lives
@@ -124,7 +124,17 @@ test("a process that left the group holds stdout and stderr: the run settles a g
   assert.equal(r.timedOut, false);
   assert.equal(r.isCanceled, false);
   assert.ok(r.durationMs >= MIN_DRAIN_MS, `it waited for the pipes first (${r.durationMs} ms)`);
-  assert.equal(outcomeOf(r, { ok: true }).status, "succeeded");
+  // But a process it started outlived it, holding its output: the run fails, its outputs unkept.
+  assert.deepEqual(
+    { ...outcomeOf(r, { ok: true }), result: undefined },
+    {
+      status: "failed",
+      errorCode: "ANALYSIS_PROCESS_FAILED",
+      errorMessage: "a process the program started outlived it, holding its output",
+      transient: false,
+      result: undefined,
+    },
+  );
   // Without a marker nothing can find it: it lives on (killed by this test's `after`).
   assert.ok(alive(seen.escaped));
 });
@@ -178,10 +188,13 @@ test("through a worker: the run is recorded, the escaped process is killed and t
     const task = await waitForTerminal(env.db.sql, taskId, 30_000);
     // The slot was freed and nothing is left running: the worker stops in bounded time.
     await within(w.stop(), 20_000, "Worker.stop()");
-    // The program exited 0 with a valid result and output: it succeeded (see the runner's docs).
-    assert.equal(task.status, "succeeded");
-    const [run] = await env.db.sql`select id::float8 from runs where task_id = ${taskId}`;
-    assert.ok(fs.existsSync(path.join(await runOutputDir(env, run?.id), "out.json")));
+    // The program exited 0 with a valid result, but left a process holding its output: it failed, and
+    // nothing it wrote was kept (the holder was killed before the outputs were looked at).
+    assert.equal(task.status, "failed");
+    const [run] = await env.db
+      .sql`select id::float8, error_code, output_key from runs where task_id = ${taskId}`;
+    assert.equal(run?.error_code, "ANALYSIS_PROCESS_FAILED");
+    assert.equal(run?.output_key, null);
     await waitFor(async () => !alive(escaped), 10_000, "the escaped process to be killed");
   } finally {
     // Stops its workers too: bounded, since a worker whose attempt never settles never stops.

@@ -111,8 +111,11 @@ test("a worker wait shorter than the lease TTL is refused at start-up, naming bo
   // The reviewer's case: 5 s against the default 30 s lease, whose heartbeat comes every 10 s.
   refused({ ASSAY_WORKER_WAIT_MS: "5000" }, 5000, 30_000);
   refused({ ASSAY_WORKER_WAIT_MS: "29999" }, 29_999, 30_000);
-  // A long lease against the default wait (10 minutes) as well.
-  refused({ ASSAY_LEASE_TTL_MS: "900000" }, 600_000, 900_000);
+  // A long lease with the wait left unset: the wait is the TTL (this was valid before the rule, and
+  // must not fail every command); set explicitly shorter, it is refused.
+  assert.equal(loadConfig({ ASSAY_LEASE_TTL_MS: "900000" }).workerWaitMs, 900_000);
+  assert.equal(loadConfig({}).workerWaitMs, 600_000);
+  refused({ ASSAY_LEASE_TTL_MS: "900000", ASSAY_WORKER_WAIT_MS: "600000" }, 600_000, 900_000);
   assert.equal(loadConfig({ ASSAY_WORKER_WAIT_MS: "30000" }).workerWaitMs, 30_000);
   assert.equal(loadConfig({ ASSAY_WORKER_WAIT_MS: "1000", ASSAY_LEASE_TTL_MS: "1000" }).workerWaitMs, 1000);
   // Either value invalid on its own: that one line only.

@@ -1,0 +1,38 @@
+// The logger's redaction (src/log.ts): secrets never reach a log line, wherever they sit in the object.
+import assert from "node:assert/strict";
+import { Writable } from "node:stream";
+import { test } from "node:test";
+import { createLogger } from "../../src/log.ts";
+
+function capture() {
+  const lines: string[] = [];
+  const destination = new Writable({
+    write(chunk, _encoding, done) {
+      lines.push(String(chunk));
+      done();
+    },
+  });
+  return { lines, destination };
+}
+
+test("an error from parsing DATABASE_URL is logged without the URL it carries (Node's err.input)", () => {
+  const { lines, destination } = capture();
+  const logger = createLogger({ level: "info", destination });
+  // An unescaped `#` in the password: the URL parser fails, and its error holds the whole URL.
+  let parseError: unknown;
+  try {
+    new URL("postgres://assay:S3cr#tPw@127.0.0.1:5432/assay");
+  } catch (err) {
+    parseError = err;
+  }
+  assert.equal(
+    (parseError as { input?: string }).input?.includes("S3cr"),
+    true,
+    "the premise: it carries the URL",
+  );
+  logger.error({ err: parseError }, "start-up failed");
+  logger.error({ err: new Error("could not connect", { cause: parseError }) }, "start-up failed");
+  assert.equal(lines.length, 2);
+  for (const line of lines) assert.ok(!line.includes("S3cr"), line);
+  assert.match(lines[0] as string, /ERR_INVALID_URL/, "the error itself is still logged");
+});
