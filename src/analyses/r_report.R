@@ -8,9 +8,15 @@
 # lines ignored, every record as long as the header; cells are trimmed of spaces, tabs, CR and LF;
 # "" and NA are missing; NaN/Inf/Infinity (any case, signed) and numbers beyond the double range are
 # missing too and counted in a note; a column is numeric when it has a number and no text.
+# The input is read and parsed BLOCK bytes at a time (a record longer than that is carried over whole):
+# memory is bounded by the block, the longest record and the numeric columns' values (8 bytes each, for
+# the median and the histograms). Time is linear in the input: no regular expression here can backtrack
+# more than once over a run of characters, whatever a cell holds (200,000 digits, 50,000 spaces), and
+# nothing is done once per column per row.
 
 MAX_PANELS <- 12L
 BINS <- 20L
+BLOCK <- 1048576
 
 json_str <- function(s) {
   s <- gsub("\\\\", "\\\\\\\\", s)
@@ -79,31 +85,79 @@ parse_params <- function(raw) {
   list(title = s)
 }
 
-# Fields and record boundaries of a whole CSV text (marked "bytes"): one anchored regular expression
-# matches a field and its terminator at a time; the first byte it cannot match is an error.
-parse_csv <- function(text) {
-  re <- "\\G(?:\"((?:[^\"]++|\"\")*+)\"|([^,\"\r\n][^,\r\n]*+|))(,|\r?\n|\r?\\z)"
-  m <- gregexpr(re, text, perl = TRUE, useBytes = TRUE)[[1]]
+# Fields of CSV text (marked "bytes") that starts at a record's start: one anchored regular expression
+# matches a field and its terminator at a time; the first byte it cannot match is an error. Unless
+# `final`, only whole records are taken — up to the last field that ends in a line end — and a quoted
+# field still open at the end of the text is not an error: its record goes on in the next block.
+# `used`: the bytes taken (0 when the text holds no whole record yet); `need`: a byte that can finish
+# the record left over, a quote when it ends in an open quoted field, else LF.
+FIELD_RE <- "\\G(?:\"((?:[^\"]++|\"\")*+)\"|([^,\"\r\n][^,\r\n]*+|))(,|\r?\n|\r?\\z)"
+OPEN_QUOTED_RE <- "^\"(?:[^\"]++|\"\")*+\\z"
+LF <- as.raw(10)
+QUOTE <- as.raw(0x22)
+parse_csv <- function(text, final, offset) {
   total <- nchar(text, type = "bytes")
-  if (m[1] != 1) die(3, "malformed CSV at byte 1")
-  n <- length(m)
-  end <- m[n] + attr(m, "match.length")[n] - 1
-  if (end < total) die(3, sprintf("malformed CSV at byte %d (a quote opened or closed mid-field, or a bare CR)", end + 1))
+  m <- gregexpr(FIELD_RE, text, perl = TRUE, useBytes = TRUE)[[1]]
+  n <- if (m[1] == 1) length(m) else 0L
+  end <- if (n > 0) m[n] + attr(m, "match.length")[n] - 1 else 0
+  open <- FALSE
+  if (end < total) {
+    open <- !final && substr(text, end + 1, end + 1) == "\"" &&
+      grepl(OPEN_QUOTED_RE, substring(text, end + 1, total), perl = TRUE, useBytes = TRUE)
+    if (!open && end == 0) die(3, sprintf("malformed CSV at byte %.0f", offset + 1))
+    if (!open) {
+      die(3, sprintf("malformed CSV at byte %.0f (a quote opened or closed mid-field, or a bare CR)", offset + end + 1))
+    }
+  }
+  need <- if (open) QUOTE else LF
+  if (n == 0) return(list(used = 0, need = need))
   cs <- attr(m, "capture.start")
   cl <- attr(m, "capture.length")
-  quoted <- cs[, 1] > 0
-  start <- ifelse(quoted, cs[, 1], cs[, 2])
-  len <- ifelse(quoted, cl[, 1], cl[, 2])
+  terminator <- substring(text, cs[, 3], cs[, 3] + cl[, 3] - 1)
+  k <- n
+  if (!final) {
+    newline <- terminator == "\n" | terminator == "\r\n"
+    if (!any(newline)) return(list(used = 0, need = need))
+    k <- max(which(newline))
+  }
+  keep <- seq_len(k)
+  quoted <- cs[keep, 1] > 0
+  start <- ifelse(quoted, cs[keep, 1], cs[keep, 2])
+  len <- ifelse(quoted, cl[keep, 1], cl[keep, 2])
   values <- substring(text, start, start + len - 1)
   values[quoted] <- gsub("\"\"", "\"", values[quoted], fixed = TRUE)
+  # every byte that is not a separator is in a value: the text is UTF-8 when every value is
+  if (!all(validUTF8(values))) die(3, "the input is not UTF-8 text")
   Encoding(values) <- "UTF-8"
-  ends <- substring(text, cs[, 3], cs[, 3]) != ","
-  if (!ends[n]) { # "1,2," at the very end: the record ends with an empty field
+  ends <- terminator[keep] != ","
+  if (!ends[k]) { # "1,2," at the very end: the record ends with an empty field
     values <- c(values, "")
     ends <- c(ends, TRUE)
   }
-  record <- cumsum(c(1L, head(ends, -1)))
-  list(values = values, record = record)
+  used <- if (final) total else m[k] + attr(m, "match.length")[k] - 1
+  list(used = used, need = need, values = values, ends = ends)
+}
+
+# Spaces, tabs, CR and LF off both ends (as trimws(x, whitespace = "[ \t\r\n]"), whose "[ \t\r\n]+$"
+# was retried at every space of a run inside a cell: O(n^2) on 50,000 spaces). The trailing run is
+# matched only where it starts, after the last other character, so each run is scanned once.
+trim <- function(x) {
+  edge <- grepl("^[ \t\r\n]|[ \t\r\n]$", x, perl = TRUE)
+  if (any(edge)) {
+    y <- sub("^[ \t\r\n]+", "", x[edge], perl = TRUE)
+    x[edge] <- sub("(?<=[^ \t\r\n])[ \t\r\n]++$", "", y, perl = TRUE)
+  }
+  x
+}
+
+# The percentage of x's values in each of BINS equal bins between its minimum and maximum.
+histogram_percents <- function(x) {
+  s <- scale_of(x)
+  lo <- min(x) / s
+  span <- max(x) / s - lo
+  u <- if (span > 0) (x / s - lo) / span else rep(0.5, length(x))
+  bin <- pmin(floor(u * BINS), BINS - 1L) + 1L
+  100 * tabulate(bin, nbins = BINS) / length(x)
 }
 
 # A power of two near the largest magnitude: x / scale is exact and of order 1, so sums and squares of
@@ -148,114 +202,194 @@ params <- parse_params(if (is.null(opt[["params"]])) "{}" else opt[["params"]])
 emit_progress(0, "reading input")
 size <- file.size(opt[["input"]])
 if (is.na(size)) die(2, "cannot read the input")
+# Unambiguous: the digits before a dot can be split only one way (the old "[0-9]+\.?[0-9]*" could
+# split a run of n digits n ways: O(n^2) to refuse a long digit run that is not a number).
+NUMBER <- "^[+-]?(?:[0-9]+(?:\\.[0-9]*)?|\\.[0-9]+)(?:[eE][+-]?[0-9]+)?$"
+NON_FINITE <- "^[+-]?(nan|inf|infinity)$"
+# Per column, from the header on: text cells (a column with one is not numeric, and is not looked at
+# again), NaN/Infinity cells, and the finite numbers, as a list of vectors in row order.
+header <- NULL
+text_count <- integer(0)
+non_finite <- integer(0)
+values_of <- list()
+pending_x <- list() # numbers not yet filed by column, and their columns
+pending_col <- list()
+pending_n <- 0
+nrows <- 0L
+records_seen <- 0 # blank ones included, for messages
 con <- file(opt[["input"]], "rb")
-chunks <- list()
+carry <- raw(0) # the start of a record not finished yet
+waiting <- list() # blocks read after it, not parsed yet
+waiting_bytes <- 0
+need <- LF # a byte that can finish that record (see parse_csv)
+need_seen <- FALSE
+offset <- 0 # bytes parsed (after a byte-order mark)
 read <- 0
 next_progress <- 5
 repeat {
-  chunk <- readBin(con, what = "raw", n = 1048576)
-  if (length(chunk) == 0) break
-  if (any(chunk == as.raw(0))) die(3, "the input is binary, not CSV")
-  chunks[[length(chunks) + 1]] <- chunk
-  read <- read + length(chunk)
-  percent <- floor(read / max(size, 1) * 50)
-  if (percent >= next_progress) {
-    emit_progress(percent, "reading input")
-    next_progress <- percent + 5
+  chunk <- readBin(con, what = "raw", n = BLOCK)
+  final <- length(chunk) == 0
+  if (!final) {
+    if (any(chunk == as.raw(0))) die(3, "the input is binary, not CSV")
+    first <- read == 0
+    read <- read + length(chunk)
+    if (first && length(chunk) >= 3 && identical(chunk[1:3], as.raw(c(0xef, 0xbb, 0xbf)))) chunk <- chunk[-(1:3)]
+    waiting[[length(waiting) + 1L]] <- chunk
+    waiting_bytes <- waiting_bytes + length(chunk)
+    need_seen <- need_seen || any(chunk == need)
+    rm(chunk)
+    percent <- floor(read / max(size, 1) * 55)
+    if (percent >= next_progress) {
+      emit_progress(percent, "reading input")
+      next_progress <- percent + 5
+    }
+    # Parsed when the blocks can finish the record carried over; a long record only each time it has
+    # grown by a quarter, so that it is parsed O(log n) times, not once per block.
+    if (!need_seen || waiting_bytes < length(carry) / 4) next
   }
+  bytes <- do.call(c, c(list(carry), waiting))
+  carry <- raw(0)
+  waiting <- list()
+  waiting_bytes <- 0
+  need_seen <- FALSE
+  used <- 0
+  if (length(bytes) > 0) {
+    text <- rawToChar(bytes)
+    rm(bytes)
+    Encoding(text) <- "bytes"
+    parsed <- parse_csv(text, final, offset)
+    used <- parsed$used
+    need <- parsed$need
+    total <- nchar(text, type = "bytes")
+    carry <- if (used < total) charToRaw(substring(text, used + 1, total)) else raw(0)
+    rm(text)
+    offset <- offset + used
+  }
+  if (used > 0) {
+    values <- parsed$values
+    ends <- parsed$ends
+    rm(parsed)
+    record <- cumsum(c(1L, head(ends, -1)))
+    nrec <- record[length(record)]
+    fields_per_record <- tabulate(record, nbins = nrec)
+    body <- !(fields_per_record == 1 & values[cumsum(fields_per_record)] == "") # not blank
+    if (is.null(header) && any(body)) {
+      h <- which(body)[1]
+      header <- trim(values[record == h])
+      if (any(header == "")) die(3, "the first line is not a CSV header")
+      if (anyDuplicated(header)) die(3, paste("duplicate column name:", header[anyDuplicated(header)]))
+      ncol <- length(header)
+      text_count <- integer(ncol)
+      non_finite <- integer(ncol)
+      values_of <- rep(list(list()), ncol)
+      body[h] <- FALSE
+    }
+    if (any(body)) {
+      short_or_long <- which(body & fields_per_record != ncol)
+      if (length(short_or_long) > 0) {
+        r <- short_or_long[1]
+        die(3, sprintf("record %.0f: %d fields, the header has %d", records_seen + r, fields_per_record[r], ncol))
+      }
+      nrows <- nrows + sum(body)
+      v <- values[body[record]] # the body's cells, row by row
+      col <- rep_len(seq_len(ncol), length(v))
+      live <- text_count[col] == 0
+      v <- trim(v[live])
+      col <- col[live]
+      missing <- v == ""
+      two <- nchar(v) == 2L # toupper() maps character to character: only 2 can make "NA" (and no copy of a long cell)
+      missing[two] <- toupper(v[two]) == "NA"
+      number <- grepl(NUMBER, v, perl = TRUE)
+      non_finite_text <- grepl(NON_FINITE, v, ignore.case = TRUE, perl = TRUE)
+      x <- as.numeric(v[number])
+      x_col <- col[number]
+      finite <- is.finite(x)
+      text_count <- text_count + tabulate(col[!missing & !number & !non_finite_text], ncol)
+      non_finite <- non_finite + tabulate(col[non_finite_text], ncol) + tabulate(x_col[!finite], ncol)
+      if (any(finite)) {
+        pending_x[[length(pending_x) + 1L]] <- x[finite]
+        pending_col[[length(pending_col) + 1L]] <- x_col[finite]
+        pending_n <- pending_n + sum(finite)
+      }
+      rm(v, col, live, missing, number, non_finite_text, x, x_col, finite)
+    }
+    records_seen <- records_seen + nrec
+    rm(values, ends, record, fields_per_record, body)
+  }
+  # File the pending numbers by column now and then (at least 16 a column on average): not once per
+  # column per block, which a file of wide rows would make slow.
+  if (pending_n > 0 && (final || pending_n >= max(BLOCK, 16 * length(header)))) {
+    x <- unlist(pending_x, use.names = FALSE)
+    x_col <- unlist(pending_col, use.names = FALSE)
+    pending_x <- list()
+    pending_col <- list()
+    pending_n <- 0
+    live <- text_count[x_col] == 0
+    by_col <- split(x[live], x_col[live])
+    cols <- as.integer(names(by_col))
+    for (k in seq_along(by_col)) values_of[[cols[k]]][[length(values_of[[cols[k]]]) + 1L]] <- by_col[[k]]
+    dead <- text_count > 0 & lengths(values_of) > 0
+    if (any(dead)) values_of[dead] <- list(list())
+    rm(x, x_col, live, by_col, cols)
+  }
+  if (final) break
 }
 close(con)
-bytes <- do.call(c, c(list(raw(0)), chunks))
-if (length(bytes) >= 3 && identical(bytes[1:3], as.raw(c(0xef, 0xbb, 0xbf)))) bytes <- bytes[-(1:3)]
-text <- rawToChar(bytes)
-if (!validUTF8(text)) die(3, "the input is not UTF-8 text")
-Encoding(text) <- "bytes"
-emit_progress(55, "parsing CSV")
-parsed <- parse_csv(text)
-fields_per_record <- tabulate(parsed$record)
-blank <- fields_per_record == 1 & parsed$values[cumsum(fields_per_record)] == ""
-kept <- which(!blank)
-if (length(kept) == 0) die(3, "the input is empty")
-trim <- function(x) trimws(x, whitespace = "[ \t\r\n]")
-header <- trim(parsed$values[parsed$record == kept[1]])
-if (any(header == "")) die(3, "the first line is not a CSV header")
-if (anyDuplicated(header)) die(3, paste("duplicate column name:", header[anyDuplicated(header)]))
-body <- kept[-1]
-short_or_long <- body[fields_per_record[body] != length(header)]
-if (length(short_or_long) > 0) {
-  r <- short_or_long[1]
-  die(3, sprintf("record %d: %d fields, the header has %d", r, fields_per_record[r], length(header)))
-}
-nrows <- length(body)
-cells <- matrix(trim(parsed$values[parsed$record %in% body]), ncol = length(header), byrow = TRUE)
-rm(parsed, text, bytes, chunks)
+if (is.null(header)) die(3, "the input is empty")
+numeric_cols <- which(text_count == 0 & lengths(values_of) > 0)
+if (length(numeric_cols) == 0) die(3, "no numeric column")
+numeric_names <- header[numeric_cols]
 
 emit_progress(60, "computing statistics")
-NUMBER <- "^[+-]?([0-9]+\\.?[0-9]*|\\.[0-9]+)([eE][+-]?[0-9]+)?$"
-NON_FINITE <- "^[+-]?(nan|inf|infinity)$"
-columns <- lapply(seq_along(header), function(j) {
-  v <- cells[, j]
-  missing <- v == "" | toupper(v) == "NA"
-  number <- grepl(NUMBER, v, perl = TRUE)
-  non_finite_text <- grepl(NON_FINITE, v, ignore.case = TRUE, perl = TRUE)
-  x <- as.numeric(v[number])
-  list(
-    name = header[j],
-    x = x[is.finite(x)],
-    text = sum(!missing & !number & !non_finite_text),
-    non_finite = sum(non_finite_text) + sum(!is.finite(x))
-  )
-})
-numeric <- Filter(function(col) length(col$x) > 0 && col$text == 0, columns)
-if (length(numeric) == 0) die(3, "no numeric column")
-numeric_names <- vapply(numeric, function(col) col$name, character(1))
-
 fmt <- function(v) if (is.na(v) || !is.finite(v)) "" else format(v, digits = 6)
-rows <- vapply(numeric, function(col) {
-  x <- col$x
+# One column at a time: its values as one vector, its row of the table and, for the first MAX_PANELS,
+# its histogram; then they are dropped.
+rows <- character(length(numeric_cols))
+escaped_names <- html_escape(numeric_names)
+plotted <- head(seq_along(numeric_cols), MAX_PANELS)
+percents <- vector("list", length(plotted))
+ranges <- vector("list", length(plotted))
+for (k in seq_along(numeric_cols)) {
+  j <- numeric_cols[k]
+  x <- unlist(values_of[[j]], use.names = FALSE)
+  values_of[j] <- list(NULL)
   stats <- list(mean = stable_mean(x), stdev = stable_sd(x), min = min(x), median = stable_median(x), max = max(x))
   notes <- character(0)
   for (s in names(stats)) {
     if (!is.na(stats[[s]]) && !is.finite(stats[[s]])) notes <- c(notes, paste(s, "overflows"))
   }
-  if (col$non_finite > 0) notes <- c(notes, sprintf("%d NaN/Infinity values treated as missing", col$non_finite))
-  sprintf(
+  if (non_finite[j] > 0) notes <- c(notes, sprintf("%d NaN/Infinity values treated as missing", non_finite[j]))
+  rows[k] <- sprintf(
     "<tr><td>%s</td><td>%d</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>",
-    html_escape(col$name), length(x), fmt(stats$mean), fmt(stats$stdev), fmt(stats$min),
-    fmt(stats$median), fmt(stats$max), html_escape(paste(notes, collapse = "; "))
+    escaped_names[k], length(x), fmt(stats$mean), fmt(stats$stdev), fmt(stats$min),
+    fmt(stats$median), fmt(stats$max), if (length(notes) > 0) html_escape(paste(notes, collapse = "; ")) else ""
   )
-}, character(1))
+  if (k <= MAX_PANELS) {
+    percents[[k]] <- histogram_percents(x)
+    ranges[[k]] <- c(min(x), max(x))
+  }
+}
+x <- NULL
 
 # Small multiples: one panel per numeric column, each binned in BINS equal bins between the column's
 # own minimum and maximum (printed under the panel), all on one vertical scale: the percentage of
 # the column's values in a bin, from 0 to the tallest bar of any panel.
 emit_progress(80, "drawing histograms")
-plotted <- head(numeric, MAX_PANELS)
-left_out <- numeric_names[-seq_along(plotted)]
-percents <- lapply(plotted, function(col) {
-  x <- col$x
-  s <- scale_of(x)
-  lo <- min(x) / s
-  span <- max(x) / s - lo
-  u <- if (span > 0) (x / s - lo) / span else rep(0.5, length(x))
-  bin <- pmin(floor(u * BINS), BINS - 1L) + 1L
-  100 * tabulate(bin, nbins = BINS) / length(x)
-})
+left_out <- numeric_names[-plotted]
 ymax <- max(unlist(percents))
 panel_cols <- min(length(plotted), 3L)
 panel_rows <- ceiling(length(plotted) / panel_cols)
 png_file <- tempfile(fileext = ".png")
 png(png_file, width = 320 * panel_cols, height = 240 * panel_rows, type = "cairo")
 par(mfrow = c(panel_rows, panel_cols), mar = c(3, 4, 2, 1), mgp = c(2, 0.6, 0))
-for (k in seq_along(plotted)) {
-  col <- plotted[[k]]
+for (k in plotted) {
   plot.new()
   plot.window(xlim = c(0, 1), ylim = c(0, ymax))
   edges <- seq(0, 1, length.out = BINS + 1)
   rect(edges[-(BINS + 1)], 0, edges[-1], percents[[k]], col = "grey70", border = "white")
-  axis(1, at = c(0, 1), labels = c(format(min(col$x), digits = 4), format(max(col$x), digits = 4)))
+  axis(1, at = c(0, 1), labels = c(format(ranges[[k]][1], digits = 4), format(ranges[[k]][2], digits = 4)))
   axis(2, las = 1)
-  title(main = col$name, ylab = "% of values")
+  title(main = numeric_names[k], ylab = "% of values")
 }
 invisible(dev.off())
 png_bytes <- readBin(png_file, what = "raw", n = file.size(png_file))
@@ -270,7 +404,7 @@ html <- c(
   "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style>",
   "</head><body>",
   sprintf("<h1>%s</h1>", html_escape(title)),
-  sprintf("<p>%d rows, %d columns, %d numeric.</p>", nrows, length(header), length(numeric)),
+  sprintf("<p>%d rows, %d columns, %d numeric.</p>", nrows, length(header), length(numeric_cols)),
   "<table><thead><tr><th>column</th><th>n</th><th>mean</th><th>stdev</th><th>min</th><th>median</th><th>max</th><th>notes</th></tr></thead><tbody>",
   rows,
   "</tbody></table>",
@@ -296,5 +430,5 @@ writeLines(html, file.path(opt[["output-dir"]], "report.html"), useBytes = TRUE)
 emit_progress(95, "report written")
 cat(sprintf(
   "{\"type\":\"result\",\"outputFileName\":\"report.html\",\"metrics\":{\"rows\":%d,\"numericColumns\":%d}}\n",
-  nrows, length(numeric)
+  nrows, length(numeric_cols)
 ))

@@ -137,6 +137,13 @@ for (const c of cases) {
       }
     });
 
+    test("an input that cannot be read (missing) → exit 2, as bad parameters", async () => {
+      const params = c.type === "python-stats" ? { method: "mean" } : c.params;
+      const { r } = await run(p as Program, path.join(work, "no-such-file.csv"), params);
+      assert.equal(r.exitCode, 2, r.stderrTail); // summary exited 1 (uncaught ENOENT)
+      assert.match(r.stderrTail, /cannot read the input/);
+    });
+
     test("bad parameters → exit 2", async () => {
       for (const params of c.badParams) {
         const { r } = await run(p as Program, file("good"), params);
