@@ -23,6 +23,9 @@ const UNSAFE = /[\u0000-\u001f\u007f/\\<>:"|?*]/g;
  */
 const RESERVED = /^(con|prn|aux|nul|com[1-9¹²³]|lpt[1-9¹²³]) *$/i;
 
+/** Whether `name` is a Windows device name up to its first dot (`CON.csv`, `nul .txt`, `LPT1`). */
+export const isDeviceName = (name: string) => RESERVED.test(name.split(".", 1)[0] as string);
+
 /**
  * The longest name, in UTF-8 bytes, that Linux's file systems hold (ext4, XFS, Btrfs: 255 bytes;
  * macOS and Windows count 255 UTF-16 units, which this never exceeds). An upload's name may be 255
@@ -71,7 +74,7 @@ export function safeSegment(name: string): string {
   if (clean === "") return "input";
   // The device name's `_` first, then the cut: the `_` counts towards the limit (added after, a name
   // cut to 255 bytes became 256). A cut may leave a dot or a space at the end again.
-  const named = RESERVED.test(clean.split(".", 1)[0] as string) ? `_${clean}` : clean;
+  const named = isDeviceName(clean) ? `_${clean}` : clean;
   return trailing(fitBytes(named, MAX_SEGMENT_BYTES));
 }
 

@@ -118,7 +118,10 @@ interface Pending<T> {
   seconds: number | null;
   value: T;
   endedAt: number;
-  /** How many statements refused a batch holding it, for a reason not the connection's (writeBatch). */
+  /**
+   * How many statements refused a batch holding it, for any reason (writeBatch; only a constraint's
+   * refusal, class 23, looks at the count).
+   */
   refusals?: number;
   /** `value` is the fixed stand-in for what the database refused (unrecordable()). */
   standIn?: boolean;

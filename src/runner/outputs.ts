@@ -8,6 +8,7 @@
 // while the earlier attempt's process may still be running: each attempt owns its key.
 import fs from "node:fs";
 import path from "node:path";
+import { isDeviceName } from "../files/folder-names.ts";
 
 /** The output key of an attempt (see above). */
 export const attemptOutputKey = (taskId: number, runId: number, attempt: number, token: string) =>
@@ -32,16 +33,13 @@ export const OUTPUT_LIMITS = {
  */
 export const SAFE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
-/** A name Windows keeps for a device (`con.json`, `NUL.txt`, `com1.csv`): up to the first dot. */
-const DEVICE_NAME = /^(con|prn|aux|nul|com[1-9]|lpt[1-9])(\.|$)/i;
-
 /**
  * Names a script may give its outputs: SAFE_NAME, and none that Windows keeps for a device — a zip or
  * a download of it could not be extracted or written there (the folder names follow the same rules,
  * files/folder-names.ts). Only new outputs are held to this: one recorded before it was refused
  * (`aux.json`) is still served.
  */
-export const newOutputName = (name: string) => SAFE_NAME.test(name) && !DEVICE_NAME.test(name);
+export const newOutputName = (name: string) => SAFE_NAME.test(name) && !isDeviceName(name);
 
 export type OutputCheck = { ok: true; files: OutputFile[] } | { ok: false; message: string };
 

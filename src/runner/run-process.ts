@@ -8,6 +8,7 @@
 
 import { type ChildProcess, spawn } from "node:child_process";
 import os from "node:os";
+import { setTimeout as delay } from "node:timers/promises";
 import type { GroupRegistry } from "./group-guard.ts";
 import {
   DEFAULT_JSONL_LIMITS,
@@ -68,7 +69,8 @@ export interface ProcessResult {
   result: ResultEvent | undefined;
   /**
    * stdout or stderr was still open when the wait for `close` after the leader's exit ended: a process
-   * that left the group held it. What it wrote after that is not read; the exit stands as it was.
+   * that left the group held it. What it wrote after that is not read; the exit code is reported as it
+   * was, and outcomeOf fails the run for it.
    */
   outputHeld: boolean;
   stderrTail: string;
@@ -82,8 +84,6 @@ const STDERR_TAIL_CHARS = 4096;
  * the program wrote just before it exited may still be unread when its exit is seen.
  */
 export const MIN_DRAIN_MS = 1000;
-
-const sleepMs = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms).unref());
 
 export function runProcess(
   command: ProcessCommand,
@@ -169,7 +169,10 @@ export function runProcess(
           // the attempt's outputs next, and a holder still alive could write into them (the run fails
           // all the same: outcomeOf). Bounded: /proc is read once.
           if (limits.marker)
-            await Promise.race([killMarked(limits.marker).catch(() => []), sleepMs(MIN_DRAIN_MS)]);
+            await Promise.race([
+              killMarked(limits.marker).catch(() => []),
+              delay(MIN_DRAIN_MS, undefined, { ref: false }),
+            ]);
         }
         finish(code, sig);
       });
