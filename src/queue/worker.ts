@@ -119,8 +119,9 @@ interface Pending<T> {
   value: T;
   endedAt: number;
   /**
-   * How many statements refused a batch holding it, for any reason (writeBatch; only a constraint's
-   * refusal, class 23, looks at the count).
+   * How many statements refused a batch holding it for an integrity constraint (SQLSTATE class 23;
+   * writeBatch): the second such refusal blames the batch. Refusals for anything else are not
+   * counted, or an outage's would make the first constraint refusal after it look like a second.
    */
   refusals?: number;
   /** `value` is the fixed stand-in for what the database refused (unrecordable()). */
@@ -1129,7 +1130,7 @@ export class Worker {
   }
 
   private async refused<T, R>(batch: Pending<T>[], err: unknown, w: BatchWriter<T, R>): Promise<Written> {
-    for (const p of batch) p.refusals = (p.refusals ?? 0) + 1;
+    if (sqlStateOf(err)?.startsWith("23")) for (const p of batch) p.refusals = (p.refusals ?? 0) + 1;
     if (!inputAtFault(err, batch)) {
       // The connection's, the server's, or nothing the batch could be blamed for: the whole batch
       // again at the next flush, for as long as it takes (its leases are heartbeated meanwhile).
@@ -1498,15 +1499,21 @@ function parseCreated(payload: string): (CreatedTask & { type: string }) | undef
 /**
  * Whether a refused batch is to blame for its refusal (Worker.writeBatch): a data exception (SQLSTATE
  * class 22: a value the statement carried was refused, 22P05 a NUL) at once, an integrity constraint
- * violation (class 23) when the batch, or an outcome in it, was refused before as well. Nothing else:
+ * violation (class 23) when the batch, or an outcome in it, was refused for one before as well. Nothing else:
  * a connection's or a server's trouble (08, 53, 54 "too many notifications", 57, XX, a socket's, ...)
  * is waited out by retrying the whole batch, as it always was — blamed, a success would be recorded
- * as failed for a passing outage (a review). `batch` given: the refusals counted so far.
+ * as failed for a passing outage (a review). `batch` given: the constraint refusals counted so far.
  */
 function inputAtFault(err: unknown, batch?: readonly { refusals?: number }[]): boolean {
-  if (!(err instanceof Error) || err.name !== "PostgresError") return false;
-  const code = (err as { code?: unknown }).code;
-  if (typeof code !== "string") return false;
+  const code = sqlStateOf(err);
+  if (code === undefined) return false;
   if (code.startsWith("22")) return true;
   return code.startsWith("23") && (batch?.some((p) => (p.refusals ?? 0) > 1) ?? true);
+}
+
+/** The SQLSTATE of an error PostgreSQL raised, or undefined (a socket's, the client's, ...). */
+function sqlStateOf(err: unknown): string | undefined {
+  if (!(err instanceof Error) || err.name !== "PostgresError") return undefined;
+  const code = (err as { code?: unknown }).code;
+  return typeof code === "string" ? code : undefined;
 }

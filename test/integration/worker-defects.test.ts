@@ -288,6 +288,68 @@ test("a batch refused for the server's sake (a full NOTIFY queue: 54000) is retr
   }
 });
 
+test("a constraint's refusal right after an outage's is not taken for a second one: the outcome is recorded as it was", async () => {
+  // Every refusal used to count toward blaming the batch: one for the server's sake (here 54000) and
+  // then one constraint violation that does not recur recorded a success as failed.
+  await db.sql.unsafe(`
+    create table test_mixed_armed (armed boolean not null);
+    insert into test_mixed_armed values (false);
+    create sequence test_mixed_refusals;
+    create function test_refuse_mixed() returns trigger language plpgsql as $$
+      declare n bigint;
+      begin
+        if not (select armed from test_mixed_armed) then return new; end if;
+        n := nextval('test_mixed_refusals');
+        if n = 1 then raise exception 'too many notifications in the NOTIFY queue' using errcode = '54000'; end if;
+        if n = 2 then raise exception 'a passing conflict' using errcode = '23505'; end if;
+        return new;
+      end $$;
+    create trigger test_refuse_mixed before update on runs for each row
+      when (new.status in ('succeeded', 'failed') and new.analysis_type = 'refuse-mixed')
+      execute function test_refuse_mixed();`);
+  let release: () => void = () => {};
+  const gate = new Promise<void>((r) => {
+    release = r;
+  });
+  const w = worker({
+    "refuse-mixed": async () => {
+      await gate;
+      return { status: "succeeded" };
+    },
+  });
+  try {
+    const taskId = await createTask(db.sql, owner, "refuse-mixed", 1, { maxAttempts: 1 });
+    await w.start();
+    await waitFor(
+      async () =>
+        (await db.sql`select 1 from runs where task_id = ${taskId} and status in ('starting', 'running')`)
+          .length === 1,
+      10_000,
+      "the run to start",
+    );
+    await db.sql`update test_mixed_armed set armed = true`;
+    release();
+    const row = await waitForTerminal(db.sql, taskId, 15_000);
+    const [seq] = await db.sql<{ n: string }[]>`select last_value::text as n from test_mixed_refusals`;
+    assert.equal(seq?.n, "3", "refused twice, then written");
+    assert.equal(row.status, "succeeded");
+    const [run] = await db.sql<RunRow[]>`select status, error_code from runs where task_id = ${taskId}`;
+    assert.equal(run?.status, "succeeded");
+    assert.equal(run?.error_code, null);
+  } finally {
+    release();
+    try {
+      await stopWithin(w);
+    } finally {
+      await db.sql.unsafe(`
+        drop trigger test_refuse_mixed on runs;
+        drop function test_refuse_mixed();
+        drop sequence test_mixed_refusals;
+        drop table test_mixed_armed;`);
+    }
+  }
+});
+
 test("runs the next owner's claim took start when the fair claim after it fails", async () => {
   let failFair = false;
   // The pool, with the fair claim's statement (claimStatement's) made to fail on demand, as a dropped
