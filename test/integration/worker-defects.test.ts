@@ -223,6 +223,58 @@ test("outcomes the database refuses do not keep the rest of their batch, or late
   }
 });
 
+/**
+ * `n` runs of `type` (one attempt each) that succeed, held until all have started; then `arm()` (a
+ * refusal set up by the caller's trigger) and their release. Every run is awaited to its end and the
+ * worker stopped, `cleanup` run in any case. Returns the task's row and the runs given up.
+ */
+async function succeedThrough(
+  type: string,
+  n: number,
+  arm: () => Promise<unknown>,
+  cleanup: string,
+): Promise<{ taskId: string; row: Awaited<ReturnType<typeof waitForTerminal>>; discarded: number[] }> {
+  let release: () => void = () => {};
+  const gate = new Promise<void>((r) => {
+    release = r;
+  });
+  const discarded: number[] = [];
+  const w = worker(
+    {
+      [type]: async () => {
+        await gate;
+        return { status: "succeeded" };
+      },
+    },
+    {
+      onDiscard: async (run) => {
+        discarded.push(run.id);
+      },
+    },
+  );
+  try {
+    const taskId = await createTask(db.sql, owner, type, n, { maxAttempts: 1 });
+    await w.start();
+    await waitFor(
+      async () =>
+        (await db.sql`select 1 from runs where task_id = ${taskId} and status in ('starting', 'running')`)
+          .length === n,
+      10_000,
+      `all ${n} runs to start`,
+    );
+    await arm();
+    release();
+    return { taskId, row: await waitForTerminal(db.sql, taskId, 15_000), discarded };
+  } finally {
+    release();
+    try {
+      await stopWithin(w);
+    } finally {
+      await db.sql.unsafe(cleanup);
+    }
+  }
+}
+
 test("a batch refused for the server's sake (a full NOTIFY queue: 54000) is retried whole until it is written", async () => {
   // A window of refusals no outcome is to blame for, as PostgreSQL raises when its NOTIFY queue is full
   // (every completion notifies): blamed, a success was recorded failed after two refusals, and one
@@ -240,52 +292,18 @@ test("a batch refused for the server's sake (a full NOTIFY queue: 54000) is retr
     create trigger test_refuse_for_a_while before update on runs for each row
       when (new.status in ('succeeded', 'failed') and new.analysis_type = 'refuse-window')
       execute function test_refuse_for_a_while();`);
-  let release: () => void = () => {};
-  const gate = new Promise<void>((r) => {
-    release = r;
-  });
-  const discarded: number[] = [];
-  const w = worker(
-    {
-      "refuse-window": async () => {
-        await gate;
-        return { status: "succeeded" };
-      },
-    },
-    {
-      onDiscard: async (run) => {
-        discarded.push(run.id);
-      },
-    },
-  );
-  try {
-    const taskId = await createTask(db.sql, owner, "refuse-window", 4, { maxAttempts: 1 });
-    await w.start();
-    await waitFor(
-      async () =>
-        (await db.sql`select 1 from runs where task_id = ${taskId} and status in ('starting', 'running')`)
-          .length === 4,
-      10_000,
-      "all four runs to start",
-    );
+  const { row, discarded } = await succeedThrough(
+    "refuse-window",
+    4,
     // Refused from here for 2.5 s: two or three flushes a second apart.
-    await db.sql`update test_refusal_window set until = clock_timestamp() + interval '2.5 seconds'`;
-    release();
-    const row = await waitForTerminal(db.sql, taskId, 15_000);
-    assert.equal(row.status, "succeeded");
-    assert.equal(row.succeeded, 4);
-    assert.deepEqual(discarded, [], "no outcome given up");
-  } finally {
-    release();
-    try {
-      await stopWithin(w);
-    } finally {
-      await db.sql.unsafe(`
-        drop trigger test_refuse_for_a_while on runs;
-        drop function test_refuse_for_a_while();
-        drop table test_refusal_window;`);
-    }
-  }
+    () => db.sql`update test_refusal_window set until = clock_timestamp() + interval '2.5 seconds'`,
+    `drop trigger test_refuse_for_a_while on runs;
+     drop function test_refuse_for_a_while();
+     drop table test_refusal_window;`,
+  );
+  assert.equal(row.status, "succeeded");
+  assert.equal(row.succeeded, 4);
+  assert.deepEqual(discarded, [], "no outcome given up");
 });
 
 test("a constraint's refusal right after an outage's is not taken for a second one: the outcome is recorded as it was", async () => {
@@ -307,47 +325,23 @@ test("a constraint's refusal right after an outage's is not taken for a second o
     create trigger test_refuse_mixed before update on runs for each row
       when (new.status in ('succeeded', 'failed') and new.analysis_type = 'refuse-mixed')
       execute function test_refuse_mixed();`);
-  let release: () => void = () => {};
-  const gate = new Promise<void>((r) => {
-    release = r;
-  });
-  const w = worker({
-    "refuse-mixed": async () => {
-      await gate;
-      return { status: "succeeded" };
-    },
-  });
-  try {
-    const taskId = await createTask(db.sql, owner, "refuse-mixed", 1, { maxAttempts: 1 });
-    await w.start();
-    await waitFor(
-      async () =>
-        (await db.sql`select 1 from runs where task_id = ${taskId} and status in ('starting', 'running')`)
-          .length === 1,
-      10_000,
-      "the run to start",
-    );
-    await db.sql`update test_mixed_armed set armed = true`;
-    release();
-    const row = await waitForTerminal(db.sql, taskId, 15_000);
-    const [seq] = await db.sql<{ n: string }[]>`select last_value::text as n from test_mixed_refusals`;
-    assert.equal(seq?.n, "3", "refused twice, then written");
-    assert.equal(row.status, "succeeded");
-    const [run] = await db.sql<RunRow[]>`select status, error_code from runs where task_id = ${taskId}`;
-    assert.equal(run?.status, "succeeded");
-    assert.equal(run?.error_code, null);
-  } finally {
-    release();
-    try {
-      await stopWithin(w);
-    } finally {
-      await db.sql.unsafe(`
-        drop trigger test_refuse_mixed on runs;
-        drop function test_refuse_mixed();
-        drop sequence test_mixed_refusals;
-        drop table test_mixed_armed;`);
-    }
-  }
+  const { taskId, row, discarded } = await succeedThrough(
+    "refuse-mixed",
+    1,
+    () => db.sql`update test_mixed_armed set armed = true`,
+    // Read before the sequence is dropped.
+    `drop trigger test_refuse_mixed on runs;
+     drop function test_refuse_mixed();`,
+  );
+  const [seq] = await db.sql<{ n: string }[]>`select last_value::text as n from test_mixed_refusals`;
+  const refusals = seq?.n;
+  await db.sql.unsafe("drop sequence test_mixed_refusals; drop table test_mixed_armed;");
+  assert.equal(refusals, "3", "refused twice, then written");
+  assert.equal(row.status, "succeeded");
+  assert.deepEqual(discarded, []);
+  const [run] = await db.sql<RunRow[]>`select status, error_code from runs where task_id = ${taskId}`;
+  assert.equal(run?.status, "succeeded");
+  assert.equal(run?.error_code, null);
 });
 
 test("runs the next owner's claim took start when the fair claim after it fails", async () => {
