@@ -5,6 +5,32 @@ import { Counter, Gauge, Histogram, type Registry } from "prom-client";
 import type { Sql } from "../db/client.ts";
 import type { EventHub } from "../events/hub.ts";
 
+/**
+ * How long a scrape waits for the queue read from PostgreSQL. Below Prometheus's default scrape timeout
+ * (10 s), so that a database that does not answer costs a scrape its queue gauges, not everything.
+ */
+export const QUEUE_READ_TIMEOUT_MS = 5000;
+/** A read of the finished totals that took longer than this is reused for a while (see read()). */
+const FINISHED_CHEAP_MS = 20;
+/** ...until this many times its duration has passed, or FINISHED_MAX_AGE_MS, whichever comes first. */
+const FINISHED_SPACING = 100;
+/** A read slowed by a moment's load must not freeze the totals for long. */
+const FINISHED_MAX_AGE_MS = 60_000;
+
+interface FinishedRow {
+  type: string;
+  s: number;
+  f: number;
+  t: number;
+  c: number;
+}
+
+interface QueueRead {
+  queued: { type: string; n: number; age: number }[];
+  running: { type: string; status: string; n: number }[];
+  finished: FinishedRow[];
+}
+
 /** Registers the collectors in `registry` and the hooks; `/metrics` itself is a route in http/app.ts. */
 export function apiMetrics(app: FastifyInstance, sql: Sql, hub: EventHub, registry: Registry): void {
   const duration = new Histogram({
@@ -41,19 +67,26 @@ export function apiMetrics(app: FastifyInstance, sql: Sql, hub: EventHub, regist
       this.inc({ kind: "doorbell" }, hub.received.doorbells);
     },
   });
+  // The queue gauges are read from PostgreSQL at scrape time: every one of them (and the error counter,
+  // so that a failure is counted in the scrape it spoiled) awaits the same read — the registry collects
+  // metrics concurrently. A scrape waits at most QUEUE_READ_TIMEOUT_MS for it: a database that does not
+  // answer (down, unreachable, the pool busy) must not cost the scrape its other metrics, which
+  // Prometheus would drop whole at its scrape timeout. A read that failed or did not answer in time
+  // leaves the queue gauges out of that scrape — never last scrape's values passed off as now's — and
+  // counts an error. A read still running is awaited by the next scrape rather than started again, so
+  // a slow database gets one read at a time. The partial indexes on runs serve both run queries.
   const scrapeErrors = new Counter({
     name: "assay_metrics_scrape_errors_total",
-    help: "Scrapes whose database queries failed",
+    help: "Scrapes whose queue read failed or did not answer in time (the queue gauges are left out of them)",
     registers: [registry],
+    collect: () => refresh(),
   });
-  // The queue gauges are read from PostgreSQL once per scrape: every one of them awaits the same read
-  // (the registry collects metrics concurrently). The partial indexes on runs serve both run queries.
-  let reading: Promise<void> | undefined;
+  let scrape: Promise<void> | undefined;
   const refresh = () => {
-    reading ??= read().finally(() => {
-      reading = undefined;
+    scrape ??= update().finally(() => {
+      scrape = undefined;
     });
-    return reading;
+    return scrape;
   };
   const queueGauge = (name: string, help: string, labelNames: string[]) =>
     new Gauge({ name, help, labelNames, registers: [registry], collect: () => refresh() });
@@ -74,37 +107,75 @@ export function apiMetrics(app: FastifyInstance, sql: Sql, hub: EventHub, regist
     "Finished runs by analysis type and outcome (from the task counters)",
     ["analysis_type", "status"],
   );
+  const gauges = [depth, oldest, live, outcomes];
 
-  async function read(): Promise<void> {
+  let reading: Promise<QueueRead> | undefined;
+  let finished: { rows: FinishedRow[]; at: number; tookMs: number } | undefined;
+
+  async function update(): Promise<void> {
+    reading ??= read().finally(() => {
+      reading = undefined;
+    });
+    let timer: NodeJS.Timeout | undefined;
     try {
-      const queued = await sql<{ type: string; n: number; age: number }[]>`
-        select analysis_type as type, count(*)::int as n,
-               coalesce(extract(epoch from now() - min(created_at)), 0)::float8 as age
-        from runs where status = 'queued' group by analysis_type`;
-      const running = await sql<{ type: string; status: string; n: number }[]>`
-        select analysis_type as type, status, count(*)::int as n
-        from runs where status in ('starting', 'running', 'cancelling') group by 1, 2`;
-      const finished = await sql<{ type: string; s: number; f: number; t: number; c: number }[]>`
-        select analysis_type as type, sum(succeeded_count)::int as s, sum(failed_count)::int as f,
-               sum(timed_out_count)::int as t, sum(cancelled_count)::int as c
-        from tasks group by analysis_type`;
-      depth.reset();
-      oldest.reset();
-      live.reset();
-      outcomes.reset();
-      for (const q of queued) {
+      const r = await Promise.race([
+        reading,
+        new Promise<never>((_, reject) => {
+          timer = setTimeout(
+            () => reject(new Error(`the queue read did not answer within ${QUEUE_READ_TIMEOUT_MS} ms`)),
+            QUEUE_READ_TIMEOUT_MS,
+          );
+        }),
+      ]);
+      for (const g of gauges) g.reset();
+      for (const q of r.queued) {
         depth.set({ analysis_type: q.type }, q.n);
         oldest.set({ analysis_type: q.type }, q.age);
       }
-      for (const r of running) live.set({ analysis_type: r.type, status: r.status }, r.n);
-      for (const f of finished) {
+      for (const x of r.running) live.set({ analysis_type: x.type, status: x.status }, x.n);
+      for (const f of r.finished) {
         outcomes.set({ analysis_type: f.type, status: "succeeded" }, f.s);
         outcomes.set({ analysis_type: f.type, status: "failed" }, f.f);
         outcomes.set({ analysis_type: f.type, status: "timed_out" }, f.t);
         outcomes.set({ analysis_type: f.type, status: "cancelled" }, f.c);
       }
-    } catch {
+    } catch (err) {
+      for (const g of gauges) g.reset();
       scrapeErrors.inc();
+      app.log.warn({ err }, "metrics: the queue read failed; the queue gauges are left out of this scrape");
+    } finally {
+      clearTimeout(timer);
     }
+  }
+
+  // Counts and sums leave PostgreSQL as float8: a bigint would come back as text, and a cast to int
+  // fails the whole read once a type's total passes 2^31 (a month of retention at 830 runs/s).
+  async function read(): Promise<QueueRead> {
+    const queued = await sql<{ type: string; n: number; age: number }[]>`
+      select analysis_type as type, count(*)::float8 as n,
+             coalesce(extract(epoch from now() - min(created_at)), 0)::float8 as age
+      from runs where status = 'queued' group by analysis_type`;
+    const running = await sql<{ type: string; status: string; n: number }[]>`
+      select analysis_type as type, status, count(*)::float8 as n
+      from runs where status in ('starting', 'running', 'cancelling') group by 1, 2`;
+    // The totals sum the counters of every task, a scan of the whole table (~0.3 s of PostgreSQL's
+    // time at a million tasks): a read that took over FINISHED_CHEAP_MS is reused until
+    // FINISHED_SPACING times as long has passed (at most a minute), so an API instance spends ~1% of
+    // the database's time on it at most however often it is scraped (past 0.6 s a read, one read a
+    // minute). A small table is read afresh on every scrape.
+    const now = performance.now();
+    if (
+      finished === undefined ||
+      finished.tookMs <= FINISHED_CHEAP_MS ||
+      now - finished.at >= Math.min(FINISHED_SPACING * finished.tookMs, FINISHED_MAX_AGE_MS)
+    ) {
+      const rows = await sql<FinishedRow[]>`
+        select analysis_type as type, sum(succeeded_count)::float8 as s, sum(failed_count)::float8 as f,
+               sum(timed_out_count)::float8 as t, sum(cancelled_count)::float8 as c
+        from tasks group by analysis_type`;
+      const at = performance.now();
+      finished = { rows, at, tookMs: at - now };
+    }
+    return { queued, running, finished: finished.rows };
   }
 }

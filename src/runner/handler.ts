@@ -106,6 +106,7 @@ async function remotePlace(
   workDir: string,
   run: ClaimedRun,
   outputKey: string,
+  signal: AbortSignal,
 ): Promise<AttemptPlace> {
   const dir = attemptDir(workDir, run);
   const inputPath = path.join(dir, "input");
@@ -137,7 +138,8 @@ async function remotePlace(
     close: () => removeTree(dir),
   };
   try {
-    await store.download(run.inputStorageKey, inputPath);
+    // The run's signal ends the download too: a cancel or timeout must not wait for a large input.
+    await store.download(run.inputStorageKey, inputPath, signal);
   } catch (err) {
     // The download's error decides what happens to the run (a missing input is permanent): a folder
     // that cannot be removed must not replace it (the worker's close and the sweep take it later).
@@ -239,7 +241,7 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
     try {
       place = store.localPath
         ? localPlace(store as ObjectStore & { localPath(key: string): string }, deps.workDir, run, outputKey)
-        : await remotePlace(store, deps.workDir, run, outputKey);
+        : await remotePlace(store, deps.workDir, run, outputKey, signal);
     } catch (err) {
       if (err instanceof ObjectMissingError || /storage key/.test(String(err))) {
         return {

@@ -181,7 +181,9 @@ export class LocalStore implements ObjectStore {
     }
   }
 
-  async download(key: string, file: string): Promise<void> {
+  /** A copy on one disk: `signal` is looked at before it, not during. */
+  async download(key: string, file: string, signal?: AbortSignal): Promise<void> {
+    signal?.throwIfAborted();
     await fsp.copyFile(this.localPath(key), file).catch((err: unknown) => {
       throw missing(err) ? new ObjectMissingError(key) : err;
     });

@@ -3,7 +3,7 @@
 // profile, instance role) and never pass through our configuration, logs, or an analysis process's
 // environment. Imported only when configured: the SDK costs start-up time and memory.
 import fs from "node:fs";
-import type { Readable } from "node:stream";
+import { type Readable, Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import {
   AbortMultipartUploadCommand,
@@ -38,24 +38,62 @@ export interface S3StoreOptions {
   endpoint?: string;
   region?: string;
   forcePathStyle?: boolean;
+  /** How long a connection may take to open (default CONNECT_TIMEOUT_MS). */
+  connectTimeoutMs?: number;
+  /** How long a request may wait for its response to begin, its body sent (default RESPONSE_TIMEOUT_MS). */
+  responseTimeoutMs?: number;
+  /** How long check() waits for an answer, retries included (default CHECK_TIMEOUT_MS). */
+  checkTimeoutMs?: number;
+  /** How long download() waits for more of a body that stopped arriving (default BODY_IDLE_TIMEOUT_MS). */
+  bodyIdleTimeoutMs?: number;
 }
 
-/** DeleteObjects takes at most this many keys. */
+/** DeleteObjects takes at most this many keys; ListObjectsV2 returns at most this many per page. */
 const DELETE_BATCH = 1000;
+const LIST_PAGE = 1000;
+
+/**
+ * Without timeouts the SDK waits forever for a server that accepted the connection but never answers
+ * (an overloaded proxy, a hung gateway): start-up waited without a word, and a worker's input download
+ * held its slot and lease for good — the run's timeout aborts the program, not the download. The
+ * response timeout ends at the response's headers, never during a body (a download to a slow client
+ * may pause for long); a request that times out is retried by the SDK like any transient failure.
+ */
+const CONNECT_TIMEOUT_MS = 10_000;
+/** Generous: a part of a multipart upload (5 MiB) is sent within it. */
+const RESPONSE_TIMEOUT_MS = 120_000;
+/** check() answers /readyz and start-up: it must not wait for three slow attempts. */
+const CHECK_TIMEOUT_MS = 10_000;
+/** See download(). */
+const BODY_IDLE_TIMEOUT_MS = 60_000;
 
 export class S3Store implements ObjectStore {
   readonly kind = "s3";
   readonly client: S3Client;
   private readonly bucket: string;
   private readonly prefix: string;
+  /** Where the bucket is, for error messages: the endpoint's origin (never its user or password). */
+  private readonly where: string;
+  private readonly checkTimeoutMs: number;
+  private readonly bodyIdleTimeoutMs: number;
 
   constructor(o: S3StoreOptions) {
     this.bucket = o.bucket;
     this.prefix = o.prefix ? (o.prefix.endsWith("/") ? o.prefix : `${o.prefix}/`) : "";
+    this.where = o.endpoint
+      ? ` at ${URL.canParse(o.endpoint) ? new URL(o.endpoint).origin : "the endpoint"}`
+      : "";
+    this.checkTimeoutMs = o.checkTimeoutMs ?? CHECK_TIMEOUT_MS;
+    this.bodyIdleTimeoutMs = o.bodyIdleTimeoutMs ?? BODY_IDLE_TIMEOUT_MS;
     this.client = new S3Client({
       ...(o.region ? { region: o.region } : {}),
       ...(o.endpoint ? { endpoint: o.endpoint } : {}),
       forcePathStyle: o.forcePathStyle ?? false,
+      requestHandler: {
+        connectionTimeout: o.connectTimeoutMs ?? CONNECT_TIMEOUT_MS,
+        requestTimeout: o.responseTimeoutMs ?? RESPONSE_TIMEOUT_MS,
+        throwOnRequestTimeout: true,
+      },
     });
   }
 
@@ -103,9 +141,12 @@ export class S3Store implements ObjectStore {
     await upload.done();
   }
 
-  async open(key: string): Promise<OpenObject> {
+  async open(key: string, signal?: AbortSignal): Promise<OpenObject> {
     try {
-      const res = await this.client.send(new GetObjectCommand({ Bucket: this.bucket, Key: this.full(key) }));
+      const res = await this.client.send(
+        new GetObjectCommand({ Bucket: this.bucket, Key: this.full(key) }),
+        signal ? { abortSignal: signal } : {},
+      );
       const stream = res.Body as Readable;
       if (res.ContentLength === undefined) {
         // A server that streams without a length: a download would promise 0 bytes and send more.
@@ -118,18 +159,45 @@ export class S3Store implements ObjectStore {
     }
   }
 
-  async download(key: string, file: string): Promise<void> {
-    const { stream } = await this.open(key);
-    await pipeline(stream, fs.createWriteStream(file));
+  /**
+   * A body that stops arriving (a gateway that stalls mid-object, the connection half-dead) is given
+   * up after bodyIdleTimeoutMs without a byte: nothing else would end the wait — the worker's input
+   * download does not watch the run's signal, so the attempt held its slot, and its heartbeated lease,
+   * for good. Only here: the reader is a local file, so a pause is the store's. Streams from open()
+   * may pause for as long as their reader (a slow client) does.
+   */
+  async download(key: string, file: string, signal?: AbortSignal): Promise<void> {
+    signal?.throwIfAborted();
+    const { stream } = await this.open(key, signal);
+    const idleMs = this.bodyIdleTimeoutMs;
+    const watchdog = new Transform({
+      transform(chunk: Buffer, _enc, done) {
+        timer.refresh();
+        done(null, chunk);
+      },
+    });
+    const timer = setTimeout(() => {
+      watchdog.destroy(new Error(`the store sent nothing of ${JSON.stringify(key)} for ${idleMs} ms`));
+    }, idleMs);
+    try {
+      await pipeline(stream, watchdog, fs.createWriteStream(file), ...(signal ? [{ signal }] : []));
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   async delete(keys: readonly string[]): Promise<void> {
+    await this.deleteFull(keys.map((k) => this.full(k)));
+  }
+
+  /** Deletes these keys of the bucket (prefix included), as they are. */
+  private async deleteFull(keys: readonly string[]): Promise<void> {
     for (let i = 0; i < keys.length; i += DELETE_BATCH) {
       const batch = keys.slice(i, i + DELETE_BATCH);
       const res = await this.client.send(
         new DeleteObjectsCommand({
           Bucket: this.bucket,
-          Delete: { Objects: batch.map((k) => ({ Key: this.full(k) })), Quiet: true },
+          Delete: { Objects: batch.map((k) => ({ Key: k })), Quiet: true },
         }),
       );
       const failed = (res.Errors ?? []).filter((e) => e.Code !== "NoSuchKey");
@@ -141,35 +209,93 @@ export class S3Store implements ObjectStore {
     }
   }
 
+  /**
+   * Deletes what the listing shows under the prefix, page after page, as listed: an object under it
+   * whose key is not of the service's shape (put there by hand or by another tool) is deleted too, as
+   * a local store's deletePrefix removes the folder whole — checking the listed keys again made such a
+   * key fail every call, and the prefix's other objects stayed. Each page starts after the last one, so
+   * a key a server keeps listing after its deletion cannot hold the loop.
+   */
   async deletePrefix(prefix: string): Promise<number> {
     checkPrefix(prefix);
     let n = 0;
-    for (;;) {
-      const page = await this.list(prefix, { limit: DELETE_BATCH });
+    for (let after: string | undefined; ; ) {
+      const page = await this.list(prefix, {
+        limit: DELETE_BATCH,
+        ...(after === undefined ? {} : { after }),
+      });
       if (page.length === 0) return n;
-      await this.delete(page.map((o) => o.key));
+      await this.deleteFull(page.map((o) => `${this.prefix}${o.key}`));
       n += page.length;
+      after = page.at(-1)?.key;
     }
   }
 
+  /**
+   * As many objects as asked for, in as many requests as that takes: a server sends at most 1,000 per
+   * request, and a caller that takes a short page for the end (every caller) would stop early.
+   */
   async list(prefix: string, o: { after?: string; limit?: number } = {}): Promise<ObjectInfo[]> {
-    const res = await this.client.send(
-      new ListObjectsV2Command({
-        Bucket: this.bucket,
-        Prefix: `${this.prefix}${prefix}`,
-        MaxKeys: o.limit ?? 1000,
-        ...(o.after === undefined ? {} : { StartAfter: `${this.prefix}${o.after}` }),
-      }),
-    );
-    return (res.Contents ?? []).map((c) => ({
-      key: (c.Key ?? "").slice(this.prefix.length),
-      size: c.Size ?? 0,
-      modified: c.LastModified ?? new Date(0),
-    }));
+    const limit = o.limit ?? LIST_PAGE;
+    const found: ObjectInfo[] = [];
+    for (let token: string | undefined; found.length < limit; ) {
+      const res = await this.client.send(
+        new ListObjectsV2Command({
+          Bucket: this.bucket,
+          Prefix: `${this.prefix}${prefix}`,
+          MaxKeys: Math.min(limit - found.length, LIST_PAGE),
+          ...(token !== undefined
+            ? { ContinuationToken: token }
+            : o.after === undefined
+              ? {}
+              : { StartAfter: `${this.prefix}${o.after}` }),
+        }),
+      );
+      for (const c of res.Contents ?? []) {
+        found.push({
+          key: (c.Key ?? "").slice(this.prefix.length),
+          size: c.Size ?? 0,
+          modified: c.LastModified ?? new Date(0),
+        });
+      }
+      if (!res.IsTruncated || !res.NextContinuationToken) break;
+      token = res.NextContinuationToken;
+    }
+    return found.slice(0, limit);
   }
 
+  /**
+   * Throws when the bucket cannot be used, saying why in words: HeadBucket's answers have no body, so
+   * the SDK's own error for a missing bucket reads "NotFound: UnknownError". The cause is kept.
+   */
   async check(): Promise<void> {
-    await this.client.send(new HeadBucketCommand({ Bucket: this.bucket }));
+    try {
+      await this.client.send(new HeadBucketCommand({ Bucket: this.bucket }), {
+        abortSignal: AbortSignal.timeout(this.checkTimeoutMs),
+      });
+    } catch (err) {
+      throw this.explained(err);
+    }
+  }
+
+  private explained(err: unknown): unknown {
+    const bucket = JSON.stringify(this.bucket);
+    const status = (err as { $metadata?: { httpStatusCode?: number } }).$metadata?.httpStatusCode;
+    const name = (err as { name?: string }).name;
+    let message: string | undefined;
+    if (status === 404) message = `the bucket ${bucket} does not exist${this.where}`;
+    else if (status === 403)
+      message = `access to the bucket ${bucket}${this.where} is denied: check the credentials (the AWS SDK's default chain) and what they may do`;
+    else if (status === 301 || status === 400) {
+      const region = (err as { $response?: { headers?: Record<string, string> } }).$response?.headers?.[
+        "x-amz-bucket-region"
+      ];
+      message = region
+        ? `the bucket ${bucket} is in the region ${region}: set ASSAY_S3_REGION=${region}`
+        : `the store refused to look at the bucket ${bucket}${this.where} (HTTP ${status}): check ASSAY_S3_REGION and ASSAY_S3_FORCE_PATH_STYLE`;
+    } else if (name === "AbortError" || name === "TimeoutError")
+      message = `the store${this.where} did not answer within ${this.checkTimeoutMs} ms`;
+    return message === undefined ? err : new Error(message, { cause: err });
   }
 
   /**
@@ -219,7 +345,16 @@ export class S3Store implements ObjectStore {
   }
 }
 
+/**
+ * Only NoSuchKey: a missing bucket (NoSuchBucket) or a wrong endpoint is a 404 too, but it is the
+ * store's failure, not a missing object — taken for one, every run of a worker pointed at a deleted or
+ * misnamed bucket failed for good as "the input file is not in storage" instead of being retried (and a
+ * download logged a succeeded run's output as missing).
+ */
 function isMissing(err: unknown): boolean {
   if (err instanceof NoSuchKey) return true;
-  return err instanceof S3ServiceException && err.$metadata.httpStatusCode === 404;
+  return (
+    err instanceof S3ServiceException &&
+    (err.name === "NoSuchKey" || (err as { Code?: string }).Code === "NoSuchKey")
+  );
 }

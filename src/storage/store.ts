@@ -89,8 +89,11 @@ export interface ObjectStore {
   putFile(key: string, file: string): Promise<void>;
   /** Opens `key` for reading; ObjectMissingError when there is no such object. */
   open(key: string): Promise<OpenObject>;
-  /** Copies `key` into the local file `file` (created or replaced). */
-  download(key: string, file: string): Promise<void>;
+  /**
+   * Copies `key` into the local file `file` (created or replaced). `signal` ends a download in
+   * progress (a run cancelled or timed out while its input arrives), with the signal's reason.
+   */
+  download(key: string, file: string, signal?: AbortSignal): Promise<void>;
   /** Deletes these keys; keys without an object are fine. */
   delete(keys: readonly string[]): Promise<void>;
   /** Deletes every object whose key starts with `prefix` (which must end with `/`); returns how many. */

@@ -8,6 +8,7 @@ import path from "node:path";
 import { Readable } from "node:stream";
 import { buffer } from "node:stream/consumers";
 import { after, before, describe, test } from "node:test";
+import { PutObjectCommand } from "@aws-sdk/client-s3";
 import { LocalStore } from "../../src/storage/local.ts";
 import { S3Store } from "../../src/storage/s3.ts";
 import {
@@ -67,16 +68,50 @@ function pacedSource(total: number, failAfter = Number.POSITIVE_INFINITY): Reada
   });
 }
 
-const backends: [string, () => ObjectStore][] = [
-  ["local", () => new LocalStore(fs.mkdtempSync(path.join(scratch, "local-")))],
-  ["s3", () => bucket.store(`c${randomBytes(3).toString("hex")}/`)],
+/** A store, and a way to write an object under any key at all, behind the store's back. */
+interface Backend {
+  store: ObjectStore;
+  raw(key: string, body: string): Promise<void>;
+}
+
+const backends: [string, () => Backend][] = [
+  [
+    "local",
+    () => {
+      const store = new LocalStore(fs.mkdtempSync(path.join(scratch, "local-")));
+      return {
+        store,
+        raw: async (key, body) => {
+          const file = path.join(store.root, key);
+          fs.mkdirSync(path.dirname(file), { recursive: true });
+          fs.writeFileSync(file, body);
+        },
+      };
+    },
+  ],
+  [
+    "s3",
+    () => {
+      const prefix = `c${randomBytes(3).toString("hex")}/`;
+      const store = bucket.store(prefix);
+      return {
+        store,
+        raw: async (key, body) => {
+          await store.client.send(
+            new PutObjectCommand({ Bucket: bucket.name, Key: `${prefix}${key}`, Body: body }),
+          );
+        },
+      };
+    },
+  ],
 ];
 
 for (const [kind, make] of backends) {
   describe(`${kind} store`, () => {
     let store: ObjectStore;
+    let raw: Backend["raw"];
     before(() => {
-      store = make();
+      ({ store, raw } = make());
     });
 
     test("put streams, hashes and counts; open gives the bytes and their size; list shows them", async () => {
@@ -285,6 +320,35 @@ for (const [kind, make] of backends) {
       await new Promise<void>((resolve) => stream.once("data", () => resolve()));
       stream.destroy();
       await new Promise<void>((resolve) => (stream.closed ? resolve() : stream.once("close", resolve)));
+    });
+
+    test("list returns as many objects as asked for, past a server's 1,000 a request; deletePrefix takes them all", async () => {
+      const n = 1050;
+      const keys = Array.from({ length: n }, (_, i) => `outputs/6/${String(i).padStart(4, "0")}.1.aa/r.json`);
+      for (let i = 0; i < n; i += 50) {
+        await Promise.all(keys.slice(i, i + 50).map((k) => store.put(k, Readable.from([Buffer.from("x")]))));
+      }
+      const page = await store.list("outputs/6/", { limit: 1040 });
+      assert.deepEqual(
+        page.map((o) => o.key),
+        keys.slice(0, 1040),
+      );
+      assert.deepEqual(
+        (await store.list("outputs/6/", { after: keys[5] as string, limit: 1200 })).map((o) => o.key),
+        keys.slice(6),
+      );
+      assert.equal((await store.list("outputs/6/", { limit: 0 })).length, 0);
+      assert.equal(await store.deletePrefix("outputs/6/"), n);
+      assert.deepEqual(await store.list("outputs/6/"), []);
+    });
+
+    test("deletePrefix removes objects under the prefix whose keys are not the service's shape", async () => {
+      // Put there by hand or by another tool: the prefix is ours, and everything under it goes.
+      await store.put("outputs/78/780.1.aa/r.json", Readable.from([Buffer.from("ours")]));
+      await raw("outputs/78/780.1.aa/odd name é+%.txt", "theirs");
+      await raw("outputs/78/Zz~!", "theirs");
+      assert.equal(await store.deletePrefix("outputs/78/"), 3);
+      assert.deepEqual(await store.list("outputs/78/"), []);
     });
 
     test("check passes on a reachable store", async () => {
