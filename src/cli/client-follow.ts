@@ -3,7 +3,7 @@
 // event once, in order, across dropped connections and API restarts.
 import { logsPage, runsOf, taskGet } from "../client/api.ts";
 import { EXIT, Interrupted } from "../client/exit.ts";
-import { shown } from "../client/output.ts";
+import { fit, shown } from "../client/output.ts";
 import { TaskTracker } from "../client/progress.ts";
 import { type StreamState, taskEvents } from "../client/sse.ts";
 import { summaryLine } from "../client/summary.ts";
@@ -29,6 +29,10 @@ async function barsView(ctx: ClientContext, task: Task): Promise<View> {
   const { FollowBars } = await import("../client/tty.ts");
   const tracker = new TaskTracker(task.taskId, task.totalCount, await runsOf(ctx.client, task.taskId));
   const bars = new FollowBars(ctx.out.stream, tracker);
+  // A line above the bars is cut at the terminal's edge (cli-progress turns wrapping off while it
+  // draws): a long name is shortened so that the run id and error code after it stay in view.
+  const name = (run: { name: string }) =>
+    fit(shown(run.name), Math.max(16, (ctx.out.stream.columns || 100) - 60));
   return {
     event(e) {
       const change = tracker.apply(e);
@@ -37,7 +41,7 @@ async function barsView(ctx: ClientContext, task: Task): Promise<View> {
       if (change.kind === "run" && (change.ended || change.retried) && change.run.status !== "succeeded") {
         const what = change.retried ? `retrying (attempt ${change.run.attempt + 1})` : change.run.status;
         bars.log(
-          `${what.padEnd(10)} ${shown(change.run.name)} (run ${change.run.runId}): ${change.run.errorCode ?? ""}`,
+          `${what.padEnd(10)} ${name(change.run)} (run ${change.run.runId}): ${change.run.errorCode ?? ""}`,
         );
       }
       bars.update(change.kind === "run" ? change.run : undefined);

@@ -2,7 +2,7 @@
 import { analysisTypes, filePage, runsOf, taskCancel, taskGet, taskPage } from "../client/api.ts";
 import { ClientUsageError, EXIT, TaskStateError } from "../client/exit.ts";
 import { ApiRequestError } from "../client/http.ts";
-import { bytes, fit, shown, table } from "../client/output.ts";
+import { bytes, fit, jsonLine, shown, table } from "../client/output.ts";
 import { describeParam, type JsonSchema } from "../client/params.ts";
 import { isTerminal } from "../client/sse.ts";
 import { summaryLine } from "../client/summary.ts";
@@ -130,7 +130,9 @@ export const statusCommand = (argv: string[]) =>
             isTerminal(task.status)
               ? summaryLine(task)
               : `Task ${task.taskId} ${task.status}: ${done(task)} of ${task.totalCount} runs done, ${task.progressPercent}%`,
-            `  type ${task.analysisType}, owner ${shown(task.owner)}, parameters ${JSON.stringify(task.parameters)}`,
+            // As JSON with C1 controls escaped too (JSON.stringify leaves them): another user's
+            // parameters (an admin's view) must not drive the terminal.
+            `  type ${task.analysisType}, owner ${shown(task.owner)}, parameters ${jsonLine(task.parameters)}`,
             `  created ${when(task.createdAt)}, started ${when(task.startedAt)}, finished ${when(task.finishedAt)}`,
             "",
             table(

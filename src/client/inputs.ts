@@ -5,6 +5,7 @@
 import { createHash } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
+import { storedFileName } from "../files/file-name.ts";
 import { ClientUsageError } from "./exit.ts";
 
 export interface LocalInput {
@@ -94,15 +95,10 @@ export async function hashFile(
 }
 
 /**
- * The name the server will store for a local file: its base name without control characters,
- * trimmed, at most 255 characters (the server's sanitizeFileName), so a copy already there under
- * the same name can be recognised.
+ * The name the server will store for a local file (the server's own rule, files/file-name.ts), so a
+ * copy already there under the same name can be recognised. A quote travels as %22 in the multipart
+ * header (as browsers send it) and is stored so; the upload sends exactly this name.
  */
 export function serverName(label: string): string {
-  const base = label.split(/[/\\]/).pop() ?? "";
-  // biome-ignore lint/suspicious/noControlCharactersInRegex: the server drops control characters too
-  const clean = base.replace(/[\u0000-\u001f\u007f]/g, "").trim();
-  const name = clean === "." || clean === ".." ? "" : clean;
-  // A quote travels as %22 in the multipart header (as browsers send it), and is stored so.
-  return name.replace(/"/g, "%22").slice(0, 255) || "upload";
+  return storedFileName(label.replace(/"/g, "%22"));
 }

@@ -26,7 +26,7 @@ export class Output {
 
   /** One JSON line (scripts). */
   line(kind: string, fields: object): void {
-    if (this.json) this.#out.write(`${JSON.stringify({ kind, ...fields })}\n`);
+    if (this.json) this.#out.write(`${jsonLine({ kind, ...fields })}\n`);
   }
 
   /** Text for people; nothing in JSON mode. */
@@ -34,9 +34,12 @@ export class Output {
     if (!this.json) this.#out.write(`${text}\n`);
   }
 
-  /** A note on stderr, in either mode. */
+  /**
+   * A note on stderr, in either mode, with control characters replaced: it often carries a local
+   * file's name or the server's words (an error message), and stderr is usually a terminal.
+   */
   note(text: string): void {
-    this.#err.write(`assay: ${text}\n`);
+    this.#err.write(`assay: ${shown(text)}\n`);
   }
 
   /** The error a command ends with, as a JSON line (scripts) and a line on stderr (people). */
@@ -55,18 +58,70 @@ const UNSAFE = /[\u0000-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/g;
 /** Server text made safe to print on a terminal. */
 export const shown = (s: string | null | undefined) => (s ?? "").replace(UNSAFE, "?");
 
-/** `s` cut to `width` characters with an ellipsis. */
-export function fit(s: string, width: number): string {
-  if (width <= 0) return "";
-  return s.length <= width ? s : `${s.slice(0, Math.max(0, width - 1))}…`;
+/**
+ * Characters JSON.stringify leaves as they are that a terminal may act on: DEL and the C1 controls
+ * (U+009B is CSI), the line and paragraph separators, and the bidirectional overrides. They can only
+ * be inside strings, where an escape means the same.
+ */
+const JSON_UNSAFE = /[\u007f-\u009f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g;
+
+/** A value as one line of JSON safe to print on a terminal (`--json` on a terminal shows it as is). */
+export const jsonLine = (value: unknown) =>
+  JSON.stringify(value).replace(JSON_UNSAFE, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+
+const graphemes = new Intl.Segmenter("en", { granularity: "grapheme" });
+
+/** A character cluster that takes no column: combining marks, joiners, variation selectors, controls. */
+// biome-ignore lint/suspicious/noControlCharactersInRegex: controls take no column
+const ZERO_WIDTH = /^[\p{Mark}\p{Default_Ignorable_Code_Point}\u0000-\u001f\u007f-\u009f]+$/u;
+
+/**
+ * Characters a terminal draws two columns wide: East Asian wide and fullwidth (Hangul Jamo, CJK,
+ * kana, Hangul syllables, fullwidth forms), and emoji shown as emoji.
+ */
+const WIDE =
+  /^(?:[\u1100-\u115f\u2e80-\u303e\u3041-\u33ff\u3400-\u4dbf\u4e00-\u9fff\ua000-\ua4cf\ua960-\ua97f\uac00-\ud7a3\uf900-\ufaff\ufe10-\ufe19\ufe30-\ufe6f\uff00-\uff60\uffe0-\uffe6\u{16fe0}-\u{16fe4}\u{17000}-\u{18aff}\u{1b000}-\u{1b2ff}\u{1f200}-\u{1f2ff}\u{20000}-\u{2fffd}\u{30000}-\u{3fffd}]|\p{Emoji_Presentation}|\p{Extended_Pictographic}\ufe0f)/u;
+
+const clusterWidth = (g: string) => (ZERO_WIDTH.test(g) ? 0 : WIDE.test(g) ? 2 : 1);
+
+/** The columns `s` takes on a terminal (a wide character two, a combining mark none). */
+export function displayWidth(s: string): number {
+  // ASCII, the usual case: one column a character.
+  if (/^[\x20-\x7e]*$/.test(s)) return s.length;
+  let width = 0;
+  for (const { segment } of graphemes.segment(s)) width += clusterWidth(segment);
+  return width;
 }
 
-/** A table for people: columns padded to their widest cell. */
+/**
+ * `s` cut to at most `width` terminal columns, with an ellipsis when cut: whole characters only
+ * (never half an emoji's surrogate pair, nor a letter without its accent), wide ones counted twice.
+ */
+export function fit(s: string, width: number): string {
+  if (width <= 0) return "";
+  if (displayWidth(s) <= width) return s;
+  let out = "";
+  let used = 0;
+  for (const { segment } of graphemes.segment(s)) {
+    const w = clusterWidth(segment);
+    if (used + w > width - 1) break;
+    out += segment;
+    used += w;
+  }
+  return `${out}…`;
+}
+
+/** `s` padded with spaces to `width` terminal columns (as String#padEnd, counting columns). */
+export const pad = (s: string, width: number) => s + " ".repeat(Math.max(0, width - displayWidth(s)));
+
+/** A table for people: columns padded to their widest cell, in terminal columns. */
 export function table(header: string[], rows: string[][]): string {
-  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? "").length)));
+  const widths = header.map((h, i) =>
+    Math.max(displayWidth(h), ...rows.map((r) => displayWidth(r[i] ?? ""))),
+  );
   const lineOf = (cells: string[]) =>
     cells
-      .map((c, i) => (i === cells.length - 1 ? c : c.padEnd(widths[i] ?? 0)))
+      .map((c, i) => (i === cells.length - 1 ? c : pad(c, widths[i] ?? 0)))
       .join("  ")
       .trimEnd();
   return [lineOf(header), ...rows.map(lineOf)].join("\n");
@@ -76,16 +131,18 @@ export function bytes(n: number): string {
   if (n < 1024) return `${n} B`;
   const units = ["KiB", "MiB", "GiB", "TiB"];
   let v = n / 1024;
-  let u = 0;
-  while (v >= 1024 && u < units.length - 1) {
+  for (let u = 0; ; u++) {
+    // Rounded as shown: 1023.7 KiB is "1.0 MiB", not "1024 KiB"; 9.97 KiB is "10 KiB".
+    const text = v.toFixed(v < 9.95 ? 1 : 0);
+    if (Number(text) < 1024 || u === units.length - 1) return `${text} ${units[u]}`;
     v /= 1024;
-    u++;
   }
-  return `${v.toFixed(v < 10 ? 1 : 0)} ${units[u]}`;
 }
 
+/** A duration for people: "12.3 s", or "2 min 5 s" from a minute on (rounded first: never "60 s"). */
 export function seconds(ms: number): string {
-  return ms < 60_000
-    ? `${(ms / 1000).toFixed(1)} s`
-    : `${Math.floor(ms / 60_000)} min ${Math.round((ms % 60_000) / 1000)} s`;
+  const tenths = Math.round(ms / 100);
+  if (tenths < 600) return `${(tenths / 10).toFixed(1)} s`;
+  const s = Math.round(ms / 1000);
+  return `${Math.floor(s / 60)} min ${s % 60} s`;
 }

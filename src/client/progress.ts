@@ -24,17 +24,42 @@ export type Change =
   | { kind: "run"; run: RunState; ended: boolean; retried: boolean }
   | { kind: "none" };
 
+const LIVE: readonly string[] = ["starting", "running", "cancelling"];
+
 export class TaskTracker {
   readonly taskId: string;
   status = "queued";
   total: number;
   readonly counts: Record<Outcome, number> = { succeeded: 0, failed: 0, timed_out: 0, cancelled: 0 };
   readonly runs = new Map<string, RunState>();
+  /**
+   * The runs with a live attempt, kept apart: the view asks for them on every event, and a task may
+   * have 100,000 runs (a scan of them all per event fell hours behind such a task).
+   */
+  readonly #live = new Set<RunState>();
+  /** Each run's place in `runs`, for "oldest first". */
+  readonly #order = new Map<RunState, number>();
+  #running: RunState[] | undefined = [];
 
   constructor(taskId: string, total: number, runs: Pick<Run, "runId" | "fileName">[] = []) {
     this.taskId = taskId;
     this.total = total;
-    for (const r of runs) this.runs.set(r.runId, fresh(r.runId, r.fileName));
+    for (const r of runs) this.#add(fresh(r.runId, r.fileName));
+  }
+
+  #add(run: RunState): RunState {
+    this.runs.set(run.runId, run);
+    this.#order.set(run, this.#order.size);
+    return run;
+  }
+
+  /** Files `run` as live or not, after its status may have changed. */
+  #track(run: RunState): void {
+    const live = LIVE.includes(run.status);
+    if (live === this.#live.has(run)) return;
+    if (live) this.#live.add(run);
+    else this.#live.delete(run);
+    this.#running = undefined;
   }
 
   get done(): number {
@@ -43,16 +68,19 @@ export class TaskTracker {
 
   /** Runs with a live attempt, oldest first. */
   get running(): RunState[] {
-    return [...this.runs.values()].filter((r) => ["starting", "running", "cancelling"].includes(r.status));
+    this.#running ??= [...this.#live].sort((a, b) => (this.#order.get(a) ?? 0) - (this.#order.get(b) ?? 0));
+    return this.#running;
   }
 
   apply(e: TaskEvent): Change {
     if (e.runId === null) return this.#task(e);
-    let run = this.runs.get(e.runId);
-    if (!run) {
-      run = fresh(e.runId, `run ${e.runId}`);
-      this.runs.set(e.runId, run);
-    }
+    const run = this.runs.get(e.runId) ?? this.#add(fresh(e.runId, `run ${e.runId}`));
+    const change = this.#run(run, e);
+    this.#track(run);
+    return change;
+  }
+
+  #run(run: RunState, e: TaskEvent): Change {
     const kind = e.type.slice("run.".length);
     const wasEnded = isOutcome(run.status);
     if (typeof e.data.attempt === "number") run.attempt = e.data.attempt;

@@ -116,7 +116,7 @@ export async function* taskEvents(c: ApiClient, taskId: string, o: FollowOptions
       // A clean end without the closing event: the server is going away, or the task ended in a
       // way the stream did not carry. A finished task has all its events in the log.
       const task = await taskGet(c, taskId, o.signal);
-      if (isTerminal(task.status)) return yield* rest(c, taskId, cursor);
+      if (isTerminal(task.status)) return yield* rest(c, taskId, cursor, o.signal);
       await sleep(100, o.signal);
     } catch (err) {
       if (o.signal.aborted) return;
@@ -193,10 +193,18 @@ function fresh(frame: SseFrame, cursor: Cursor): TaskEvent | undefined {
   return JSON.parse(frame.data) as TaskEvent;
 }
 
-/** What the log holds after the cursor, page by page (a finished task's stream had less). */
-async function* rest(c: ApiClient, taskId: string, cursor: Cursor): AsyncGenerator<TaskEvent> {
-  for (;;) {
-    const page = await logsPage(c, taskId, cursor.last === null ? null : String(cursor.last));
+/**
+ * What the log holds after the cursor, page by page (a finished task's stream had less). Ctrl-C stops
+ * it between pages and cuts off the page in flight: a 100,000-run task's log is hundreds of pages.
+ */
+async function* rest(
+  c: ApiClient,
+  taskId: string,
+  cursor: Cursor,
+  signal: AbortSignal,
+): AsyncGenerator<TaskEvent> {
+  while (!signal.aborted) {
+    const page = await logsPage(c, taskId, cursor.last === null ? null : String(cursor.last), 1000, signal);
     for (const e of page.items) {
       const id = BigInt(e.id);
       if (cursor.last !== null && id <= cursor.last) continue;

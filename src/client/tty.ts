@@ -3,7 +3,7 @@
 // progress and latest message, errors printed above the bars as they happen). Loaded only when
 // something draws.
 import cliProgress from "cli-progress";
-import { bytes, fit, shown } from "./output.ts";
+import { bytes, displayWidth, fit, pad, shown } from "./output.ts";
 import type { RunState, TaskTracker } from "./progress.ts";
 
 const utf8 = /utf-?8/i.test(process.env.LC_ALL || process.env.LC_CTYPE || process.env.LANG || "");
@@ -104,25 +104,52 @@ export class FollowBars {
   readonly #width: () => number;
   #note = "";
 
+  readonly #overallBarSize: number;
+
   constructor(stream: NodeJS.WriteStream, tracker: TaskTracker) {
     this.#tracker = tracker;
     this.#bars = multiBar(stream, "{text}");
     this.#width = () => stream.columns || 100;
     this.#maxLines = Math.max(1, Math.min(12, (stream.rows || 24) - 6));
+    // A narrow terminal gets a shorter bar, so the counts and a note still fit beside it.
+    this.#overallBarSize = Math.max(10, Math.min(30, this.#width() - 80));
     this.#overall = this.#bars.create(Math.max(1, tracker.total), 0, this.#overallPayload(), {
       format: "Task {taskId} {status} [{bar}] {value}/{total} runs | {counts} | {duration_formatted}{note}",
+      barsize: this.#overallBarSize,
     });
   }
 
+  /**
+   * The overall line's words, within the terminal's width (the terminal cuts a longer line off at
+   * its edge, counts, duration and "reconnecting…" with it): the counts of outcomes that happened
+   * (succeeded always), cut with an ellipsis when there is still not room.
+   */
   #overallPayload() {
     const t = this.#tracker;
     const c = t.counts;
     const started = t.done > 0 || t.running.length > 0;
+    const status = t.status === "queued" && started ? "running" : t.status;
+    const counts = [
+      `${c.succeeded} succeeded`,
+      ...(c.failed > 0 ? [`${c.failed} failed`] : []),
+      ...(c.timed_out > 0 ? [`${c.timed_out} timed out`] : []),
+      ...(c.cancelled > 0 ? [`${c.cancelled} cancelled`] : []),
+    ].join(", ");
+    const note = this.#note;
+    const total = String(Math.max(1, t.total));
+    // Everything but the counts: "Task <id> <status> [<bar>] <done>/<total> runs | ", then
+    // " | <duration>" (cli-progress's: "59s", "59m59s", "23h59m" at most) and the note.
+    const fixed =
+      `Task ${t.taskId} ${status} [] ${total}/${total} runs | `.length +
+      this.#overallBarSize +
+      " | 23h59m".length +
+      displayWidth(note);
+    const room = this.#width() - fixed - 1;
     return {
       taskId: t.taskId,
-      status: t.status === "queued" && started ? "running" : t.status,
-      counts: `${c.succeeded} succeeded, ${c.failed} failed, ${c.timed_out} timed out, ${c.cancelled} cancelled`,
-      note: this.#note,
+      status,
+      counts: fit(counts, Math.max(1, room)),
+      note,
     };
   }
 
@@ -160,7 +187,8 @@ export class FollowBars {
 
   #runPayload(run: RunState) {
     const nameWidth = Math.min(32, Math.max(12, Math.floor(this.#width() / 3)));
-    const name = fit(shown(run.name), nameWidth).padEnd(nameWidth);
+    // In terminal columns: a wide (CJK, emoji) name must not push its bar out of line.
+    const name = pad(fit(shown(run.name), nameWidth), nameWidth);
     const rest = this.#width() - nameWidth - 34;
     const status =
       run.status === "cancelling" ? "cancelling " : run.attempt > 1 ? `attempt ${run.attempt} ` : "";

@@ -4,6 +4,7 @@ import type { Readable } from "node:stream";
 import type { Principal } from "../auth/tokens.ts";
 import { isoTime, type Sql } from "../db/client.ts";
 import type { ObjectStore } from "../storage/store.ts";
+import { storedFileName } from "./file-name.ts";
 
 export interface FileRecord {
   fileId: string;
@@ -17,23 +18,15 @@ export interface FileRecord {
   createdAt: string;
 }
 
-const MAX_NAME_LENGTH = 255;
-
 /**
  * The user's file name as metadata: its base name (either separator), without control characters
- * (C0, DEL and C1: U+009B is a terminal's CSI, which a CLI printing the name would obey), at most 255
- * characters, cut before a character rather than inside one (half a surrogate pair would be stored as
- * U+FFFD); `upload` when nothing is left.
+ * (C0, DEL and C1: U+009B is a terminal's CSI, which a CLI printing the name would obey), trimmed, at
+ * most 255 characters, cut before a character rather than inside one (half a surrogate pair would be
+ * stored as U+FFFD); `upload` when nothing is left. The rule lives in file-name.ts, which the
+ * command-line client shares to predict the name its uploads get.
  */
 export function sanitizeFileName(raw: string | undefined): string {
-  const base = (raw ?? "").split(/[/\\]/).pop() ?? "";
-  // biome-ignore lint/suspicious/noControlCharactersInRegex: stripping control characters is the point
-  const clean = base.replace(/[\u0000-\u001f\u007f-\u009f]/g, "").trim();
-  const name = clean === "." || clean === ".." ? "" : clean;
-  let end = Math.min(name.length, MAX_NAME_LENGTH);
-  // A high surrogate at the cut: its pair would be cut off.
-  if (end < name.length && /[\ud800-\udbff]/.test(name.charAt(end - 1))) end--;
-  return name.slice(0, end) || "upload";
+  return storedFileName(raw);
 }
 
 /**

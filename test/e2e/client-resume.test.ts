@@ -17,6 +17,7 @@ import {
   ofKind,
   startClientServer,
   taskLog,
+  within,
 } from "../helpers/client.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
 
@@ -48,7 +49,10 @@ function stderrOf(child: ChildProcess) {
   });
   return {
     text: () => text,
-    waitFor: (pattern: RegExp, what: string) => waitFor(async () => pattern.test(text), 60_000, what),
+    waitFor: (pattern: RegExp, what: string) =>
+      waitFor(async () => pattern.test(text), 60_000, what).catch((err: Error) => {
+        throw new Error(`${err.message}; the client's stderr:\n${text}\n${server.log()}`);
+      }),
   };
 }
 
@@ -58,34 +62,73 @@ const submitSlow = (extra: string[] = []) =>
     server.env(token),
   );
 
-test("--json prints every event of the task's log exactly once, in order, across an API restart", async () => {
+/**
+ * What the restart test waits on, each wait bounded by what is left of a deadline under the test's
+ * own timeout (180 s): a wait that cannot end fails with what the client and the server printed
+ * instead of timing out with nothing to go on.
+ */
+const RESTART_TEST_DEADLINE_MS = 165_000;
+
+test("--json prints every event of the task's log exactly once, in order, across an API restart", async (t) => {
+  const started = Date.now();
+  const left = () => Math.max(1_000, started + RESTART_TEST_DEADLINE_MS - Date.now());
+  const step = (what: string) => t.diagnostic(`${what} after ${Date.now() - started} ms`);
   const child = submitSlow();
   const out = watch(child);
   const err = stderrOf(child);
   const done = collect(child);
-  const [, taskId] = (await out.waitFor(/"kind":"task","taskId":"(\d+)"/)) as RegExpExecArray;
-  await out.waitFor(/"type":"run\.succeeded"/);
-  const [before] = await server.db.sql<
-    { status: string }[]
-  >`select status from tasks where id = ${taskId as string}`;
-  assert.equal(before?.status, "running", "the restart comes in the middle of the task");
-  const seenBefore = ofKind(jsonLines(out.stdout()), "event").length;
+  const printed = () =>
+    `client stdout (end):\n${out.stdout().slice(-3000)}\nclient stderr:\n${err.text()}\n${server.log()}`;
+  try {
+    const [, taskId] = (await out.waitFor(
+      /"kind":"task","taskId":"(\d+)"/,
+      Math.min(60_000, left()),
+    )) as RegExpExecArray;
+    step(`task ${taskId} created`);
+    await out.waitFor(/"type":"run\.succeeded"/, Math.min(60_000, left()));
+    step("a run succeeded");
+    const [before] = await server.db.sql<
+      { status: string }[]
+    >`select status from tasks where id = ${taskId as string}`;
+    assert.equal(before?.status, "running", "the restart comes in the middle of the task");
+    const seenBefore = ofKind(jsonLines(out.stdout()), "event").length;
 
-  await server.stop();
-  await err.waitFor(/connection lost .*; reconnecting/, "the client to notice the API went away");
-  await server.start();
-  const r = await done;
-  assert.equal(r.code, 0, err.text());
-  assert.match(err.text(), /reconnected/);
+    await server.stop();
+    step("server stopped");
+    await err.waitFor(/connection lost .*; reconnecting/, "the client to notice the API went away");
+    await server.start();
+    step("server started");
+    // A server that dies after its restart fails the wait at once, with its log.
+    const r = await within(
+      Promise.race([done, server.exited()]),
+      left(),
+      "the client to follow the task to its end after the restart",
+      printed,
+    );
+    step("client exited");
+    assert.equal(r.code, 0, printed());
+    assert.match(err.text(), /reconnected/);
 
-  const lines = jsonLines(r.stdout);
-  const events = ofKind(lines, "event").map(({ kind, ...e }) => e as { id: string });
-  assert.ok(events.length > seenBefore, "events arrived after the restart");
-  const ids = events.map((e) => BigInt(e.id));
-  for (let i = 1; i < ids.length; i++)
-    assert.ok((ids[i] as bigint) > (ids[i - 1] as bigint), "ids strictly rise");
-  assert.deepEqual(events, await taskLog(server, token, taskId as string), "exactly the task's log");
-  assert.equal(ofKind(lines, "summary")[0]?.status, "succeeded");
+    const lines = jsonLines(r.stdout);
+    const events = ofKind(lines, "event").map(({ kind, ...e }) => e as { id: string });
+    assert.ok(events.length > seenBefore, "events arrived after the restart");
+    const ids = events.map((e) => BigInt(e.id));
+    for (let i = 1; i < ids.length; i++)
+      assert.ok((ids[i] as bigint) > (ids[i - 1] as bigint), "ids strictly rise");
+    assert.deepEqual(events, await taskLog(server, token, taskId as string), "exactly the task's log");
+    assert.equal(ofKind(lines, "summary")[0]?.status, "succeeded");
+  } finally {
+    if (child.exitCode === null && child.signalCode === null) {
+      child.kill("SIGKILL");
+      await done;
+    }
+    // A failure between the stop and the start must not leave this file's other tests without a
+    // server (they would fail with ECONNREFUSED, hiding the first failure's cause).
+    if (!server.running)
+      await server
+        .start()
+        .catch((err: Error) => t.diagnostic(`could not start the server again: ${err.message}`));
+  }
 });
 
 test("Ctrl-C while following stops following, says the task goes on, and the task does", async () => {
@@ -93,10 +136,10 @@ test("Ctrl-C while following stops following, says the task goes on, and the tas
   const out = watch(child);
   const err = stderrOf(child);
   const done = collect(child);
-  const [, taskId] = (await out.waitFor(/"kind":"task","taskId":"(\d+)"/)) as RegExpExecArray;
-  await out.waitFor(/"type":"run\.running"/);
+  const [, taskId] = (await out.waitFor(/"kind":"task","taskId":"(\d+)"/, 60_000)) as RegExpExecArray;
+  await out.waitFor(/"type":"run\.running"/, 60_000);
   child.kill("SIGINT");
-  const r = await done;
+  const r = await within(done, 30_000, "the client to stop after Ctrl-C", () => err.text());
   assert.equal(r.code, 130);
   const [interrupted] = ofKind(jsonLines(r.stdout), "interrupted");
   assert.equal(interrupted?.taskId, taskId);
@@ -121,9 +164,9 @@ test("Ctrl-C during uploads stops cleanly: no task, and every stored file is who
   const child = spawnCli(["submit", "--type", "summary", dir, "--concurrency", "2"], server.env(dave));
   const out = watch(child);
   const done = collect(child);
-  await out.waitFor(/"kind":"file"/);
+  await out.waitFor(/"kind":"file"/, 60_000);
   child.kill("SIGINT");
-  const r = await done;
+  const r = await within(done, 30_000, "the client to stop after Ctrl-C", () => out.stdout());
   assert.equal(r.code, 130, r.stderr);
   assert.match(r.stderr, /no task was created/);
   const lines = jsonLines(r.stdout);

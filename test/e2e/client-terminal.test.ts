@@ -7,7 +7,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
-import { ASSAY_BIN, cleanEnv } from "../helpers/cli.ts";
+import { ASSAY_BIN, cleanEnv, ROOT } from "../helpers/cli.ts";
 import { type ClientServer, csv, startClientServer } from "../helpers/client.ts";
 import { waitFor } from "../helpers/queue.ts";
 
@@ -22,7 +22,11 @@ let work: string;
 
 before(async () => {
   if (skip) return;
-  server = await startClientServer({ concurrency: 2 });
+  // Uploads over 5 MB are refused: the hostile-name test's upload fails, naming its file.
+  server = await startClientServer({
+    concurrency: 2,
+    env: { ASSAY_MAX_UPLOAD_BYTES: String(5 * 1024 * 1024) },
+  });
   work = fs.mkdtempSync(path.join(os.tmpdir(), "assay-client-tty-"));
 });
 
@@ -35,30 +39,13 @@ after(async () => {
 
 const quote = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
 
-test("a terminal session shows the bars moving and ends with the summary line", { skip }, async () => {
-  const token = await server.token("erin");
-  const dir = path.join(work, "inputs");
-  fs.mkdirSync(dir);
-  for (let i = 0; i < 20; i++) fs.writeFileSync(path.join(dir, `série ${i}.csv`), csv(40_000, i + 2));
-  const command = [
-    process.execPath,
-    ASSAY_BIN,
-    "submit",
-    "--type",
-    "python-stats",
-    "--param",
-    "method=median",
-    dir,
-    "--follow",
-  ]
-    .map(quote)
-    .join(" ");
-  const env = cleanEnv({
-    ASSAY_URL: server.url,
-    ASSAY_TOKEN: token,
-    LANG: "C.UTF-8",
-    TERM: "xterm-256color",
-  });
+/**
+ * Runs `assay <args>` in a tmux session of `columns` × 40 (after `before`, a line printed on the
+ * screen first) and reads the screen until the command has exited: every distinct frame, the last
+ * one ending with "ASSAY-EXIT=<code>".
+ */
+async function inTmux(session: string, args: string[], env: NodeJS.ProcessEnv, columns = 130, before = "") {
+  const command = [process.execPath, ASSAY_BIN, ...args].map(quote).join(" ");
   execFileSync(
     TMUX,
     [
@@ -69,18 +56,18 @@ test("a terminal session shows the bars moving and ends with the summary line", 
       "new-session",
       "-d",
       "-s",
-      "client",
+      session,
       "-x",
-      "130",
+      String(columns),
       "-y",
       "40",
-      `${command}; echo ASSAY-EXIT=$?; sleep 600`,
+      `${before ? `echo ${quote(before)}; ` : ""}${command}; echo ASSAY-EXIT=$?; sleep 600`,
     ],
     { env },
   );
   const frames: string[] = [];
   const capture = () =>
-    execFileSync(TMUX, ["-L", SOCKET, "capture-pane", "-p", "-t", "client"], { env }).toString();
+    execFileSync(TMUX, ["-L", SOCKET, "capture-pane", "-p", "-t", session], { env }).toString();
   await waitFor(
     async () => {
       const screen = capture();
@@ -89,7 +76,26 @@ test("a terminal session shows the bars moving and ends with the summary line", 
       return screen.includes("ASSAY-EXIT=");
     },
     120_000,
-    "the client to finish in tmux",
+    `the client to finish in tmux session ${session}`,
+  );
+  return frames;
+}
+
+test("a terminal session shows the bars moving and ends with the summary line", { skip }, async () => {
+  const token = await server.token("erin");
+  const dir = path.join(work, "inputs");
+  fs.mkdirSync(dir);
+  for (let i = 0; i < 20; i++) fs.writeFileSync(path.join(dir, `série ${i}.csv`), csv(40_000, i + 2));
+  const env = cleanEnv({
+    ASSAY_URL: server.url,
+    ASSAY_TOKEN: token,
+    LANG: "C.UTF-8",
+    TERM: "xterm-256color",
+  });
+  const frames = await inTmux(
+    "client",
+    ["submit", "--type", "python-stats", "--param", "method=median", dir, "--follow"],
+    env,
   );
   const final = frames.at(-1) as string;
   assert.match(final, /ASSAY-EXIT=0/);
@@ -119,4 +125,40 @@ test("a terminal session shows the bars moving and ends with the summary line", 
   assert.ok([...counts].filter((n) => n < 20).length >= 2, `the overall bar moved: ${[...counts]}`);
   assert.ok(runLines >= 2, "frames show running runs with their progress");
   for (const frame of frames) assert.ok(!frame.includes(token), "the token is never on screen");
+});
+
+test("hostile names on a terminal: the screen is never cleared, and a failed run's line keeps its run and error in view", {
+  skip,
+}, async () => {
+  const token = await server.token("gina");
+  const env = cleanEnv({
+    ASSAY_URL: server.url,
+    ASSAY_TOKEN: token,
+    LANG: "C.UTF-8",
+    TERM: "xterm-256color",
+  });
+
+  // A local file whose name would clear the screen, refused by the server: the error names it.
+  const evil = path.join(work, "evil");
+  fs.mkdirSync(evil);
+  fs.writeFileSync(path.join(evil, "evil \u001b[2J\u001b[H name.csv"), csv(300_000, 3));
+  const refused = await inTmux("evil", ["submit", "--type", "summary", evil], env, 130, "MARKER-BEFORE");
+  const last = refused.at(-1) as string;
+  assert.match(last, /ASSAY-EXIT=2/);
+  assert.match(last, /MARKER-BEFORE/, `the screen was cleared:\n${last}`);
+  assert.match(last, /^assay: evil \?\[2J\?\[H name\.csv: /m, last);
+
+  // A run that fails with a long name: the line printed above the bars as it fails is cut to fit
+  // (cli-progress turns line wrapping off while it draws, so the terminal would cut it at its edge,
+  // run id and error code with it).
+  const dir = path.join(work, "long");
+  fs.mkdirSync(dir);
+  const fixtures = path.join(ROOT, "test/fixtures/csv");
+  const longName = `empty ${"very long name ".repeat(10)}end.csv`;
+  fs.copyFileSync(path.join(fixtures, "empty.csv"), path.join(dir, longName));
+  fs.copyFileSync(path.join(fixtures, "normal.csv"), path.join(dir, "漢字のデータ.csv"));
+  const frames = await inTmux("long", ["submit", "--type", "summary", dir, "--follow"], env, 100);
+  const final = frames.at(-1) as string;
+  assert.match(final, /ASSAY-EXIT=1/);
+  assert.match(final, /^failed {5}empty very long name .*… \(run \d+\): ANALYSIS_DATA_INVALID$/m, final);
 });

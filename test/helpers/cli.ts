@@ -46,8 +46,11 @@ export function collect(child: ChildProcess): Promise<CliResult> {
 /** Everything `child` printed on stdout so far, and a way to wait for a pattern in it. */
 export interface Watched {
   readonly stdout: () => string;
-  /** Resolves with the first match of `pattern` in all stdout so far, or rejects when the process ends first. */
-  waitFor(pattern: RegExp): Promise<RegExpExecArray>;
+  /**
+   * Resolves with the first match of `pattern` in all stdout so far, or rejects when the process ends
+   * first — or, given `timeoutMs`, when that passes first (the message shows what was printed).
+   */
+  waitFor(pattern: RegExp, timeoutMs?: number): Promise<RegExpExecArray>;
 }
 
 export function watch(child: ChildProcess): Watched {
@@ -69,19 +72,33 @@ export function watch(child: ChildProcess): Watched {
   });
   return {
     stdout: () => buffer,
-    waitFor: (pattern) =>
+    waitFor: (pattern, timeoutMs) =>
       new Promise((resolve, reject) => {
+        let timer: NodeJS.Timeout | undefined;
+        const settle = () => {
+          waiters.delete(check);
+          clearTimeout(timer);
+        };
         const check = () => {
           const match = pattern.exec(buffer);
           if (match) {
-            waiters.delete(check);
+            settle();
             resolve(match);
           } else if (ended) {
-            waiters.delete(check);
+            settle();
             reject(new Error(`process exited before printing ${pattern}:\n${buffer}\nstderr:\n${errors}`));
           }
         };
         waiters.add(check);
+        if (timeoutMs !== undefined)
+          timer = setTimeout(() => {
+            settle();
+            reject(
+              new Error(
+                `process ${child.pid} printed no ${pattern} in ${timeoutMs} ms:\n${buffer.slice(-4000)}\nstderr:\n${errors}`,
+              ),
+            );
+          }, timeoutMs);
         check();
       }),
   };

@@ -3,6 +3,7 @@
 // its JSON lines parsed.
 import type { ChildProcess } from "node:child_process";
 import fs from "node:fs";
+import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { tokenCreate } from "../../src/auth/tokens.ts";
@@ -15,10 +16,22 @@ export interface ClientServer {
   readonly url: string;
   readonly db: TestDatabase;
   readonly dataDir: string;
-  /** Stops the server (SIGTERM, graceful) and waits for it to exit. */
+  /** Whether a server process is up (started, and neither stopped nor exited since). */
+  readonly running: boolean;
+  /**
+   * Stops the server (SIGTERM, graceful) and waits for it to exit: at most STOP_TIMEOUT_MS, after
+   * which it is killed and stop() fails with the server's log.
+   */
   stop(): Promise<void>;
-  /** Starts it again on the same port and waits until it is ready. */
+  /** Starts it again on the same port and waits until it is ready (at most 60 s). */
   start(): Promise<void>;
+  /**
+   * Rejects, with the server's log, when the server that is up now exits without stop() (never
+   * resolves): race a wait on a client against it, so a server that died fails the test at once.
+   */
+  exited(): Promise<never>;
+  /** The last of what every server process of this instance printed, for failure messages. */
+  log(): string;
   /** A token of a user of this name (created as a plain user). */
   token(user: string): Promise<string>;
   /** The client's environment for `token`. */
@@ -26,14 +39,79 @@ export interface ClientServer {
   close(): Promise<void>;
 }
 
+/**
+ * How long stop() waits for the server to exit after SIGTERM. The server bounds its own shutdown
+ * (close-with-grace; about 24 s with the settings below); beyond that it is stuck, and the test must
+ * say so rather than wait for ever.
+ */
+const STOP_TIMEOUT_MS = 60_000;
+
+/** `promise`, or a rejection naming `what` (and `detail()`, read then) after `ms`. */
+export function within<T>(
+  promise: Promise<T>,
+  ms: number,
+  what: string,
+  detail: () => string = () => "",
+): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(
+      () => reject(new Error(`timed out after ${ms} ms waiting for ${what}\n${detail()}`)),
+      ms,
+    );
+  });
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
+/** Whether `port` on 127.0.0.1 can be listened on now. */
+function canListen(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const probe = net.createServer();
+    probe.unref();
+    probe.once("error", () => resolve(false));
+    probe.listen(port, "127.0.0.1", () => probe.close(() => resolve(true)));
+  });
+}
+
+/**
+ * A port for a server that is stopped and started again on it. A port of the kernel's ephemeral
+ * range (where freePort()'s come from) may be handed to anyone while the server is down — another
+ * test's freePort(), or the local end of any outgoing connection — and the restart then fails to
+ * listen, or another test's server answers in its place. Ports below the range are never handed
+ * out by the kernel: one is picked at random there (checked free now).
+ */
+async function restartablePort(): Promise<number> {
+  let low = 32_768;
+  try {
+    low = Number(fs.readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8").trim().split(/\s+/)[0]);
+  } catch {
+    // Not Linux: the usual range.
+  }
+  const floor = 10_000;
+  if (Number.isInteger(low) && low > floor + 1000) {
+    for (let i = 0; i < 50; i++) {
+      const port = floor + Math.floor(Math.random() * (low - floor));
+      if (await canListen(port)) return port;
+    }
+  }
+  return freePort();
+}
+
 export async function startClientServer(
   o: { concurrency?: number; env?: Record<string, string> } = {},
 ): Promise<ClientServer> {
   const db = await createTestDatabase();
   const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-client-"));
-  const port = await freePort();
+  const port = await restartablePort();
   const url = `http://127.0.0.1:${port}`;
-  let server: { child: ChildProcess; done: Promise<CliResult> } | undefined;
+  let server:
+    | { child: ChildProcess; done: Promise<CliResult>; exited: Promise<never>; stopping: boolean }
+    | undefined;
+  let log = "";
+  let starts = 0;
+  const append = (text: string) => {
+    log = (log + text).slice(-20_000);
+  };
   const serverEnv = cleanEnv({
     DATABASE_URL: db.url,
     ASSAY_DATA_DIR: dataDir,
@@ -45,40 +123,85 @@ export async function startClientServer(
     ASSAY_SHUTDOWN_GRACE_MS: "3000",
     ...o.env,
   });
+  const logged = () => `assay all on ${url} printed:\n${log}`;
   const start = async () => {
     const child = spawnCli(["all", "--concurrency", String(o.concurrency ?? 2)], serverEnv);
-    server = { child, done: collect(child) };
-    const exited = server.done.then((r) => {
-      throw new Error(`assay all exited early (${r.code}):\n${r.stderr}`);
-    });
-    exited.catch(() => {});
-    await Promise.race([
-      waitFor(
-        () =>
-          fetch(`${url}/readyz`).then(
-            (r) => r.ok,
-            () => false,
+    append(`--- start ${++starts} (pid ${child.pid}) ---\n`);
+    child.stdout?.on("data", (c: Buffer) => append(c.toString()));
+    child.stderr?.on("data", (c: Buffer) => append(c.toString()));
+    const done = collect(child);
+    const current = { child, done, exited: undefined as unknown as Promise<never>, stopping: false };
+    // An exit stop() asked for is no news: only another one rejects.
+    current.exited = done.then((r) =>
+      current.stopping
+        ? new Promise<never>(() => {})
+        : Promise.reject(
+            new Error(
+              `assay all (pid ${child.pid}) exited (${r.code ?? r.signal}) while it was up\n${logged()}`,
+            ),
           ),
-        60_000,
-        "the server to be ready",
-      ),
-      exited,
-    ]);
+    );
+    current.exited.catch(() => {});
+    const { exited } = current;
+    server = current;
+    done.then(() => {
+      if (server === current) server = undefined;
+    });
+    try {
+      await Promise.race([
+        waitFor(
+          () =>
+            // Bounded: a connection accepted but never answered must not stall the wait.
+            fetch(`${url}/readyz`, { signal: AbortSignal.timeout(5_000) }).then(
+              (r) => r.ok,
+              () => false,
+            ),
+          60_000,
+          "the server to be ready",
+        ).catch((err: Error) => {
+          throw new Error(`${err.message}\n${logged()}`);
+        }),
+        exited,
+      ]);
+      // Answered, but by whom? A server that could not listen has exited by now or soon.
+      if (child.exitCode !== null || child.signalCode !== null) await exited;
+    } catch (err) {
+      if (server === current) {
+        current.stopping = true;
+        server = undefined;
+        child.kill("SIGKILL");
+        await done;
+      }
+      throw err;
+    }
   };
   const stop = async () => {
     if (!server) return;
     const { child, done } = server;
+    server.stopping = true;
     server = undefined;
     child.kill("SIGTERM");
-    await done;
+    try {
+      await within(done, STOP_TIMEOUT_MS, `assay all (pid ${child.pid}) to exit after SIGTERM`, logged);
+    } catch (err) {
+      child.kill("SIGKILL");
+      await within(done, 10_000, `assay all (pid ${child.pid}) to exit after SIGKILL`, logged);
+      throw err;
+    }
   };
   await start();
   return {
     url,
     db,
     dataDir,
+    get running() {
+      return server !== undefined;
+    },
     stop,
     start,
+    exited: () =>
+      server?.exited ?? Promise.reject(new Error(`assay all on ${url} is not running\n${logged()}`)),
+    log: () => log,
     token: async (user) => (await tokenCreate(db.sql, user)).token,
     env: (token, extra = {}) => cleanEnv({ ASSAY_URL: url, ASSAY_TOKEN: token, ...extra }),
     close: async () => {

@@ -1,0 +1,124 @@
+// Hostile local file names against a real server: the name an upload is stored under is the one the
+// client predicts (one rule, src/files/file-name.ts), so a re-submit reuses the copy of that name;
+// and a name's escape sequences never reach a terminal through the client's messages.
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { after, before, test } from "node:test";
+import { serverName } from "../../src/client/inputs.ts";
+import { ASSAY_BIN, collect } from "../helpers/cli.ts";
+import {
+  type ClientServer,
+  client,
+  csv,
+  jsonLines,
+  ofKind,
+  startClientServer,
+  within,
+} from "../helpers/client.ts";
+
+let server: ClientServer;
+let token: string;
+let work: string;
+
+before(async () => {
+  server = await startClientServer({ concurrency: 1, env: { ASSAY_MAX_UPLOAD_BYTES: "100000" } });
+  token = await server.token("frank");
+  work = fs.mkdtempSync(path.join(os.tmpdir(), "assay-client-names-"));
+});
+
+after(async () => {
+  await server.close();
+  fs.rmSync(work, { recursive: true, force: true });
+});
+
+// biome-ignore lint/suspicious/noControlCharactersInRegex: looking for control characters is the point
+const RAW_CONTROL = /[\u0000-\u0009\u000b-\u001f\u007f-\u009f]/;
+
+/** A C1 control (U+009B, CSI) and U+0085 in a name, which the server drops. */
+const C1_NAME = 'a\u009b2J\u0085 "quoted" 😀.csv';
+/** Within 255 bytes on disk; past 255 characters once its quotes travel as %22, cut at the emoji. */
+const LONG_NAME = `${'"'.repeat(80)}${"x".repeat(14)}😀.csv`;
+
+test("uploads are stored under the names the client predicts, and a re-submit reuses the copy of its name", async () => {
+  const dir = path.join(work, "hostile");
+  fs.mkdirSync(dir);
+  const bytes = csv(50, 3);
+  fs.writeFileSync(path.join(dir, C1_NAME), bytes);
+  fs.writeFileSync(path.join(dir, LONG_NAME), csv(50, 4));
+  const first = await client(["submit", "--type", "summary", dir], server.env(token));
+  assert.equal(first.code, 0, first.stderr);
+  assert.ok(!RAW_CONTROL.test(first.stdout), "JSON lines carry no raw control character");
+  const files = ofKind(jsonLines(first.stdout), "file") as unknown as {
+    path: string;
+    name: string;
+    fileId: string;
+  }[];
+  assert.equal(files.length, 2);
+  for (const f of files) assert.equal(f.name, serverName(f.path), `stored name of ${JSON.stringify(f.path)}`);
+  const c1Copy = files.find((f) => f.path === C1_NAME)?.fileId;
+  assert.equal(files.find((f) => f.path === LONG_NAME)?.name, `${"%22".repeat(80)}${"x".repeat(14)}`);
+
+  // A second copy of the same bytes under another name, newer than the first: two local files with
+  // one content get a copy each (one reuses the first copy, the other is uploaded).
+  const other = path.join(work, "other");
+  fs.mkdirSync(other);
+  fs.writeFileSync(path.join(other, "plain-a.csv"), bytes);
+  fs.writeFileSync(path.join(other, "plain-b.csv"), bytes);
+  const second = await client(["submit", "--type", "summary", other], server.env(token));
+  assert.equal(second.code, 0, second.stderr);
+  const fresh = ofKind(jsonLines(second.stdout), "file").filter((f) => f.uploaded === true);
+  assert.equal(fresh.length, 1, second.stdout);
+  assert.notEqual(fresh[0]?.fileId, c1Copy);
+
+  // The hostile file again: of the two copies with its bytes, the one stored under its name.
+  const again = await client(["submit", "--type", "summary", path.join(dir, C1_NAME)], server.env(token));
+  assert.equal(again.code, 0, again.stderr);
+  const [reused] = ofKind(jsonLines(again.stdout), "file") as unknown as {
+    uploaded: boolean;
+    fileId: string;
+  }[];
+  assert.equal(reused?.uploaded, false);
+  assert.equal(reused?.fileId, c1Copy, "the copy stored under the file's own name");
+});
+
+test("a file name's escape sequences never reach the terminal through an error message", async () => {
+  const dir = path.join(work, "evil");
+  fs.mkdirSync(dir);
+  // Refused by the server (over ASSAY_MAX_UPLOAD_BYTES): the error names the local file.
+  const name = "evil \u001b[2J\u001b]0;pwned\u0007 \u009b31m.csv";
+  fs.writeFileSync(path.join(dir, name), csv(20_000, 5));
+  // stdout is a pipe (JSON lines); stderr gets the message for people, where a terminal usually is.
+  const r = await client(["submit", "--type", "summary", dir], server.env(token));
+  assert.equal(r.code, 2, r.stderr);
+  assert.match(r.stderr, /evil \?\[2J\?\]0;pwned\? \?31m\.csv/);
+  assert.ok(!RAW_CONTROL.test(r.stderr), `stderr: ${JSON.stringify(r.stderr)}`);
+  assert.ok(!RAW_CONTROL.test(r.stdout.replace(/\n/g, "")), `stdout: ${JSON.stringify(r.stdout)}`);
+  const [error] = ofKind(jsonLines(r.stdout), "error") as unknown as { message: string }[];
+  assert.ok(error?.message.includes(name), "the JSON line keeps the name exactly, escaped");
+});
+
+test("assay status on a terminal shows a task's parameters without raw C1 controls", async () => {
+  const dir = path.join(work, "params");
+  fs.mkdirSync(dir);
+  fs.writeFileSync(path.join(dir, "p.csv"), csv(10, 2));
+  // A list parameter with U+009B (CSI) in an item: JSON.stringify leaves C1 controls as they are.
+  const submitted = await client(
+    ["submit", "--type", "python-stats", "--param", "method=mean", "--param", "columns=a\u009b2Jb", dir],
+    server.env(token),
+  );
+  assert.equal(submitted.code, 0, submitted.stderr);
+  const taskId = (ofKind(jsonLines(submitted.stdout), "task")[0] as unknown as { taskId: string }).taskId;
+  // On a terminal (script(1) gives the command one), status prints for people.
+  const command = [process.execPath, ASSAY_BIN, "status", taskId].map((a) => `'${a}'`).join(" ");
+  const shown = spawn("script", ["-q", "-e", "-c", command, "/dev/null"], {
+    env: server.env(token, { TERM: "xterm-256color", LANG: "C.UTF-8" }),
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const r = await within(collect(shown), 30_000, "assay status in a terminal");
+  assert.equal(r.code, 0, r.stdout + r.stderr);
+  assert.match(r.stdout, /parameters \{.*"columns":\["a\\u009b2Jb"\]/, r.stdout);
+  assert.ok(!r.stdout.includes("\u009b"), "no raw CSI on the terminal");
+});

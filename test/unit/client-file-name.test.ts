@@ -1,0 +1,107 @@
+// The name an upload is stored under: one rule (src/files/file-name.ts) for the server's
+// sanitizeFileName and the client's prediction of it (serverName), which must agree on hostile
+// names — C1 controls, emoji at the 255-character cut, white space at the cut, lone surrogates.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { serverName } from "../../src/client/inputs.ts";
+import { MAX_FILE_NAME_LENGTH, storedFileName } from "../../src/files/file-name.ts";
+import { sanitizeFileName } from "../../src/files/files.ts";
+
+/** What the server's multipart parser hands over for a filename the client sent: UTF-8 decoded. */
+const overTheWire = (name: string) => Buffer.from(name, "utf8").toString("utf8");
+
+/** What no stored name holds: control characters, a quote (sent as %22), a separator. */
+// biome-ignore lint/suspicious/noControlCharactersInRegex: asserting no control characters
+const UNSAFE = /[\u0000-\u001f\u007f-\u009f"/\\]/;
+
+const LONE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+test("C1 control characters are stripped by the client's prediction as by the server", () => {
+  // U+009B is CSI: `\u009b2J` clears a terminal that prints the name.
+  const label = "dir/a\u009b2J\u0085b\u0080\u009f.csv";
+  assert.equal(sanitizeFileName(label), "a2Jb.csv");
+  assert.equal(serverName(label), "a2Jb.csv");
+  assert.equal(serverName("\u001b[31mred\u007f.csv"), "[31mred.csv");
+});
+
+test("an emoji at the 255-character cut is dropped whole, never split", () => {
+  // 254 + 2 code units: the cut falls inside the emoji.
+  const split = `${"x".repeat(254)}😀.csv`;
+  assert.equal(sanitizeFileName(split), "x".repeat(254));
+  assert.equal(serverName(split), "x".repeat(254));
+  assert.ok(!LONE.test(serverName(split)), "no half of a surrogate pair");
+  // 253 + 2: the emoji fits exactly.
+  assert.equal(serverName(`${"x".repeat(253)}😀.csv`), `${"x".repeat(253)}😀`);
+  assert.equal(serverName(`${"x".repeat(253)}😀.csv`).length, MAX_FILE_NAME_LENGTH);
+  // Quotes travel as %22: a name within 255 characters on disk can pass the cut on the wire.
+  const quoted = `${'"'.repeat(80)}${"x".repeat(14)}😀.csv`;
+  assert.equal(serverName(quoted), `${"%22".repeat(80)}${"x".repeat(14)}`);
+});
+
+test("white space and dots left at the cut are handled as a second pass would", () => {
+  // Cut to 255, the name would end in a space, which the server's second pass (over what the
+  // client sent) would trim: the rule trims it at once.
+  assert.equal(storedFileName(`${"x".repeat(254)} y.csv`), "x".repeat(254));
+  assert.equal(storedFileName(`.${" ".repeat(300)}x`), "upload");
+  assert.equal(storedFileName(" .. "), "upload");
+  assert.equal(storedFileName("a\\b/..\\c.csv"), "c.csv");
+  assert.equal(storedFileName("\ud800x.csv"), "\ufffdx.csv", "a lone surrogate is what UTF-8 makes of it");
+});
+
+/** A deterministic pseudo-random generator (mulberry32). */
+function random(seed: number) {
+  let a = seed;
+  return () => {
+    a = (a + 0x6d2b79f5) | 0;
+    let t = Math.imul(a ^ (a >>> 15), 1 | a);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+const PIECES = [
+  "a",
+  "é",
+  "漢",
+  "😀",
+  "👩‍👩‍👧",
+  " ",
+  "\u00a0",
+  "\u3000",
+  ".",
+  "..",
+  "/",
+  "\\",
+  '"',
+  "%22",
+  "\u0000",
+  "\u0007",
+  "\r\n",
+  "\u001b[2J",
+  "\u007f",
+  "\u0085",
+  "\u009b",
+  "\u202e",
+  "\ud83d",
+  "\ude00",
+  "\ufeff",
+  "x".repeat(100),
+];
+
+test("the client's name is the server's for every name, and the rule is idempotent", () => {
+  const next = random(20_261_201);
+  for (let i = 0; i < 5_000; i++) {
+    const parts: string[] = [];
+    const n = Math.floor(next() * 12);
+    for (let k = 0; k < n; k++) parts.push(PIECES[Math.floor(next() * PIECES.length)] as string);
+    const label = parts.join("");
+    const predicted = serverName(label);
+    // What the server stores is the rule applied to what arrives: the client's name, as UTF-8.
+    const stored = sanitizeFileName(overTheWire(predicted));
+    assert.equal(stored, predicted, `label ${JSON.stringify(label)}`);
+    assert.equal(storedFileName(predicted), predicted, "idempotent");
+    assert.ok(predicted.length >= 1 && predicted.length <= MAX_FILE_NAME_LENGTH);
+    assert.ok(!LONE.test(predicted), "well-formed");
+    assert.ok(!UNSAFE.test(predicted), `nothing unsafe in ${JSON.stringify(predicted)}`);
+  }
+});
