@@ -22,6 +22,8 @@ import { benchDatabase, report } from "./lib/db.ts";
 const N = Number(process.env.BENCH_BIG_N ?? 100_000);
 const HANDLER_MS = Number(process.env.BENCH_BIG_HANDLER_MS ?? 2);
 const SLOTS = 8;
+/** The longest any wait of the run may take (the drain to a third, the cancel to end) before it fails. */
+const WAIT_MS = Number(process.env.BENCH_BIG_WAIT_MS ?? 600_000);
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const BIN = path.join(HERE, "..", "bin", "assay.js");
 
@@ -42,11 +44,16 @@ const children: ChildProcess[] = [];
 // command gets from bin/assay.js (ASSAY_NODE_FLAGS chooses them here too); the API gets them by itself.
 const nodeFlags = serverNodeFlags();
 
+/**
+ * Starts a process. Without `ready` (the API), its stdout — its log — goes to this process's stderr:
+ * this stdout carries only JSON lines, and a pipe nobody read would block the API once its log
+ * filled it. With `ready`, resolves when that appears on its stdout, which is read to the end.
+ */
 function start(args: string[], extra: Record<string, string>, ready?: RegExp): Promise<ChildProcess> {
   const flags = args[0] === BIN ? [] : nodeFlags;
   const child = spawn(process.execPath, [...flags, ...args], {
     env: { ...env, ...extra },
-    stdio: ["ignore", "pipe", "inherit"],
+    stdio: ["ignore", ready ? "pipe" : process.stderr, "inherit"],
   });
   children.push(child);
   if (!ready) return Promise.resolve(child);
@@ -58,6 +65,16 @@ function start(args: string[], extra: Record<string, string>, ready?: RegExp): P
     });
     child.once("exit", (code) => reject(new Error(`${args.join(" ")} exited (${code})`)));
   });
+}
+
+/** Fails the run, naming `what`, when a process it started has exited or `deadline` has passed. */
+function check(what: string, deadline: number): void {
+  const gone = children.find((c) => c.exitCode !== null || c.signalCode !== null);
+  if (gone)
+    throw new Error(
+      `waiting for ${what}: ${gone.spawnargs.slice(-2).join(" ")} exited (${gone.exitCode ?? gone.signalCode})`,
+    );
+  if (performance.now() > deadline) throw new Error(`waiting for ${what}: no end after ${WAIT_MS} ms`);
 }
 
 /** Resident set size of a process in MiB, from /proc. */
@@ -136,6 +153,7 @@ try {
   let done = 0;
   t0 = performance.now();
   while (done < N / 3) {
+    check(`a third of the runs to succeed (${done} so far)`, t0 + WAIT_MS);
     sample();
     let s = performance.now();
     const res = await fetch(`${base}/api/analysis-tasks/${taskId}`, { headers: auth });
@@ -166,6 +184,7 @@ try {
   });
   const cancelMs = performance.now() - t0;
   for (;;) {
+    check("the cancelled task to end", t0 + WAIT_MS);
     sample();
     const [t] = await sql<{ status: string }[]>`select status from tasks where id = ${taskId}`;
     if (t?.status === "cancelled") break;
@@ -271,9 +290,19 @@ try {
   });
 } finally {
   clearInterval(sampler);
-  for (const c of children) c.kill("SIGTERM");
+  // Each process ends by itself after SIGTERM, bounded; one that does not is killed, and said so.
   await Promise.all(
-    children.map((c) => new Promise((r) => (c.exitCode === null ? c.once("exit", r) : r(null)))),
+    children.map(async (c) => {
+      if (c.exitCode !== null || c.signalCode !== null) return;
+      const exited = new Promise((r) => c.once("exit", r));
+      c.kill("SIGTERM");
+      const timer = setTimeout(() => {
+        process.stderr.write(`${c.spawnargs.slice(-2).join(" ")} did not exit 30 s after SIGTERM: killed\n`);
+        c.kill("SIGKILL");
+      }, 30_000);
+      await exited;
+      clearTimeout(timer);
+    }),
   );
   await sql.end({ timeout: 5 });
   await bench.stop();
@@ -282,7 +311,7 @@ try {
 
 async function waitReady(): Promise<void> {
   for (let i = 0; i < 200; i++) {
-    const ok = await fetch(`${base}/readyz`).then(
+    const ok = await fetch(`${base}/readyz`, { signal: AbortSignal.timeout(2_000) }).then(
       (r) => r.ok,
       () => false,
     );

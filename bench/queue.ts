@@ -185,67 +185,82 @@ try {
       stdio: ["ignore", "inherit", "inherit", "ipc"],
     });
     const exited = once(child, "exit");
+    let stopping = false;
+    // Every wait on the worker is raced against this: a worker that dies fails the run, not hangs it.
+    const died = exited.then(([code, signal]) => {
+      if (!stopping) throw new Error(`the pickup worker exited (${code ?? signal}) during ${workload}`);
+    });
+    died.catch(() => {});
+    const orDied = <T>(p: Promise<T>) => Promise.race([p, died.then(() => p)]);
     // Keyed by input file: B's handler may start before its create call has returned.
     const bFiles = new Map<string, (at: number) => void>();
-    const ready = new Promise<void>((resolve, reject) => {
+    const ready = new Promise<void>((resolve) => {
       child.on("message", (m: { ready?: true; started?: string; at?: number }) => {
         if (m.ready) resolve();
         if (m.started !== undefined) bFiles.get(m.started)?.(m.at as number);
       });
-      void exited.then(([code]) =>
-        reject(new Error(`the pickup worker exited (${code}) before it was ready`)),
-      );
     });
-    child.send({ watch: b.fileIds });
-    const big = a ? await createNoopTask(sql, a.owner, a.fileIds) : undefined;
-    await checkpoint(sql);
-    await ready;
-    // (A quarter of A's task at most: at small BENCH_FAIR_BIG sizes the drain ends sooner.)
-    if (big) await waitForRunsDone(sql, big, Math.min(aMs > 0 ? 200 : 1000, Math.floor(FAIR_BIG / 4)));
-    const samples: number[] = [];
-    const creates: number[] = [];
-    for (const fileId of b.fileIds) {
-      const started = new Promise<number>((resolve) => bFiles.set(fileId, resolve));
-      const s0 = hrMs();
-      const r = await taskCreate(sql, b.owner, {
-        analysisType: "noop",
-        fileIds: [fileId],
-        parameters: {},
-        maxAttempts: 3,
-      });
-      if (r.kind !== "created") throw new Error("create failed");
-      creates.push(hrMs() - s0);
-      samples.push((await started) - s0);
-      bFiles.delete(fileId);
-      // Idle: the next sample once this one's outcome is recorded, as `latency` does.
-      if (!big) await waitForRunsDone(sql, r.taskId, 1);
-    }
-    const [left] = big
-      ? await sql<{ done: number }[]>`
+    try {
+      child.send({ watch: b.fileIds });
+      const big = a ? await createNoopTask(sql, a.owner, a.fileIds) : undefined;
+      await checkpoint(sql);
+      await orDied(ready);
+      // (A quarter of A's task at most: at small BENCH_FAIR_BIG sizes the drain ends sooner.)
+      if (big)
+        await orDied(waitForRunsDone(sql, big, Math.min(aMs > 0 ? 200 : 1000, Math.floor(FAIR_BIG / 4))));
+      const samples: number[] = [];
+      const creates: number[] = [];
+      for (const fileId of b.fileIds) {
+        const started = new Promise<number>((resolve) => bFiles.set(fileId, resolve));
+        const s0 = hrMs();
+        const r = await taskCreate(sql, b.owner, {
+          analysisType: "noop",
+          fileIds: [fileId],
+          parameters: {},
+          maxAttempts: 3,
+        });
+        if (r.kind !== "created") throw new Error("create failed");
+        creates.push(hrMs() - s0);
+        samples.push((await orDied(started)) - s0);
+        bFiles.delete(fileId);
+        // Idle: the next sample once this one's outcome is recorded, as `latency` does.
+        if (!big) await orDied(waitForRunsDone(sql, r.taskId, 1));
+      }
+      const [left] = big
+        ? await sql<{ done: number }[]>`
           select (succeeded_count + failed_count)::int as done from tasks where id = ${big}`
-      : [];
-    child.send({ stop: true });
-    await exited;
-    if (big && a) await taskCancel(sql, a.owner, big);
-    const line = report(
-      workload,
-      samples.length,
-      C,
-      samples.reduce((x, y) => x + y, 0) / 1000,
-      samples,
-      !big || (left?.done ?? FAIR_BIG) < FAIR_BIG,
-      {
-        ...(big ? { bigTask: FAIR_BIG, bigRunMs: aMs, bigRunRangeMs: [aMs / 2, (aMs * 3) / 2] } : {}),
-        ...(big ? { bigDoneAtEnd: left?.done } : {}),
-        createP50Ms: Number(pct(creates, 50).toFixed(2)),
-        createP99Ms: Number(pct(creates, 99).toFixed(2)),
-        ...(big ? { vsIdleP99: Math.round((pct(samples, 99) / idleP99) * 100) / 100 } : {}),
-        note: big
-          ? "create → handler start of B's one-run tasks while A's task drains, the worker in its own process; vsIdleP99: this p99 over pickup:idle's (target ≤ 2); ok = A still draining at the end"
-          : "create → handler start of one-run tasks with nothing else queued, the worker in its own process",
-      },
-    );
-    if (!big) idleP99 = line.p99_ms;
+        : [];
+      stopping = true;
+      child.send({ stop: true });
+      await exited;
+      if (big && a) await taskCancel(sql, a.owner, big);
+      const line = report(
+        workload,
+        samples.length,
+        C,
+        samples.reduce((x, y) => x + y, 0) / 1000,
+        samples,
+        !big || (left?.done ?? FAIR_BIG) < FAIR_BIG,
+        {
+          ...(big ? { bigTask: FAIR_BIG, bigRunMs: aMs, bigRunRangeMs: [aMs / 2, (aMs * 3) / 2] } : {}),
+          ...(big ? { bigDoneAtEnd: left?.done } : {}),
+          createP50Ms: Number(pct(creates, 50).toFixed(2)),
+          createP99Ms: Number(pct(creates, 99).toFixed(2)),
+          ...(big ? { vsIdleP99: Math.round((pct(samples, 99) / idleP99) * 100) / 100 } : {}),
+          note: big
+            ? "create → handler start of B's one-run tasks while A's task drains, the worker in its own process; vsIdleP99: this p99 over pickup:idle's (target ≤ 2); ok = A still draining at the end"
+            : "create → handler start of one-run tasks with nothing else queued, the worker in its own process",
+        },
+      );
+      if (!big) idleP99 = line.p99_ms;
+    } finally {
+      // On any failure above: the worker goes too (its IPC channel would keep this process alive).
+      if (child.exitCode === null && child.signalCode === null) {
+        stopping = true;
+        child.kill("SIGKILL");
+        await exited;
+      }
+    }
   }
   // graphile-worker 0.18 on the same database, jobs incrementing a parent counter.
   await sql`create table if not exists bench_parent (id int primary key, n int not null)`;

@@ -40,7 +40,10 @@ export interface S3StoreOptions {
   forcePathStyle?: boolean;
   /** How long a connection may take to open (default CONNECT_TIMEOUT_MS). */
   connectTimeoutMs?: number;
-  /** How long a request may wait for its response to begin, its body sent (default RESPONSE_TIMEOUT_MS). */
+  /**
+   * How long a request may wait for its response to begin, counted from its start: sending its body
+   * is inside it (default RESPONSE_TIMEOUT_MS).
+   */
   responseTimeoutMs?: number;
   /** How long check() waits for an answer, retries included (default CHECK_TIMEOUT_MS). */
   checkTimeoutMs?: number;
@@ -60,7 +63,7 @@ const LIST_PAGE = 1000;
  * may pause for long); a request that times out is retried by the SDK like any transient failure.
  */
 const CONNECT_TIMEOUT_MS = 10_000;
-/** Generous: a part of a multipart upload (5 MiB) is sent within it. */
+/** Generous: a part of a multipart upload (5 MiB) is sent within it, at ~350 kbit/s or faster. */
 const RESPONSE_TIMEOUT_MS = 120_000;
 /** check() answers /readyz and start-up: it must not wait for three slow attempts. */
 const CHECK_TIMEOUT_MS = 10_000;
@@ -161,10 +164,10 @@ export class S3Store implements ObjectStore {
 
   /**
    * A body that stops arriving (a gateway that stalls mid-object, the connection half-dead) is given
-   * up after bodyIdleTimeoutMs without a byte: nothing else would end the wait — the worker's input
-   * download does not watch the run's signal, so the attempt held its slot, and its heartbeated lease,
-   * for good. Only here: the reader is a local file, so a pause is the store's. Streams from open()
-   * may pause for as long as their reader (a slow client) does.
+   * up after bodyIdleTimeoutMs without a byte: a run's signal ends its own download, but a run without
+   * a timeout would otherwise hold its slot, and its heartbeated lease, for good. Only here: the reader
+   * is a local file, so a pause is the store's. Streams from open() may pause for as long as their
+   * reader (a slow client) does.
    */
   async download(key: string, file: string, signal?: AbortSignal): Promise<void> {
     signal?.throwIfAborted();

@@ -91,7 +91,9 @@ export interface ObjectStore {
   open(key: string): Promise<OpenObject>;
   /**
    * Copies `key` into the local file `file` (created or replaced). `signal` ends a download in
-   * progress (a run cancelled or timed out while its input arrives), with the signal's reason.
+   * progress (a run cancelled or timed out while its input arrives): it fails then, with the
+   * signal's reason or an AbortError (callers read the signal, not the error); what it wrote of
+   * `file` is the caller's to delete.
    */
   download(key: string, file: string, signal?: AbortSignal): Promise<void>;
   /** Deletes these keys; keys without an object are fine. */

@@ -99,7 +99,11 @@ for (const [file, knobs] of BENCHES) {
       });
       child.on("close", (c) => resolve({ code: c, stdout: out, stderr: err }));
     });
-    assert.equal(code, 0, `bench/${file} exited ${code}:\n${stderr.slice(-3000)}`);
+    assert.equal(
+      code,
+      0,
+      `bench/${file} exited ${code}:\n${stderr.slice(-3000)}\nits stdout (end):\n${stdout.slice(-1500)}`,
+    );
     const lines = stdout.trim().split("\n").filter(Boolean);
     assert.ok(lines.length > 0, `bench/${file} printed nothing`);
     for (const line of lines) {
