@@ -3,8 +3,8 @@
 // event once, in order, across dropped connections and API restarts.
 import { logsPage, runsOf, taskGet } from "../client/api.ts";
 import { EXIT, Interrupted } from "../client/exit.ts";
-import { fit, shown } from "../client/output.ts";
-import { TaskTracker } from "../client/progress.ts";
+import { displayWidth, fit, shown } from "../client/output.ts";
+import { type RunState, TaskTracker } from "../client/progress.ts";
 import { type StreamState, taskEvents } from "../client/sse.ts";
 import { summaryLine } from "../client/summary.ts";
 import type { Run, Task, TaskEvent } from "../http/api-types.ts";
@@ -24,25 +24,36 @@ interface View {
   stop(): void;
 }
 
+/**
+ * The line printed above the bars when a run failed or is retried, within `columns`: cli-progress
+ * turns line wrapping off while it draws, so a longer line is cut at the terminal's edge, and the run
+ * id and error code after the name would go with it. The name gets what the rest of the line leaves
+ * (in terminal columns, one spare). When the rest alone does not fit (a very narrow terminal), the
+ * name shrinks to "…" and the line is cut at the edge after all.
+ */
+export function problemLine(
+  run: Pick<RunState, "name" | "status" | "runId" | "attempt" | "errorCode">,
+  retried: boolean,
+  columns: number,
+): string {
+  const what = (retried ? `retrying (attempt ${run.attempt + 1})` : run.status).padEnd(10);
+  const after = ` (run ${run.runId}): ${shown(run.errorCode)}`;
+  const room = columns - displayWidth(`${what} ${after}`) - 1;
+  return `${what} ${fit(shown(run.name), Math.max(1, room))}${after}`;
+}
+
 /** Draws the task on a terminal. */
 async function barsView(ctx: ClientContext, task: Task): Promise<View> {
   const { FollowBars } = await import("../client/tty.ts");
   const tracker = new TaskTracker(task.taskId, task.totalCount, await runsOf(ctx.client, task.taskId));
   const bars = new FollowBars(ctx.out.stream, tracker);
-  // A line above the bars is cut at the terminal's edge (cli-progress turns wrapping off while it
-  // draws): a long name is shortened so that the run id and error code after it stay in view.
-  const name = (run: { name: string }) =>
-    fit(shown(run.name), Math.max(16, (ctx.out.stream.columns || 100) - 60));
   return {
     event(e) {
       const change = tracker.apply(e);
       if (change.kind === "task" && change.cancelledQueued > 0)
         bars.log(`${"cancelled".padEnd(10)} ${queuedRuns(change.cancelledQueued)} before they started`);
       if (change.kind === "run" && (change.ended || change.retried) && change.run.status !== "succeeded") {
-        const what = change.retried ? `retrying (attempt ${change.run.attempt + 1})` : change.run.status;
-        bars.log(
-          `${what.padEnd(10)} ${name(change.run)} (run ${change.run.runId}): ${change.run.errorCode ?? ""}`,
-        );
+        bars.log(problemLine(change.run, change.retried, ctx.out.stream.columns || 100));
       }
       bars.update(change.kind === "run" ? change.run : undefined);
     },

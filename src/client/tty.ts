@@ -104,25 +104,35 @@ export class FollowBars {
   readonly #width: () => number;
   #note = "";
 
-  readonly #overallBarSize: number;
+  /** The overall bar's length, set with each draw's words (#overallPayload); at most 30. */
+  #overallBarSize = 30;
 
   constructor(stream: NodeJS.WriteStream, tracker: TaskTracker) {
     this.#tracker = tracker;
     this.#bars = multiBar(stream, "{text}");
     this.#width = () => stream.columns || 100;
     this.#maxLines = Math.max(1, Math.min(12, (stream.rows || 24) - 6));
-    // A narrow terminal gets a shorter bar, so the counts and a note still fit beside it.
-    this.#overallBarSize = Math.max(10, Math.min(30, this.#width() - 80));
     this.#overall = this.#bars.create(Math.max(1, tracker.total), 0, this.#overallPayload(), {
       format: "Task {taskId} {status} [{bar}] {value}/{total} runs | {counts} | {duration_formatted}{note}",
-      barsize: this.#overallBarSize,
+      // Drawn 30 long at most (what cli-progress prepares the bar's characters for), as long as
+      // #overallBarSize says at each draw.
+      barsize: 30,
+      formatBar: (progress, options) =>
+        cliProgress.Format.BarFormat(progress, { ...options, barsize: this.#overallBarSize }),
     });
   }
 
   /**
    * The overall line's words, within the terminal's width (the terminal cuts a longer line off at
    * its edge, counts, duration and "reconnecting…" with it): the counts of outcomes that happened
-   * (succeeded always), cut with an ellipsis when there is still not room.
+   * (succeeded always), cut with an ellipsis when there is still not room. A narrow terminal gets a
+   * shorter bar (30 from 110 columns, 10 at 90 and below), shorter still (down to 5) to leave the
+   * counts their room.
+   *
+   * The line needs its words (the duration counted at its longest, "23h59m"), a bar of 5 and "…" for
+   * the counts, plus a spare column: with a 9-digit task id and 100,000 runs, 63 columns while
+   * running, 79 with " | reconnecting…", 75 for a task that ended partially_succeeded. On a narrower
+   * terminal the line is cut at the edge (the note, then the duration, go first).
    */
   #overallPayload() {
     const t = this.#tracker;
@@ -137,14 +147,16 @@ export class FollowBars {
     ].join(", ");
     const note = this.#note;
     const total = String(Math.max(1, t.total));
-    // Everything but the counts: "Task <id> <status> [<bar>] <done>/<total> runs | ", then
+    const width = this.#width();
+    // Everything but the bar and the counts: "Task <id> <status> [] <done>/<total> runs | ", then
     // " | <duration>" (cli-progress's: "59s", "59m59s", "23h59m" at most) and the note.
-    const fixed =
+    const words =
       `Task ${t.taskId} ${status} [] ${total}/${total} runs | `.length +
-      this.#overallBarSize +
       " | 23h59m".length +
       displayWidth(note);
-    const room = this.#width() - fixed - 1;
+    const wanted = Math.max(10, Math.min(30, width - 80));
+    this.#overallBarSize = Math.max(5, Math.min(wanted, width - 1 - words - displayWidth(counts)));
+    const room = width - words - this.#overallBarSize - 1;
     return {
       taskId: t.taskId,
       status,

@@ -22,10 +22,39 @@ const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[
 const isHighSurrogate = (code: number) => code >= 0xd800 && code <= 0xdbff;
 
 /**
+ * Grapheme clusters: what a reader takes for one character (a letter with its accents, an emoji with
+ * its joiners and modifiers, a flag's two regional indicators). Intl is a global: this module still
+ * imports nothing. The rules are UAX #29's, which no locale tailors. A Node whose ICU knows an
+ * older Unicode could cut a newest emoji elsewhere, but the client and the server never disagree
+ * over it: the client sends a name it has already cut, which the server keeps as it is.
+ */
+const GRAPHEMES = new Intl.Segmenter("en", { granularity: "grapheme" });
+
+/**
+ * Where to cut `s`, longer than `max`: at the last grapheme boundary at or before `max`, so no
+ * cluster is split (no family emoji left with a trailing joiner, no letter without its combining
+ * accent, no flag halved). Segments are computed lazily, only up to the cut. A first cluster longer
+ * than `max` by itself (a letter under hundreds of combining marks) is cut at the last whole code
+ * point instead, rather than losing the whole name.
+ */
+function cutAt(s: string, max: number): number {
+  let end = 0;
+  for (const { index } of GRAPHEMES.segment(s)) {
+    if (index > max) break;
+    end = index;
+  }
+  if (end > 0) return end;
+  // A high surrogate at the cut: its pair would be cut off.
+  return isHighSurrogate(s.charCodeAt(max - 1)) ? max - 1 : max;
+}
+
+/**
  * The stored name of an upload named `raw`: its base name (either separator), a lone surrogate as
  * U+FFFD (what its UTF-8 on the wire decodes to), without control characters, without white space
- * at either end, at most 255 characters — cut before a character rather than inside one (half a
- * surrogate pair would be stored as U+FFFD) — and `upload` when nothing, `.` or `..` is left.
+ * at either end, at most 255 UTF-16 code units — cut between grapheme clusters rather than inside
+ * one (half a surrogate pair would be stored as U+FFFD; a family emoji would keep a trailing joiner,
+ * a letter lose its combining accent, a flag be halved) — and `upload` when nothing, `.` or `..` is
+ * left.
  *
  * Applied to its own result it changes nothing: the client sends a name it has already passed
  * through this rule, and the server applies it again, so the two must agree (white space at the
@@ -34,9 +63,7 @@ const isHighSurrogate = (code: number) => code >= 0xd800 && code <= 0xdbff;
 export function storedFileName(raw: string | undefined): string {
   const base = (raw ?? "").split(/[/\\]/).pop() ?? "";
   const clean = base.replace(LONE_SURROGATE, "\ufffd").replace(CONTROL, "").trim();
-  let end = Math.min(clean.length, MAX_FILE_NAME_LENGTH);
-  // A high surrogate at the cut: its pair would be cut off.
-  if (end < clean.length && isHighSurrogate(clean.charCodeAt(end - 1))) end--;
+  const end = clean.length > MAX_FILE_NAME_LENGTH ? cutAt(clean, MAX_FILE_NAME_LENGTH) : clean.length;
   const name = clean.slice(0, end).trimEnd();
   return name === "" || name === "." || name === ".." ? "upload" : name;
 }

@@ -2,7 +2,7 @@
 // client predicts (one rule, src/files/file-name.ts), so a re-submit reuses the copy of that name;
 // and a name's escape sequences never reach a terminal through the client's messages.
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -18,6 +18,14 @@ import {
   startClientServer,
   within,
 } from "../helpers/client.ts";
+
+/**
+ * script(1) of util-linux, which runs a command on a pseudo-terminal. Without it (or with the BSD
+ * script, which has no -c) the terminal test is skipped: spawning a missing command would end
+ * this file with an unhandled 'error' event. In CI a missing script is a failure, not a skip.
+ */
+const haveScript = /util-linux/.test(spawnSync("script", ["--version"], { encoding: "utf8" }).stdout ?? "");
+const noScript = haveScript || process.env.CI === "true" ? false : "no script(1) of util-linux on PATH";
 
 let server: ClientServer;
 let token: string;
@@ -100,7 +108,10 @@ test("a file name's escape sequences never reach the terminal through an error m
   assert.ok(error?.message.includes(name), "the JSON line keeps the name exactly, escaped");
 });
 
-test("assay status on a terminal shows a task's parameters without raw C1 controls", async () => {
+test("assay status on a terminal shows a task's parameters without raw C1 controls", {
+  skip: noScript,
+}, async () => {
+  assert.ok(haveScript, "script(1) of util-linux is needed on PATH");
   const dir = path.join(work, "params");
   fs.mkdirSync(dir);
   fs.writeFileSync(path.join(dir, "p.csv"), csv(10, 2));

@@ -1,6 +1,7 @@
 // The name an upload is stored under: one rule (src/files/file-name.ts) for the server's
 // sanitizeFileName and the client's prediction of it (serverName), which must agree on hostile
-// names — C1 controls, emoji at the 255-character cut, white space at the cut, lone surrogates.
+// names — C1 controls, emoji, accents and flags at the 255-character cut, white space at the cut,
+// lone surrogates.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { serverName } from "../../src/client/inputs.ts";
@@ -38,6 +39,52 @@ test("an emoji at the 255-character cut is dropped whole, never split", () => {
   assert.equal(serverName(quoted), `${"%22".repeat(80)}${"x".repeat(14)}`);
 });
 
+test("a character of several code points at the 255-character cut is dropped whole, never split", () => {
+  const cases = [
+    // A family emoji, woman ZWJ woman ZWJ girl (8 code units) at 248-255: the cut at 255 falls
+    // inside the girl; cut before her, the name would end in a joiner.
+    { label: `${"x".repeat(248)}👩‍👩‍👧.csv`, stored: "x".repeat(248), what: "a family emoji" },
+    {
+      label: `${"x".repeat(247)}👩‍👩‍👧.csv`,
+      stored: `${"x".repeat(247)}👩‍👩‍👧`,
+      what: "a family emoji that fits",
+    },
+    // e and a combining acute accent at 254-255: the accent is past the cut.
+    { label: `${"x".repeat(254)}e\u0301.csv`, stored: "x".repeat(254), what: "an accented letter" },
+    {
+      label: `${"x".repeat(253)}e\u0301.csv`,
+      stored: `${"x".repeat(253)}e\u0301`,
+      what: "an accent that fits",
+    },
+    // A flag, two regional indicators (2 code units each), at 253-256: half a flag is another flag's
+    // letter, or none.
+    { label: `${"x".repeat(253)}🇫🇷.csv`, stored: "x".repeat(253), what: "a flag" },
+    { label: `${"x".repeat(249)}🇫🇷🇫🇷.csv`, stored: `${"x".repeat(249)}🇫🇷`, what: "a second flag" },
+    // White space before the dropped character is trimmed, as a second pass would.
+    {
+      label: `${"x".repeat(250)} e\u0301e\u0301e\u0301`,
+      stored: `${"x".repeat(250)} e\u0301e\u0301`,
+      what: "accents after a space",
+    },
+    { label: `${"x".repeat(252)} 👩‍👩‍👧`, stored: "x".repeat(252), what: "a space before a family emoji" },
+  ];
+  for (const { label, stored, what } of cases) {
+    assert.equal(sanitizeFileName(label), stored, what);
+    assert.equal(serverName(label), stored, what);
+    assert.equal(
+      sanitizeFileName(overTheWire(stored)),
+      stored,
+      `${what}: the server keeps the client's name`,
+    );
+    assert.equal(storedFileName(stored), stored, `${what}: idempotent`);
+  }
+  // One character longer than the limit by itself (a letter under 300 accents) is cut between its
+  // code points rather than lost.
+  const zalgo = storedFileName(`a${"\u0301".repeat(300)}.csv`);
+  assert.equal(zalgo, `a${"\u0301".repeat(254)}`);
+  assert.equal(storedFileName(zalgo), zalgo);
+});
+
 test("white space and dots left at the cut are handled as a second pass would", () => {
   // Cut to 255, the name would end in a space, which the server's second pass (over what the
   // client sent) would trim: the rule trims it at once.
@@ -65,6 +112,8 @@ const PIECES = [
   "漢",
   "😀",
   "👩‍👩‍👧",
+  "🇫🇷",
+  "e\u0301",
   " ",
   "\u00a0",
   "\u3000",

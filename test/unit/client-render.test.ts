@@ -5,6 +5,7 @@
 import assert from "node:assert/strict";
 import { PassThrough } from "node:stream";
 import { test } from "node:test";
+import { problemLine } from "../../src/cli/client-follow.ts";
 import { ApiRequestError } from "../../src/client/http.ts";
 import { bytes, displayWidth, fit, jsonLine, Output, pad, seconds, table } from "../../src/client/output.ts";
 import { TaskTracker } from "../../src/client/progress.ts";
@@ -191,6 +192,82 @@ for (const columns of [80, 100]) {
         .map((l) => displayWidth(l.slice(0, l.search(/ \[[█░#-]+\]/))));
       assert.equal(barColumns.length, 3, shownScreen);
       assert.equal(new Set(barColumns).size, 1, shownScreen);
+    } finally {
+      bars.stop();
+    }
+  });
+}
+
+test("a failed or retried run's line above the bars fits an 80-column terminal, run id and error code in view", async () => {
+  const columns = 80;
+  const tail = "(run 9999999999): ANALYSIS_PROCESS_START_FAILED";
+  const run = (name: string, status: string) => ({
+    runId: "9999999999",
+    name,
+    status,
+    attempt: 1,
+    errorCode: "ANALYSIS_PROCESS_START_FAILED",
+  });
+  const lines = [
+    problemLine(run("quarterly-measurements-2026.csv", "queued"), true, columns),
+    problemLine(run("quarterly-measurements-2026.csv", "failed"), false, columns),
+    problemLine(run("漢字のファイル名がとても長いデータ.csv", "timed_out"), false, columns),
+  ];
+  assert.match(lines[0] as string, /^retrying \(attempt 2\) quarterly.*… \(run 9999999999\)/);
+  assert.match(lines[1] as string, /^failed {5}quarterly.*… \(run 9999999999\)/);
+  // Drawn above the bars (cli-progress turns wrapping off: a longer line would lose its tail).
+  const tty = terminal(columns, 30);
+  const bars = new FollowBars(tty.stream, new TaskTracker("100000042", 3, []));
+  try {
+    for (const line of lines) bars.log(line);
+    bars.update();
+    await waitFor(
+      async () => screen(tty.text()).filter((l) => l.endsWith(tail)).length === lines.length,
+      10_000,
+      "the three lines drawn",
+    );
+    for (const line of screen(tty.text()).filter((l) => l.endsWith(tail)))
+      assert.ok(displayWidth(line) < columns, `${displayWidth(line)} columns: ${line}`);
+  } finally {
+    bars.stop();
+  }
+  // Narrower, a failed run's line still fits; a name with room is whole.
+  const narrow = problemLine(run("quarterly-measurements-2026.csv", "failed"), false, 70);
+  assert.ok(displayWidth(narrow) < 70 && narrow.endsWith(tail), narrow);
+  assert.equal(problemLine(run("q.csv", "failed"), false, columns), `failed     q.csv ${tail}`);
+  // Where the rest alone does not fit, the name is an ellipsis (and the line is cut at the edge).
+  assert.equal(problemLine(run("a-b.csv", "queued"), true, 40), `retrying (attempt 2) … ${tail}`);
+});
+
+for (const { columns, status, note } of [
+  { columns: 63, status: "running", note: "" },
+  { columns: 70, status: "running", note: "" },
+  { columns: 79, status: "running", note: "reconnecting…" },
+  { columns: 75, status: "partially_succeeded", note: "" },
+  { columns: 80, status: "cancelling", note: "reconnecting…" },
+  { columns: 120, status: "partially_succeeded", note: "reconnecting…" },
+]) {
+  test(`the overall line of a 9-digit task of 100,000 runs fits ${columns} columns (${status}${note ? `, ${note}` : ""})`, async () => {
+    const tracker = new TaskTracker("123456789", 100_000, []);
+    tracker.status = status;
+    Object.assign(tracker.counts, { succeeded: 99_000, failed: 1_000 });
+    const tty = terminal(columns, 30);
+    const bars = new FollowBars(tty.stream, tracker);
+    try {
+      bars.setNote(note);
+      // The whole line, to its end: the duration and the note.
+      const whole = new RegExp(
+        `^Task 123456789 ${status} \\[.+\\] 100000/100000 runs \\| .+ \\| [ \\dhms]+${note ? " \\| reconnecting…" : ""}$`,
+      );
+      await waitFor(
+        async () => screen(tty.text()).some((l) => whole.test(l)),
+        10_000,
+        "a frame of the overall line",
+      );
+      const line = screen(tty.text()).find((l) => whole.test(l)) as string;
+      assert.ok(displayWidth(line) < columns, `${displayWidth(line)} columns: ${line}`);
+      // The bar gives way to the counts: at 120 columns they are whole.
+      if (columns >= 120) assert.match(line, /99000 succeeded, 1000 failed \|/, line);
     } finally {
       bars.stop();
     }
