@@ -10,7 +10,12 @@ declare module "fastify" {
   }
 }
 
-const BEARER = /^Bearer ([^\s]+)$/;
+/**
+ * `Bearer`, one or more spaces, the token. The scheme is matched in any case (RFC 9110 §11.1: an
+ * auth-scheme is case-insensitive; `bearer …` from a client or a proxy that lower-cases it is the same
+ * credential), and 1*SP may separate it from the token (§11.4).
+ */
+const BEARER = /^bearer +([^\s]+)$/i;
 
 /** Adds the onRequest hook to `scope` (the /api plugin). */
 export function requireBearer(scope: FastifyInstance) {

@@ -149,6 +149,21 @@ describe("auth", () => {
     });
   }
 
+  test("the scheme is matched in any case and may be followed by several spaces (RFC 9110)", async () => {
+    const token = await t.token("erin");
+    for (const authorization of [`bearer ${token}`, `BEARER ${token}`, `Bearer   ${token}`]) {
+      const res = await t.app.inject({ url: "/api/me", headers: { authorization } });
+      assert.equal(res.statusCode, 200, authorization.replace(token, "<token>"));
+      assert.equal(res.json().data.name, "erin");
+    }
+    // The token itself is still matched exactly: case matters there.
+    const upper = `assay_${token.slice("assay_".length).toUpperCase()}`;
+    if (upper !== token) {
+      const res = await t.app.inject({ url: "/api/me", headers: { authorization: `bearer ${upper}` } });
+      assert.equal(res.statusCode, 401);
+    }
+  });
+
   test("a revoked token → 401 at once (the API's token cache hears of it), the user's other tokens work", async () => {
     const first = await t.token("carol");
     const second = await t.token("carol");
