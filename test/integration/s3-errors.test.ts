@@ -134,17 +134,30 @@ test("a server that accepts connections and never answers: check, open and put g
   }
 });
 
-test("a body that stops arriving mid-download is given up, not waited for forever", async () => {
-  // Answers every GET with the headers and the first bytes of an object, then sends nothing more on a
-  // connection it keeps open (a gateway that stalled mid-object).
+/**
+ * A store endpoint that answers every GET with the headers of an object of `length` bytes and its
+ * first 1,000, then sends nothing more on a connection it keeps open (a gateway stalled mid-object,
+ * or a slow link).
+ */
+async function stallingServer(length: number): Promise<{ port: number; close(): void }> {
   const sockets = new Set<net.Socket>();
-  const stalling = http.createServer((_req, res) => {
-    res.writeHead(200, { "content-length": "100000", "content-type": "application/octet-stream" });
+  const server = http.createServer((_req, res) => {
+    res.writeHead(200, { "content-length": String(length), "content-type": "application/octet-stream" });
     res.write(Buffer.alloc(1000, 7));
   });
-  stalling.on("connection", (s) => sockets.add(s));
-  await new Promise<void>((resolve) => stalling.listen(0, "127.0.0.1", resolve));
-  const port = (stalling.address() as net.AddressInfo).port;
+  server.on("connection", (s) => sockets.add(s));
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return {
+    port: (server.address() as net.AddressInfo).port,
+    close: () => {
+      for (const s of sockets) s.destroy();
+      server.close();
+    },
+  };
+}
+
+test("a body that stops arriving mid-download is given up, not waited for forever", async () => {
+  const { port, close } = await stallingServer(100_000);
   try {
     const store = s3({ bucket: "b", endpoint: `http://127.0.0.1:${port}`, bodyIdleTimeoutMs: 300 });
     const file = path.join(env.dataDir, "stalled");
@@ -158,22 +171,14 @@ test("a body that stops arriving mid-download is given up, not waited for foreve
       /the store sent nothing of "files\/1" for 300 ms/,
     );
   } finally {
-    for (const s of sockets) s.destroy();
-    stalling.close();
+    close();
   }
 });
 
 test("a run cancelled while its input downloads ends at once, the download with it", async () => {
-  // A server that sends the first bytes of a large object and then waits (a slow link): without the
-  // run's signal the download went on, the cancel waiting for it (for the idle timeout at least).
-  const sockets = new Set<net.Socket>();
-  const slow = http.createServer((_req, res) => {
-    res.writeHead(200, { "content-length": "100000000", "content-type": "application/octet-stream" });
-    res.write(Buffer.alloc(1000, 7));
-  });
-  slow.on("connection", (s) => sockets.add(s));
-  await new Promise<void>((resolve) => slow.listen(0, "127.0.0.1", resolve));
-  const port = (slow.address() as net.AddressInfo).port;
+  // A large object whose first bytes come and then nothing (a slow link): without the run's signal
+  // the download went on, the cancel waiting for it (for the idle timeout at least).
+  const { port, close } = await stallingServer(100_000_000);
   try {
     const store = s3({ bucket: "b", endpoint: `http://127.0.0.1:${port}` });
     // The store alone: the download ends with the signal's reason.
@@ -213,7 +218,6 @@ test("a run cancelled while its input downloads ends at once, the download with 
     assert.ok(performance.now() - t1 < 5000, "the handler ended with the run's signal");
     assert.deepEqual(fs.existsSync(workDir) ? fs.readdirSync(workDir) : [], [], "no attempt folder left");
   } finally {
-    for (const s of sockets) s.destroy();
-    slow.close();
+    close();
   }
 });
