@@ -5,10 +5,17 @@ import assert from "node:assert/strict";
 import net from "node:net";
 import { after, before, describe, test } from "node:test";
 import { type Principal, tokenCreate, tokenRevoke } from "../../src/auth/tokens.ts";
+import { isoTimeSql } from "../../src/db/client.ts";
 import { EventHub } from "../../src/events/hub.ts";
 import type { TaskEvent } from "../../src/events/read.ts";
 import { type StreamTarget, serveTaskEvents } from "../../src/http/routes/events.ts";
 import { createLogger } from "../../src/log.ts";
+import {
+  EVENT_PAYLOAD_BYTES,
+  EVENTS_CHANNEL,
+  NOTIFY_MAX_BYTES,
+  notifyEvents,
+} from "../../src/queue/sql/shared.ts";
 import { runClaim, runComplete } from "../../src/queue/sql.ts";
 import { type Handler, Worker } from "../../src/queue/worker.ts";
 import { taskCancel } from "../../src/tasks/cancel.ts";
@@ -782,6 +789,80 @@ describe("the events NOTIFY", () => {
       }
     },
   );
+});
+
+describe("the events NOTIFY's payload size", () => {
+  /** The statements' own event JSON, built by the same expression as notifyEvents(). */
+  const built = (sql: typeof t.db.sql) =>
+    sql`json_build_object('id', id::text, 'taskId', task_id::text, 'runId', run_id::text, 'type', type,
+          'data', data, 'createdAt', ${isoTimeSql(sql, "created_at")})::text`;
+
+  test(
+    "an event's size summed from its columns is its JSON's in the payload, byte for byte",
+    LIMIT,
+    async () => {
+      const taskId = await createTask(t.db.sql, owner, "ev-size", 1);
+      // Ids past 2^31, a null run id, non-ASCII, quotes and backslashes in the data, an empty object.
+      await idsCrossPowerOfTen(t.db.sql, "task_events", 10);
+      await t.db.sql`
+      insert into task_events (task_id, run_id, type, data)
+      values (${taskId}, null, 'task.cancelling', '{}'::jsonb),
+             (${taskId}, 3000000000, 'run.progress',
+              jsonb_build_object('percent', 42, 'message', 'données « ü » "quoted" \\ 漢字 😀')),
+             (${taskId}, 7, 'run.failed', jsonb_build_object('status', 'failed', 'attempt', 2147483648,
+              'errorCode', 'ANALYSIS_DATA_INVALID', 'nested', jsonb_build_object('a', array[1, 2]), 'x', null))`;
+      const rows = await t.db.sql<{ id: string; estimate: number; actual: number }[]>`
+      select id::text, ${t.db.sql.unsafe(EVENT_PAYLOAD_BYTES)} - 2 as estimate,
+             octet_length(${built(t.db.sql)}) as actual
+      from task_events where task_id = ${taskId} order by id`;
+      assert.ok(rows.length >= 4);
+      for (const r of rows) assert.equal(r.estimate, r.actual, `event ${r.id}`);
+    },
+  );
+
+  test("a payload that fits travels whole, one byte more rings the doorbell", LIMIT, async () => {
+    const heard: { taskId: string; events?: { id: string }[]; eventId?: string; bytes: number }[] = [];
+    const { unlisten } = await t.db.sql.listen(EVENTS_CHANNEL, (payload) =>
+      heard.push({ ...JSON.parse(payload), bytes: Buffer.byteLength(payload) }),
+    );
+    try {
+      const taskId = await createTask(t.db.sql, owner, "ev-size-edge", 1);
+      // One event whose data is padded to make the payload exactly NOTIFY_MAX_BYTES, then one byte
+      // more: the payload is the event's JSON in a wrapper, measured from a first, unpadded event.
+      const announce = (pad: string) =>
+        t.db.sql<{ id: string; bytes: number }[]>`
+          with events as (
+            insert into task_events (task_id, run_id, type, data)
+            values (${taskId}, null, 'run.progress', jsonb_build_object('message', ${pad}::text))
+            returning id, task_id, run_id, type, data, created_at
+          ),
+          ${notifyEvents(t.db.sql)}
+          select (select id::text from events) as id,
+                 (select octet_length(${built(t.db.sql)}) from events) as bytes,
+                 (select count(*) from notified)`;
+      const [probe] = await announce("");
+      await waitFor(async () => (heard.some((n) => n.events?.[0]?.id === probe?.id) ? true : undefined));
+      const payloadOf = heard.find((n) => n.events?.[0]?.id === probe?.id);
+      assert.ok(payloadOf && probe);
+      const wrapper = payloadOf.bytes - probe.bytes;
+      // Padding of n ASCII characters adds n bytes to the event.
+      const fits = NOTIFY_MAX_BYTES - wrapper - probe.bytes;
+      const [whole] = await announce("x".repeat(fits));
+      const [over] = await announce("x".repeat(fits + 1));
+      await waitFor(async () =>
+        heard.some((n) => n.eventId === over?.id) && heard.some((n) => n.events?.[0]?.id === whole?.id)
+          ? true
+          : undefined,
+      );
+      const carried = heard.find((n) => n.events?.[0]?.id === whole?.id);
+      assert.equal(carried?.bytes, NOTIFY_MAX_BYTES, "exactly the limit");
+      assert.equal(carried?.events?.length, 1, "carried whole");
+      const { bytes, ...doorbell } = heard.find((n) => n.eventId === over?.id) ?? { bytes: 0 };
+      assert.deepEqual(doorbell, { taskId, eventId: over?.id }, "a doorbell");
+    } finally {
+      await unlisten();
+    }
+  });
 });
 
 describe("streams and their tokens", () => {

@@ -21,10 +21,14 @@ export const EVENTS_CHANNEL = "assay_events";
 /** NOTIFY payloads must stay under 8000 bytes; above this the doorbell is sent instead. */
 export const NOTIFY_MAX_BYTES = 7000;
 /**
- * An event's JSON in a payload is at least ~100 bytes (five ids and names, a timestamp), so more than
- * this many never fit in NOTIFY_MAX_BYTES. (A literal in the statement, not a parameter: plan caching.)
+ * The bytes of one event's JSON in a payload (json_build_object's `"key" : value, ` layout), exactly,
+ * from its columns: the keys, spacing, quotes and timestamp are 106 bytes, a null run id 2 more than
+ * the quotes it goes without; the rest is the ids, the type and the data as text. Plus 2 for the
+ * separator in the array, so a task's sum is a lower bound of its payload (the wrapper is more).
+ * Checked against the built JSON in test/integration/events.test.ts.
  */
-const MAX_NOTIFIED_EVENTS = Math.ceil(NOTIFY_MAX_BYTES / 100);
+export const EVENT_PAYLOAD_BYTES = `(108 + octet_length(id::text) + octet_length(task_id::text)
+  + coalesce(octet_length(run_id::text), 2) + octet_length(type) + octet_length(data::text))`;
 
 /**
  * `in (...)` over the live run statuses, written into the statement as literals rather than sent as
@@ -249,17 +253,22 @@ export function notifyEvents(sql: Sql) {
         case when octet_length(p.full_payload) <= ${NOTIFY_MAX_BYTES} then p.full_payload
              else json_build_object('taskId', p.task_id::text, 'eventId', p.max_id::text)::text end)
       from (
-        -- More events than could ever fit get the doorbell without building their payload (the
-        -- FILTER skips the rows, the CASE only what is left): a cancel of 66,000 queued runs built
-        -- a ~10 MB string here, ~0.4 s, only to throw it away.
+        -- Events that cannot fit get the doorbell without building their payload (the FILTER skips
+        -- the rows, the CASE only what is left): their size is summed from the columns first, at
+        -- ~2 µs an event against ~7.5 to build it (a drain's completion batches of 40–70 runs built
+        -- theirs only to throw it away, a fifth of the statement), and a cancel of 66,000 queued
+        -- runs built a ~10 MB string here, ~0.4 s.
         select task_id, max(id) as max_id,
-               case when count(*) <= ${sql.unsafe(String(MAX_NOTIFIED_EVENTS))} then
+               case when max(bytes) <= ${sql.unsafe(String(NOTIFY_MAX_BYTES))} then
                json_build_object('taskId', task_id::text, 'events', json_agg(json_build_object(
                  'id', id::text, 'taskId', task_id::text, 'runId', run_id::text, 'type', type,
                  'data', data, 'createdAt', ${isoTimeSql(sql, "created_at")}) order by id)
-                 filter (where n <= ${sql.unsafe(String(MAX_NOTIFIED_EVENTS))}))::text
+                 filter (where bytes <= ${sql.unsafe(String(NOTIFY_MAX_BYTES))}))::text
                end as full_payload
-        from (select *, count(*) over (partition by task_id) as n from events) e
+        from (
+          select *, sum(${sql.unsafe(EVENT_PAYLOAD_BYTES)}) over (partition by task_id) as bytes
+          from events
+        ) e
         group by task_id
       ) p
     )`;
