@@ -330,6 +330,37 @@ test("priority beats arrival: 0 before 5 before 9, whatever came first", async (
   await waitForTerminal(db.sql, low, 60_000);
 });
 
+test("a claim of more runs than slots starts them in the order it served them: priority first, then the owners in turn", async () => {
+  const [older, urgent, other] = await seedUsers("order-older", "order-urgent", "order-other");
+  assert.ok(older && urgent && other);
+  // The claim's statement: the priority-0 run first, then the owners at 5 in turn, each owner's runs
+  // in turn order — not by id, which put the older task's runs first.
+  const a = await createTask(db.sql, older, "order1", 4);
+  const b = await createTask(db.sql, other, "order1", 2);
+  const c = await createTask(db.sql, urgent, "order1", 1, { priority: 0 });
+  const claimed = await runClaim(db.sql, {
+    workerId: "w",
+    analysisType: "order1",
+    limit: 7,
+    globalLimit: 0,
+    leaseTtlMs: 30_000,
+  });
+  assert.deepEqual(
+    claimed.map((r) => String(r.taskId)),
+    [c, a, a, a, a, b, b],
+  );
+  // A worker with one slot and a prefetch takes all five runs below in one claim and starts them in
+  // the order they came: in id order the priority-0 run, created last, waited for the four others
+  // (with runs of minutes, minutes in the buffer).
+  const low = await createTask(db.sql, older, "order2", 4);
+  const high = await createTask(db.sql, urgent, "order2", 1, { priority: 0 });
+  const from = starts.length;
+  await startHandler("order2", handler(20), 1, db.sql, { prefetch: 4 });
+  await waitForTerminal(db.sql, low);
+  await waitForTerminal(db.sql, high);
+  assert.equal(starts.slice(from)[0], high, `started: ${starts.slice(from).join(", ")}`);
+});
+
 test("an owner whose only run went back to the queue after leaving the rotation is served again", async () => {
   const u = await seedUser(db.sql, "fair-rejoin");
   const taskId = await createTask(db.sql, u, "fair5", 1, { maxAttempts: 3 });
@@ -1079,9 +1110,10 @@ test("the sole owner's claim: one owner alone gets its due runs in turn order; w
   assert.deepEqual(new Set(next.map((r) => r.taskId)), new Set([first, second]));
   const taken = await claimSole("sole1", 3);
   assert.equal(taken.owners, 1);
+  // In turn order, as its turn takes them (the worker starts them in the order they come).
   assert.deepEqual(
     taken.runs.map((r) => r.id),
-    next.map((r) => r.id).sort((x, y) => x - y),
+    next.map((r) => r.id),
   );
   for (const r of taken.runs) {
     assert.equal(r.attempt, 1);

@@ -88,6 +88,9 @@ interface OwnerCap {
  * (countIntoTasks), so the claim — the path from a NOTIFY to a started handler — does not lock and
  * rewrite the task row as well.
  *
+ * The runs come back in that order (priority, owners in turn, turn, id), not by id: the worker starts
+ * them in the order it gets them, and with a prefetch a claim takes more runs than slots are free.
+ *
  * With a global limit for the type, or a per-user limit, claims are serialised by advisory
  * transaction locks (the type's; then each candidate owner's, in owner order), and live runs are
  * counted after taking them: the count cannot be stale, so no limit can be exceeded.
@@ -334,9 +337,9 @@ async function claimStatement(
   const rows = await sql<(ClaimedRun & { tidy: Tidy | null })[]>`
     with walk as materialized (${walk}),
     picked as materialized (
-      select p.id, w.priority, w.owner_id, w.pos, w.pass from walk w
+      select p.id, p.turn, w.priority, w.owner_id, w.pos, w.pass from walk w
       cross join lateral (
-        select r.id from runs r
+        select r.id, r.turn from runs r
         where r.status = 'queued' and r.analysis_type = ${o.analysisType} and r.owner_id = w.owner_id
           and r.priority = w.priority and r.run_after <= now()
         order by r.turn, r.id
@@ -423,11 +426,16 @@ async function claimStatement(
     select ${claimedColumns(sql)},
            (select t from tidy) as tidy
     -- One row of nulls when nothing was claimed: it still carries tidy.
-    from (select 1) one left join claimed c on true
+    from (select 1) one left join (claimed c join picked k on k.id = c.id) on true
     -- Always true; evaluated once. Sets how this statement's own transaction commits (see above);
     -- "durable" keeps the server's setting, whatever it is.
     where ${commitMode(sql, durable)}
-    order by c.id`;
+    -- In the order the claim served them: priority, the owners in turn, each owner's runs by turn
+    -- (within a task, file order). The worker starts them in this order, and a claim may take more
+    -- runs than it has slots free (a prefetch): in id order, as before, the priority-0 run a claim
+    -- took beside four priority-5 runs of an older task started last, after them, and with runs of
+    -- minutes waited minutes in the buffer; so did the owner in turn behind an older owner's runs.
+    order by k.pos, k.turn, k.id`;
   const tidy = rows[0]?.tidy ?? null;
   const runs: ClaimedRun[] = [];
   for (const { tidy: _, ...run } of rows) if (run.id !== null) runs.push(run as ClaimedRun);
@@ -482,9 +490,9 @@ export async function runClaimTurn(
         limit ${K1}) x
     ),
     picked as materialized (
-      select p.id from nxt n
+      select p.id, p.turn from nxt n
       cross join lateral (
-        select r.id from runs r
+        select r.id, r.turn from runs r
         where r.status = 'queued' and r.analysis_type = ${o.analysisType} and r.owner_id = n.owner_id
           and r.priority = n.priority and r.run_after <= now()
         order by r.turn, r.id
@@ -504,9 +512,10 @@ export async function runClaimTurn(
     )
     select ${claimedColumns(sql)}, (select owners from level)::int as owners
     -- One row of nulls when nothing was claimed: it still carries owners.
-    from (select 1) one left join claimed c on true
+    from (select 1) one left join (claimed c join picked k on k.id = c.id) on true
     where ${commitMode(sql, false)}
-    order by c.id`;
+    -- In the order the owner's turn takes them, as runClaim returns its runs (see there).
+    order by k.turn, k.id`;
   const owners = rows[0]?.owners ?? 0;
   const runs: ClaimedRun[] = [];
   for (const { owners: _, ...run } of rows) if (run.id !== null) runs.push(run);
@@ -661,9 +670,9 @@ export async function runClaimSole(
       select count(*) as n from (select 1 from queue_owners q where q.analysis_type = ${o.analysisType} limit 2) l
     ),
     picked as materialized (
-      select p.id from sole s
+      select p.id, p.turn from sole s
       cross join lateral (
-        select r.id from runs r
+        select r.id, r.turn from runs r
         where r.status = 'queued' and r.analysis_type = ${o.analysisType} and r.owner_id = s.owner_id
           and r.priority = s.priority and r.run_after <= now()
         order by r.turn, r.id
@@ -678,9 +687,10 @@ export async function runClaimSole(
            (select count(*) from sole)::int as owners,
            (select n from listed)::int as rows
     -- One row of nulls when nothing was claimed: it still carries owners and rows.
-    from (select 1) one left join claimed c on true
+    from (select 1) one left join (claimed c join picked k on k.id = c.id) on true
     where ${commitMode(sql, false)}
-    order by c.id`;
+    -- In the order the owner's turn takes them, as runClaim returns its runs (see there).
+    order by k.turn, k.id`;
   const owners = rows[0]?.owners ?? 0;
   const listed = rows[0]?.rows ?? 0;
   const runs: ClaimedRun[] = [];
