@@ -616,10 +616,21 @@ export class Worker {
    * loop claim already executing when the task is created skips the first run the newcomer's claim
    * holds and takes the next; if its reply comes first, the first run is placed behind the buffer,
    * docs/architecture.md), no buffered run is overtaken once it has waited a window, and none by a
-   * run of another type (which may be long).
+   * run of another type (which may be long) — all this among runs of one priority: a run of a better
+   * priority goes ahead of every buffered run of a worse one, as the claim serves it first (a
+   * priority-0 run of a task already here, claimed beside a newcomer's priority-5 runs, was placed
+   * behind them; a review found it). A task's runs share its priority, so they keep their order.
    */
   private place(runs: ClaimedRun[]): void {
     if (runs.length === 0) return;
+    this.arrange(runs);
+    // Stable: within a priority the order just made stands.
+    if (this.buffer.some((r) => r.priority !== this.buffer[0]?.priority))
+      this.buffer.sort((a, b) => a.priority - b.priority);
+  }
+
+  /** place() within a priority: a newcomer's runs ahead of the young runs at the buffer's end. */
+  private arrange(runs: ClaimedRun[]): void {
     const now = performance.now();
     for (const r of runs) this.bufferedAt.set(r.id, now);
     const here = new Set(this.buffer.map((r) => r.taskId));

@@ -5,7 +5,7 @@ import type { Principal } from "../../src/auth/tokens.ts";
 import { createLogger } from "../../src/log.ts";
 import { NO_OBSERVER, type QueueObserver } from "../../src/queue/observer.ts";
 import { Reaper } from "../../src/queue/reaper.ts";
-import { runCancelQueued, runClaim, runComplete, runProgress } from "../../src/queue/sql.ts";
+import { type ClaimedRun, runCancelQueued, runClaim, runComplete, runProgress } from "../../src/queue/sql.ts";
 import {
   AUTO_PREFETCH_MIN_MS,
   AUTO_PREFETCH_PER_SLOT,
@@ -1207,6 +1207,41 @@ describe("automatic prefetch (ASSAY_PREFETCH_WINDOW_MS)", () => {
     await w.stop();
     const after = h.starts.filter((s) => s.startsWith("after:"));
     assert.equal(after[0], `after:${small}`, `starts after the release: ${after.slice(0, 6)}`);
+  });
+
+  test("a run of a better priority is placed ahead of buffered runs of a worse one, a newcomer's too", async () => {
+    // Claimed for real and placed as the worker places a claim's reply: user X's priority-0 task
+    // of 6 runs, 5 claimed ahead (one slot, a prefetch), then a claim of 5 more that takes X's last
+    // run and, work-conserving, 4 of a newcomer's priority-5 task. The newcomer's runs went ahead of
+    // the young buffered runs (X's, all of them) and X's last run behind them.
+    const userX = await seedUser(db.sql, "worker-tests-prio-x");
+    const userY = await seedUser(db.sql, "worker-tests-prio-y");
+    const type = "t-place-priority";
+    const x = await createTask(db.sql, userX, type, 6, { priority: 0 });
+    const w = worker({ [type]: quick }, { concurrency: 1, prefetch: 4, prefetchWindowMs: 60_000 });
+    const internals = w as unknown as { place(runs: ClaimedRun[]): void; buffer: ClaimedRun[] };
+    const claim = (limit: number) =>
+      runClaim(db.sql, { workerId: "prio", analysisType: type, limit, globalLimit: 0, leaseTtlMs: 30_000 });
+    internals.place(await claim(5));
+    const y = await createTask(db.sql, userY, type, 4);
+    const second = await claim(5);
+    assert.deepEqual(
+      second.map((r) => String(r.taskId)),
+      [x, y, y, y, y],
+      "the claim serves priority 0 first",
+    );
+    internals.place(second);
+    assert.deepEqual(
+      internals.buffer.map((r) => `${r.taskId}:${r.priority}`),
+      [...Array(6).fill(`${x}:0`), ...Array(4).fill(`${y}:5`)],
+    );
+    // Each task's runs in file order still.
+    const ids = (task: string) => internals.buffer.filter((r) => String(r.taskId) === task).map((r) => r.id);
+    for (const task of [x, y])
+      assert.deepEqual(
+        ids(task),
+        [...ids(task)].sort((a, b) => a - b),
+      );
   });
 
   test("another type waiting behind one type's runs claimed ahead stops the prefetch: it starts once they have", async () => {

@@ -29,6 +29,8 @@ export interface ClaimedRun {
   inputSizeBytes: number;
   inputSha256: string;
   parameters: Record<string, unknown>;
+  /** Its task's priority, 0–9, lower first: the worker starts a better one first whatever came before. */
+  priority: number;
   /** Seconds the run waited between becoming due (created, or its retry's run_after) and this claim. */
   waitedSeconds: number;
   /**
@@ -606,7 +608,7 @@ function claimUpdate(sql: Sql, o: ClaimOptions) {
       where r.id = any(array(select id from picked))
       returning r.id, r.task_id, r.analysis_type, r.attempt, r.max_attempts, r.lease_token,
                 r.input_file_id, r.input_storage_key, r.input_name, r.input_size_bytes, r.input_sha256,
-                r.run_after, r.error_code`;
+                r.run_after, r.error_code, r.priority`;
 }
 
 /** A ClaimedRun's columns, from the CTE `claimed` (claimUpdate's) as `c`. */
@@ -615,7 +617,7 @@ function claimedColumns(sql: Sql) {
            c.attempt, c.max_attempts as "maxAttempts", c.lease_token::text as "leaseToken",
            c.input_file_id::float8 as "inputFileId", c.input_storage_key as "inputStorageKey",
            c.input_name as "inputName", c.input_size_bytes::float8 as "inputSizeBytes",
-           c.input_sha256 as "inputSha256",
+           c.input_sha256 as "inputSha256", c.priority,
            -- By primary key per run, whatever a young table's statistics say.
            (select t.parameters from tasks t where t.id = c.task_id) as parameters,
            extract(epoch from now() - c.run_after)::float8 as "waitedSeconds",
