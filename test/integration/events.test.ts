@@ -15,6 +15,7 @@ import {
   EVENTS_CHANNEL,
   NOTIFY_MAX_BYTES,
   notifyEvents,
+  PAYLOAD_WRAPPER_BYTES,
 } from "../../src/queue/sql/shared.ts";
 import { runClaim, runComplete } from "../../src/queue/sql.ts";
 import { type Handler, Worker } from "../../src/queue/worker.ts";
@@ -817,6 +818,14 @@ describe("the events NOTIFY's payload size", () => {
       from task_events where task_id = ${taskId} order by id`;
       assert.ok(rows.length >= 4);
       for (const r of rows) assert.equal(r.estimate, r.actual, `event ${r.id}`);
+      // And the task's whole payload, as notifyEvents() builds it.
+      const [whole] = await t.db.sql<{ estimate: number; actual: number }[]>`
+        select ${PAYLOAD_WRAPPER_BYTES} + octet_length(${taskId}::text)
+                 + sum(${t.db.sql.unsafe(EVENT_PAYLOAD_BYTES)})::int as estimate,
+               octet_length(json_build_object('taskId', ${taskId}::text,
+                 'events', json_agg(${built(t.db.sql)}::json order by id))::text) as actual
+        from task_events where task_id = ${taskId}`;
+      assert.equal(whole?.estimate, whole?.actual, "the payload");
     },
   );
 

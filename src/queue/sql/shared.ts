@@ -24,11 +24,14 @@ export const NOTIFY_MAX_BYTES = 7000;
  * The bytes of one event's JSON in a payload (json_build_object's `"key" : value, ` layout), exactly,
  * from its columns: the keys, spacing, quotes and timestamp are 106 bytes, a null run id 2 more than
  * the quotes it goes without; the rest is the ids, the type and the data as text. Plus 2 for the
- * separator in the array, so a task's sum is a lower bound of its payload (the wrapper is more).
- * Checked against the built JSON in test/integration/events.test.ts.
+ * separator in the array (one fewer than the events), so a task's payload is its events' sum plus
+ * PAYLOAD_WRAPPER_BYTES and its id's digits. Checked against the built JSON in
+ * test/integration/events.test.ts.
  */
 export const EVENT_PAYLOAD_BYTES = `(108 + octet_length(id::text) + octet_length(task_id::text)
   + coalesce(octet_length(run_id::text), 2) + octet_length(type) + octet_length(data::text))`;
+/** `{"taskId" : "", "events" : []}` less the one separator too many that the events' sum counts. */
+export const PAYLOAD_WRAPPER_BYTES = 28;
 
 /**
  * `in (...)` over the live run statuses, written into the statement as literals rather than sent as
@@ -254,8 +257,8 @@ export function notifyEvents(sql: Sql) {
              else json_build_object('taskId', p.task_id::text, 'eventId', p.max_id::text)::text end)
       from (
         -- Events that cannot fit get the doorbell without building their payload (the FILTER skips
-        -- the rows, the CASE only what is left): their size is summed from the columns first, at
-        -- ~2 µs an event against ~7.5 to build it (a drain's completion batches of 40–70 runs built
+        -- the rows, the CASE only what is left): its exact size is summed from the columns first, at
+        -- ~2 µs an event against ~7.5 to build it (a drain's completion batches of 36–70 runs built
         -- theirs only to throw it away, a fifth of the statement), and a cancel of 66,000 queued
         -- runs built a ~10 MB string here, ~0.4 s.
         select task_id, max(id) as max_id,
@@ -266,7 +269,8 @@ export function notifyEvents(sql: Sql) {
                  filter (where bytes <= ${sql.unsafe(String(NOTIFY_MAX_BYTES))}))::text
                end as full_payload
         from (
-          select *, sum(${sql.unsafe(EVENT_PAYLOAD_BYTES)}) over (partition by task_id) as bytes
+          select *, ${sql.unsafe(String(PAYLOAD_WRAPPER_BYTES))} + octet_length(task_id::text)
+                    + sum(${sql.unsafe(EVENT_PAYLOAD_BYTES)}) over (partition by task_id) as bytes
           from events
         ) e
         group by task_id
