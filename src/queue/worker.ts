@@ -43,6 +43,7 @@ import {
   runProgress,
   runRetry,
   runWake,
+  runWakeOwnersTypes,
   TASK_CREATED_CHANNEL,
   type TypeUnavailable,
   WAKEUP_CHANNEL,
@@ -1293,6 +1294,10 @@ export class Worker {
       finished.map((r) => r.analysisType).filter((t) => perUser || (this.o.types[t]?.globalLimit ?? 0) > 0),
     );
     for (const type of limited) await runWake(this.o.sql, type);
+    // The room a run frees under a per-user limit is its owner's in every type: a worker of another
+    // type whose claim found the owner at the limit would otherwise wait for its poll (a review).
+    if (perUser && finished.length > 0)
+      await runWakeOwnersTypes(this.o.sql, [...new Set(finished.map((r) => r.taskId))], [...limited]);
   }
 
   private heldLeases(): Lease[] {

@@ -5,6 +5,7 @@ import assert from "node:assert/strict";
 import { after, afterEach, before, test } from "node:test";
 import type { Principal } from "../../src/auth/tokens.ts";
 import { createLogger } from "../../src/log.ts";
+import { NO_OBSERVER } from "../../src/queue/observer.ts";
 import { Reaper } from "../../src/queue/reaper.ts";
 import {
   CLAIM_QUANTUM,
@@ -1852,4 +1853,62 @@ test("a newcomer's claim that takes nothing wakes the loop, which claims the run
   await waitForTerminal(db.sql, probe, 10_000);
   const task = await createTask(db.sql, b, type, 2);
   await waitForTerminal(db.sql, task, 10_000);
+});
+
+test("under the per-user limit a run that ends wakes the workers of the owner's other types", async () => {
+  // User U at the limit (1) with a run of type A; its run of type B waits in a worker of B alone,
+  // whose poll is a minute away: only a wake-up can start it in time. A run's end woke the workers
+  // of its own type only, so B waited for the poll.
+  const u = await seedUser(db.sql, "wake-other-types");
+  let release = () => {};
+  const gate = new Promise<void>((resolve) => {
+    release = resolve;
+  });
+  const common = {
+    sql: db.sql,
+    logger,
+    concurrency: 1,
+    leaseTtlMs: 30_000,
+    pollIntervalMs: 60_000,
+    retryBaseMs: 20,
+    userLimit: 1,
+  };
+  const a = await createTask(db.sql, u, "wake-a", 1);
+  const wa = new Worker({
+    ...common,
+    types: {
+      "wake-a": {
+        handler: async () => {
+          await gate;
+          return { status: "succeeded" };
+        },
+      },
+    },
+  });
+  let claimsOfB = 0;
+  const wb = new Worker({
+    ...common,
+    types: { "wake-b": { handler: async () => ({ status: "succeeded" }) } },
+    observer: { ...NO_OBSERVER, claimed: () => void claimsOfB++ },
+  });
+  try {
+    await wa.start();
+    await waitFor(async () => {
+      const [r] = await db.sql<{ status: string }[]>`select status from runs where task_id = ${a}`;
+      return r?.status === "starting" || r?.status === "running" ? true : undefined;
+    });
+    await wb.start();
+    const before = claimsOfB;
+    const b = await createTask(db.sql, u, "wake-b", 1);
+    // B's worker heard of B's task and claimed nothing: U is at the limit.
+    await waitFor(async () => (claimsOfB > before ? true : undefined));
+    assert.equal((await taskRow(db.sql, b)).status, "queued");
+    release();
+    await waitForTerminal(db.sql, a, 15_000);
+    await waitForTerminal(db.sql, b, 15_000);
+  } finally {
+    release();
+    await wa.stop();
+    await wb.stop();
+  }
 });

@@ -1,6 +1,6 @@
 // Worker registration and wake-ups.
 import type { Sql } from "../../db/client.ts";
-import { WAKEUP_CHANNEL } from "./shared.ts";
+import { INT8_OID, WAKEUP_CHANNEL } from "./shared.ts";
 
 /** A type a worker cannot run, and why ("Rscript not found"). */
 export interface TypeUnavailable {
@@ -100,4 +100,20 @@ export async function workerTypeAvailability(
 /** Wakes workers that can run `analysisType` (delivered at commit when called in a transaction). */
 export async function runWake(sql: Sql, analysisType: string): Promise<void> {
   await sql`select pg_notify(${WAKEUP_CHANNEL}, ${analysisType})`;
+}
+
+/**
+ * Wakes the workers of every type other than `except` in which the owners of these tasks have runs
+ * queued (their queue_owners rows): under a per-user limit a run that ends frees room for its owner
+ * in every type, and a worker of another type whose claim found the owner at the limit waits for a
+ * wake-up (or its poll). One notification per type, sent at commit.
+ */
+export async function runWakeOwnersTypes(sql: Sql, taskIds: readonly number[], except: readonly string[]) {
+  await sql`
+    select pg_notify(${WAKEUP_CHANNEL}, q.analysis_type)
+    from (
+      select distinct q.analysis_type from queue_owners q
+      where q.owner_id in (select t.owner_id from tasks t where t.id = any(${sql.array([...taskIds], INT8_OID)}::bigint[]))
+        and q.analysis_type <> all(${sql.array([...except])}::text[])
+    ) q`;
 }
