@@ -339,13 +339,7 @@ test("a claim of more runs than slots starts them in the order it served them: p
   const a = await createTask(db.sql, older, "order1", 4);
   const b = await createTask(db.sql, other, "order1", 2);
   const c = await createTask(db.sql, urgent, "order1", 1, { priority: 0 });
-  const claimed = await runClaim(db.sql, {
-    workerId: "w",
-    analysisType: "order1",
-    limit: 7,
-    globalLimit: 0,
-    leaseTtlMs: 30_000,
-  });
+  const claimed = await claimRuns("order1", 7);
   assert.deepEqual(
     claimed.map((r) => String(r.taskId)),
     [c, a, a, a, a, b, b],
