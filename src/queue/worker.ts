@@ -616,21 +616,42 @@ export class Worker {
    * takes only a task's first run: so each task starts its runs in file order, but for one race — a
    * loop claim already executing when the task is created skips the first run the newcomer's claim
    * holds and takes the next; if its reply comes first, the first run is placed behind the buffer,
-   * docs/architecture.md), no buffered run is overtaken once it has waited a window, and none by a
-   * run of another type (which may be long) — all this among runs of one priority: a run of a better
-   * priority goes ahead of every buffered run of a worse one, as the claim serves it first (a
-   * priority-0 run of a task already here, claimed beside a newcomer's priority-5 runs, was placed
-   * behind them; a review found it). A task's runs share its priority, so they keep their order.
+   * docs/architecture.md), no buffered run is overtaken once it has waited a window — unless by a
+   * run of a better priority of its type, as the claim would serve that one first — and none by a run
+   * of another type (which may be long). (Priority: a priority-0 run of a task already here, claimed
+   * beside a newcomer's priority-5 runs, was placed behind them; a review found it.) A task's runs
+   * share its priority, so they keep their order.
    */
   private place(runs: ClaimedRun[]): void {
     if (runs.length === 0) return;
     this.arrange(runs);
-    // Stable: within a priority the order just made stands.
-    if (this.buffer.some((r) => r.priority !== this.buffer[0]?.priority))
-      this.buffer.sort((a, b) => a.priority - b.priority);
+    this.prioritise();
   }
 
-  /** place() within a priority: a newcomer's runs ahead of the young runs at the buffer's end. */
+  /**
+   * Orders each type's buffered runs by priority, stably, in the places that type's runs hold: runs
+   * of one priority keep the order place() gave them, and no run moves past a run of another type.
+   */
+  private prioritise(): void {
+    const first = this.buffer[0]?.priority;
+    if (this.buffer.every((r) => r.priority === first)) return;
+    const places = new Map<string, number[]>();
+    this.buffer.forEach((r, i) => {
+      const at = places.get(r.analysisType);
+      if (at) at.push(i);
+      else places.set(r.analysisType, [i]);
+    });
+    for (const at of places.values()) {
+      const runs = at.map((i) => this.buffer[i] as ClaimedRun);
+      if (runs.every((r) => r.priority === runs[0]?.priority)) continue;
+      runs.sort((a, b) => a.priority - b.priority);
+      at.forEach((i, k) => {
+        this.buffer[i] = runs[k] as ClaimedRun;
+      });
+    }
+  }
+
+  /** place() but for priority: a newcomer's runs ahead of the young runs of their type at the end. */
   private arrange(runs: ClaimedRun[]): void {
     const now = performance.now();
     for (const r of runs) this.bufferedAt.set(r.id, now);
@@ -643,10 +664,12 @@ export class Worker {
     }
     let at = this.buffer.length;
     const youngMs = Math.max(this.o.prefetchWindowMs ?? 0, OVERTAKE_MIN_MS);
+    const lead = ahead[0] as ClaimedRun;
     for (;;) {
       const last = this.buffer[at - 1];
-      if (!last || last.analysisType !== (ahead[0] as ClaimedRun).analysisType) break;
-      if (now - (this.bufferedAt.get(last.id) ?? 0) >= youngMs) break;
+      if (!last || last.analysisType !== lead.analysisType) break;
+      // A run of a worse priority is passed whatever its age: prioritise() puts it behind anyway.
+      if (now - (this.bufferedAt.get(last.id) ?? 0) >= youngMs && last.priority <= lead.priority) break;
       at--;
     }
     this.buffer = [
@@ -1293,11 +1316,22 @@ export class Worker {
     const limited = new Set(
       finished.map((r) => r.analysisType).filter((t) => perUser || (this.o.types[t]?.globalLimit ?? 0) > 0),
     );
-    for (const type of limited) await runWake(this.o.sql, type);
+    // Each on its own, and never thrown: a lost wake-up costs the others their poll at worst, and must
+    // not hold this flush's next outcomes back (flushAll waits a second after a failed write).
+    const wake = (what: () => Promise<void>) =>
+      what().catch((err: unknown) =>
+        this.o.logger.warn(
+          { err, workerId: this.id },
+          "a wake-up after released slots failed (poll instead)",
+        ),
+      );
+    for (const type of limited) await wake(() => runWake(this.o.sql, type));
     // The room a run frees under a per-user limit is its owner's in every type: a worker of another
     // type whose claim found the owner at the limit would otherwise wait for its poll (a review).
     if (perUser && finished.length > 0)
-      await runWakeOwnersTypes(this.o.sql, [...new Set(finished.map((r) => r.taskId))], [...limited]);
+      await wake(() =>
+        runWakeOwnersTypes(this.o.sql, [...new Set(finished.map((r) => r.taskId))], [...limited]),
+      );
   }
 
   private heldLeases(): Lease[] {

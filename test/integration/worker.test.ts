@@ -1244,6 +1244,45 @@ describe("automatic prefetch (ASSAY_PREFETCH_WINDOW_MS)", () => {
       );
   });
 
+  test("priority reorders a type's buffered runs only: never past a run of another type; a newcomer passes worse ones", async () => {
+    const claimOf = (type: string, limit: number) =>
+      runClaim(db.sql, { workerId: "prio2", analysisType: type, limit, globalLimit: 0, leaseTtlMs: 30_000 });
+    const userX = await seedUser(db.sql, "worker-tests-prio2-x");
+    const userZ = await seedUser(db.sql, "worker-tests-prio2-z");
+    const userW = await seedUser(db.sql, "worker-tests-prio2-w");
+    const w = worker(
+      { "t-prio2-a": quick, "t-prio2-b": quick },
+      { concurrency: 1, prefetch: 8, prefetchWindowMs: 0 },
+    );
+    const internals = w as unknown as {
+      place(runs: ClaimedRun[]): void;
+      buffer: ClaimedRun[];
+      bufferedAt: Map<number, number>;
+    };
+    const order = () => internals.buffer.map((r) => `${r.taskId}:${r.priority}`);
+    // Another type's better run goes behind: it may run for minutes, and the buffered runs of the
+    // first type were claimed before it (its own type's claim serves priority first).
+    const a = await createTask(db.sql, userX, "t-prio2-a", 2);
+    const b = await createTask(db.sql, userZ, "t-prio2-b", 1, { priority: 0 });
+    internals.place(await claimOf("t-prio2-a", 2));
+    internals.place(await claimOf("t-prio2-b", 1));
+    assert.deepEqual(order(), [`${a}:5`, `${a}:5`, `${b}:0`]);
+    internals.buffer.length = 0;
+    // Within a type: X's three priority-0 runs (young), Z's priority-5 run (old), then a newcomer W
+    // at priority 0. W goes ahead of X's young runs, past Z's old one (a worse priority, behind
+    // anyway): the walk back stopped at Z and left W behind X's young runs.
+    const x = await createTask(db.sql, userX, "t-prio2-c", 3, { priority: 0 });
+    const z = await createTask(db.sql, userZ, "t-prio2-c", 1);
+    const claimed = await claimOf("t-prio2-c", 4);
+    internals.place(claimed);
+    const old = claimed.find((r) => String(r.taskId) === z);
+    assert.ok(old);
+    internals.bufferedAt.set(old.id, performance.now() - 60_000);
+    const nw = await createTask(db.sql, userW, "t-prio2-c", 1, { priority: 0 });
+    internals.place(await claimOf("t-prio2-c", 1));
+    assert.deepEqual(order(), [`${nw}:0`, `${x}:0`, `${x}:0`, `${x}:0`, `${z}:5`]);
+  });
+
   test("another type waiting behind one type's runs claimed ahead stops the prefetch: it starts once they have", async () => {
     const big = await createTask(db.sql, owner, "t-auto-mixed-a", 40);
     const h = holdSixth(() => big);
