@@ -41,8 +41,9 @@ const { completionDelayMs, prefetchWindowMs } = loadConfig();
 /** drain:fair: users, one task each, N runs in all. */
 const FAIR_USERS = 100;
 /**
- * drain:fair: pairs of a single-task drain and a fair drain (odd, so the median is one pair's). Five:
- * one pair's ratio moved between 0.77 and 1.2 within a run (2026-12-04), and the median of three with it.
+ * drain:fair: pairs of a single-task drain and a fair drain, which goes first alternating. Six, three
+ * of each order (one pair's ratio moved between 0.77 and 1.2 within a run, 2026-12-04, and with five
+ * the order the median fell on was the slower one's); `vsDrain` is the lower of the middle two.
  */
 const FAIR_PAIRS = Number(process.env.BENCH_FAIR_PAIRS ?? 6);
 /** pickup:fair: A's task, and B's samples taken while it drains. */
@@ -154,12 +155,7 @@ try {
       {
         users: FAIR_USERS,
         pairs: pairs.length,
-        vsDrain: Number(
-          percentile(
-            [...ratios].sort((a, b) => a - b),
-            50,
-          ).toFixed(2),
-        ),
+        vsDrain: Number(pct(ratios, 50).toFixed(2)),
         perPair: ratios.map((r) => Number(r.toFixed(2))),
         singleRates: pairs.map((p) => Math.round(N / p.single.seconds)),
         note: "one task per user; vsDrain: the median pair's ratio to a single-task drain run beside it",
@@ -240,7 +236,11 @@ try {
         : [];
       stopping = true;
       child.send({ stop: true });
-      await exited;
+      // Bounded: a worker that does not stop within 30 s is killed, and the run fails.
+      const late = setTimeout(() => child.kill("SIGKILL"), 30_000);
+      const [code, signal] = await exited;
+      clearTimeout(late);
+      if (code !== 0) throw new Error(`the pickup worker did not stop cleanly (${code ?? signal})`);
       if (big && a) await taskCancel(sql, a.owner, big);
       const line = report(
         workload,

@@ -5,7 +5,8 @@
 // BENCH_RUN_MS on average (0: none; else uniformly 0.5–1.5× that). The parent creates the tasks from its
 // own process, as the API does from its own: a create and the worker's claims never share an event loop.
 //   fork("bench/lib/pickup-worker.ts", { env: { DATABASE_URL, BENCH_SLOTS, BENCH_RUN_MS } })
-// Messages in: {watch: fileId[]}, {stop: true}. Out: {ready: true}, {started: fileId, at: ms}, {stopped: true}.
+// Messages in: {watch: fileId[]}, {stop: true}. Out: {ready: true}, {started: fileId, at: ms}. After
+// {stop: true} it exits 0 once stopped, 1 if stopping failed.
 import { loadConfig } from "../../src/config.ts";
 import { createDatabase } from "../../src/db/client.ts";
 import { createLogger } from "../../src/log.ts";
@@ -42,15 +43,21 @@ const worker = new Worker({
   prefetchWindowMs: config.prefetchWindowMs,
   completionDelayMs: config.completionDelayMs,
 });
-process.on("message", async (m: In) => {
+process.on("message", (m: In) => {
   if ("watch" in m) {
     for (const id of m.watch) watched.add(id);
     return;
   }
-  await worker.stop();
-  await database.close();
-  send({ stopped: true });
-  process.disconnect();
+  worker
+    .stop()
+    .then(() => database.close())
+    .then(
+      () => process.exit(0),
+      (err: unknown) => {
+        process.stderr.write(`pickup worker: stopping failed: ${String(err)}\n`);
+        process.exit(1);
+      },
+    );
 });
 await worker.start();
 send({ ready: true });

@@ -26,6 +26,9 @@ export type Change =
 
 const LIVE: readonly string[] = ["starting", "running", "cancelling"];
 
+/** Whether a run in `status` has a live attempt. */
+export const isLive = (status: string) => LIVE.includes(status);
+
 export class TaskTracker {
   readonly taskId: string;
   status = "queued";
@@ -55,7 +58,7 @@ export class TaskTracker {
 
   /** Files `run` as live or not, after its status may have changed. */
   #track(run: RunState): void {
-    const live = LIVE.includes(run.status);
+    const live = isLive(run.status);
     if (live === this.#live.has(run)) return;
     if (live) this.#live.add(run);
     else this.#live.delete(run);

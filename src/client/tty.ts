@@ -4,7 +4,7 @@
 // something draws.
 import cliProgress from "cli-progress";
 import { bytes, displayWidth, fit, pad, shown } from "./output.ts";
-import type { RunState, TaskTracker } from "./progress.ts";
+import { isLive, type RunState, type TaskTracker } from "./progress.ts";
 
 const utf8 = /utf-?8/i.test(process.env.LC_ALL || process.env.LC_CTYPE || process.env.LANG || "");
 const BAR_CHARS = utf8
@@ -175,7 +175,7 @@ export class FollowBars {
   }
 
   #runLine(run: RunState): void {
-    const live = ["starting", "running", "cancelling"].includes(run.status);
+    const live = isLive(run.status);
     const bar = this.#lines.get(run.runId);
     if (!live) {
       if (bar) {

@@ -1,5 +1,5 @@
 // The name an uploaded file is stored under: one rule for the server, which applies it to every
-// upload's file name (files.ts, sanitizeFileName), and for the command-line client, which predicts
+// upload's file name (http/routes/files.ts), and for the command-line client, which predicts
 // with it the name its upload will get, to prefer a copy of a file already stored under that name
 // (client/inputs.ts, serverName).
 //

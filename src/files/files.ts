@@ -4,7 +4,6 @@ import type { Readable } from "node:stream";
 import type { Principal } from "../auth/tokens.ts";
 import { isoTime, type Sql } from "../db/client.ts";
 import type { ObjectStore } from "../storage/store.ts";
-import { storedFileName } from "./file-name.ts";
 
 export interface FileRecord {
   fileId: string;
@@ -16,17 +15,6 @@ export interface FileRecord {
   sha256: string;
   /** ISO 8601. */
   createdAt: string;
-}
-
-/**
- * The user's file name as metadata: its base name (either separator), without control characters
- * (C0, DEL and C1: U+009B is a terminal's CSI, which a CLI printing the name would obey), trimmed, at
- * most 255 UTF-16 code units, cut between grapheme clusters rather than inside one (half a surrogate
- * pair would be stored as U+FFFD, a flag halved, an accent lost); `upload` when nothing is left. The rule lives in file-name.ts, which the
- * command-line client shares to predict the name its uploads get.
- */
-export function sanitizeFileName(raw: string | undefined): string {
-  return storedFileName(raw);
 }
 
 /**

@@ -630,7 +630,8 @@ export class Worker {
 
   /**
    * Orders each type's buffered runs by priority, stably, in the places that type's runs hold: runs
-   * of one priority keep the order place() gave them, and no run moves past a run of another type.
+   * of one priority keep the order place() gave them, and every run of another type keeps its place
+   * (none is put behind by another type's priority).
    */
   private prioritise(): void {
     const first = this.buffer[0]?.priority;
@@ -1103,7 +1104,8 @@ export class Worker {
         this.writeBatch(retries, this.requeues),
       ]);
       const errors = written.flatMap((w) => w.errors);
-      await this.wakeOthers(written.flatMap((w) => w.released)).catch((err) => errors.push(err));
+      // Never throws: a failed wake-up is logged there and must not count as a failed write.
+      await this.wakeOthers(written.flatMap((w) => w.released));
       if (errors.length > 0) {
         this.o.logger.warn({ err: errors[0], workerId: this.id }, "completion write failed; retrying");
         await sleep(FLUSH_RETRY_MS);
@@ -1316,22 +1318,18 @@ export class Worker {
     const limited = new Set(
       finished.map((r) => r.analysisType).filter((t) => perUser || (this.o.types[t]?.globalLimit ?? 0) > 0),
     );
-    // Each on its own, and never thrown: a lost wake-up costs the others their poll at worst, and must
-    // not hold this flush's next outcomes back (flushAll waits a second after a failed write).
-    const wake = (what: () => Promise<void>) =>
-      what().catch((err: unknown) =>
-        this.o.logger.warn(
-          { err, workerId: this.id },
-          "a wake-up after released slots failed (poll instead)",
-        ),
-      );
-    for (const type of limited) await wake(() => runWake(this.o.sql, type));
-    // The room a run frees under a per-user limit is its owner's in every type: a worker of another
-    // type whose claim found the owner at the limit would otherwise wait for its poll (a review).
-    if (perUser && finished.length > 0)
-      await wake(() =>
-        runWakeOwnersTypes(this.o.sql, [...new Set(finished.map((r) => r.taskId))], [...limited]),
-      );
+    if (limited.size === 0) return;
+    try {
+      // Under a per-user limit the room a run frees is its owner's in every type: a worker of another
+      // type whose claim found the owner at the limit would otherwise wait for its poll (a review).
+      if (perUser)
+        await runWakeOwnersTypes(this.o.sql, [...limited], [...new Set(finished.map((r) => r.taskId))]);
+      else for (const type of limited) await runWake(this.o.sql, type);
+    } catch (err) {
+      // Never thrown: a lost wake-up costs the others their poll at worst, and must not hold this
+      // flush's next outcomes back (flushAll waits a second after a failed write).
+      this.o.logger.warn({ err, workerId: this.id }, "a wake-up after released slots failed (poll instead)");
+    }
   }
 
   private heldLeases(): Lease[] {

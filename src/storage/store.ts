@@ -91,7 +91,8 @@ export interface ObjectStore {
   open(key: string): Promise<OpenObject>;
   /**
    * Copies `key` into the local file `file` (created or replaced). `signal` ends a download in
-   * progress (a run cancelled or timed out while its input arrives): it fails then, with the
+   * progress (a run cancelled or timed out while its input arrives; the local store, a copy on one
+   * disk, looks at it only before it starts): it fails then, with the
    * signal's reason or an AbortError (callers read the signal, not the error); what it wrote of
    * `file` is the caller's to delete.
    */

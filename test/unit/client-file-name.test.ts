@@ -1,12 +1,11 @@
-// The name an upload is stored under: one rule (src/files/file-name.ts) for the server's
-// sanitizeFileName and the client's prediction of it (serverName), which must agree on hostile
+// The name an upload is stored under: one rule (src/files/file-name.ts) for the
+// server (storedFileName) and the client's prediction of it (serverName), which must agree on hostile
 // names — C1 controls, emoji, accents and flags at the 255-character cut, white space at the cut,
 // lone surrogates.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { serverName } from "../../src/client/inputs.ts";
 import { MAX_FILE_NAME_LENGTH, storedFileName } from "../../src/files/file-name.ts";
-import { sanitizeFileName } from "../../src/files/files.ts";
 
 /** What the server's multipart parser hands over for a filename the client sent: UTF-8 decoded. */
 const overTheWire = (name: string) => Buffer.from(name, "utf8").toString("utf8");
@@ -20,7 +19,7 @@ const LONE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\ud
 test("C1 control characters are stripped by the client's prediction as by the server", () => {
   // U+009B is CSI: `\u009b2J` clears a terminal that prints the name.
   const label = "dir/a\u009b2J\u0085b\u0080\u009f.csv";
-  assert.equal(sanitizeFileName(label), "a2Jb.csv");
+  assert.equal(storedFileName(label), "a2Jb.csv");
   assert.equal(serverName(label), "a2Jb.csv");
   assert.equal(serverName("\u001b[31mred\u007f.csv"), "[31mred.csv");
 });
@@ -28,7 +27,7 @@ test("C1 control characters are stripped by the client's prediction as by the se
 test("an emoji at the 255-character cut is dropped whole, never split", () => {
   // 254 + 2 code units: the cut falls inside the emoji.
   const split = `${"x".repeat(254)}😀.csv`;
-  assert.equal(sanitizeFileName(split), "x".repeat(254));
+  assert.equal(storedFileName(split), "x".repeat(254));
   assert.equal(serverName(split), "x".repeat(254));
   assert.ok(!LONE.test(serverName(split)), "no half of a surrogate pair");
   // 253 + 2: the emoji fits exactly.
@@ -69,13 +68,9 @@ test("a character of several code points at the 255-character cut is dropped who
     { label: `${"x".repeat(252)} 👩‍👩‍👧`, stored: "x".repeat(252), what: "a space before a family emoji" },
   ];
   for (const { label, stored, what } of cases) {
-    assert.equal(sanitizeFileName(label), stored, what);
+    assert.equal(storedFileName(label), stored, what);
     assert.equal(serverName(label), stored, what);
-    assert.equal(
-      sanitizeFileName(overTheWire(stored)),
-      stored,
-      `${what}: the server keeps the client's name`,
-    );
+    assert.equal(storedFileName(overTheWire(stored)), stored, `${what}: the server keeps the client's name`);
     assert.equal(storedFileName(stored), stored, `${what}: idempotent`);
   }
   // One character longer than the limit by itself (a letter under 300 accents) is cut between its
@@ -146,7 +141,7 @@ test("the client's name is the server's for every name, and the rule is idempote
     const label = parts.join("");
     const predicted = serverName(label);
     // What the server stores is the rule applied to what arrives: the client's name, as UTF-8.
-    const stored = sanitizeFileName(overTheWire(predicted));
+    const stored = storedFileName(overTheWire(predicted));
     assert.equal(stored, predicted, `label ${JSON.stringify(label)}`);
     assert.equal(storedFileName(predicted), predicted, "idempotent");
     assert.ok(predicted.length >= 1 && predicted.length <= MAX_FILE_NAME_LENGTH);

@@ -4,7 +4,7 @@ import os from "node:os";
 import path from "node:path";
 import { Readable } from "node:stream";
 import { after, test } from "node:test";
-import { sanitizeFileName } from "../../src/files/files.ts";
+import { storedFileName } from "../../src/files/file-name.ts";
 import { SAFE_NAME } from "../../src/runner/outputs.ts";
 import { LocalStore } from "../../src/storage/local.ts";
 import { checkKey, outputObjectKey } from "../../src/storage/store.ts";
@@ -32,21 +32,21 @@ test("abortIncompleteUploads removes only old partial uploads", async () => {
   fs.rmSync(path.join(dir, "new"));
 });
 
-test("sanitizeFileName keeps only a safe base name", () => {
-  assert.equal(sanitizeFileName("../../etc/passwd"), "passwd");
-  assert.equal(sanitizeFileName("C:\\data\\x.csv"), "x.csv");
-  assert.equal(sanitizeFileName("a\u0007b.csv"), "ab.csv");
-  assert.equal(sanitizeFileName(""), "upload");
-  assert.equal(sanitizeFileName(undefined), "upload");
-  assert.equal(sanitizeFileName(".."), "upload");
-  assert.equal(sanitizeFileName("x".repeat(300)).length, 255);
+test("storedFileName keeps only a safe base name", () => {
+  assert.equal(storedFileName("../../etc/passwd"), "passwd");
+  assert.equal(storedFileName("C:\\data\\x.csv"), "x.csv");
+  assert.equal(storedFileName("a\u0007b.csv"), "ab.csv");
+  assert.equal(storedFileName(""), "upload");
+  assert.equal(storedFileName(undefined), "upload");
+  assert.equal(storedFileName(".."), "upload");
+  assert.equal(storedFileName("x".repeat(300)).length, 255);
   // C1 controls too: U+009B is a terminal's CSI ("\u009b31m" would turn a CLI's output red).
-  assert.equal(sanitizeFileName("a\u0085b\u009b[31mred.csv"), "ab[31mred.csv");
+  assert.equal(storedFileName("a\u0085b\u009b[31mred.csv"), "ab[31mred.csv");
   // Cut before a character, never inside one: an emoji is two UTF-16 units.
-  const emoji = sanitizeFileName(`${"x".repeat(254)}😀.csv`);
+  const emoji = storedFileName(`${"x".repeat(254)}😀.csv`);
   assert.equal(emoji, "x".repeat(254));
   assert.ok(Buffer.from(emoji, "utf8").toString("utf8") === emoji, "well formed");
-  assert.equal(sanitizeFileName(`${"x".repeat(253)}😀.csv`), `${"x".repeat(253)}😀`);
+  assert.equal(storedFileName(`${"x".repeat(253)}😀.csv`), `${"x".repeat(253)}😀`);
 });
 
 test("a source that failed before the store read it leaves no partial file", async () => {

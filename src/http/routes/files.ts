@@ -1,7 +1,8 @@
 import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { Type } from "typebox";
-import { fileCreate, fileGet, fileList, sanitizeFileName } from "../../files/files.ts";
+import { storedFileName } from "../../files/file-name.ts";
+import { fileCreate, fileGet, fileList } from "../../files/files.ts";
 import { SourceError } from "../../storage/store.ts";
 import { FileBody, FileListQuery } from "../api-types.ts";
 import { principalOf } from "../auth.ts";
@@ -75,7 +76,7 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
     // fails one byte past the limit, before @fastify/multipart (whose limit is a byte higher) would
     // cut the stream short.
     const record = await fileCreate(database.sql, storage, principalOf(request), part.file, {
-      name: sanitizeFileName(part.filename),
+      name: storedFileName(part.filename),
       contentType: part.mimetype || "application/octet-stream",
       maxBytes: config.maxUploadBytes,
     }).catch((err: unknown) => {

@@ -32,6 +32,12 @@ export const EVENT_PAYLOAD_BYTES = `(108 + octet_length(id::text) + octet_length
   + coalesce(octet_length(run_id::text), 2) + octet_length(type) + octet_length(data::text))`;
 /** `{"taskId" : "", "events" : []}` less the one separator too many that the events' sum counts. */
 export const PAYLOAD_WRAPPER_BYTES = 28;
+/**
+ * More events than this never fit: an event is at least 123 bytes (EVENT_PAYLOAD_BYTES with one-digit
+ * ids, a null run id, the shortest type, `run.retry`, and `{}`), 57 of them at most in 7,000. A task's
+ * batch of more is not sized at all (a reaper's or a prefetched drain's batch of hundreds).
+ */
+const MAX_NOTIFIED_EVENTS = 64;
 
 /**
  * `in (...)` over the live run statuses, written into the statement as literals rather than sent as
@@ -257,10 +263,10 @@ export function notifyEvents(sql: Sql) {
              else json_build_object('taskId', p.task_id::text, 'eventId', p.max_id::text)::text end)
       from (
         -- Events that cannot fit get the doorbell without building their payload (the FILTER skips
-        -- the rows, the CASE only what is left): its exact size is summed from the columns first, at
-        -- ~2 µs an event against ~7.5 to build it (a drain's completion batches of 36–70 runs built
-        -- theirs only to throw it away, a fifth of the statement), and a cancel of 66,000 queued
-        -- runs built a ~10 MB string here, ~0.4 s.
+        -- the rows, the CASE only what is left; a null size is too large): a task's batch of more
+        -- than MAX_NOTIFIED_EVENTS is not even sized, and a smaller one's exact size is summed from
+        -- the columns first, at ~2 µs an event against ~7.5 to build it (a drain's completion
+        -- batches of 36–70 runs built theirs only to throw it away, a fifth of the statement).
         select task_id, max(id) as max_id,
                case when max(bytes) <= ${sql.unsafe(String(NOTIFY_MAX_BYTES))} then
                json_build_object('taskId', task_id::text, 'events', json_agg(json_build_object(
@@ -270,8 +276,9 @@ export function notifyEvents(sql: Sql) {
                end as full_payload
         from (
           select *, ${sql.unsafe(String(PAYLOAD_WRAPPER_BYTES))} + octet_length(task_id::text)
-                    + sum(${sql.unsafe(EVENT_PAYLOAD_BYTES)}) over (partition by task_id) as bytes
-          from events
+                    + sum(case when n <= ${sql.unsafe(String(MAX_NOTIFIED_EVENTS))}
+                               then ${sql.unsafe(EVENT_PAYLOAD_BYTES)} end) over (partition by task_id) as bytes
+          from (select *, count(*) over (partition by task_id) as n from events) counted
         ) e
         group by task_id
       ) p

@@ -103,17 +103,19 @@ export async function runWake(sql: Sql, analysisType: string): Promise<void> {
 }
 
 /**
- * Wakes the workers of every type other than `except` in which the owners of these tasks have runs
- * queued (their queue_owners rows): under a per-user limit a run that ends frees room for its owner
- * in every type, and a worker of another type whose claim found the owner at the limit waits for a
+ * Wakes, in one statement, the workers of `types` and of every type in which the owners of these
+ * tasks have a queue_owners row (runs queued, or a row not yet pruned after they were all claimed:
+ * then a claim finds nothing): under a per-user limit a run that ends frees room for its owner in
+ * every type, and a worker of another type whose claim found the owner at the limit waits for a
  * wake-up (or its poll). One notification per type, sent at commit.
  */
-export async function runWakeOwnersTypes(sql: Sql, taskIds: readonly number[], except: readonly string[]) {
+export async function runWakeOwnersTypes(sql: Sql, types: readonly string[], taskIds: readonly number[]) {
   await sql`
-    select pg_notify(${WAKEUP_CHANNEL}, q.analysis_type)
+    select pg_notify(${WAKEUP_CHANNEL}, w.analysis_type)
     from (
-      select distinct q.analysis_type from queue_owners q
+      select unnest(${sql.array([...types])}::text[]) as analysis_type
+      union
+      select q.analysis_type from queue_owners q
       where q.owner_id in (select t.owner_id from tasks t where t.id = any(${sql.array([...taskIds], INT8_OID)}::bigint[]))
-        and q.analysis_type <> all(${sql.array([...except])}::text[])
-    ) q`;
+    ) w`;
 }
