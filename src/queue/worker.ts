@@ -1260,7 +1260,12 @@ export class Worker {
     return recorded;
   }
 
-  /** Logs and reports what a retry statement did. Returns the runs that ended (cancelled) instead. */
+  /**
+   * Logs and reports what a retry statement did. Returns the runs it took out of their live state —
+   * queued again, or ended (cancelled) instead — whose room under a limit others may now take: a run
+   * re-queued with a backoff frees its owner's and its type's room at once, and without a wake-up the
+   * workers that found them at a limit waited for their poll.
+   */
   private retried(retries: Pending<Retry>[], retried: RetryResult): ClaimedRun[] {
     const back = new Set(retried.requeued);
     // Wake when each is due by the database's clock (a timer armed from the worker's own idea of the
@@ -1277,7 +1282,7 @@ export class Worker {
       }
     }
     const cancelled = new Set(retried.cancelled);
-    const ended: ClaimedRun[] = [];
+    const released: ClaimedRun[] = [];
     for (const p of retries) {
       const { run, value: retry } = p;
       if (cancelled.has(run.id)) {
@@ -1288,9 +1293,10 @@ export class Worker {
         );
         this.ended(p, "cancelled");
         void this.recorded(run, null);
-        ended.push(run);
+        released.push(run);
       } else if (back.has(run.id)) {
         this.ended(p, retry.refund ? "requeued" : "retried");
+        released.push(run);
         this.o.logger.info(
           {
             ...this.fields(run),
@@ -1306,7 +1312,7 @@ export class Worker {
     for (const t of retried.finishedTasks) {
       this.o.logger.info({ taskId: t.taskId, status: t.status }, "task finished");
     }
-    return ended;
+    return released;
   }
 
   /**

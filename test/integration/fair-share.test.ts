@@ -1906,3 +1906,117 @@ test("under the per-user limit a run that ends wakes the workers of the owner's 
     await wb.stop();
   }
 });
+
+/**
+ * U at the per-user limit (1) with a run of type A (`hold` makes it live); its run of type B waits in
+ * a worker of B alone, whose poll is a minute away. `free` takes A's run out of its live state some
+ * way other than a completion; only a wake-up can then start B's run in time.
+ */
+async function wakesOtherTypeWhenFreed(
+  name: string,
+  hold: (a: string) => Promise<void>,
+  free: () => Promise<void>,
+) {
+  const u = await seedUser(db.sql, name);
+  const a = await createTask(db.sql, u, `${name}-a`, 1);
+  let claimsOfB = 0;
+  const wb = new Worker({
+    ...limitedOptions,
+    types: { [`${name}-b`]: { handler: async () => ({ status: "succeeded" }) } },
+    observer: { ...NO_OBSERVER, claimed: () => void claimsOfB++ },
+  });
+  try {
+    await hold(a);
+    await wb.start();
+    const before = claimsOfB;
+    const b = await createTask(db.sql, u, `${name}-b`, 1);
+    // B's worker heard of B's task and claimed nothing: U is at the limit.
+    await waitFor(async () => (claimsOfB > before ? true : undefined));
+    assert.equal((await taskRow(db.sql, b)).status, "queued");
+    await free();
+    await waitForTerminal(db.sql, b, 15_000);
+    const [ra] = await db.sql<{ status: string }[]>`select status from runs where task_id = ${a}`;
+    assert.equal(ra?.status, "queued", "A's run was re-queued, not completed");
+  } finally {
+    await wb.stop();
+  }
+}
+
+/** Workers under a per-user limit of 1 that poll once a minute. */
+const limitedOptions = {
+  get sql() {
+    return db.sql;
+  },
+  logger,
+  concurrency: 1,
+  leaseTtlMs: 30_000,
+  pollIntervalMs: 60_000,
+  // A re-queued run comes due long after the test: its own claim cannot be what wakes anyone.
+  retryBaseMs: 120_000,
+  userLimit: 1,
+};
+
+test("under the per-user limit a run re-queued for a retry wakes the workers of the owner's other types", async () => {
+  // A retry frees the owner's room as a completion does, but sent no wake-up: B waited for its poll.
+  let fail = () => {};
+  const gate = new Promise<void>((resolve) => {
+    fail = resolve;
+  });
+  const wa = new Worker({
+    ...limitedOptions,
+    types: {
+      "wake-retry-a": {
+        handler: async () => {
+          await gate;
+          return { status: "failed", errorCode: "ANALYSIS_PROCESS_FAILED", transient: true };
+        },
+      },
+    },
+  });
+  try {
+    await wakesOtherTypeWhenFreed(
+      "wake-retry",
+      async (a) => {
+        await wa.start();
+        await waitFor(async () => {
+          const [r] = await db.sql<{ status: string }[]>`select status from runs where task_id = ${a}`;
+          return r?.status === "starting" || r?.status === "running" ? true : undefined;
+        });
+      },
+      async () => fail(),
+    );
+  } finally {
+    fail();
+    await wa.stop();
+  }
+});
+
+test("under the per-user limit a lease the reaper takes back wakes the workers of the owner's other types", async () => {
+  // The reaper freed the owner's room and sent no wake-up: B waited for its poll.
+  const reaper = new Reaper({
+    sql: db.sql,
+    logger,
+    intervalMs: 60_000,
+    leaseTtlMs: 300,
+    retryBaseMs: 120_000,
+    workerWaitMs: 600_000,
+  });
+  await wakesOtherTypeWhenFreed(
+    "wake-reap",
+    async () => {
+      // A dead worker's attempt: claimed with a lease nobody extends.
+      const got = await runClaim(db.sql, {
+        workerId: "wake-reap-dead",
+        analysisType: "wake-reap-a",
+        limit: 1,
+        globalLimit: 0,
+        userLimit: 1,
+        leaseTtlMs: 300,
+      });
+      assert.equal(got.length, 1);
+    },
+    async () => {
+      await waitFor(async () => ((await reaper.runOnce()).requeued === 1 ? true : undefined), 10_000);
+    },
+  );
+});

@@ -1,7 +1,7 @@
 // The reaper's statements (DESIGN §4.7).
 import type { Sql } from "../../db/client.ts";
 import { requeuedRejoin } from "./fair.ts";
-import { countIntoTasks, inLive, MAX_BACKOFF_MS } from "./shared.ts";
+import { countIntoTasks, inLive, MAX_BACKOFF_MS, WAKEUP_CHANNEL } from "./shared.ts";
 
 export interface ReapOptions {
   batchSize: number;
@@ -25,7 +25,7 @@ export interface ReapResult {
 export async function runReapExpired(sql: Sql, o: ReapOptions): Promise<ReapResult> {
   const [row] = await sql<ReapResult[]>`
     with expired as (
-      select id, status, attempt, max_attempts from runs
+      select id, status, attempt, max_attempts, analysis_type, owner_id from runs
       where status ${inLive(sql)} and lease_expires_at < now()
       order by lease_expires_at
       limit ${o.batchSize}
@@ -59,12 +59,25 @@ export async function runReapExpired(sql: Sql, o: ReapOptions): Promise<ReapResu
       returning r.id, r.task_id, r.status, r.attempt, r.error_code
     ),
     ${countIntoTasks(sql, true)},
-    ${requeuedRejoin(sql)}
+    ${requeuedRejoin(sql)},
+    -- Each run reaped frees room under a limit: its type's (global) and its owner's in every type
+    -- (per user). Workers that found the room taken wait for a wake-up or their poll, so they are
+    -- woken as a completion wakes them (runWakeOwnersTypes), at commit. Reaps are rare, so this is
+    -- sent whether or not a limit is set.
+    woken as (
+      select pg_notify(${WAKEUP_CHANNEL}, w.analysis_type)
+      from (
+        select e.analysis_type from expired e
+        union
+        select q.analysis_type from queue_owners q where q.owner_id in (select e.owner_id from expired e)
+      ) w
+    )
     select (select count(*)::int from requeued) as requeued,
            (select count(*)::int from done where status = 'failed') as failed,
            (select count(*)::int from done where status = 'cancelled') as cancelled,
            (select count(*)::int from counted where finished) as "finishedTasks",
-           (select count(*)::int from notified) as notified`;
+           (select count(*)::int from notified) as notified,
+           (select count(*)::int from woken) as woken`;
   return row ?? { requeued: 0, failed: 0, cancelled: 0, finishedTasks: 0 };
 }
 
