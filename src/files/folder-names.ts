@@ -11,10 +11,13 @@ export const RESULTS_FILE = "results.csv";
 
 /**
  * What may not be in a path segment: the separators, the characters Windows refuses in a name
- * (`<>:"|?*`), and control characters (U+0000–U+001F, which Windows refuses too, and U+007F).
+ * (`<>:"|?*`), control characters (U+0000–U+001F, which Windows refuses too, and U+007F), and the
+ * bidirectional embeddings, overrides and isolates (U+202A–U+202E, U+2066–U+2069), with which a folder
+ * shown in a file manager or an archive tool reads other than it is (`x\u202Efdp.exe` shows as
+ * `xexe.pdf`); an input's stored name may hold them, its folder may not.
  */
 // biome-ignore lint/suspicious/noControlCharactersInRegex: replacing control characters is the point
-const UNSAFE = /[\u0000-\u001f\u007f/\\<>:"|?*]/g;
+const UNSAFE = /[\u0000-\u001f\u007f\u202a-\u202e\u2066-\u2069/\\<>:"|?*]/g;
 
 /**
  * Windows' device names: a file whose name up to the first dot is one of them, also with spaces
@@ -62,7 +65,8 @@ export function withSuffix(name: string, suffix: string): string {
 
 /**
  * A name (an input's, an output's, a segment of a local path) as one path segment that means the same
- * folder or file on Linux, macOS and Windows: separators, `<>:"|?*` and control characters become `_`;
+ * folder or file on Linux, macOS and Windows: separators, `<>:"|?*`, control characters and bidi
+ * overrides become `_`;
  * leading dots become one `_` (no `.`, `..` or hidden file); each trailing dot or space becomes `_`
  * (Windows drops them, so `x.` would be `x` there); a Windows device name gets a `_` before it
  * (`CON.csv` → `_CON.csv`); a name over 255 UTF-8 bytes is cut there (at a character); nothing left

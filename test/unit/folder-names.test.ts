@@ -61,6 +61,14 @@ test("safeSegment: separators, Windows' characters and control characters become
   }
   assert.equal(safeSegment("a\u007fb.csv"), "a_b.csv");
   assert.equal(safeSegment("a\u0000b\nc.csv"), "a_b_c.csv", "replaced, not dropped: ab.csv is another name");
+  // Bidi embeddings, overrides and isolates: a folder must read as it is.
+  for (const c of [0x202a, 0x202b, 0x202c, 0x202d, 0x202e, 0x2066, 0x2067, 0x2068, 0x2069]) {
+    assert.equal(
+      safeSegment(`invoice${String.fromCharCode(c)}fdp.exe`),
+      "invoice_fdp.exe",
+      `U+${c.toString(16)}`,
+    );
+  }
   // What Windows allows stays: other punctuation, non-ASCII letters, U+0080 and beyond.
   for (const name of ["a;b,c=d+e[f]g{h}%20'!@#$&().csv", "données β.csv", "日本語 🎉.csv", "a\u0085b.csv"]) {
     assert.equal(safeSegment(name), name);
