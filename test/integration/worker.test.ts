@@ -678,6 +678,54 @@ test("a run claimed ahead waits for its slot with a live lease, is cancelled wit
   }
 });
 
+test("the runs a stopping worker gives back wake the other workers of their type at once", async () => {
+  // Two workers whose poll is a minute away. The first holds a run and one claimed ahead; when it
+  // stops, both go back to the queue due at once, and only a wake-up can start them on the second in
+  // time: the retry statement that gives them back sent none.
+  const type = "t-handback";
+  const handler: Handler = async (_run, { finishing, signal }) => {
+    finishing();
+    await new Promise((resolve) => signal.addEventListener("abort", resolve));
+    return { status: "cancelled" };
+  };
+  const first = worker({ [type]: handler }, { concurrency: 1, pollIntervalMs: 60_000 });
+  await first.start();
+  const held = await createTask(db.sql, owner, type, 1);
+  await waitFor(async () => (await taskRow(db.sql, held)).status === "running");
+  const ahead = await createTask(db.sql, owner, type, 1);
+  const leasedTo = async (taskId: string) => {
+    const [r] = await db.sql<
+      { owner: string | null }[]
+    >`select lease_owner as owner from runs where task_id = ${taskId}`;
+    return r?.owner;
+  };
+  await waitFor(async () => (await leasedTo(ahead)) === first.id);
+  let claimsOfSecond = 0;
+  const second = worker(
+    { [type]: succeed },
+    {
+      concurrency: 2,
+      pollIntervalMs: 60_000,
+      observer: { ...NO_OBSERVER, claimed: () => void claimsOfSecond++ },
+    },
+  );
+  try {
+    await second.start();
+    // Its first claim, at start, found both runs leased to the first worker.
+    await waitFor(async () => (claimsOfSecond > 0 ? true : undefined));
+    assert.equal((await taskRow(db.sql, held)).status, "running");
+    await first.stop(0);
+    for (const taskId of [held, ahead]) {
+      const row = await waitForTerminal(db.sql, taskId, 15_000);
+      assert.equal(row.status, "succeeded");
+      assert.equal(await leasedTo(taskId), null);
+    }
+  } finally {
+    await first.stop(0);
+    await second.stop();
+  }
+});
+
 describe("a type whose queue emptied (drained)", () => {
   /** No claiming ahead and outcomes recorded at once: each claim is for the slots that are free. */
   const slotBySlot = (concurrency: number, pollIntervalMs: number, observer: QueueObserver) => ({

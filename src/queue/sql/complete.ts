@@ -3,7 +3,7 @@
 import type { Sql } from "../../db/client.ts";
 import type { TerminalRunStatus } from "../../tasks/states.ts";
 import { requeuedRejoin } from "./fair.ts";
-import { byId, countIntoTasks, type Json, type Lease, matchesLease, pgSafe } from "./shared.ts";
+import { byId, countIntoTasks, type Json, type Lease, matchesLease, pgSafe, WAKEUP_CHANNEL } from "./shared.ts";
 
 export interface Outcome extends Lease {
   status: TerminalRunStatus;
@@ -183,14 +183,22 @@ export async function runRetry(sql: Sql, retries: Retry[]): Promise<RetryResult>
       returning r.id, r.task_id, r.status, r.attempt, r.error_code
     ),
     ${countIntoTasks(sql, true)},
-    ${requeuedRejoin(sql)}
+    ${requeuedRejoin(sql)},
+    -- Runs queued again due at once (a shutdown's, refunded) wake their types' workers at commit: the
+    -- worker that gave them back is stopping, and the others heard nothing and waited for their poll.
+    -- A retry after a backoff wakes nobody here (its own worker's timer claims it when it is due).
+    woken as (
+      select pg_notify(${WAKEUP_CHANNEL}, t.analysis_type)
+      from (select distinct analysis_type from requeued where run_after <= now()) t
+    )
     select (select json_agg(id::float8 order by id) from requeued) as requeued,
            (select json_agg(greatest(0, ceil(extract(epoch from run_after - clock_timestamp()) * 1000))::float8
                             order by id) from requeued) as due,
            (select json_agg(id::float8) from done) as cancelled,
            (select json_agg(json_build_object('taskId', id::float8, 'status', status))
               from counted where finished) as finished,
-           (select count(*) from notified) as notified`;
+           (select count(*) from notified) as notified,
+           (select count(*) from woken) as woken`;
   return {
     requeued: row?.requeued ?? [],
     dueInMs: row?.due ?? [],
