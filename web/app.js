@@ -3,6 +3,7 @@
 // removed from the address bar at once.
 import { api, session } from "./api.js";
 import { FilesView } from "./files.js";
+import { shownName } from "./format.js";
 import { html, render, useEffect, useState } from "./lib.js";
 import { NewTaskView } from "./new-task.js";
 import { TaskView } from "./task.js";
@@ -113,7 +114,7 @@ function App() {
       <nav aria-label="Main">
         ${nav.map(([id, href, label]) => html`<a href=${href} aria-current=${where.view === id ? "page" : undefined}>${label}</a>`)}
       </nav>
-      <span class="who">${me.name}${me.role === "admin" ? " (admin)" : ""}</span>
+      <span class="who"><span class="name">${shownName(me.name)}</span>${me.role === "admin" ? " (admin)" : ""}</span>
       <button type="button" class="link" onClick=${() => session.signOut()}>Sign out</button>
     </header>
     <main>${view}</main>

@@ -1,6 +1,6 @@
 // The user's uploads, newest first, paged; choose some to start a task over them.
 import { api } from "./api.js";
-import { bytes, when } from "./format.js";
+import { bytes, shownName, when } from "./format.js";
 import { html, useEffect, useState } from "./lib.js";
 import { ErrorNote, Pager } from "./widgets.js";
 
@@ -13,7 +13,17 @@ export function FilesView({ me }) {
     const ctrl = new AbortController();
     const q = new URLSearchParams({ limit: "50" });
     if (paging.cursor) q.set("cursor", paging.cursor);
-    api(`/files?${q}`, { signal: ctrl.signal }).then(setPage, (err) => ctrl.signal.aborted || setError(err));
+    // The page keeps the cursors that reached it: the pager goes on from the page shown, which is
+    // the one before when a read failed (a failed "Older" moved to a page never shown, and the next
+    // one pushed its cursor again, so "Newer" came back to the same page). A read that succeeds ends
+    // the error of one that failed.
+    api(`/files?${q}`, { signal: ctrl.signal }).then(
+      (p) => {
+        setPage({ ...p, cursors: paging.cursors });
+        setError(null);
+      },
+      (err) => ctrl.signal.aborted || setError(err),
+    );
     return () => ctrl.abort();
   }, [paging]);
   const toggle = (id) => {
@@ -40,7 +50,7 @@ export function FilesView({ me }) {
             <tbody>${page.items.map(
               (f) => html`<tr key=${f.fileId} data-file=${f.fileId}>
                 <td><input type="checkbox" id=${`file-${f.fileId}`} checked=${chosen.has(f.fileId)} onChange=${() => toggle(f.fileId)} /></td>
-                <td class="name"><label for=${`file-${f.fileId}`}>${f.name}</label></td>
+                <td class="name"><label for=${`file-${f.fileId}`}>${shownName(f.name)}</label></td>
                 ${me?.role === "admin" ? html`<td>${f.owner ?? ""}</td>` : null}
                 <td class="num">${bytes(f.sizeBytes)}</td>
                 <td><code title=${f.sha256}>${f.sha256.slice(0, 12)}</code></td>
@@ -48,7 +58,7 @@ export function FilesView({ me }) {
               </tr>`,
             )}</tbody>
           </table></div>
-          <${Pager} cursors=${paging.cursors} next=${page.nextCursor} onPage=${(cursors, cursor) => setPaging({ cursors, cursor })} />`
+          <${Pager} cursors=${page.cursors} next=${page.nextCursor} onPage=${(cursors, cursor) => setPaging({ cursors, cursor })} />`
     }
   </section>`;
 }

@@ -71,3 +71,11 @@ export const RUN_STATUSES = [
   "timed_out",
   "cancelled",
 ];
+
+/**
+ * A name (an upload's, an output's, a user's) as shown: the bidirectional embeddings, overrides and
+ * isolates (U+202A–U+202E, U+2066–U+2069) as U+FFFD. The API keeps them, and obeyed they make a name
+ * read as another (`invoice\u202evsc.exe` reads "invoiceexe.csv") and reverse the text after it on
+ * its line (a size, a date, the rest of an error message). Names are also isolated by CSS (`.name`).
+ */
+export const shownName = (name) => String(name ?? "").replace(/[\u202a-\u202e\u2066-\u2069]/g, "\ufffd");

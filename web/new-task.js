@@ -2,7 +2,7 @@
 // progress) and/or files already uploaded, choose the analysis type — types no live worker can run are
 // shown unavailable with the reason — fill in its parameters, submit.
 import { api, uploadFile } from "./api.js";
-import { bytes, when } from "./format.js";
+import { bytes, shownName, when } from "./format.js";
 import { html, useEffect, useRef, useState } from "./lib.js";
 import { parametersFrom, SchemaForm } from "./schema-form.js";
 import { ErrorNote, RunBar } from "./widgets.js";
@@ -49,7 +49,9 @@ export function NewTaskView({ types, preselected }) {
       patch(key, { state: "done", record, loaded: file.size, total: file.size });
     } catch (err) {
       const message =
-        err.code === "PAYLOAD_TOO_LARGE" ? `${file.name} is too large: ${err.message}` : err.message;
+        err.code === "PAYLOAD_TOO_LARGE"
+          ? `${shownName(file.name)} is too large: ${err.message}`
+          : err.message;
       patch(key, { state: "failed", error: { code: err.code, message } });
     } finally {
       controllers.current.delete(key);
@@ -164,14 +166,14 @@ export function NewTaskView({ types, preselected }) {
             ? html`<ul class="uploads" aria-label="Uploads">
               ${uploads.map(
                 (u) => html`<li key=${u.key} class=${`upload ${u.state}`}>
-                  <span class="name">${u.file.name}</span>
+                  <span class="name">${shownName(u.file.name)}</span>
                   <span class="size">${bytes(u.file.size)}</span>
                   <${RunBar} percent=${u.total ? (100 * u.loaded) / u.total : 0}
                     status=${u.state === "done" ? "succeeded" : u.state === "failed" ? "failed" : "running"}
-                    label=${`upload of ${u.file.name}`} />
+                    label=${`upload of ${shownName(u.file.name)}`} />
                   <span class="state">${u.state === "failed" ? "" : u.state}</span>
                   <button type="button" class="link" onClick=${() => remove(u.key)}
-                    aria-label=${`Remove ${u.file.name}`}>remove</button>
+                    aria-label=${`Remove ${shownName(u.file.name)}`}>remove</button>
                   ${u.error ? html`<${ErrorNote} error=${u.error} />` : null}
                 </li>`,
               )}
@@ -189,7 +191,7 @@ export function NewTaskView({ types, preselected }) {
                   ${known.items.map(
                     (f) => html`<li key=${f.fileId}><label>
                       <input type="checkbox" checked=${chosen.has(f.fileId)} onChange=${() => toggle(f.fileId)} />
-                      <span class="name">${f.name}</span> <span class="muted">${bytes(f.sizeBytes)} · ${when(f.createdAt)}</span>
+                      <span class="name">${shownName(f.name)}</span> <span class="muted">${bytes(f.sizeBytes)} · ${when(f.createdAt)}</span>
                     </label></li>`,
                   )}
                 </ul>`

@@ -6,7 +6,7 @@
 // as HTML in this page.
 import { api, apiBlob, saveBlob } from "./api.js";
 import { parseCsv } from "./csv.js";
-import { bytes } from "./format.js";
+import { bytes, shownName } from "./format.js";
 import { html, useEffect, useState } from "./lib.js";
 import { ErrorNote } from "./widgets.js";
 
@@ -52,15 +52,17 @@ function Preview({ path, output }) {
     };
   }, [path]);
   if (state.error) return html`<${ErrorNote} error=${state.error} />`;
-  if (state.loading) return html`<p class="muted">Loading ${output.name}…</p>`;
-  if (state.kind === "image") return html`<img class="output-image" src=${state.url} alt=${output.name} />`;
+  if (state.loading)
+    return html`<p class="muted">Loading <span class="name">${shownName(output.name)}</span>…</p>`;
+  if (state.kind === "image")
+    return html`<img class="output-image" src=${state.url} alt=${shownName(output.name)} />`;
   if (state.kind === "html")
-    return html`<iframe class="report" sandbox="" referrerpolicy="no-referrer" src=${state.url} title=${output.name}></iframe>
-      <p><a href=${state.url} target="_blank" rel="noopener noreferrer">Open ${output.name} in a new tab</a>
+    return html`<iframe class="report" sandbox="" referrerpolicy="no-referrer" src=${state.url} title=${shownName(output.name)}></iframe>
+      <p><a href=${state.url} target="_blank" rel="noopener noreferrer">Open <span class="name">${shownName(output.name)}</span> in a new tab</a>
         <span class="muted">(the link works for ten minutes)</span></p>`;
   if (state.kind === "csv") {
     const [head = [], ...rows] = state.rows;
-    return html`<div class="scroll"><table class="preview" aria-label=${`Preview of ${output.name}`}>
+    return html`<div class="scroll"><table class="preview" aria-label=${`Preview of ${shownName(output.name)}`}>
       <thead><tr>${head.map((h) => html`<th scope="col">${h}</th>`)}</tr></thead>
       <tbody>${rows.slice(0, PREVIEW_ROWS).map((r) => html`<tr>${r.map((c) => html`<td>${c}</td>`)}</tr>`)}</tbody>
     </table></div>
@@ -116,9 +118,9 @@ export function RunOutputs({ taskId, run }) {
             ${list.map(
               (o) => html`<li key=${o.name}>
                 <button type="button" class=${`link ${open === o.name ? "current" : ""}`} aria-pressed=${open === o.name}
-                  onClick=${() => setOpen(open === o.name ? null : o.name)}>${o.name}</button>
+                  onClick=${() => setOpen(open === o.name ? null : o.name)}><span class="name">${shownName(o.name)}</span></button>
                 <span class="muted">${bytes(o.sizeBytes)}</span>
-                <button type="button" class="link" onClick=${() => download(o.name)} aria-label=${`Download ${o.name}`}>download</button>
+                <button type="button" class="link" onClick=${() => download(o.name)} aria-label=${`Download ${shownName(o.name)}`}>download</button>
               </li>`,
             )}
           </ul>`

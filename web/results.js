@@ -3,6 +3,7 @@
 // and a chart of the column it is sorted by when that column is numeric.
 import { apiBlob, saveBlob } from "./api.js";
 import { parseCsv } from "./csv.js";
+import { shownName } from "./format.js";
 import { html, useEffect, useMemo, useState } from "./lib.js";
 import { ErrorNote } from "./widgets.js";
 
@@ -11,7 +12,7 @@ const SHOWN = 200;
 const numeric = (v) => v !== "" && Number.isFinite(Number(v));
 
 function Chart({ rows, column, label }) {
-  const values = rows.slice(0, SHOWN).map((r) => ({ name: r[1], v: Number(r[column]) }));
+  const values = rows.slice(0, SHOWN).map((r) => ({ name: shownName(r[1]), v: Number(r[column]) }));
   const max = Math.max(...values.map((x) => Math.abs(x.v)), 1e-300);
   const w = 600;
   const barH = 14;
@@ -87,7 +88,7 @@ export function ResultsTable({ taskId, version }) {
           <button type="button" class="link" onClick=${() => setSort({ column: i, dir: sort.column === i ? -sort.dir : 1 })}>
             ${h}${sort.column === i ? (sort.dir > 0 ? " ▲" : " ▼") : ""}</button></th>`,
       )}</tr></thead>
-      <tbody>${sorted.slice(0, SHOWN).map((r) => html`<tr>${r.map((c) => html`<td>${c}</td>`)}</tr>`)}</tbody>
+      <tbody>${sorted.slice(0, SHOWN).map((r) => html`<tr>${r.map((c) => html`<td>${shownName(c)}</td>`)}</tr>`)}</tbody>
     </table></div>
     ${rows.length > SHOWN ? html`<p class="muted">Showing ${SHOWN} of ${rows.length} rows; the download has them all.</p>` : null}
   </div>`;

@@ -6,7 +6,7 @@
 // it is re-read every POLL_MS for its place in the queue. Only the latest read's answer is shown.
 import { api, apiBlob, POLL_MS, saveBlob, withExtension } from "./api.js";
 import { followTask, isTerminal } from "./events.js";
-import { duration, RUN_STATUSES, STATUS_LABEL, when } from "./format.js";
+import { duration, RUN_STATUSES, STATUS_LABEL, shownName, when } from "./format.js";
 import { html, useEffect, useRef, useState } from "./lib.js";
 import { RunOutputs } from "./outputs.js";
 import { ResultsTable } from "./results.js";
@@ -61,7 +61,8 @@ export function TaskView({ taskId }) {
   const pending = useRef([]);
   const frame = useRef(0);
   const flushTimer = useRef(null);
-  const pageQuery = useRef("");
+  // The runs page asked for, and the cursors that reach it (kept with the answer, for the pager).
+  const pageQuery = useRef({ query: "", cursors: [] });
   // Each read's number: an answer that is not the latest read's (a slow one, overtaken by a re-read
   // or by another page or filter chosen since) is dropped. The runs read before is aborted too.
   const taskReads = useRef(0);
@@ -93,11 +94,13 @@ export function TaskView({ taskId }) {
     const ctrl = new AbortController();
     const seq = ++r.seq;
     r.ctrl = ctrl;
-    return api(`/analysis-tasks/${taskId}/runs?${pageQuery.current}`, { signal: ctrl.signal }).then(
+    const { query, cursors } = pageQuery.current;
+    return api(`/analysis-tasks/${taskId}/runs?${query}`, { signal: ctrl.signal }).then(
       (p) => {
         if (seq !== r.seq) return;
         r.ctrl = null;
-        setRuns(p);
+        // The pager goes on from the page shown, not from one whose read failed (see files.js).
+        setRuns({ ...p, cursors });
         setLive({});
       },
       (err) => {
@@ -248,7 +251,7 @@ export function TaskView({ taskId }) {
     const q = new URLSearchParams({ limit: String(RUNS_PAGE) });
     if (paging.cursor) q.set("cursor", paging.cursor);
     if (runFilter) q.set("status", runFilter);
-    pageQuery.current = q.toString();
+    pageQuery.current = { query: q.toString(), cursors: paging.cursors };
     loadRuns();
   }, [taskId, paging, runFilter]);
 
@@ -368,10 +371,10 @@ export function TaskView({ taskId }) {
                     const r = { ...base, ...(live[base.runId] ?? {}) };
                     const open = expanded === r.runId;
                     return html`<tr key=${r.runId} data-run=${r.runId} class=${`s-${r.status}`}>
-                        <td class="name">${r.fileName}</td>
+                        <td class="name">${shownName(r.fileName)}</td>
                         <td><${Status} status=${r.status} /></td>
                         <td class="wide"><${RunBar} percent=${r.status === "succeeded" ? 100 : r.progressPercent} status=${r.status}
-                            label=${`progress of ${r.fileName}`} />
+                            label=${`progress of ${shownName(r.fileName)}`} />
                           <span class="message">${r.message ?? ""}</span></td>
                         <td class="num">${r.attempt}</td>
                         <td>${r.errorCode ? html`<code>${r.errorCode}</code>` : null}${r.errorMessage ? html`<div class="bad">${r.errorMessage}</div>` : null}</td>
@@ -391,7 +394,7 @@ export function TaskView({ taskId }) {
                   })}
                 </tbody>
               </table></div>
-              <${Pager} cursors=${paging.cursors} next=${runs.nextCursor} labels=${["Previous runs", "Next runs"]}
+              <${Pager} cursors=${runs.cursors} next=${runs.nextCursor} labels=${["Previous runs", "Next runs"]}
                 onPage=${(cursors, cursor) => setPaging({ cursors, cursor })} />`
           }
         </div>`

@@ -21,7 +21,8 @@ export function TasksView({ me, types }) {
     if (paging.cursor) q.set("cursor", paging.cursor);
     api(`/analysis-tasks?${q}`, { signal: ctrl.signal }).then(
       (p) => {
-        setPage(p);
+        // With the cursors that reached it: the pager goes on from the page shown (see files.js).
+        setPage({ ...p, cursors: paging.cursors });
         setError(null);
       },
       (err) => ctrl.signal.aborted || setError(err),
@@ -88,7 +89,7 @@ export function TasksView({ me, types }) {
               )}
             </tbody>
           </table></div>
-          <${Pager} cursors=${paging.cursors} next=${page.nextCursor}
+          <${Pager} cursors=${page.cursors} next=${page.nextCursor}
             onPage=${(cursors, cursor) => setPaging({ cursors, cursor })} />`
     }
   </section>`;

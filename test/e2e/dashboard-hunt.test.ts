@@ -1,0 +1,242 @@
+// The dashboard against hostile file names and failed page reads, in a real browser (Debian's chromium
+// driven by playwright-core) against a real `assay api` process: a name with a bidirectional override
+// must not reverse the text beside it nor read as another name, a 255-character name must not push the
+// page sideways, and a page of a list whose read failed must neither leave its error shown after the
+// next read succeeds nor put the pager out of step with the page shown. Waits on conditions, never time.
+import assert from "node:assert/strict";
+import type { ChildProcess } from "node:child_process";
+import fs from "node:fs";
+import path from "node:path";
+import { after, before, beforeEach, test } from "node:test";
+import { type Browser, chromium, type Locator, type Page } from "playwright-core";
+import { freePort } from "../../src/db/embedded.ts";
+import { cleanEnv, collect, spawnCli, watch } from "../helpers/cli.ts";
+import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
+
+const CHROMIUM = process.env.ASSAY_TEST_CHROMIUM ?? "/usr/bin/chromium";
+const haveChromium = fs.existsSync(CHROMIUM);
+// In CI a missing browser is a failure, not a skip (.ci/run installs it).
+const skip = haveChromium || process.env.CI === "true" ? false : `no chromium at ${CHROMIUM}`;
+/** Small, so a file over it is quick to make. */
+const MAX_UPLOAD = 64 * 1024;
+/** Reads "invoiceexe.csv" where the override is obeyed. */
+const SPOOF = "invoice\u202evsc.exe";
+
+let env: RunnerEnv;
+let port: number;
+let base: string;
+let adminToken: string;
+let api: { child: ChildProcess; done: Promise<unknown> } | undefined;
+let browser: Browser;
+const problems: string[] = [];
+
+before(async () => {
+  if (skip) return;
+  env = await runnerEnv();
+  port = await freePort();
+  base = `http://127.0.0.1:${port}`;
+  const child = spawnCli(
+    ["api", "--dev-token"],
+    cleanEnv({
+      DATABASE_URL: env.db.url,
+      ASSAY_DATA_DIR: env.dataDir,
+      HOST: "127.0.0.1",
+      PORT: String(port),
+      LOG_LEVEL: "warn",
+      ASSAY_SSE_HEARTBEAT_MS: "1000",
+      ASSAY_SHUTDOWN_GRACE_MS: "2000",
+      ASSAY_MAX_UPLOAD_BYTES: String(MAX_UPLOAD),
+    }),
+  );
+  const out = watch(child);
+  api = { child, done: collect(child) };
+  const [, link] = await out.waitFor(/(http:\/\/\S+\/#token=\S+)/);
+  adminToken = decodeURIComponent((link as string).split("#token=")[1] as string);
+  browser = await chromium.launch({ executablePath: CHROMIUM, args: ["--no-sandbox"] });
+});
+
+beforeEach(() => {
+  problems.length = 0;
+});
+
+after(async () => {
+  if (skip) return;
+  await browser?.close();
+  api?.child.kill("SIGTERM");
+  await api?.done;
+  await env.close();
+});
+
+async function upload(name: string, content = "a,b\n1,2\n"): Promise<string> {
+  const form = new FormData();
+  form.append("file", new Blob([content], { type: "text/csv" }), name);
+  const res = await fetch(`${base}/api/files`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${adminToken}` },
+    body: form,
+  });
+  assert.equal(res.status, 201);
+  const { data } = (await res.json()) as { data: { fileId: string; name: string } };
+  assert.equal(data.name, name, "the name is stored as it was given");
+  return data.fileId;
+}
+
+async function pageFor(width = 1280): Promise<Page> {
+  const ctx = await browser.newContext({ viewport: { width, height: 900 } });
+  const page = await ctx.newPage();
+  page.on("pageerror", (err) => problems.push(`page error: ${err.message}`));
+  page.on("console", (m) => {
+    if (m.type() === "error" && /Content Security Policy|Refused to/.test(m.text())) problems.push(m.text());
+  });
+  page.on("dialog", (d) => {
+    problems.push(`dialog: ${d.message()}`);
+    void d.dismiss();
+  });
+  await page.goto(`${base}/#token=${encodeURIComponent(adminToken)}`);
+  await page.getByRole("heading", { name: "Tasks" }).waitFor();
+  return page;
+}
+
+/**
+ * Where the text of `el` (left-to-right text only) is drawn out of its reading order: each character
+ * must stand right of the one before it on its line, and each line below the one before. Returns the
+ * characters found out of place ("" when none).
+ */
+/** The little of the DOM outOfOrder uses (this project's TypeScript has no DOM library). */
+interface Dom {
+  createTreeWalker(root: unknown, show: number): { nextNode(): { nodeValue: string | null } | null };
+  createRange(): {
+    setStart(node: unknown, offset: number): void;
+    setEnd(node: unknown, offset: number): void;
+    getBoundingClientRect(): { left: number; top: number; width: number; height: number };
+  };
+}
+
+function outOfOrder(el: Locator): Promise<string> {
+  return el.evaluate((root) => {
+    const document = (globalThis as unknown as { document: Dom }).document;
+    const SHOW_TEXT = 4;
+    const walker = document.createTreeWalker(root, SHOW_TEXT);
+    const bad: string[] = [];
+    let prev: { left: number; top: number; c: string } | null = null;
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      const text = node.nodeValue ?? "";
+      for (let i = 0; i < text.length; i++) {
+        const range = document.createRange();
+        range.setStart(node, i);
+        range.setEnd(node, i + 1);
+        const r = range.getBoundingClientRect();
+        if (r.width === 0) continue;
+        const c = text[i] as string;
+        if (prev) {
+          const sameLine = Math.abs(r.top - prev.top) < r.height / 2;
+          if (sameLine ? r.left < prev.left : r.top < prev.top) bad.push(`${prev.c}→${c}`);
+        }
+        prev = { left: r.left, top: r.top, c };
+      }
+    }
+    return bad.join(" ");
+  });
+}
+
+test("a name with a bidi override reverses neither itself nor the text beside it", { skip }, async () => {
+  const id = await upload(SPOOF);
+  const page = await pageFor();
+  // The file list: the name in its cell.
+  await page.goto(`${base}/#/files`);
+  const fileRow = page.locator(`tr[data-file="${id}"]`);
+  await fileRow.waitFor();
+  assert.equal(await outOfOrder(fileRow.locator("td.name")), "", "the files page's name");
+  // A new task's list of uploaded files: the name, then its size and date on the same line.
+  await page.goto(`${base}/#/new?files=${id}`);
+  const known = page.locator(".known li", { has: page.locator("input:checked") });
+  await known.waitFor();
+  assert.equal(await outOfOrder(known), "", "the new task's list of uploaded files");
+  // A task's runs.
+  const res = await fetch(`${base}/api/analysis-tasks`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${adminToken}`, "content-type": "application/json" },
+    body: JSON.stringify({ analysisType: "summary", inputFileIds: [id] }),
+  });
+  const body = (await res.json()) as { data: { taskId: string } };
+  assert.equal(res.status, 201, JSON.stringify(body));
+  const { taskId } = body.data;
+  await page.goto(`${base}/#/tasks/${taskId}`);
+  const run = page.locator("tr[data-run]");
+  await run.waitFor();
+  assert.equal(await outOfOrder(run.locator("td.name")), "", "the task's runs");
+  await page.context().close();
+  assert.deepEqual(problems, []);
+});
+
+test("an upload refused as too large: its error reads in order whatever the name", { skip }, async () => {
+  const page = await pageFor();
+  await page.goto(`${base}/#/new`);
+  const dir = fs.mkdtempSync(path.join(env.dataDir, "picked-"));
+  const big = path.join(dir, SPOOF);
+  fs.writeFileSync(big, Buffer.alloc(MAX_UPLOAD + 1024, "1,2\n"));
+  await page.locator('input[type="file"]').setInputFiles([big]);
+  const note = page.locator("li.upload.failed .error");
+  await note.waitFor({ timeout: 30_000 });
+  assert.match((await note.textContent()) ?? "", /is too large/);
+  assert.equal(await outOfOrder(note), "", "the error");
+  await page.context().close();
+  assert.deepEqual(problems, []);
+});
+
+test("a 255-character name does not push the page sideways", { skip }, async () => {
+  const long = `${"x".repeat(251)}.csv`;
+  const id = await upload(long);
+  const page = await pageFor(1024);
+  const sideways = () => page.evaluate<number>("document.documentElement.scrollWidth - window.innerWidth");
+  await page.goto(`${base}/#/new?files=${id}`);
+  await page.locator(".known li", { has: page.locator("input:checked") }).waitFor();
+  assert.ok((await sideways()) <= 1, `the new task page scrolls sideways by ${await sideways()}px`);
+  // Refused as too large: its error names it.
+  const big = path.join(fs.mkdtempSync(path.join(env.dataDir, "picked-")), long);
+  fs.writeFileSync(big, Buffer.alloc(MAX_UPLOAD + 1024, "1,2\n"));
+  await page.locator('input[type="file"]').setInputFiles([big]);
+  await page.locator("li.upload.failed .error").waitFor({ timeout: 30_000 });
+  assert.ok((await sideways()) <= 1, `the refused upload scrolls the page sideways by ${await sideways()}px`);
+  await page.goto(`${base}/#/files`);
+  await page.locator(`tr[data-file="${id}"]`).waitFor();
+  assert.ok((await sideways()) <= 1, `the files page scrolls sideways by ${await sideways()}px`);
+  await page.context().close();
+  assert.deepEqual(problems, []);
+});
+
+test("a page of files whose read failed: the next read clears the error, the pager stays in step", {
+  skip,
+}, async () => {
+  // More than a page (50).
+  for (let i = 0; i < 51; i++) await upload(`page-${i}.csv`);
+  const newest = (await env.db.sql<{ id: string }[]>`select max(id)::text as id from files`)[0]?.id as string;
+  const page = await pageFor();
+  await page.goto(`${base}/#/files`);
+  await page.locator(`tr[data-file="${newest}"]`).waitFor();
+  // The next page's first read fails (the network, an API restarting); the second goes through.
+  let failed = false;
+  await page.route(/\/api\/files\?limit=50&cursor=/, async (route) => {
+    if (failed) return route.continue();
+    failed = true;
+    await route.abort("connectionrefused");
+  });
+  const older = page.getByRole("button", { name: "Older" });
+  await older.click();
+  await page.getByRole("alert").waitFor();
+  // Still the first page: its newest file is shown.
+  assert.equal(await page.locator(`tr[data-file="${newest}"]`).count(), 1);
+  await older.click();
+  await page.locator(`tr[data-file="${newest}"]`).waitFor({ state: "detached" });
+  // One page back from the second page is the first page (read without a cursor).
+  const [back] = await Promise.all([
+    page.waitForRequest(/\/api\/files\?/),
+    page.getByRole("button", { name: "Newer" }).click(),
+  ]);
+  assert.doesNotMatch(back.url(), /cursor=/, "Newer from the second page reads the first");
+  await page.locator(`tr[data-file="${newest}"]`).waitFor();
+  assert.equal(await page.getByRole("button", { name: "Newer" }).isDisabled(), true, "the first page");
+  assert.equal(await page.getByRole("alert").count(), 0, "the error is gone once a read succeeds");
+  await page.context().close();
+  assert.deepEqual(problems, []);
+});
