@@ -236,6 +236,12 @@ const FIELDS = {
     description:
       "Keep-alive comment interval on Server-Sent Events streams; a stream whose task ended without it (or was deleted) ends within one interval.",
   },
+  sseStallMs: {
+    env: "ASSAY_SSE_STALL_MS",
+    ...durationMs(1000, 60_000),
+    description:
+      "A Server-Sent Events stream whose client has taken no byte for this long (at least twice ASSAY_SSE_HEARTBEAT_MS) while the server had output for it is cut off; the client resumes by Last-Event-ID. Bounds what a client that stops reading holds: its socket, up to 1 MiB of buffered events and its subscription.",
+  },
   killGraceMs: {
     env: "ASSAY_KILL_GRACE_MS",
     ...durationMs(0, 5000),

@@ -1,6 +1,8 @@
 // Live events through real listening servers: order, resume, several API processes, oversized
 // events, a dropped LISTEN connection.
 import assert from "node:assert/strict";
+import { once } from "node:events";
+import net from "node:net";
 import { after, before, test } from "node:test";
 import { createLogger } from "../../src/log.ts";
 import type { Handler } from "../../src/queue/worker.ts";
@@ -229,4 +231,56 @@ test("the hub's own sweep ends a stream whose task ended without it (no sweepOnc
   await w.stop();
   assert.deepEqual(s.events, []);
   assert.ok((await t.db.sql`select 1 from tasks where id = ${taskId} and status = 'succeeded'`).length === 1);
+});
+
+test("a client that stops reading is cut off once it has taken no byte for ASSAY_SSE_STALL_MS; a quiet stream is not", async () => {
+  // Without it such a client kept its socket, a megabyte of buffered events and (while the task
+  // lived) its subscription for as long as it liked: a few hundred of them could exhaust the API.
+  const s = await startTestApp({ ASSAY_SSE_HEARTBEAT_MS: "200", ASSAY_SSE_STALL_MS: "1000" });
+  try {
+    await s.app.listen({ host: "127.0.0.1", port: 0 });
+    const port = (s.app.server.address() as { port: number }).port;
+    const bearer = await s.token("stall", "admin");
+    const [u] = await s.db.sql`select id::float8 from users where name = 'stall'`;
+    const me = { userId: u?.id as number, name: "stall", role: "admin" as const };
+    const connections = () =>
+      new Promise<number>((resolve, reject) =>
+        s.app.server.getConnections((err, n) => (err ? reject(err) : resolve(n))),
+      );
+
+    // A quiet stream whose client reads stays open well past the stall time: its keep-alives are taken.
+    const quietTask = await createTask(s.db.sql, me, "sse-stall-quiet", 1);
+    const quiet = await openSse(`http://127.0.0.1:${port}/api/analysis-tasks/${quietTask}/events`, bearer);
+    assert.equal(quiet.status, 200);
+    await waitFor(async () => (quiet.comments >= 12 ? true : undefined), 15_000);
+    let quietEnded = false;
+    void quiet.ended.finally(() => {
+      quietEnded = true;
+    });
+    assert.equal(quietEnded, false, "a reading client's quiet stream is never cut off");
+    quiet.close();
+    await waitFor(async () => ((await connections()) === 0 ? true : undefined), 10_000);
+
+    // A backlog far larger than the socket buffers, for a client that never reads.
+    const taskId = await createTask(s.db.sql, me, "sse-stall", 1);
+    await s.db.sql`
+      insert into task_events (task_id, type, data)
+      select ${taskId}, 'run.progress', jsonb_build_object('message', repeat('x', 1000), 'n', g)
+      from generate_series(1, 30000) g`;
+    const socket = net.connect(port, "127.0.0.1");
+    await once(socket, "connect");
+    socket.on("error", () => {});
+    const closed = once(socket, "close");
+    socket.write(
+      `GET /api/analysis-tasks/${taskId}/events HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${bearer}\r\nAccept: text/event-stream\r\n\r\n`,
+    );
+    socket.pause();
+    await waitFor(async () => ((await connections()) === 1 ? true : undefined));
+    // The server gives up on it: the connection is gone, server side.
+    await waitFor(async () => ((await connections()) === 0 ? true : undefined), 15_000);
+    socket.resume();
+    await closed;
+  } finally {
+    await s.close();
+  }
 });

@@ -292,6 +292,17 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
       reply.raw.flushHeaders();
       reply.sse.keepAlive();
       const raw = reply.raw;
+      // A client that stops reading: once the socket's buffers are full nothing more is handed to
+      // it, and the socket's inactivity timer runs (a write handed over, or a byte read, restarts
+      // it). Without this such a client kept its socket, what the stream had buffered (up to
+      // MAX_BUFFERED_BYTES and a page, also after the stream ended) and while the task lived its
+      // subscription, for as long as it liked. A reading client of a quiet task takes a keep-alive
+      // every interval, so the bound is at least two of them. Cut off, it resumes by Last-Event-ID.
+      const { sseStallMs, sseHeartbeatMs } = app.services.config;
+      raw.setTimeout(Math.max(sseStallMs, 2 * sseHeartbeatMs), () => {
+        request.log.info({ taskId }, "event stream cut off: its client took nothing for too long");
+        raw.destroy();
+      });
       await serveTaskEvents(
         app.services.events,
         sql,

@@ -3,7 +3,15 @@
 import type { Sql } from "../../db/client.ts";
 import type { TerminalRunStatus } from "../../tasks/states.ts";
 import { requeuedRejoin } from "./fair.ts";
-import { byId, countIntoTasks, type Json, type Lease, matchesLease, pgSafe, WAKEUP_CHANNEL } from "./shared.ts";
+import {
+  byId,
+  countIntoTasks,
+  type Json,
+  type Lease,
+  matchesLease,
+  pgSafe,
+  WAKEUP_CHANNEL,
+} from "./shared.ts";
 
 export interface Outcome extends Lease {
   status: TerminalRunStatus;
