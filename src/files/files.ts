@@ -20,8 +20,9 @@ export interface FileRecord {
 /**
  * Stores an upload under `files/<id>` and records it. The id is taken first, the bytes are streamed to
  * the store (hashed and counted, never whole in memory; over `maxBytes` nothing is left), and only then
- * is the row inserted: a row never names bytes that are not there. If the insert fails, the object is
- * deleted; a crash in between leaves an object no row names, which the store sweep removes a day later.
+ * is the row inserted: a row never names bytes that are not there. If the server refuses the insert, the
+ * object is deleted; a crash in between, or a connection lost with the insert's answer (it may have
+ * committed), leaves an object no row may name, which the store sweep removes a day later if none does.
  */
 export async function fileCreate(
   sql: Sql,
@@ -36,20 +37,29 @@ export async function fileCreate(
   const id = next?.id as string;
   const key = fileKey(id);
   const stored = await store.put(key, source, meta.maxBytes);
+  let rows: FileRecord[];
   try {
-    const [row] = await sql<FileRecord[]>`
+    rows = await sql<FileRecord[]>`
       insert into files (id, owner_id, name, content_type, size_bytes, sha256, storage_key)
       values (${id}, ${owner.userId}, ${meta.name}, ${meta.contentType}, ${stored.sizeBytes},
               ${stored.sha256}, ${key})
       returning id::text as "fileId", name, ${owner.name}::text as owner, content_type as "contentType",
                 size_bytes::float8 as "sizeBytes", sha256, created_at as "createdAt"`;
-    if (!row) throw new Error("file insert returned no row");
-    return { ...row, createdAt: isoTime(row.createdAt) };
   } catch (err) {
-    await store.delete([key]).catch(() => {});
+    // Only an error the server answered with says the row was not written (the statement is its own
+    // transaction, rolled back). A lost connection says nothing: the commit may have happened before
+    // its answer was lost — and deleting the object then left a row naming no bytes, an input that
+    // failed every run over it. Without a row the sweep removes the object a day later.
+    if (rejectedByServer(err)) await store.delete([key]).catch(() => {});
     throw err;
   }
+  const [row] = rows;
+  if (!row) throw new Error("file insert returned no row");
+  return { ...row, createdAt: isoTime(row.createdAt) };
 }
+
+/** PostgreSQL answered with an error: the statement failed there (not a socket's or the client's). */
+const rejectedByServer = (err: unknown) => err instanceof Error && err.name === "PostgresError";
 
 /** The storage key of an uploaded file. */
 export const fileKey = (fileId: string | number) => `files/${fileId}`;

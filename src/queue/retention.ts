@@ -36,15 +36,32 @@ export class Retention extends IntervalService<number> {
   async runOnce(): Promise<number> {
     const batch = this.o.batchSize ?? DEFAULT_BATCH;
     let total = 0;
-    for (;;) {
-      const deleted = await taskDeleteExpired(this.o.sql, this.o.retentionDays, batch);
-      // After the commit: a crash here leaves objects of deleted tasks (the store sweep removes them),
-      // never rows without outputs.
-      for (const id of deleted) await this.o.store.deletePrefix(taskOutputsPrefix(id));
-      total += deleted.length;
-      if (deleted.length < batch || this.stopping) break;
+    try {
+      for (;;) {
+        const deleted = await taskDeleteExpired(this.o.sql, this.o.retentionDays, batch);
+        total += deleted.length;
+        // After the commit: a crash here leaves objects of deleted tasks (the store sweep removes
+        // them), never rows without outputs. A store that fails one task's deletion (a 503 from a
+        // bucket) does not stop the others': their rows are gone, and nothing but the sweep, once its
+        // walk reaches their keys (weeks later in a big store), would find their objects again.
+        let failure: { err: unknown } | undefined;
+        for (const id of deleted) {
+          try {
+            await this.o.store.deletePrefix(taskOutputsPrefix(id));
+          } catch (err) {
+            this.o.logger.warn({ err, taskId: id }, "retention could not delete a task's outputs");
+            failure ??= { err };
+            // stop() waits for this pass: a store that hangs must not hold it for every task.
+            if (this.stopping) break;
+          }
+        }
+        // The pass ends at a failure (the store may be down): the tasks still due wait for the next.
+        if (failure) throw failure.err;
+        if (deleted.length < batch || this.stopping) break;
+      }
+    } finally {
+      if (total > 0) this.o.logger.info({ tasks: total }, "retention removed finished tasks");
     }
-    if (total > 0) this.o.logger.info({ tasks: total }, "retention removed finished tasks");
     return total;
   }
 }

@@ -31,7 +31,11 @@ export interface StoreSweepOptions {
 const DEFAULT_MIN_AGE_MS = 24 * 3600 * 1000;
 const DEFAULT_PAGE = 1000;
 const FILE_KEY = /^files\/([1-9][0-9]{0,17})$/;
-const OUTPUT_KEY = /^outputs\/([1-9][0-9]{0,17})\/(([1-9][0-9]{0,17})(?:\.[0-9]+\.([0-9a-f-]{36}))?)\/[^/]+$/;
+// The token is a UUID's own shape: the query casts it to uuid, and 36 hex digits and dashes in any
+// other arrangement (a key put there by hand or by another tool) failed it, the page's orphans with it,
+// whenever the walk came round to that key under a run that exists.
+const OUTPUT_KEY =
+  /^outputs\/([1-9][0-9]{0,17})\/(([1-9][0-9]{0,17})(?:\.[0-9]+\.([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}))?)\/[^/]+$/;
 
 /**
  * A random point among the keys under `prefix`, for a walk to start after. Keys there begin with a
