@@ -7,17 +7,16 @@ import { apiFetch } from "./api.js";
 const TERMINAL = new Set(["succeeded", "partially_succeeded", "failed", "timed_out", "cancelled"]);
 export const isTerminal = (status) => TERMINAL.has(status);
 
+// The abort listener goes with the wait: a page that reconnects for hours adds one per reconnect.
 const sleep = (ms, signal) =>
   new Promise((resolve) => {
-    const t = setTimeout(resolve, ms);
-    signal.addEventListener(
-      "abort",
-      () => {
-        clearTimeout(t);
-        resolve();
-      },
-      { once: true },
-    );
+    const done = () => {
+      clearTimeout(t);
+      signal.removeEventListener("abort", done);
+      resolve();
+    };
+    const t = setTimeout(done, ms);
+    signal.addEventListener("abort", done, { once: true });
   });
 
 /**
