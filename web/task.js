@@ -58,6 +58,8 @@ export function TaskView({ taskId }) {
   const [resultsVersion, setResultsVersion] = useState(0);
   const taskRef = useRef(null);
   const reread = useRef({ timer: null, task: false, runs: false });
+  // Reads failed in a row (retryFailed's backoff).
+  const failedReads = useRef(0);
   const pending = useRef([]);
   const frame = useRef(0);
   const flushTimer = useRef(null);
@@ -74,6 +76,7 @@ export function TaskView({ taskId }) {
       (t) => {
         if (seq !== taskReads.current) return t;
         taskRef.current = t;
+        failedReads.current = 0;
         setTask(t);
         setLoadProblem(null);
         return t;
@@ -81,9 +84,12 @@ export function TaskView({ taskId }) {
       (err) => {
         if (seq !== taskReads.current) return null;
         // A task that is gone is the page's answer; a failed read (the API restarting) lasts until
-        // the next read succeeds.
+        // the next read succeeds, which is tried again (see retryFailed).
         if (err.status === 404) setError(err);
-        else setLoadProblem(err);
+        else {
+          setLoadProblem(err);
+          retryFailed("task");
+        }
         return null;
       },
     );
@@ -100,6 +106,7 @@ export function TaskView({ taskId }) {
         if (seq !== r.seq) return;
         r.ctrl = null;
         // The pager goes on from the page shown, not from one whose read failed (see files.js).
+        failedReads.current = 0;
         setRuns({ ...p, cursors });
         setLive({});
       },
@@ -107,12 +114,15 @@ export function TaskView({ taskId }) {
         if (seq !== r.seq) return;
         r.ctrl = null;
         if (err.status === 404) setError(err);
-        else setLoadProblem(err);
+        else {
+          setLoadProblem(err);
+          retryFailed("runs");
+        }
       },
     );
   };
 
-  function scheduleReread(which) {
+  function scheduleReread(which, delayMs = REREAD_MS) {
     const r = reread.current;
     r[which] = true;
     if (r.timer) return;
@@ -121,7 +131,13 @@ export function TaskView({ taskId }) {
       if (r.task) loadTask();
       if (r.runs) loadRuns();
       r.task = r.runs = false;
-    }, REREAD_MS);
+    }, delayMs);
+  }
+  // A read that failed (not a 404: the API restarting, the network) is tried again, later each time
+  // it fails again (1 s doubling to 15 s). Before, the page waited for an event to re-read, which a
+  // quiet task never sends: a first read that failed left it on "Loading task…" for good.
+  function retryFailed(which) {
+    scheduleReread(which, Math.min(1000 * 2 ** failedReads.current++, 15_000));
   }
 
   function scheduleFlush() {
@@ -188,12 +204,23 @@ export function TaskView({ taskId }) {
 
   useEffect(() => {
     const ctrl = new AbortController();
+    let reconnecting = false;
     setTask(null);
     setLog([]);
     loadTask();
     followTask(taskId, {
       signal: ctrl.signal,
-      onState: setStream,
+      onState: (state) => {
+        setStream(state);
+        // Back after a reconnect (the API restarted, say): what the page shows is read again, which
+        // also clears the error a read made while it was away left shown.
+        if (state === "reconnecting") reconnecting = true;
+        else if (state === "live" && reconnecting) {
+          reconnecting = false;
+          scheduleReread("task");
+          scheduleReread("runs");
+        }
+      },
       onEvents: (events) => {
         if (ctrl.signal.aborted) return;
         for (const e of events) pending.current.push(e);

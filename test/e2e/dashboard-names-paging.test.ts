@@ -2,7 +2,8 @@
 // driven by playwright-core) against a real `assay api` process: a name with a bidirectional override
 // must not reverse the text beside it nor read as another name, a 255-character name must not push the
 // page sideways, and a page of a list whose read failed must neither leave its error shown after the
-// next read succeeds nor put the pager out of step with the page shown. Waits on conditions, never time.
+// next read succeeds nor put the pager out of step with the page shown, and a task page whose read
+// failed reads again by itself. Waits on conditions, never time.
 import assert from "node:assert/strict";
 import type { ChildProcess } from "node:child_process";
 import fs from "node:fs";
@@ -10,6 +11,8 @@ import path from "node:path";
 import { after, before, beforeEach, test } from "node:test";
 import { type Browser, chromium, type Locator, type Page } from "playwright-core";
 import { freePort } from "../../src/db/embedded.ts";
+import { createLogger } from "../../src/log.ts";
+import { Worker } from "../../src/queue/worker.ts";
 import { cleanEnv, collect, spawnCli, watch } from "../helpers/cli.ts";
 import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
 
@@ -238,5 +241,70 @@ test("a page of files whose read failed: the next read clears the error, the pag
   assert.equal(await page.getByRole("button", { name: "Newer" }).isDisabled(), true, "the first page");
   assert.equal(await page.getByRole("alert").count(), 0, "the error is gone once a read succeeds");
   await page.context().close();
+  assert.deepEqual(problems, []);
+});
+
+test("a task page whose re-read failed reads the task again by itself: it shows how the task ended", {
+  skip,
+}, async () => {
+  // A running task ends; its last events make the page read the task again, and that read fails (the
+  // API restarting, the network). No event comes after the task's last, and only a queued task is
+  // polled, so before, the page kept the error and showed the task running, for good.
+  const fileId = await upload("ending.csv");
+  let finish = () => {};
+  const gate = new Promise<void>((resolve) => {
+    finish = resolve;
+  });
+  const worker = new Worker({
+    sql: env.db.sql,
+    logger: createLogger({ level: "silent" }),
+    types: {
+      summary: {
+        handler: async (_run, { reportProgress }) => {
+          reportProgress(50, "half");
+          await gate;
+          return { status: "succeeded" };
+        },
+      },
+    },
+    concurrency: 1,
+    leaseTtlMs: 30_000,
+    pollIntervalMs: 200,
+    retryBaseMs: 100,
+  });
+  await worker.start();
+  try {
+    const res = await fetch(`${base}/api/analysis-tasks`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${adminToken}`, "content-type": "application/json" },
+      body: JSON.stringify({ analysisType: "summary", inputFileId: fileId }),
+    });
+    assert.equal(res.status, 201);
+    const { taskId } = ((await res.json()) as { data: { taskId: string } }).data;
+    const page = await pageFor();
+    await page.goto(`${base}/#/tasks/${taskId}`);
+    const badge = page.locator("header .badge");
+    await badge.filter({ hasText: "running" }).waitFor({ timeout: 20_000 });
+    // From here the task's reads fail until the test lets them by.
+    let blocked = true;
+    let failed = 0;
+    await page.route(new RegExp(`/api/analysis-tasks/${taskId}$`), async (route) => {
+      if (!blocked) return route.continue();
+      failed++;
+      await route.abort("connectionrefused");
+    });
+    finish();
+    // The stream has brought the task's last event and ended; the read its events asked for failed.
+    await page.locator("header .stream").filter({ hasText: "finished" }).waitFor({ timeout: 20_000 });
+    await page.getByRole("alert").waitFor();
+    assert.ok(failed >= 1);
+    blocked = false;
+    await badge.filter({ hasText: "succeeded" }).waitFor({ timeout: 20_000 });
+    await page.getByRole("alert").waitFor({ state: "detached", timeout: 20_000 });
+    await page.context().close();
+  } finally {
+    finish();
+    await worker.stop();
+  }
   assert.deepEqual(problems, []);
 });
