@@ -6,17 +6,15 @@ import assert from "node:assert/strict";
 import type { ChildProcess } from "node:child_process";
 import fs from "node:fs";
 import { after, before, beforeEach, test } from "node:test";
-import { type Browser, chromium, type Page } from "playwright-core";
+import type { Browser, Page } from "playwright-core";
 import { tokenCreate } from "../../src/auth/tokens.ts";
 import { freePort } from "../../src/db/embedded.ts";
+import { browserSkip, launchBrowser, watchPage } from "../helpers/browser.ts";
 import { cleanEnv, collect, spawnCli, watch } from "../helpers/cli.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
 import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
 
-const CHROMIUM = process.env.ASSAY_TEST_CHROMIUM ?? "/usr/bin/chromium";
-const haveChromium = fs.existsSync(CHROMIUM);
-// In CI a missing browser is a failure, not a skip (.ci/run installs it).
-const skip = haveChromium || process.env.CI === "true" ? false : `no chromium at ${CHROMIUM}`;
+const skip = browserSkip;
 
 let env: RunnerEnv;
 let port: number;
@@ -54,7 +52,7 @@ before(async () => {
   worker = spawnCli(["worker", "--concurrency", "2"], { ...serverEnv(), LOG_LEVEL: "info" });
   workerDone = collect(worker);
   await watch(worker).waitFor(/worker started/);
-  browser = await chromium.launch({ executablePath: CHROMIUM, args: ["--no-sandbox"] });
+  browser = await launchBrowser();
 });
 
 beforeEach(() => {
@@ -127,14 +125,7 @@ async function pageFor(token: string, init?: string): Promise<Page> {
   const ctx = await browser.newContext({ viewport: { width: 1280, height: 900 }, acceptDownloads: true });
   if (init) await ctx.addInitScript(init);
   const page = await ctx.newPage();
-  page.on("pageerror", (err) => problems.push(`page error: ${err.message}`));
-  page.on("console", (m) => {
-    if (m.type() === "error" && /Content Security Policy|Refused to/.test(m.text())) problems.push(m.text());
-  });
-  page.on("dialog", (d) => {
-    problems.push(`dialog: ${d.message()}`);
-    void d.dismiss();
-  });
+  watchPage(page, problems);
   await page.goto(`${base}/#token=${encodeURIComponent(token)}`);
   await page.getByRole("heading", { name: "Tasks" }).waitFor();
   return page;

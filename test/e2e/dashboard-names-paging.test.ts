@@ -9,17 +9,15 @@ import type { ChildProcess } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import { after, before, beforeEach, test } from "node:test";
-import { type Browser, chromium, type Locator, type Page } from "playwright-core";
+import type { Browser, Locator, Page } from "playwright-core";
 import { freePort } from "../../src/db/embedded.ts";
 import { createLogger } from "../../src/log.ts";
 import { Worker } from "../../src/queue/worker.ts";
+import { browserSkip, launchBrowser, watchPage } from "../helpers/browser.ts";
 import { cleanEnv, collect, spawnCli, watch } from "../helpers/cli.ts";
 import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
 
-const CHROMIUM = process.env.ASSAY_TEST_CHROMIUM ?? "/usr/bin/chromium";
-const haveChromium = fs.existsSync(CHROMIUM);
-// In CI a missing browser is a failure, not a skip (.ci/run installs it).
-const skip = haveChromium || process.env.CI === "true" ? false : `no chromium at ${CHROMIUM}`;
+const skip = browserSkip;
 /** Small, so a file over it is quick to make. */
 const MAX_UPLOAD = 64 * 1024;
 /** Reads "invoiceexe.csv" where the override is obeyed. */
@@ -55,7 +53,7 @@ before(async () => {
   api = { child, done: collect(child) };
   const [, link] = await out.waitFor(/(http:\/\/\S+\/#token=\S+)/);
   adminToken = decodeURIComponent((link as string).split("#token=")[1] as string);
-  browser = await chromium.launch({ executablePath: CHROMIUM, args: ["--no-sandbox"] });
+  browser = await launchBrowser();
 });
 
 beforeEach(() => {
@@ -87,14 +85,7 @@ async function upload(name: string, content = "a,b\n1,2\n"): Promise<string> {
 async function pageFor(width = 1280): Promise<Page> {
   const ctx = await browser.newContext({ viewport: { width, height: 900 } });
   const page = await ctx.newPage();
-  page.on("pageerror", (err) => problems.push(`page error: ${err.message}`));
-  page.on("console", (m) => {
-    if (m.type() === "error" && /Content Security Policy|Refused to/.test(m.text())) problems.push(m.text());
-  });
-  page.on("dialog", (d) => {
-    problems.push(`dialog: ${d.message()}`);
-    void d.dismiss();
-  });
+  watchPage(page, problems);
   await page.goto(`${base}/#token=${encodeURIComponent(adminToken)}`);
   await page.getByRole("heading", { name: "Tasks" }).waitFor();
   return page;

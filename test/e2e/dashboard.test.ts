@@ -6,18 +6,16 @@ import type { ChildProcess } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import { after, before, beforeEach, test } from "node:test";
-import { type Browser, type BrowserContext, chromium, type Page } from "playwright-core";
+import type { Browser, BrowserContext, Page } from "playwright-core";
 import { tokenCreate } from "../../src/auth/tokens.ts";
 import { freePort } from "../../src/db/embedded.ts";
+import { browserSkip, launchBrowser, watchPage } from "../helpers/browser.ts";
 import { cleanEnv, collect, ROOT, spawnCli, watch } from "../helpers/cli.ts";
 import { tableEvents, waitFor, waitForTerminal } from "../helpers/queue.ts";
 import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
 import { zipNames } from "../helpers/zip.ts";
 
-const CHROMIUM = process.env.ASSAY_TEST_CHROMIUM ?? "/usr/bin/chromium";
-const haveChromium = fs.existsSync(CHROMIUM);
-// In CI a missing browser is a failure, not a skip (.ci/run installs it).
-const skip = haveChromium || process.env.CI === "true" ? false : `no chromium at ${CHROMIUM}`;
+const skip = browserSkip;
 const SHOTS = path.join(ROOT, "test-results", "dashboard");
 const HOSTILE = "<img src=x onerror=alert(1)>.csv";
 /** The test server's upload limit: above every CSV the tests make, below the one meant to be refused. */
@@ -96,17 +94,10 @@ before(async () => {
   worker = spawnCli(["worker", "--concurrency", "2"], { ...serverEnv(), LOG_LEVEL: "info" });
   workerDone = collect(worker);
   await watch(worker).waitFor(/worker started/);
-  browser = await chromium.launch({ executablePath: CHROMIUM, args: ["--no-sandbox"] });
+  browser = await launchBrowser();
   context = await browser.newContext({ viewport: { width: 1280, height: 900 }, acceptDownloads: true });
   page = await context.newPage();
-  page.on("pageerror", (err) => problems.push(`page error: ${err.message}`));
-  page.on("console", (m) => {
-    if (m.type() === "error" && /Content Security Policy|Refused to/.test(m.text())) problems.push(m.text());
-  });
-  page.on("dialog", (d) => {
-    problems.push(`dialog: ${d.message()}`);
-    void d.dismiss();
-  });
+  watchPage(page, problems);
 });
 
 // Each test reports only the problems of its own page visits.
