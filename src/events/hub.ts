@@ -14,6 +14,8 @@ const CATCH_UP_PAGE = 500;
 
 interface Subscriber {
   after: bigint;
+  /** When it subscribed, in the hub's count of subscriptions (see enqueue). */
+  since: number;
   deliver(events: TaskEvent[]): void;
   end(): void;
   fail(): void;
@@ -40,8 +42,15 @@ type Payload = { taskId: string; events: TaskEvent[] } | { taskId: string; event
 
 export class EventHub {
   private readonly tasks = new Map<string, Set<Subscriber>>();
-  /** Per task, deliveries run one after another, so a catch-up never overtakes a notification. */
+  /**
+   * Per task, deliveries run one after another, so a catch-up never overtakes a notification. A
+   * task's chain stays until its last delivery has settled, whether or not anyone is subscribed: a
+   * new subscriber's deliveries queue behind a catch-up still in flight for one that left (they once
+   * started a second chain beside it, which overtook it).
+   */
   private readonly chains = new Map<string, Promise<void>>();
+  /** Subscriptions made so far: a subscriber's `since`. */
+  private subscriptions = 0;
   private unlisten: (() => Promise<void>) | undefined;
   private starting: Promise<void> | undefined;
   /** Calls of start(), so far (see start()). */
@@ -137,7 +146,13 @@ export class EventHub {
         } finally {
           // Even when the catch-up failed: a client that resumes by Last-Event-ID loses nothing,
           // while a stream left open would outlive its task.
-          for (const sub of [...(this.tasks.get(taskId) ?? [])]) sub.end();
+          for (const sub of [...(this.tasks.get(taskId) ?? [])]) {
+            try {
+              sub.end();
+            } catch (err) {
+              this.threw(taskId, sub, err);
+            }
+          }
         }
       });
     }
@@ -155,9 +170,10 @@ export class EventHub {
   /**
    * Delivers every event of `taskId` with an id above `afterId`, as it is announced; `end` is called
    * when the sweep finds the task finished or deleted and the subscription still there; `fail` when
-   * the hub could not deliver (a read of the table failed), after which the subscription is gone and
-   * nothing more is delivered — the subscriber must not take that for the end of the task. Returns
-   * the unsubscribe function (idempotent).
+   * the hub could not deliver (a read of the table failed while it was subscribed; or its own
+   * `deliver` or `end` threw), after which the subscription is gone and nothing more is delivered —
+   * the subscriber must not take that for the end of the task. Returns the unsubscribe function
+   * (idempotent).
    */
   subscribe(
     taskId: string,
@@ -166,21 +182,15 @@ export class EventHub {
     end: () => void = () => {},
     fail: () => void = end,
   ): Subscription {
-    const sub: Subscriber = { after: BigInt(afterId ?? 0), deliver, end, fail };
+    const sub: Subscriber = { after: BigInt(afterId ?? 0), since: ++this.subscriptions, deliver, end, fail };
     let subs = this.tasks.get(taskId);
     if (!subs) {
       subs = new Set();
       this.tasks.set(taskId, subs);
     }
     subs.add(sub);
-    const unsubscribe = () => {
-      const set = this.tasks.get(taskId);
-      set?.delete(sub);
-      if (set?.size === 0) {
-        this.tasks.delete(taskId);
-        this.chains.delete(taskId);
-      }
-    };
+    // The task's chain is not dropped here: a delivery may be in flight (see chains).
+    const unsubscribe = () => this.detach(taskId, sub);
     return Object.assign(unsubscribe, {
       advance: (id: string) => {
         const at = BigInt(id);
@@ -227,22 +237,54 @@ export class EventHub {
   }
 
   private enqueue(taskId: string, work: () => Promise<void>): void {
+    // Who this delivery is owed to: the subscribers so far. What a failed one would have delivered
+    // was committed before it was enqueued (a doorbell's event, an outage's events; later events
+    // have deliveries of their own, queued behind it), and a later subscriber reads the table for
+    // that after subscribing (a stream's backlog) — breaking it off too only made its client
+    // reconnect for nothing.
+    const owedTo = this.subscriptions;
     const next = (this.chains.get(taskId) ?? Promise.resolve()).then(work).catch((err) => {
       // The subscribers may now miss events (a catch-up that failed read none of them), and the next
       // notification would move them past the gap: their streams are broken off instead, and their
       // clients resume from the table by Last-Event-ID.
-      const subs = [...(this.tasks.get(taskId) ?? [])];
+      const subs = [...(this.tasks.get(taskId) ?? [])].filter((sub) => sub.since <= owedTo);
       this.o.logger.warn({ err, taskId, streams: subs.length }, "event delivery failed; streams broken off");
-      for (const sub of subs) {
-        this.tasks.get(taskId)?.delete(sub);
-        sub.fail();
-      }
-      if (this.tasks.get(taskId)?.size === 0) {
-        this.tasks.delete(taskId);
-        this.chains.delete(taskId);
-      }
+      for (const sub of subs) this.failSubscriber(taskId, sub);
     });
     this.chains.set(taskId, next);
+    // A settled chain is as good as none: dropped once its last delivery is done.
+    void next.then(() => {
+      if (this.chains.get(taskId) === next) this.chains.delete(taskId);
+    });
+  }
+
+  /** Whether `sub` was still subscribed. */
+  private detach(taskId: string, sub: Subscriber): boolean {
+    const set = this.tasks.get(taskId);
+    if (!set?.delete(sub)) return false;
+    if (set.size === 0) this.tasks.delete(taskId);
+    return true;
+  }
+
+  /** Detaches a subscriber and calls its `fail` (which must not break the caller's loop by throwing). */
+  private failSubscriber(taskId: string, sub: Subscriber): void {
+    // One that has unsubscribed (and then thrown) is not called again.
+    if (!this.detach(taskId, sub)) return;
+    try {
+      sub.fail();
+    } catch (err) {
+      this.o.logger.warn({ err, taskId }, "an event subscriber's fail callback threw");
+    }
+  }
+
+  /**
+   * A subscriber's callback threw: it is detached and failed. It must not keep the event from the
+   * subscribers after it, or break them all off as a failed delivery (nor, thrown from the chain's
+   * error handler, end the process as an unhandled rejection).
+   */
+  private threw(taskId: string, sub: Subscriber, err: unknown): void {
+    this.o.logger.warn({ err, taskId }, "an event subscriber's callback threw; its stream is broken off");
+    this.failSubscriber(taskId, sub);
   }
 
   private fanOut(taskId: string, events: TaskEvent[]): void {
@@ -250,20 +292,30 @@ export class EventHub {
       const fresh = events.filter((e) => BigInt(e.id) > sub.after);
       if (fresh.length === 0) continue;
       sub.after = BigInt(fresh.at(-1)?.id ?? sub.after);
-      sub.deliver(fresh);
+      try {
+        sub.deliver(fresh);
+      } catch (err) {
+        this.threw(taskId, sub, err);
+      }
     }
   }
 
   /** Reads what the subscribers of a task have not seen yet (a doorbell, or after a reconnect). */
   private async catchUp(taskId: string): Promise<void> {
-    const subs = this.tasks.get(taskId);
-    if (!subs || subs.size === 0) return;
-    // The least of the subscribers' positions. (It started from 2^53 − 1, so with every subscriber
-    // past that — ids are bigint — a catch-up read from there, far behind them.)
     let after: bigint | undefined;
-    for (const s of subs) if (after === undefined || s.after < after) after = s.after;
-    if (after === undefined) return;
     for (;;) {
+      // The least of the subscribers' positions, taken again before every page: a stream's backlog
+      // advances its subscription meanwhile (Subscription.advance), and a catch-up that kept to where
+      // it started — a stream's 0, when it began before the backlog's first page — read the task's
+      // whole history again, page by page, for nobody. Never back: a subscriber that came since is
+      // owed only what is announced after it came (its backlog reads the rest). (The position once
+      // started from 2^53 − 1, so with every subscriber past that — ids are bigint — a catch-up read
+      // from there, far behind them.)
+      let least: bigint | undefined;
+      for (const s of this.tasks.get(taskId) ?? [])
+        if (least === undefined || s.after < least) least = s.after;
+      if (least === undefined) return;
+      if (after === undefined || least > after) after = least;
       const events = await eventsAfter(this.o.sql, taskId, after.toString(), CATCH_UP_PAGE);
       this.fanOut(taskId, events);
       if (events.length < CATCH_UP_PAGE) return;

@@ -151,16 +151,32 @@ export async function taskQueueEstimates(sql: Sql, taskIds: string[]): Promise<M
     select t.id::text as "taskId", m.n as mine, coalesce(o.runs, 0)::int as others, coalesce(o.users, 0)::int as users,
            h.n as higher
     from tasks t
+    -- Every count reads runs_claim_idx in the claim's order (turn, id), one owner at a time, and
+    -- stops at its limit: the ORDER BY keeps the planner on that index. Without it, with a limit it
+    -- cannot know (m.n + 1), the planner read every queued run of the table for another owner's
+    -- few; and the task's first queued run was looked up among the task's own runs: either way a
+    -- queued 100,000-run task cost ~50 ms a read, and queued tasks are not cached.
+    --
+    -- m: where the task's first queued run stands in its owner's queue, read from the front, up to
+    -- ESTIMATE_CAP + 1 runs (the task's runs all have its type, owner and priority). Not found that
+    -- far: ESTIMATE_CAP, if it has a run queued at all (one claimed and not yet running leaves a task
+    -- queued with none: no estimate). OFFSET 0 keeps it one subquery: pulled up, its expression was
+    -- copied into every use of m.n.
     cross join lateral (
-      select r.turn, r.id from runs r where r.task_id = t.id and r.status = 'queued' order by r.turn, r.id limit 1
-    ) f
-    cross join lateral (
-      select count(*)::int as n from (
-        select 1 from runs q
-        where q.status = 'queued' and q.analysis_type = t.analysis_type and q.owner_id = t.owner_id
-          and q.priority = t.priority and (q.turn, q.id) < (f.turn, f.id)
-        limit ${ESTIMATE_CAP}
-      ) x
+      select coalesce(
+        (select x.k - 1 from (
+           select q.task_id, row_number() over (order by q.turn, q.id) as k from runs q
+           where q.status = 'queued' and q.analysis_type = t.analysis_type and q.owner_id = t.owner_id
+             and q.priority = t.priority
+           order by q.turn, q.id
+           limit ${ESTIMATE_CAP + 1}
+         ) x
+         where x.task_id = t.id
+         limit 1),
+        case when exists (select 1 from runs r where r.task_id = t.id and r.status = 'queued')
+             then ${ESTIMATE_CAP}::bigint end
+      )::int as n
+      offset 0
     ) m
     cross join lateral (
       select count(*) as users, sum(least(c.n, m.n + 1)) as runs from queue_owners w
@@ -169,6 +185,7 @@ export async function taskQueueEstimates(sql: Sql, taskIds: string[]): Promise<M
           select 1 from runs q
           where q.status = 'queued' and q.analysis_type = w.analysis_type and q.owner_id = w.owner_id
             and q.priority = w.priority
+          order by q.turn, q.id
           limit m.n + 1
         ) y
       ) c
@@ -177,13 +194,18 @@ export async function taskQueueEstimates(sql: Sql, taskIds: string[]): Promise<M
     cross join lateral (
       select count(*)::int as n from (
         select 1 from queue_owners w
-        join runs q on q.status = 'queued' and q.analysis_type = w.analysis_type and q.owner_id = w.owner_id
-          and q.priority = w.priority
+        cross join lateral (
+          select 1 from runs q
+          where q.status = 'queued' and q.analysis_type = w.analysis_type and q.owner_id = w.owner_id
+            and q.priority = w.priority
+          order by q.turn, q.id
+          limit ${ESTIMATE_CAP}
+        ) q
         where w.analysis_type = t.analysis_type and w.priority < t.priority
         limit ${ESTIMATE_CAP}
       ) z
     ) h
-    where t.id = any(${sql.array(taskIds, INT8_OID)}::bigint[])`;
+    where t.id = any(${sql.array(taskIds, INT8_OID)}::bigint[]) and m.n is not null`;
   return new Map(
     rows.map((r) => [
       r.taskId,
