@@ -7,6 +7,7 @@ import fsp from "node:fs/promises";
 import path from "node:path";
 import type { Program } from "../analyses/programs.ts";
 import type { ClaimedRun, Handler, HandlerOutcome } from "../queue/worker.ts";
+import { renameInto } from "../storage/local.ts";
 import { ObjectMissingError, type ObjectStore, outputObjectKey } from "../storage/store.ts";
 import type { GroupRegistry } from "./group-guard.ts";
 import { attemptOutputKey, checkOutputs, type OutputFile } from "./outputs.ts";
@@ -91,11 +92,9 @@ function localPlace(
     outputDir,
     home,
     tmp,
-    keep: async () => {
-      const target = store.localPath(`outputs/${outputKey}`);
-      fs.mkdirSync(path.dirname(target), { recursive: true });
-      fs.renameSync(outputDir, target);
-    },
+    // Into the task's folder, made when missing — and made again when a delete that emptied it (the
+    // store prunes empty folders) removes it before the rename.
+    keep: async () => renameInto(outputDir, store.localPath(`outputs/${outputKey}`)),
     close: () => removeTree(dir),
   };
 }

@@ -41,6 +41,8 @@ export const SAFE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
  */
 export const newOutputName = (name: string) => SAFE_NAME.test(name) && !isDeviceName(name);
 
+const REPLACED = "the output folder was replaced (it must stay a folder)";
+
 export type OutputCheck = { ok: true; files: OutputFile[] } | { ok: false; message: string };
 
 /**
@@ -54,9 +56,30 @@ export function checkOutputs(dir: string, resultName: string): OutputCheck {
     return { ok: false, message: "the result names a file outside the output directory" };
   }
   if (!newOutputName(resultName)) return { ok: false, message: "the result names an unsafe output file" };
+  // The folder itself first: the program may have removed it or put something else in its place. A
+  // link to a folder elsewhere passed the check with what it pointed at, and the link itself was then
+  // published (renamed into the store, or uploaded through): a stored output that points out of the
+  // store, whose content can change after the check. Nothing of the program lives any more (the run
+  // settled after its group was killed), so what is looked at here is what would be published.
+  let folder: fs.Stats | undefined;
+  try {
+    folder = fs.lstatSync(dir);
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code !== "ENOENT" && code !== "ENOTDIR") throw err;
+  }
+  if (!folder?.isDirectory()) return { ok: false, message: REPLACED };
   const files: OutputFile[] = [];
   let total = 0;
-  const listing = fs.opendirSync(dir);
+  let listing: fs.Dir;
+  try {
+    listing = fs.opendirSync(dir);
+  } catch (err) {
+    // The program's doing too (it took its own folder's permissions away): a failed run, not a
+    // worker's error to retry.
+    if ((err as NodeJS.ErrnoException).code !== "EACCES") throw err;
+    return { ok: false, message: "the output folder cannot be read" };
+  }
   try {
     for (let entry = listing.readSync(); entry; entry = listing.readSync()) {
       if (files.length === OUTPUT_LIMITS.maxFiles) return { ok: false, message: "too many output files" };

@@ -141,7 +141,11 @@ export function runProcess(
         try {
           onEvents(reader.end());
         } catch (err) {
-          state.protocolError = err as ProtocolError;
+          // Only after a clean exit is a broken last line the program's breach of the protocol. After a
+          // signal (the OOM killer, a crash) or a failing exit, it is the line the program was writing
+          // when it died, and how it ended is what the run must report: it was reported as an invalid
+          // output instead, and an exit 4 was not retried.
+          if (code === 0) state.protocolError = err as ProtocolError;
         }
       }
       // The group was killed when its leader exited (or is out of reach, see terminate): the guard

@@ -87,6 +87,29 @@ async function sortedFolder(dir: string): Promise<SortedFolder | undefined> {
 
 const missing = (err: unknown) => (err as NodeJS.ErrnoException).code === "ENOENT";
 
+/** Renames tried when the target's folder keeps vanishing (see renameInto). */
+const RENAME_TRIES = 5;
+
+/**
+ * Renames `from` to `to`, making `to`'s folder when it is missing (the first rename into a folder fails
+ * ENOENT, so a rename into one that exists costs no mkdir). A delete that empties a folder removes it
+ * (see LocalStore.prune), and one may land between the mkdir here and the rename — a sweep, or another
+ * worker discarding its attempt of the same task: the folder is made again and the rename tried again.
+ * Each retry needs another delete in that gap, so a few tries are plenty. Synchronous, for the runner's
+ * success path (local metadata calls cost less than their thread-pool round trips).
+ */
+export function renameInto(from: string, to: string): void {
+  for (let tries = 1; ; tries++) {
+    try {
+      fs.renameSync(from, to);
+      return;
+    } catch (err) {
+      if (!missing(err) || tries === RENAME_TRIES || !fs.existsSync(from)) throw err;
+    }
+    fs.mkdirSync(path.dirname(to), { recursive: true });
+  }
+}
+
 export class LocalStore implements ObjectStore {
   readonly kind = "local";
   readonly root: string;
@@ -114,15 +137,20 @@ export class LocalStore implements ObjectStore {
     return path.join(dir, `${Date.now()}-${randomBytes(8).toString("hex")}`);
   }
 
-  /** One rename; the target's folder is made only when it is missing (a put costs no mkdir). */
+  /**
+   * One rename; the target's folder is made only when it is missing (a put costs no mkdir), and made
+   * again if a delete that emptied it removes it before the rename (as renameInto).
+   */
   private async publish(tmp: string, key: string): Promise<void> {
     const target = this.localPath(key);
-    try {
-      await fsp.rename(tmp, target);
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== "ENOENT" || !fs.existsSync(tmp)) throw err;
+    for (let tries = 1; ; tries++) {
+      try {
+        await fsp.rename(tmp, target);
+        return;
+      } catch (err) {
+        if (!missing(err) || tries === RENAME_TRIES || !fs.existsSync(tmp)) throw err;
+      }
       await fsp.mkdir(path.dirname(target), { recursive: true });
-      await fsp.rename(tmp, target);
     }
   }
 
@@ -190,13 +218,42 @@ export class LocalStore implements ObjectStore {
   }
 
   async delete(keys: readonly string[]): Promise<void> {
-    for (const key of keys) await fsp.rm(this.localPath(key), { force: true });
+    const folders = new Set<string>();
+    for (const key of keys) {
+      const file = this.localPath(key);
+      await fsp.rm(file, { force: true });
+      folders.add(path.dirname(file));
+    }
+    for (const folder of folders) await this.prune(folder);
   }
 
   async deletePrefix(prefix: string): Promise<number> {
     const n = await this.count(checkPrefix(prefix));
-    await fsp.rm(this.localPath(prefix.slice(0, -1)), { recursive: true, force: true });
+    const folder = this.localPath(prefix.slice(0, -1));
+    await fsp.rm(folder, { recursive: true, force: true });
+    await this.prune(path.dirname(folder));
     return n;
+  }
+
+  /**
+   * Removes `dir` and then its parents while they are empty, up to a key's first folder (`outputs/`,
+   * `files/`), which stays. A folder holds no object of its own: one whose last object was deleted
+   * (the store sweep's orphans, a fenced-off attempt's discard, an earlier attempt's leftovers) was
+   * otherwise left behind for good, and every later listing walked it — a task whose deletion was
+   * interrupted left a folder per run. rmdir removes only an empty folder, so nothing stored is at
+   * risk; a folder made for a rename just now may go before the rename, which then makes it again
+   * (renameInto, publish). Best effort: the delete has happened whatever this finds.
+   */
+  private async prune(dir: string): Promise<void> {
+    for (let d = dir; path.dirname(path.relative(this.root, d)) !== "."; d = path.dirname(d)) {
+      if (!d.startsWith(this.root + path.sep)) return;
+      try {
+        await fsp.rmdir(d);
+      } catch (err) {
+        // Gone already (another delete pruned it): its parent may be empty now too.
+        if (!missing(err)) return;
+      }
+    }
   }
 
   private async count(prefix: string): Promise<number> {

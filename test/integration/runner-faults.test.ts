@@ -1,0 +1,305 @@
+// Faults of the runner found by hunting, each through real processes: what a program does to its own
+// output folder, how its ending is reported, and what deleting outputs leaves in a local store.
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import path from "node:path";
+import { Readable } from "node:stream";
+import { after, before, describe, test } from "node:test";
+import { createLogger } from "../../src/log.ts";
+import { runClaim } from "../../src/queue/sql.ts";
+import { StoreSweep } from "../../src/queue/store-sweep.ts";
+import type { HandlerContext } from "../../src/queue/worker.ts";
+import { discardAttempt, processHandler } from "../../src/runner/handler.ts";
+import { renameInto } from "../../src/storage/local.ts";
+import { waitForTerminal } from "../helpers/queue.ts";
+import { fixtureProgram, outputTree, type RunnerEnv, runnerEnv, strayOutputs } from "../helpers/runner.ts";
+
+let env: RunnerEnv;
+let input: string;
+before(async () => {
+  env = await runnerEnv();
+  input = await env.file("a,b\n1,2\n");
+});
+after(() => env.close());
+
+let typeSeq = 0;
+
+/**
+ * A program written for one test (an ES module given the usual arguments, with `arg`, `out` and `say`
+ * in scope).
+ */
+function program(name: string, body: string): { script: string; cwd: string } {
+  const dir = fs.mkdtempSync(path.join(env.dataDir, "scripts-"));
+  const script = path.join(dir, `${name}.mjs`);
+  fs.writeFileSync(
+    script,
+    `import fs from "node:fs";
+import path from "node:path";
+const arg = (name) => process.argv[process.argv.indexOf(name) + 1];
+const out = arg("--output-dir");
+const say = (e) => process.stdout.write(JSON.stringify(e) + "\\n");
+${body}`,
+  );
+  return { script, cwd: dir };
+}
+
+/** Runs one task of a fresh type with `prog` through a worker; returns its run row. */
+async function runOne(prog: { script: string; cwd: string }, maxAttempts = 1) {
+  const type = `fault-${++typeSeq}`;
+  const w = env.worker([{ ...fixtureProgram(type), ...prog }]);
+  const taskId = await env.task(type, [input], {}, maxAttempts);
+  await w.start();
+  await waitForTerminal(env.db.sql, taskId, 30_000);
+  await w.stop();
+  const [run] = await env.db.sql<
+    { id: number; status: string; error_code: string | null; error_message: string | null; attempt: number }[]
+  >`select id::float8, status, error_code, error_message, attempt from runs where task_id = ${taskId}`;
+  assert.ok(run);
+  return { run, taskId };
+}
+
+describe("a program's output folder", () => {
+  test("replaced by a link to a folder elsewhere → ANALYSIS_OUTPUT_INVALID, no link published", async () => {
+    // The folder the link points to holds what would pass the check: one small regular file.
+    const elsewhere = fs.mkdtempSync(path.join(env.dataDir, "elsewhere-"));
+    fs.writeFileSync(path.join(elsewhere, "out.json"), "{}");
+    const { run, taskId } = await runOne(
+      program(
+        "linked-out",
+        `fs.rmSync(out, { recursive: true });
+        fs.symlinkSync(${JSON.stringify(elsewhere)}, out);
+        say({ type: "result", outputFileName: "out.json", metrics: {} });`,
+      ),
+    );
+    const published = outputTree(path.join(env.outputsRoot, taskId)).map((p) =>
+      fs.lstatSync(path.join(env.outputsRoot, taskId, p)).isSymbolicLink() ? `${p} (link)` : p,
+    );
+    assert.deepEqual(published, [], "nothing published under the task's outputs");
+    assert.equal(run.status, "failed");
+    assert.equal(run.error_code, "ANALYSIS_OUTPUT_INVALID");
+    assert.equal(run.error_message, "the output folder was replaced (it must stay a folder)");
+    assert.deepEqual(await strayOutputs(env), []);
+    assert.ok(fs.existsSync(path.join(elsewhere, "out.json")), "what it pointed at is left alone");
+  });
+
+  test("removed, or replaced by a file, with a result reported → ANALYSIS_OUTPUT_INVALID at once, not retried as the worker's fault", async () => {
+    for (const [name, body] of [
+      ["removed-out", "fs.rmSync(out, { recursive: true });"],
+      ["file-out", `fs.rmSync(out, { recursive: true }); fs.writeFileSync(out, "{}");`],
+    ]) {
+      const { run } = await runOne(
+        program(name as string, `${body} say({ type: "result", outputFileName: "out.json", metrics: {} });`),
+        3,
+      );
+      assert.equal(run.status, "failed", name);
+      assert.equal(run.attempt, 1, `${name}: the program's own fault is not retried`);
+      assert.equal(run.error_code, "ANALYSIS_OUTPUT_INVALID", name);
+      assert.equal(run.error_message, "the output folder was replaced (it must stay a folder)", name);
+    }
+  });
+});
+
+describe("deleting outputs from a local store leaves no empty folders", () => {
+  const ctx = (): HandlerContext => ({
+    signal: new AbortController().signal,
+    reportProgress: () => {},
+    releaseSlot: () => {},
+    finishing: () => {},
+  });
+  const claimOne = async (type: string) => {
+    const [run] = await runClaim(env.db.sql, {
+      workerId: "faults-test",
+      analysisType: type,
+      limit: 1,
+      globalLimit: 0,
+      leaseTtlMs: 30_000,
+    });
+    assert.ok(run, "claimed");
+    return run;
+  };
+
+  test("a discarded attempt (fenced off) takes its task's folder when it was the task's last output", async () => {
+    const type = `fault-${++typeSeq}`;
+    const handler = processHandler(fixtureProgram(type), {
+      store: env.storage,
+      workDir: path.join(env.dataDir, "work"),
+      killGraceMs: 500,
+    });
+    const taskId = await env.task(type, [input], { mode: "ok" });
+    const run = await claimOne(type);
+    const outcome = await handler(run, ctx());
+    assert.equal(outcome.status, "succeeded");
+    assert.ok(fs.existsSync(path.join(env.outputsRoot, taskId)), "kept under the task's folder");
+    await discardAttempt(env.storage)(run);
+    assert.ok(!fs.existsSync(path.join(env.outputsRoot, taskId)), "the emptied task folder is gone");
+    assert.ok(fs.existsSync(env.outputsRoot), "outputs/ itself stays");
+  });
+
+  test("the store sweep deleting an interrupted task's outputs leaves no folder per run, and outputs/ stays", async () => {
+    // Outputs of a task whose rows were deleted (retention interrupted before it deleted them), and of
+    // a live task next to them, which must stay whole.
+    const gone = 999_999_998;
+    const orphans = [1, 2, 3].map(
+      (n) => `outputs/${gone}/${n}.1.00000000-0000-4000-8000-00000000000${n}/out.json`,
+    );
+    for (const key of orphans) await env.storage.put(key, Readable.from([Buffer.from("{}")]));
+    const type = `fault-${++typeSeq}`;
+    const taskId = await env.task(type, [input], { mode: "ok" });
+    const live = await claimOne(type);
+    const liveKey = `outputs/${taskId}/${live.id}.1.${live.leaseToken}/out.json`;
+    await env.storage.put(liveKey, Readable.from([Buffer.from("{}")]));
+    const sweep = new StoreSweep({
+      sql: env.db.sql,
+      logger: createLogger({ level: "silent" }),
+      store: env.storage,
+      intervalMs: 60_000,
+      minAgeMs: 0,
+    });
+    // The walk starts at a random key and wraps around: two passes see every key.
+    let deleted = 0;
+    for (let pass = 0; pass < 2; pass++) deleted += await sweep.runOnce();
+    assert.equal(deleted, orphans.length);
+    assert.ok(!fs.existsSync(path.join(env.outputsRoot, String(gone))), "no empty folders of the gone task");
+    assert.ok(fs.existsSync(env.storage.localPath?.(liveKey) as string), "the live attempt's output stays");
+    // A file under files/ deleted the same way leaves files/ in place.
+    await env.storage.put("files/999999999997", Readable.from([Buffer.from("x")]));
+    await env.storage.delete(["files/999999999997"]);
+    assert.ok(fs.existsSync(path.join(env.dataDir, "files")), "files/ stays");
+  });
+
+  test("keeping attempts into a task's folder while another worker discards its own there: every keep lands", async () => {
+    // Another process keeps and discards attempts of the same task, as fast as it can, through the
+    // store (each discard removes the task's folder when it leaves it empty); meanwhile this one keeps
+    // attempts there the way the handler does and takes them out again, so that the folder empties
+    // over and over and every keep may meet a discard's prune between making the folder and the rename.
+    const taskKey = "outputs/999999990";
+    const task = env.storage.localPath?.(taskKey) as string;
+    const scratch = fs.mkdtempSync(path.join(env.dataDir, "renames-"));
+    const other = path.join(scratch, "other.mts");
+    fs.writeFileSync(
+      other,
+      `import fs from "node:fs";
+      import path from "node:path";
+      import { LocalStore, renameInto } from ${JSON.stringify(path.resolve("src/storage/local.ts"))};
+      const store = new LocalStore(${JSON.stringify(env.dataDir)});
+      process.send?.("ready");
+      for (let i = 0; ; i++) {
+        const from = path.join(${JSON.stringify(scratch)}, "o" + i);
+        fs.mkdirSync(from);
+        renameInto(from, store.localPath(${JSON.stringify(taskKey)} + "/9." + i + ".y"));
+        await store.deletePrefix(${JSON.stringify(taskKey)} + "/9." + i + ".y/");
+      }`,
+    );
+    const discarding = spawn(process.execPath, ["--import", "tsx", other], {
+      stdio: ["ignore", "ignore", "inherit", "ipc"],
+    });
+    try {
+      // It must be running throughout: its death fails the test rather than leave this one alone.
+      const died = new Promise<never>((_, reject) =>
+        discarding.once("exit", (code, sig) => reject(new Error(`the other process ended: ${code ?? sig}`))),
+      );
+      died.catch(() => {});
+      await Promise.race([new Promise((resolve) => discarding.once("message", resolve)), died]);
+      for (let i = 0; i < 3000; i++) {
+        if (discarding.exitCode !== null || discarding.signalCode !== null) await died;
+        const from = path.join(scratch, `a${i}`);
+        fs.mkdirSync(from);
+        const to = path.join(task, `${i}.1.x`);
+        renameInto(from, to);
+        await env.storage.deletePrefix(`${taskKey}/${i}.1.x/`);
+      }
+    } finally {
+      discarding.kill("SIGKILL");
+    }
+  });
+});
+
+describe("how a program ended", () => {
+  test("killed by a signal in the middle of a line → reported as killed by that signal, not as a protocol breach", async () => {
+    // As the OOM killer or a crash would: the line the program was writing is cut off by its death.
+    const { run } = await runOne(
+      program(
+        "killed-mid-line",
+        `say({ type: "progress", percent: 10, message: "started" });
+        process.stdout.write('{"type":"progress","percent":20,"mess');
+        process.kill(process.pid, "SIGKILL");`,
+      ),
+    );
+    assert.equal(run.status, "failed");
+    assert.equal(run.error_code, "ANALYSIS_PROCESS_FAILED");
+    assert.equal(run.error_message, "the program was killed by SIGKILL");
+  });
+
+  test("a failing exit code after an unfinished last line is the exit code's outcome (4: retried)", async () => {
+    const { run } = await runOne(
+      program("exit-mid-line", `process.stdout.write('{"type":"progress","perc'); process.exit(4);`),
+      2,
+    );
+    assert.equal(run.attempt, 2, "exit 4 is transient: retried");
+    assert.equal(run.error_code, "ANALYSIS_DEPENDENCY_FAILED");
+  });
+
+  test("exit 0 with an unfinished last line is still a protocol breach", async () => {
+    const { run } = await runOne(
+      program(
+        "ok-mid-line",
+        `fs.writeFileSync(path.join(out, "out.json"), "{}");
+        say({ type: "result", outputFileName: "out.json", metrics: {} });
+        process.stdout.write('{"type":"progress","perc');`,
+      ),
+    );
+    assert.equal(run.error_code, "ANALYSIS_OUTPUT_INVALID");
+  });
+});
+
+test("60 runs that succeed, fail, time out or leave a grandchild leak no descriptor, scratch folder or child", async () => {
+  // Sockets aside: the worker's pool may open another connection to PostgreSQL meanwhile.
+  const fds = () =>
+    fs.readdirSync("/proc/self/fd").filter((fd) => {
+      try {
+        return !fs.readlinkSync(`/proc/self/fd/${fd}`).startsWith("socket:");
+      } catch {
+        return false;
+      }
+    }).length;
+  const children = () => {
+    const found: string[] = [];
+    for (const p of fs.readdirSync("/proc")) {
+      if (!/^\d+$/.test(p)) continue;
+      let stat: string;
+      try {
+        stat = fs.readFileSync(`/proc/${p}/stat`, "utf8");
+      } catch {
+        continue;
+      }
+      // pid (comm) state ppid …: comm may hold spaces, so read after its closing parenthesis.
+      const [state, ppid] = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+      if (Number(ppid) === process.pid) found.push(`${p} ${state}`);
+    }
+    return found;
+  };
+  const type = `fault-${++typeSeq}`;
+  const w = env.worker([{ ...fixtureProgram(type), timeoutMs: 300 }], { concurrency: 4, killGraceMs: 100 });
+  await w.start();
+  // One round first: the worker's own connections and timers are open by then.
+  await waitForTerminal(env.db.sql, await env.task(type, [input], { mode: "ok" }), 30_000);
+  const before = fds();
+  const modes = [
+    { mode: "ok" },
+    { mode: "exit", code: 3 },
+    { mode: "sleep", ms: 60_000 },
+    { mode: "grandchild" },
+  ];
+  const tasks: string[] = [];
+  for (let i = 0; i < 60; i++) tasks.push(await env.task(type, [input], modes[i % modes.length] as never));
+  for (const t of tasks) await waitForTerminal(env.db.sql, t, 60_000);
+  await w.stop();
+  assert.ok(fds() <= before, `descriptors other than sockets: ${before} before, ${fds()} after`);
+  assert.deepEqual(fs.readdirSync(path.join(env.dataDir, "work")), [], "no scratch folder left");
+  assert.deepEqual(
+    children().filter((c) => / Z$/.test(c)),
+    [],
+    "no zombie children",
+  );
+});
