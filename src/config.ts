@@ -240,7 +240,7 @@ const FIELDS = {
     env: "ASSAY_SSE_STALL_MS",
     ...durationMs(1000, 60_000),
     description:
-      "A Server-Sent Events stream whose client has taken no byte for this long (at least twice ASSAY_SSE_HEARTBEAT_MS) while the server had output for it is cut off; the client resumes by Last-Event-ID. Bounds what a client that stops reading holds: its socket, up to 1 MiB of buffered events and its subscription.",
+      "A Server-Sent Events stream whose socket has taken nothing for this long (at least twice ASSAY_SSE_HEARTBEAT_MS) while output waited for it is cut off; the client resumes by Last-Event-ID. Bounds what a client that stops reading holds: its socket, buffered events and its subscription. The kernel's socket buffers make a client reading a long log steadily below ~10 KB/s at 60 s look the same.",
   },
   killGraceMs: {
     env: "ASSAY_KILL_GRACE_MS",

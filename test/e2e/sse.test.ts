@@ -252,12 +252,8 @@ test("a client that stops reading is cut off once it has taken no byte for ASSAY
     const quietTask = await createTask(s.db.sql, me, "sse-stall-quiet", 1);
     const quiet = await openSse(`http://127.0.0.1:${port}/api/analysis-tasks/${quietTask}/events`, bearer);
     assert.equal(quiet.status, 200);
+    // Twelve keep-alives (2.4 s) on one stream: cut off at 1 s, it would have ended with fewer.
     await waitFor(async () => (quiet.comments >= 12 ? true : undefined), 15_000);
-    let quietEnded = false;
-    void quiet.ended.finally(() => {
-      quietEnded = true;
-    });
-    assert.equal(quietEnded, false, "a reading client's quiet stream is never cut off");
     quiet.close();
     await waitFor(async () => ((await connections()) === 0 ? true : undefined), 10_000);
 

@@ -18,6 +18,12 @@ const BACKLOG_PAGE = 500;
 const MAX_BUFFERED_BYTES = 1024 * 1024;
 
 /**
+ * While the backlog is sent, the stream waits for the client once this much is buffered in the
+ * process: a slow reader of a long log holds this (and a frame), not MAX_BUFFERED_BYTES and a page.
+ */
+const BACKLOG_WRITE_BYTES = 64 * 1024;
+
+/**
  * One SSE frame per event object. The hub hands the same object to every subscriber of a task, so with
  * a thousand streams on a task the event is formatted once, not a thousand times.
  */
@@ -96,10 +102,11 @@ export async function serveTaskEvents(
     else if (live && target.writableLength > MAX_BUFFERED_BYTES) breakOff();
   };
   // The backlog is read as fast as the table gives it: a client that reads more slowly, but reads,
-  // is waited for between pages, not broken off (and made to start over) for falling behind.
-  const keepUp = async () => {
+  // is waited for (once BACKLOG_WRITE_BYTES is buffered), not broken off (and made to start over) for
+  // falling behind.
+  const keepUp = async (bytes: number) => {
     // Raced with the stream's end: a stream ended meanwhile must not wait for a reader that may never read.
-    if (!done && target.writableLength > MAX_BUFFERED_BYTES && target.drained)
+    if (!done && target.writableLength > bytes && target.drained)
       await Promise.race([target.drained(), whenStopped]);
   };
   const unsubscribe = hub.subscribe(
@@ -129,7 +136,16 @@ export async function serveTaskEvents(
     const ended = !(await tasksOpen(sql, [taskId])).has(taskId);
     for (;;) {
       const page = await eventsAfter(sql, taskId, last.toString(), BACKLOG_PAGE);
-      for (const event of page) write(event);
+      for (const event of page) {
+        write(event);
+        if (target.writableLength > BACKLOG_WRITE_BYTES) {
+          // A catch-up of the hub while this waits (a doorbell) reads on from here, not from where
+          // the page began; its deliveries only raise `seen` (so `more` below): the next read has them.
+          unsubscribe.advance(last.toString());
+          await keepUp(BACKLOG_WRITE_BYTES);
+          if (done) return;
+        }
+      }
       // The hub's deliveries and catch-ups start from here.
       unsubscribe.advance(last.toString());
       if (done) return;
@@ -139,10 +155,11 @@ export async function serveTaskEvents(
       // Caught up with the table and with every delivery: the last read saw them all.
       const more = page.length === BACKLOG_PAGE || seen > last;
       if (!more && ended) return finish();
-      // Live from here, with nothing awaited since that read (so no delivery fell in between), once
+      // Live from here, with nothing awaited since that read but the waits above (a delivery in one
+      // raised `seen`, and so `more`: none fell in between unseen), once
       // the client has taken what the backlog wrote: a live stream 1 MiB behind is broken off.
       if (!more && target.writableLength <= MAX_BUFFERED_BYTES) break;
-      await keepUp();
+      await keepUp(MAX_BUFFERED_BYTES);
       if (done) return;
     }
   } catch (err) {
@@ -293,11 +310,14 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
       reply.sse.keepAlive();
       const raw = reply.raw;
       // A client that stops reading: once the socket's buffers are full nothing more is handed to
-      // it, and the socket's inactivity timer runs (a write handed over, or a byte read, restarts
-      // it). Without this such a client kept its socket, what the stream had buffered (up to
-      // MAX_BUFFERED_BYTES and a page, also after the stream ended) and while the task lived its
+      // it, and the socket's inactivity timer runs (a write handed over or completed, or a byte read,
+      // restarts it). Without this such a client kept its socket, what the stream had buffered (up
+      // to MAX_BUFFERED_BYTES and a page, also after the stream ended) and while the task lived its
       // subscription, for as long as it liked. A reading client of a quiet task takes a keep-alive
-      // every interval, so the bound is at least two of them. Cut off, it resumes by Last-Event-ID.
+      // every interval, so the bound is at least two of them. The kernel wakes a writer of a full
+      // socket only once a good part of its send buffer has gone, so a client reading a long log
+      // steadily but slower than that much per bound is cut off too (measured over loopback: gaps of
+      // 400–600 KB, so below ~10 KB/s at 60 s); it resumes by Last-Event-ID, where it was.
       const { sseStallMs, sseHeartbeatMs } = app.services.config;
       raw.setTimeout(Math.max(sseStallMs, 2 * sseHeartbeatMs), () => {
         request.log.info({ taskId }, "event stream cut off: its client took nothing for too long");
