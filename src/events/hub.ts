@@ -140,9 +140,9 @@ export class EventHub {
     const stillOpen = await tasksOpen(this.o.sql, taskIds);
     const ended = taskIds.filter((id) => !stillOpen.has(id));
     for (const taskId of ended) {
-      this.enqueue(taskId, async () => {
+      this.enqueue(taskId, async (owedTo) => {
         try {
-          await this.catchUp(taskId);
+          await this.catchUp(taskId, owedTo);
         } finally {
           // Even when the catch-up failed: a client that resumes by Last-Event-ID loses nothing,
           // while a stream left open would outlive its task.
@@ -216,7 +216,7 @@ export class EventHub {
     if (connection !== undefined && connection === this.caughtUpFor) return;
     this.caughtUpFor = connection;
     if (this.reconnects++ > 0) this.o.logger.warn("event listener reconnected; catching up from the table");
-    for (const taskId of this.tasks.keys()) this.enqueue(taskId, () => this.catchUp(taskId));
+    for (const taskId of this.tasks.keys()) this.enqueue(taskId, (owedTo) => this.catchUp(taskId, owedTo));
   }
 
   private onNotification(raw: string): void {
@@ -233,24 +233,29 @@ export class EventHub {
     if (!this.tasks.has(payload.taskId)) return;
     if ("events" in payload)
       this.enqueue(payload.taskId, async () => this.fanOut(payload.taskId, payload.events));
-    else this.enqueue(payload.taskId, () => this.catchUp(payload.taskId));
+    else this.enqueue(payload.taskId, (owedTo) => this.catchUp(payload.taskId, owedTo));
   }
 
-  private enqueue(taskId: string, work: () => Promise<void>): void {
+  private enqueue(taskId: string, work: (owedTo: number) => Promise<void>): void {
     // Who this delivery is owed to: the subscribers so far. What a failed one would have delivered
     // was committed before it was enqueued (a doorbell's event, an outage's events; later events
     // have deliveries of their own, queued behind it), and a later subscriber reads the table for
     // that after subscribing (a stream's backlog) — breaking it off too only made its client
     // reconnect for nothing.
     const owedTo = this.subscriptions;
-    const next = (this.chains.get(taskId) ?? Promise.resolve()).then(work).catch((err) => {
-      // The subscribers may now miss events (a catch-up that failed read none of them), and the next
-      // notification would move them past the gap: their streams are broken off instead, and their
-      // clients resume from the table by Last-Event-ID.
-      const subs = [...(this.tasks.get(taskId) ?? [])].filter((sub) => sub.since <= owedTo);
-      this.o.logger.warn({ err, taskId, streams: subs.length }, "event delivery failed; streams broken off");
-      for (const sub of subs) this.failSubscriber(taskId, sub);
-    });
+    const next = (this.chains.get(taskId) ?? Promise.resolve())
+      .then(() => work(owedTo))
+      .catch((err) => {
+        // The subscribers may now miss events (a catch-up that failed read none of them), and the next
+        // notification would move them past the gap: their streams are broken off instead, and their
+        // clients resume from the table by Last-Event-ID.
+        const subs = [...(this.tasks.get(taskId) ?? [])].filter((sub) => sub.since <= owedTo);
+        this.o.logger.warn(
+          { err, taskId, streams: subs.length },
+          "event delivery failed; streams broken off",
+        );
+        for (const sub of subs) this.failSubscriber(taskId, sub);
+      });
     this.chains.set(taskId, next);
     // A settled chain is as good as none: dropped once its last delivery is done.
     void next.then(() => {
@@ -300,8 +305,13 @@ export class EventHub {
     }
   }
 
-  /** Reads what the subscribers of a task have not seen yet (a doorbell, or after a reconnect). */
-  private async catchUp(taskId: string): Promise<void> {
+  /**
+   * Reads what the subscribers of a task have not seen yet (a doorbell, or after a reconnect): those
+   * it is owed to, the subscriptions up to `owedTo` (see enqueue). One that came since reads the
+   * table itself (a stream's backlog), and a catch-up that started from its position — a stream's 0,
+   * or where its backlog stands — read that history a second time, page by page, beside it.
+   */
+  private async catchUp(taskId: string, owedTo: number): Promise<void> {
     let after: bigint | undefined;
     for (;;) {
       // The least of the subscribers' positions, taken again before every page: a stream's backlog
@@ -313,7 +323,7 @@ export class EventHub {
       // from there, far behind them.)
       let least: bigint | undefined;
       for (const s of this.tasks.get(taskId) ?? [])
-        if (least === undefined || s.after < least) least = s.after;
+        if (s.since <= owedTo && (least === undefined || s.after < least)) least = s.after;
       if (least === undefined) return;
       if (after === undefined || least > after) after = least;
       const events = await eventsAfter(this.o.sql, taskId, after.toString(), CATCH_UP_PAGE);

@@ -362,3 +362,61 @@ describe("subscribers whose callbacks throw", () => {
     },
   );
 });
+
+test(
+  "a catch-up reads for the subscribers it is owed to: one that came after it does not pull it back to its start",
+  LIMIT,
+  async () => {
+    const taskId = await createTask(db.sql, owner, "hub-owed", 1);
+    for (let i = 0; i < 5; i++) await insertEvent(taskId, "test.history");
+    const latest = (await tableEvents(db.sql, taskId)).at(-1)?.[0] as string;
+    // Where each of the hub's reads of the table started; the first read's answer is held back.
+    const reads: string[] = [];
+    let hold = true;
+    let release: () => void = () => {};
+    const released = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    const sql = new Proxy(db.sql, {
+      apply(target, self, args: unknown[]) {
+        const strings = args[0] as { raw?: readonly string[] } & readonly string[];
+        // The position is a fragment's parameter; the read is the statement around it.
+        if (strings?.raw && strings.join("?").includes("and e.id >")) reads.push(String(args[1]));
+        else if (hold && strings?.raw && strings.join("").includes("from task_events e")) {
+          hold = false;
+          // Read now (nothing new yet), answered once released.
+          const rows = Promise.resolve(Reflect.apply(target, self, args) as PromiseLike<unknown>);
+          return rows.then((r) => released.then(() => r));
+        }
+        return Reflect.apply(target, self, args);
+      },
+    });
+    const hub = new EventHub({ sql, logger: createLogger({ level: "silent" }), sweepIntervalMs: 60_000 });
+    await hub.ready();
+    try {
+      const delivered: string[] = [];
+      const first = hub.subscribe(taskId, latest, (events) => delivered.push(...events.map((e) => e.id)));
+      // A doorbell whose catch-up finds nothing new, its answer held: the task's chain is busy.
+      await ringDoorbell(taskId, latest);
+      await waitFor(async () => reads.length === 1, 5_000, "the first catch-up's read");
+      // An event too large to travel: its catch-up queues behind, owed to the first subscriber.
+      const big = await insertEvent(taskId, "test.big");
+      await ringDoorbell(taskId, big.id);
+      await waitFor(async () => hub.received.notifications >= 2, 5_000, "the second doorbell");
+      // A stream from the start subscribes now: it reads its own backlog, the catch-up is not for it.
+      const late = hub.subscribe(taskId, null, () => {});
+      release();
+      await waitFor(async () => delivered.includes(big.id), 5_000, "the event to the first subscriber");
+      assert.deepEqual(delivered, [big.id]);
+      assert.deepEqual(
+        reads.map((from) => BigInt(from) >= BigInt(latest)),
+        [true, true],
+        `the catch-ups read after ${reads}, the subscriber they were owed to stood at ${latest}`,
+      );
+      late();
+      first();
+    } finally {
+      await hub.stop();
+    }
+  },
+);
