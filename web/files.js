@@ -51,7 +51,7 @@ export function FilesView({ me }) {
               (f) => html`<tr key=${f.fileId} data-file=${f.fileId}>
                 <td><input type="checkbox" id=${`file-${f.fileId}`} checked=${chosen.has(f.fileId)} onChange=${() => toggle(f.fileId)} /></td>
                 <td class="name"><label for=${`file-${f.fileId}`}>${shownName(f.name)}</label></td>
-                ${me?.role === "admin" ? html`<td>${f.owner ?? ""}</td>` : null}
+                ${me?.role === "admin" ? html`<td><span class="name">${shownName(f.owner)}</span></td>` : null}
                 <td class="num">${bytes(f.sizeBytes)}</td>
                 <td><code title=${f.sha256}>${f.sha256.slice(0, 12)}</code></td>
                 <td>${when(f.createdAt)}</td>

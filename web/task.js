@@ -57,7 +57,7 @@ export function TaskView({ taskId }) {
   const [busy, setBusy] = useState(false);
   const [resultsVersion, setResultsVersion] = useState(0);
   const taskRef = useRef(null);
-  const reread = useRef({ timer: null, task: false, runs: false });
+  const reread = useRef({ timer: null, due: 0, task: false, runs: false });
   // Reads failed in a row (retryFailed's backoff).
   const failedReads = useRef(0);
   const pending = useRef([]);
@@ -125,7 +125,14 @@ export function TaskView({ taskId }) {
   function scheduleReread(which, delayMs = REREAD_MS) {
     const r = reread.current;
     r[which] = true;
-    if (r.timer) return;
+    const due = Date.now() + delayMs;
+    // A pending read comes no later than asked: one asked for now (an event, the stream back) does
+    // not wait out a failed read's backoff.
+    if (r.timer) {
+      if (r.due <= due) return;
+      clearTimeout(r.timer);
+    }
+    r.due = due;
     r.timer = setTimeout(() => {
       r.timer = null;
       if (r.task) loadTask();
@@ -205,6 +212,7 @@ export function TaskView({ taskId }) {
   useEffect(() => {
     const ctrl = new AbortController();
     let reconnecting = false;
+    failedReads.current = 0;
     setTask(null);
     setLog([]);
     loadTask();
@@ -342,7 +350,7 @@ export function TaskView({ taskId }) {
       <div><dt>Cancelled</dt><dd>${task.cancelledCount}</dd></div>
       <div><dt>Created</dt><dd>${when(task.createdAt)}</dd></div>
       <div><dt>Duration</dt><dd>${duration(task.startedAt, task.finishedAt)}</dd></div>
-      ${task.owner ? html`<div><dt>Owner</dt><dd>${task.owner}</dd></div>` : null}
+      ${task.owner ? html`<div><dt>Owner</dt><dd><span class="name">${shownName(task.owner)}</span></dd></div>` : null}
       ${task.priority !== 5 ? html`<div><dt>Priority</dt><dd>${task.priority}</dd></div>` : null}
       ${task.queue ? html`<div><dt>Queue</dt><dd><${QueuePlace} queue=${task.queue} /></dd></div>` : null}
     </dl>

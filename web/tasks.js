@@ -2,7 +2,7 @@
 // (POLL_MS) while any task on the page is still going (and the page is visible).
 import { api, POLL_MS } from "./api.js";
 import { isTerminal } from "./events.js";
-import { duration, STATUS_LABEL, TASK_STATUSES, when } from "./format.js";
+import { duration, STATUS_LABEL, shownName, TASK_STATUSES, when } from "./format.js";
 import { html, useEffect, useState } from "./lib.js";
 import { ErrorNote, Pager, QueuePlace, Status, TaskBar } from "./widgets.js";
 
@@ -78,7 +78,7 @@ export function TasksView({ me, types }) {
                 (t) => html`<tr key=${t.taskId} data-task=${t.taskId}>
                   <td><a href=${`#/tasks/${t.taskId}`}>#${t.taskId}</a></td>
                   <td>${t.analysisType}</td>
-                  ${admin ? html`<td>${t.owner ?? ""}</td>` : null}
+                  ${admin ? html`<td><span class="name">${shownName(t.owner)}</span></td>` : null}
                   <td><${Status} status=${t.status} /> <${QueuePlace} queue=${t.queue} /></td>
                   <td class="wide"><${TaskBar} task=${t} /></td>
                   <td class="num">${t.succeededCount + t.failedCount + t.timedOutCount + t.cancelledCount}/${t.totalCount}

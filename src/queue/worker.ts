@@ -1272,7 +1272,8 @@ export class Worker {
     // delay fired before run_after whenever the statement took longer than the margin, and the run
     // then waited for the next poll).
     // A run already due when the statement ended (it outlasted the backoff) needs a claim now: the
-    // wake-up after settle() fired while the statement still ran, and a retry sends no NOTIFY.
+    // wake-up after settle() fired while the statement still ran, and the NOTIFY the statement sends
+    // for runs due at once (a shutdown's) is for the others as much as for this worker.
     // Its type's queue is not empty any more (see drained): the timer clears the marks when it fires.
     for (const inMs of retried.dueInMs) {
       if (inMs > 0) this.wakeAt(Date.now() + inMs + 2);
