@@ -125,10 +125,11 @@ FIELD_END = re.compile(r"[,\r\n]")
 
 
 def records(texts):
-    """The records of the text pieces `texts`, exactly as csv.reader(strict=True) read the file's lines
-    split at LF (a quote opens a quoted field only as a field's first character; after a closing quote
-    only a comma or a line end; a CR must end its line, CRs before the LF are ignored), but a field is
-    built from slices of the pieces, so pieces may end anywhere. Blank lines give [""] or nothing."""
+    """The records of the text pieces `texts`, as csv.reader(strict=True) read the file's lines split
+    at LF (a quote opens a quoted field only as a field's first character; after a closing quote only a
+    comma or a line end), except that a CR must be followed by LF: csv.reader skipped further CRs before
+    it (CR CR LF), which summary.mjs and r_report.R refuse. A field is built from slices of the
+    pieces, so pieces may end anywhere. Blank lines give [""] or nothing."""
     mode = START_RECORD
     fields = []
     parts = []  # the current field's text, in pieces
@@ -199,11 +200,10 @@ def records(texts):
                         yield fields
                     fields = []
                     mode = START_RECORD
-                elif c != "\r":
-                    raise csv.Error(
-                        "new-line character seen in unquoted field - "
-                        "do you need to open the file in universal-newline mode?"
-                    )
+                else:
+                    # (csv.reader skipped further CRs here: "1,2\r\r\n", a CRLF file converted to CRLF
+                    # again, which summary and r-report refuse)
+                    raise csv.Error("a CR not followed by LF")
                 i += 1
                 continue
             # the end of a field (START_FIELD, IN_FIELD or QUOTE_IN_QUOTED at a comma, LF or CR)
