@@ -65,7 +65,9 @@ export async function viewLinkCheck(
   const [, tokenId, taskId, runId, expiresText, given] = m as unknown as string[];
   const expires = Number(expiresText);
   const nowSeconds = Math.floor(now / 1000);
-  if (expires < nowSeconds || expires > nowSeconds + VIEW_LINK_TTL_SECONDS + CLOCK_SKEW_SECONDS)
+  // Expired from `expires` on, to the millisecond: compared in whole seconds, a link still worked for
+  // up to a second after the expiresAt it was made with.
+  if (expires * 1000 <= now || expires > nowSeconds + VIEW_LINK_TTL_SECONDS + CLOCK_SKEW_SECONDS)
     return undefined;
   const [row] = await sql<{ tokenHash: string; userId: number; name: string; role: Role }[]>`
     select t.token_hash as "tokenHash", u.id::float8 as "userId", u.name, u.role

@@ -8,6 +8,7 @@ import path from "node:path";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import {
+  distinctFileNames,
   folderKey,
   inputFolderKey,
   RESULTS_FILE,
@@ -203,8 +204,10 @@ export async function downloadOutputs(
     const outputs = await runOutputs(c, taskId, run.runId, o.signal);
     const files: string[] = [];
     let total = 0;
-    for (const output of outputs) {
-      const name = safeSegment(output.name);
+    // One file per name once saved (distinctFileNames): as the zip names them.
+    const names = distinctFileNames(outputs.map((output) => safeSegment(output.name)));
+    for (const [i, output] of outputs.entries()) {
+      const name = names[i] as string;
       const size = await download(c, outputPath(taskId, run.runId, output.name), inside(dir, name), {
         signal: o.signal,
         idleMs,

@@ -120,3 +120,44 @@ export function runFolder(inputName: string, runId: string, shared: boolean): st
   const base = safeSegment(inputName);
   return needsRunSuffix(folderKey(base), shared) ? withRunSuffix(base, runId) : base;
 }
+
+/**
+ * The names a run's output files are saved under, by index of `names`: one name each where macOS and
+ * Windows see one file (folderKey: case, Unicode normalization). `Report.json` and `report.json` are
+ * both names a program may give its outputs, and whichever was extracted or saved second replaced the
+ * first there. Of names that compare alike, the first in code-unit order keeps its name and the others
+ * get ` (2)`, ` (3)`… before their extension, so the outcome depends on the set of names, not on the
+ * order they were listed in: the task's zip (tasks/outputs.ts) and `assay download` (client/download.ts)
+ * name a run's files alike. A space and brackets are in no output name the runner accepts (SAFE_NAME), so a new name never
+ * meets another output's.
+ */
+export function distinctFileNames(names: readonly string[]): string[] {
+  const order = names.map((_, i) => i);
+  order.sort((a, b) => {
+    const x = names[a] as string;
+    const y = names[b] as string;
+    return x < y ? -1 : x > y ? 1 : a - b;
+  });
+  const out = [...names];
+  const used = new Set<string>();
+  const repeated: number[] = [];
+  // Every name that keeps its own first, so that a renamed one cannot take a later one's name.
+  for (const i of order) {
+    const key = folderKey(names[i] as string);
+    if (used.has(key)) repeated.push(i);
+    else used.add(key);
+  }
+  for (const i of repeated) {
+    const name = names[i] as string;
+    // The extension as path.extname takes it (this module imports nothing): from the last dot, unless
+    // that dot begins the name.
+    const dot = name.lastIndexOf(".");
+    const ext = dot > 0 ? name.slice(dot) : "";
+    const stem = name.slice(0, name.length - ext.length);
+    let saved = name;
+    for (let n = 2; used.has(folderKey(saved)); n++) saved = withSuffix(stem, ` (${n})${ext}`);
+    used.add(folderKey(saved));
+    out[i] = saved;
+  }
+  return out;
+}

@@ -2,7 +2,7 @@
 import { createHash } from "node:crypto";
 import type { Principal } from "../auth/tokens.ts";
 import type { Sql } from "../db/client.ts";
-import { inputFolderKey, runFolder } from "../files/folder-names.ts";
+import { distinctFileNames, inputFolderKey, runFolder } from "../files/folder-names.ts";
 import { type OutputFile, SAFE_NAME } from "../runner/outputs.ts";
 import { type ObjectInfo, type ObjectStore, outputObjectKey, taskOutputsPrefix } from "../storage/store.ts";
 import { taskVisible, visible } from "./read.ts";
@@ -146,6 +146,11 @@ export interface ZipRun {
   folder: string;
   /** The run's output files in key order (safe names only); null when the result file is not there. */
   names: string[] | null;
+  /**
+   * Their names in the zip, by index of `names`: one each once extracted where case is folded
+   * (`Report.json` and `report.json`: distinctFileNames, which `assay download` follows too).
+   */
+  entries: string[];
 }
 
 /** Runs per page of a zip (and store objects per listing). */
@@ -248,6 +253,7 @@ export async function* zipPages(sql: Sql, store: ObjectStore, taskId: string): A
         output,
         folder: runFolder(output.inputName, output.runId, shared[at / 8 + k] === 1),
         names: names.includes(output.outputFileName) ? names : null,
+        entries: distinctFileNames(names),
       });
     }
     yield page;

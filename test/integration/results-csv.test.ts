@@ -3,6 +3,7 @@
 // thousands of runs read back in id order.
 import assert from "node:assert/strict";
 import { Writable } from "node:stream";
+import { pipeline } from "node:stream/promises";
 import { after, before, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { tokenCreate } from "../../src/auth/tokens.ts";
@@ -12,7 +13,7 @@ import { expectedMigrationCount } from "../../src/db/migrate.ts";
 import { buildServer } from "../../src/http/server.ts";
 import { createLogger } from "../../src/log.ts";
 import { runClaim, runComplete } from "../../src/queue/sql.ts";
-import { guardFormula } from "../../src/tasks/results.ts";
+import { guardFormula, resultMetricKeys, resultsCsv } from "../../src/tasks/results.ts";
 import { bearer } from "../helpers/app.ts";
 import { createTask, idsCrossPowerOfTen, waitForTerminal } from "../helpers/queue.ts";
 import { fixtureProgram, type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
@@ -319,6 +320,43 @@ test("a task of 3,000 runs streams every row once, in numeric id order across pa
   for (const r of succeeded) assert.equal(r.n, String(Number(r.run_id) % 7));
   // The run ids of the test template cross a power of ten: text order would differ from this.
   assert.ok(new Set(ids.map((r) => r.id.length)).size > 1, "the ids cross a power of ten");
+});
+
+test("a wide table (many metric keys) is streamed a few rows at a time, not a page of 1,000 rows in one piece", async () => {
+  // Each run reports metrics of its own (a program that names them after its input's columns): the
+  // table is as wide as all of them together, and a page of 1,000 such rows was one string of every
+  // row (1,000 × 30,000 cells here; past V8's longest string, or the API's memory, for wider ones).
+  const n = 1000;
+  const perRun = 30;
+  const taskId = await createTask(env.db.sql, env.owner, "csv-wide", n);
+  await env.db.sql`
+    update runs r set result = jsonb_build_object('outputFileName', 'out.json',
+      'metrics', (select jsonb_object_agg('m' || r.id || '_' || k, k) from generate_series(1, ${perRun}) k))
+    where r.task_id = ${taskId}`;
+  const keys = await resultMetricKeys(env.db.sql, taskId);
+  assert.equal(keys.length, n * perRun);
+  let largest = 0;
+  const chunks: Buffer[] = [];
+  await pipeline(
+    resultsCsv(env.db.sql, taskId, keys),
+    new Writable({
+      write(chunk: Buffer, _encoding, done) {
+        largest = Math.max(largest, chunk.length);
+        chunks.push(chunk);
+        done();
+      },
+    }),
+  );
+  const [header = "", ...rows] = Buffer.concat(chunks).toString().split("\r\n").slice(0, -1);
+  assert.equal(rows.length, n);
+  // The header is one line (it is as long as the keys are); rows come a few at a time: no piece
+  // holds more than a header, or 64 KiB of rows and one more (a page joined was 1,000 rows).
+  const row = Math.max(...rows.map((r) => r.length + 2));
+  assert.ok(row >= n * perRun, "a row has a cell per metric key");
+  assert.ok(
+    largest <= Math.max(header.length + 2, 64 * 1024 + row),
+    `the largest piece held at once: ${largest} bytes; the header ${header.length}, a row ${row}`,
+  );
 });
 
 test("results.csv of a task deleted between two pages is broken off, never ended as a shorter table", async () => {

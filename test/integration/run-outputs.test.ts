@@ -5,7 +5,7 @@ import { Readable } from "node:stream";
 import { after, before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { tokenCreate, tokenRevoke } from "../../src/auth/tokens.ts";
-import { VIEW_LINK_TTL_SECONDS, viewLinkPath } from "../../src/auth/view-links.ts";
+import { VIEW_LINK_TTL_SECONDS, viewLinkCheck, viewLinkPath } from "../../src/auth/view-links.ts";
 import { VIEW_CSP } from "../../src/http/routes/downloads.ts";
 import { outputObjectKey } from "../../src/storage/store.ts";
 import { bearer } from "../helpers/app.ts";
@@ -231,6 +231,15 @@ describe("view links", () => {
     // A non-ASCII name travels encoded and is served as itself.
     const notes = (await linkOf("Notes.txt")).json().data.url as string;
     assert.equal((await app.inject({ url: notes })).body, FILES["Notes.txt"]?.content);
+  });
+
+  test("a link stops working at its expiresAt, not up to a second later", async () => {
+    const { url, expiresAt } = (await linkOf("out.json")).json().data as { url: string; expiresAt: string };
+    const [, , link = "", name = ""] = url.split("/");
+    const at = Date.parse(expiresAt);
+    assert.ok(await viewLinkCheck(env.db.sql, link, name, at - 1), "valid until its expiry");
+    assert.equal(await viewLinkCheck(env.db.sql, link, name, at), undefined, "expired at expiresAt");
+    assert.equal(await viewLinkCheck(env.db.sql, link, name, at + 999), undefined, "and after it");
   });
 
   test("altered, expired, foreign, revoked or made for another output → 404, nothing served", async () => {

@@ -108,9 +108,12 @@ async function send(
         // A later page's missing output: the zip is broken off (logged), never ended without it.
         if (run.names === null)
           throw new ObjectMissingError(outputKeyOf(run.output, run.output.outputFileName));
-        for (const name of run.names) {
+        for (const [i, name] of run.names.entries()) {
           const key = outputKeyOf(run.output, name);
-          yield { name: `${run.folder}/${name}`, open: async () => (await store.open(key)).stream };
+          yield {
+            name: `${run.folder}/${run.entries[i] as string}`,
+            open: async () => (await store.open(key)).stream,
+          };
         }
       }
     }
