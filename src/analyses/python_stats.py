@@ -7,8 +7,10 @@ CSV rules shared with summary.mjs and r_report.R (test/e2e/programs.test.ts has 
 only (a leading byte-order mark is dropped), RFC 4180 quoting, LF or CRLF line ends, blank lines
 ignored, every record as long as the header; cells are trimmed of spaces, tabs, CR and LF; "" and NA
 are missing; NaN/Inf/Infinity (any case, signed) and numbers beyond the double range are missing too
-and counted in a note; a column is numeric when it has a number and no text. A statistic that a
-double cannot hold is null, with the note "<method> overflows" in "notes" (by column).
+and counted in a note; a column is numeric when it has a number and no text. A statistic that is
+not given is null (an empty cell in stats.csv), with a note in "notes" (by column) saying why: a double
+cannot hold it ("<method> overflows"), or it is undefined ("stdev needs at least two values": the
+stdev of a column with one value).
 Time is linear in the input, whatever its shape (a 200,000-digit cell, a 200,000-column header): no
 regular expression here can backtrack more than once over a run of characters. Memory is bounded by
 BLOCK, the longest field (about twice it) and the per-column state."""
@@ -332,7 +334,9 @@ class Column:
 
     def notes(self, method, value):
         notes = []
-        if value is not None and not math.isfinite(value):
+        if value is None:  # undefined: only the stdev of a single value
+            notes.append("%s needs at least two values" % method)
+        elif not math.isfinite(value):
             notes.append("%s overflows" % method)
         if self.non_finite:
             notes.append("%d NaN/Infinity values treated as missing" % self.non_finite)

@@ -7,7 +7,9 @@
 # UTF-8 only (a leading byte-order mark is dropped), RFC 4180 quoting, LF or CRLF line ends, blank
 # lines ignored, every record as long as the header; cells are trimmed of spaces, tabs, CR and LF;
 # "" and NA are missing; NaN/Inf/Infinity (any case, signed) and numbers beyond the double range are
-# missing too and counted in a note; a column is numeric when it has a number and no text.
+# missing too and counted in a note; a column is numeric when it has a number and no text. A statistic
+# that is not given is a blank cell, with the reason in the row's notes: "<statistic> overflows" (a
+# double cannot hold it) or "stdev needs at least two values" (a column with one value).
 # The input is read and parsed BLOCK bytes at a time (a record longer than that is carried over whole):
 # memory is bounded by the block, the longest record and the numeric columns' values (8 bytes each, for
 # the median and the histograms). Time is linear in the input: no regular expression here can backtrack
@@ -341,7 +343,19 @@ if (length(numeric_cols) == 0) die(3, "no numeric column")
 numeric_names <- header[numeric_cols]
 
 emit_progress(60, "computing statistics")
+# The table's figures: the mean and the stdev, computed, to 6 significant digits; the min, median and
+# max in full, with as few of 15, 16 or 17 significant digits as read back as the same double (as
+# summary and python-stats write them; format() drops trailing zeros, so 0.1 is "0.1"): a max of
+# 999.9996 to 6 digits was "1000", a value the column does not have.
 fmt <- function(v) if (is.na(v) || !is.finite(v)) "" else format(v, digits = 6)
+exact <- function(v) {
+  if (is.na(v) || !is.finite(v)) return("")
+  for (d in 15:16) {
+    s <- format(v, digits = d)
+    if (as.numeric(s) == v) return(s)
+  }
+  format(v, digits = 17)
+}
 # One column at a time: its values as one vector, its row of the table and, for the first MAX_PANELS,
 # its histogram; then they are dropped.
 rows <- character(length(numeric_cols))
@@ -358,11 +372,12 @@ for (k in seq_along(numeric_cols)) {
   for (s in names(stats)) {
     if (!is.na(stats[[s]]) && !is.finite(stats[[s]])) notes <- c(notes, paste(s, "overflows"))
   }
+  if (length(x) < 2) notes <- c(notes, "stdev needs at least two values")
   if (non_finite[j] > 0) notes <- c(notes, sprintf("%d NaN/Infinity values treated as missing", non_finite[j]))
   rows[k] <- sprintf(
     "<tr><td>%s</td><td>%d</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>",
-    escaped_names[k], length(x), fmt(stats$mean), fmt(stats$stdev), fmt(stats$min),
-    fmt(stats$median), fmt(stats$max), if (length(notes) > 0) html_escape(paste(notes, collapse = "; ")) else ""
+    escaped_names[k], length(x), fmt(stats$mean), fmt(stats$stdev), exact(stats$min),
+    exact(stats$median), exact(stats$max), if (length(notes) > 0) html_escape(paste(notes, collapse = "; ")) else ""
   )
   if (k <= MAX_PANELS) {
     percents[[k]] <- histogram_percents(x)
@@ -408,6 +423,7 @@ html <- c(
   "<table><thead><tr><th>column</th><th>n</th><th>mean</th><th>stdev</th><th>min</th><th>median</th><th>max</th><th>notes</th></tr></thead><tbody>",
   rows,
   "</tbody></table>",
+  "<p class=\"digits\">Mean and stdev to 6 significant digits; min, median and max in full. A blank cell is a statistic the notes explain.</p>",
   "<h2>Histograms</h2>",
   sprintf(
     "<p class=\"scale\">One panel per numeric column, each in %d equal bins between the column's own minimum and maximum (printed under the panel); the vertical axis is shared by all panels: the percentage of the column's values in each bin.</p>",

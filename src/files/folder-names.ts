@@ -85,10 +85,17 @@ export function safeSegment(name: string): string {
 /**
  * How a folder compares where outputs land: macOS and Windows fold case, and macOS stores names
  * decomposed, so `A.csv` and `a.csv`, or a composed and a decomposed `é.csv`, are one folder there.
+ * The fold is lower case of upper case of lower case, not lower case alone: macOS (APFS) compares by
+ * Unicode's case folding and Windows by upper case, under which `ſ` is `s`, `ς` is `σ`, `ϐ` is `β`,
+ * `ı` is `i` and `ẞ` is `ss`, letters toLowerCase() alone keeps apart. For every single character this
+ * equates what Unicode's full case folding equates and what simple upper-casing equates (checked
+ * against both tables); what it equates beyond them (`ß.csv` and `ss.csv` on Windows) only adds a
+ * suffix. NFC again after the fold, whose upper case decomposes a few letters (`ǰ` → `J` + U+030C).
  * Computed in JS, not in SQL: PostgreSQL's lower() follows the database's collation (ASCII only under
  * C, which the embedded cluster uses).
  */
-export const folderKey = (folder: string) => folder.normalize("NFC").toLowerCase();
+export const folderKey = (folder: string) =>
+  folder.normalize("NFC").toLowerCase().toUpperCase().toLowerCase().normalize("NFC");
 
 /** The key of the folder a run of this input gets before any suffix: that of its safe name. */
 export const inputFolderKey = (inputName: string) => folderKey(safeSegment(inputName));
@@ -123,13 +130,14 @@ export function runFolder(inputName: string, runId: string, shared: boolean): st
 
 /**
  * The names a run's output files are saved under, by index of `names`: one name each where macOS and
- * Windows see one file (folderKey: case, Unicode normalization). `Report.json` and `report.json` are
- * both names a program may give its outputs, and whichever was extracted or saved second replaced the
- * first there. Of names that compare alike, the first in code-unit order keeps its name and the others
- * get ` (2)`, ` (3)`… before their extension, so the outcome depends on the set of names, not on the
- * order they were listed in: the task's zip (tasks/outputs.ts) and `assay download` (client/download.ts)
- * name a run's files alike. A space and brackets are in no output name the runner accepts (SAFE_NAME), so a new name never
- * meets another output's.
+ * Windows see one file (folderKey: case, Unicode normalization). A program could give its outputs
+ * `Report.json` and `report.json` until the runner refused them (runner/outputs.ts, checkOutputs):
+ * runs recorded before may have both, and whichever was extracted or saved second replaced the first
+ * there. Of names that compare alike, the first in code-unit order keeps its name and the others get
+ * ` (2)`, ` (3)`… before their extension, so the outcome depends on the set of names, not on the order
+ * they were listed in: the task's zip (tasks/outputs.ts) and `assay download` (client/download.ts)
+ * name a run's files alike. A space and brackets are in no output name the runner accepts
+ * (SAFE_NAME), so a new name never meets another output's.
  */
 export function distinctFileNames(names: readonly string[]): string[] {
   const order = names.map((_, i) => i);

@@ -17,9 +17,25 @@ declare module "fastify" {
  */
 const BEARER = /^bearer +([^\s]+)$/i;
 
+/**
+ * Whether the request carries more than one Authorization field line. Node keeps the first and drops
+ * the rest, so `Bearer <mine>` then `Bearer <yours>` authenticated as the first, while a proxy in
+ * front may have checked or logged the other. Authorization is a singleton field (RFC 9110 §11.6.2):
+ * two of them are a malformed credential, refused like any other.
+ */
+function repeatedAuthorization(request: FastifyRequest): boolean {
+  const raw = request.raw.rawHeaders;
+  let seen = 0;
+  for (let i = 0; i < raw.length; i += 2) {
+    if (raw[i]?.toLowerCase() === "authorization" && ++seen > 1) return true;
+  }
+  return false;
+}
+
 /** Adds the onRequest hook to `scope` (the /api plugin). */
 export function requireBearer(scope: FastifyInstance) {
   scope.addHook("onRequest", async (request) => {
+    if (repeatedAuthorization(request)) throw new ApiError(401, "UNAUTHORIZED");
     const match = BEARER.exec(request.headers.authorization ?? "");
     const principal = match?.[1]
       ? await tokenAuthenticate(scope.services.database.sql, match[1], scope.services.tokens)

@@ -28,6 +28,20 @@ function classify(err: FastifyError): { status: number; code: ErrorCode; message
       const name = field.length > 64 ? `${field.slice(0, 64)}…` : field;
       return { status: 400, code: "VALIDATION_FAILED", message: `${at}/${name} is not a known field.` };
     }
+    // An enumeration (a union of literals) fails once per member, and Fastify's message repeated
+    // "querystring/status must be equal to constant" for each: this one says it once, with the values.
+    const anyOf = err.validation.find((v) => v.keyword === "anyOf");
+    const allowed = err.validation
+      .filter((v) => v.keyword === "const" && v.instancePath === anyOf?.instancePath)
+      .map((v) => String(v.params?.allowedValue));
+    if (anyOf && allowed.length > 0) {
+      const at = `${err.validationContext ?? "body"}${anyOf.instancePath}`;
+      return {
+        status: 400,
+        code: "VALIDATION_FAILED",
+        message: `${at} must be one of ${allowed.join(", ")}`,
+      };
+    }
     // Fastify's message names the field, e.g. "body/analysisType must be string".
     return { status: 400, code: "VALIDATION_FAILED", message: err.message };
   }

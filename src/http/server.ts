@@ -1,14 +1,23 @@
 // Builds the Fastify instance around the app plugin. Tests use it with `inject`; `assay api`
 // listens with it.
 import { randomUUID } from "node:crypto";
+import http from "node:http";
+import type { Socket } from "node:net";
 import type { TypeBoxTypeProvider } from "@fastify/type-provider-typebox";
-import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
+import Fastify, {
+  type FastifyBaseLogger,
+  type FastifyError,
+  type FastifyInstance,
+  type FastifyReply,
+  type FastifyRequest,
+} from "fastify";
 import fp from "fastify-plugin";
 import { TokenCache } from "../auth/token-cache.ts";
 import { EventHub } from "../events/hub.ts";
 import type { Logger } from "../log.ts";
 import { TaskCache } from "../tasks/task-cache.ts";
 import { app, type Services } from "./app.ts";
+import { PUBLIC_MESSAGES } from "./errors.ts";
 import { lazyCompilers } from "./lazy-compilers.ts";
 
 /**
@@ -17,6 +26,51 @@ import { lazyCompilers } from "./lazy-compilers.ts";
  * and limited by ASSAY_MAX_UPLOAD_BYTES instead.
  */
 export const jsonBodyLimit = (maxTaskRuns: number) => 1024 * 1024 + 32 * maxTaskRuns;
+
+/**
+ * The longest path parameter the router matches. Fastify's default, 100, answered a longer one with a
+ * bare 414 of its own, so an id of 101 characters was not the resource's 404 and an output name of
+ * 101–128 characters (runner/outputs.ts allows 128) could not be fetched. The limit guards regex
+ * parameters against slow matching, and no route has one: a parameter cannot be longer than Node's
+ * whole request head (16 KiB) anyway.
+ */
+const MAX_PARAM_LENGTH = 16 * 1024;
+
+const BAD_REQUEST = JSON.stringify({ code: "BAD_REQUEST", message: PUBLIC_MESSAGES.BAD_REQUEST });
+
+/**
+ * What Fastify's default clientErrorHandler does (answer a request Node's parser refused, then drop
+ * the socket), with our envelope instead of Fastify's `{error, message, statusCode}`: a request head
+ * over Node's limit (431), one that is not HTTP (400) or one that took too long (408).
+ */
+function clientErrorHandler(this: FastifyInstance, err: Error & { code?: string }, socket: Socket) {
+  if (err.code === "ECONNRESET" || socket.destroyed) return;
+  const status =
+    err.code === "ERR_HTTP_REQUEST_TIMEOUT" ? 408 : err.code === "HPE_HEADER_OVERFLOW" ? 431 : 400;
+  this.log.trace({ err }, "client error");
+  if (socket.writable) {
+    socket.write(
+      `HTTP/1.1 ${status} ${http.STATUS_CODES[status]}\r\nContent-Length: ${Buffer.byteLength(BAD_REQUEST)}\r\n` +
+        `Content-Type: application/json; charset=utf-8\r\nConnection: close\r\n\r\n${BAD_REQUEST}`,
+    );
+  }
+  socket.destroy(err);
+}
+
+/**
+ * A URL the router cannot decode (`%zz`) is refused before any route or hook: Fastify's own answer was
+ * not an envelope and echoed the path. The path stays out of the log too (a /view/ link is a
+ * capability).
+ */
+function frameworkError(err: FastifyError, request: FastifyRequest, reply: FastifyReply) {
+  const status = err.statusCode ?? 500;
+  if (status >= 500) {
+    request.log.error({ code: err.code }, "request failed");
+    return reply.status(500).send({ code: "INTERNAL_ERROR", message: PUBLIC_MESSAGES.INTERNAL_ERROR });
+  }
+  request.log.info({ code: "BAD_REQUEST", cause: err.code }, "request rejected");
+  return reply.status(status).send({ code: "BAD_REQUEST", message: PUBLIC_MESSAGES.BAD_REQUEST });
+}
 
 /** Builds the app; it owns its event hub (one LISTEN connection, opened on the first stream). */
 export async function buildServer(
@@ -44,6 +98,9 @@ export async function buildServer(
       },
     },
     return503OnClosing: true,
+    routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
+    frameworkErrors: frameworkError,
+    clientErrorHandler,
     schemaController: { compilersFactory: lazyCompilers({ coerceBodies: false }) },
   });
   const tokens = new TokenCache();

@@ -8,7 +8,7 @@
 // while the earlier attempt's process may still be running: each attempt owns its key.
 import fs from "node:fs";
 import path from "node:path";
-import { isDeviceName } from "../files/folder-names.ts";
+import { folderKey, isDeviceName } from "../files/folder-names.ts";
 
 /** The output key of an attempt (see above). */
 export const attemptOutputKey = (taskId: number, runId: number, attempt: number, token: string) =>
@@ -107,5 +107,21 @@ export function checkOutputs(dir: string, resultName: string): OutputCheck {
   if (!files.some((f) => f.name === resultName)) {
     return { ok: false, message: "the file named by the result does not exist" };
   }
-  return { ok: true, files: files.sort((a, b) => (a.name < b.name ? -1 : 1)) };
+  files.sort((a, b) => (a.name < b.name ? -1 : 1));
+  // Names macOS and Windows take for one file (folderKey: case; SAFE_NAME leaves nothing else to
+  // fold): extracted from the zip or saved by `assay download` there, one would replace the other.
+  // Outputs recorded before this was refused are still given names apart (distinctFileNames).
+  const seen = new Map<string, string>();
+  for (const f of files) {
+    const key = folderKey(f.name);
+    const first = seen.get(key);
+    if (first !== undefined) {
+      return {
+        ok: false,
+        message: `output files whose names differ only in case (${first}, ${f.name}) are one file on macOS and Windows`,
+      };
+    }
+    seen.set(key, f.name);
+  }
+  return { ok: true, files };
 }

@@ -187,6 +187,9 @@ test("summary streams: progress at least every 5% of a multi-megabyte input", as
 //   double can hold comes out right (the mean of 1.7e308 twice is 1.7e308); one it cannot hold is null
 //   (a blank cell in r-report) with the note "<statistic> overflows", e.g. "stdev overflows": summary
 //   in the column's "notes", python-stats in "notes" by column, r-report in the table's notes column.
+//   A statistic a column does not have — the stdev of one value — is null (blank) too, with the note
+//   "stdev needs at least two values" (python-stats, r-report; summary has no stdev). Min, median and
+//   max are written in full by all three (r-report rounds only its mean and stdev, to 6 digits).
 //   No output file or stdout line holds NaN or Infinity.
 // For exit 0 the figures all three report: rows, column names (summary: all; python-stats and r-report:
 // the numeric ones, r-report also the number of columns), and per numeric column [count, mean].
@@ -350,7 +353,7 @@ const corpusRuns: { type: string; params: Record<string, unknown>; figures: (out
   },
 ];
 
-/** a and b equal to `digits` significant digits (r-report prints 6). */
+/** a and b equal to `digits` significant digits (r-report prints its mean and stdev to 6). */
 function assertClose(actual: number | null, expected: number, digits: number, what: string) {
   assert.ok(actual !== null, `${what}: null, expected ${expected}`);
   const tolerance = 10 ** -digits * Math.max(Math.abs(actual), Math.abs(expected));
@@ -490,4 +493,75 @@ test("r-report: every numeric column is plotted, on one stated scale, up to a st
   assert.ok(manyHtml.includes(`<p class="plotted">Plotted: ${names.slice(0, 12).join(", ")}.</p>`));
   assert.match(manyHtml, /<p class="not-plotted">Not plotted \(at most 12 panels\): m13, m14, m15\.<\/p>/);
   assert.ok(pngSize(manyHtml).height > pngSize(html).height, "12 panels take more room than 3");
+});
+
+// exact-range.csv: x = 999.9996, 1.0000004, 500; y = 0.1, 0.30000000000000004, 0.2; z = 123456789.123,
+// -2.5e-7, 7; one = 42 alone (two empty cells).
+const EXACT_RANGE: Record<string, { min: number; median: number; max: number }> = {
+  x: { min: 1.0000004, median: 500, max: 999.9996 },
+  y: { min: 0.1, median: 0.2, max: 0.30000000000000004 },
+  z: { min: -2.5e-7, median: 7, max: 123456789.123 },
+  one: { min: 42, median: 42, max: 42 },
+};
+
+test("r-report: min, median and max are values the column has, as summary and python-stats report them", {
+  skip: skipUnless("r-report", "summary", "python-stats"),
+}, async () => {
+  // To 6 significant digits the max of x was "1000" and its min "1", values x does not have.
+  const { r, out } = await run(program("r-report") as Program, corpus("exact-range.csv"), {});
+  assert.equal(r.exitCode, 0, r.stderrTail);
+  const html = fs.readFileSync(path.join(out, "report.html"), "utf8");
+  const table = reportTable(html);
+  assert.deepEqual(
+    Object.fromEntries(table.map((row) => [row.name, { min: row.min, median: row.median, max: row.max }])),
+    EXACT_RANGE,
+  );
+  assert.match(
+    html,
+    /<p class="digits">Mean and stdev to 6 significant digits; min, median and max in full\./,
+  );
+  // The mean stays readable: 6 significant digits.
+  assert.equal(/<tr><td>x<\/td><td>3<\/td><td>([^<]*)<\/td>/.exec(html)?.[1], "500.333");
+
+  const summary = await run(program("summary") as Program, corpus("exact-range.csv"), {});
+  assert.equal(summary.r.exitCode, 0, summary.r.stderrTail);
+  for (const c of readJson(summary.out, "summary.json").columns as {
+    name: string;
+    min: number;
+    max: number;
+  }[])
+    assert.deepEqual(
+      { min: c.min, max: c.max },
+      { min: EXACT_RANGE[c.name]?.min, max: EXACT_RANGE[c.name]?.max },
+    );
+  for (const method of ["min", "median", "max"] as const) {
+    const stats = await run(program("python-stats") as Program, corpus("exact-range.csv"), { method });
+    assert.equal(stats.r.exitCode, 0, stats.r.stderrTail);
+    const want = Object.fromEntries(Object.entries(EXACT_RANGE).map(([name, s]) => [name, s[method]]));
+    assert.deepEqual(readJson(stats.out, "stats.json").columns, want, method);
+  }
+});
+
+test("python-stats and r-report: a one-value column's stdev is null (blank) with a note saying why", {
+  skip: skipUnless("python-stats", "r-report"),
+}, async () => {
+  // null alone meant "overflows, see the note", and there was no note.
+  const { r, out } = await run(program("python-stats") as Program, corpus("exact-range.csv"), {
+    method: "stdev",
+  });
+  assert.equal(r.exitCode, 0, r.stderrTail);
+  const s = readJson(out, "stats.json");
+  assert.equal(s.columns.one, null);
+  assert.equal(s.counts.one, 1);
+  assert.deepEqual(s.notes, { one: ["stdev needs at least two values"] });
+  assert.match(fs.readFileSync(path.join(out, "stats.csv"), "utf8"), /\r\none,\r\n$/, "an empty cell");
+  assertClose(s.columns.x, 499.49988315012314, 12, "stdev of x");
+
+  const report = await run(program("r-report") as Program, corpus("exact-range.csv"), {});
+  assert.equal(report.r.exitCode, 0, report.r.stderrTail);
+  const one = reportTable(fs.readFileSync(path.join(report.out, "report.html"), "utf8")).find(
+    (row) => row.name === "one",
+  );
+  assert.equal(one?.stdev, null);
+  assert.equal(one?.notes, "stdev needs at least two values");
 });

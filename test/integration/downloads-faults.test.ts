@@ -46,14 +46,17 @@ function filesUnder(dir: string): string[] {
 test("output files whose names differ only in case get one name each, the same in the zip and a download", {
   timeout: 60_000,
 }, async () => {
-  // A program may write `Report.json` and `report.json` (both valid output names); on macOS and
-  // Windows they are one file, and whichever is extracted or saved second replaces the first.
+  // A program could write `Report.json` and `report.json` (both valid output names) until the runner
+  // refused them (runner/outputs.ts); on macOS and Windows they are one file, and whichever is
+  // extracted or saved second replaces the first. Such a run's outputs are made here as one recorded
+  // before the refusal: written under other names, then renamed in the store and in the run's result.
+  const renamed: Record<string, string> = { "upper.json": "Report.json", "caps.json": "REPORT.json" };
   const specs = [
     {
       files: {
-        "Report.json": '{"v":"upper"}',
+        "upper.json": '{"v":"upper"}',
         "report.json": '{"v":"lower"}',
-        "REPORT.json": '{"v":"caps"}',
+        "caps.json": '{"v":"caps"}',
       },
       result: "report.json",
     },
@@ -70,6 +73,15 @@ test("output files whose names differ only in case get one name each, the same i
     .sql`update tasks set owner_id = (select id from users where name = 'folder') where id = ${taskId}`;
   const [task] = await env.db.sql<{ status: string }[]>`select status from tasks where id = ${taskId}`;
   assert.equal(task?.status, "succeeded");
+  const [twins] = await env.db.sql<{ id: string; key: string; files: { name: string; size: number }[] }[]>`
+    select id::text, output_key as key, result -> 'files' as files from runs
+    where task_id = ${taskId} and result ->> 'outputFileName' = 'report.json'`;
+  assert.ok(twins);
+  for (const [from, to] of Object.entries(renamed))
+    fs.renameSync(path.join(env.outputsRoot, twins.key, from), path.join(env.outputsRoot, twins.key, to));
+  const recorded = twins.files.map((f) => ({ ...f, name: renamed[f.name] ?? f.name }));
+  await env.db.sql`update runs set result = jsonb_set(result, '{files}', ${env.db.sql.json(recorded)})
+    where id = ${twins.id}`;
 
   const res = await app.inject({ url: `/api/analysis-tasks/${taskId}/download`, headers: bearer(token) });
   assert.equal(res.statusCode, 200);

@@ -98,6 +98,27 @@ describe("a program's output folder", () => {
       assert.equal(run.error_message, "the output folder was replaced (it must stay a folder)", name);
     }
   });
+
+  test("files whose names differ only in case (Report.json, report.json, REPORT.json) → ANALYSIS_OUTPUT_INVALID, nothing published", async () => {
+    // Each a valid output name, but one file where macOS and Windows extract the zip or save a download.
+    const { run, taskId } = await runOne(
+      program(
+        "case-twins",
+        `for (const name of ["report.json", "Report.json", "REPORT.json"]) fs.writeFileSync(path.join(out, name), "{}");
+        say({ type: "result", outputFileName: "report.json", metrics: {} });`,
+      ),
+      3,
+    );
+    assert.equal(run.status, "failed");
+    assert.equal(run.attempt, 1, "the program's own fault is not retried");
+    assert.equal(run.error_code, "ANALYSIS_OUTPUT_INVALID");
+    assert.equal(
+      run.error_message,
+      "output files whose names differ only in case (REPORT.json, Report.json) are one file on macOS and Windows",
+    );
+    assert.deepEqual(outputTree(path.join(env.outputsRoot, taskId)), [], "nothing published");
+    assert.deepEqual(await strayOutputs(env), []);
+  });
 });
 
 describe("deleting outputs from a local store leaves no empty folders", () => {

@@ -6,6 +6,7 @@ import fs from "node:fs";
 import { test } from "node:test";
 import { RESULTS_FILE as CLIENT_RESULTS_FILE, folderNames } from "../../src/client/download.ts";
 import {
+  distinctFileNames,
   folderKey,
   inputFolderKey,
   needsRunSuffix,
@@ -168,6 +169,69 @@ test("folderKey folds case, non-ASCII letters included, and Unicode normalizatio
   assert.equal(folderKey("CAFE\u0301.csv"), "caf\u00e9.csv");
   assert.notEqual(folderKey("a.csv"), folderKey("b.csv"));
   assert.notEqual(folderKey("cafe.csv"), folderKey("caf\u00e9.csv"));
+});
+
+test("folderKey folds as macOS (Unicode case folding) and Windows (upper case) do, not as toLowerCase alone", () => {
+  // Each pair is one name on macOS or Windows; toLowerCase() alone keeps every one of them apart.
+  const pairs = [
+    ["\u017f.csv", "s.csv"], // long s
+    ["\u017f.csv", "S.csv"],
+    ["\u03c2.csv", "\u03c3.csv"], // final and medial sigma
+    ["\u03c2.csv", "\u03a3.csv"],
+    ["\u03d0.csv", "\u03b2.csv"], // curled beta
+    ["\u03d1.csv", "\u03b8.csv"], // theta symbol
+    ["\u03f5.csv", "\u03b5.csv"], // lunate epsilon
+    ["\u00b5.csv", "\u03bc.csv"], // micro sign and mu
+    ["\u1fbe.csv", "\u03b9.csv"], // prosgegrammeni and iota
+    ["\u0131.csv", "i.csv"], // dotless i, whose upper case is I
+    ["\u1c80.csv", "\u0432.csv"], // rounded ve
+    ["\u1e9e.csv", "ss.csv"], // capital sharp s: small sharp s to toLowerCase, ss to case folding
+    ["\u00df.csv", "SS.csv"], // full case folding: ß is ss
+    ["\u01f0.csv", "J\u030c.csv"], // ǰ, whose upper case is J + combining caron
+  ];
+  for (const [a, b] of pairs) {
+    assert.notEqual(
+      (a as string).toLowerCase(),
+      (b as string).toLowerCase(),
+      `${a} ${b}: a case lower() misses`,
+    );
+    assert.equal(folderKey(a as string), folderKey(b as string), `${a} ${b}`);
+  }
+  // The key is in NFC, and a second pass changes nothing.
+  for (const name of ["\u01f0.csv", "\u0390.csv", "I\u0307.csv", "\u1e9e.csv", "CAFE\u0301.csv", "ΟΔΟΣ"]) {
+    const key = folderKey(name);
+    assert.equal(key, key.normalize("NFC"), name);
+    assert.equal(folderKey(key), key, name);
+  }
+  assert.equal(folderKey("\u03a3\u039f\u03a6\u0399\u0391.csv"), "\u03c3\u03bf\u03c6\u03b9\u03b1.csv");
+  // Still apart: different letters, and an accent.
+  assert.notEqual(folderKey("s.csv"), folderKey("z.csv"));
+  assert.notEqual(folderKey("\u03c3.csv"), folderKey("\u03c4.csv"));
+  assert.notEqual(folderKey("i.csv"), folderKey("\u00ef.csv"));
+  // The folders and the output files of a run follow it, in the zip and in a download alike.
+  const runs = ["\u017f.csv", "s.csv", "\u03c2.csv", "\u03c3.csv", "\u00b5.csv"].map((fileName, i) => ({
+    runId: String(50 + i),
+    fileName,
+  }));
+  assert.deepEqual(zipFolders(runs), [
+    "\u017f.csv (run 50)",
+    "s.csv (run 51)",
+    "\u03c2.csv (run 52)",
+    "\u03c3.csv (run 53)",
+    "\u00b5.csv",
+  ]);
+  assert.deepEqual([...folderNames(runs).values()], zipFolders(runs));
+  assert.equal(
+    runFolder("re\u017fults.csv", "9", false),
+    "re\u017fults.csv (run 9)",
+    "the results table on macOS",
+  );
+  assert.deepEqual(distinctFileNames(["\u03c3.json", "\u03c2.json", "\u017f.csv", "s.csv"]), [
+    "\u03c3 (2).json",
+    "\u03c2.json",
+    "\u017f (2).csv",
+    "s.csv",
+  ]);
 });
 
 test("inputFolderKey compares the safe names: inputs that become one folder share a key", () => {

@@ -77,3 +77,26 @@ test("checkOutputs: the named file among allowed files passes; every limit is en
   fs.mkdirSync(path.join(withFolder, "sub"));
   assert.equal(fails(withFolder, "a.json"), "outputs must be regular files (no links or folders)");
 });
+
+test("checkOutputs: names that differ only in case (one file on macOS and Windows) are refused", () => {
+  const dir = fs.mkdtempSync(path.join(root, "case-"));
+  for (const name of ["report.json", "Report.json", "REPORT.json", "stats.csv"])
+    fs.writeFileSync(path.join(dir, name), "{}");
+  assert.deepEqual(checkOutputs(dir, "report.json"), {
+    ok: false,
+    message:
+      "output files whose names differ only in case (REPORT.json, Report.json) are one file on macOS and Windows",
+  });
+  // The pair named is the first in code-unit order whatever order the folder lists them in; a name that
+  // differs in more than case passes.
+  const apart = fs.mkdtempSync(path.join(root, "apart-"));
+  for (const name of ["report.json", "report.JSON.csv", "report_1.json"])
+    fs.writeFileSync(path.join(apart, name), "{}");
+  assert.equal(checkOutputs(apart, "report.json").ok, true);
+  const twoExts = fs.mkdtempSync(path.join(root, "ext-"));
+  for (const name of ["a.csv", "a.CSV"]) fs.writeFileSync(path.join(twoExts, name), "");
+  assert.deepEqual(checkOutputs(twoExts, "a.csv"), {
+    ok: false,
+    message: "output files whose names differ only in case (a.CSV, a.csv) are one file on macOS and Windows",
+  });
+});

@@ -29,6 +29,31 @@ import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok, Page } from "..
 
 const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,200}$/;
 
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+/** NUL, or a surrogate without its other half: text PostgreSQL's jsonb refuses to store. */
+const unstorable = (s: string) => s.includes("\u0000") || LONE_SURROGATE.test(s);
+
+/**
+ * Where in `value` (the validated parameters) a string holds text jsonb cannot store, as the field's
+ * path, or undefined. JSON allows `\u0000` and `\ud800`, so the schemas pass them, and the insert then
+ * failed: a 500 for the client's input. The keys were checked by the schemas (none allows unknown ones).
+ */
+function unstorableAt(value: unknown, at: string): string | undefined {
+  if (typeof value === "string") return unstorable(value) ? at : undefined;
+  if (Array.isArray(value)) {
+    for (const [i, v] of value.entries()) {
+      const found = unstorableAt(v, `${at}/${i}`);
+      if (found) return found;
+    }
+  } else if (value && typeof value === "object") {
+    for (const [k, v] of Object.entries(value)) {
+      const found = unstorableAt(v, `${at}/${k}`);
+      if (found) return found;
+    }
+  }
+  return undefined;
+}
+
 export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.post(
     "/analysis-tasks",
@@ -69,6 +94,8 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
       if (body.priority !== undefined && principal.role !== "admin") {
         throw validationFailed("body/priority may only be set by an admin.");
       }
+      const badText = unstorableAt(body.parameters, "body/parameters");
+      if (badText) throw validationFailed(`${badText} must not contain NUL or an unpaired surrogate.`);
       // An id that cannot exist is a missing file, as in GET /api/files/:fileId.
       if (!fileIds.every(isId)) throw notFound("FILE_NOT_FOUND");
       const result = await taskCreate(database.sql, principal, {
