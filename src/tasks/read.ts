@@ -147,6 +147,14 @@ export const ESTIMATE_CAP = 10_000;
  */
 export async function taskQueueEstimates(sql: Sql, taskIds: string[]): Promise<Map<string, QueueEstimate>> {
   if (taskIds.length === 0) return new Map();
+  // The first `limit` queued runs of a queue_owners row `w` (its owner, type and priority), read from
+  // runs_claim_idx in the claim's order: the ORDER BY keeps the planner on that index.
+  const ownerQueue = (limit: ReturnType<Sql["unsafe"]>) => sql`
+    select 1 from runs q
+    where q.status = 'queued' and q.analysis_type = w.analysis_type and q.owner_id = w.owner_id
+      and q.priority = w.priority
+    order by q.turn, q.id
+    limit ${limit}`;
   const rows = await sql<{ taskId: string; mine: number; others: number; users: number; higher: number }[]>`
     select t.id::text as "taskId", m.n as mine, coalesce(o.runs, 0)::int as others, coalesce(o.users, 0)::int as users,
            h.n as higher
@@ -189,13 +197,7 @@ export async function taskQueueEstimates(sql: Sql, taskIds: string[]): Promise<M
                               and q.owner_id = w.owner_id and q.priority = w.priority)) as users,
              (select count(*) from (
                 select 1 from queue_owners w
-                cross join lateral (
-                  select 1 from runs q
-                  where q.status = 'queued' and q.analysis_type = w.analysis_type and q.owner_id = w.owner_id
-                    and q.priority = w.priority
-                  order by q.turn, q.id
-                  limit m.n + 1
-                ) y
+                cross join lateral (${ownerQueue(sql`m.n + 1`)}) y
                 where w.analysis_type = t.analysis_type and w.priority = t.priority and w.owner_id <> t.owner_id
                 limit ${ESTIMATE_CAP}
               ) z) as runs
@@ -203,13 +205,7 @@ export async function taskQueueEstimates(sql: Sql, taskIds: string[]): Promise<M
     cross join lateral (
       select count(*)::int as n from (
         select 1 from queue_owners w
-        cross join lateral (
-          select 1 from runs q
-          where q.status = 'queued' and q.analysis_type = w.analysis_type and q.owner_id = w.owner_id
-            and q.priority = w.priority
-          order by q.turn, q.id
-          limit ${ESTIMATE_CAP}
-        ) q
+        cross join lateral (${ownerQueue(sql.unsafe(String(ESTIMATE_CAP)))}) q
         where w.analysis_type = t.analysis_type and w.priority < t.priority
         limit ${ESTIMATE_CAP}
       ) z
