@@ -13,8 +13,8 @@ import type { Browser, Locator, Page } from "playwright-core";
 import { freePort } from "../../src/db/embedded.ts";
 import { createLogger } from "../../src/log.ts";
 import { Worker } from "../../src/queue/worker.ts";
-import { browserSkip, launchBrowser, watchPage } from "../helpers/browser.ts";
-import { cleanEnv, collect, spawnCli, watch } from "../helpers/cli.ts";
+import { browserSkip, launchBrowser, linkToken, startDevApi, watchPage } from "../helpers/browser.ts";
+import { cleanEnv } from "../helpers/cli.ts";
 import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
 
 const skip = browserSkip;
@@ -36,8 +36,7 @@ before(async () => {
   env = await runnerEnv();
   port = await freePort();
   base = `http://127.0.0.1:${port}`;
-  const child = spawnCli(
-    ["api", "--dev-token"],
+  const started = await startDevApi(
     cleanEnv({
       DATABASE_URL: env.db.url,
       ASSAY_DATA_DIR: env.dataDir,
@@ -49,10 +48,8 @@ before(async () => {
       ASSAY_MAX_UPLOAD_BYTES: String(MAX_UPLOAD),
     }),
   );
-  const out = watch(child);
-  api = { child, done: collect(child) };
-  const [, link] = await out.waitFor(/(http:\/\/\S+\/#token=\S+)/);
-  adminToken = decodeURIComponent((link as string).split("#token=")[1] as string);
+  api = { child: started.child, done: started.done };
+  adminToken = linkToken(started.link);
   browser = await launchBrowser();
 });
 

@@ -9,7 +9,7 @@ import { after, before, beforeEach, test } from "node:test";
 import type { Browser, BrowserContext, Page } from "playwright-core";
 import { tokenCreate } from "../../src/auth/tokens.ts";
 import { freePort } from "../../src/db/embedded.ts";
-import { browserSkip, launchBrowser, watchPage } from "../helpers/browser.ts";
+import { browserSkip, launchBrowser, startDevApi, watchPage } from "../helpers/browser.ts";
 import { cleanEnv, collect, ROOT, spawnCli, watch } from "../helpers/cli.ts";
 import { tableEvents, waitFor, waitForTerminal } from "../helpers/queue.ts";
 import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
@@ -48,11 +48,9 @@ const serverEnv = () =>
   });
 
 async function startApi(): Promise<string> {
-  const child = spawnCli(["api", "--dev-token"], serverEnv());
-  const out = watch(child);
-  api = { child, done: collect(child) };
-  const [, url] = await out.waitFor(/(http:\/\/\S+\/#token=\S+)/);
-  return url as string;
+  const started = await startDevApi(serverEnv());
+  api = { child: started.child, done: started.done };
+  return started.link;
 }
 
 async function stopApi(): Promise<void> {

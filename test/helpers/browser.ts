@@ -1,8 +1,10 @@
 // What the browser tests share: Debian's chromium driven by playwright-core (never a downloaded
 // browser), skipped only outside CI when it is missing, and a page's problems collected for the test
 // to assert none.
+import type { ChildProcess } from "node:child_process";
 import fs from "node:fs";
 import { type Browser, chromium, type Page } from "playwright-core";
+import { type CliResult, collect, spawnCli, watch } from "./cli.ts";
 
 export const CHROMIUM = process.env.ASSAY_TEST_CHROMIUM ?? "/usr/bin/chromium";
 /** In CI a missing browser is a failure, not a skip (.ci/run installs it). */
@@ -27,3 +29,20 @@ export function watchPage(page: Page, problems: string[]): void {
     void d.dismiss();
   });
 }
+
+/**
+ * An `assay api --dev-token` process: it prints a sign-in link whose `#token=` is an admin token.
+ * Returns the process, its exit (collected) and the link.
+ */
+export async function startDevApi(
+  env: NodeJS.ProcessEnv,
+): Promise<{ child: ChildProcess; done: Promise<CliResult>; link: string }> {
+  const child = spawnCli(["api", "--dev-token"], env);
+  const out = watch(child);
+  const done = collect(child);
+  const [, link] = await out.waitFor(/(http:\/\/\S+\/#token=\S+)/);
+  return { child, done, link: link as string };
+}
+
+/** The admin token of a startDevApi link. */
+export const linkToken = (link: string) => decodeURIComponent(link.split("#token=")[1] as string);

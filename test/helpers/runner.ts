@@ -30,6 +30,26 @@ export const fixtureProgram = (type: string, overrides: Partial<Program> = {}): 
   ...overrides,
 });
 
+/**
+ * A program written for one test under `dir`: an ES module given the usual arguments, with `arg`,
+ * `out` (the output folder) and `say` (a JSON line on stdout) in scope, and fs, os and path imported.
+ */
+export function writeProgram(dir: string, name: string, body: string): { script: string; cwd: string } {
+  const folder = fs.mkdtempSync(path.join(dir, "scripts-"));
+  const script = path.join(folder, `${name}.mjs`);
+  fs.writeFileSync(
+    script,
+    `import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+const arg = (name) => process.argv[process.argv.indexOf(name) + 1];
+const out = arg("--output-dir");
+const say = (e) => process.stdout.write(JSON.stringify(e) + "\\n");
+${body}`,
+  );
+  return { script, cwd: folder };
+}
+
 export interface RunnerEnv {
   db: TestDatabase;
   dataDir: string;

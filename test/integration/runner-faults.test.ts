@@ -13,7 +13,14 @@ import type { HandlerContext } from "../../src/queue/worker.ts";
 import { discardAttempt, processHandler } from "../../src/runner/handler.ts";
 import { renameInto } from "../../src/storage/local.ts";
 import { waitForTerminal } from "../helpers/queue.ts";
-import { fixtureProgram, outputTree, type RunnerEnv, runnerEnv, strayOutputs } from "../helpers/runner.ts";
+import {
+  fixtureProgram,
+  outputTree,
+  type RunnerEnv,
+  runnerEnv,
+  strayOutputs,
+  writeProgram,
+} from "../helpers/runner.ts";
 
 let env: RunnerEnv;
 let input: string;
@@ -25,24 +32,8 @@ after(() => env.close());
 
 let typeSeq = 0;
 
-/**
- * A program written for one test (an ES module given the usual arguments, with `arg`, `out` and `say`
- * in scope).
- */
-function program(name: string, body: string): { script: string; cwd: string } {
-  const dir = fs.mkdtempSync(path.join(env.dataDir, "scripts-"));
-  const script = path.join(dir, `${name}.mjs`);
-  fs.writeFileSync(
-    script,
-    `import fs from "node:fs";
-import path from "node:path";
-const arg = (name) => process.argv[process.argv.indexOf(name) + 1];
-const out = arg("--output-dir");
-const say = (e) => process.stdout.write(JSON.stringify(e) + "\\n");
-${body}`,
-  );
-  return { script, cwd: dir };
-}
+/** A program written for one test (see writeProgram). */
+const program = (name: string, body: string) => writeProgram(env.dataDir, name, body);
 
 /** Runs one task of a fresh type with `prog` through a worker; returns its run row. */
 async function runOne(prog: { script: string; cwd: string }, maxAttempts = 1) {

@@ -21,6 +21,7 @@ import {
   runnerEnv,
   runOutputDir,
   strayOutputs,
+  writeProgram,
 } from "../helpers/runner.ts";
 import { createTestBucket } from "../helpers/s3.ts";
 
@@ -76,25 +77,8 @@ async function reportedPid(taskId: string, label: "pid" | "grandchild"): Promise
 
 const noStrayOutputs = async () => assert.deepEqual(await strayOutputs(env), []);
 
-/**
- * A program written for one test (an ES module given the usual arguments, with `arg`, `out` and `say`
- * in scope), as overrides for runOne.
- */
-function program(name: string, body: string): { script: string; cwd: string } {
-  const dir = fs.mkdtempSync(path.join(env.dataDir, "scripts-"));
-  const script = path.join(dir, `${name}.mjs`);
-  fs.writeFileSync(
-    script,
-    `import fs from "node:fs";
-import os from "node:os";
-import path from "node:path";
-const arg = (name) => process.argv[process.argv.indexOf(name) + 1];
-const out = arg("--output-dir");
-const say = (e) => process.stdout.write(JSON.stringify(e) + "\\n");
-${body}`,
-  );
-  return { script, cwd: dir };
-}
+/** A program written for one test (see writeProgram). */
+const program = (name: string, body: string) => writeProgram(env.dataDir, name, body);
 
 describe("starting", () => {
   test("command missing → ANALYSIS_PROCESS_START_FAILED", async () => {
