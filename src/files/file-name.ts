@@ -19,6 +19,9 @@ const CONTROL = /[\u0000-\u001f\u007f-\u009f]/g;
 /** Half a surrogate pair without its other half: UTF-8 has no encoding for it. */
 const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g;
 
+/** Whether `s` holds half a surrogate pair (text neither UTF-8 nor PostgreSQL can hold). */
+export const hasLoneSurrogate = (s: string) => s.search(LONE_SURROGATE) !== -1;
+
 const isHighSurrogate = (code: number) => code >= 0xd800 && code <= 0xdbff;
 
 /**

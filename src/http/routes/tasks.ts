@@ -2,6 +2,7 @@ import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
 import { Type } from "typebox";
 import { isAnalysisType } from "../../analyses/types.ts";
 import { typeSettings } from "../../config.ts";
+import { hasLoneSurrogate } from "../../files/file-name.ts";
 import { taskCancel } from "../../tasks/cancel.ts";
 import { taskCreate } from "../../tasks/create.ts";
 import {
@@ -29,9 +30,8 @@ import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok, Page } from "..
 
 const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,200}$/;
 
-const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
 /** NUL, or a surrogate without its other half: text PostgreSQL's jsonb refuses to store. */
-const unstorable = (s: string) => s.includes("\u0000") || LONE_SURROGATE.test(s);
+const unstorable = (s: string) => s.includes("\u0000") || hasLoneSurrogate(s);
 
 /**
  * Where in `value` (the validated parameters) a string holds text jsonb cannot store, as the field's
