@@ -58,8 +58,8 @@ export function TaskView({ taskId }) {
   const [resultsVersion, setResultsVersion] = useState(0);
   const taskRef = useRef(null);
   const reread = useRef({ timer: null, due: 0, task: false, runs: false });
-  // Reads failed in a row (retryFailed's backoff).
-  const failedReads = useRef(0);
+  // Reads of the task and of its runs failed in a row, each (retryFailed's backoff).
+  const failedReads = useRef({ task: 0, runs: 0 });
   const pending = useRef([]);
   const frame = useRef(0);
   const flushTimer = useRef(null);
@@ -76,7 +76,7 @@ export function TaskView({ taskId }) {
       (t) => {
         if (seq !== taskReads.current) return t;
         taskRef.current = t;
-        failedReads.current = 0;
+        failedReads.current.task = 0;
         setTask(t);
         setLoadProblem(null);
         return t;
@@ -106,7 +106,7 @@ export function TaskView({ taskId }) {
         if (seq !== r.seq) return;
         r.ctrl = null;
         // The pager goes on from the page shown, not from one whose read failed (see files.js).
-        failedReads.current = 0;
+        failedReads.current.runs = 0;
         setRuns({ ...p, cursors });
         setLive({});
       },
@@ -144,7 +144,7 @@ export function TaskView({ taskId }) {
   // it fails again (1 s doubling to 15 s). Before, the page waited for an event to re-read, which a
   // quiet task never sends: a first read that failed left it on "Loading task…" for good.
   function retryFailed(which) {
-    scheduleReread(which, Math.min(1000 * 2 ** failedReads.current++, 15_000));
+    scheduleReread(which, Math.min(1000 * 2 ** failedReads.current[which]++, 15_000));
   }
 
   function scheduleFlush() {
@@ -212,7 +212,7 @@ export function TaskView({ taskId }) {
   useEffect(() => {
     const ctrl = new AbortController();
     let reconnecting = false;
-    failedReads.current = 0;
+    failedReads.current = { task: 0, runs: 0 };
     setTask(null);
     setLog([]);
     loadTask();

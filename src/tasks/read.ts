@@ -179,6 +179,8 @@ export async function taskQueueEstimates(sql: Sql, taskIds: string[]): Promise<M
            order by q.turn, q.id
            limit ${ESTIMATE_CAP + 1}
          ) x
+         -- The first match in the subquery's order (no ORDER BY here: one would sort all it read
+         -- rather than stop at the match; a scan, filter and limit keep their input's order).
          where x.task_id = t.id
          limit 1),
         case when exists (select 1 from runs r where r.task_id = t.id and r.status = 'queued')
