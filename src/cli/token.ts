@@ -28,6 +28,25 @@ async function withDatabase<T>(
   }
 }
 
+/** Control characters and line breaks: a name with one breaks `token list`'s lines and columns. */
+const UNPRINTABLE = /[\p{Cc}\p{Zl}\p{Zp}]/u;
+
+/**
+ * Refuses what `sub` does not take. Ignored, it was a silent surprise: `token revoke 5 6` revoked 5
+ * only and said so, and `token list --user a` listed every user's tokens.
+ */
+function refuseExtra(
+  sub: string,
+  given: { values: Record<string, unknown>; positionals: string[] },
+  options: readonly string[],
+  positionals: number,
+  usage: string,
+) {
+  const option = Object.keys(given.values).find((o) => o !== "help" && !options.includes(o));
+  if (option !== undefined) throw new UsageError(`token ${sub} does not take --${option}; usage: ${usage}`);
+  if (given.positionals.length > positionals) throw new UsageError(`too many arguments; usage: ${usage}`);
+}
+
 export async function tokenCommand(argv: string[], config: Config | undefined): Promise<number> {
   const [sub, ...rest] = argv;
   const { values, positionals } = parse({
@@ -43,11 +62,15 @@ export async function tokenCommand(argv: string[], config: Config | undefined): 
     console.log(HELP);
     return sub || values.help ? 0 : 2;
   }
+  const given = { values, positionals };
   switch (sub) {
     case "create": {
+      refuseExtra(sub, given, ["user", "role"], 0, "assay token create --user <name> [--role admin|user]");
       const user = values.user?.trim();
       if (!user) throw new UsageError("token create needs --user <name>");
       if (user.length > 100) throw new UsageError("--user must be at most 100 characters");
+      if (UNPRINTABLE.test(user))
+        throw new UsageError("--user must not contain control characters or line breaks");
       if (values.role !== undefined && !ROLES.includes(values.role as Role)) {
         throw new UsageError(`--role must be one of ${ROLES.join(", ")}`);
       }
@@ -61,6 +84,7 @@ export async function tokenCommand(argv: string[], config: Config | undefined): 
       return 0;
     }
     case "revoke": {
+      refuseExtra(sub, given, [], 1, "assay token revoke <id> (one token at a time)");
       const id = positionals[0];
       if (!id || !/^[1-9][0-9]{0,14}$/.test(id))
         throw new UsageError("token revoke needs a numeric token id");
@@ -73,6 +97,7 @@ export async function tokenCommand(argv: string[], config: Config | undefined): 
       return 0;
     }
     case "list": {
+      refuseExtra(sub, given, [], 0, "assay token list");
       const tokens = await withDatabase(need(config), (db) => tokenList(db.sql));
       console.log(["id", "user", "role", "created", "last used", "revoked"].join("\t"));
       for (const t of tokens) {

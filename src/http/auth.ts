@@ -32,8 +32,21 @@ function repeatedAuthorization(request: FastifyRequest): boolean {
   return false;
 }
 
-/** Adds the onRequest hook to `scope` (the /api plugin). */
+/**
+ * The challenge every 401 carries (RFC 9110 §11.6.1: a 401 must send one; RFC 6750 §3). The same for
+ * every cause, without an `error` parameter: a caller learns nothing about which it was.
+ */
+export const BEARER_CHALLENGE = 'Bearer realm="assay"';
+
+/** Adds the onRequest hook to `scope` (the /api plugin), and the challenge to its 401s. */
 export function requireBearer(scope: FastifyInstance) {
+  // onSend, not only the hook's own refusal: a route may answer 401 too (an event stream whose token
+  // was revoked while it was being opened).
+  // Callback style: this runs on every /api response, and an async hook costs a promise each.
+  scope.addHook("onSend", (_request, reply, payload, done) => {
+    if (reply.statusCode === 401) reply.header("www-authenticate", BEARER_CHALLENGE);
+    done(null, payload);
+  });
   scope.addHook("onRequest", async (request) => {
     if (repeatedAuthorization(request)) throw new ApiError(401, "UNAUTHORIZED");
     const match = BEARER.exec(request.headers.authorization ?? "");
