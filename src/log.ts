@@ -20,6 +20,35 @@ export const REDACT_PATHS = [
   "err.cause.input",
 ];
 
+/**
+ * A request's path with a view link's capability taken out: `/view/<link>/<name>` lets anyone who has
+ * it read an output. The view route itself logs at `warn`, but a request that matches no route (a
+ * trailing slash, another method, a bad escape) is logged at `info` like any other.
+ */
+export const loggedUrl = (url: string) => url.replace(/^\/+view(?:\/.*)?$/is, "/view/[redacted]");
+
+/**
+ * Fastify's request serializer (method, url, host, address), with the url through loggedUrl. A
+ * logger's own serializers take precedence over Fastify's (lib/logger-pino.js).
+ */
+function requestValue(req: {
+  method?: string;
+  url?: string;
+  headers?: Record<string, unknown>;
+  host?: string;
+  ip?: string;
+  socket?: { remotePort?: number };
+}) {
+  return {
+    method: req.method,
+    url: typeof req.url === "string" ? loggedUrl(req.url) : req.url,
+    version: req.headers?.["accept-version"],
+    host: req.host,
+    remoteAddress: req.ip,
+    remotePort: req.socket?.remotePort,
+  };
+}
+
 export interface LoggerOptions {
   level: string;
   pretty?: boolean;
@@ -31,6 +60,7 @@ export function createLogger(options: LoggerOptions): Logger {
   const base: pino.LoggerOptions = {
     level: options.level,
     redact: { paths: REDACT_PATHS, censor: "[redacted]" },
+    serializers: { req: requestValue },
   };
   if (options.destination) return pino(base, options.destination);
   if (options.pretty) {

@@ -233,6 +233,34 @@ describe("view links", () => {
     assert.equal((await app.inject({ url: notes })).body, FILES["Notes.txt"]?.content);
   });
 
+  test("a link in a request no route takes (another method, a trailing slash, a bad escape) stays out of the log", async () => {
+    const { url } = (await linkOf("out.json")).json().data as { url: string };
+    const link = url.split("/")[2] as string;
+    const signature = link.split(".").at(-1) as string;
+    const from = logs.length;
+    const tries: [string, string][] = [
+      ["POST", url],
+      ["OPTIONS", url],
+      ["GET", `${url}/`],
+      ["GET", `/view/${link}`],
+      ["GET", `/view/${link}/`],
+      ["GET", `/view//${link}/out.json`],
+      ["GET", `/view/${link}//out.json`],
+      ["GET", `/view/${link}/%zz`],
+      ["GET", `/VIEW/${link}/out.json`],
+    ];
+    for (const [method, u] of tries) {
+      const res = await app.inject({ method: method as "GET", url: u });
+      assert.ok(res.statusCode >= 400, `${method} ${u}: ${res.statusCode}`);
+    }
+    const lines = logs.slice(from);
+    assert.ok(
+      lines.some((l) => (l.req as { url?: string } | undefined)?.url === "/view/[redacted]"),
+      "the requests are logged, their path redacted",
+    );
+    assert.ok(!JSON.stringify(lines).includes(signature), "the link's signature reached the log");
+  });
+
   test("a link stops working at its expiresAt, not up to a second later", async () => {
     const { url, expiresAt } = (await linkOf("out.json")).json().data as { url: string; expiresAt: string };
     const [, , link = "", name = ""] = url.split("/");

@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { Writable } from "node:stream";
 import { test } from "node:test";
-import { createLogger } from "../../src/log.ts";
+import { createLogger, loggedUrl } from "../../src/log.ts";
 
 function capture() {
   const lines: string[] = [];
@@ -35,4 +35,17 @@ test("an error from parsing DATABASE_URL is logged without the URL it carries (N
   assert.equal(lines.length, 2);
   for (const line of lines) assert.ok(!line.includes("S3cr"), line);
   assert.match(lines[0] as string, /ERR_INVALID_URL/, "the error itself is still logged");
+});
+
+test("a view link's path is logged without its capability; other paths as they are", () => {
+  for (const url of [
+    "/view/1.2.3.4.sig/out.json",
+    "/view/1.2.3.4.sig",
+    "//view/1.2.3.4.sig/a/b/",
+    "/VIEW/1.2.3.4.sig/x",
+    "/view/1.2.3.4.sig/%zz?x=1",
+    "/view/1.2.3.4.sig/a\nb",
+  ])
+    assert.equal(loggedUrl(url), "/view/[redacted]", url);
+  for (const url of ["/api/files", "/viewer/x", "/api/view/1", "/"]) assert.equal(loggedUrl(url), url);
 });
