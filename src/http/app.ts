@@ -24,7 +24,7 @@ import { eventRoutes } from "./routes/events.ts";
 import { fileRoutes } from "./routes/files.ts";
 import { healthRoutes } from "./routes/health.ts";
 import { taskRoutes } from "./routes/tasks.ts";
-import { ErrorBody } from "./schemas.ts";
+import { ErrorBody, NoQuery } from "./schemas.ts";
 
 export interface Services {
   config: Config;
@@ -92,6 +92,9 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
   await fastify.register(viewRoutes);
   await fastify.register(
     async (api) => {
+      api.addHook("onRoute", (route) => {
+        if (route.schema?.querystring === undefined) route.schema = { ...route.schema, querystring: NoQuery };
+      });
       requireBearer(api);
       await api.register(meRoutes);
       await api.register(fileRoutes);

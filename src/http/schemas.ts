@@ -41,3 +41,10 @@ export const PageQuery = {
 /** A page of a list: its items and the cursor of the next page (null on the last). */
 export const Page = <T extends TSchema>(item: T) =>
   Type.Object({ items: Type.Array(item), nextCursor: Type.Union([Type.String(), Type.Null()]) });
+
+/**
+ * The query of a route that takes none: a query field there is unknown, and gets 400 like an unknown
+ * field of a list's query (a mistyped `?stauts=` must not look accepted). Given to every /api route
+ * without a query schema of its own (http/app.ts).
+ */
+export const NoQuery = Type.Object({}, { additionalProperties: false });

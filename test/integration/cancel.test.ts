@@ -136,3 +136,51 @@ test("cancel racing completion: exactly one outcome is counted", async () => {
     assert.ok(["succeeded", "cancelled"].includes(row.status));
   }
 });
+
+test("concurrent cancels racing claims: every answer 202, one task.cancelling, each run counted once", async () => {
+  const claim = () =>
+    runClaim(env.db.sql, {
+      workerId: "w",
+      analysisType: "cancel-many",
+      limit: 1,
+      globalLimit: 0,
+      leaseTtlMs: 30_000,
+    });
+  for (let i = 0; i < 5; i++) {
+    const files = await Promise.all([1, 2, 3, 4, 5].map((j) => env.file(`e\n${i}${j}\n`)));
+    const taskId = await env.task("cancel-many", files, {});
+    // One run live, so the task stays cancelling and every cancel sees it unfinished.
+    const live = await claim();
+    const results = await Promise.all([cancel(taskId), cancel(taskId), claim(), cancel(taskId), claim()]);
+    const answers = results.filter((r) => !Array.isArray(r)) as Awaited<ReturnType<typeof cancel>>[];
+    assert.deepEqual(
+      answers.map((r) => [r.statusCode, r.json().data.status]),
+      [
+        [202, "cancelling"],
+        [202, "cancelling"],
+        [202, "cancelling"],
+      ],
+    );
+    const claimed = [...live, ...(results.filter(Array.isArray).flat() as typeof live)];
+    const [log] = await env.db.sql<{ n: number; queued: number }[]>`
+      select count(*)::int as n, sum((data ->> 'cancelledQueued')::int)::int as queued
+      from task_events where task_id = ${taskId} and type = 'task.cancelling'`;
+    assert.deepEqual({ ...log }, { n: 1, queued: 5 - claimed.length });
+    assert.deepEqual(await runCounts(env.db.sql, taskId), {
+      cancelled: 5 - claimed.length,
+      cancelling: claimed.length,
+    });
+    await runComplete(
+      env.db.sql,
+      claimed.map((r) => ({ id: r.id, token: r.leaseToken, status: "cancelled" as const })),
+    );
+    assert.deepEqual(await taskRow(env.db.sql, taskId), {
+      status: "cancelled",
+      total: 5,
+      succeeded: 0,
+      failed: 0,
+      timedOut: 0,
+      cancelled: 5,
+    });
+  }
+});

@@ -228,3 +228,54 @@ describe("validation messages", () => {
     });
   });
 });
+
+describe("query fields", () => {
+  test("a route that takes no query refuses any query field, like a list refuses an unknown one", async () => {
+    const created = await t.app.inject({
+      method: "POST",
+      url: "/api/analysis-tasks",
+      payload: { analysisType: "summary", inputFileId: aliceFile },
+      headers: bearer(alice),
+    });
+    assert.equal(created.statusCode, 201, created.body);
+    const task = created.json().data.taskId as string;
+    const before = await counts();
+    const routes: [string, string][] = [
+      ["GET", "/api/me"],
+      ["GET", "/api/analysis-types"],
+      ["GET", `/api/files/${aliceFile}`],
+      ["GET", `/api/analysis-tasks/${task}`],
+      ["GET", `/api/analysis-tasks/${task}/events`],
+      ["GET", `/api/analysis-tasks/${task}/download`],
+      ["GET", `/api/analysis-tasks/${task}/results.csv`],
+      ["POST", `/api/analysis-tasks/${task}/cancel`],
+      ["POST", "/api/analysis-tasks"],
+    ];
+    for (const [method, url] of routes) {
+      const res = await t.app.inject({
+        method: method as "GET",
+        url: `${url}?stauts=failed`,
+        headers: bearer(alice),
+        ...(url === "/api/analysis-tasks"
+          ? { payload: { analysisType: "summary", inputFileId: aliceFile } }
+          : {}),
+      });
+      assert.equal(res.statusCode, 400, `${method} ${url}: ${res.body}`);
+      assert.deepEqual(
+        res.json(),
+        { code: "VALIDATION_FAILED", message: "querystring/stauts is not a known field." },
+        `${method} ${url}`,
+      );
+    }
+    assert.deepEqual(await counts(), before, "nothing was created");
+    const [state] = await t.db.sql`select status from tasks where id = ${task}`;
+    assert.equal(state?.status, "queued", "the cancel did not happen");
+    // Without a token it is still the 401, before any validation.
+    assert.equal((await t.app.inject({ url: `/api/me?x=1` })).statusCode, 401);
+    // The routes answer as before without one.
+    assert.equal(
+      (await t.app.inject({ url: `/api/analysis-tasks/${task}`, headers: bearer(alice) })).statusCode,
+      200,
+    );
+  });
+});

@@ -86,6 +86,28 @@ describe("POST /api/analysis-tasks", () => {
     assert.equal(task.json().data.progressPercent, 0);
   });
 
+  test("runs are in ascending file id order (numeric, across a digit boundary), not the order given", async () => {
+    // aliceFiles cross 999,999 → 1,000,000 (test/run.ts): as text, "1000000" would sort first.
+    const [a, b, , d] = aliceFiles as [string, string, string, string];
+    assert.ok(d.length > a.length, `${a}…${d} cross a digit boundary`);
+    const res = await create(alice, { analysisType: "summary", inputFileIds: [d, b, d, a] });
+    assert.equal(res.statusCode, 201);
+    const runs = await t.app.inject({
+      url: `/api/analysis-tasks/${res.json().data.taskId}/runs`,
+      headers: bearer(alice),
+    });
+    const items: { runId: string; inputFileId: string }[] = runs.json().data.items;
+    assert.deepEqual(
+      items.map((r) => r.inputFileId),
+      [a, b, d],
+    );
+    const runIds = items.map((r) => BigInt(r.runId));
+    assert.deepEqual(
+      runIds,
+      [...runIds].sort((x, y) => (x < y ? -1 : 1)),
+    );
+  });
+
   test("parameters are validated per analysis type", async () => {
     const cases: [unknown, string][] = [
       [
