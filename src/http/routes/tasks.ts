@@ -197,7 +197,7 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
       if (!isId(taskId)) throw notFound("ANALYSIS_TASK_NOT_FOUND");
       const { status, limit, cursor } = request.query;
       const query = {
-        limit: limit ?? 50,
+        limit: limit ?? 20,
         ...(status === undefined ? {} : { status }),
         ...(cursor === undefined ? {} : { cursor }),
       };
