@@ -32,6 +32,19 @@ async function failure(res) {
   return new ApiError(res.status, body?.code ?? `HTTP_${res.status}`, body?.message ?? res.statusText);
 }
 
+/**
+ * fetch, whose failure to reach the server (no connection, the connection dropped: a TypeError
+ * "Failed to fetch") is an ApiError NETWORK, as an upload's is. An abort stays an abort.
+ */
+async function reach(url, init) {
+  try {
+    return await fetch(url, init);
+  } catch (err) {
+    if (init.signal?.aborted) throw err;
+    throw new ApiError(0, "NETWORK", "The server could not be reached: check the connection and try again.");
+  }
+}
+
 /** JSON request to /api; returns the envelope's data. */
 export async function api(path, { method = "GET", body, signal, extraHeaders } = {}) {
   const init = { method, signal, headers: headers(extraHeaders) };
@@ -39,7 +52,7 @@ export async function api(path, { method = "GET", body, signal, extraHeaders } =
     init.body = JSON.stringify(body);
     init.headers["content-type"] = "application/json";
   }
-  const res = await fetch(`/api${path}`, init);
+  const res = await reach(`/api${path}`, init);
   if (!res.ok) throw await failure(res);
   return (await res.json()).data;
 }
@@ -49,7 +62,7 @@ export async function api(path, { method = "GET", body, signal, extraHeaders } =
  * response's Content-Disposition names it, when it names one.
  */
 export async function apiBlob(path, { signal } = {}) {
-  const res = await fetch(`/api${path}`, { headers: headers(), signal });
+  const res = await reach(`/api${path}`, { headers: headers(), signal });
   if (!res.ok) throw await failure(res);
   const blob = await res.blob();
   const name = fileNameOf(res.headers.get("content-disposition"));

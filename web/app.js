@@ -87,12 +87,17 @@ function App() {
       window.removeEventListener("assay:signed-out", onSignedOut);
     };
   }, []);
+  // Read again on every move to or from the form (a worker may have come or gone). An older read
+  // still running is aborted, so a slow one cannot replace a newer answer; a failed read keeps the
+  // types already known, and with none the form says the read failed (an empty list).
   useEffect(() => {
-    if (me)
-      api("/analysis-types").then(
-        (d) => setTypes(d.items),
-        () => setTypes([]),
-      );
+    if (!me) return;
+    const ctrl = new AbortController();
+    api("/analysis-types", { signal: ctrl.signal }).then(
+      (d) => setTypes(d.items),
+      () => ctrl.signal.aborted || setTypes((known) => (known?.length ? known : [])),
+    );
+    return () => ctrl.abort();
   }, [me, where.view === "new"]);
 
   if (checking) return html`<p class="muted">Signing in…</p>`;

@@ -10,6 +10,30 @@ import { ErrorNote, RunBar } from "./widgets.js";
 const UPLOADS_AT_ONCE = 3;
 let nextKey = 1;
 
+/**
+ * A random Idempotency-Key: 32 hex digits from getRandomValues (crypto.randomUUID exists only in a
+ * secure context, which an http:// address other than localhost is not).
+ */
+function idempotencyKey() {
+  return Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0")).join(
+    "",
+  );
+}
+
+/**
+ * The parameter a refusal of the API names, when it names one of `schema`'s: its message starts with
+ * `body/parameters/<name>` ("body/parameters/columns/0 must NOT have more than 200 characters"), or
+ * says `body/parameters must have required property '<name>'`.
+ */
+function refusedParameter(err, schema) {
+  if (err?.code !== "VALIDATION_FAILED" || typeof err.message !== "string") return null;
+  const m =
+    /^body\/parameters\/([^/\s]+)/.exec(err.message) ??
+    /^body\/parameters must have required property '([^']+)'/.exec(err.message);
+  const name = m?.[1]?.replace(/~1/g, "/").replace(/~0/g, "~");
+  return name !== undefined && Object.hasOwn(schema?.properties ?? {}, name) ? name : null;
+}
+
 export function NewTaskView({ types, preselected }) {
   const [type, setType] = useState("");
   const [values, setValues] = useState({});
@@ -17,9 +41,17 @@ export function NewTaskView({ types, preselected }) {
   const [chosen, setChosen] = useState(() => new Set(preselected));
   const [known, setKnown] = useState(null);
   const [error, setError] = useState(null);
+  // A parameter's problem, shown at its field: name → message (the form's own checks, the API's refusal).
+  const [fieldProblems, setFieldProblems] = useState({});
   const [busy, setBusy] = useState(false);
   const [dragging, setDragging] = useState(false);
   const controllers = useRef(new Map());
+  // The last request sent and its Idempotency-Key: sent again unchanged (after a dropped connection or
+  // a 5xx, which may have created the task), it carries the same key and gets that task, not a second.
+  const attempt = useRef({ body: null, key: null });
+  // Files chosen elsewhere (the files page's later pages) that the list below does not show: id → the
+  // file's record, or the error reading it.
+  const [others, setOthers] = useState(() => new Map());
   const picker = useRef(null);
 
   useEffect(() => {
@@ -33,6 +65,20 @@ export function NewTaskView({ types, preselected }) {
       for (const c of controllers.current.values()) c.abort();
     };
   }, []);
+  // A chosen file the first page of uploads does not hold is read by itself, to be shown (and unchosen).
+  useEffect(() => {
+    if (known === null) return;
+    const listed = new Set(known.items.map((f) => f.fileId));
+    const ctrl = new AbortController();
+    for (const id of preselected) {
+      if (listed.has(id)) continue;
+      api(`/files/${id}`, { signal: ctrl.signal }).then(
+        (record) => setOthers((m) => new Map(m).set(id, { record })),
+        (error) => ctrl.signal.aborted || setOthers((m) => new Map(m).set(id, { error })),
+      );
+    }
+    return () => ctrl.abort();
+  }, [known]);
   useEffect(() => {
     if (!type && types) setType(types.find((t) => t.available)?.name ?? types[0]?.name ?? "");
   }, [types]);
@@ -87,22 +133,37 @@ export function NewTaskView({ types, preselected }) {
   const fileIds = [...uploads.filter((u) => u.state === "done").map((u) => u.record.fileId), ...chosen];
   const uniqueIds = [...new Set(fileIds)];
 
+  /** Shows `problems` (name → message) at their fields, and moves to the first. */
+  function atFields(problems) {
+    setFieldProblems(problems);
+    const first = Object.keys(spec?.parameters?.properties ?? {}).find((name) => problems[name]);
+    if (first) setTimeout(() => document.getElementById(`param-${first}`)?.focus());
+  }
+
   async function submit(e) {
     e.preventDefault();
     setError(null);
+    setFieldProblems({});
     if (!spec) return setError({ message: "Choose an analysis type." });
     const { parameters, problems } = parametersFrom(spec.parameters, values);
-    if (problems.length > 0) return setError({ code: "VALIDATION_FAILED", message: problems.join("; ") });
+    if (problems.length > 0)
+      return atFields(Object.fromEntries(problems.map((p) => [p.name, { code: "VALIDATION_FAILED", ...p }])));
     if (uniqueIds.length === 0) return setError({ message: "Add at least one file." });
+    const body = { analysisType: type, inputFileIds: uniqueIds, parameters };
+    const sent = JSON.stringify(body);
+    if (attempt.current.body !== sent) attempt.current = { body: sent, key: idempotencyKey() };
     setBusy(true);
     try {
       const task = await api("/analysis-tasks", {
         method: "POST",
-        body: { analysisType: type, inputFileIds: uniqueIds, parameters },
+        body,
+        extraHeaders: { "idempotency-key": attempt.current.key },
       });
       location.hash = `#/tasks/${task.taskId}`;
     } catch (err) {
-      setError(err);
+      const field = refusedParameter(err, spec.parameters);
+      if (field) atFields({ [field]: err });
+      else setError(err);
       setBusy(false);
     }
   }
@@ -110,6 +171,16 @@ export function NewTaskView({ types, preselected }) {
   const choose = (name) => {
     setType(name);
     setValues({});
+    setFieldProblems({});
+  };
+  const edit = (next, name) => {
+    setValues(next);
+    if (fieldProblems[name])
+      setFieldProblems((problems) => {
+        const rest = { ...problems };
+        delete rest[name];
+        return rest;
+      });
   };
   const dragOver = (e) => {
     e.preventDefault();
@@ -135,6 +206,15 @@ export function NewTaskView({ types, preselected }) {
     <form onSubmit=${submit}>
       <fieldset>
         <legend>Analysis</legend>
+        ${
+          // app.js reads the types, and has none when the read failed (the API restarting, a 5xx): said
+          // here, or the form showed no choice at all and a disabled button, with no reason.
+          types?.length === 0
+            ? html`<p class="error" role="alert">The analysis types could not be read. Reload the page to try again.</p>`
+            : types === null
+              ? html`<p class="muted">Loading analysis types…</p>`
+              : null
+        }
         <div class="types" role="radiogroup" aria-label="Analysis type">
           ${(types ?? []).map(
             (t) => html`<label class=${`type ${t.available ? "" : "unavailable"}`}>
@@ -146,7 +226,7 @@ export function NewTaskView({ types, preselected }) {
             </label>`,
           )}
         </div>
-        ${spec ? html`<${SchemaForm} schema=${spec.parameters} values=${values} onChange=${setValues} />` : null}
+        ${spec ? html`<${SchemaForm} schema=${spec.parameters} values=${values} problems=${fieldProblems} onChange=${edit} />` : null}
       </fieldset>
 
       <fieldset>
@@ -168,7 +248,7 @@ export function NewTaskView({ types, preselected }) {
                 (u) => html`<li key=${u.key} class=${`upload ${u.state}`}>
                   <span class="name">${shownName(u.file.name)}</span>
                   <span class="size">${bytes(u.file.size)}</span>
-                  <${RunBar} percent=${u.total ? (100 * u.loaded) / u.total : 0}
+                  <${RunBar} percent=${u.state === "done" ? 100 : u.total ? (100 * u.loaded) / u.total : 0}
                     status=${u.state === "done" ? "succeeded" : u.state === "failed" ? "failed" : "running"}
                     label=${`upload of ${shownName(u.file.name)}`} />
                   <span class="state">${u.state === "failed" ? "" : u.state}</span>
@@ -185,9 +265,19 @@ export function NewTaskView({ types, preselected }) {
           ${
             known === null
               ? html`<p class="muted">Loading…</p>`
-              : known.items.length === 0
+              : known.items.length === 0 && others.size === 0
                 ? html`<p class="muted">No uploaded files yet.</p>`
                 : html`<ul class="known">
+                  ${[...others].map(
+                    ([id, o]) => html`<li key=${id}><label>
+                      <input type="checkbox" checked=${chosen.has(id)} onChange=${() => toggle(id)} />
+                      ${
+                        o.record
+                          ? html`<span class="name">${shownName(o.record.name)}</span> <span class="muted">${bytes(o.record.sizeBytes)} · ${when(o.record.createdAt)}</span>`
+                          : html`<span class="muted">file ${id}</span> <span class="bad">${o.error.message}</span>`
+                      }
+                    </label></li>`,
+                  )}
                   ${known.items.map(
                     (f) => html`<li key=${f.fileId}><label>
                       <input type="checkbox" checked=${chosen.has(f.fileId)} onChange=${() => toggle(f.fileId)} />

@@ -77,7 +77,7 @@ export function Metrics({ metrics }) {
   return html`<table class="metrics" aria-label="Metrics">
     <tbody>${entries.map(
       ([k, v]) =>
-        html`<tr><th scope="row">${k}</th><td>${typeof v === "object" && v !== null ? JSON.stringify(v) : String(v)}</td></tr>`,
+        html`<tr><th scope="row"><span class="name">${shownName(k)}</span></th><td>${typeof v === "object" && v !== null ? JSON.stringify(v) : String(v)}</td></tr>`,
     )}</tbody>
   </table>`;
 }

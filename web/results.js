@@ -11,6 +11,14 @@ const SHOWN = 200;
 
 const numeric = (v) => v !== "" && Number.isFinite(Number(v));
 
+/**
+ * A cell as it was before the API guarded it against spreadsheets (`'` before a text that starts with
+ * `=`, `+`, `-`, `@`, a tab or CR: src/tasks/results.ts): the table shows `-data.csv`, not
+ * `'-data.csv`. The download keeps the guard. (A text that itself starts with `'=` and the like reads
+ * without its quote here: the file cannot tell the two apart.)
+ */
+export const unguarded = (cell) => (/^'[=+\-@\t\r]/.test(cell) ? cell.slice(1) : cell);
+
 function Chart({ rows, column, label }) {
   const values = rows.slice(0, SHOWN).map((r) => ({ name: shownName(r[1]), v: Number(r[column]) }));
   const max = Math.max(...values.map((x) => Math.abs(x.v)), 1e-300);
@@ -42,7 +50,7 @@ export function ResultsTable({ taskId, version }) {
       .then((b) => b.text())
       .then(
         (text) => {
-          setTable(parseCsv(text));
+          setTable(parseCsv(text).map((row) => row.map(unguarded)));
           setError(null);
         },
         (err) => ctrl.signal.aborted || setError(err),
@@ -78,7 +86,7 @@ export function ResultsTable({ taskId, version }) {
       <p class="muted">${rows.length} input file${rows.length === 1 ? "" : "s"}. Click a column to sort${head.length > 9 ? "; a metric column is also charted" : ""}.</p>
       <button type="button" onClick=${download}>Download results.csv</button>
     </div>
-    ${chartable ? html`<${Chart} rows=${sorted} column=${sort.column} label=${head[sort.column]} />` : null}
+    ${chartable ? html`<${Chart} rows=${sorted} column=${sort.column} label=${shownName(head[sort.column])} />` : null}
     <div class="scroll"><table class="results">
       <thead><tr>${head.map(
         (
@@ -86,7 +94,7 @@ export function ResultsTable({ taskId, version }) {
           i,
         ) => html`<th scope="col" aria-sort=${sort.column === i ? (sort.dir > 0 ? "ascending" : "descending") : "none"}>
           <button type="button" class="link" onClick=${() => setSort({ column: i, dir: sort.column === i ? -sort.dir : 1 })}>
-            ${h}${sort.column === i ? (sort.dir > 0 ? " ▲" : " ▼") : ""}</button></th>`,
+            <span class="name">${shownName(h)}</span>${sort.column === i ? (sort.dir > 0 ? " ▲" : " ▼") : ""}</button></th>`,
       )}</tr></thead>
       <tbody>${sorted.slice(0, SHOWN).map((r) => html`<tr>${r.map((c) => html`<td>${shownName(c)}</td>`)}</tr>`)}</tbody>
     </table></div>

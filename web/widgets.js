@@ -40,9 +40,9 @@ export function RunBar({ percent, status, label }) {
   </div>`;
 }
 
-export function ErrorNote({ error }) {
+export function ErrorNote({ error, id }) {
   if (!error) return null;
-  return html`<p class="error" role="alert">${error.code ? html`<code>${error.code}</code> ` : null}${error.message ?? String(error)}</p>`;
+  return html`<p class="error" role="alert" id=${id}>${error.code ? html`<code>${error.code}</code> ` : null}${error.message ?? String(error)}</p>`;
 }
 
 /** Cursor paging: the API gives a next cursor; earlier cursors are kept to go back. */
