@@ -60,6 +60,8 @@ interface Field {
   optional?: true;
   /** What to say when the value does not match, instead of the schema's own message. */
   hint?: string;
+  /** A further check of a value the schema accepted: why it is refused, or undefined. */
+  check?: (value: string) => string | undefined;
   /**
    * The value may hold a secret (a password): an error never shows it (see shownValue). Variables
    * whose names say so (SECRET, PASSWORD, TOKEN, KEY, CREDENTIAL) are treated the same without it.
@@ -78,6 +80,7 @@ const FIELDS = {
     optional: true,
     secret: true,
     hint: "must be a postgres:// or postgresql:// URL",
+    check: databaseUrlError,
     description:
       "PostgreSQL connection URL. When unset, an embedded PostgreSQL is started with its data under $ASSAY_DATA_DIR/pg.",
   },
@@ -318,9 +321,15 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
             /^-?\d+(\.\d+)?$/.test(given.trim())
           ? Number(given)
           : given;
-    const error = schemaError(field.schema, value);
+    const schemaProblem = schemaError(field.schema, value);
+    const error =
+      schemaProblem === undefined
+        ? typeof value === "string"
+          ? field.check?.(value)
+          : undefined
+        : (field.hint ?? schemaProblem);
     if (error === undefined) out[key] = value;
-    else problems.push(`${field.env}${shownValue(field, given)}: ${field.hint ?? error}`);
+    else problems.push(`${field.env}${shownValue(field, given)}: ${error}`);
   }
   if (out.storage === "s3" && out.s3Bucket === undefined) {
     problems.push("ASSAY_S3_BUCKET: is required with ASSAY_STORAGE=s3");
@@ -341,6 +350,73 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   if (problems.length > 0) throw new ConfigError(problems);
   const config = out as Settings;
   return { ...config, dataDir: path.resolve(config.dataDir) };
+}
+
+/**
+ * Why postgres.js cannot read `url`, or undefined when it can. It parses a URL as below (parseUrl in
+ * postgres/src/index.js: the first of several comma-separated hosts, the user name and password
+ * percent-decoded), only when it connects: an invalid port or a password with an unescaped `#` or `%`
+ * failed every command with a bare "Invalid URL" or "URI malformed" that named no setting.
+ */
+function databaseUrlError(url: string): string | undefined {
+  try {
+    let host = url.slice(url.indexOf("://") + 3).split(/[?/]/)[0] ?? "";
+    host = decodeURIComponent(host.slice(host.indexOf("@") + 1));
+    const parsed = new URL(url.replace(host, host.split(",")[0] ?? ""));
+    decodeURIComponent(parsed.username);
+    decodeURIComponent(parsed.password);
+    return undefined;
+  } catch {
+    return "is not a URL PostgreSQL's client can read: check the host and port, and percent-encode any of : / @ # ? % in the user name and password";
+  }
+}
+
+/** ASSAY_* variables read outside the table above: by bin/assay.js and bin/bundle.js, and by the client commands. */
+const OTHER_VARIABLES = new Set([
+  "ASSAY_NODE_FLAGS",
+  "ASSAY_REEXECUTED",
+  "ASSAY_BUNDLE",
+  "ASSAY_BUNDLE_DIR",
+  "ASSAY_URL",
+  "ASSAY_TOKEN",
+]);
+
+/**
+ * The ASSAY_* variables of `env` that nothing reads — a misspelt setting, most likely, which would
+ * otherwise be ignored without a word (ASSAY_SHUTDOWN_GRACE for ASSAY_SHUTDOWN_GRACE_MS) — each with
+ * the setting whose name is nearest to it (at most 3 edits away), if any.
+ */
+export function unknownVariables(env: NodeJS.ProcessEnv = process.env): { name: string; nearest?: string }[] {
+  const known = [...Object.values(FIELDS).map((f: Field) => f.env), ...OTHER_VARIABLES];
+  const unknown: { name: string; nearest?: string }[] = [];
+  for (const name of Object.keys(env).sort()) {
+    if (!name.startsWith("ASSAY_") || known.includes(name)) continue;
+    let nearest: { name: string; distance: number } | undefined;
+    for (const k of known) {
+      const distance = editDistance(name, k);
+      if (distance <= 3 && (nearest === undefined || distance < nearest.distance))
+        nearest = { name: k, distance };
+    }
+    unknown.push(nearest ? { name, nearest: nearest.name } : { name });
+  }
+  return unknown;
+}
+
+/** Levenshtein distance: the fewest one-character insertions, deletions and substitutions from a to b. */
+function editDistance(a: string, b: string): number {
+  let previous = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const current = [i];
+    for (let j = 1; j <= b.length; j++) {
+      current[j] = Math.min(
+        (previous[j] ?? 0) + 1,
+        (current[j - 1] ?? 0) + 1,
+        (previous[j - 1] ?? 0) + (a[i - 1] === b[j - 1] ? 0 : 1),
+      );
+    }
+    previous = current;
+  }
+  return previous[b.length] ?? 0;
 }
 
 /** Names of variables whose values are secrets even without `secret` on their field. */

@@ -2,7 +2,7 @@
 import { setTimeout as sleep } from "node:timers/promises";
 import closeWithGrace from "close-with-grace";
 import { tokenCreate } from "../auth/tokens.ts";
-import type { Config } from "../config.ts";
+import { type Config, unknownVariables } from "../config.ts";
 import { startSignal } from "../db/embedded.ts";
 import { expectedMigrationCount } from "../db/migrate.ts";
 import { type OpenedDatabase, openDatabase } from "../db/open.ts";
@@ -121,6 +121,12 @@ export async function serveCommand(
   }
   const cfg = need(config);
   const logger = createLogger({ level: cfg.logLevel, pretty: cfg.logFormat === "pretty" });
+  for (const { name, nearest } of unknownVariables()) {
+    logger.warn(
+      { variable: name, ...(nearest ? { didYouMean: nearest } : {}) },
+      "unknown ASSAY_ variable ignored: `assay config` lists the settings",
+    );
+  }
 
   // What start-up has opened so far: a shutdown, or a start-up that fails, closes exactly that.
   let database: OpenedDatabase | undefined;
@@ -142,6 +148,8 @@ export async function serveCommand(
   let startup: Promise<void> = Promise.resolve();
   /** Why start-up failed, once it has. */
   let failure: { err: unknown } | undefined;
+  /** Start-up has ended (listening, the worker running). */
+  let started = false;
 
   // Installed before anything is opened: a signal during start-up (waiting for the store, starting or
   // migrating the embedded database) ends the step in progress and closes what was opened, instead of
@@ -150,6 +158,11 @@ export async function serveCommand(
     if (err) logger.error({ err }, "shutting down after an unexpected error");
     else logger.info({ signal }, "shutting down");
     shutdown.abort();
+    // Start-up waiting for a database that does not answer (each connection attempt waits up to 30 s,
+    // and the API's caches and the worker each make one in turn) held the shutdown until the forced
+    // exit. While no worker can have claimed anything yet, end the pool's connections at once: what
+    // start-up is waiting for fails, and it ends (a step of it started after this checks the signal).
+    if (!started && worker === undefined) void database?.sql.end({ timeout: 0 });
     await startup.catch(() => {});
     await closeOpened();
     logger.info("stopped");
@@ -180,16 +193,19 @@ export async function serveCommand(
     // Imported only where needed: a worker without the HTTP stack is smaller, and the cost of every
     // spawn (a fork) grows with the parent's resident memory.
     if (mode !== "worker" && metrics !== undefined) {
-      server = await (await import("../http/server.ts")).buildServer(
+      const { buildServer } = await import("../http/server.ts");
+      // Its caches open the LISTEN connection, which a shutdown's end of the pool cannot end if it does
+      // not exist yet: after a signal it would wait for a database that does not answer.
+      step();
+      server = await buildServer(
         { config: cfg, database, storage, expectedMigrations: expectedMigrationCount(), metrics },
         logger,
       );
     }
     step();
-    if (mode !== "api") {
-      worker = await startWorkerRuntime(cfg, database.sql, storage, logger, concurrency, metrics);
-    }
-    step();
+    // Listening comes before the worker starts: a port that is taken fails the start before anything is
+    // claimed. (After, a worker whose port was taken ran the runs it had claimed for its shutdown
+    // grace, then gave them back — over and over under a supervisor that restarts it.)
     try {
       if (server) await server.listen({ host: cfg.host, port: cfg.port });
       else if (metrics)
@@ -202,6 +218,10 @@ export async function serveCommand(
     } catch (err) {
       logger.error({ err }, "could not listen");
       throw err;
+    }
+    step();
+    if (mode !== "api") {
+      worker = await startWorkerRuntime(cfg, database.sql, storage, logger, concurrency, metrics);
     }
     if ((values as { "dev-token"?: boolean })["dev-token"] && server) {
       const { token } = await tokenCreate(database.sql, "dev", "admin");
@@ -222,6 +242,7 @@ export async function serveCommand(
         ].join("\n"),
       );
     }
+    started = true;
   };
   // The signal also ends a wait for another start of the embedded database (its start lock).
   startup = startSignal.run(shutdown.signal, start);

@@ -3,13 +3,16 @@
 import assert from "node:assert/strict";
 import type { ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
+import { once } from "node:events";
 import fs from "node:fs";
+import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
 import postgres from "postgres";
-import { type CliResult, cleanEnv, collect, spawnCli } from "../helpers/cli.ts";
+import { type CliResult, cleanEnv, collect, spawnCli, watch } from "../helpers/cli.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
+import { runnerEnv } from "../helpers/runner.ts";
 
 /**
  * Well above a failed start's own time (a second or two) and below the 30 s after which cli.ts exits
@@ -105,5 +108,114 @@ test("ASSAY_DATA_DIR under a regular file: exits 1 at once, naming the folder, i
     assert.match(exit.stderr, /ASSAY_DATA_DIR cannot hold the stored files/, mode);
     assert.ok(exit.stderr.includes(`ENOTDIR: not a directory, mkdir '${dataDir}'`), exit.stderr);
     assert.doesNotMatch(exit.stdout, /object store unreachable; waiting/, mode);
+  }
+});
+
+test("SIGTERM while start-up waits for a database that does not answer: exits 0 at once, not after the connect timeout", async () => {
+  // A database host that takes the connection and never answers (a hung server, a proxy whose
+  // backend is gone): each connection attempt waits 30 s (postgres.js's connect timeout), and the
+  // API's caches and the worker make theirs one after another. The shutdown waited for them and the
+  // API was killed by its shutdown bound (46 s, exit 1).
+  const sockets = new Set<net.Socket>();
+  let accepted = 0;
+  let connected: () => void = () => {};
+  const silent = net.createServer((socket) => {
+    sockets.add(socket);
+    socket.on("error", () => {});
+    socket.on("close", () => sockets.delete(socket));
+    accepted++;
+    connected();
+  });
+  silent.listen(0, "127.0.0.1");
+  await once(silent, "listening");
+  const { port } = silent.address() as net.AddressInfo;
+  try {
+    // Signalled at the first connection (the pool's first, opened early) and at the second (the
+    // caches' LISTEN connection, or the worker registering): start-up is waiting for the database.
+    for (const [mode, connections] of [
+      ["api", 1],
+      ["api", 2],
+      ["worker", 1],
+      ["worker", 2],
+      ["all", 2],
+    ] as const) {
+      const dataDir = fs.mkdtempSync(path.join(home, "silent-db-"));
+      accepted = 0;
+      const reached = new Promise<void>((resolve) => {
+        connected = () => {
+          if (accepted >= connections) resolve();
+        };
+      });
+      const child = spawnCli(
+        [mode],
+        cleanEnv({
+          DATABASE_URL: `postgres://assay:pw@127.0.0.1:${port}/assay_ünï`,
+          ASSAY_DATA_DIR: dataDir,
+          PORT: "0",
+          LOG_LEVEL: "info",
+          // A misspelt setting (the _MS left out) is named in a warning, not ignored without a word.
+          ASSAY_SHUTDOWN_GRACE: "60000",
+        }),
+      );
+      const out = watch(child);
+      const exited = exitWithin(child, `assay ${mode}`);
+      await reached; // start-up is waiting for the database
+      child.kill("SIGTERM");
+      const t0 = Date.now();
+      await out.waitFor(/"msg":"shutting down"/);
+      const exit = await exited;
+      const took = Date.now() - t0;
+      const what = `${mode} signalled at connection ${connections}`;
+      assert.equal(exit.code, 0, `${what}: ${exit.stderr}\n${exit.stdout.slice(-2000)}`);
+      assert.match(exit.stdout, /"msg":"stopped"/, what);
+      assert.match(
+        exit.stdout,
+        /"level":40,.*"variable":"ASSAY_SHUTDOWN_GRACE","didYouMean":"ASSAY_SHUTDOWN_GRACE_MS","msg":"unknown ASSAY_ variable ignored/,
+        what,
+      );
+      assert.ok(took < 10_000, `${what} took ${took} ms to stop`);
+      for (const s of sockets) s.destroy();
+    }
+  } finally {
+    for (const s of sockets) s.destroy();
+    silent.close();
+  }
+});
+
+test("a port that is taken fails assay worker and assay all before they claim anything", async () => {
+  // Listening came after the worker's start: a worker whose port was taken had claimed and started the
+  // queued runs by then, and ran them for its shutdown grace before it gave them back and exited 1 —
+  // again on every restart by its supervisor.
+  const own = await runnerEnv();
+  const taken = net.createServer();
+  taken.listen(0, "127.0.0.1");
+  await once(taken, "listening");
+  const { port } = taken.address() as net.AddressInfo;
+  try {
+    const taskId = await own.task("summary", [await own.file("a,b\n1,2\n3,4\n")], {});
+    for (const [mode, portEnv] of [
+      ["worker", { ASSAY_METRICS_PORT: String(port) }],
+      ["all", { PORT: String(port) }],
+    ] as const) {
+      const child = spawnCli(
+        [mode],
+        cleanEnv({
+          DATABASE_URL: own.db.url,
+          ASSAY_DATA_DIR: own.dataDir,
+          LOG_LEVEL: "info",
+          ASSAY_POLL_INTERVAL_MS: "100",
+          ...portEnv,
+        }),
+      );
+      const exit = await exitWithin(child, `assay ${mode}`);
+      assert.equal(exit.code, 1, `${mode}: ${exit.stderr}`);
+      assert.match(exit.stderr, /EADDRINUSE/, mode);
+      assert.doesNotMatch(exit.stdout, /"msg":"worker started"/, mode);
+      const [run] = await own.db.sql`select status, attempt, started_at from runs where task_id = ${taskId}`;
+      assert.deepEqual({ ...run }, { status: "queued", attempt: 0, started_at: null }, mode);
+    }
+  } finally {
+    taken.close();
+    await own.close();
   }
 });

@@ -7,6 +7,7 @@ import {
   DEFAULT_MAX_UPLOAD_BYTES,
   loadConfig,
   typeSettings,
+  unknownVariables,
 } from "../../src/config.ts";
 
 test("defaults", () => {
@@ -172,6 +173,61 @@ test("an invalid DATABASE_URL never shows its password: the URL with the passwor
     (err: unknown) =>
       err instanceof Error && !err.message.includes("S3cr3tPw") && /PORT="x"/.test(err.message),
   );
+});
+
+test("a DATABASE_URL the PostgreSQL client cannot read is refused at start-up, naming it, the password hidden", () => {
+  const rule =
+    "is not a URL PostgreSQL's client can read: check the host and port, and percent-encode any of : / @ # ? % in the user name and password";
+  for (const [url, shown] of [
+    ["postgres://assay:S3cr3tPw@db.internal:99999/assay", "postgres://assay:***@db.internal:99999/assay"],
+    ["postgresql://assay:S3cr3tPw@db.internal:pg/assay", "postgresql://assay:***@db.internal:pg/assay"],
+    // Unescaped # and a stray % in the password.
+    ["postgres://assay:S3cr#tPw@db/assay", "postgres://assay:***@db/assay"],
+    ["postgres://assay:50%off@db/assay", "postgres://assay:***@db/assay"],
+    ["postgres://[::1/assay", "postgres://[::1/assay"],
+  ] as const) {
+    assert.throws(
+      () => loadConfig({ DATABASE_URL: url }),
+      (err: unknown) =>
+        err instanceof ConfigError &&
+        err.problems.length === 1 &&
+        err.problems[0] === `DATABASE_URL=${JSON.stringify(shown)}: ${rule}`,
+      url,
+    );
+  }
+  // What the client does read: several hosts, IPv6, an @ in the password, no host at all (PGHOST).
+  for (const url of [
+    "postgres://assay:p@ss@db1:5432,db2:5433/assay?sslmode=require",
+    "postgresql://assay:%23%25@[::1]:5432/assay",
+    "postgres:///assay",
+  ]) {
+    assert.equal(loadConfig({ DATABASE_URL: url }).databaseUrl, url);
+  }
+});
+
+test("ASSAY_ variables nothing reads (a misspelt setting) are found, each with the nearest setting's name", () => {
+  assert.deepEqual(
+    unknownVariables({
+      ASSAY_SHUTDOWN_GRACE: "60000",
+      ASSAY_LEASE_TLL_MS: "3000",
+      assay_port: "1",
+      ASSAY_FROBNICATE: "yes",
+      ASSAY_SHUTDOWN_GRACE_MS: "1",
+      ASSAY_PYTHON_STATS_CONCURRENCY: "2",
+      ASSAY_NODE_FLAGS: "0",
+      ASSAY_URL: "http://h",
+      ASSAY_TOKEN: "t",
+      ASSAY_BUNDLE: "0",
+      DATABASE_URL: "postgres://h/db",
+      DATABASE_URI: "postgres://h/db",
+    }),
+    [
+      { name: "ASSAY_FROBNICATE" },
+      { name: "ASSAY_LEASE_TLL_MS", nearest: "ASSAY_LEASE_TTL_MS" },
+      { name: "ASSAY_SHUTDOWN_GRACE", nearest: "ASSAY_SHUTDOWN_GRACE_MS" },
+    ],
+  );
+  assert.deepEqual(unknownVariables({}), []);
 });
 
 test("digits are a number only where the field is numeric: HOST=10 and a bucket named 123456 are strings", () => {
