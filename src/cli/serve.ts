@@ -137,9 +137,13 @@ export async function serveCommand(
   let closing: Promise<void> | undefined;
   const closeOpened = () => {
     closing ??= (async () => {
-      await Promise.all([server?.close(), worker?.stop(), metricsServer?.close()]);
+      // Each is closed whatever the others do; the first failure is reported after the database is
+      // closed too (with Promise.all a failing worker stop skipped it, and left an embedded PostgreSQL).
+      const closed = await Promise.allSettled([server?.close(), worker?.stop(), metricsServer?.close()]);
       // Last: the pool, and an embedded database this process started.
       await database?.close();
+      const failed = closed.find((c) => c.status === "rejected");
+      if (failed) throw failed.reason;
     })();
     return closing;
   };
