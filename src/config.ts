@@ -163,6 +163,12 @@ const FIELDS = {
     schema: Type.Integer({ minimum: 1, default: DEFAULT_MAX_UPLOAD_BYTES }),
     description: "Largest accepted upload in bytes (default 100 MiB); larger uploads get 413.",
   },
+  uploadIdleMs: {
+    env: "ASSAY_UPLOAD_IDLE_MS",
+    ...durationMs(1000, 60_000),
+    description:
+      "A request whose body (an upload, a JSON body) makes no progress for this long is cut off: the connection is closed and nothing is stored. Bounds what a client that stops sending mid-body holds: its connection and, for an upload, the part stored so far.",
+  },
   maxTaskRuns: {
     env: "ASSAY_MAX_TASK_RUNS",
     schema: Type.Integer({ minimum: 1, maximum: 1_000_000, default: 100_000 }),

@@ -4,7 +4,7 @@ import multipart from "@fastify/multipart";
 import { fastifySSE } from "@fastify/sse";
 import swagger from "@fastify/swagger";
 import swaggerUi from "@fastify/swagger-ui";
-import type { FastifyInstance } from "fastify";
+import type { FastifyInstance, FastifyRequest } from "fastify";
 import type { Registry } from "prom-client";
 import type { TokenCache } from "../auth/token-cache.ts";
 import type { Config } from "../config.ts";
@@ -48,8 +48,35 @@ declare module "fastify" {
   }
 }
 
+/**
+ * Cuts off a request whose body stops coming: its socket's inactivity timer runs from the request's
+ * start until the body has been read to its end (a byte read restarts it), then is cleared. Without
+ * it an upload (or a JSON body) that stalled midway held its connection — and an upload the part it
+ * had stored — for as long as its client kept the socket open (Node's requestTimeout is off under
+ * Fastify). A body the server stops reading (a store that is slow to take it) looks the same, and is
+ * cut off too after as long.
+ */
+function bodyIdleTimeout(request: FastifyRequest, idleMs: number) {
+  const raw = request.raw;
+  // A GET or a bodiless POST (fetch sends `Content-Length: 0`) has nothing to time, and its stream is
+  // never read to an end that would clear the timer.
+  const length = raw.headers["content-length"];
+  const hasBody = (length !== undefined && length !== "0") || raw.headers["transfer-encoding"] !== undefined;
+  // `inject` (tests) hands a request without a socket of its own to time.
+  if (!hasBody || raw.complete || typeof raw.socket?.setTimeout !== "function") return;
+  raw.setTimeout(idleMs, () => {
+    request.log.info({ idleMs }, "request cut off: its body made no progress for too long");
+    raw.socket.destroy();
+  });
+  raw.once("end", () => raw.socket?.setTimeout(0));
+}
+
 export async function app(fastify: FastifyInstance, opts: { services: Services }) {
   fastify.decorate("services", opts.services);
+  fastify.addHook("onRequest", (request, _reply, done) => {
+    bodyIdleTimeout(request, opts.services.config.uploadIdleMs);
+    done();
+  });
   fastify.decorateRequest("principal", undefined);
   fastify.addSchema(ErrorBody);
 
