@@ -144,7 +144,10 @@ export interface ZipRun {
    * (runFolder in files/folder-names.ts, the rules the CLI's downloads follow too).
    */
   folder: string;
-  /** The run's output files in key order (safe names only); null when the result file is not there. */
+  /**
+   * The run's output files in key order (safe names only); null when one it recorded (or, from before
+   * they were recorded, its result file) is not there.
+   */
   names: string[] | null;
   /**
    * Their names in the zip, by index of `names`: one each once extracted where case is folded
@@ -252,12 +255,23 @@ export async function* zipPages(sql: Sql, store: ObjectStore, taskId: string): A
       page.push({
         output,
         folder: runFolder(output.inputName, output.runId, shared[at / 8 + k] === 1),
-        names: names.includes(output.outputFileName) ? names : null,
+        names: complete(output, names) ? names : null,
         entries: distinctFileNames(names),
       });
     }
     yield page;
   }
+}
+
+/**
+ * Whether the store holds every output the run recorded (runOutputFiles' names; a run from before
+ * they were recorded: its result file). A zip without one of them (a `stats.csv` lost beside its
+ * `stats.json`) would look whole: it is refused, as fetching that file alone is.
+ */
+function complete(output: RunOutput, names: readonly string[]): boolean {
+  const found = new Set(names);
+  if (!found.has(output.outputFileName)) return false;
+  return (output.files ?? []).every((f) => !SAFE_NAME.test(f.name) || found.has(f.name));
 }
 
 /** The safe names of the objects directly under a run's output key. */

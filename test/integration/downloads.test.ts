@@ -16,7 +16,7 @@ import { taskOutputsPrefix } from "../../src/storage/store.ts";
 import { ZIP_PAGE } from "../../src/tasks/outputs.ts";
 import { bearer } from "../helpers/app.ts";
 import { waitForTerminal } from "../helpers/queue.ts";
-import { fixtureProgram, type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
+import { fixtureProgram, type RunnerEnv, runnerEnv, writeProgram } from "../helpers/runner.ts";
 import { zipNames, zipRead } from "../helpers/zip.ts";
 
 let env: RunnerEnv;
@@ -133,6 +133,47 @@ test("a run whose recorded output cannot be served is a 500, never a zip that le
   assert.equal(zip.statusCode, 500);
   assert.equal(zip.json().code, "INTERNAL_ERROR");
   const one = await get(`/api/analysis-tasks/${taskId}/runs/${run?.id}/download`);
+  assert.equal(one.statusCode, 500);
+});
+
+test("a zip whose run lost a recorded output other than its main one is a 500, never a zip without it", async () => {
+  // python-stats' shape: the main output and a table beside it, both recorded by the run.
+  const type = "dl-two-outputs";
+  const program = writeProgram(
+    env.dataDir,
+    type,
+    `fs.writeFileSync(path.join(out, "stats.json"), "{}");
+fs.writeFileSync(path.join(out, "stats.csv"), "a,b\\r\\n1,2\\r\\n");
+say({ type: "result", outputFileName: "stats.json", metrics: { rows: 1 } });`,
+  );
+  const files = [await env.file("a\n1\n"), await env.file("b\n2\n")];
+  const taskId = await env.task(type, files, {});
+  const w = env.worker([{ type, executable: process.execPath, ...program }]);
+  await w.start();
+  await waitForTerminal(env.db.sql, taskId);
+  await w.stop();
+  const runs = await env.db.sql<{ id: string; key: string; files: { name: string }[] }[]>`
+    select id::text, output_key as key, result -> 'files' as files
+    from runs where task_id = ${taskId} and status = 'succeeded' order by id`;
+  assert.equal(runs.length, 2);
+  const [run] = runs;
+  assert.deepEqual(
+    run?.files.map((f) => f.name),
+    ["stats.csv", "stats.json"],
+  );
+  const whole = await get(`/api/analysis-tasks/${taskId}/download`);
+  assert.equal(whole.statusCode, 200);
+  assert.equal(zipNames(whole.rawPayload).filter((n) => n.endsWith("/stats.csv")).length, 2);
+
+  await env.storage.delete([`outputs/${run?.key}/stats.csv`]);
+  const logs: Record<string, unknown>[] = [];
+  const logged = await env.app(logs);
+  const res = await logged.inject({ url: `/api/analysis-tasks/${taskId}/download`, headers: bearer(token) });
+  assert.equal(res.statusCode, 500, "not a zip that leaves stats.csv out");
+  assert.equal(res.json().code, "INTERNAL_ERROR");
+  assert.ok(logs.some((l) => l.msg === "a succeeded run's output is missing" && l.runId === run?.id));
+  // As the run's own outputs say: the file is listed, and fetching it is the same 500.
+  const one = await get(`/api/analysis-tasks/${taskId}/runs/${run?.id}/outputs/stats.csv`);
   assert.equal(one.statusCode, 500);
 });
 

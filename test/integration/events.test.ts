@@ -642,6 +642,40 @@ describe("SSE clients", () => {
   });
 });
 
+describe("HEAD on the stream", () => {
+  test(
+    "is 405 with Allow: GET: no subscription held, the connection free for the next request",
+    LIMIT,
+    async () => {
+      const taskId = await createTask(t.db.sql, owner, "ev-head", 3); // never runs: a stream stays open
+      const { port } = t.app.server.address() as { port: number };
+      const socket = net.connect(port, "127.0.0.1");
+      socket.on("error", () => {});
+      let received = "";
+      socket.on("data", (chunk) => {
+        received += chunk.toString("latin1");
+      });
+      const head = (path: string) =>
+        `HEAD ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${token}\r\n` +
+        `Accept: text/event-stream\r\n\r\n`;
+      try {
+        socket.write(head(`/api/analysis-tasks/${taskId}/events`));
+        await waitFor(async () => received.includes("\r\n\r\n"), 10_000, "a response head");
+        assert.match(received, /^HTTP\/1\.1 405 /);
+        assert.match(received, /\r\nallow: GET\r\n/i);
+        assert.equal(t.app.services.events.size, 0, "no subscription held for a response without a body");
+        // The connection takes the next request at once (a stream held it until the stall timer).
+        received = "";
+        socket.write(head(`/api/analysis-tasks/${"9".repeat(15)}/events`));
+        await waitFor(async () => received.includes("\r\n\r\n"), 10_000, "a second response");
+        assert.match(received, /^HTTP\/1\.1 405 /);
+      } finally {
+        socket.destroy();
+      }
+    },
+  );
+});
+
 describe("createdAt", () => {
   test("a live event and the same event from the table carry the same createdAt", LIMIT, async () => {
     const taskId = await createTask(t.db.sql, owner, "ev-time", 3);

@@ -11,6 +11,7 @@ import { LogsPageBody, LogsQuery } from "../api-types.ts";
 import { bearerOf, principalOf } from "../auth.ts";
 import { ApiError, notFound, validationFailed } from "../errors.ts";
 import { Envelope, errorResponses, IdParam, isId, ok } from "../schemas.ts";
+import { noHead } from "./downloads.ts";
 
 const BACKLOG_PAGE = 500;
 
@@ -277,9 +278,11 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
     },
   );
 
+  noHead(app, "/analysis-tasks/:taskId/events");
   app.get(
     "/analysis-tasks/:taskId/events",
     {
+      exposeHeadRoute: false,
       sse: "only",
       schema: {
         summary: "Server-Sent Events: the backlog after Last-Event-ID, then live events until the task ends",
