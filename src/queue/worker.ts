@@ -1464,6 +1464,14 @@ export class Worker {
           attempt?.controller.abort("cancel");
       }
     } catch (err) {
+      // Nothing of the statement was written: put each update back for the next flush — the run's
+      // `running` mark above all. Dropped, a run whose program reported nothing more stayed
+      // `starting`, and its task `queued`, until it ended. A report made meanwhile is newer and
+      // stays; an attempt that ended or was replaced has nothing left to write.
+      for (const u of updates) {
+        if (this.active.get(u.id)?.run.leaseToken === u.token && !this.progress.has(u.id))
+          this.progress.set(u.id, { token: u.token, progress: u.progress, message: u.message });
+      }
       this.o.logger.warn({ err, workerId: this.id }, "progress write failed");
     }
   }

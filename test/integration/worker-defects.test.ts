@@ -404,6 +404,70 @@ test("runs the next owner's claim took start when the fair claim after it fails"
   }
 });
 
+test("a progress flush that fails is written by the next: the run is marked running, its last report kept", async () => {
+  // The first write of this type's `running` mark fails (a dropped connection, a failover); the
+  // sequence counts outside the failed transaction. The flush used to drop what it had taken, so a
+  // program that reported nothing more left its run `starting` and its task `queued` until it ended.
+  await db.sql`create sequence progress_fails`;
+  await db.sql`
+    create function progress_fails_once() returns trigger language plpgsql as $$
+    begin
+      if new.analysis_type = 'progress-lost' and old.status = 'starting' and new.status = 'running'
+         and nextval('progress_fails') = 1 then
+        raise exception 'injected: the progress write fails once';
+      end if;
+      return new;
+    end $$`;
+  await db.sql`create trigger progress_fails_once before update on runs
+    for each row execute function progress_fails_once()`;
+  let release = () => {};
+  const gate = new Promise<void>((r) => {
+    release = r;
+  });
+  const w = worker(
+    {
+      "progress-lost": async (_run, ctx) => {
+        ctx.reportProgress(40, "half way: ünïcode");
+        await gate; // a program that reports nothing more for a while
+        return { status: "succeeded", result: {} };
+      },
+    },
+    { concurrency: 1, progressFlushMs: 50 },
+  );
+  try {
+    const taskId = await createTask(db.sql, owner, "progress-lost", 1);
+    await w.start();
+    await waitFor(
+      async () => (await db.sql`select is_called from progress_fails`)[0]?.is_called === true,
+      10_000,
+      "the first progress write to fail",
+    );
+    await waitFor(
+      async () => {
+        const [run] = await db.sql`select status from runs where task_id = ${taskId}`;
+        return run?.status === "running";
+      },
+      5000,
+      "the run to be marked running by a later flush",
+    );
+    const [run] = await db.sql`
+      select progress, message from runs where task_id = ${taskId}`;
+    assert.deepEqual({ ...run }, { progress: 40, message: "half way: ünïcode" });
+    const [task] =
+      await db.sql`select status, started_at is not null as started from tasks where id = ${taskId}`;
+    assert.deepEqual({ ...task }, { status: "running", started: true });
+    const [failed] = await db.sql`select last_value::int as n from progress_fails`;
+    assert.ok((failed?.n ?? 0) >= 2, "the write failed once, then was made again");
+    release();
+    await waitForTerminal(db.sql, taskId);
+  } finally {
+    release();
+    await w.stop();
+    await db.sql`drop trigger progress_fails_once on runs`;
+    await db.sql`drop function progress_fails_once()`;
+  }
+});
+
 test("a late heartbeat answer about a run's old lease leaves its new attempt alone", async () => {
   let releaseFirst: () => void = () => {};
   const firstGate = new Promise<void>((r) => {

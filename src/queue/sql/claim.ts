@@ -94,8 +94,9 @@ interface OwnerCap {
  * them in the order it gets them, and with a prefetch a claim takes more runs than slots are free.
  *
  * With a global limit for the type, or a per-user limit, claims are serialised by advisory
- * transaction locks (the type's; then each candidate owner's, in owner order), and live runs are
- * counted after taking them: the count cannot be stale, so no limit can be exceeded.
+ * transaction locks (the type's; then each candidate owner's, in the order of their keys,
+ * hashint8(owner)), and live runs are counted after taking them: the count cannot be stale, so no
+ * limit can be exceeded.
  *
  * A claim without limits commits asynchronously (synchronous_commit off for that one transaction):
  * it does not wait for its WAL flush, which under load queues behind the completions' flushes and was
