@@ -2,19 +2,21 @@
 // that API and workers can leave the machine they shared. Keys stay the same (`files/<id>`,
 // `outputs/...`), so the database needs no change. Resumable: objects already in the store with the same
 // size are skipped. The local copies are left in place (remove them once the installation runs on S3).
+import fs from "node:fs";
 import path from "node:path";
 import type { Config } from "../config.ts";
 import { LocalStore } from "../storage/local.ts";
 import { openStore } from "../storage/open.ts";
-import type { ObjectStore } from "../storage/store.ts";
+import { checkKey, type ObjectStore } from "../storage/store.ts";
 import { need, parse, UsageError } from "./usage.ts";
 
 const HELP = `Usage: assay storage migrate [--from DIR]
 
 Copies uploaded files and outputs from a local data directory (DIR, default $ASSAY_DATA_DIR) into the
 object store configured by ASSAY_STORAGE=s3 and ASSAY_S3_*, under the same keys. Objects already there
-with the same size are skipped, so it can be run again after an interruption. The local copies are
-left in place. Run it with the service stopped (or before switching the service to s3).
+with the same size are skipped, so it can be run again after an interruption. Files whose names Assay
+never makes (put there by hand) are left out and named on stderr. The local copies are left in place.
+Run it with the service stopped (or before switching the service to s3).
 
 Example:
   ASSAY_STORAGE=s3 ASSAY_S3_BUCKET=assay-prod assay storage migrate --from /srv/assay`;
@@ -35,33 +37,79 @@ export async function storageCommand(argv: string[], config: Config | undefined)
   const cfg = need(config);
   if (cfg.storage !== "s3")
     throw new UsageError("set ASSAY_STORAGE=s3 (and ASSAY_S3_*) to migrate into a bucket");
-  const source = new LocalStore(path.resolve(values.from ?? cfg.dataDir));
+  const source = new LocalStore(checkSource(path.resolve(values.from ?? cfg.dataDir)));
   const target = await openStore(cfg);
   await target.check();
-  const totals = { copied: 0, skipped: 0, bytes: 0 };
+  const totals = { copied: 0, skipped: 0, ignored: 0, bytes: 0 };
   for (const prefix of PREFIXES) {
     const t = await migratePrefix(source, target, prefix, (line) => console.error(line));
     totals.copied += t.copied;
     totals.skipped += t.skipped;
+    totals.ignored += t.ignored;
     totals.bytes += t.bytes;
   }
   console.log(JSON.stringify({ from: source.root, storage: target.kind, ...totals }));
   return 0;
 }
 
-/** Copies every object under `prefix` that the target lacks (or holds with another size). */
+/**
+ * The source folder, when it can be an installation's data directory. A folder that is not there (a
+ * typo, the default ./.assay run from elsewhere) or holds neither `files/` nor `outputs/` used to be
+ * "migrated" with nothing copied and exit 0: a summary that read as done, and a service switched to a
+ * bucket without its files.
+ */
+function checkSource(dir: string): string {
+  let stat: fs.Stats;
+  try {
+    stat = fs.statSync(dir);
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code !== "ENOENT" && code !== "ENOTDIR") throw err;
+    throw new UsageError(`${dir} does not exist: give the old ASSAY_DATA_DIR with --from`);
+  }
+  if (!stat.isDirectory())
+    throw new UsageError(`${dir} is not a directory: give the old ASSAY_DATA_DIR with --from`);
+  if (!PREFIXES.some((p) => fs.existsSync(path.join(dir, p)))) {
+    throw new UsageError(
+      `${dir} holds neither files/ nor outputs/: it is not a data directory with anything to migrate (--from)`,
+    );
+  }
+  return dir;
+}
+
+/** Whether the service could have made `key` (checkKey): no row can reference any other. */
+function serviceKey(key: string): boolean {
+  try {
+    checkKey(key);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Copies every object under `prefix` that the target lacks (or holds with another size). Files whose
+ * keys the service never makes (a note put there by hand, a name with spaces or accents) are left out
+ * and named: no row references them, and the store would refuse the key — the whole migration failed on
+ * the first one, and again at the same place when resumed.
+ */
 export async function migratePrefix(
   source: LocalStore,
   target: ObjectStore,
   prefix: string,
   progress: (line: string) => void = () => {},
-): Promise<{ copied: number; skipped: number; bytes: number }> {
-  const t = { copied: 0, skipped: 0, bytes: 0 };
+): Promise<{ copied: number; skipped: number; ignored: number; bytes: number }> {
+  const t = { copied: 0, skipped: 0, ignored: 0, bytes: 0 };
   for (let after: string | undefined; ; ) {
     const page = await source.list(prefix, after === undefined ? {} : { after });
     if (page.length === 0) break;
     const there = await sizesIn(target, prefix, after, page.at(-1)?.key as string);
     for (const o of page) {
+      if (!serviceKey(o.key)) {
+        t.ignored++;
+        progress(`left out ${JSON.stringify(o.key)}: not a key Assay makes, so nothing refers to it`);
+        continue;
+      }
       if (there.get(o.key) === o.size) {
         t.skipped++;
         continue;
@@ -70,7 +118,7 @@ export async function migratePrefix(
       t.copied++;
       t.bytes += o.size;
     }
-    progress(`${prefix}: ${t.copied} copied, ${t.skipped} already there`);
+    progress(`${prefix}: ${t.copied} copied, ${t.skipped} already there, ${t.ignored} left out`);
     if (page.length < 1000) break;
     after = page.at(-1)?.key;
   }
