@@ -167,6 +167,12 @@ export function taskIdArg(positionals: string[], usage: string): string {
   return id;
 }
 
+/** For a command that takes no positional arguments: a stray one is a usage error, not ignored. */
+export function noArguments(positionals: string[]): void {
+  const [first] = positionals;
+  if (first !== undefined) throw new ClientUsageError(`unexpected argument ${first}`);
+}
+
 /** A positive integer option. */
 export function intOption(value: string | undefined, name: string, fallback: number, max: number): number {
   if (value === undefined) return fallback;

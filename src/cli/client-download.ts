@@ -14,8 +14,9 @@ const DOWNLOAD_HELP = `Usage: assay download <taskId> [--out DIR] [--concurrency
 
 Downloads a finished task's outputs: DIR/<input file name>/<output files> for every run that
 succeeded (a repeated input name gets " (run <id>)"), and DIR/results.csv with a row per run.
-DIR defaults to task-<taskId>. Exits 0 when the task succeeded, 1 when it ended otherwise (the
-outputs of the runs that succeeded are still downloaded) or has not ended yet.
+DIR (-o) defaults to task-<taskId>; --concurrency N downloads at once (default 8, at most 64).
+Exits 0 when the task succeeded, 1 when it ended otherwise (the outputs of the runs that succeeded
+are still downloaded) or has not ended yet.
 
 Example:
   assay download 100000042 --out results/`;

@@ -45,7 +45,11 @@ export function problemLine(
 /** Draws the task on a terminal. */
 async function barsView(ctx: ClientContext, task: Task): Promise<View> {
   const { FollowBars } = await import("../client/tty.ts");
-  const tracker = new TaskTracker(task.taskId, task.totalCount, await runsOf(ctx.client, task.taskId));
+  const tracker = new TaskTracker(
+    task.taskId,
+    task.totalCount,
+    await runsOf(ctx.client, task.taskId, undefined, ctx.signal),
+  );
   const bars = new FollowBars(ctx.out.stream, tracker);
   return {
     event(e) {
@@ -67,25 +71,28 @@ async function barsView(ctx: ClientContext, task: Task): Promise<View> {
   };
 }
 
+/** A dropped stream and its return, as notes on stderr. */
+const streamNote = (ctx: ClientContext) => (state: StreamState, detail: string) =>
+  ctx.out.note(state === "reconnecting" ? `connection lost (${detail}); reconnecting` : "reconnected");
+
 /** One JSON line per event (scripts). */
 function jsonView(ctx: ClientContext): View {
-  return {
-    event: (e) => ctx.out.line("event", e),
-    state: (state, detail) =>
-      ctx.out.note(state === "reconnecting" ? `connection lost (${detail}); reconnecting` : "reconnected"),
-    stop: () => {},
-  };
+  return { event: (e) => ctx.out.line("event", e), state: streamNote(ctx), stop: () => {} };
 }
 
 const quietView: View = { event: () => {}, state: () => {}, stop: () => {} };
 
 /** The task as it ended and its runs that did not succeed. */
 export async function outcomeOf(ctx: ClientContext, taskId: string): Promise<FollowResult> {
-  const task = await taskGet(ctx.client, taskId);
+  const task = await taskGet(ctx.client, taskId, ctx.signal);
   const problems: Run[] = [];
-  if (task.failedCount > 0) problems.push(...(await runsOf(ctx.client, taskId, "failed")));
-  if (task.timedOutCount > 0) problems.push(...(await runsOf(ctx.client, taskId, "timed_out")));
-  if (task.cancelledCount > 0) problems.push(...(await runsOf(ctx.client, taskId, "cancelled")));
+  for (const [count, status] of [
+    [task.failedCount, "failed"],
+    [task.timedOutCount, "timed_out"],
+    [task.cancelledCount, "cancelled"],
+  ] as const) {
+    if (count > 0) problems.push(...(await runsOf(ctx.client, taskId, status, ctx.signal)));
+  }
   problems.sort((a, b) => (BigInt(a.runId) < BigInt(b.runId) ? -1 : 1));
   return { task, problems };
 }
@@ -167,8 +174,8 @@ export const followCommand = (argv: string[]) => runClientCommand(followSpec, ar
 
 const LOGS_HELP = `Usage: assay logs <taskId> [--follow]
 
-Prints the task's events (its lifecycle and every progress report), oldest first. With --follow,
-keeps printing new events until the task ends, then exits with the task's outcome. Without a
+Prints the task's events (its lifecycle and every progress report), oldest first. With --follow
+(-f), keeps printing new events until the task ends, then exits with the task's outcome. Without a
 terminal (or with --json): one JSON line per event.
 
 Examples:
@@ -207,9 +214,10 @@ async function printLogs(ctx: ClientContext, taskId: string, follow: boolean): P
     if (page.nextCursor === null) break;
   }
   if (!follow) return EXIT.OK;
-  for await (const e of taskEvents(ctx.client, taskId, { signal: ctx.signal, after })) print(e);
+  const stream = taskEvents(ctx.client, taskId, { signal: ctx.signal, after, onState: streamNote(ctx) });
+  for await (const e of stream) print(e);
   if (ctx.signal.aborted) return leftRunning(ctx, taskId);
-  const task = await taskGet(ctx.client, taskId);
+  const task = await taskGet(ctx.client, taskId, ctx.signal);
   ctx.out.say(summaryLine(task));
   return task.status === "succeeded" ? EXIT.OK : EXIT.TASK_NOT_SUCCEEDED;
 }

@@ -28,15 +28,15 @@ Uploads the files (directories are walked, hidden files skipped), skipping every
 uploaded with the same content (same SHA-256), and creates one task with a run per file. Prints the
 task id. The parameters are checked against the type's schema before anything is uploaded.
 
-  --type T             the analysis type (assay types lists them)
-  --param key=value    a parameter; repeat a list parameter's key for each item
-                       (--param columns=a --param columns=b), or give a JSON array
-  --follow             show the task live until it ends (as assay follow)
-  --out DIR            when the task ends, download its outputs: DIR/<input path>/<output files>,
-                       and DIR/results.csv
-  --idempotency-key K  the same key again returns the same task instead of a new one
-                       (1 to 200 visible ASCII characters, no spaces)
-  --concurrency N      uploads (and downloads) at once (default 8)
+  -t, --type T             the analysis type (assay types lists them)
+  -p, --param key=value    a parameter; repeat a list parameter's key for each item
+                           (--param columns=a --param columns=b), or give a JSON array
+  -f, --follow             show the task live until it ends (as assay follow)
+  -o, --out DIR            when the task ends, download its outputs: DIR/<input path>/<output
+                           files>, and DIR/results.csv
+      --idempotency-key K  the same key again returns the same task instead of a new one
+                           (1 to 200 visible ASCII characters, no spaces)
+      --concurrency N      uploads (and downloads) at once (default 8, at most 64)
 
 Exit codes: 0 created (with --follow or --out: the task succeeded); 1 the task failed, partially
 succeeded, timed out or was cancelled; 2 bad arguments or parameters (nothing uploaded); 3 the

@@ -7,7 +7,7 @@ import { describeParam, type JsonSchema } from "../client/params.ts";
 import { isTerminal } from "../client/sse.ts";
 import { summaryLine } from "../client/summary.ts";
 import type { FileRecord, PageOf, Task, TaskStatus } from "../http/api-types.ts";
-import { type ClientContext, intOption, runClientCommand, taskIdArg } from "./client-common.ts";
+import { type ClientContext, intOption, noArguments, runClientCommand, taskIdArg } from "./client-common.ts";
 
 // The task statuses, checked against the server's list: a status added there fails the build here.
 const STATUS_LIST: Record<TaskStatus, true> = {
@@ -60,8 +60,12 @@ export const tasksCommand = (argv: string[]) =>
       options: { status: { type: "string" }, type: { type: "string" }, limit: { type: "string" } } as const,
       run: async (
         ctx: ClientContext,
-        { values }: { values: { status?: string; type?: string; limit?: string } },
+        {
+          values,
+          positionals,
+        }: { values: { status?: string; type?: string; limit?: string }; positionals: string[] },
       ) => {
+        noArguments(positionals);
         const limit = intOption(values.limit, "limit", 20, 10_000);
         const status = values.status as TaskStatus | undefined;
         if (status !== undefined && !TASK_STATUSES.includes(status)) {
@@ -204,7 +208,11 @@ export const filesCommand = (argv: string[]) =>
     {
       help: FILES_HELP,
       options: { limit: { type: "string" } } as const,
-      run: async (ctx: ClientContext, { values }: { values: { limit?: string } }) => {
+      run: async (
+        ctx: ClientContext,
+        { values, positionals }: { values: { limit?: string }; positionals: string[] },
+      ) => {
+        noArguments(positionals);
         const limit = intOption(values.limit, "limit", 20, 100_000);
         const files: FileRecord[] = await upTo(limit, (q) => filePage(ctx.client, q, ctx.signal));
         for (const f of files) ctx.out.line("file", f);
@@ -242,7 +250,8 @@ export const typesCommand = (argv: string[]) =>
     {
       help: TYPES_HELP,
       options: {},
-      run: async (ctx: ClientContext) => {
+      run: async (ctx: ClientContext, { positionals }: { positionals: string[] }) => {
+        noArguments(positionals);
         const types = await analysisTypes(ctx.client, ctx.signal);
         for (const t of types) ctx.out.line("type", t);
         for (const t of types) {

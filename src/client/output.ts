@@ -2,7 +2,7 @@
 // people; otherwise nothing draws and every result is one JSON line on stdout, for scripts. Notes
 // for people (reconnecting, warnings) go to stderr in both modes. Text from the server (file names,
 // messages) is shown with control characters replaced: a file name must not drive the terminal.
-import { errorCodeOf, exitCodeOf, messageOf } from "./exit.ts";
+import { errorCodeOf, exitCodeOf, Interrupted, messageOf } from "./exit.ts";
 
 export class Output {
   readonly json: boolean;
@@ -42,10 +42,14 @@ export class Output {
     this.#err.write(`assay: ${shown(text)}\n`);
   }
 
-  /** The error a command ends with, as a JSON line (scripts) and a line on stderr (people). */
+  /**
+   * The error a command ends with, as a JSON line (scripts) and a line on stderr (people). Ctrl-C is
+   * no error: it is an `interrupted` line, as where a command says more (submit, follow).
+   */
   fail(err: unknown): number {
     const code = exitCodeOf(err);
-    this.line("error", { code: errorCodeOf(err), message: messageOf(err), exitCode: code });
+    if (err instanceof Interrupted) this.line("interrupted", { message: messageOf(err) });
+    else this.line("error", { code: errorCodeOf(err), message: messageOf(err), exitCode: code });
     this.note(messageOf(err));
     return code;
   }
