@@ -37,6 +37,8 @@ export type HandlerOutcome =
       transient?: boolean;
       /** Diagnostics kept with the failed run (e.g. the tail of stderr); never shown to users. */
       result?: Record<string, unknown>;
+      /** The signal that killed the program, when one did (the worker's own aborts aside). */
+      signal?: NodeJS.Signals;
     }
   | { status: "timed_out"; errorMessage?: string }
   | { status: "cancelled" };
@@ -44,6 +46,24 @@ export type HandlerOutcome =
 export type Handler = (run: ClaimedRun, ctx: HandlerContext) => Promise<HandlerOutcome>;
 
 export type AbortReason = "timeout" | "cancel" | "lost" | "shutdown";
+
+/**
+ * The signals a supervisor stops a service with. A program killed by one of them while its worker is
+ * stopping was stopped with the worker — systemd's default KillMode=control-group, or PM2's treekill,
+ * signals every process of the service at once — not failed on its own: its run goes back to the
+ * queue like one the worker's shutdown aborted (decide()'s "shutdown"), instead of failing for good.
+ */
+export const STOP_SIGNALS: ReadonlySet<string> = new Set(["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"]);
+
+/** The abort reason to decide an ending by: the worker's own, or a shutdown a supervisor's signal began. */
+export function effectiveReason(
+  reason: AbortReason | undefined,
+  ending: Ending,
+  stopping: boolean,
+): AbortReason | undefined {
+  if (reason !== undefined || !stopping || ending.status !== "failed") return reason;
+  return ending.signal !== undefined && STOP_SIGNALS.has(ending.signal) ? "shutdown" : undefined;
+}
 
 /** What a handler's promise settled with: its outcome, or what it threw. */
 export type Ending = HandlerOutcome | { status: "error"; error: unknown };

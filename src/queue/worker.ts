@@ -14,6 +14,7 @@ import {
   type AbortReason,
   decide,
   type Ending,
+  effectiveReason,
   type Handler,
   type HandlerContext,
   type HandlerOutcome,
@@ -956,7 +957,7 @@ export class Worker {
   private settle(run: ClaimedRun, seconds: number, reason: AbortReason | undefined, ending: Ending): void {
     if (ending.status === "error")
       this.o.logger.error({ ...this.fields(run), err: ending.error }, "handler threw");
-    const decision = decide(run, reason, ending, this.o.retryBaseMs);
+    const decision = decide(run, effectiveReason(reason, ending, this.stopping), ending, this.o.retryBaseMs);
     switch (decision.kind) {
       case "discard":
         this.o.logger.warn(this.fields(run), "run lease lost: attempt abandoned, nothing recorded");

@@ -168,7 +168,11 @@ const STDERR_STORED_CHARS = 2048;
 /** How a finished process maps to an outcome, given the output check on success. */
 export function outcomeOf(r: ProcessResult, outputCheck?: { ok: boolean; message?: string }): HandlerOutcome {
   const stderr = r.stderrTail.slice(-STDERR_STORED_CHARS);
-  const fail = (errorCode: string, errorMessage: string, transient = false): HandlerOutcome => ({
+  const fail = (
+    errorCode: string,
+    errorMessage: string,
+    transient = false,
+  ): Extract<HandlerOutcome, { status: "failed" }> => ({
     status: "failed",
     errorCode,
     errorMessage,
@@ -187,7 +191,8 @@ export function outcomeOf(r: ProcessResult, outputCheck?: { ok: boolean; message
       "ANALYSIS_OUTPUT_INVALID",
       `the program broke the output protocol: ${r.protocolError.message}`,
     );
-  if (r.signal) return fail("ANALYSIS_PROCESS_FAILED", `the program was killed by ${r.signal}`);
+  if (r.signal)
+    return { ...fail("ANALYSIS_PROCESS_FAILED", `the program was killed by ${r.signal}`), signal: r.signal };
   // A process it started outlived it, holding its output: the program is not done when it exits, and
   // what that process may still write into the outputs was never checked. Not kept, whatever the exit.
   if (r.outputHeld)

@@ -471,6 +471,57 @@ describe("ending early", () => {
     assert.equal(task.status, "succeeded", "max_attempts is 1, so a spent attempt would have failed it");
     await noStrayOutputs();
   });
+  test("a program a supervisor's signal kills while the worker stops goes back to the queue, not failed", async () => {
+    // systemd's default KillMode=control-group (or PM2's treekill) sends the stop signal to every
+    // process of the service at once: the program dies of it during the worker's grace. It failed
+    // for good ("killed by SIGTERM") though the worker's own abort would have put it back.
+    const type = `fx-${++typeSeq}`;
+    const once = path.join(env.dataDir, "supervisor-once");
+    const taskId = await env.task(type, [input], { mode: "sleep", ms: 60_000, thenMs: 100, once }, 1);
+    const first = env.worker([fixtureProgram(type)]);
+    await first.start();
+    await waitFor(
+      async () =>
+        fs.existsSync(once) &&
+        (await env.db.sql`select 1 from runs where task_id = ${taskId} and status = 'running'`).length > 0,
+    );
+    const pid = Number(fs.readFileSync(once, "utf8"));
+    const stopped = first.stop(60_000);
+    process.kill(-pid, "SIGTERM");
+    await stopped;
+    const [mid] = await env.db.sql`select status, attempt, error_code from runs where task_id = ${taskId}`;
+    assert.deepEqual({ ...mid }, { status: "queued", attempt: 0, error_code: null });
+    const second = env.worker([fixtureProgram(type)]);
+    await second.start();
+    const task = await waitForTerminal(env.db.sql, taskId);
+    await second.stop();
+    assert.equal(task.status, "succeeded", "max_attempts is 1, so a spent attempt would have failed it");
+    // Outside a shutdown the same death is the program's own failure.
+    const other = `fx-${++typeSeq}`;
+    const again = path.join(env.dataDir, "supervisor-again");
+    const failing = await env.task(
+      other,
+      [input],
+      { mode: "sleep", ms: 60_000, thenMs: 100, once: again },
+      1,
+    );
+    const third = env.worker([fixtureProgram(other)]);
+    await third.start();
+    await waitFor(async () => fs.existsSync(again));
+    process.kill(-Number(fs.readFileSync(again, "utf8")), "SIGTERM");
+    const failed = await waitForTerminal(env.db.sql, failing);
+    await third.stop();
+    assert.equal(failed.status, "failed");
+    const [run] = await env.db.sql`select error_code, error_message from runs where task_id = ${failing}`;
+    assert.deepEqual(
+      { ...run },
+      {
+        error_code: "ANALYSIS_PROCESS_FAILED",
+        error_message: "the program was killed by SIGTERM",
+      },
+    );
+    await noStrayOutputs();
+  });
 });
 
 describe("publication is decided by the fence", () => {
