@@ -22,7 +22,13 @@ export function expectedMigrationCount(): number {
   return journal.entries.length;
 }
 
-export async function runMigrations(url: string): Promise<void> {
+/** How many migrations the database had applied before a run of the migrator, and after it. */
+export interface MigrationCounts {
+  before: number;
+  after: number;
+}
+
+export async function runMigrations(url: string): Promise<MigrationCounts> {
   // Imported here, not at the top: drizzle's postgres-js driver costs ~0.6 s and ~160 MiB of heap to
   // load, and a worker or an API that does not migrate (every one but the embedded `assay all` and
   // `assay migrate`) must not pay for it at start-up (bench/startup.ts).
@@ -33,7 +39,9 @@ export async function runMigrations(url: string): Promise<void> {
   const sql = postgres(url, { max: 1, onnotice: () => {} });
   try {
     await sql`select pg_advisory_lock(${MIGRATION_LOCK_KEY})`;
+    const before = await appliedMigrationCount(sql);
     await migrate(drizzle(sql), { migrationsFolder: MIGRATIONS_DIR });
+    return { before, after: await appliedMigrationCount(sql) };
   } finally {
     await sql.end({ timeout: 5 });
   }

@@ -5,11 +5,13 @@ import type { Config } from "../config.ts";
 import type { Logger } from "../log.ts";
 import { createDatabase, type Database, type PoolOptions } from "./client.ts";
 import { type EmbeddedPostgres, startEmbeddedPostgres } from "./embedded.ts";
-import { runMigrations } from "./migrate.ts";
+import { type MigrationCounts, runMigrations } from "./migrate.ts";
 
 export interface OpenedDatabase extends Database {
   readonly url: string;
   readonly embedded: boolean;
+  /** What this open's run of the migrator found and left (when it ran one). */
+  readonly migrations?: MigrationCounts;
 }
 
 export async function openDatabase(
@@ -27,9 +29,10 @@ export async function openDatabase(
     });
     url = embedded.url;
   }
+  let migrations: MigrationCounts | undefined;
   try {
     // The embedded database is ours to keep current; an external one is migrated by `assay migrate`.
-    if (embedded || options.migrate) await runMigrations(url);
+    if (embedded || options.migrate) migrations = await runMigrations(url);
   } catch (err) {
     await embedded?.stop();
     throw err;
@@ -39,6 +42,7 @@ export async function openDatabase(
     ...database,
     url,
     embedded: embedded !== undefined,
+    ...(migrations === undefined ? {} : { migrations }),
     close: async () => {
       await database.close();
       await embedded?.stop();

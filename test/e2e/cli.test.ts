@@ -3,6 +3,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
+import { expectedMigrationCount } from "../../src/db/migrate.ts";
 import { cleanEnv, collect, runCli, spawnCli, watch } from "../helpers/cli.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 
@@ -82,10 +83,24 @@ describe("migrate", () => {
       await empty.sql`create schema public`;
       const first = await runCli(["migrate"], cleanEnv({ DATABASE_URL: empty.url }));
       assert.equal(first.code, 0, first.stderr);
+      const all = expectedMigrationCount();
+      assert.equal(first.stdout.trim(), `applied ${all} migrations: the database has all ${all}`);
       const [row] = await empty.sql`select to_regclass('public.files') is not null as ok`;
       assert.equal(row?.ok, true);
       const again = await runCli(["migrate"], cleanEnv({ DATABASE_URL: empty.url }));
       assert.equal(again.code, 0, again.stderr);
+      assert.equal(again.stdout.trim(), `nothing to apply: the database has all ${all} migrations`);
+      // A newer release migrated it further (a rolling deploy, or this one rolled back): left alone,
+      // and said so — "applied" hid that nothing was.
+      await empty.sql`
+        insert into drizzle.__drizzle_migrations (hash, created_at)
+        values ('from a newer release', (select max(created_at) + 1 from drizzle.__drizzle_migrations))`;
+      const newer = await runCli(["migrate"], cleanEnv({ DATABASE_URL: empty.url }));
+      assert.equal(newer.code, 0, newer.stderr);
+      assert.equal(
+        newer.stdout.trim(),
+        `nothing applied: the database has ${all + 1} migrations, more than this release's ${all} (a newer release migrated it)`,
+      );
     } finally {
       await empty.drop();
     }
