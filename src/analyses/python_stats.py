@@ -11,6 +11,8 @@ and counted in a note; a column is numeric when it has a number and no text. A s
 not given is null (an empty cell in stats.csv), with a note in "notes" (by column) saying why: a double
 cannot hold it ("<method> overflows"), or it is undefined ("stdev needs at least two values": the
 stdev of a column with one value).
+stats.json and stats.csv must each fit in an output file (the runner's limit, OUTPUT_LIMITS in
+src/runner/outputs.ts): a result that would be larger (too many columns, too long names) is exit 3.
 Time is linear in the input, whatever its shape (a 200,000-digit cell, a 200,000-column header): no
 regular expression here can backtrack more than once over a run of characters. Memory is bounded by
 BLOCK, the longest field (about twice it) and the per-column state."""
@@ -20,6 +22,7 @@ import bisect
 import codecs
 import collections
 import csv
+import io
 import json
 import math
 import os
@@ -76,6 +79,7 @@ def parse_params(raw):
     return method, columns
 
 
+MAX_OUTPUT_BYTES = 100 * 1024 * 1024  # the most an output file may be (OUTPUT_LIMITS.maxFileBytes)
 BLOCK = 1 << 16  # bytes read, decoded and parsed at a time (progress at least every 5% of 1.3 MB)
 SORT_RUN = 1 << 16  # values sorted at a time for the median
 
@@ -434,13 +438,25 @@ def main():
     doc = {"method": method, "rows": rows, "columns": stats, "counts": {c.name: c.n for c in chosen}}
     if notes:
         doc["notes"] = notes
-    with open(os.path.join(args.output_dir, "stats.json"), "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=2, allow_nan=False)
-    with open(os.path.join(args.output_dir, "stats.csv"), "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["column", method])
-        for name, value in stats.items():
-            w.writerow([name, "" if value is None else value])
+    table = io.StringIO()
+    w = csv.writer(table)
+    w.writerow(["column", method])
+    for name, value in stats.items():
+        w.writerow([name, "" if value is None else value])
+    outputs = {
+        "stats.json": json.dumps(doc, indent=2, allow_nan=False).encode("utf-8"),
+        "stats.csv": table.getvalue().encode("utf-8"),
+    }
+    for name, data in outputs.items():
+        if len(data) > MAX_OUTPUT_BYTES:
+            die(
+                3,
+                "%s would be at least %d MiB, more than the 100 MiB an output file may be: "
+                "too many columns or too long column names" % (name, len(data) // (1024 * 1024)),
+            )
+    for name, data in outputs.items():
+        with open(os.path.join(args.output_dir, name), "wb") as f:
+            f.write(data)
     emit({"type": "result", "outputFileName": "stats.json", "metrics": {"rows": rows, "columns": len(chosen)}})
 
 

@@ -15,10 +15,13 @@
 # the median and the histograms). Time is linear in the input: no regular expression here can backtrack
 # more than once over a run of characters, whatever a cell holds (200,000 digits, 50,000 spaces), and
 # nothing is done once per column per row.
+# The report must fit in an output file (the runner's limit, OUTPUT_LIMITS in src/runner/outputs.ts): one
+# that would be larger (too many numeric columns, too long names) is exit 3, found before the statistics.
 
 MAX_PANELS <- 12L
 BINS <- 20L
 BLOCK <- 1048576
+MAX_OUTPUT_BYTES <- 100 * 1048576 # the most an output file may be (OUTPUT_LIMITS.maxFileBytes)
 
 json_str <- function(s) {
   s <- gsub("\\\\", "\\\\\\\\", s)
@@ -35,6 +38,15 @@ emit_progress <- function(percent, message) {
 die <- function(code, message) {
   cat(message, "\n", file = stderr())
   quit(status = code, save = "no")
+}
+too_large <- function(bytes) {
+  die(3, sprintf(
+    paste(
+      "report.html would be at least %.0f MiB, more than the 100 MiB an output file may be:",
+      "too many numeric columns or too long column names"
+    ),
+    floor(bytes / 1048576)
+  ))
 }
 html_escape <- function(s) {
   s <- gsub("&", "&amp;", s, fixed = TRUE)
@@ -361,6 +373,11 @@ exact <- function(v) {
 rows <- character(length(numeric_cols))
 escaped_names <- html_escape(numeric_names)
 plotted <- head(seq_along(numeric_cols), MAX_PANELS)
+# What the report takes at least: a table row of 85 bytes besides the name for each numeric column, and
+# the name again under the histograms (twice when plotted: the list and the image's alt text).
+name_bytes <- as.numeric(nchar(escaped_names, type = "bytes"))
+at_least <- 85 * length(numeric_cols) + 2 * sum(name_bytes) + sum(name_bytes[plotted])
+if (at_least > MAX_OUTPUT_BYTES) too_large(at_least)
 percents <- vector("list", length(plotted))
 ranges <- vector("list", length(plotted))
 for (k in seq_along(numeric_cols)) {
@@ -442,6 +459,8 @@ html <- c(
   ),
   "</body></html>"
 )
+html_bytes <- sum(as.numeric(nchar(html, type = "bytes"))) + length(html) # and a newline each
+if (html_bytes > MAX_OUTPUT_BYTES) too_large(html_bytes)
 writeLines(html, file.path(opt[["output-dir"]], "report.html"), useBytes = TRUE)
 emit_progress(95, "report written")
 cat(sprintf(

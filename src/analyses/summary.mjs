@@ -8,6 +8,8 @@
 // "" and NA are missing; NaN/Inf/Infinity (any case, signed) and numbers beyond the double range are
 // missing too and counted in a note; a column is numeric when it has a number and no text. A
 // statistic that a double cannot hold is null, with the note "<statistic> overflows" in its column.
+// summary.json must fit in an output file (the runner's limit, OUTPUT_LIMITS in src/runner/outputs.ts):
+// a header that would make it larger (too many columns, too long names) is unusable data, exit 3.
 import fs from "node:fs";
 import path from "node:path";
 import { parseArgs } from "node:util";
@@ -155,6 +157,17 @@ function scaleOf(x) {
   return scale;
 }
 
+/** The most an output file may be (OUTPUT_LIMITS.maxFileBytes in src/runner/outputs.ts). */
+const MAX_OUTPUT_BYTES = 100 * 1024 * 1024;
+// What a column takes in summary.json at least, besides its name: an "empty" column's 72 bytes.
+const MIN_COLUMN_BYTES = 72;
+const tooLarge = (bytes) =>
+  die(
+    3,
+    `summary.json would be at least ${Math.floor(bytes / 1024 / 1024)} MiB, ` +
+      "more than the 100 MiB an output file may be: too many columns or too long column names",
+  );
+
 let size;
 try {
   size = fs.statSync(args.input).size;
@@ -180,6 +193,10 @@ function consume(record) {
       if (seen.has(h)) die(3, `duplicate column name: ${h}`);
       seen.add(h);
     }
+    // Known from the header alone: refused before any row is read (1.2 million columns took 1.1 GB).
+    let atLeast = 0;
+    for (const h of header) atLeast += MIN_COLUMN_BYTES + Buffer.byteLength(JSON.stringify(h)) - 2;
+    if (atLeast > MAX_OUTPUT_BYTES) tooLarge(atLeast);
     // The sum is kept divided by `scale`, a power of two near the largest magnitude seen: exact, and
     // it cannot overflow where the mean is representable (1.7e308 twice has the mean 1.7e308).
     columns = header.map((name) => ({
@@ -272,8 +289,10 @@ const summary = {
     return { ...base, ...stats, ...(notes.length > 0 ? { notes } : {}) };
   }),
 };
+const json = `${JSON.stringify(summary, null, 2)}\n`;
+if (Buffer.byteLength(json) > MAX_OUTPUT_BYTES) tooLarge(Buffer.byteLength(json));
 emit({ type: "progress", percent: 95, message: "writing summary.json" });
-fs.writeFileSync(path.join(args["output-dir"], "summary.json"), `${JSON.stringify(summary, null, 2)}\n`);
+fs.writeFileSync(path.join(args["output-dir"], "summary.json"), json);
 emit({
   type: "result",
   outputFileName: "summary.json",

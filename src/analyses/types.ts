@@ -19,7 +19,8 @@ export const PARAMETER_SCHEMAS = {
         Type.Array(Type.String({ minLength: 1, maxLength: 200 }), {
           minItems: 1,
           maxItems: 100,
-          description: "Columns to use (default: every numeric column)",
+          description:
+            "Columns to use, named as in the file's header (default: every numeric column). A file without one of them fails ANALYSIS_INPUT_INVALID, one where it is not numeric ANALYSIS_DATA_INVALID",
         }),
       ),
     },
