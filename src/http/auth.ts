@@ -38,15 +38,8 @@ function repeatedAuthorization(request: FastifyRequest): boolean {
  */
 export const BEARER_CHALLENGE = 'Bearer realm="assay"';
 
-/** Adds the onRequest hook to `scope` (the /api plugin), and the challenge to its 401s. */
+/** Adds the onRequest hook to `scope` (the /api plugin). Its 401s carry BEARER_CHALLENGE (error-handler.ts). */
 export function requireBearer(scope: FastifyInstance) {
-  // onSend, not only the hook's own refusal: a route may answer 401 too (an event stream whose token
-  // was revoked while it was being opened).
-  // Callback style: this runs on every /api response, and an async hook costs a promise each.
-  scope.addHook("onSend", (_request, reply, payload, done) => {
-    if (reply.statusCode === 401) reply.header("www-authenticate", BEARER_CHALLENGE);
-    done(null, payload);
-  });
   scope.addHook("onRequest", async (request) => {
     if (repeatedAuthorization(request)) throw new ApiError(401, "UNAUTHORIZED");
     const match = BEARER.exec(request.headers.authorization ?? "");

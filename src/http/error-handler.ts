@@ -2,6 +2,7 @@
 // PUBLIC_MESSAGES or an ApiError's deliberate detail; the cause goes to the log.
 import type { FastifyError, FastifyReply, FastifyRequest } from "fastify";
 import { PayloadTooLargeError } from "../storage/store.ts";
+import { BEARER_CHALLENGE } from "./auth.ts";
 import { ApiError, type ErrorCode, PUBLIC_MESSAGES } from "./errors.ts";
 
 const TOO_LARGE = new Set(["FST_ERR_CTP_BODY_TOO_LARGE", "FST_REQ_FILE_TOO_LARGE", "FST_FILES_LIMIT"]);
@@ -75,5 +76,8 @@ export function errorHandler(err: FastifyError, request: FastifyRequest, reply: 
       { code, cause: err.cause instanceof Error ? err.cause.message : err.message },
       "request rejected",
     );
+  // Every 401 is an ApiError thrown here (the /api hook's, an event stream's re-check): the
+  // challenge is set where they all pass, rather than by an onSend hook that every response paid for.
+  if (status === 401) reply.header("www-authenticate", BEARER_CHALLENGE);
   return reply.status(status).send({ code, message });
 }
