@@ -49,26 +49,45 @@ declare module "fastify" {
 }
 
 /**
- * Cuts off a request whose body stops coming: its socket's inactivity timer runs from the request's
- * start until the body has been read to its end (a byte read restarts it), then is cleared. Without
- * it an upload (or a JSON body) that stalled midway held its connection — and an upload the part it
- * had stored — for as long as its client kept the socket open (Node's requestTimeout is off under
- * Fastify). A body the server stops reading (a store that is slow to take it) looks the same, and is
- * cut off too after as long.
+ * Cuts off a request whose body stops coming: from the request's start until its body has been
+ * received whole (`complete`, whether or not anything has read it yet), the socket must take a byte
+ * at least every `idleMs`; else it is destroyed. Without it an upload (or a JSON body) that stalled
+ * midway held its connection — and an upload the part it had stored — for as long as its client kept
+ * the socket open (Node's requestTimeout is off under Fastify). A body the server stops reading (a
+ * store slow to take it) stops the socket's reading too, and is cut off the same after as long.
+ *
+ * A timer of the request's own, reading `socket.bytesRead`: the socket's inactivity timer is Node's
+ * (its keep-alive timeout), shared by every request on the connection — clearing it at one body's end
+ * left an idle socket after an early answer (a 401 before the body) with no timeout at all, and
+ * cleared the timer a pipelined request behind it had armed (a review).
  */
 function bodyIdleTimeout(request: FastifyRequest, idleMs: number) {
   const raw = request.raw;
-  // A GET or a bodiless POST (fetch sends `Content-Length: 0`) has nothing to time, and its stream is
-  // never read to an end that would clear the timer.
+  const socket = raw.socket as (typeof raw.socket & { bytesRead?: number }) | null;
+  // A GET or a bodiless POST (fetch sends `Content-Length: 0`) has nothing to time.
   const length = raw.headers["content-length"];
   const hasBody = (length !== undefined && length !== "0") || raw.headers["transfer-encoding"] !== undefined;
-  // `inject` (tests) hands a request without a socket of its own to time.
-  if (!hasBody || raw.complete || typeof raw.socket?.setTimeout !== "function") return;
-  raw.setTimeout(idleMs, () => {
-    request.log.info({ idleMs }, "request cut off: its body made no progress for too long");
-    raw.socket.destroy();
-  });
-  raw.once("end", () => raw.socket?.setTimeout(0));
+  // `inject` (tests) hands a request without a socket of its own.
+  if (!hasBody || raw.complete || typeof socket?.bytesRead !== "number") return;
+  let seen = socket.bytesRead;
+  let progressAt = performance.now();
+  const timer = setInterval(
+    () => {
+      if (raw.complete || socket.destroyed) return clearInterval(timer);
+      const now = performance.now();
+      if (socket.bytesRead !== seen) {
+        seen = socket.bytesRead;
+        progressAt = now;
+      } else if (now - progressAt >= idleMs) {
+        clearInterval(timer);
+        request.log.info({ idleMs }, "request cut off: its body made no progress for too long");
+        socket.destroy();
+      }
+    },
+    Math.max(100, Math.floor(idleMs / 4)),
+  );
+  timer.unref();
+  raw.once("close", () => clearInterval(timer));
 }
 
 export async function app(fastify: FastifyInstance, opts: { services: Services }) {

@@ -105,8 +105,9 @@ test("a slow upload that keeps sending is not cut off, and the kept-alive socket
   const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
   try {
     const { payload, headers } = multipart("file", Buffer.alloc(8 * 1024, "5"));
-    // Nine pieces 400 ms apart: 3.2 s in all, over three idle times, never one idle time without a byte.
-    const pieces = 9;
+    // Thirteen pieces 250 ms apart: 3 s in all, three idle times, never one without a byte (with room
+    // for a loaded machine's late timers).
+    const pieces = 13;
     const size = Math.ceil(payload.length / pieces);
     const first = await new Promise<{ status: number; body: string }>((resolve, reject) => {
       const req = http.request(`http://127.0.0.1:${port}/api/files`, {
@@ -123,7 +124,7 @@ test("a slow upload that keeps sending is not cut off, and the kept-alive socket
       req.on("error", reject);
       void (async () => {
         for (let i = 0; i < pieces; i++) {
-          if (i > 0) await sleep(IDLE_MS * 0.4);
+          if (i > 0) await sleep(IDLE_MS * 0.25);
           req.write(payload.subarray(i * size, (i + 1) * size));
         }
         req.end();
@@ -173,4 +174,58 @@ test("a request whose body has come whole is not cut off while its handler waits
   await held;
   assert.equal(res.status, 201, await res.text());
   assert.equal(await count("tasks"), tasksBefore + 1);
+});
+
+/** Writes `data` on a fresh socket; resolves when the server closes it, or with null after `limitMs`. */
+function closedWithin(data: string, limitMs: number) {
+  return new Promise<{ closedAfterMs: number | null; answer: string }>((resolve) => {
+    const socket = net.connect(port, "127.0.0.1");
+    let answer = "";
+    const began = performance.now();
+    socket.on("data", (d: Buffer) => {
+      answer += d.toString("latin1");
+    });
+    socket.on("error", () => {});
+    const limit = setTimeout(() => {
+      socket.destroy();
+      resolve({ closedAfterMs: null, answer });
+    }, limitMs);
+    socket.on("close", () => {
+      clearTimeout(limit);
+      resolve({ closedAfterMs: performance.now() - began, answer });
+    });
+    socket.write(data);
+  });
+}
+
+const jsonPost = (body: string, token: string, declared = Buffer.byteLength(body)) =>
+  "POST /api/analysis-tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
+  `Authorization: Bearer ${token}\r\nContent-Type: application/json\r\nContent-Length: ${declared}\r\n\r\n${body}`;
+
+test("a stalled body pipelined behind a whole request is cut off too", async () => {
+  const whole = jsonPost(JSON.stringify({ analysisType: "summary", inputFileId: "1000000001" }), alice);
+  const stalled = jsonPost('{"analysisType":', alice, 100);
+  const { closedAfterMs, answer } = await closedWithin(whole + stalled, 10_000);
+  assert.notEqual(closedAfterMs, null, "the stalled body held the socket");
+  assert.match(answer, /^HTTP\/1\.1 404 /, "the first request was answered");
+});
+
+test("an idle connection after an early answer (a 401 before the body) keeps its keep-alive timeout", async () => {
+  // The body's timer must leave the socket's own alone: clearing it at the body's end left this
+  // socket with no timeout at all once Node had armed its keep-alive one.
+  const keepAlive = t.app.server.keepAliveTimeout;
+  t.app.server.keepAliveTimeout = 500;
+  try {
+    for (const request of [
+      jsonPost('{"analysisType":"summary"}', "assay_not-a-token"),
+      "POST /api/analysis-tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
+        `Authorization: Bearer ${alice}\r\nContent-Type: text/weird\r\nContent-Length: 5\r\n\r\nhello`,
+    ]) {
+      const { closedAfterMs, answer } = await closedWithin(request, 10_000);
+      assert.match(answer, /^HTTP\/1\.1 (401|415) /);
+      assert.notEqual(closedAfterMs, null, `the idle socket was never closed: ${answer.split("\r\n")[0]}`);
+    }
+  } finally {
+    t.app.server.keepAliveTimeout = keepAlive;
+  }
 });
