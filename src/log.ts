@@ -25,7 +25,15 @@ export const REDACT_PATHS = [
  * it read an output. The view route itself logs at `warn`, but a request that matches no route (a
  * trailing slash, another method, a bad escape) is logged at `info` like any other.
  */
-export const loggedUrl = (url: string) => url.replace(/^\/+view(?:\/.*)?$/is, "/view/[redacted]");
+export function loggedUrl(url: string): string {
+  // The first segment as the router reads it: `/%76iew/<link>/…` reaches the view route too. Escapes
+  // decoded one byte at a time (enough to spell `view`), so a bad one elsewhere cannot stop it.
+  const first = /^\/+([^/?#]*)/.exec(url)?.[1] ?? "";
+  const segment = first.replace(/%([0-9a-f]{2})/gi, (_, hex: string) =>
+    String.fromCharCode(Number.parseInt(hex, 16)),
+  );
+  return segment.toLowerCase() === "view" ? "/view/[redacted]" : url;
+}
 
 /**
  * Fastify's request serializer (method, url, host, address), with the url through loggedUrl. A

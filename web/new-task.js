@@ -8,6 +8,7 @@ import { parametersFrom, SchemaForm } from "./schema-form.js";
 import { ErrorNote, RunBar } from "./widgets.js";
 
 const UPLOADS_AT_ONCE = 3;
+const OTHERS_AT_ONCE = 4;
 let nextKey = 1;
 
 /**
@@ -65,18 +66,23 @@ export function NewTaskView({ types, preselected }) {
       for (const c of controllers.current.values()) c.abort();
     };
   }, []);
-  // A chosen file the first page of uploads does not hold is read by itself, to be shown (and unchosen).
+  // A chosen file the first page of uploads does not hold is read by itself, to be shown (and unchosen),
+  // OTHERS_AT_ONCE at a time: a selection of hundreds on the files page is not hundreds of requests at once.
   useEffect(() => {
     if (known === null) return;
     const listed = new Set(known.items.map((f) => f.fileId));
     const ctrl = new AbortController();
-    for (const id of preselected) {
-      if (listed.has(id)) continue;
-      api(`/files/${id}`, { signal: ctrl.signal }).then(
-        (record) => setOthers((m) => new Map(m).set(id, { record })),
-        (error) => ctrl.signal.aborted || setOthers((m) => new Map(m).set(id, { error })),
-      );
-    }
+    const queue = preselected.filter((id) => !listed.has(id));
+    const next = async () => {
+      for (let id = queue.shift(); id !== undefined && !ctrl.signal.aborted; id = queue.shift()) {
+        const read = id;
+        await api(`/files/${read}`, { signal: ctrl.signal }).then(
+          (record) => setOthers((m) => new Map(m).set(read, { record })),
+          (error) => ctrl.signal.aborted || setOthers((m) => new Map(m).set(read, { error })),
+        );
+      }
+    };
+    for (let i = 0; i < OTHERS_AT_ONCE; i++) next();
     return () => ctrl.abort();
   }, [known]);
   useEffect(() => {

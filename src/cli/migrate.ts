@@ -32,6 +32,9 @@ export async function migrateCommand(argv: string[], config: Config | undefined)
 export function migrationReport({ before, after }: MigrationCounts, expected: number): string {
   if (after > expected)
     return `nothing applied: the database has ${after} migrations, more than this release's ${expected} (a newer release migrated it)`;
+  // Drizzle applies only migrations newer than the last applied: an older one missing stays missing.
+  if (after < expected)
+    return `the database has ${after} of this release's ${expected} migrations: ${expected - after} older than its last were not applied`;
   if (after === before) return `nothing to apply: the database has all ${after} migrations`;
   const n = after - before;
   return `applied ${n} migration${n === 1 ? "" : "s"}: the database has all ${after}`;

@@ -154,6 +154,8 @@ export async function serveCommand(
   let failure: { err: unknown } | undefined;
   /** Start-up has ended (listening, the worker running). */
   let started = false;
+  /** The HTTP API listens: its requests may be using the pool. */
+  let listening = false;
 
   // Installed before anything is opened: a signal during start-up (waiting for the store, starting or
   // migrating the embedded database) ends the step in progress and closes what was opened, instead of
@@ -164,9 +166,11 @@ export async function serveCommand(
     shutdown.abort();
     // Start-up waiting for a database that does not answer (each connection attempt waits up to 30 s,
     // and the API's caches and the worker each make one in turn) held the shutdown until the forced
-    // exit. While no worker can have claimed anything yet, end the pool's connections at once: what
-    // start-up is waiting for fails, and it ends (a step of it started after this checks the signal).
-    if (!started && worker === undefined) void database?.sql.end({ timeout: 0 });
+    // exit. While no worker can have claimed anything yet, and no request can be using the pool (not
+    // listening yet), end its connections at once: what start-up is waiting for fails, and it ends (a
+    // step of it started after this checks the signal). Once listening, the server's close lets
+    // requests in flight finish instead (a review: they got 500s).
+    if (!started && !listening && worker === undefined) void database?.sql.end({ timeout: 0 });
     await startup.catch(() => {});
     await closeOpened();
     logger.info("stopped");
@@ -223,6 +227,7 @@ export async function serveCommand(
       logger.error({ err }, "could not listen");
       throw err;
     }
+    listening = server !== undefined;
     step();
     if (mode !== "api") {
       worker = await startWorkerRuntime(cfg, database.sql, storage, logger, concurrency, metrics);

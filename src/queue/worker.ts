@@ -154,6 +154,8 @@ interface BatchWriter<T, R> {
  * (`starting` → its ending), which spares PostgreSQL a statement per few runs when runs are short.
  */
 export const PROGRESS_FLUSH_MS = 250;
+/** A failing progress write is logged at most this often. */
+const PROGRESS_WARN_MS = 10_000;
 /**
  * After a claim that found several owners waiting at a type, how long the worker's claims skip the
  * sole owner's claim (runClaimSole); also how long after a prune of the type's idle rotation rows that
@@ -358,6 +360,7 @@ export class Worker {
 
   /** The progress flush in flight (progressOnce): flushes never overlap. */
   private progressFlight: Promise<void> | undefined;
+  private progressWarnedAt = Number.NEGATIVE_INFINITY;
   /** The newcomer's claim in flight (claimNewcomer) and its type: at most one at a time. */
   private newcomerFlight: Promise<void> | undefined;
   private newcomerType: string | undefined;
@@ -1465,15 +1468,21 @@ export class Worker {
           attempt?.controller.abort("cancel");
       }
     } catch (err) {
-      // Nothing of the statement was written: put each update back for the next flush — the run's
-      // `running` mark above all. Dropped, a run whose program reported nothing more stayed
-      // `starting`, and its task `queued`, until it ended. A report made meanwhile is newer and
-      // stays; an attempt that ended or was replaced has nothing left to write.
+      // Put each update back for the next flush — the run's `running` mark above all. Dropped, a run
+      // whose program reported nothing more stayed `starting`, and its task `queued`, until it ended.
+      // A report made meanwhile is newer and stays; an attempt that ended or was replaced has nothing
+      // left to write. (A statement whose commit's answer was lost did write: the next flush writes
+      // the same progress again, one more run.progress event, which is harmless.)
       for (const u of updates) {
         if (this.active.get(u.id)?.run.leaseToken === u.token && !this.progress.has(u.id))
           this.progress.set(u.id, { token: u.token, progress: u.progress, message: u.message });
       }
-      this.o.logger.warn({ err, workerId: this.id }, "progress write failed");
+      // Once per PROGRESS_WARN_MS: in an outage every flush (4 a second) fails while runs are live.
+      const now = performance.now();
+      if (now - this.progressWarnedAt >= PROGRESS_WARN_MS) {
+        this.progressWarnedAt = now;
+        this.o.logger.warn({ err, workerId: this.id }, "progress write failed (retried at each flush)");
+      }
     }
   }
 

@@ -149,6 +149,8 @@ export interface ZipRun {
    * they were recorded, its result file) is not there.
    */
   names: string[] | null;
+  /** With `names` null: the first recorded file the store does not hold. */
+  missing?: string;
   /**
    * Their names in the zip, by index of `names`: one each once extracted where case is folded
    * (`Report.json` and `report.json`: distinctFileNames, which `assay download` follows too).
@@ -252,10 +254,12 @@ export async function* zipPages(sql: Sql, store: ObjectStore, taskId: string): A
     for (const [k, id] of pageIds.entries()) {
       const output = runOutput(byId.get(id) as OutputRow);
       const names = output.usable ? await outputNames(store, listing, taskId, output) : [];
+      const missing = missingOutput(output, names);
       page.push({
         output,
         folder: runFolder(output.inputName, output.runId, shared[at / 8 + k] === 1),
-        names: complete(output, names) ? names : null,
+        names: missing === undefined ? names : null,
+        ...(missing === undefined ? {} : { missing }),
         entries: distinctFileNames(names),
       });
     }
@@ -264,14 +268,15 @@ export async function* zipPages(sql: Sql, store: ObjectStore, taskId: string): A
 }
 
 /**
- * Whether the store holds every output the run recorded (runOutputFiles' names; a run from before
- * they were recorded: its result file). A zip without one of them (a `stats.csv` lost beside its
- * `stats.json`) would look whole: it is refused, as fetching that file alone is.
+ * The first output the run recorded (runOutputFiles' names; a run from before they were recorded: its
+ * result file) that the store does not hold, or undefined when it holds them all. A zip without one
+ * of them (a `stats.csv` lost beside its `stats.json`) would look whole: it is refused, as fetching
+ * that file alone is.
  */
-function complete(output: RunOutput, names: readonly string[]): boolean {
+function missingOutput(output: RunOutput, names: readonly string[]): string | undefined {
   const found = new Set(names);
-  if (!found.has(output.outputFileName)) return false;
-  return (output.files ?? []).every((f) => !SAFE_NAME.test(f.name) || found.has(f.name));
+  if (!found.has(output.outputFileName)) return output.outputFileName;
+  return (output.files ?? []).find((f) => SAFE_NAME.test(f.name) && !found.has(f.name))?.name;
 }
 
 /** The safe names of the objects directly under a run's output key. */

@@ -171,7 +171,12 @@ say({ type: "result", outputFileName: "stats.json", metrics: { rows: 1 } });`,
   const res = await logged.inject({ url: `/api/analysis-tasks/${taskId}/download`, headers: bearer(token) });
   assert.equal(res.statusCode, 500, "not a zip that leaves stats.csv out");
   assert.equal(res.json().code, "INTERNAL_ERROR");
-  assert.ok(logs.some((l) => l.msg === "a succeeded run's output is missing" && l.runId === run?.id));
+  assert.ok(
+    logs.some(
+      (l) => l.msg === "a succeeded run's output is missing" && l.runId === run?.id && l.file === "stats.csv",
+    ),
+    "the log names the file that is missing",
+  );
   // As the run's own outputs say: the file is listed, and fetching it is the same 500.
   const one = await get(`/api/analysis-tasks/${taskId}/runs/${run?.id}/outputs/stats.csv`);
   assert.equal(one.statusCode, 500);

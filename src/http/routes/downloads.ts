@@ -64,10 +64,11 @@ async function outputMissing(
   output: RunOutput,
   taskExists: () => Promise<boolean>,
   err?: unknown,
+  file?: string,
 ): Promise<ApiError> {
   if (!(await taskExists())) return notFound("ANALYSIS_TASK_NOT_FOUND");
   reply.log.error(
-    { err, runId: output.runId, outputKey: output.outputKey },
+    { err, runId: output.runId, outputKey: output.outputKey, ...(file === undefined ? {} : { file }) },
     "a succeeded run's output is missing",
   );
   return new ApiError(500, "INTERNAL_ERROR");
@@ -93,7 +94,7 @@ async function send(
     first = await pages.next();
     if (first.done && !(await taskExists())) throw notFound("ANALYSIS_TASK_NOT_FOUND");
     const missing = first.done ? undefined : first.value.find((r) => r.names === null);
-    if (missing) throw await outputMissing(reply, missing.output, taskExists);
+    if (missing) throw await outputMissing(reply, missing.output, taskExists, undefined, missing.missing);
   } catch (err) {
     await pages.return(undefined);
     // Retention may delete the task between the plan and its first page: a 404, as for a later request.
@@ -107,7 +108,7 @@ async function send(
       for (const run of page.value) {
         // A later page's missing output: the zip is broken off (logged), never ended without it.
         if (run.names === null)
-          throw new ObjectMissingError(outputKeyOf(run.output, run.output.outputFileName));
+          throw new ObjectMissingError(outputKeyOf(run.output, run.missing ?? run.output.outputFileName));
         for (const [i, name] of run.names.entries()) {
           const key = outputKeyOf(run.output, name);
           yield {
