@@ -13,8 +13,8 @@ import os from "node:os";
 import path from "node:path";
 import { after, describe, test } from "node:test";
 import { findPrograms, type Program } from "../../src/analyses/programs.ts";
-import { childEnv } from "../../src/runner/handler.ts";
-import { type ProcessResult, runProcess } from "../../src/runner/run-process.ts";
+import type { ProcessResult } from "../../src/runner/run-process.ts";
+import { runProgram } from "../helpers/runner.ts";
 
 /** A run past this is a hang: the old scripts took minutes on these inputs, the new ones seconds. */
 const HANG_GUARD_MS = 120_000;
@@ -25,20 +25,10 @@ const found = findPrograms({});
 const program = (type: string) => found.available.find((p) => p.type === type);
 
 async function run(p: Program, input: string, params: unknown): Promise<{ r: ProcessResult; out: string }> {
-  const out = fs.mkdtempSync(path.join(work, "out-"));
-  const r = await runProcess(
-    {
-      executable: p.executable,
-      args: [p.script, "--input", input, "--output-dir", out, "--params", JSON.stringify(params)],
-      cwd: p.cwd,
-      env: childEnv(work),
-    },
-    new AbortController().signal,
-    { killGraceMs: 1000, timeoutMs: HANG_GUARD_MS },
-  );
-  assert.equal(r.timedOut, false, `${p.type} ran past ${HANG_GUARD_MS / 1000} s: a hang`);
-  assert.equal(r.protocolError, undefined);
-  return { r, out };
+  const ran = await runProgram(p, work, input, params, { timeoutMs: HANG_GUARD_MS });
+  assert.equal(ran.r.timedOut, false, `${p.type} ran past ${HANG_GUARD_MS / 1000} s: a hang`);
+  assert.equal(ran.r.protocolError, undefined);
+  return ran;
 }
 
 function file(name: string, content: () => string): string {

@@ -10,9 +10,9 @@ import os from "node:os";
 import path from "node:path";
 import { after, test } from "node:test";
 import { findPrograms, type Program } from "../../src/analyses/programs.ts";
-import { childEnv } from "../../src/runner/handler.ts";
 import { OUTPUT_LIMITS } from "../../src/runner/outputs.ts";
-import { type ProcessResult, runProcess } from "../../src/runner/run-process.ts";
+import type { ProcessResult } from "../../src/runner/run-process.ts";
+import { runProgram } from "../helpers/runner.ts";
 
 const work = fs.mkdtempSync(path.join(os.tmpdir(), "assay-output-limits-"));
 after(() => fs.rmSync(work, { recursive: true, force: true }));
@@ -22,20 +22,9 @@ const skipUnless = (type: string) =>
   program(type) || process.env.CI === "true" ? false : `${type} is not available on this machine`;
 
 async function run(type: string, input: string, params: unknown): Promise<{ r: ProcessResult; out: string }> {
-  const p = program(type) as Program;
-  const out = fs.mkdtempSync(path.join(work, "out-"));
-  const r = await runProcess(
-    {
-      executable: p.executable,
-      args: [p.script, "--input", input, "--output-dir", out, "--params", JSON.stringify(params)],
-      cwd: p.cwd,
-      env: childEnv(work),
-    },
-    new AbortController().signal,
-    { killGraceMs: 1000, timeoutMs: 120_000 },
-  );
-  assert.equal(r.protocolError, undefined);
-  return { r, out };
+  const ran = await runProgram(program(type) as Program, work, input, params, { timeoutMs: 120_000 });
+  assert.equal(ran.r.protocolError, undefined);
+  return ran;
 }
 
 function assertRefused(r: ProcessResult, out: string) {

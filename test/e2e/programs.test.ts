@@ -6,9 +6,9 @@ import os from "node:os";
 import path from "node:path";
 import { after, describe, test } from "node:test";
 import { findPrograms, type Program } from "../../src/analyses/programs.ts";
-import { childEnv } from "../../src/runner/handler.ts";
-import { type ProcessResult, runProcess } from "../../src/runner/run-process.ts";
+import type { ProcessResult } from "../../src/runner/run-process.ts";
 import { ROOT } from "../helpers/cli.ts";
+import { runProgram } from "../helpers/runner.ts";
 
 const work = fs.mkdtempSync(path.join(os.tmpdir(), "assay-programs-"));
 after(() => fs.rmSync(work, { recursive: true, force: true }));
@@ -36,20 +36,12 @@ async function run(
   input: string,
   params: unknown,
 ): Promise<{ r: ProcessResult; out: string; progress: number[] }> {
-  const out = fs.mkdtempSync(path.join(work, "out-"));
   const progress: number[] = [];
-  const r = await runProcess(
-    {
-      executable: p.executable,
-      args: [p.script, "--input", input, "--output-dir", out, "--params", JSON.stringify(params)],
-      cwd: p.cwd,
-      env: childEnv(work),
-    },
-    new AbortController().signal,
-    { killGraceMs: 1000, timeoutMs: 60_000 },
-    (e) => progress.push(e.percent),
-  );
-  return { r, out, progress };
+  const ran = await runProgram(p, work, input, params, {
+    timeoutMs: 60_000,
+    onProgress: (e) => progress.push(e.percent),
+  });
+  return { ...ran, progress };
 }
 
 const cases: {

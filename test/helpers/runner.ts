@@ -11,7 +11,9 @@ import { expectedMigrationCount } from "../../src/db/migrate.ts";
 import { buildServer } from "../../src/http/server.ts";
 import { createLogger } from "../../src/log.ts";
 import { type TypeOptions, Worker } from "../../src/queue/worker.ts";
-import { discardAttempt, processHandler, removeLeftovers } from "../../src/runner/handler.ts";
+import { childEnv, discardAttempt, processHandler, removeLeftovers } from "../../src/runner/handler.ts";
+import type { ProgressEvent } from "../../src/runner/jsonl.ts";
+import { type ProcessResult, runProcess } from "../../src/runner/run-process.ts";
 import { LocalStore } from "../../src/storage/local.ts";
 import type { ObjectStore } from "../../src/storage/store.ts";
 import { taskCreate } from "../../src/tasks/create.ts";
@@ -48,6 +50,32 @@ const say = (e) => process.stdout.write(JSON.stringify(e) + "\\n");
 ${body}`,
   );
   return { script, cwd: folder };
+}
+
+/**
+ * Runs `p` as the runner would, without a queue: the usual arguments, an output folder of its own under
+ * `work`, an environment from the allowlist (HOME is `work`).
+ */
+export async function runProgram(
+  p: Program,
+  work: string,
+  input: string,
+  params: unknown,
+  o: { timeoutMs: number; onProgress?: (event: ProgressEvent) => void },
+): Promise<{ r: ProcessResult; out: string }> {
+  const out = fs.mkdtempSync(path.join(work, "out-"));
+  const r = await runProcess(
+    {
+      executable: p.executable,
+      args: [p.script, "--input", input, "--output-dir", out, "--params", JSON.stringify(params)],
+      cwd: p.cwd,
+      env: childEnv(work),
+    },
+    new AbortController().signal,
+    { killGraceMs: 1000, timeoutMs: o.timeoutMs },
+    o.onProgress,
+  );
+  return { r, out };
 }
 
 export interface RunnerEnv {
