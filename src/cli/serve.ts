@@ -152,8 +152,6 @@ export async function serveCommand(
   let startup: Promise<void> = Promise.resolve();
   /** Why start-up failed, once it has. */
   let failure: { err: unknown } | undefined;
-  /** Start-up has ended (listening, the worker running). */
-  let started = false;
   /** The HTTP API listens: its requests may be using the pool. */
   let listening = false;
 
@@ -170,7 +168,7 @@ export async function serveCommand(
     // listening yet), end its connections at once: what start-up is waiting for fails, and it ends (a
     // step of it started after this checks the signal). Once listening, the server's close lets
     // requests in flight finish instead (a review: they got 500s).
-    if (!started && !listening && worker === undefined) void database?.sql.end({ timeout: 0 });
+    if (!listening && worker === undefined) void database?.sql.end({ timeout: 0 });
     await startup.catch(() => {});
     await closeOpened();
     logger.info("stopped");
@@ -251,7 +249,6 @@ export async function serveCommand(
         ].join("\n"),
       );
     }
-    started = true;
   };
   // The signal also ends a wait for another start of the embedded database (its start lock).
   startup = startSignal.run(shutdown.signal, start);

@@ -7,7 +7,7 @@ import path from "node:path";
 import type { Config } from "../config.ts";
 import { LocalStore } from "../storage/local.ts";
 import { openStore } from "../storage/open.ts";
-import { checkKey, type ObjectStore } from "../storage/store.ts";
+import { checkKey, KEY_PREFIXES, type ObjectStore } from "../storage/store.ts";
 import { need, parse, UsageError } from "./usage.ts";
 
 const HELP = `Usage: assay storage migrate [--from DIR]
@@ -20,8 +20,6 @@ Run it with the service stopped (or before switching the service to s3).
 
 Example:
   ASSAY_STORAGE=s3 ASSAY_S3_BUCKET=assay-prod assay storage migrate --from /srv/assay`;
-
-const PREFIXES = ["files/", "outputs/"];
 
 export async function storageCommand(argv: string[], config: Config | undefined): Promise<number> {
   const [sub, ...rest] = argv;
@@ -41,7 +39,7 @@ export async function storageCommand(argv: string[], config: Config | undefined)
   const target = await openStore(cfg);
   await target.check();
   const totals = { copied: 0, skipped: 0, ignored: 0, bytes: 0 };
-  for (const prefix of PREFIXES) {
+  for (const prefix of KEY_PREFIXES) {
     const t = await migratePrefix(source, target, prefix, (line) => console.error(line));
     totals.copied += t.copied;
     totals.skipped += t.skipped;
@@ -69,7 +67,7 @@ function checkSource(dir: string): string {
   }
   if (!stat.isDirectory())
     throw new UsageError(`${dir} is not a directory: give the old ASSAY_DATA_DIR with --from`);
-  if (!PREFIXES.some((p) => fs.existsSync(path.join(dir, p)))) {
+  if (!KEY_PREFIXES.some((p) => fs.existsSync(path.join(dir, p)))) {
     throw new UsageError(
       `${dir} holds neither files/ nor outputs/: it is not a data directory with anything to migrate (--from)`,
     );

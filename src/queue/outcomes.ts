@@ -53,7 +53,7 @@ export type AbortReason = "timeout" | "cancel" | "lost" | "shutdown";
  * signals every process of the service at once — not failed on its own: its run goes back to the
  * queue like one the worker's shutdown aborted (decide()'s "shutdown"), instead of failing for good.
  */
-export const STOP_SIGNALS: ReadonlySet<string> = new Set(["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"]);
+const STOP_SIGNALS: ReadonlySet<string> = new Set(["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"]);
 
 /** The abort reason to decide an ending by: the worker's own, or a shutdown a supervisor's signal began. */
 export function effectiveReason(

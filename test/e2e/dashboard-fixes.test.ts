@@ -9,8 +9,16 @@ import { after, before, beforeEach, test } from "node:test";
 import type { Browser, Page } from "playwright-core";
 import { tokenCreate } from "../../src/auth/tokens.ts";
 import { freePort } from "../../src/db/embedded.ts";
-import { browserSkip, launchBrowser, linkToken, startDevApi, watchPage } from "../helpers/browser.ts";
-import { cleanEnv, collect, spawnCli, watch } from "../helpers/cli.ts";
+import {
+  browserSkip,
+  dashboardEnv,
+  launchBrowser,
+  linkToken,
+  startDevApi,
+  uploadFile,
+  watchPage,
+} from "../helpers/browser.ts";
+import { collect, spawnCli, watch } from "../helpers/cli.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
 import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
 
@@ -28,12 +36,7 @@ let browser: Browser;
 const problems: string[] = [];
 
 const serverEnv = () =>
-  cleanEnv({
-    DATABASE_URL: env.db.url,
-    ASSAY_DATA_DIR: env.dataDir,
-    HOST: "127.0.0.1",
-    PORT: String(port),
-    LOG_LEVEL: "warn",
+  dashboardEnv(env, port, {
     ASSAY_POLL_INTERVAL_MS: "200",
     ASSAY_SSE_HEARTBEAT_MS: "1000",
     ASSAY_SHUTDOWN_GRACE_MS: "2000",
@@ -94,17 +97,8 @@ async function call(
   return ((await res.json()) as { data: Record<string, unknown> }).data;
 }
 
-async function upload(token: string, name: string, content: string): Promise<string> {
-  const form = new FormData();
-  form.append("file", new Blob([content], { type: "text/csv" }), name);
-  const res = await fetch(`${base}/api/files`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${token}` },
-    body: form,
-  });
-  assert.equal(res.status, 201);
-  return ((await res.json()) as { data: { fileId: string } }).data.fileId;
-}
+const upload = async (token: string, name: string, content: string) =>
+  (await uploadFile(base, token, name, content)).fileId;
 
 /** A summary task over `n` small files of `token`'s; returns its id. */
 async function summaryTask(token: string, n: number, extra: Record<string, unknown> = {}): Promise<string> {

@@ -13,8 +13,14 @@ import { after, before, beforeEach, test } from "node:test";
 import type { Browser, Page } from "playwright-core";
 import { tokenCreate } from "../../src/auth/tokens.ts";
 import { freePort } from "../../src/db/embedded.ts";
-import { browserSkip, launchBrowser, startDevApi, watchPage } from "../helpers/browser.ts";
-import { cleanEnv } from "../helpers/cli.ts";
+import {
+  browserSkip,
+  dashboardEnv,
+  launchBrowser,
+  startDevApi,
+  uploadFile,
+  watchPage,
+} from "../helpers/browser.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
 import { fixtureProgram, type RunnerEnv, runnerEnv, writeProgram } from "../helpers/runner.ts";
 
@@ -28,14 +34,7 @@ let browser: Browser;
 /** Problems the pages reported: script errors, CSP violations, dialogs. */
 const problems: string[] = [];
 
-const serverEnv = () =>
-  cleanEnv({
-    DATABASE_URL: env.db.url,
-    ASSAY_DATA_DIR: env.dataDir,
-    HOST: "127.0.0.1",
-    PORT: String(port),
-    LOG_LEVEL: "warn",
-  });
+const serverEnv = () => dashboardEnv(env, port);
 
 before(async () => {
   if (skip) return;
@@ -85,17 +84,8 @@ async function pageFor(token: string): Promise<Page> {
   return page;
 }
 
-async function upload(token: string, name: string, content: string): Promise<string> {
-  const form = new FormData();
-  form.append("file", new Blob([content], { type: "text/csv" }), name);
-  const res = await fetch(`${base}/api/files`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${token}` },
-    body: form,
-  });
-  assert.equal(res.status, 201);
-  return ((await res.json()) as { data: { fileId: string } }).data.fileId;
-}
+const upload = async (token: string, name: string, content: string) =>
+  (await uploadFile(base, token, name, content)).fileId;
 
 /** Files on disk for the browser's file picker. */
 function localFiles(files: Record<string, string>): string[] {
@@ -110,7 +100,7 @@ function localFiles(files: Record<string, string>): string[] {
 /** The tasks whose inputs include `fileId`. */
 async function tasksOver(fileId: string): Promise<string[]> {
   const rows = await env.db.sql<{ id: string }[]>`
-    select distinct task_id::text as id from runs where input_file_id = ${fileId} order by 1`;
+    select distinct task_id, task_id::text as id from runs where input_file_id = ${fileId} order by task_id`;
   return rows.map((r) => r.id);
 }
 

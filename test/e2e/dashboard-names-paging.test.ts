@@ -13,8 +13,15 @@ import type { Browser, Locator, Page } from "playwright-core";
 import { freePort } from "../../src/db/embedded.ts";
 import { createLogger } from "../../src/log.ts";
 import { Worker } from "../../src/queue/worker.ts";
-import { browserSkip, launchBrowser, linkToken, startDevApi, watchPage } from "../helpers/browser.ts";
-import { cleanEnv } from "../helpers/cli.ts";
+import {
+  browserSkip,
+  dashboardEnv,
+  launchBrowser,
+  linkToken,
+  startDevApi,
+  uploadFile,
+  watchPage,
+} from "../helpers/browser.ts";
 import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
 
 const skip = browserSkip;
@@ -37,12 +44,7 @@ before(async () => {
   port = await freePort();
   base = `http://127.0.0.1:${port}`;
   const started = await startDevApi(
-    cleanEnv({
-      DATABASE_URL: env.db.url,
-      ASSAY_DATA_DIR: env.dataDir,
-      HOST: "127.0.0.1",
-      PORT: String(port),
-      LOG_LEVEL: "warn",
+    dashboardEnv(env, port, {
       ASSAY_SSE_HEARTBEAT_MS: "1000",
       ASSAY_SHUTDOWN_GRACE_MS: "2000",
       ASSAY_MAX_UPLOAD_BYTES: String(MAX_UPLOAD),
@@ -66,15 +68,7 @@ after(async () => {
 });
 
 async function upload(name: string, content = "a,b\n1,2\n"): Promise<string> {
-  const form = new FormData();
-  form.append("file", new Blob([content], { type: "text/csv" }), name);
-  const res = await fetch(`${base}/api/files`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${adminToken}` },
-    body: form,
-  });
-  assert.equal(res.status, 201);
-  const { data } = (await res.json()) as { data: { fileId: string; name: string } };
+  const data = await uploadFile(base, adminToken, name, content);
   assert.equal(data.name, name, "the name is stored as it was given");
   return data.fileId;
 }

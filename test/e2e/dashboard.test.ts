@@ -9,8 +9,8 @@ import { after, before, beforeEach, test } from "node:test";
 import type { Browser, BrowserContext, Page } from "playwright-core";
 import { tokenCreate } from "../../src/auth/tokens.ts";
 import { freePort } from "../../src/db/embedded.ts";
-import { browserSkip, launchBrowser, startDevApi, watchPage } from "../helpers/browser.ts";
-import { cleanEnv, collect, ROOT, spawnCli, watch } from "../helpers/cli.ts";
+import { browserSkip, dashboardEnv, launchBrowser, startDevApi, watchPage } from "../helpers/browser.ts";
+import { collect, ROOT, spawnCli, watch } from "../helpers/cli.ts";
 import { tableEvents, waitFor, waitForTerminal } from "../helpers/queue.ts";
 import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
 import { zipNames } from "../helpers/zip.ts";
@@ -35,12 +35,7 @@ let page: Page;
 const problems: string[] = [];
 
 const serverEnv = () =>
-  cleanEnv({
-    DATABASE_URL: env.db.url,
-    ASSAY_DATA_DIR: env.dataDir,
-    HOST: "127.0.0.1",
-    PORT: String(port),
-    LOG_LEVEL: "warn",
+  dashboardEnv(env, port, {
     ASSAY_POLL_INTERVAL_MS: "200",
     ASSAY_SSE_HEARTBEAT_MS: "1000",
     ASSAY_SHUTDOWN_GRACE_MS: "2000",

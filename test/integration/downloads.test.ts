@@ -154,7 +154,7 @@ say({ type: "result", outputFileName: "stats.json", metrics: { rows: 1 } });`,
   await w.stop();
   const runs = await env.db.sql<{ id: string; key: string; files: { name: string }[] }[]>`
     select id::text, output_key as key, result -> 'files' as files
-    from runs where task_id = ${taskId} and status = 'succeeded' order by id`;
+    from runs where task_id = ${taskId} and status = 'succeeded' order by runs.id`;
   assert.equal(runs.length, 2);
   const [run] = runs;
   assert.deepEqual(

@@ -25,6 +25,7 @@ import { taskVisible } from "../../tasks/read.ts";
 import { RESULTS_FILE_NAME, resultMetricKeys, resultsCsv } from "../../tasks/results.ts";
 import { bearerHashOf, principalOf } from "../auth.ts";
 import { ApiError, notFound } from "../errors.ts";
+import { noHead } from "../no-head.ts";
 import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok } from "../schemas.ts";
 import { ZipWriter } from "../zip.ts";
 
@@ -63,12 +64,16 @@ async function outputMissing(
   reply: FastifyReply,
   output: RunOutput,
   taskExists: () => Promise<boolean>,
-  err?: unknown,
-  file?: string,
+  o: { err?: unknown; file?: string | undefined } = {},
 ): Promise<ApiError> {
   if (!(await taskExists())) return notFound("ANALYSIS_TASK_NOT_FOUND");
   reply.log.error(
-    { err, runId: output.runId, outputKey: output.outputKey, ...(file === undefined ? {} : { file }) },
+    {
+      err: o.err,
+      runId: output.runId,
+      outputKey: output.outputKey,
+      ...(o.file === undefined ? {} : { file: o.file }),
+    },
     "a succeeded run's output is missing",
   );
   return new ApiError(500, "INTERNAL_ERROR");
@@ -94,7 +99,7 @@ async function send(
     first = await pages.next();
     if (first.done && !(await taskExists())) throw notFound("ANALYSIS_TASK_NOT_FOUND");
     const missing = first.done ? undefined : first.value.find((r) => r.names === null);
-    if (missing) throw await outputMissing(reply, missing.output, taskExists, undefined, missing.missing);
+    if (missing) throw await outputMissing(reply, missing.output, taskExists, { file: missing.missing });
   } catch (err) {
     await pages.return(undefined);
     // Retention may delete the task between the plan and its first page: a 404, as for a later request.
@@ -138,7 +143,7 @@ async function sendObject(
 ) {
   if (!output.usable) throw await outputMissing(reply, output, taskExists);
   const { stream, size } = await store.open(outputKeyOf(output, name)).catch(async (err: unknown) => {
-    throw err instanceof ObjectMissingError ? await outputMissing(reply, output, taskExists, err) : err;
+    throw err instanceof ObjectMissingError ? await outputMissing(reply, output, taskExists, { err }) : err;
   });
   reply.header("content-type", contentTypeOf(name));
   reply.header("content-length", size);
@@ -200,21 +205,6 @@ function zipStream(entries: AsyncGenerator<ZipEntry>, reply: FastifyReply): Read
     }
   }
   return Readable.from(bytes(), { objectMode: false });
-}
-
-/**
- * HEAD on a route that streams a file, a zip, a table or events: 405, with `Allow: GET`. Fastify's own
- * HEAD route would run the GET handler and read the streamed body to its end to discard it: an output
- * read whole from the store (a full GET from S3) per HEAD, a zip's plan run and its stream destroyed. A
- * truthful HEAD needs what only opening the object tells (whether it is there, its length), and a
- * zip's or a table's length is not known before it is written, so these routes have none. An event
- * stream's HEAD (routes/events.ts) would subscribe and read the task's log for a response without a
- * body, holding the connection until the stream ended.
- */
-export function noHead(app: FastifyInstance, url: string, o: { logLevel?: "warn" } = {}) {
-  app.head(url, { schema: { hide: true }, ...o }, async (_request, reply) =>
-    reply.code(405).header("allow", "GET").send(),
-  );
 }
 
 export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {

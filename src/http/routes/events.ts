@@ -10,8 +10,8 @@ import { tasksOpen, taskVisible } from "../../tasks/read.ts";
 import { LogsPageBody, LogsQuery } from "../api-types.ts";
 import { bearerOf, principalOf } from "../auth.ts";
 import { ApiError, notFound, validationFailed } from "../errors.ts";
+import { noHead } from "../no-head.ts";
 import { Envelope, errorResponses, IdParam, isId, ok } from "../schemas.ts";
-import { noHead } from "./downloads.ts";
 
 const BACKLOG_PAGE = 500;
 
