@@ -72,6 +72,32 @@ describe("POST /api/files", () => {
     assert.ok(filesOnDisk().every((n) => /^[0-9]+$/.test(n)));
   });
 
+  test("the part's declared type is kept when it is a media type; anything else is application/octet-stream", async () => {
+    for (const [given, expected] of [
+      ["text/csv", "text/csv"],
+      ["Application/VND.MS-Excel; charset=utf-8", "application/vnd.ms-excel"],
+      ["text/\u0000csv", "application/octet-stream"],
+      ["text/\u001b[31mcsv", "application/octet-stream"],
+      ["text/\u009bcsv", "application/octet-stream"],
+      ["text/données", "application/octet-stream"],
+      [`text/${"x".repeat(20_000)}`, "application/octet-stream"],
+      ["csv", "application/octet-stream"],
+    ] as const) {
+      const { payload, headers } = multipart("file", "x,y\n1,2\n", "data.csv", given);
+      const res = await t.app.inject({
+        method: "POST",
+        url: "/api/files",
+        payload,
+        headers: { ...headers, ...bearer(alice) },
+      });
+      assert.equal(res.statusCode, 201, `${JSON.stringify(given.slice(0, 40))}: ${res.body}`);
+      const { fileId, contentType } = res.json().data;
+      assert.equal(contentType, expected);
+      const [row] = await t.db.sql`select content_type from files where id = ${fileId}`;
+      assert.equal(row?.content_type, expected);
+    }
+  });
+
   test("over ASSAY_MAX_UPLOAD_BYTES → 413, nothing on disk or in the database", async () => {
     const before = { rows: await fileRows(), files: filesOnDisk() };
     const res = await upload(alice, Buffer.alloc(LIMIT + 1, 97));

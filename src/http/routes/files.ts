@@ -19,6 +19,13 @@ function rejectMalformed(err: unknown): never {
   throw new ApiError(400, "INVALID_MULTIPART", undefined, err);
 }
 
+/**
+ * A media type (RFC 9110): a type and a subtype of token characters, at most 127 each (RFC 6838).
+ * busboy gives the part's declared type lower-cased and without its parameters, but otherwise as sent:
+ * a NUL in it failed the insert (a 500), and escape sequences or 20 KB of it were stored and returned.
+ */
+const MEDIA_TYPE = /^[!#$%&'*+.^_`|~0-9a-z-]{1,127}\/[!#$%&'*+.^_`|~0-9a-z-]{1,127}$/i;
+
 /** How long the rest of a refused upload's body is read and discarded before the connection is cut. */
 const DISCARD_TIMEOUT_MS = 30_000;
 
@@ -77,7 +84,7 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
     // cut the stream short.
     const record = await fileCreate(database.sql, storage, principalOf(request), part.file, {
       name: storedFileName(part.filename),
-      contentType: part.mimetype || "application/octet-stream",
+      contentType: MEDIA_TYPE.test(part.mimetype) ? part.mimetype : "application/octet-stream",
       maxBytes: config.maxUploadBytes,
     }).catch((err: unknown) => {
       if (err instanceof SourceError) throw new ApiError(400, "INVALID_MULTIPART", undefined, err.cause);
