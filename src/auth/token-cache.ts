@@ -4,6 +4,7 @@
 // should that notification be lost (the listener reconnecting), an entry still lives at most
 // TOKEN_CACHE_TTL_MS. Keys are the tokens' SHA-256 (what the database stores), never the tokens.
 import type { Sql } from "../db/client.ts";
+import { listenUntilStopped } from "../db/listen.ts";
 import type { Logger } from "../log.ts";
 import type { Authenticated } from "./tokens.ts";
 
@@ -84,7 +85,8 @@ export class TokenCache {
    */
   async start(sql: Sql, logger: Logger): Promise<void> {
     try {
-      const { unlisten } = await sql.listen(
+      const { unlisten } = await listenUntilStopped(
+        sql,
         TOKENS_CHANNEL,
         (payload) => {
           this.clear();

@@ -10,6 +10,43 @@ export interface Subscription {
   onListen?(): void;
 }
 
+/**
+ * `sql.listen`, whose callbacks are never called again once its `unlisten` has been called or the
+ * LISTEN failed. postgres.js re-listens after a reconnect under new registrations of the callbacks,
+ * which the `unlisten` it returned no longer finds (it drops its own registration only), and it
+ * keeps and re-listens the callbacks of a LISTEN that failed: either way they went on being called
+ * for good — a stopped token cache re-enabled itself at the next reconnect. Those registrations stay
+ * with postgres.js (it has nothing to drop them with), holding only this function's empty closure.
+ */
+export async function listenUntilStopped(
+  sql: Sql,
+  channel: string,
+  onNotify: (payload: string) => void,
+  onListen?: () => void,
+): Promise<{ state: unknown; unlisten(): Promise<void> }> {
+  let callbacks: { onNotify: (payload: string) => void; onListen?: (() => void) | undefined } | undefined = {
+    onNotify,
+    onListen,
+  };
+  try {
+    const { state, unlisten } = await sql.listen(
+      channel,
+      (payload) => callbacks?.onNotify(payload),
+      () => callbacks?.onListen?.(),
+    );
+    return {
+      state,
+      unlisten: async () => {
+        callbacks = undefined;
+        await unlisten();
+      },
+    };
+  } catch (err) {
+    callbacks = undefined;
+    throw err;
+  }
+}
+
 /** Listens on every channel; retries a few times, as the shared connection may be reconnecting. */
 export async function listenAll(
   sql: Sql,
@@ -19,7 +56,8 @@ export async function listenAll(
   for (let attempt = 1; ; attempt++) {
     const done: { unlisten(): Promise<void> }[] = [];
     try {
-      for (const s of subscriptions) done.push(await sql.listen(s.channel, s.onNotify, s.onListen));
+      for (const s of subscriptions)
+        done.push(await listenUntilStopped(sql, s.channel, s.onNotify, s.onListen));
       return async () => {
         for (const d of done) await d.unlisten();
       };

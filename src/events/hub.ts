@@ -5,6 +5,7 @@
 // listener, stop, sweepOnce) ends the subscriptions of tasks that finished or disappeared without
 // their subscriber seeing the closing event, so no stream outlives its task by more than an interval.
 import type { Sql } from "../db/client.ts";
+import { listenUntilStopped } from "../db/listen.ts";
 import type { Logger } from "../log.ts";
 import { EVENTS_CHANNEL } from "../queue/sql.ts";
 import { tasksOpen } from "../tasks/read.ts";
@@ -53,8 +54,6 @@ export class EventHub {
   private subscriptions = 0;
   private unlisten: (() => Promise<void>) | undefined;
   private starting: Promise<void> | undefined;
-  /** Calls of start(), so far (see start()). */
-  private starts = 0;
   private reconnects = 0;
   /**
    * The LISTEN connection's identity as postgres.js keeps it (the backend's pid and cancel key, the
@@ -90,17 +89,14 @@ export class EventHub {
   private async start(): Promise<void> {
     // postgres.js registers the callbacks before its LISTEN runs and keeps them when it fails (and
     // re-listens with them later): every start retried during an outage left one more registration,
-    // and each notification was then handled that many times. Only the latest start's callbacks act.
-    const attempt = ++this.starts;
-    const { state, unlisten } = await this.o.sql.listen(
+    // and each notification was then handled that many times. A failed start's callbacks are muted
+    // (listenUntilStopped), as are a stopped hub's, which after a reconnect unlisten no longer removes.
+    const { state, unlisten } = await listenUntilStopped(
+      this.o.sql,
       EVENTS_CHANNEL,
-      (payload) => {
-        if (attempt === this.starts) this.onNotification(payload);
-      },
+      (payload) => this.onNotification(payload),
       // Called on the first LISTEN and after every reconnect.
-      () => {
-        if (attempt === this.starts) this.connected();
-      },
+      () => this.connected(),
     );
     this.unlisten = unlisten;
     this.listenState = state as unknown as { pid: unknown; secret: unknown };

@@ -19,6 +19,7 @@
 //   own), exactly as the statement's WHERE clause does.
 import type { Principal } from "../auth/tokens.ts";
 import type { Sql } from "../db/client.ts";
+import { listenUntilStopped } from "../db/listen.ts";
 import type { Logger } from "../log.ts";
 import { EVENTS_CHANNEL } from "../queue/sql.ts";
 
@@ -187,7 +188,8 @@ export class TaskCache {
    */
   async start(sql: Sql, logger: Logger): Promise<void> {
     try {
-      const { unlisten } = await sql.listen(
+      const { unlisten } = await listenUntilStopped(
+        sql,
         EVENTS_CHANNEL,
         (payload) => {
           const taskId = taskIdOf(payload);

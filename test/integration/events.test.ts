@@ -569,6 +569,72 @@ describe("the hub", () => {
   );
 
   test(
+    "a stream resumed at a running task's latest event, which commits one while the backlog is read, is not ended",
+    LIMIT,
+    async () => {
+      // The usual reconnect of a client of a quiet, running task. The backlog's read takes its snapshot,
+      // an event commits and its notification reaches the hub before that (empty) page does: the
+      // stream once took the delivered event's absence from the page for a task retention had deleted,
+      // and ended cleanly — the client saw an end without the closing event, and had to come back.
+      const hub = t.app.services.events;
+      await hub.ready();
+      const taskId = await createTask(t.db.sql, owner, "ev-resume-race", 1);
+      const latest = (await tableEvents(t.db.sql, taskId)).at(-1)?.[0] as string;
+      // Told of every delivery the hub makes for the task, in the same turn as the stream is.
+      const heard: string[] = [];
+      const probe = hub.subscribe(taskId, latest, (events) => heard.push(...events.map((e) => e.id)));
+      let committed: TaskEvent | undefined;
+      const sql = new Proxy(t.db.sql, {
+        apply(target, self, args: unknown[]) {
+          const strings = args[0] as { raw?: readonly string[] } & readonly string[];
+          const read = Reflect.apply(target, self, args) as Promise<unknown>;
+          if (committed || !strings?.raw || !strings.join("").includes("from task_events e")) return read;
+          // The backlog's first read: its page comes back after the event's delivery.
+          return read.then(async (page) => {
+            committed = await insertEvent(taskId, "run.progress");
+            await t.db
+              .sql`select pg_notify('assay_events', ${JSON.stringify({ taskId, events: [committed] })})`;
+            await waitFor(async () => heard.includes(committed?.id as string), 5_000, "the delivery");
+            return page;
+          });
+        },
+      });
+      const written: string[] = [];
+      const ends: string[] = [];
+      const stop = new AbortController();
+      try {
+        await serveTaskEvents(
+          hub,
+          sql,
+          taskId,
+          latest,
+          {
+            write: (chunk) => {
+              written.push(/^id: (\d+)/.exec(chunk)?.[1] ?? "?");
+              return true;
+            },
+            writableLength: 0,
+            close: () => ends.push("close"),
+            destroy: () => ends.push("destroy"),
+          },
+          stop.signal,
+        );
+        assert.ok(committed, "the race was staged");
+        assert.deepEqual(ends, [], "the stream of a running task ended");
+        assert.deepEqual(written, [committed.id]);
+        // And it is live.
+        const next = await insertEvent(taskId, "run.progress");
+        await t.db.sql`select pg_notify('assay_events', ${JSON.stringify({ taskId, events: [next] })})`;
+        await waitFor(async () => written.length === 2, 5_000, "the live event");
+        assert.deepEqual(written, [committed.id, next.id]);
+      } finally {
+        stop.abort();
+        probe();
+      }
+    },
+  );
+
+  test(
     "a stream never outlives its task: Last-Event-ID above every id, then the task ends",
     LIMIT,
     async () => {

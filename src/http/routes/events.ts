@@ -136,6 +136,8 @@ export async function serveTaskEvents(
     // in between would end the stream before the hub delivered its closing event.)
     const ended = !(await tasksOpen(sql, [taskId])).has(taskId);
     for (;;) {
+      // Delivered before this read began, so committed before it: the read has it (see below).
+      const known = seen;
       const page = await eventsAfter(sql, taskId, last.toString(), BACKLOG_PAGE);
       for (const event of page) {
         write(event);
@@ -150,9 +152,10 @@ export async function serveTaskEvents(
       // The hub's deliveries and catch-ups start from here.
       unsubscribe.advance(last.toString());
       if (done) return;
-      // Delivered, committed, and not in the table: retention deleted the task (its sweep would end
-      // the stream as well).
-      if (page.length === 0 && seen > last) return finish();
+      // Delivered before the read began, and not in the table: retention deleted the task (its sweep
+      // would end the stream as well). One delivered while the read ran may have committed after its
+      // snapshot: the next read has it (taken for a deletion, it ended a running task's stream).
+      if (page.length === 0 && known > last) return finish();
       // Caught up with the table and with every delivery: the last read saw them all.
       const more = page.length === BACKLOG_PAGE || seen > last;
       if (!more && ended) return finish();
