@@ -3,6 +3,7 @@
 // `outputs/...`), so the database needs no change. Resumable: objects already in the store with the same
 // size are skipped. The local copies are left in place (remove them once the installation runs on S3).
 import fs from "node:fs";
+import fsp from "node:fs/promises";
 import path from "node:path";
 import type { Config } from "../config.ts";
 import { LocalStore } from "../storage/local.ts";
@@ -15,8 +16,10 @@ const HELP = `Usage: assay storage migrate [--from DIR]
 Copies uploaded files and outputs from a local data directory (DIR, default $ASSAY_DATA_DIR) into the
 object store configured by ASSAY_STORAGE=s3 and ASSAY_S3_*, under the same keys. Objects already there
 with the same size are skipped, so it can be run again after an interruption. Files whose names Assay
-never makes (put there by hand) are left out and named on stderr. The local copies are left in place.
-Run it with the service stopped (or before switching the service to s3).
+never makes (put there by hand) are left out and named on stderr. Symbolic links (and FIFOs, sockets)
+inside files/ and outputs/ are never followed: each is named on stderr, nothing under it is copied,
+and the command exits 1 — put the files themselves in their place and run it again. The local copies
+are left in place. Run it with the service stopped (or before switching the service to s3).
 
 Example:
   ASSAY_STORAGE=s3 ASSAY_S3_BUCKET=assay-prod assay storage migrate --from /srv/assay`;
@@ -38,16 +41,21 @@ export async function storageCommand(argv: string[], config: Config | undefined)
   const source = new LocalStore(checkSource(path.resolve(values.from ?? cfg.dataDir)));
   const target = await openStore(cfg);
   await target.check();
-  const totals = { copied: 0, skipped: 0, ignored: 0, bytes: 0 };
+  const totals = { copied: 0, skipped: 0, ignored: 0, notCopied: 0, bytes: 0 };
   for (const prefix of KEY_PREFIXES) {
     const t = await migratePrefix(source, target, prefix, (line) => console.error(line));
     totals.copied += t.copied;
     totals.skipped += t.skipped;
     totals.ignored += t.ignored;
+    totals.notCopied += t.notCopied;
     totals.bytes += t.bytes;
   }
   console.log(JSON.stringify({ from: source.root, storage: target.kind, ...totals }));
-  return 0;
+  if (totals.notCopied === 0) return 0;
+  console.error(
+    `assay: ${totals.notCopied} links or special files were not copied (named above): put the files themselves in their place and run it again`,
+  );
+  return 1;
 }
 
 /**
@@ -86,18 +94,60 @@ function serviceKey(key: string): boolean {
 }
 
 /**
+ * Entries under `prefix` that are neither files nor folders — a symbolic link above all (a task's
+ * outputs moved to another disk and linked back), a FIFO, a socket — with what each is. The local
+ * store lists files and folders only, so the copy left these out without a word: a linked input was
+ * missing from the bucket, and every run over it failed once the service used it. None is followed (a
+ * link may lead out of the data directory, or round in a loop). `prefix`'s own folder may be a link.
+ */
+async function* notFiles(root: string, prefix: string): AsyncGenerator<{ key: string; what: string }> {
+  let dir: fs.Dir;
+  try {
+    dir = await fsp.opendir(path.join(root, prefix), { recursive: true });
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === "ENOENT" || code === "ENOTDIR") return;
+    throw err;
+  }
+  for await (const e of dir) {
+    if (e.isFile() || e.isDirectory()) continue;
+    const full = path.join(e.parentPath, e.name);
+    const key = `${prefix}${path.relative(path.join(root, prefix), full).split(path.sep).join("/")}`;
+    const what = e.isSymbolicLink()
+      ? `a symbolic link to ${JSON.stringify(await fsp.readlink(full).catch(() => "?"))}`
+      : e.isFIFO()
+        ? "a FIFO"
+        : e.isSocket()
+          ? "a socket"
+          : "a device";
+    yield { key, what };
+  }
+}
+
+/**
  * Copies every object under `prefix` that the target lacks (or holds with another size). Files whose
  * keys the service never makes (a note put there by hand, a name with spaces or accents) are left out
  * and named: no row references them, and the store would refuse the key — the whole migration failed on
- * the first one, and again at the same place when resumed.
+ * the first one, and again at the same place when resumed. Links and special files (see notFiles) are
+ * named and counted as `notCopied` when their key is one the service makes (a row may reference it),
+ * as `ignored` when not.
  */
 export async function migratePrefix(
   source: LocalStore,
   target: ObjectStore,
   prefix: string,
   progress: (line: string) => void = () => {},
-): Promise<{ copied: number; skipped: number; ignored: number; bytes: number }> {
-  const t = { copied: 0, skipped: 0, ignored: 0, bytes: 0 };
+): Promise<{ copied: number; skipped: number; ignored: number; notCopied: number; bytes: number }> {
+  const t = { copied: 0, skipped: 0, ignored: 0, notCopied: 0, bytes: 0 };
+  for await (const { key, what } of notFiles(source.root, prefix)) {
+    if (serviceKey(key)) {
+      t.notCopied++;
+      progress(`not copied ${JSON.stringify(key)}: ${what}, never followed (nothing under it is copied)`);
+    } else {
+      t.ignored++;
+      progress(`left out ${JSON.stringify(key)}: ${what}, and not a key Assay makes`);
+    }
+  }
   for (let after: string | undefined; ; ) {
     const page = await source.list(prefix, after === undefined ? {} : { after });
     if (page.length === 0) break;
@@ -116,7 +166,9 @@ export async function migratePrefix(
       t.copied++;
       t.bytes += o.size;
     }
-    progress(`${prefix}: ${t.copied} copied, ${t.skipped} already there, ${t.ignored} left out`);
+    progress(
+      `${prefix}: ${t.copied} copied, ${t.skipped} already there, ${t.ignored + t.notCopied} left out`,
+    );
     if (page.length < 1000) break;
     after = page.at(-1)?.key;
   }

@@ -87,6 +87,19 @@ async function sortedFolder(dir: string): Promise<SortedFolder | undefined> {
 
 const missing = (err: unknown) => (err as NodeJS.ErrnoException).code === "ENOENT";
 
+/** Flushes a file's bytes to the disk. */
+async function syncFile(file: string): Promise<void> {
+  const handle = await fsp.open(file, "r");
+  try {
+    await handle.sync();
+  } finally {
+    await handle.close();
+  }
+}
+
+/** Flushes a folder's entries (a rename into it, a folder made in it) to the disk. */
+const syncFolder = syncFile;
+
 /** Renames tried when the target's folder keeps vanishing (see renameInto). */
 const RENAME_TRIES = 5;
 
@@ -139,18 +152,27 @@ export class LocalStore implements ObjectStore {
 
   /**
    * One rename; the target's folder is made only when it is missing (a put costs no mkdir), and made
-   * again if a delete that emptied it removes it before the rename (as renameInto).
+   * again if a delete that emptied it removes it before the rename (as renameInto). The caller has
+   * flushed `tmp`'s bytes to disk; the rename is flushed here, with the folders it made: the row that
+   * names the key is committed next, and a power loss after that commit must not leave the key missing
+   * or empty (a new file's bytes and a rename sit in the page cache for seconds otherwise).
    */
   private async publish(tmp: string, key: string): Promise<void> {
     const target = this.localPath(key);
+    let made = false;
     for (let tries = 1; ; tries++) {
       try {
         await fsp.rename(tmp, target);
-        return;
+        break;
       } catch (err) {
         if (!missing(err) || tries === RENAME_TRIES || !fs.existsSync(tmp)) throw err;
       }
       await fsp.mkdir(path.dirname(target), { recursive: true });
+      made = true;
+    }
+    for (let dir = path.dirname(target); ; dir = path.dirname(dir)) {
+      await syncFolder(dir);
+      if (!made || dir === this.root || !dir.startsWith(this.root + path.sep)) return;
     }
   }
 
@@ -158,7 +180,8 @@ export class LocalStore implements ObjectStore {
     this.localPath(key);
     const tmp = await this.partial();
     const m = meter(maxBytes);
-    const file = fs.createWriteStream(tmp, { flags: "wx", mode: 0o640 });
+    // flush: the bytes reach the disk before the file is closed, and so before it is published.
+    const file = fs.createWriteStream(tmp, { flags: "wx", mode: 0o640, flush: true });
     const failure = watchPut(source, [m.stream, file]);
     try {
       await pipeline(source, m.stream, file).catch((err: unknown) => {
@@ -180,6 +203,7 @@ export class LocalStore implements ObjectStore {
     const tmp = await this.partial();
     try {
       await fsp.copyFile(file, tmp);
+      await syncFile(tmp);
       await this.publish(tmp, key);
     } catch (err) {
       await fsp.rm(tmp, { force: true });

@@ -2,6 +2,7 @@
 // could have given, an object the bucket already holds with another size, a run cut short — and on a
 // directory that is not an installation's.
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -81,7 +82,7 @@ test("an empty file, a key of another size in the bucket, and a name Assay never
   assert.equal(r.code, 0, r.stderr);
   assert.deepEqual(
     { ...summaryOf(r.stdout), from: undefined },
-    { from: undefined, storage: "s3", copied: 3, skipped: 0, ignored: 2, bytes: 10 },
+    { from: undefined, storage: "s3", copied: 3, skipped: 0, ignored: 2, notCopied: 0, bytes: 10 },
   );
   assert.match(r.stderr, /"files\/notes 1\.txt"/, "each key left out is named");
   assert.match(r.stderr, /résumé\.csv/);
@@ -96,7 +97,7 @@ test("an empty file, a key of another size in the bucket, and a name Assay never
   assert.equal(again.code, 0, again.stderr);
   assert.deepEqual(
     { ...summaryOf(again.stdout), from: undefined },
-    { from: undefined, storage: "s3", copied: 0, skipped: 3, ignored: 2, bytes: 0 },
+    { from: undefined, storage: "s3", copied: 0, skipped: 3, ignored: 2, notCopied: 0, bytes: 0 },
   );
 });
 
@@ -136,5 +137,77 @@ test("a run killed mid-way resumes: what it copied is skipped, the rest copied, 
   assert.deepEqual(
     Object.fromEntries(listed.map((o) => [o.key, o.size])),
     Object.fromEntries(keys.map((k) => [k, Buffer.byteLength(objects[k] as string)])),
+  );
+});
+
+test("links and FIFOs inside files/ and outputs/ are named, never followed, and fail the command; linked files/ is followed", async () => {
+  const env = cleanEnv({ ...bucket.env, ASSAY_S3_PREFIX: "linked/" });
+  // Outside the data directory: what a link must never carry into the bucket.
+  const outside = path.join(scratch, "outside-ünïcode");
+  fs.mkdirSync(path.join(outside, "run"), { recursive: true });
+  fs.writeFileSync(path.join(outside, "secret"), "s3cr3t\n");
+  fs.writeFileSync(path.join(outside, "run", "report.csv"), "r\n");
+  const root = dataDir("linked", {
+    "files/1000000": "kept\n",
+    [`${ATTEMPT}/report.csv`]: "x\n",
+  });
+  // An input moved to another disk and linked back; a run folder likewise; a loop; a FIFO; a link by
+  // hand under a name Assay never makes.
+  fs.symlinkSync(path.join(outside, "secret"), path.join(root, "files", "999999999"));
+  fs.symlinkSync(path.join(outside, "run"), path.join(root, "outputs", "100000007", "9999999999"));
+  fs.symlinkSync("..", path.join(root, "outputs", "100000007", "loop"));
+  execFileSync("mkfifo", [path.join(root, "files", "1000001")]);
+  fs.symlinkSync("1000000", path.join(root, "files", "dernière version"));
+
+  const r = await runCli(["storage", "migrate", "--from", root], env);
+  assert.equal(r.code, 1, r.stderr);
+  assert.deepEqual(
+    { ...summaryOf(r.stdout), from: undefined },
+    { from: undefined, storage: "s3", copied: 2, skipped: 0, ignored: 1, notCopied: 4, bytes: 7 },
+  );
+  for (const key of [
+    "files/999999999",
+    "files/1000001",
+    "outputs/100000007/9999999999",
+    "outputs/100000007/loop",
+    "files/dernière version",
+  ]) {
+    assert.ok(r.stderr.includes(JSON.stringify(key)), `${key} is named: ${r.stderr}`);
+  }
+  assert.ok(r.stderr.includes(JSON.stringify(path.join(outside, "secret"))), "a link's target is named");
+  assert.match(r.stderr, /a FIFO/);
+  assert.match(r.stderr, /4 links or special files were not copied/);
+  const store = bucket.store("linked/");
+  const listed = Object.fromEntries((await store.list("")).map((o) => [o.key, o.size]));
+  assert.deepEqual(listed, { "files/1000000": 5, [`${ATTEMPT}/report.csv`]: 2 }, "nothing through a link");
+
+  // Once the files themselves are in place, a second run copies them and succeeds.
+  for (const k of [
+    "files/999999999",
+    "outputs/100000007/9999999999",
+    "outputs/100000007/loop",
+    "files/1000001",
+  ])
+    fs.rmSync(path.join(root, k));
+  fs.copyFileSync(path.join(outside, "secret"), path.join(root, "files", "999999999"));
+  const again = await runCli(["storage", "migrate", "--from", root], env);
+  assert.equal(again.code, 0, again.stderr);
+  assert.deepEqual(
+    [summaryOf(again.stdout).copied, summaryOf(again.stdout).notCopied, summaryOf(again.stdout).ignored],
+    [1, 0, 1],
+  );
+
+  // files/ itself on another disk, linked into the data directory: that is the installation's layout,
+  // and it is followed.
+  const moved = dataDir("moved-files", {});
+  fs.symlinkSync(path.join(root, "files"), path.join(moved, "files"));
+  const viaLink = await runCli(["storage", "migrate", "--from", moved], {
+    ...env,
+    ASSAY_S3_PREFIX: "linked-top/",
+  });
+  assert.equal(viaLink.code, 0, viaLink.stderr);
+  assert.deepEqual(
+    Object.keys(Object.fromEntries((await bucket.store("linked-top/").list("")).map((o) => [o.key, 1]))),
+    ["files/1000000", "files/999999999"],
   );
 });

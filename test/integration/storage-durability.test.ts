@@ -1,0 +1,110 @@
+// A local store's put must be on disk before it returns: the upload's row is committed right after,
+// and a power loss then must not leave the key empty or missing (a new file's bytes and its rename sit
+// in the page cache for seconds). Watched from outside, with strace, on a real process doing the puts:
+// the file is flushed before it is renamed into place, and the folder after.
+import assert from "node:assert/strict";
+import { execFileSync, spawn } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { after, test } from "node:test";
+import { ROOT } from "../helpers/cli.ts";
+
+const scratch = fs.mkdtempSync(path.join(os.tmpdir(), "assay-durable-"));
+after(() => fs.rmSync(scratch, { recursive: true, force: true }));
+
+const strace = (() => {
+  try {
+    execFileSync("strace", ["-o", "/dev/null", "true"], { stdio: "ignore" });
+    return true;
+  } catch {
+    return false;
+  }
+})();
+
+/** Runs `body` (an ES module's code, given `store`) in a process of its own under strace; its calls. */
+async function traced(root: string, body: string): Promise<string[]> {
+  const log = path.join(scratch, `strace-${path.basename(root)}.txt`);
+  const code = `import { LocalStore } from ${JSON.stringify(path.join(ROOT, "src/storage/local.ts"))};
+import { Readable } from "node:stream";
+const store = new LocalStore(${JSON.stringify(root)});
+${body}`;
+  const child = spawn(
+    "strace",
+    [
+      "-f",
+      "-y",
+      "-e",
+      "trace=fsync,fdatasync,rename,renameat,renameat2",
+      "-o",
+      log,
+      process.execPath,
+      "--input-type=module",
+      "-e",
+      code,
+    ],
+    { stdio: ["ignore", "inherit", "pipe"] },
+  );
+  let stderr = "";
+  child.stderr.on("data", (c: Buffer) => (stderr += c.toString()));
+  const status = await new Promise<number | null>((resolve) => child.on("close", resolve));
+  assert.equal(status, 0, stderr);
+  return fs
+    .readFileSync(log, "utf8")
+    .split("\n")
+    .filter((l) => / (fsync|fdatasync|rename\w*)\(/.test(l) && / = 0$/.test(l));
+}
+
+/** The index of the first call matching `pattern` at or after `from`; fails when there is none. */
+function find(calls: string[], pattern: RegExp, from = 0, what = String(pattern)): number {
+  const i = calls.findIndex((c, j) => j >= from && pattern.test(c));
+  assert.ok(i >= 0, `${what} after call ${from} of:\n${calls.join("\n")}`);
+  return i;
+}
+
+const literal = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+
+test("local put and putFile flush the bytes before the rename, and the folder after it", {
+  // Under CI (.ci/run installs strace) a missing strace fails the test instead of skipping it.
+  skip: strace || process.env.CI === "true" ? false : "strace is not installed",
+}, async () => {
+  const root = path.join(scratch, "data");
+  const input = path.join(scratch, "output.csv");
+  fs.writeFileSync(input, "a,b\n1,2\n");
+  const attempt = "outputs/100000007/10000000011.1.0e0e0e0e-0000-4000-8000-00000000000a";
+  const calls = await traced(
+    root,
+    `await store.put("files/1000000", Readable.from([Buffer.from("x,y\\n3,4\\n")]));
+await store.putFile(${JSON.stringify(`${attempt}/report.csv`)}, ${JSON.stringify(input)});`,
+  );
+  const partial = literal(path.join(root, ".partial"));
+  for (const [key, folders] of [
+    ["files/1000000", ["files"]],
+    // A folder made for it: each new folder's own entry is flushed too, up to the root.
+    [`${attempt}/report.csv`, [attempt, "outputs/100000007", "outputs"]],
+  ] as const) {
+    const target = literal(path.join(root, key));
+    const renamed = find(
+      calls,
+      new RegExp(`rename\\w*\\(.*"${partial}/[^"]+", .*"${target}"`),
+      0,
+      `${key}'s rename`,
+    );
+    const tmp = (
+      /"([^"]+\/\.partial\/[^"]+)"/.exec(calls[renamed] as string) as RegExpExecArray
+    )[1] as string;
+    const flushed = calls.findIndex((c) => new RegExp(`f(data)?sync\\(\\d+<${literal(tmp)}>`).test(c));
+    assert.ok(flushed >= 0 && flushed < renamed, `${key} is flushed before its rename:\n${calls.join("\n")}`);
+    let at = renamed;
+    for (const folder of folders) {
+      at = find(
+        calls,
+        new RegExp(`fsync\\(\\d+<${literal(path.join(root, folder))}>`),
+        renamed,
+        `${folder} flushed`,
+      );
+    }
+    assert.ok(at > renamed);
+  }
+  assert.equal(fs.readFileSync(path.join(root, "files/1000000"), "utf8"), "x,y\n3,4\n");
+});
