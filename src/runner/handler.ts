@@ -7,7 +7,7 @@ import fsp from "node:fs/promises";
 import path from "node:path";
 import type { Program } from "../analyses/programs.ts";
 import type { ClaimedRun, Handler, HandlerOutcome } from "../queue/worker.ts";
-import { renameInto } from "../storage/local.ts";
+import { publishFolder } from "../storage/local.ts";
 import { ObjectMissingError, type ObjectStore, outputObjectKey } from "../storage/store.ts";
 import type { GroupRegistry } from "./group-guard.ts";
 import { attemptOutputKey, checkOutputs, type OutputFile } from "./outputs.ts";
@@ -93,8 +93,14 @@ function localPlace(
     home,
     tmp,
     // Into the task's folder, made when missing — and made again when a delete that emptied it (the
-    // store prunes empty folders) removes it before the rename.
-    keep: async () => renameInto(outputDir, store.localPath(`outputs/${outputKey}`)),
+    // store prunes empty folders) removes it before the rename; on disk before the completion commits.
+    keep: async (files) =>
+      publishFolder(
+        path.dirname(store.localPath("outputs")),
+        outputDir,
+        store.localPath(`outputs/${outputKey}`),
+        files.map((f) => f.name),
+      ),
     close: () => removeTree(dir),
   };
 }

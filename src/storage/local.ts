@@ -111,15 +111,34 @@ const RENAME_TRIES = 5;
  * Each retry needs another delete in that gap, so a few tries are plenty. Synchronous, for the runner's
  * success path (local metadata calls cost less than their thread-pool round trips).
  */
-export function renameInto(from: string, to: string): void {
+export function renameInto(from: string, to: string): boolean {
+  let made = false;
   for (let tries = 1; ; tries++) {
     try {
       fs.renameSync(from, to);
-      return;
+      return made;
     } catch (err) {
       if (!missing(err) || tries === RENAME_TRIES || !fs.existsSync(from)) throw err;
     }
     fs.mkdirSync(path.dirname(to), { recursive: true });
+    made = true;
+  }
+}
+
+/**
+ * Publishes an attempt's output folder `from` as `to` (renameInto), durably: its files (`names`) and
+ * the folder are flushed to disk before the rename, and the rename after it, with any folders it made
+ * up to `root`. The completion that names the outputs commits next, and a power loss after it must not
+ * leave them empty or missing (new files' bytes and a rename sit in the page cache for seconds). The
+ * flushes go through the thread pool (each may wait for the disk), one at a time (a run has a few files).
+ */
+export async function publishFolder(root: string, from: string, to: string, names: readonly string[]) {
+  for (const n of names) await syncFile(path.join(from, n));
+  await syncFolder(from);
+  const made = renameInto(from, to);
+  for (let dir = path.dirname(to); ; dir = path.dirname(dir)) {
+    await syncFolder(dir);
+    if (!made || dir === root || !dir.startsWith(root + path.sep)) return;
   }
 }
 

@@ -108,3 +108,39 @@ await store.putFile(${JSON.stringify(`${attempt}/report.csv`)}, ${JSON.stringify
   }
   assert.equal(fs.readFileSync(path.join(root, "files/1000000"), "utf8"), "x,y\n3,4\n");
 });
+
+test("a run's outputs are flushed before they are published, and the publishing rename after", {
+  skip: strace || process.env.CI === "true" ? false : "strace is not installed",
+}, async () => {
+  const root = path.join(scratch, "data-outputs");
+  const out = path.join(scratch, "attempt-1", "out");
+  fs.mkdirSync(out, { recursive: true });
+  fs.writeFileSync(path.join(out, "stats.json"), "{}");
+  fs.writeFileSync(path.join(out, "stats.csv"), "a,1\n");
+  const key = "outputs/100000009/10000000099.2.0e0e0e0e-0000-4000-8000-00000000000b";
+  const calls = await traced(
+    root,
+    `const { publishFolder } = await import(${JSON.stringify(path.join(ROOT, "src/storage/local.ts"))});
+await publishFolder(store.root, ${JSON.stringify(out)}, store.localPath(${JSON.stringify(key)}), ["stats.json", "stats.csv"]);`,
+  );
+  const renamed = find(
+    calls,
+    new RegExp(`rename\\w*\\(.*"${literal(out)}", .*"${literal(path.join(root, key))}"`),
+    0,
+    "the folder's rename",
+  );
+  for (const flushedFirst of [path.join(out, "stats.json"), path.join(out, "stats.csv"), out]) {
+    const i = calls.findIndex((c) => new RegExp(`f(data)?sync\\(\\d+<${literal(flushedFirst)}>`).test(c));
+    assert.ok(i >= 0 && i < renamed, `${flushedFirst} is flushed before the rename:\n${calls.join("\n")}`);
+  }
+  // The task's folder and outputs/ were made for it: both flushed after the rename, up to the root.
+  for (const folder of ["outputs/100000009", "outputs", ""]) {
+    find(
+      calls,
+      new RegExp(`fsync\\(\\d+<${literal(path.join(root, folder))}>`),
+      renamed,
+      `${folder || "the root"} flushed`,
+    );
+  }
+  assert.equal(fs.readFileSync(path.join(root, key, "stats.csv"), "utf8"), "a,1\n");
+});
