@@ -228,7 +228,17 @@ export async function serveCommand(
     listening = server !== undefined;
     step();
     if (mode !== "api") {
-      worker = await startWorkerRuntime(cfg, database.sql, storage, logger, concurrency, metrics);
+      // A signal meanwhile: the worker is not started, or stopped by the shutdown before anything else.
+      worker = await startWorkerRuntime(
+        cfg,
+        database.sql,
+        storage,
+        logger,
+        concurrency,
+        metrics,
+        shutdown.signal,
+      );
+      step();
     }
     if ((values as { "dev-token"?: boolean })["dev-token"] && server) {
       const { token } = await tokenCreate(database.sql, "dev", "admin");

@@ -31,6 +31,8 @@ export async function startWorkerRuntime(
   concurrency: number,
   /** Where the worker's metrics go; undefined when nobody can read them (no /metrics to serve). */
   metrics: Registry | undefined,
+  /** A shutdown that began while this was starting: the worker is not started (nothing is claimed). */
+  signal?: AbortSignal,
 ): Promise<WorkerRuntime> {
   const found = findPrograms({
     ...(config.python ? { python: config.python } : {}),
@@ -101,6 +103,8 @@ export async function startWorkerRuntime(
     });
     // Objects no row references (a crash between storing and recording): as often as retention runs.
     const sweep = new StoreSweep({ sql, logger, store, intervalMs: config.retentionIntervalMs });
+    // Opening the scratch folder can take a while (it removes what dead workers left there).
+    signal?.throwIfAborted();
     await worker.start();
     reaper.start();
     retention.start();

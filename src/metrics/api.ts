@@ -1,6 +1,7 @@
 // Prometheus metrics of an API process (GET /metrics): HTTP request durations, SSE subscribers, and
 // queue gauges read from PostgreSQL at scrape time (so every API instance reports the same queue).
 import type { FastifyInstance } from "fastify";
+import type { TransactionSql } from "postgres";
 import { Counter, Gauge, Histogram, type Registry } from "prom-client";
 import type { Sql } from "../db/client.ts";
 import type { EventHub } from "../events/hub.ts";
@@ -10,7 +11,14 @@ import type { EventHub } from "../events/hub.ts";
  * (10 s), so that a database that does not answer costs a scrape its queue gauges, not everything.
  */
 export const QUEUE_READ_TIMEOUT_MS = 5000;
-/** A read of the finished totals that took longer than this is reused for a while (see read()). */
+/**
+ * How long PostgreSQL lets each statement of that read run before it cancels it (statement_timeout,
+ * set for the read's transaction). A read held up for good (a lock that is never released) held a
+ * pool connection until TCP keepalive ended it, which for a lock is never. Well above
+ * QUEUE_READ_TIMEOUT_MS: a read held up for a while is still shared by the scrapes that follow.
+ */
+export const QUEUE_READ_CANCEL_MS = 30_000;
+/** A read of the finished totals that took longer than this is reused for a while (see readIn()). */
 const FINISHED_CHEAP_MS = 20;
 /** ...until this many times its duration has passed, or FINISHED_MAX_AGE_MS, whichever comes first. */
 const FINISHED_SPACING = 100;
@@ -32,7 +40,14 @@ interface QueueRead {
 }
 
 /** Registers the collectors in `registry` and the hooks; `/metrics` itself is a route in http/app.ts. */
-export function apiMetrics(app: FastifyInstance, sql: Sql, hub: EventHub, registry: Registry): void {
+export function apiMetrics(
+  app: FastifyInstance,
+  sql: Sql,
+  hub: EventHub,
+  registry: Registry,
+  /** The bounds of the queue read (tests shorten them). */
+  bounds = { waitMs: QUEUE_READ_TIMEOUT_MS, cancelMs: QUEUE_READ_CANCEL_MS },
+): void {
   const duration = new Histogram({
     name: "assay_http_request_duration_seconds",
     help: "HTTP request durations by route, method and status code",
@@ -122,8 +137,8 @@ export function apiMetrics(app: FastifyInstance, sql: Sql, hub: EventHub, regist
         reading,
         new Promise<never>((_, reject) => {
           timer = setTimeout(
-            () => reject(new Error(`the queue read did not answer within ${QUEUE_READ_TIMEOUT_MS} ms`)),
-            QUEUE_READ_TIMEOUT_MS,
+            () => reject(new Error(`the queue read did not answer within ${bounds.waitMs} ms`)),
+            bounds.waitMs,
           );
         }),
       ]);
@@ -148,9 +163,18 @@ export function apiMetrics(app: FastifyInstance, sql: Sql, hub: EventHub, regist
     }
   }
 
+  // In a transaction of its own, for a statement_timeout of its own (QUEUE_READ_CANCEL_MS): local to
+  // the transaction, so it never stays on the pool's connection (nor on a transaction pooler's).
+  function read(): Promise<QueueRead> {
+    return sql.begin(async (tx) => {
+      await tx`select set_config('statement_timeout', ${String(bounds.cancelMs)}, true)`;
+      return readIn(tx);
+    });
+  }
+
   // Counts and sums leave PostgreSQL as float8: a bigint would come back as text, and a cast to int
   // fails the whole read once a type's total passes 2^31 (a month of retention at 830 runs/s).
-  async function read(): Promise<QueueRead> {
+  async function readIn(sql: TransactionSql): Promise<QueueRead> {
     const queued = await sql<{ type: string; n: number; age: number }[]>`
       select analysis_type as type, count(*)::float8 as n,
              coalesce(extract(epoch from now() - min(created_at)), 0)::float8 as age

@@ -316,7 +316,7 @@ export class Worker {
   /** Registers, listens for wake-ups, and starts the claim loop, heartbeats and progress flushes. */
   async start(): Promise<void> {
     await workerRegister(this.o.sql, this.info());
-    this.unlisten = await listenAll(this.o.sql, [
+    const listening = listenAll(this.o.sql, [
       // (Re)connected: wake-ups may have been missed meanwhile, so look for work.
       {
         channel: WAKEUP_CHANNEL,
@@ -343,6 +343,15 @@ export class Worker {
       // A missed cancel is caught by the next heartbeat, which returns the run as cancelling.
       { channel: CANCEL_CHANNEL, onNotify: (taskId) => this.cancelTask(Number(taskId)) },
     ]);
+    this.unlisten = await listening.catch(async (err: unknown) => {
+      // Registered but not listening (its LISTEN connection refused, say): a row left behind would
+      // count as a live worker (GET /api/analysis-types) until the reaper found it stale. Best effort:
+      // the pool may be what failed.
+      await workerDelete(this.o.sql, this.id).catch((e: unknown) =>
+        this.o.logger.warn({ err: e, workerId: this.id }, "could not deregister after a failed start"),
+      );
+      throw err;
+    });
     const heartbeatEvery = Math.max(100, Math.floor(this.o.leaseTtlMs / 3));
     this.timers.push(setInterval(() => void this.heartbeat(), heartbeatEvery));
     this.timers.push(setInterval(() => void this.progressOnce(), this.progressFlushMs()));

@@ -57,7 +57,7 @@ test("a slow totals read is not repeated on every scrape; the queue depth still 
     await waitFor(async () => {
       const [waiting] = await t.db.sql<{ n: number }[]>`
         select count(*)::int as n from pg_stat_activity
-        where query like '%sum(succeeded_count)%' and wait_event_type = 'Lock'
+        where datname = current_database() and query like '%sum(succeeded_count)%' and wait_event_type = 'Lock'
           and now() - query_start > interval '100 ms' and pid <> pg_backend_pid()`;
       return (waiting?.n ?? 0) > 0;
     });
@@ -103,7 +103,7 @@ test("a read held up past the timeout: the next scrape waits for it instead of s
   const readsWaiting = async () => {
     const [r] = await t.db.sql<{ n: number }[]>`
       select count(*)::int as n from pg_stat_activity
-      where wait_event_type = 'Lock' and query like '%from runs where status%'
+      where datname = current_database() and wait_event_type = 'Lock' and query like '%from runs where status%'
         and pid <> pg_backend_pid()`;
     return r?.n ?? 0;
   };
