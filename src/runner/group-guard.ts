@@ -18,6 +18,8 @@ export interface GroupRegistry {
 
 export class GroupGuard implements GroupRegistry {
   private closing = false;
+  /** The helper could not be spawned: there is nothing to close. */
+  private unspawned = false;
 
   private readonly child: ChildProcess;
 
@@ -37,6 +39,13 @@ export class GroupGuard implements GroupRegistry {
     const guard = new GroupGuard(child);
     // A write after the helper died must not crash the worker; the worker's own cleanup still runs.
     child.stdin?.on("error", () => {});
+    // Spawning it failed (EAGAIN, ENOMEM): an 'error' without a listener crashed the worker, and
+    // close() waited for an exit that never comes. Now the protection is lost, as when it is killed.
+    child.on("error", () => {
+      if (child.pid !== undefined || guard.unspawned) return;
+      guard.unspawned = true;
+      if (!guard.closing) onLost?.();
+    });
     child.on("exit", () => {
       if (!guard.closing) onLost?.();
     });
@@ -58,7 +67,8 @@ export class GroupGuard implements GroupRegistry {
 
   /** Ends the helper (killing any group still listed) and waits for it to exit. */
   close(): Promise<void> {
-    if (this.child.exitCode !== null || this.child.signalCode !== null) return Promise.resolve();
+    if (this.unspawned || this.child.exitCode !== null || this.child.signalCode !== null)
+      return Promise.resolve();
     this.closing = true;
     this.child.ref(); // wait for it even if nothing else keeps this process busy
     const exited = new Promise<void>((resolve) => this.child.once("exit", () => resolve()));

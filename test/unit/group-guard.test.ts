@@ -67,3 +67,21 @@ test("killGroup: sent to a live group, a gone group, and a group of another user
     process.kill(-foreign, "SIGKILL");
   }
 });
+
+test("a helper that cannot be spawned is reported lost, does not crash the process, and close() returns", async () => {
+  const execPath = process.execPath;
+  let lost = 0;
+  let guard: GroupGuard;
+  try {
+    // What EAGAIN or ENOMEM would do: the spawn fails, with an 'error' and no pid.
+    process.execPath = "/nonexistent/assay-node";
+    guard = GroupGuard.start(() => lost++);
+  } finally {
+    process.execPath = execPath;
+  }
+  await waitFor(async () => lost === 1, 5000, "the loss to be reported");
+  assert.equal(guard.pid, undefined);
+  guard.add(12345); // writes to a helper that never was: ignored
+  await guard.close();
+  assert.equal(lost, 1);
+});
