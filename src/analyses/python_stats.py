@@ -10,7 +10,9 @@ are missing; NaN/Inf/Infinity (any case, signed) and numbers beyond the double r
 and counted in a note; a column is numeric when it has a number and no text. A statistic that is
 not given is null (an empty cell in stats.csv), with a note in "notes" (by column) saying why: a double
 cannot hold it ("<method> overflows"), or it is undefined ("stdev needs at least two values": the
-stdev of a column with one value).
+stdev of a column with one value). -0 is written 0.0. In stats.csv a column name that a spreadsheet
+would take for a formula gets a leading ' (as in the API's results.csv). The columns parameter names
+header names as they are, or trimmed and in NFC as the header's names are.
 stats.json and stats.csv must each fit in an output file (the runner's limit, OUTPUT_LIMITS in
 src/runner/outputs.ts): a result that would be larger (too many columns, too long names) is exit 3.
 Time is linear in the input, whatever its shape (a 200,000-digit cell, a 200,000-column header): no
@@ -29,6 +31,7 @@ import os
 import re
 import struct
 import sys
+import unicodedata
 
 METHODS = ("mean", "median", "stdev", "min", "max")
 # Unambiguous: the digits before a dot can be split only one way (the old "[0-9]+\.?[0-9]*" could
@@ -76,7 +79,45 @@ def parse_params(raw):
         not isinstance(columns, list) or not columns or not all(isinstance(c, str) and c for c in columns)
     ):
         die(2, "columns must be a non-empty list of names")
+    if columns is not None and not all(c.strip(WHITESPACE) for c in columns):
+        die(2, "columns must be names, not blank")
     return method, columns
+
+
+def column_key(name):
+    """What a requested column is matched by when it is not a header name as it is: trimmed as the
+    header's names are, in NFC (a name typed on one system and a header written on another can differ
+    in the Unicode form of "é")."""
+    return unicodedata.normalize("NFC", name.strip(WHITESPACE))
+
+
+def find_columns(wanted, header):
+    """The header names `wanted` asks for: each one as it is, or else the header name with its key.
+    Exit 2 for a name that matches none, or whose key two header names share (they differ only in
+    their Unicode form)."""
+    names = set(header)
+    by_key = collections.defaultdict(list)
+    for h in header:
+        by_key[column_key(h)].append(h)
+    found, missing = set(), []
+    for c in wanted:
+        hits = [c] if c in names else by_key.get(column_key(c), [])
+        if len(hits) > 1:
+            die(2, "%s names more than one column: %s" % (c, ", ".join(hits)))
+        if hits:
+            found.add(hits[0])
+        else:
+            missing.append(c)
+    if missing:
+        die(2, "no such columns: " + ", ".join(missing))
+    return found
+
+
+def guard_formula(text):
+    """A name a spreadsheet would take for a formula (=, +, -, @, and tab or CR, which some programs
+    skip before looking) gets a leading ', as results.csv's text cells do (src/tasks/results.ts), so
+    opening stats.csv runs nothing. Numbers are written as numbers (-3.5 stays -3.5)."""
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
 MAX_OUTPUT_BYTES = 100 * 1024 * 1024  # the most an output file may be (OUTPUT_LIMITS.maxFileBytes)
@@ -383,11 +424,7 @@ def main():
         duplicates = sorted(h for h, k in collections.Counter(header).items() if k > 1)
         if duplicates:
             die(3, "duplicate column name: " + ", ".join(duplicates))
-        if wanted:
-            names = set(header)
-            missing = [c for c in wanted if c not in names]
-            if missing:
-                die(2, "no such columns: " + ", ".join(missing))
+        wanted_names = find_columns(wanted, header) if wanted else set()
         columns = [Column(h, method == "median") for h in header]
         rows = 0
         is_number, is_non_finite, isfinite = NUMBER.match, NON_FINITE.match, math.isfinite
@@ -419,7 +456,6 @@ def main():
         die(2, "cannot read the input: " + str(err))
 
     numeric = [c for c in columns if c.n > 0 and c.text == 0]
-    wanted_names = set(wanted or ())
     chosen = [c for c in columns if c.name in wanted_names] if wanted else numeric
     if wanted:
         bad = [c.name for c in chosen if not (c.n > 0 and c.text == 0)]
@@ -434,7 +470,8 @@ def main():
         value = c.result(method)
         if c.notes(method, value):
             notes[c.name] = c.notes(method, value)
-        stats[c.name] = value if value is None or math.isfinite(value) else None
+        # (+ 0.0: -0.0 is written 0.0, as summary and r-report write it)
+        stats[c.name] = value + 0.0 if value is not None and math.isfinite(value) else None
     doc = {"method": method, "rows": rows, "columns": stats, "counts": {c.name: c.n for c in chosen}}
     if notes:
         doc["notes"] = notes
@@ -442,7 +479,7 @@ def main():
     w = csv.writer(table)
     w.writerow(["column", method])
     for name, value in stats.items():
-        w.writerow([name, "" if value is None else value])
+        w.writerow([guard_formula(name), "" if value is None else value])
     outputs = {
         "stats.json": json.dumps(doc, indent=2, allow_nan=False).encode("utf-8"),
         "stats.csv": table.getvalue().encode("utf-8"),

