@@ -39,6 +39,7 @@ METHODS = ("mean", "median", "stdev", "min", "max")
 NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
 NON_FINITE = re.compile(r"[+-]?(?:nan|inf|infinity)\Z", re.IGNORECASE)
 WHITESPACE = " \t\r\n"
+ERROR_CHARS = 500  # the most of a failure's message the runner keeps (MAX_MESSAGE_CHARS in jsonl.ts)
 csv.field_size_limit(2**31 - 1)
 
 
@@ -48,7 +49,13 @@ def emit(event):
 
 
 def die(code, message):
+    """Exit `code` (2 bad parameters, 3 unusable data), saying why: on stderr, and in an error event
+    whose message (cut to ERROR_CHARS) the run's errorMessage shows to the user."""
     sys.stderr.write(message + "\n")
+    try:
+        emit({"type": "error", "message": message[:ERROR_CHARS]})
+    except (OSError, ValueError):
+        pass  # stdout is gone: the exit code still says it
     sys.exit(code)
 
 
@@ -401,7 +408,7 @@ def main():
     try:
         size = os.path.getsize(args.input)
     except OSError as err:
-        die(2, "cannot read the input: " + str(err))
+        die(2, "cannot read the input: " + (err.strerror or type(err).__name__))
 
     state = {"next": 5}
 
@@ -453,7 +460,7 @@ def main():
     except csv.Error as err:
         die(3, "malformed CSV: " + str(err))
     except OSError as err:
-        die(2, "cannot read the input: " + str(err))
+        die(2, "cannot read the input: " + (err.strerror or type(err).__name__))
 
     numeric = [c for c in columns if c.n > 0 and c.text == 0]
     chosen = [c for c in columns if c.name in wanted_names] if wanted else numeric

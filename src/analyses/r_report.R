@@ -30,14 +30,20 @@ json_str <- function(s) {
   s <- gsub("\n", "\\\\n", s)
   s <- gsub("\r", "\\\\r", s)
   s <- gsub("\t", "\\\\t", s)
+  # Any other control character (a column name may hold one): as \u00XX, or the line is not JSON.
+  for (cp in setdiff(1:31, c(9, 10, 13))) s <- gsub(intToUtf8(cp), sprintf("\\u%04x", cp), s, fixed = TRUE)
   paste0("\"", s, "\"")
 }
 emit_progress <- function(percent, message) {
   cat(sprintf("{\"type\":\"progress\",\"percent\":%d,\"message\":%s}\n", as.integer(percent), json_str(message)))
   flush(stdout())
 }
+# Exit `code` (2 bad parameters, 3 unusable data), saying why: on stderr, and in an error event whose
+# message (cut to 500 characters, the most the runner keeps) the run's errorMessage shows to the user.
 die <- function(code, message) {
   cat(message, "\n", file = stderr())
+  cat(sprintf("{\"type\":\"error\",\"message\":%s}\n", json_str(substr(message, 1, 500))))
+  flush(stdout())
   quit(status = code, save = "no")
 }
 too_large <- function(bytes) {

@@ -15,8 +15,15 @@ import path from "node:path";
 import { parseArgs } from "node:util";
 
 const emit = (event) => process.stdout.write(`${JSON.stringify(event)}\n`);
+/** The most of a failure's message the runner keeps (MAX_MESSAGE_CHARS in src/runner/jsonl.ts). */
+const ERROR_CHARS = 500;
+/**
+ * Exit `code` (2 bad parameters, 3 unusable data), saying why: on stderr, and in an error event whose
+ * message the run's errorMessage shows to the user (stdout is a pipe: written before the exit).
+ */
 const die = (code, message) => {
   process.stderr.write(`${message}\n`);
+  emit({ type: "error", message: Array.from(message).slice(0, ERROR_CHARS).join("") });
   process.exit(code);
 };
 

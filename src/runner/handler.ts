@@ -185,6 +185,8 @@ export function outcomeOf(r: ProcessResult, outputCheck?: { ok: boolean; message
     transient,
     ...(stderr ? { result: { stderrTail: stderr } } : {}),
   });
+  // A failure the program reports (exit 2–5) carries its own words after the code's, when it gave any.
+  const said = (message: string) => (r.reportedError ? `${message}: ${r.reportedError}` : message);
   if (r.startError)
     return fail(
       "ANALYSIS_PROCESS_START_FAILED",
@@ -213,13 +215,13 @@ export function outcomeOf(r: ProcessResult, outputCheck?: { ok: boolean; message
         result: { outputFileName: r.result.outputFileName, metrics: r.result.metrics },
       };
     case 2:
-      return fail("ANALYSIS_INPUT_INVALID", "the analysis rejected its parameters");
+      return fail("ANALYSIS_INPUT_INVALID", said("the analysis rejected its parameters"));
     case 3:
-      return fail("ANALYSIS_DATA_INVALID", "the input data cannot be analysed");
+      return fail("ANALYSIS_DATA_INVALID", said("the input data cannot be analysed"));
     case 4:
-      return fail("ANALYSIS_DEPENDENCY_FAILED", "an external dependency of the analysis failed", true);
+      return fail("ANALYSIS_DEPENDENCY_FAILED", said("an external dependency of the analysis failed"), true);
     case 5:
-      return fail("ANALYSIS_PROCESS_FAILED", "the analysis failed internally");
+      return fail("ANALYSIS_PROCESS_FAILED", said("the analysis failed internally"));
     default:
       return fail("ANALYSIS_PROCESS_FAILED", `the program exited with code ${r.exitCode}`);
   }

@@ -14,7 +14,16 @@ export interface ResultEvent {
   metrics: Record<string, number>;
 }
 
-export type ProtocolEvent = ProgressEvent | ResultEvent;
+/**
+ * Why the program is about to fail (exit 2–5), in words for the user whose data it is: "column
+ * \"score\" is not in the header". Shown after the exit code's own message (outcomeOf).
+ */
+export interface ErrorEvent {
+  type: "error";
+  message: string;
+}
+
+export type ProtocolEvent = ProgressEvent | ResultEvent | ErrorEvent;
 
 export class ProtocolError extends Error {
   readonly reason: "line-too-long" | "output-too-large" | "invalid-json" | "invalid-event";
@@ -85,6 +94,12 @@ function parseEvent(line: string): ProtocolEvent {
       }
     }
     return { type: "result", outputFileName: e.outputFileName, metrics: metrics as Record<string, number> };
+  }
+  if (e.type === "error") {
+    if (typeof e.message !== "string" || e.message.trim() === "") {
+      throw new ProtocolError("invalid-event", "error.message must be a non-empty string");
+    }
+    return { type: "error", message: e.message.trim().slice(0, MAX_MESSAGE_CHARS) };
   }
   throw new ProtocolError("invalid-event", `unknown event type: ${JSON.stringify(e.type)?.slice(0, 40)}`);
 }

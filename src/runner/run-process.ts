@@ -67,6 +67,8 @@ export interface ProcessResult {
   abortReason: unknown;
   protocolError: ProtocolError | undefined;
   result: ResultEvent | undefined;
+  /** The message of the last `error` event: why the program says it failed (see outcomeOf). */
+  reportedError: string | undefined;
   /**
    * stdout or stderr was still open when the wait for `close` after the leader's exit ended: a process
    * that left the group held it. What it wrote after that is not read; the exit code is reported as it
@@ -102,6 +104,7 @@ export function runProcess(
     abortReason: undefined as unknown,
     protocolError: undefined as ProtocolError | undefined,
     result: undefined as ResultEvent | undefined,
+    reportedError: undefined as string | undefined,
     startError: undefined as NodeJS.ErrnoException | undefined,
     outputHeld: false,
   };
@@ -219,6 +222,7 @@ export function runProcess(
     const onEvents = (events: ReturnType<JsonLinesReader["push"]>) => {
       for (const event of events) {
         if (event.type === "progress") onProgress?.(event);
+        else if (event.type === "error") state.reportedError = event.message;
         else if (state.result)
           onProtocolError(new ProtocolError("invalid-event", "more than one result event"));
         else {

@@ -126,7 +126,32 @@ for (const c of cases) {
         const params = c.type === "python-stats" ? { method: "mean" } : c.params;
         const { r } = await run(p as Program, file(name), params);
         assert.equal(r.exitCode, 3, `${name}: ${r.stderrTail}`);
+        // Why, in an error event: the run's errorMessage shows it to the user.
+        assert.equal(r.protocolError, undefined, name);
+        const why = {
+          ragged: /fields, the header has/,
+          binary: /binary/,
+          text: /no numeric column/,
+          empty: /empty/,
+        };
+        assert.match(r.reportedError ?? "", why[name], name);
       }
+    });
+
+    test("a failure's error event is JSON and at most 500 characters, whatever the column names", async () => {
+      // A duplicated 100,000-character name with control characters, quotes and backslashes in it.
+      const name = `\u0001"\\\u001b[31m${"é".repeat(100_000)}`;
+      const input = path.join(work, `dup-${c.type}.csv`);
+      fs.writeFileSync(input, `"${name.replaceAll('"', '""')}","${name.replaceAll('"', '""')}"\n1,2\n`);
+      const params = c.type === "python-stats" ? { method: "mean" } : c.params;
+      const { r } = await run(p as Program, input, params);
+      assert.equal(r.exitCode, 3, r.stderrTail.slice(0, 300));
+      assert.equal(r.protocolError, undefined);
+      assert.ok(
+        r.reportedError?.startsWith(`duplicate column name: \u0001"\\\u001b[31méé`),
+        r.reportedError?.slice(0, 80),
+      );
+      assert.equal(r.reportedError?.length, 500);
     });
 
     test("an input that cannot be read (missing) → exit 2, as bad parameters", async () => {
@@ -134,12 +159,16 @@ for (const c of cases) {
       const { r } = await run(p as Program, path.join(work, "no-such-file.csv"), params);
       assert.equal(r.exitCode, 2, r.stderrTail); // summary exited 1 (uncaught ENOENT)
       assert.match(r.stderrTail, /cannot read the input/);
+      // The user is told why, never where the input is stored.
+      assert.match(r.reportedError ?? "", /^cannot read the input/);
+      assert.ok(!r.reportedError?.includes(work), r.reportedError);
     });
 
     test("bad parameters → exit 2", async () => {
       for (const params of c.badParams) {
         const { r } = await run(p as Program, file("good"), params);
         assert.equal(r.exitCode, 2, `${JSON.stringify(params)}: ${r.stderrTail}`);
+        assert.ok(r.reportedError, `${JSON.stringify(params)}: an error event says why`);
       }
     });
   });

@@ -251,6 +251,38 @@ describe("stdout protocol", () => {
     assert.equal(run.attempt, 2, "exit 4 is retried");
   });
 
+  test("a failure the program explains (an error event, then exit 2–5) keeps its words after the code's message", async () => {
+    const reason = 'column "Größe ✓" is not in the header';
+    const explains = (code: number, lines = 1) =>
+      program(
+        `explains-${code}-${lines}`,
+        `for (let i = 0; i < ${lines}; i++) say({ type: "error", message: i === ${lines} - 1 ? ${JSON.stringify(reason)} : "first" });
+        process.exit(${code});`,
+      );
+    for (const [code, expected] of [
+      [2, "the analysis rejected its parameters"],
+      [3, "the input data cannot be analysed"],
+      [5, "the analysis failed internally"],
+    ] as const) {
+      const { run } = await runOne({}, explains(code, code === 3 ? 2 : 1));
+      assert.equal(run.error_message, `${expected}: ${reason}`, `exit ${code} (the last error event counts)`);
+    }
+    // Exit 0 with a result is a success whatever it said; another exit code is not a reported failure.
+    const { run: crashed } = await runOne({}, explains(1));
+    assert.equal(crashed.error_message, "the program exited with code 1");
+    const { run: ok } = await runOne(
+      {},
+      program(
+        "explains-then-succeeds",
+        `say({ type: "error", message: "not really" });
+        fs.writeFileSync(path.join(out, "out.json"), "{}");
+        say({ type: "result", outputFileName: "out.json", metrics: {} });`,
+      ),
+    );
+    assert.equal(ok.status, "succeeded");
+    assert.equal(ok.error_message, null);
+  });
+
   test("exit 0 without a result → ANALYSIS_OUTPUT_MISSING", async () => {
     const { run } = await runOne({ mode: "no-result" });
     assert.equal(run.error_code, "ANALYSIS_OUTPUT_MISSING");

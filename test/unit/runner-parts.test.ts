@@ -17,6 +17,15 @@ test("JSON Lines: a line split across chunks is one event; CRLF, blank lines and
   assert.deepEqual(r.end(), [{ type: "result", outputFileName: "a.json", metrics: { rows: 2 } }]);
 });
 
+test("JSON Lines: an error event keeps its message, trimmed and cut at 500 characters", () => {
+  const r = new JsonLinesReader({ maxLineBytes: 4096, maxTotalBytes: 8192 });
+  assert.deepEqual(r.push(b('{"type":"error","message":"  column \\"é\\" is missing \\n"}\n')), [
+    { type: "error", message: 'column "é" is missing' },
+  ]);
+  const [long] = r.push(b(`${JSON.stringify({ type: "error", message: "x".repeat(600) })}\n`));
+  assert.equal(long?.type === "error" && long.message.length, 500);
+});
+
 test("JSON Lines: protocol violations", () => {
   const bad = (input: string, reason: ProtocolError["reason"]) => {
     const r = new JsonLinesReader({ maxLineBytes: 64, maxTotalBytes: 256 });
@@ -30,6 +39,8 @@ test("JSON Lines: protocol violations", () => {
   bad("[1]\n", "invalid-event");
   bad('{"type":"log"}\n', "invalid-event");
   bad('{"type":"progress","percent":101}\n', "invalid-event");
+  bad('{"type":"error"}\n', "invalid-event");
+  bad('{"type":"error","message":" "}\n', "invalid-event");
   bad('{"type":"result","outputFileName":"x","metrics":{"a":"1"}}\n', "invalid-event");
   bad(`${"x".repeat(65)}`, "line-too-long");
   bad(`${'{"type":"progress","percent":1}\n'.repeat(10)}`, "output-too-large");
