@@ -1,4 +1,6 @@
 // Formatting helpers: sizes, dates, durations, statuses.
+import { showUnseen } from "./unseen.js";
+
 export function bytes(n) {
   if (n === null || n === undefined) return "";
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -73,9 +75,9 @@ export const RUN_STATUSES = [
 ];
 
 /**
- * A name (an upload's, an output's, a user's) as shown: the bidirectional embeddings, overrides and
- * isolates (U+202A–U+202E, U+2066–U+2069) as U+FFFD. The API keeps them, and obeyed they make a name
- * read as another (`invoice\u202evsc.exe` reads "invoiceexe.csv") and reverse the text after it on
- * its line (a size, a date, the rest of an error message). Names are also isolated by CSS (`.name`).
+ * A name (an upload's, an output's, a user's, a metric's) or a program's text as shown: what is not
+ * seen as itself as its code point (`showUnseen`, web/unseen.js; the CLI shows text by the same rule).
+ * Names are also isolated by CSS (`.name`), so that their right-to-left letters cannot reorder the
+ * text beside them.
  */
-export const shownName = (name) => String(name ?? "").replace(/[\u202a-\u202e\u2066-\u2069]/g, "\ufffd");
+export const shownName = (name) => showUnseen(String(name ?? ""));

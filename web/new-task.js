@@ -280,7 +280,7 @@ export function NewTaskView({ types, preselected }) {
                       ${
                         o.record
                           ? html`<span class="name">${shownName(o.record.name)}</span> <span class="muted">${bytes(o.record.sizeBytes)} · ${when(o.record.createdAt)}</span>`
-                          : html`<span class="muted">file ${id}</span> <span class="bad">${o.error.message}</span>`
+                          : html`<span class="muted">file ${id}</span> <span class="bad">${shownName(o.error.message)}</span>`
                       }
                     </label></li>`,
                   )}

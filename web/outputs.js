@@ -63,8 +63,8 @@ function Preview({ path, output }) {
   if (state.kind === "csv") {
     const [head = [], ...rows] = state.rows;
     return html`<div class="scroll"><table class="preview" aria-label=${`Preview of ${shownName(output.name)}`}>
-      <thead><tr>${head.map((h) => html`<th scope="col">${h}</th>`)}</tr></thead>
-      <tbody>${rows.slice(0, PREVIEW_ROWS).map((r) => html`<tr>${r.map((c) => html`<td>${c}</td>`)}</tr>`)}</tbody>
+      <thead><tr>${head.map((h) => html`<th scope="col">${shownName(h)}</th>`)}</tr></thead>
+      <tbody>${rows.slice(0, PREVIEW_ROWS).map((r) => html`<tr>${r.map((c) => html`<td>${shownName(c)}</td>`)}</tr>`)}</tbody>
     </table></div>
     ${rows.length > PREVIEW_ROWS || state.cut ? html`<p class="muted">First ${PREVIEW_ROWS} rows.</p>` : null}`;
   }
@@ -77,7 +77,7 @@ export function Metrics({ metrics }) {
   return html`<table class="metrics" aria-label="Metrics">
     <tbody>${entries.map(
       ([k, v]) =>
-        html`<tr><th scope="row"><span class="name">${shownName(k)}</span></th><td>${typeof v === "object" && v !== null ? JSON.stringify(v) : String(v)}</td></tr>`,
+        html`<tr><th scope="row"><span class="name">${shownName(k)}</span></th><td>${shownName(typeof v === "object" && v !== null ? JSON.stringify(v) : String(v))}</td></tr>`,
     )}</tbody>
   </table>`;
 }

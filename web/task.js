@@ -30,7 +30,7 @@ const STREAM_LABEL = {
 
 function describe(e) {
   const d = e.data ?? {};
-  if (e.type === "run.progress") return `${d.percent ?? ""}%${d.message ? ` ${d.message}` : ""}`;
+  if (e.type === "run.progress") return `${d.percent ?? ""}%${d.message ? ` ${shownName(d.message)}` : ""}`;
   if (e.type === "run.retry")
     return `attempt ${d.attempt ?? ""} failed${d.errorCode ? ` (${d.errorCode})` : ""}; retry`;
   const parts = [];
@@ -356,7 +356,7 @@ export function TaskView({ taskId }) {
     </dl>
     ${
       Object.keys(task.parameters ?? {}).length > 0
-        ? html`<p class="muted">Parameters: <code>${JSON.stringify(task.parameters)}</code></p>`
+        ? html`<p class="muted">Parameters: <code class="name">${shownName(JSON.stringify(task.parameters))}</code></p>`
         : null
     }
     <div class="row actions">
@@ -410,9 +410,9 @@ export function TaskView({ taskId }) {
                         <td><${Status} status=${r.status} /></td>
                         <td class="wide"><${RunBar} percent=${r.status === "succeeded" ? 100 : r.progressPercent} status=${r.status}
                             label=${`progress of ${shownName(r.fileName)}`} />
-                          <span class="message">${r.message ?? ""}</span></td>
+                          <span class="message">${shownName(r.message)}</span></td>
                         <td class="num">${r.attempt}</td>
-                        <td>${r.errorCode ? html`<code>${r.errorCode}</code>` : null}${r.errorMessage ? html`<div class="bad">${r.errorMessage}</div>` : null}</td>
+                        <td>${r.errorCode ? html`<code>${r.errorCode}</code>` : null}${r.errorMessage ? html`<div class="bad">${shownName(r.errorMessage)}</div>` : null}</td>
                         <td>${duration(r.startedAt, r.finishedAt)}</td>
                         <td class="actions">
                           <button type="button" class="link" aria-expanded=${open} onClick=${() => setExpanded(open ? null : r.runId)}>

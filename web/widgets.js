@@ -1,5 +1,5 @@
 // Small shared pieces: status badges, progress bars, pagers, errors.
-import { STATUS_LABEL } from "./format.js";
+import { STATUS_LABEL, shownName } from "./format.js";
 import { html } from "./lib.js";
 
 export function Status({ status }) {
@@ -42,7 +42,7 @@ export function RunBar({ percent, status, label }) {
 
 export function ErrorNote({ error, id }) {
   if (!error) return null;
-  return html`<p class="error" role="alert" id=${id}>${error.code ? html`<code>${error.code}</code> ` : null}${error.message ?? String(error)}</p>`;
+  return html`<p class="error" role="alert" id=${id}>${error.code ? html`<code>${error.code}</code> ` : null}${shownName(error.message ?? String(error))}</p>`;
 }
 
 /** Cursor paging: the API gives a next cursor; earlier cursors are kept to go back. */

@@ -3,7 +3,7 @@
 // event once, in order, across dropped connections and API restarts.
 import { logsPage, runsOf, taskGet } from "../client/api.ts";
 import { EXIT, Interrupted } from "../client/exit.ts";
-import { displayWidth, fit, shown } from "../client/output.ts";
+import { displayWidth, fitName, shown } from "../client/output.ts";
 import { type RunState, TaskTracker } from "../client/progress.ts";
 import { type StreamState, taskEvents } from "../client/sse.ts";
 import { summaryLine } from "../client/summary.ts";
@@ -28,8 +28,9 @@ interface View {
  * The line printed above the bars when a run failed or is retried, within `columns`: cli-progress
  * turns line wrapping off while it draws, so a longer line is cut at the terminal's edge, and the run
  * id and error code after the name would go with it. The name gets what the rest of the line leaves
- * (in terminal columns, one spare). When the rest alone does not fit (a very narrow terminal), the
- * name shrinks to "…" and the line is cut at the edge after all.
+ * (in terminal columns, one spare), cut in its middle so its end (the extension) stays in view. When
+ * the rest alone does not fit (a very narrow terminal), the name shrinks to "…" and the line is cut at
+ * the edge after all.
  */
 export function problemLine(
   run: Pick<RunState, "name" | "status" | "runId" | "attempt" | "errorCode">,
@@ -39,7 +40,7 @@ export function problemLine(
   const what = (retried ? `retrying (attempt ${run.attempt + 1})` : run.status).padEnd(10);
   const after = ` (run ${run.runId}): ${shown(run.errorCode)}`;
   const room = columns - displayWidth(`${what} ${after}`) - 1;
-  return `${what} ${fit(shown(run.name), Math.max(1, room))}${after}`;
+  return `${what} ${fitName(shown(run.name), Math.max(1, room))}${after}`;
 }
 
 /** Draws the task on a terminal. */

@@ -2,7 +2,7 @@
 import { analysisTypes, filePage, runsOf, taskCancel, taskGet, taskPage } from "../client/api.ts";
 import { ClientUsageError, EXIT, TaskStateError } from "../client/exit.ts";
 import { ApiRequestError } from "../client/http.ts";
-import { bytes, fit, jsonLine, shown, table } from "../client/output.ts";
+import { bytes, fit, fitName, jsonLine, shown, table } from "../client/output.ts";
 import { describeParam, type JsonSchema } from "../client/params.ts";
 import { isTerminal } from "../client/sse.ts";
 import { summaryLine } from "../client/summary.ts";
@@ -146,7 +146,7 @@ export const statusCommand = (argv: string[]) =>
                 r.status,
                 String(r.attempt),
                 `${r.progressPercent}%`,
-                fit(shown(r.fileName), 40),
+                fitName(shown(r.fileName), 40),
                 r.errorCode
                   ? `${r.errorCode}${r.errorMessage ? `: ${fit(shown(r.errorMessage), 60)}` : ""}`
                   : shown(r.message),

@@ -2,6 +2,8 @@
 // people; otherwise nothing draws and every result is one JSON line on stdout, for scripts. Notes
 // for people (reconnecting, warnings) go to stderr in both modes. Text from the server (file names,
 // messages) is shown with control characters replaced: a file name must not drive the terminal.
+
+import { showUnseen, UNSEEN } from "../../web/unseen.js";
 import { errorCodeOf, exitCodeOf, Interrupted, messageOf } from "./exit.ts";
 
 export class Output {
@@ -55,23 +57,28 @@ export class Output {
   }
 }
 
-// C0 and C1 controls, DEL, and the bidirectional overrides that can make a name read backwards.
-// biome-ignore lint/suspicious/noControlCharactersInRegex: replacing control characters is the point
-const UNSAFE = /[\u0000-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/g;
-
-/** Server text made safe to print on a terminal. */
-export const shown = (s: string | null | undefined) => (s ?? "").replace(UNSAFE, "?");
+/**
+ * Server text (a name, a program's message, an error message) or a local file's name made safe to
+ * print on a terminal: a character that is not seen as itself (a control, which drives the terminal:
+ * ESC starts an escape sequence, CR and BS overwrite what was printed; a bidi override; a zero-width
+ * space) as its code point, ⟨U+202E⟩, by the dashboard's rule (web/unseen.js).
+ */
+export const shown = (s: string | null | undefined) => showUnseen(s ?? "");
 
 /**
- * Characters JSON.stringify leaves as they are that a terminal may act on: DEL and the C1 controls
- * (U+009B is CSI), the line and paragraph separators, and the bidirectional overrides. They can only
- * be inside strings, where an escape means the same.
+ * A value as one line of JSON safe to print on a terminal (`--json` on a terminal shows it as is):
+ * UNSEEN's characters JSON.stringify leaves as they are (DEL, the C1 controls — U+009B is CSI —, the
+ * line and paragraph separators, bidirectional controls, zero-width characters) escaped. They can
+ * only be inside strings, where an escape means the same.
  */
-const JSON_UNSAFE = /[\u007f-\u009f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g;
+export const jsonLine = (value: unknown) => JSON.stringify(value).replace(UNSEEN, jsonEscape);
 
-/** A value as one line of JSON safe to print on a terminal (`--json` on a terminal shows it as is). */
-export const jsonLine = (value: unknown) =>
-  JSON.stringify(value).replace(JSON_UNSAFE, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+/** A character as JSON escapes, one for each of its UTF-16 code units (two past U+FFFF). */
+function jsonEscape(c: string): string {
+  let out = "";
+  for (let i = 0; i < c.length; i++) out += `\\u${c.charCodeAt(i).toString(16).padStart(4, "0")}`;
+  return out;
+}
 
 const graphemes = new Intl.Segmenter("en", { granularity: "grapheme" });
 
@@ -113,6 +120,27 @@ export function fit(s: string, width: number): string {
     used += w;
   }
   return `${out}…`;
+}
+
+/**
+ * A name cut to at most `width` terminal columns as `fit` cuts, but in its middle: its end — the
+ * extension, the part that tells `report-2026-final.csv` from `report-2026-final.csv.exe` — stays in
+ * view (`very long na…end.csv`).
+ */
+export function fitName(s: string, width: number): string {
+  if (width <= 2 || displayWidth(s) <= width) return fit(s, width);
+  const clusters = Array.from(graphemes.segment(s), ({ segment }) => segment);
+  let tail = "";
+  let used = 0;
+  const tailWidth = Math.floor((width - 1) / 2);
+  for (let i = clusters.length - 1; i >= 0; i--) {
+    const segment = clusters[i] as string;
+    const w = clusterWidth(segment);
+    if (used + w > tailWidth) break;
+    tail = segment + tail;
+    used += w;
+  }
+  return `${fit(s, width - used).slice(0, -1)}…${tail}`;
 }
 
 /** `s` padded with spaces to `width` terminal columns (as String#padEnd, counting columns). */

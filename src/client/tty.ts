@@ -3,7 +3,7 @@
 // progress and latest message, errors printed above the bars as they happen). Loaded only when
 // something draws.
 import cliProgress from "cli-progress";
-import { bytes, displayWidth, fit, pad, shown } from "./output.ts";
+import { bytes, displayWidth, fit, fitName, pad, shown } from "./output.ts";
 import { isLive, type RunState, type TaskTracker } from "./progress.ts";
 
 const utf8 = /utf-?8/i.test(process.env.LC_ALL || process.env.LC_CTYPE || process.env.LANG || "");
@@ -200,7 +200,7 @@ export class FollowBars {
   #runPayload(run: RunState) {
     const nameWidth = Math.min(32, Math.max(12, Math.floor(this.#width() / 3)));
     // In terminal columns: a wide (CJK, emoji) name must not push its bar out of line.
-    const name = pad(fit(shown(run.name), nameWidth), nameWidth);
+    const name = pad(fitName(shown(run.name), nameWidth), nameWidth);
     const rest = this.#width() - nameWidth - 34;
     const status =
       run.status === "cancelling" ? "cancelling " : run.attempt > 1 ? `attempt ${run.attempt} ` : "";

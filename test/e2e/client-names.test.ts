@@ -27,6 +27,18 @@ import {
 const haveScript = /util-linux/.test(spawnSync("script", ["--version"], { encoding: "utf8" }).stdout ?? "");
 const noScript = haveScript || process.env.CI === "true" ? false : "no script(1) of util-linux on PATH";
 
+/** `assay <args>` on a terminal: script(1) gives the command one, so it prints for people. */
+async function onTerminal(args: string[]) {
+  const command = [process.execPath, ASSAY_BIN, ...args]
+    .map((a) => `'${a.replace(/'/g, `'\\''`)}'`)
+    .join(" ");
+  const child = spawn("script", ["-q", "-e", "-c", command, "/dev/null"], {
+    env: server.env(token, { TERM: "xterm-256color", LANG: "C.UTF-8" }),
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  return within(collect(child), 30_000, `assay ${args[0]} in a terminal`);
+}
+
 let server: ClientServer;
 let token: string;
 let work: string;
@@ -101,7 +113,7 @@ test("a file name's escape sequences never reach the terminal through an error m
   // stdout is a pipe (JSON lines); stderr gets the message for people, where a terminal usually is.
   const r = await client(["submit", "--type", "summary", dir], server.env(token));
   assert.equal(r.code, 2, r.stderr);
-  assert.match(r.stderr, /evil \?\[2J\?\]0;pwned\? \?31m\.csv/);
+  assert.match(r.stderr, /evil ⟨U\+001B⟩\[2J⟨U\+001B⟩\]0;pwned⟨U\+0007⟩ ⟨U\+009B⟩31m\.csv/);
   assert.ok(!RAW_CONTROL.test(r.stderr), `stderr: ${JSON.stringify(r.stderr)}`);
   assert.ok(!RAW_CONTROL.test(r.stdout.replace(/\n/g, "")), `stdout: ${JSON.stringify(r.stdout)}`);
   const [error] = ofKind(jsonLines(r.stdout), "error") as unknown as { message: string }[];
@@ -123,13 +135,42 @@ test("assay status on a terminal shows a task's parameters without raw C1 contro
   assert.equal(submitted.code, 0, submitted.stderr);
   const taskId = (ofKind(jsonLines(submitted.stdout), "task")[0] as unknown as { taskId: string }).taskId;
   // On a terminal (script(1) gives the command one), status prints for people.
-  const command = [process.execPath, ASSAY_BIN, "status", taskId].map((a) => `'${a}'`).join(" ");
-  const shown = spawn("script", ["-q", "-e", "-c", command, "/dev/null"], {
-    env: server.env(token, { TERM: "xterm-256color", LANG: "C.UTF-8" }),
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  const r = await within(collect(shown), 30_000, "assay status in a terminal");
+  const r = await onTerminal(["status", taskId]);
   assert.equal(r.code, 0, r.stdout + r.stderr);
   assert.match(r.stdout, /parameters \{.*"columns":\["a\\u009b2Jb"\]/, r.stdout);
   assert.ok(!r.stdout.includes("\u009b"), "no raw CSI on the terminal");
+});
+
+test("on a terminal, names and a title with invisible or bidi characters show them as code points", {
+  skip: noScript,
+}, async () => {
+  assert.ok(haveScript, "script(1) of util-linux is needed on PATH");
+  const dir = path.join(work, "look-alike");
+  fs.mkdirSync(dir);
+  // "a\u200bb.csv" read "ab.csv", another file's name; the long name's end is what tells it apart.
+  fs.writeFileSync(path.join(dir, "a\u200bb.csv"), csv(13, 2));
+  fs.writeFileSync(path.join(dir, "ab.csv"), csv(14, 2));
+  const long = `report-${"x".repeat(60)}.csv.exe`;
+  fs.writeFileSync(path.join(dir, long), csv(15, 2));
+  const title = "Q1 \u202efdp.exe\u200b";
+  const submitted = await client(
+    ["submit", "--type", "r-report", "--param", `title=${title}`, dir],
+    server.env(token),
+  );
+  assert.equal(submitted.code, 0, submitted.stderr);
+  const taskId = (ofKind(jsonLines(submitted.stdout), "task")[0] as unknown as { taskId: string }).taskId;
+
+  const files = await onTerminal(["files", "--limit", "3"]);
+  assert.equal(files.code, 0, files.stdout + files.stderr);
+  const names = files.stdout.split(/\r?\n/).map((l) => l.split(/ {2,}/).at(-1));
+  assert.ok(names.includes("a⟨U+200B⟩b.csv"), files.stdout);
+  assert.ok(names.includes("ab.csv"), files.stdout);
+  assert.ok(!/[\u200b\u202e]/.test(files.stdout), "no invisible or bidi character on the terminal");
+
+  const status = await onTerminal(["status", taskId]);
+  assert.equal(status.code, 0, status.stdout + status.stderr);
+  assert.ok(status.stdout.includes('parameters {"title":"Q1 \\u202efdp.exe\\u200b"}'), status.stdout);
+  assert.match(status.stdout, / a⟨U\+200B⟩b\.csv\s/);
+  assert.match(status.stdout, / report-x+…x+\.csv\.exe\s/, "a long name's end stays in view");
+  assert.ok(!/[\u200b\u202e]/.test(status.stdout), "no invisible or bidi character on the terminal");
 });

@@ -278,7 +278,7 @@ test("folder names: one safe path segment each, repeats and results.csv made uni
   assert.equal(folderFromLabel("results.csv", "7"), "results.csv (run 7)");
   assert.equal(folderFromLabel("results.csv/x.csv", "7"), "results.csv (folder)/x.csv");
   assert.equal(serverName('dir/a "b"\u0007.csv'), "a %22b%22.csv");
-  assert.equal(shown("evil\u001b[2J\u202e.csv"), "evil?[2J?.csv");
+  assert.equal(shown("evil\u001b[2J\u202e.csv"), "evil⟨U+001B⟩[2J⟨U+202E⟩.csv");
 });
 
 test("exit codes: 2 usage, 3 server, 1 task state, 130 Ctrl-C", () => {

@@ -146,7 +146,7 @@ test("hostile names on a terminal: the screen is never cleared, and a failed run
   const last = refused.at(-1) as string;
   assert.match(last, /ASSAY-EXIT=2/);
   assert.match(last, /MARKER-BEFORE/, `the screen was cleared:\n${last}`);
-  assert.match(last, /^assay: evil \?\[2J\?\[H name\.csv: /m, last);
+  assert.match(last, /^assay: evil ⟨U\+001B⟩\[2J⟨U\+001B⟩\[H name\.csv: /m, last);
 
   // A run that fails with a long name: the line printed above the bars as it fails is cut to fit
   // (cli-progress turns line wrapping off while it draws, so the terminal would cut it at its edge,
@@ -160,5 +160,9 @@ test("hostile names on a terminal: the screen is never cleared, and a failed run
   const frames = await inTmux("long", ["submit", "--type", "summary", dir, "--follow"], env, 100);
   const final = frames.at(-1) as string;
   assert.match(final, /ASSAY-EXIT=1/);
-  assert.match(final, /^failed {5}empty very long name .*… \(run \d+\): ANALYSIS_DATA_INVALID$/m, final);
+  assert.match(
+    final,
+    /^failed {5}empty very long name .*….* end\.csv \(run \d+\): ANALYSIS_DATA_INVALID$/m,
+    final,
+  );
 });

@@ -4,7 +4,8 @@
 // files page; the results table of names the API guarded against spreadsheets. Each test opens its own
 // browser context, signed in as a user of its own, and waits on conditions, never on time. Runs are
 // done by a worker in this process whose "summary" is a test program (metric keys a user's columns
-// could give: a bidi override, a formula).
+// could give: a bidi override, a zero-width space, a formula), and whose "r-report" is one that echoes
+// its title in its progress and error messages, as programs echo what users give them.
 import assert from "node:assert/strict";
 import type { ChildProcess } from "node:child_process";
 import fs from "node:fs";
@@ -35,6 +36,8 @@ let browser: Browser;
 const problems: string[] = [];
 
 const serverEnv = () => dashboardEnv(env, port);
+/** Lets the "r-report" program end. */
+const RELEASE = () => path.join(env.dataDir, "release-echo");
 
 before(async () => {
   if (skip) return;
@@ -49,9 +52,19 @@ before(async () => {
     env.dataDir,
     "hostile-metrics",
     `fs.writeFileSync(path.join(out, "table.csv"), "a,b\\n1,2\\n");
-say({ type: "result", outputFileName: "table.csv", metrics: { "-delta": -3, "\\u202Esj.exe": 5, "=SUM(A1)": 2 } });`,
+say({ type: "result", outputFileName: "table.csv", metrics: { "-delta": -3, "\\u202Esj.exe": 5, "=SUM(A1)": 2, "a\\u200Bb": 1 } });`,
   );
-  await env.worker([fixtureProgram("summary", program)]).start();
+  // It fails once the test has seen its progress (RELEASE exists).
+  const echo = writeProgram(
+    env.dataDir,
+    "echo-title",
+    `const { title } = JSON.parse(arg("--params"));
+say({ type: "progress", percent: 50, message: \`drawing \${title}\` });
+while (!fs.existsSync(${JSON.stringify(RELEASE())})) await new Promise((r) => setTimeout(r, 50));
+say({ type: "error", message: \`no numeric column for \${title}\` });
+process.exit(3);`,
+  );
+  await env.worker([fixtureProgram("summary", program), fixtureProgram("r-report", echo)]).start();
   browser = await launchBrowser();
 });
 
@@ -257,14 +270,14 @@ test("the results table shows names as they are, not as guarded for spreadsheets
     })
   ).text();
   assert.match(csv, /,'-data @home\.csv,/);
-  assert.match(csv, /,'-delta,'=SUM\(A1\),\u202esj\.exe\r\n/);
+  assert.match(csv, /,'-delta,'=SUM\(A1\),a\u200bb,\u202esj\.exe\r\n/);
   const page = await pageFor(token);
   await page.goto(`${base}/#/tasks/${taskId}`);
   await page.getByRole("tab", { name: "Results" }).click();
   const table = page.locator("table.results");
   await table.waitFor();
   const head = (await table.locator("thead th").allTextContents()).map((t) => t.replace(/ [▲▼]$/, ""));
-  assert.deepEqual(head.slice(9), ["-delta", "=SUM(A1)", "\ufffdsj.exe"]);
+  assert.deepEqual(head.slice(9), ["-delta", "=SUM(A1)", "a⟨U+200B⟩b", "⟨U+202E⟩sj.exe"]);
   assert.deepEqual((await table.locator("tbody td").allTextContents()).slice(1, 3), [
     "-data @home.csv",
     "succeeded",
@@ -272,12 +285,68 @@ test("the results table shows names as they are, not as guarded for spreadsheets
   // Sorted by a metric, it is charted under its key.
   await table.getByRole("button", { name: "-delta" }).click();
   await page.locator("figure.chart figcaption", { hasText: "-delta" }).waitFor();
-  // The run's metrics: the key with an override shows it as U+FFFD.
+  // The run's metrics: the keys with an override or a zero-width space show them as code points.
   await page.getByRole("tab", { name: "Runs" }).click();
   await page.locator("tr[data-run]").getByRole("button", { name: "results" }).click();
   const metrics = page.getByRole("table", { name: "Metrics" });
   await metrics.waitFor();
-  assert.deepEqual(await metrics.locator("th").allTextContents(), ["-delta", "=SUM(A1)", "\ufffdsj.exe"]);
+  // (Stored as JSONB, whose keys come shortest first.)
+  assert.deepEqual(await metrics.locator("th").allTextContents(), [
+    "a⟨U+200B⟩b",
+    "-delta",
+    "=SUM(A1)",
+    "⟨U+202E⟩sj.exe",
+  ]);
+  await page.context().close();
+  assert.deepEqual(problems, []);
+});
+
+test("names, a title and a program's messages with invisible or bidi characters show them as code points", {
+  skip,
+}, async () => {
+  const token = await newUser();
+  // "a\u200bb.csv" read "ab.csv", another file's name; the override reversed the text after it.
+  const lookAlike = await upload(token, "a\u200bb.csv", "a,b\n1,2\n");
+  await upload(token, "ab.csv", "a,b\n1,3\n");
+  const title = "Q1 \u202efdp.exe\u200b";
+  const res = await fetch(`${base}/api/analysis-tasks`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+    body: JSON.stringify({ analysisType: "r-report", inputFileIds: [lookAlike], parameters: { title } }),
+  });
+  assert.equal(res.status, 201);
+  const taskId = ((await res.json()) as { data: { taskId: string } }).data.taskId;
+  const page = await pageFor(token);
+  await page.goto(`${base}/#/files`);
+  await page.locator("tr[data-file] td.name").nth(1).waitFor();
+  assert.deepEqual(await page.locator("tr[data-file] td.name").allTextContents(), [
+    "ab.csv",
+    "a⟨U+200B⟩b.csv",
+  ]);
+  await page.goto(`${base}/#/tasks/${taskId}`);
+  const run = page.locator("tr[data-run]");
+  const shownTitle = "Q1 ⟨U+202E⟩fdp.exe⟨U+200B⟩";
+  // The program's progress message while it runs, then its error.
+  await run.locator(".message", { hasText: "drawing" }).waitFor({ timeout: 30_000 });
+  assert.equal(await run.locator(".message").textContent(), `drawing ${shownTitle}`);
+  fs.writeFileSync(RELEASE(), "");
+  assert.equal((await waitForTerminal(env.db.sql, taskId, 60_000)).failed, 1);
+  await run.locator(".badge", { hasText: "failed" }).waitFor();
+  assert.equal(await run.locator("td.name").textContent(), "a⟨U+200B⟩b.csv");
+  assert.match(
+    (await run.locator(".bad").textContent()) ?? "",
+    new RegExp(`for ${shownTitle.replace(/[+]/g, "\\+")}`),
+  );
+  assert.equal(
+    await page.locator("p", { hasText: "Parameters:" }).locator("code").textContent(),
+    JSON.stringify({ title: shownTitle }),
+  );
+  await page.getByRole("tab", { name: "Event log" }).click();
+  const progress = page.locator("ol.log li", { hasText: "run.progress" }).locator(".detail");
+  assert.equal(await progress.textContent(), `50% drawing ${shownTitle}`);
+  // Nothing unseen is left on the page.
+  const text = await page.evaluate<string>("document.body.innerText");
+  assert.ok(!/[\u200b\u202e]/.test(text), "no invisible or bidi character on the page");
   await page.context().close();
   assert.deepEqual(problems, []);
 });

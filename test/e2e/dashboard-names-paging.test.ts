@@ -1,7 +1,7 @@
 // The dashboard against hostile file names and failed page reads, in a real browser (Debian's chromium
 // driven by playwright-core) against a real `assay api` process: a name with a bidirectional override
 // must not reverse the text beside it nor read as another name, a 255-character name must not push the
-// page sideways, and a page of a list whose read failed must neither leave its error shown after the
+// page sideways, a letter with 210 combining marks must not draw over the name above it, and a page of a list whose read failed must neither leave its error shown after the
 // next read succeeds nor put the pager out of step with the page shown, and a task page whose read
 // failed reads again by itself. Waits on conditions, never time.
 import assert from "node:assert/strict";
@@ -186,6 +186,45 @@ test("a 255-character name does not push the page sideways", { skip }, async () 
   await page.goto(`${base}/#/files`);
   await page.locator(`tr[data-file="${id}"]`).waitFor();
   assert.ok((await sideways()) <= 1, `the files page scrolls sideways by ${await sideways()}px`);
+  await page.context().close();
+  assert.deepEqual(problems, []);
+});
+
+test("a name of stacked combining marks draws nothing over the name above it", { skip }, async () => {
+  // 210 marks on one letter (a 255-character name): unclipped, they stack up over the rows above.
+  const stacked = `a${"\u0301\u0302\u0303\u0304\u0306\u0307\u0308".repeat(30)}b.csv`;
+  const id = await upload(stacked);
+  const plain = await upload("plain name.csv");
+  const page = await pageFor();
+  /** `above` drawn as it is, and with the stacked name hidden: alike when nothing is drawn over it. */
+  const drawnOver = async (above: Locator, stackedName: Locator) => {
+    await above.scrollIntoViewIfNeeded();
+    const before = await above.screenshot();
+    await stackedName.evaluate((el) => {
+      (el as unknown as { style: { visibility: string } }).style.visibility = "hidden";
+    });
+    const after = await above.screenshot();
+    return !before.equals(after);
+  };
+  await page.goto(`${base}/#/files`);
+  await page.locator(`tr[data-file="${id}"]`).waitFor();
+  assert.equal(
+    await drawnOver(page.locator(`tr[data-file="${plain}"]`), page.locator(`tr[data-file="${id}"] td.name`)),
+    false,
+    "the files page",
+  );
+  // The new task's list of uploaded files: a name in a line of text (a span).
+  await page.goto(`${base}/#/new?files=${id}`);
+  const known = page.locator(".known li");
+  await known.filter({ hasText: "plain name.csv" }).waitFor();
+  assert.equal(
+    await drawnOver(
+      known.filter({ hasText: "plain name.csv" }),
+      known.filter({ has: page.locator("input:checked") }).locator(".name"),
+    ),
+    false,
+    "the new task's list",
+  );
   await page.context().close();
   assert.deepEqual(problems, []);
 });

@@ -243,7 +243,7 @@ test("a source saved while the bundle is being built leaves no manifest vouching
   // still told from its dependencies.
   const root = fs.mkdtempSync(path.join(ROOT, "node_modules", ".cache", "assay-build-race-"));
   try {
-    for (const f of ["bin", "src", "package.json", "tsconfig.json"]) {
+    for (const f of ["bin", "src", "web", "package.json", "tsconfig.json"]) {
       fs.cpSync(path.join(ROOT, f), path.join(root, f), { recursive: true });
     }
     fs.symlinkSync(path.join(ROOT, "node_modules"), path.join(root, "node_modules"));
