@@ -36,6 +36,7 @@ import {
   type RetryResult,
   runClaim,
   runClaimNewcomer,
+  runClaimOrphans,
   runClaimSole,
   runClaimTurn,
   runComplete,
@@ -290,6 +291,15 @@ export class Worker {
   /** One wake-up, for the earliest of them. */
   private retryWake: { at: number; timer: NodeJS.Timeout } | undefined;
   private unlisten: (() => Promise<void>) | undefined;
+  /**
+   * A claim of this worker's failed: it may have committed with its answer lost, leaving runs leased
+   * here that the worker does not know of. Set until adoptOrphans() has looked (see there).
+   */
+  private orphanCheck = false;
+  /** The runs of the completion and retry statements in flight (flushAll): leases held all the same. */
+  private writing: ClaimedRun[] = [];
+  /** Lease tokens of attempts whose ending could not be written at all (refused): left to the reaper. */
+  private readonly abandoned = new Set<string>();
 
   constructor(options: WorkerOptions) {
     if (!Number.isInteger(options.concurrency) || options.concurrency < 1) {
@@ -389,7 +399,8 @@ export class Worker {
    * the type waits for it (claim()). Must not throw: a failure only costs the newcomer the shortcut.
    */
   private claimNewcomer(payload: string): void {
-    if (this.stopping || this.newcomerFlight) return;
+    // Not while runs a failed claim may have taken are to be looked for (adoptOrphans()).
+    if (this.stopping || this.newcomerFlight || this.orphanCheck) return;
     const task = parseCreated(payload);
     if (!task) return;
     const type = task.type;
@@ -406,6 +417,8 @@ export class Worker {
           runs.map((r) => r.waitedSeconds),
         );
       } catch (err) {
+        // It may have committed (adoptOrphans(), before the loop's next claim: wake() below).
+        this.orphanCheck = true;
         this.o.logger.warn(
           { err, workerId: this.id, analysisType: type },
           "a newcomer's claim failed (its run waits for its turn)",
@@ -505,6 +518,7 @@ export class Worker {
    * runs claimed.
    */
   async runOnce(): Promise<number> {
+    if (this.orphanCheck) await this.adoptOrphans();
     this.drainBuffer();
     // A newcomer's claim in flight takes a slot too (roomForNewcomer()).
     const base = this.claimableSlots() - this.buffer.length - (this.newcomerFlight ? 1 : 0);
@@ -570,6 +584,8 @@ export class Worker {
       try {
         runs = await this.claim(this.claimOptions(type, want, quantum));
       } catch (err) {
+        // It may have committed, its answer lost: the next cycle looks first (adoptOrphans()).
+        this.orphanCheck = true;
         // The claim took the type's wake-up (claim() consumes `notified`): the claim after the
         // error's backoff must not skip the type for a mark of before.
         this.drained.delete(type);
@@ -802,12 +818,49 @@ export class Worker {
     try {
       return [...claimed, ...(await more())];
     } catch (err) {
+      this.orphanCheck = true;
       this.o.logger.warn(
         { err, workerId: this.id, analysisType: claimed[0]?.analysisType, claimed: claimed.length },
         "a claim after a committed one failed (the runs claimed first start)",
       );
       return claimed;
     }
+  }
+
+  /**
+   * After a claim of this worker's failed (`orphanCheck`), before the next: a claim whose commit
+   * succeeded but whose answer was lost (the connection dropped in between) left runs leased here
+   * that nothing would start or heartbeat, until the reaper took them back after the lease with an
+   * attempt used up — at one attempt, failed ANALYSIS_WORKER_UNAVAILABLE without ever running.
+   * Every lease this worker holds in any form is known, and no claim of its own is in flight (the
+   * loop's is over; a newcomer's is awaited, and none starts while the flag is set): a run leased
+   * here beyond those is such a run. They are claimed again with a fresh lease (runClaimOrphans) and
+   * placed like any claim's; one a cancel reached meanwhile ends cancelled. Throws when the statement
+   * fails (the flag stays: the loop's next cycle, after its backoff, looks again).
+   */
+  private async adoptOrphans(): Promise<void> {
+    await this.newcomerFlight;
+    const known: Lease[] = [
+      ...this.heldLeases(),
+      ...this.writing.map((r) => ({ id: r.id, token: r.leaseToken })),
+      ...[...this.abandoned].map((token) => ({ id: 0, token })),
+    ];
+    const found = await runClaimOrphans(this.o.sql, this.id, known, this.o.leaseTtlMs);
+    this.orphanCheck = false;
+    if (found.length === 0) return;
+    this.o.logger.warn(
+      { workerId: this.id, runIds: found.map((r) => r.id) },
+      "runs a failed claim had taken (its answer was lost) are this worker's: started here",
+    );
+    const runs = found.map(({ status: _, ...run }) => run);
+    this.place(runs);
+    for (const r of runs) this.neededAt.set(r.analysisType, performance.now());
+    const cancelling = found.filter((r) => r.status === "cancelling");
+    if (cancelling.length > 0)
+      this.applyStatuses(
+        new Map(cancelling.map((r) => [r.id, "cancelling"])),
+        cancelling.map((r) => ({ id: r.id, token: r.leaseToken })),
+      );
   }
 
   /**
@@ -1112,10 +1165,12 @@ export class Worker {
       const retries = this.retries;
       this.outcomes = [];
       this.retries = [];
+      this.writing = [...outcomes, ...retries].map((p) => p.run);
       const written = await Promise.all([
         this.writeBatch(outcomes, this.completions),
         this.writeBatch(retries, this.requeues),
       ]);
+      this.writing = [];
       const errors = written.flatMap((w) => w.errors);
       // Never throws: a failed wake-up is logged there and must not count as a failed write.
       await this.wakeOthers(written.flatMap((w) => w.released));
@@ -1221,6 +1276,7 @@ export class Worker {
       { ...this.fields(p.run), err },
       `${w.kind} of this run could not be written at all: given up, the reaper takes it back after its lease`,
     );
+    this.abandoned.add(p.run.leaseToken);
     this.ended(p, "lost");
     void this.discard(p.run);
     return { released: [], errors: [] };
@@ -1506,6 +1562,11 @@ export class Worker {
     this.wake();
     await this.loop;
     await this.newcomerFlight;
+    // Runs a failed claim may have taken: found, they go back below with the buffer, refunded.
+    if (this.orphanCheck)
+      await this.adoptOrphans().catch((err: unknown) =>
+        this.o.logger.warn({ err, workerId: this.id }, "could not look for runs a failed claim had taken"),
+      );
     // No statement of ours after stop(): the caller may close the pool next.
     await Promise.all(this.pruning.values());
     await Promise.all(this.tidying.values());

@@ -525,6 +525,39 @@ export async function runClaimTurn(
   return { runs, owners };
 }
 
+/**
+ * Runs leased to `workerId` that it does not know it holds (`known`: every lease it holds in any
+ * form), claimed again by it with a fresh lease and returned as a claim returns them, with their
+ * status (`cancelling` when a cancel came meanwhile). They are what a claim committed when its answer
+ * was lost (the connection dropped after the commit): leased here, never started nor heartbeated,
+ * until the reaper took them back after the lease with an attempt used up — failed
+ * ANALYSIS_WORKER_UNAVAILABLE without ever running at one attempt. The worker asks after a claim of its own
+ * failed, with none in flight. Only `starting` and `cancelling` runs: a `running` one was marked so
+ * by this worker's progress flush for an attempt it knew. Rare, so by runs_live_idx, not by plan.
+ */
+export async function runClaimOrphans(
+  sql: Sql,
+  workerId: string,
+  known: Lease[],
+  leaseTtlMs: number,
+): Promise<(ClaimedRun & { status: string })[]> {
+  const rows = await sql<(ClaimedRun & { status: string })[]>`
+    with claimed as (
+      update runs r set
+        lease_expires_at = statement_timestamp() + ${leaseTtlMs} * interval '1 millisecond',
+        heartbeat_at = statement_timestamp()
+      where r.status in ('starting', 'cancelling') and r.lease_owner = ${workerId}
+        and r.lease_token <> all(${sql.array(known.map((l) => l.token))}::uuid[])
+      returning r.id, r.task_id, r.analysis_type, r.attempt, r.max_attempts, r.lease_token,
+                r.input_file_id, r.input_storage_key, r.input_name, r.input_size_bytes, r.input_sha256,
+                r.run_after, r.error_code, r.priority, r.status
+    )
+    select ${claimedColumns(sql)}, c.status
+    from claimed c
+    order by c.priority, c.id`;
+  return [...rows];
+}
+
 /** A task just created, as its creation's notification names it (TASK_CREATED_CHANNEL). */
 export interface CreatedTask {
   taskId: number;
