@@ -18,6 +18,8 @@ const MAX_ENTRIES = 10_000;
 export class TokenCache {
   private readonly entries = new Map<string, { principal: Authenticated; expires: number }>();
   private unlisten: (() => Promise<void>) | undefined;
+  /** Aborted by stop(): the listener's callbacks, a failed one's included, do nothing after it. */
+  private stopped = new AbortController();
   /** False until the listener is up: until then nothing is cached (a revoke could not reach it). */
   private listening = false;
   /**
@@ -84,6 +86,7 @@ export class TokenCache {
    * empties the cache: notifications may have been missed meanwhile.
    */
   async start(sql: Sql, logger: Logger): Promise<void> {
+    this.stopped = new AbortController();
     try {
       const { unlisten } = await listenUntilStopped(
         sql,
@@ -98,15 +101,20 @@ export class TokenCache {
           if (this.listening) for (const listener of this.revokeListeners) listener("*");
           this.listening = true;
         },
+        // A failed LISTEN stays registered, and postgres.js listens with it once it has reconnected:
+        // the cache comes back then (until stop()).
+        { until: this.stopped.signal },
       );
       this.unlisten = unlisten;
     } catch (err) {
-      // Without the listener the cache stays empty: every request asks the database.
-      logger.warn({ err }, "token cache disabled: could not listen for revokes");
+      // Until the listener is up (postgres.js retries it after a reconnect) the cache stays empty:
+      // every request asks the database.
+      logger.warn({ err }, "token cache off until it can listen for revokes");
     }
   }
 
   async stop(): Promise<void> {
+    this.stopped.abort();
     this.listening = false;
     this.clear();
     await this.unlisten?.().catch(() => {});

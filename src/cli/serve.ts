@@ -3,6 +3,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import closeWithGrace from "close-with-grace";
 import { tokenCreate } from "../auth/tokens.ts";
 import { type Config, unknownVariables } from "../config.ts";
+import { droppedTypeRead } from "../db/client.ts";
 import { startSignal } from "../db/embedded.ts";
 import { expectedMigrationCount } from "../db/migrate.ts";
 import { type OpenedDatabase, openDatabase } from "../db/open.ts";
@@ -91,6 +92,30 @@ async function waitForStore(store: ObjectStore, logger: Logger, signal: AbortSig
   }
 }
 
+/**
+ * What `process.on("unhandledRejection")` does in a server command. An unhandled rejection is an
+ * unexpected error: it is passed on as an uncaught exception, on which close-with-grace shuts down
+ * (`fail`). Except the one postgres.js leaves when a new connection dies while it reads the array
+ * types (droppedTypeRead): during a database failover that shut every process down, though each only
+ * has to connect again. That one is a warning.
+ */
+export function rejectionHandler(
+  logger: Logger,
+  fail: (err: unknown) => void = (err) => {
+    (process.emit as (event: string, ...args: unknown[]) => boolean)(
+      "uncaughtException",
+      err,
+      "unhandledRejection",
+    );
+  },
+): (reason: unknown) => void {
+  return (reason) => {
+    if (droppedTypeRead(reason))
+      logger.warn({ err: reason }, "a new database connection failed as it opened; it is opened again");
+    else fail(reason);
+  };
+}
+
 /** A missing table (42P01, undefined_table) is a database that `assay migrate` has not brought up to date. */
 function explained(err: unknown): unknown {
   return (err as { code?: unknown } | undefined)?.code === "42P01"
@@ -155,26 +180,30 @@ export async function serveCommand(
   /** The HTTP API listens: its requests may be using the pool. */
   let listening = false;
 
+  process.on("unhandledRejection", rejectionHandler(logger));
   // Installed before anything is opened: a signal during start-up (waiting for the store, starting or
   // migrating the embedded database) ends the step in progress and closes what was opened, instead of
   // killing the process and leaving a detached embedded PostgreSQL behind.
-  const closer = closeWithGrace({ delay: shutdownBoundMs(cfg), logger }, async ({ signal, err }) => {
-    if (err) logger.error({ err }, "shutting down after an unexpected error");
-    else logger.info({ signal }, "shutting down");
-    shutdown.abort();
-    // Start-up waiting for a database that does not answer (each connection attempt waits up to 30 s,
-    // and the API's caches and the worker each make one in turn) held the shutdown until the forced
-    // exit. While no worker can have claimed anything yet, and no request can be using the pool (not
-    // listening yet), end its connections at once: what start-up is waiting for fails, and it ends (a
-    // step of it started after this checks the signal). Once listening, the server's close lets
-    // requests in flight finish instead (a review: they got 500s).
-    if (!listening && worker === undefined) void database?.sql.end({ timeout: 0 });
-    await startup.catch(() => {});
-    await closeOpened();
-    logger.info("stopped");
-    // A signal while a failed start-up was closing: still a failure (exit 1).
-    if (failure) throw failure.err;
-  });
+  const closer = closeWithGrace(
+    { delay: shutdownBoundMs(cfg), logger, skip: ["unhandledRejection"] },
+    async ({ signal, err }) => {
+      if (err) logger.error({ err }, "shutting down after an unexpected error");
+      else logger.info({ signal }, "shutting down");
+      shutdown.abort();
+      // Start-up waiting for a database that does not answer (each connection attempt waits up to 30 s,
+      // and the API's caches and the worker each make one in turn) held the shutdown until the forced
+      // exit. While no worker can have claimed anything yet, and no request can be using the pool (not
+      // listening yet), end its connections at once: what start-up is waiting for fails, and it ends (a
+      // step of it started after this checks the signal). Once listening, the server's close lets
+      // requests in flight finish instead (a review: they got 500s).
+      if (!listening && worker === undefined) void database?.sql.end({ timeout: 0 });
+      await startup.catch(() => {});
+      await closeOpened();
+      logger.info("stopped");
+      // A signal while a failed start-up was closing: still a failure (exit 1).
+      if (failure) throw failure.err;
+    },
+  );
 
   const start = async () => {
     const step = () => shutdown.signal.throwIfAborted();

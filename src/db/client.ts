@@ -40,3 +40,15 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
   });
   return { sql, close: () => sql.end({ timeout: 5 }) };
 }
+
+/**
+ * The error of the array-type read postgres.js (3.4.9) makes on each new connection before its first
+ * query, whose promise it drops: when the connection dies during that read (a failover, a restart, a
+ * terminated backend), the rejection is unhandled (porsager/postgres#1192, #1223) — and an unhandled
+ * rejection shuts a server command down as an unexpected error. The connection is made again on the
+ * next query, so the process itself is fine. Told apart by the query postgres.js attaches to it.
+ */
+export function droppedTypeRead(err: unknown): boolean {
+  const query = typeof err === "object" && err !== null ? (err as { query?: unknown }).query : undefined;
+  return typeof query === "string" && query.includes("pg_catalog.pg_type") && query.includes("typarray");
+}

@@ -11,28 +11,34 @@ export interface Subscription {
 }
 
 /**
- * `sql.listen`, whose callbacks are never called again once its `unlisten` has been called or the
- * LISTEN failed. postgres.js re-listens after a reconnect under new registrations of the callbacks,
- * which the `unlisten` it returned no longer finds (it drops its own registration only), and it
- * keeps and re-listens the callbacks of a LISTEN that failed: either way they went on being called
- * for good — a stopped token cache re-enabled itself at the next reconnect. Those registrations stay
- * with postgres.js (it has nothing to drop them with), holding only this function's empty closure.
+ * `sql.listen`, whose callbacks are never called again once its `unlisten` has been called, or the
+ * LISTEN failed, or `o.until` aborted. postgres.js re-listens after a reconnect under new
+ * registrations of the callbacks, which the `unlisten` it returned no longer finds (it drops its own
+ * registration only), and it keeps and re-listens the callbacks of a LISTEN that failed: either way
+ * they went on being called for good — a stopped token cache re-enabled itself at the next reconnect.
+ * Those registrations stay with postgres.js (it has nothing to drop them with), holding only this
+ * function's empty closure. With `o.until`, a failed LISTEN's callbacks stay live instead, until it
+ * aborts: postgres.js listens with them once it has reconnected, and a cache started during an
+ * outage comes back then (a caller that retries its start itself, as the event hub does, must not
+ * pass it, or every retry adds a live registration).
  */
 export async function listenUntilStopped(
   sql: Sql,
   channel: string,
   onNotify: (payload: string) => void,
   onListen?: () => void,
+  o: { until?: AbortSignal } = {},
 ): Promise<{ state: unknown; unlisten(): Promise<void> }> {
   let callbacks: { onNotify: (payload: string) => void; onListen?: (() => void) | undefined } | undefined = {
     onNotify,
     onListen,
   };
+  const live = () => (o.until?.aborted ? undefined : callbacks);
   try {
     const { state, unlisten } = await sql.listen(
       channel,
-      (payload) => callbacks?.onNotify(payload),
-      () => callbacks?.onListen?.(),
+      (payload) => live()?.onNotify(payload),
+      () => live()?.onListen?.(),
     );
     return {
       state,
@@ -42,7 +48,7 @@ export async function listenUntilStopped(
       },
     };
   } catch (err) {
-    callbacks = undefined;
+    if (!o.until) callbacks = undefined;
     throw err;
   }
 }

@@ -65,6 +65,8 @@ export class TaskCache {
   /** Reads that began before this generation are never stored (set by clear()). */
   private floor = 0;
   private unlisten: (() => Promise<void>) | undefined;
+  /** Aborted by stop(): the listener's callbacks, a failed one's included, do nothing after it. */
+  private stopped = new AbortController();
   /** False until the listener is up: until then nothing is cached (an event could not reach it). */
   private listening = false;
   readonly ttlMs: number;
@@ -187,6 +189,7 @@ export class TaskCache {
    * event hub). Start it before the hub, so answers are gone before a stream delivers the event.
    */
   async start(sql: Sql, logger: Logger): Promise<void> {
+    this.stopped = new AbortController();
     try {
       const { unlisten } = await listenUntilStopped(
         sql,
@@ -200,15 +203,20 @@ export class TaskCache {
           this.clear();
           this.listening = true;
         },
+        // A failed LISTEN stays registered, and postgres.js listens with it once it has reconnected:
+        // the cache comes back then (until stop()).
+        { until: this.stopped.signal },
       );
       this.unlisten = unlisten;
     } catch (err) {
-      // Without the listener the cache stays empty: every request asks the database.
-      logger.warn({ err }, "task cache disabled: could not listen for task events");
+      // Until the listener is up (postgres.js retries it after a reconnect) the cache stays empty:
+      // every request asks the database.
+      logger.warn({ err }, "task cache off until it can listen for task events");
     }
   }
 
   async stop(): Promise<void> {
+    this.stopped.abort();
     this.listening = false;
     this.clear();
     await this.unlisten?.().catch(() => {});

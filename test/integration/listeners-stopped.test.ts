@@ -122,3 +122,65 @@ test("a stopped hub, task cache, token cache and listenAll hear nothing after a 
     for (const p of probes) await p.unlisten();
   }
 });
+
+test("a cache whose LISTEN failed comes back once postgres.js listens with it after a reconnect, and is off after stop()", {
+  timeout: 30_000,
+}, async () => {
+  const logger = createLogger({ level: "silent" });
+  // As when the database is down at start-up: postgres.js has registered the callbacks (and listens
+  // with them once it reconnects), and the caller gets an error.
+  const sql = new Proxy(db.sql, {
+    get(target, prop, receiver) {
+      if (prop !== "listen") return Reflect.get(target, prop, receiver);
+      return async (channel: string, fn: (payload: string) => void, onlisten?: () => void) => {
+        // Its first LISTEN "fails": that one is not announced; the re-listens after a reconnect are.
+        let listens = 0;
+        await target.listen(channel, fn, () => {
+          if (listens++ > 0) onlisten?.();
+        });
+        throw new Error("LISTEN failed (test)");
+      };
+    },
+  });
+  const tasks = new TaskCache(60_000);
+  await tasks.start(sql, logger);
+  const tokens = new TokenCache(60_000);
+  await tokens.start(sql, logger);
+  const principal: Authenticated = { tokenId: 1, userId: 1, name: "ünïcode", role: "user" };
+  const fill = () => {
+    tokens.set("b".repeat(64), principal, tokens.begin());
+    tasks.set("100001", 1, {}, tasks.begin());
+  };
+  const probe = { listens: 0 };
+  const probes = await Promise.all(
+    [EVENTS_CHANNEL, TOKENS_CHANNEL].map((channel) =>
+      db.sql.listen(
+        channel,
+        () => {},
+        () => {
+          probe.listens++;
+        },
+      ),
+    ),
+  );
+  try {
+    fill();
+    assert.equal(tokens.size + tasks.size, 0, "nothing cached while not listening");
+    await killListener();
+    await waitFor(async () => probe.listens >= 4, 10_000, "the re-listens");
+    await new Promise((resolve) => setImmediate(resolve));
+    fill();
+    assert.equal(tokens.size, 1, "the token cache came back");
+    assert.equal(tasks.size, 1, "the task cache came back");
+
+    await tasks.stop();
+    await tokens.stop();
+    await killListener();
+    await waitFor(async () => probe.listens >= 6, 10_000, "the second re-listens");
+    await new Promise((resolve) => setImmediate(resolve));
+    fill();
+    assert.equal(tokens.size + tasks.size, 0, "a stopped cache caches again");
+  } finally {
+    for (const p of probes) await p.unlisten();
+  }
+});
