@@ -18,8 +18,9 @@ object store configured by ASSAY_STORAGE=s3 and ASSAY_S3_*, under the same keys.
 with the same size are skipped, so it can be run again after an interruption. Files whose names Assay
 never makes (put there by hand) are left out and named on stderr. Symbolic links (and FIFOs, sockets)
 inside files/ and outputs/ are never followed: each is named on stderr, nothing under it is copied,
-and the command exits 1 — put the files themselves in their place and run it again. The local copies
-are left in place. Run it with the service stopped (or before switching the service to s3).
+and when its name is one Assay makes the command exits 1 — put the files themselves in their place
+and run it again. The local copies are left in place. Run it with the service stopped (or before
+switching the service to s3).
 
 Example:
   ASSAY_STORAGE=s3 ASSAY_S3_BUCKET=assay-prod assay storage migrate --from /srv/assay`;
@@ -101,26 +102,34 @@ function serviceKey(key: string): boolean {
  * link may lead out of the data directory, or round in a loop). `prefix`'s own folder may be a link.
  */
 async function* notFiles(root: string, prefix: string): AsyncGenerator<{ key: string; what: string }> {
-  let dir: fs.Dir;
-  try {
-    dir = await fsp.opendir(path.join(root, prefix), { recursive: true });
-  } catch (err) {
-    const code = (err as NodeJS.ErrnoException).code;
-    if (code === "ENOENT" || code === "ENOTDIR") return;
-    throw err;
-  }
-  for await (const e of dir) {
-    if (e.isFile() || e.isDirectory()) continue;
-    const full = path.join(e.parentPath, e.name);
-    const key = `${prefix}${path.relative(path.join(root, prefix), full).split(path.sep).join("/")}`;
-    const what = e.isSymbolicLink()
-      ? `a symbolic link to ${JSON.stringify(await fsp.readlink(full).catch(() => "?"))}`
-      : e.isFIFO()
-        ? "a FIFO"
-        : e.isSocket()
-          ? "a socket"
-          : "a device";
-    yield { key, what };
+  // A walk of our own, not opendir's `recursive` (before Node 22.12 it listed at most 32 entries of
+  // each subfolder; Dirent's parentPath is from 20.12).
+  const top = path.join(root, prefix);
+  for (const stack = [""]; stack.length > 0; ) {
+    const rel = stack.pop() as string;
+    let entries: fs.Dirent[];
+    try {
+      entries = await fsp.readdir(path.join(top, rel), { withFileTypes: true });
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (rel === "" && (code === "ENOENT" || code === "ENOTDIR")) return;
+      throw err;
+    }
+    for (const e of entries) {
+      const name = rel === "" ? e.name : `${rel}/${e.name}`;
+      if (e.isDirectory()) stack.push(name);
+      else if (!e.isFile()) {
+        const full = path.join(top, name);
+        const what = e.isSymbolicLink()
+          ? `a symbolic link to ${JSON.stringify(await fsp.readlink(full).catch(() => "?"))}`
+          : e.isFIFO()
+            ? "a FIFO"
+            : e.isSocket()
+              ? "a socket"
+              : "a device";
+        yield { key: `${prefix}${name}`, what };
+      }
+    }
   }
 }
 

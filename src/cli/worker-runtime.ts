@@ -42,11 +42,18 @@ export async function startWorkerRuntime(
     logger.warn({ analysisType: m.type, reason: m.reason }, "this worker will not claim this analysis type");
   }
   const work = await openWorkDir(config.dataDir);
-  const guard = GroupGuard.start(() =>
-    logger.error(
-      "the group guard process ended: analyses of this worker will outlive it if it is killed outright",
-    ),
-  );
+  let guard: GroupGuard;
+  try {
+    guard = GroupGuard.start(() =>
+      logger.error(
+        "the group guard process ended: analyses of this worker will outlive it if it is killed outright",
+      ),
+    );
+  } catch (err) {
+    // spawn() throws some errors (ENOMEM) instead of emitting them: the scratch folder goes too.
+    await work.close();
+    throw err;
+  }
   try {
     const types: Record<string, TypeOptions> = {};
     for (const program of found.available) {

@@ -18,7 +18,7 @@ export interface GroupRegistry {
 
 export class GroupGuard implements GroupRegistry {
   private closing = false;
-  /** The helper could not be spawned: there is nothing to close. */
+  /** The helper could not be spawned ('error' without a pid): reported lost once. */
   private unspawned = false;
 
   private readonly child: ChildProcess;
@@ -39,8 +39,8 @@ export class GroupGuard implements GroupRegistry {
     const guard = new GroupGuard(child);
     // A write after the helper died must not crash the worker; the worker's own cleanup still runs.
     child.stdin?.on("error", () => {});
-    // Spawning it failed (EAGAIN, ENOMEM): an 'error' without a listener crashed the worker, and
-    // close() waited for an exit that never comes. Now the protection is lost, as when it is killed.
+    // Spawning it failed (EAGAIN, EMFILE, ENOENT: what spawn() emits rather than throws): an 'error'
+    // without a listener crashed the worker. Now the protection is lost, as when it is killed.
     child.on("error", () => {
       if (child.pid !== undefined || guard.unspawned) return;
       guard.unspawned = true;
@@ -67,9 +67,10 @@ export class GroupGuard implements GroupRegistry {
 
   /** Ends the helper (killing any group still listed) and waits for it to exit. */
   close(): Promise<void> {
-    if (this.unspawned || this.child.exitCode !== null || this.child.signalCode !== null)
-      return Promise.resolve();
     this.closing = true;
+    // No pid: it was never spawned (its 'error' may not even have come yet), so no 'exit' will come.
+    if (this.child.pid === undefined || this.child.exitCode !== null || this.child.signalCode !== null)
+      return Promise.resolve();
     this.child.ref(); // wait for it even if nothing else keeps this process busy
     const exited = new Promise<void>((resolve) => this.child.once("exit", () => resolve()));
     this.child.stdin?.end();

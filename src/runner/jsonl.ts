@@ -49,6 +49,12 @@ export const DEFAULT_JSONL_LIMITS: JsonLinesLimits = {
 
 const MAX_MESSAGE_CHARS = 500;
 
+/** `s` cut to MAX_MESSAGE_CHARS UTF-16 units, never between the two halves of a character. */
+function cut(s: string): string {
+  const head = s.slice(0, MAX_MESSAGE_CHARS);
+  return /[\uD800-\uDBFF]$/.test(head) ? head.slice(0, -1) : head;
+}
+
 /**
  * A line's text. Bytes that are not UTF-8 break the protocol like any other bad line: decoded, they
  * would become U+FFFD in a message or a file name, and the program's fault would pass unseen.
@@ -78,7 +84,7 @@ function parseEvent(line: string): ProtocolEvent {
     }
     return e.message === undefined
       ? { type: "progress", percent: e.percent }
-      : { type: "progress", percent: e.percent, message: e.message.slice(0, MAX_MESSAGE_CHARS) };
+      : { type: "progress", percent: e.percent, message: cut(e.message) };
   }
   if (e.type === "result") {
     if (typeof e.outputFileName !== "string" || e.outputFileName.length === 0) {
@@ -99,7 +105,7 @@ function parseEvent(line: string): ProtocolEvent {
     if (typeof e.message !== "string" || e.message.trim() === "") {
       throw new ProtocolError("invalid-event", "error.message must be a non-empty string");
     }
-    return { type: "error", message: e.message.trim().slice(0, MAX_MESSAGE_CHARS) };
+    return { type: "error", message: cut(e.message.trim()) };
   }
   throw new ProtocolError("invalid-event", `unknown event type: ${JSON.stringify(e.type)?.slice(0, 40)}`);
 }

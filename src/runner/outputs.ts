@@ -96,6 +96,9 @@ export function checkOutputs(dir: string, resultName: string): OutputCheck {
         return { ok: false, message: "outputs must be regular files (no links or folders)" };
       if (stat.size > OUTPUT_LIMITS.maxFileBytes)
         return { ok: false, message: "an output file is too large" };
+      // Readable by nobody (the program's chmod 000): it could be neither flushed nor uploaded nor
+      // served (the handler threw, a worker's error), and root reads it anyway (no access() here).
+      if ((stat.mode & 0o444) === 0) return { ok: false, message: "an output file cannot be read" };
       total += stat.size;
       files.push({ name: entry.name, size: stat.size });
     }

@@ -136,7 +136,11 @@ export async function publishFolder(root: string, from: string, to: string, name
   for (const n of names) await syncFile(path.join(from, n));
   await syncFolder(from);
   const made = renameInto(from, to);
-  for (let dir = path.dirname(to); ; dir = path.dirname(dir)) {
+  // The task's folder, and the folder that holds it: another attempt of the task may have made the
+  // task's folder a moment ago and not flushed its entry yet. Further up only when this made them.
+  const task = path.dirname(to);
+  await syncFolder(task);
+  for (let dir = path.dirname(task); ; dir = path.dirname(dir)) {
     await syncFolder(dir);
     if (!made || dir === root || !dir.startsWith(root + path.sep)) return;
   }

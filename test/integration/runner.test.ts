@@ -307,6 +307,21 @@ describe("stdout protocol", () => {
     await noStrayOutputs();
   });
 
+  test("an output nobody may read (chmod 000) → ANALYSIS_OUTPUT_INVALID, nothing published", async () => {
+    const { run } = await runOne(
+      {},
+      program(
+        "unreadable",
+        `fs.writeFileSync(path.join(out, "out.json"), "{}");
+        fs.chmodSync(path.join(out, "out.json"), 0);
+        say({ type: "result", outputFileName: "out.json", metrics: {} });`,
+      ),
+    );
+    assert.equal(run.error_code, "ANALYSIS_OUTPUT_INVALID");
+    assert.equal(run.error_message, "an output file cannot be read");
+    await noStrayOutputs();
+  });
+
   test("an output that is a hard link (to the input it did not write) → ANALYSIS_OUTPUT_INVALID, nothing published", async () => {
     const content = "a,b\nsecret,2\n";
     const fileId = await env.file(content);

@@ -24,6 +24,11 @@ test("JSON Lines: an error event keeps its message, trimmed and cut at 500 chara
   ]);
   const [long] = r.push(b(`${JSON.stringify({ type: "error", message: "x".repeat(600) })}\n`));
   assert.equal(long?.type === "error" && long.message.length, 500);
+  // Never half a character: 499 "x" and an emoji (two UTF-16 units) keep the 499 only.
+  const [astral] = r.push(
+    b(`${JSON.stringify({ type: "progress", percent: 1, message: `${"x".repeat(499)}😀` })}\n`),
+  );
+  assert.equal(astral?.type === "progress" && astral.message, "x".repeat(499));
 });
 
 test("JSON Lines: protocol violations", () => {

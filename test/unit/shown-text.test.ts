@@ -115,3 +115,20 @@ test("a failed run's line above the bars keeps a long name's end: x.csv.exe does
   assert.ok(displayWidth(line) < 80, line);
   assert.match(line, /^failed {5}quarterly-report\S*…x+\.csv\.exe \(run 10000000001\): ANALYSIS_FAILED$/);
 });
+
+test("long runs of tags or marks take linear time (a previewed cell of 128,000 tags froze the page)", () => {
+  // Unbounded lookbehinds scanned back over every earlier tag for each one: 64,000 took 8.6 s, so
+  // 128,000 would take ~35 s. Bounded, well under a second (a hang guard, not a benchmark).
+  const tags = String.fromCodePoint(0x1f3f4) + String.fromCodePoint(0xe0067).repeat(128_000);
+  const marks = `ب${"\u0651".repeat(128_000)}\u200cب`;
+  for (const [what, text] of [
+    ["tags", tags],
+    ["marks", marks],
+  ] as const) {
+    const started = performance.now();
+    const out = shownName(text);
+    const ms = performance.now() - started;
+    assert.ok(ms < 5_000, `${what}: ${Math.round(ms)} ms`);
+    assert.ok(out.length >= text.length, what);
+  }
+});
