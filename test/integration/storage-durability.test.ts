@@ -109,38 +109,51 @@ await store.putFile(${JSON.stringify(`${attempt}/report.csv`)}, ${JSON.stringify
   assert.equal(fs.readFileSync(path.join(root, "files/1000000"), "utf8"), "x,y\n3,4\n");
 });
 
-test("a run's outputs are flushed before they are published, and the publishing rename after", {
+test("a run's outputs are flushed where they are published, before the completion could name them", {
   skip: strace || process.env.CI === "true" ? false : "strace is not installed",
 }, async () => {
   const root = path.join(scratch, "data-outputs");
-  const out = path.join(scratch, "attempt-1", "out");
-  fs.mkdirSync(out, { recursive: true });
-  fs.writeFileSync(path.join(out, "stats.json"), "{}");
-  fs.writeFileSync(path.join(out, "stats.csv"), "a,1\n");
-  const key = "outputs/100000009/10000000099.2.0e0e0e0e-0000-4000-8000-00000000000b";
+  const out = (n: number) => path.join(scratch, `attempt-${n}`, "out");
+  for (const n of [1, 2]) {
+    fs.mkdirSync(out(n), { recursive: true });
+    fs.writeFileSync(path.join(out(n), "stats.json"), "{}");
+    fs.writeFileSync(path.join(out(n), "stats.csv"), `a,${n}\n`);
+  }
+  const key = (n: number) => `outputs/100000009/1000000009${n}.2.0e0e0e0e-0000-4000-8000-00000000000b`;
+  // Two runs of one task, published one after the other by one process.
   const calls = await traced(
     root,
     `const { publishFolder } = await import(${JSON.stringify(path.join(ROOT, "src/storage/local.ts"))});
-await publishFolder(store.root, ${JSON.stringify(out)}, store.localPath(${JSON.stringify(key)}), ["stats.json", "stats.csv"]);`,
+for (const [from, to] of ${JSON.stringify([1, 2].map((n) => [out(n), key(n)]))})
+  await publishFolder(store.root, from, store.localPath(to), ["stats.json", "stats.csv"]);`,
   );
-  const renamed = find(
-    calls,
-    new RegExp(`rename\\w*\\(.*"${literal(out)}", .*"${literal(path.join(root, key))}"`),
-    0,
-    "the folder's rename",
-  );
-  for (const flushedFirst of [path.join(out, "stats.json"), path.join(out, "stats.csv"), out]) {
-    const i = calls.findIndex((c) => new RegExp(`f(data)?sync\\(\\d+<${literal(flushedFirst)}>`).test(c));
-    assert.ok(i >= 0 && i < renamed, `${flushedFirst} is flushed before the rename:\n${calls.join("\n")}`);
-  }
-  // The task's folder and outputs/ were made for it: both flushed after the rename, up to the root.
-  for (const folder of ["outputs/100000009", "outputs", ""]) {
-    find(
+  let at = 0;
+  for (const n of [1, 2]) {
+    const target = path.join(root, key(n));
+    const renamed = find(
       calls,
-      new RegExp(`fsync\\(\\d+<${literal(path.join(root, folder))}>`),
-      renamed,
-      `${folder || "the root"} flushed`,
+      new RegExp(`rename\\w*\\(.*"${literal(out(n))}", .*"${literal(target)}"`),
+      at,
+      `run ${n}'s rename`,
     );
+    // Its files and its folder, where they now are; then the task's folder; and for the first run,
+    // whose rename made the task's folder and outputs/, those up to the root.
+    at = renamed;
+    const folders = n === 1 ? ["outputs/100000009", "outputs", ""] : ["outputs/100000009"];
+    for (const p of [path.join(target, "stats.json"), path.join(target, "stats.csv"), target])
+      at = find(calls, new RegExp(`f(data)?sync\\(\\d+<${literal(p)}>`), at, `${p} flushed`);
+    for (const folder of folders)
+      at = find(
+        calls,
+        new RegExp(`fsync\\(\\d+<${literal(path.join(root, folder))}>`),
+        at,
+        `${folder || "the root"} flushed after run ${n}`,
+      );
   }
-  assert.equal(fs.readFileSync(path.join(root, key, "stats.csv"), "utf8"), "a,1\n");
+  // The second run's publish flushed outputs/ no more: its entry for the task's folder already was.
+  const outputsFlushes = calls.filter((c) =>
+    new RegExp(`fsync\\(\\d+<${literal(path.join(root, "outputs"))}>`).test(c),
+  );
+  assert.equal(outputsFlushes.length, 1, calls.join("\n"));
+  assert.equal(fs.readFileSync(path.join(root, key(2), "stats.csv"), "utf8"), "a,2\n");
 });
