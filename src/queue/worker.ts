@@ -253,6 +253,8 @@ export class Worker {
   private flushTimer: NodeJS.Timeout | undefined;
   private loop: Promise<void> | undefined;
   private wakeUp: (() => void) | undefined;
+  /** Ends the claim loop's backoff after a failed claim (see claimLoop()). */
+  private endBackoff: (() => void) | undefined;
   private woken = false;
   private stopping = false;
   private rotation = 0;
@@ -345,6 +347,7 @@ export class Worker {
         // prefetch on until the next one's notification.
         onListen: () => {
           this.clearDrained();
+          this.endBackoff?.();
           this.wake();
         },
       },
@@ -930,7 +933,18 @@ export class Worker {
       } catch (err) {
         failures++;
         this.o.logger.warn({ err, workerId: this.id }, "claim failed; retrying");
-        await sleep(Math.min(10_000, 200 * 2 ** failures));
+        // Cut short by stop() (a signal must not wait out up to 10 s before the shutdown grace even
+        // starts) and by the LISTEN connection's reconnect (the database is back: work waiting in the
+        // queue is claimed now, not at the end of the backoff); not by other wake-ups, which would
+        // send claims at a database that is still down.
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(resolve, Math.min(10_000, 200 * 2 ** failures));
+          this.endBackoff = () => {
+            clearTimeout(timer);
+            resolve();
+          };
+        });
+        this.endBackoff = undefined;
         continue;
       }
       if (this.stopping) break;
@@ -1559,6 +1573,7 @@ export class Worker {
   async stop(graceMs = 0): Promise<void> {
     if (this.stopping) return;
     this.stopping = true;
+    this.endBackoff?.();
     this.wake();
     await this.loop;
     await this.newcomerFlight;

@@ -369,3 +369,41 @@ test("the reaper takes back an attempt whose outcome waits in the completion del
     await w.stop();
   }
 });
+
+test("stop() after a run of failed claims does not wait out the claim loop's backoff", async () => {
+  // Claims fail at once (a lock on runs, and a lock_timeout of 1 ms on the worker's connections);
+  // nothing else the worker does touches runs while it holds nothing.
+  const url = new URL(db.url);
+  url.searchParams.set("lock_timeout", "1");
+  const locked = createDatabase(url.toString(), { max: 3, applicationName: "assay-faults-locked" });
+  let failedClaims = 0;
+  const logger = createLogger({ level: "warn" });
+  logger.warn = ((_obj: unknown, msg?: string) => {
+    if (msg === "claim failed; retrying") failedClaims++;
+  }) as typeof logger.warn;
+  const w = new Worker({
+    sql: locked.sql,
+    logger,
+    types: { "faults-locked": { handler: async () => ({ status: "succeeded" }) } },
+    concurrency: 2,
+    leaseTtlMs: 60_000,
+    pollIntervalMs: 50,
+    retryBaseMs: 20,
+  });
+  const holder = await db.sql.reserve();
+  try {
+    await w.start();
+    await holder`begin`;
+    await holder`lock table runs in access exclusive mode`;
+    // The fourth failure's backoff is 3.2 s (200 ms × 2^4).
+    await waitFor(async () => failedClaims >= 4, 20_000, "four failed claims");
+    const began = performance.now();
+    await w.stop();
+    const ms = performance.now() - began;
+    assert.ok(ms < 1_500, `stop() took ${Math.round(ms)} ms`);
+  } finally {
+    await holder`rollback`.catch(() => {});
+    holder.release();
+    await locked.close();
+  }
+});
