@@ -57,7 +57,9 @@ function clientFrom(values: { url?: string | undefined; token?: string | undefin
   } catch {
     throw new ClientUsageError(`not an http(s) URL: ${url}`);
   }
-  const token = values.token ?? process.env.ASSAY_TOKEN;
+  // A token read from a file keeps its line end (`ASSAY_TOKEN=$(cat token.txt)` drops LF, not CR;
+  // a mounted secret keeps both): white space around it is no part of any token.
+  const token = (values.token ?? process.env.ASSAY_TOKEN)?.trim();
   if (!token) throw new ServerProblem("no API token: set ASSAY_TOKEN (or pass --token)");
   // Such a token cannot even go into a header (fetch would throw before connecting); the token
   // itself is never part of the message.

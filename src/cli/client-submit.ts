@@ -8,8 +8,8 @@ import fs from "node:fs";
 import path from "node:path";
 import { analysisTypes, runsOf, taskCreate } from "../client/api.ts";
 import { foldersFromLabels } from "../client/download.ts";
-import { ClientUsageError, EXIT, Interrupted } from "../client/exit.ts";
-import { type ApiClient, ConnectionError } from "../client/http.ts";
+import { ClientUsageError, EXIT, Interrupted, messageOf } from "../client/exit.ts";
+import { type ApiClient, ApiRequestError, ConnectionError } from "../client/http.ts";
 import type { LocalInput } from "../client/inputs.ts";
 import { listInputs } from "../client/inputs.ts";
 import { bytes, fit, seconds, shown } from "../client/output.ts";
@@ -209,24 +209,39 @@ function fileLine(ctx: ClientContext, input: LocalInput, record: FileRecord, upl
   ctx.out.line("file", { path: input.label, uploaded, ...record });
 }
 
+/** How long creating the task is retried (an API restarting, a proxy's 502) before the command gives up. */
+const CREATE_RETRY_MS = 60_000;
+
 /**
- * POST the task, retried with the same Idempotency-Key when the connection fails (the retry returns
- * the task if the first attempt got through). Not cut off by Ctrl-C.
+ * POST the task, retried with the same Idempotency-Key while the connection fails or the server
+ * answers 5xx (the retry returns the task if an earlier attempt got through), for up to
+ * CREATE_RETRY_MS. Not cut off by Ctrl-C, which only stops the retries. A failure that may have
+ * left a task names the key that gets it back rather than make a second one.
  */
 async function createTask(
-  c: ApiClient,
+  ctx: ClientContext,
   type: string,
   sent: Sent,
   parameters: Record<string, unknown>,
   key: string,
 ): Promise<TaskCreated> {
   const body = { analysisType: type, inputFileIds: sent.records.map((r) => r.fileId), parameters };
+  const t0 = Date.now();
   for (let attempt = 1; ; attempt++) {
     try {
-      return await taskCreate(c, body, key);
+      return await taskCreate(ctx.client, body, key);
     } catch (err) {
-      if (!(err instanceof ConnectionError) || attempt === 3) throw err;
-      await sleep(500 * attempt);
+      const unsure = err instanceof ConnectionError || (err instanceof ApiRequestError && err.status >= 500);
+      if (!unsure) throw err;
+      const more = `the task may exist: the same command with --idempotency-key ${key} returns it instead of creating another`;
+      if (ctx.signal.aborted) throw new Interrupted(`interrupted while creating the task; ${more}`);
+      if (Date.now() - t0 >= CREATE_RETRY_MS) {
+        if (err instanceof ApiRequestError)
+          throw new ApiRequestError(err.status, err.code, `${err.message}; ${more}`);
+        throw new ConnectionError(`${(err as Error).message}; ${more}`);
+      }
+      ctx.out.note(`the task's creation was not confirmed (${messageOf(err)}); retrying`);
+      await sleep(Math.min(500 * 2 ** (attempt - 1), 5000), ctx.signal);
     }
   }
 }
@@ -284,7 +299,7 @@ async function submit(ctx: ClientContext, values: SubmitValues, positionals: str
     ctx.out.note(message);
     return EXIT.INTERRUPTED;
   }
-  const created = await createTask(ctx.client, type.name, sent, parameters, key);
+  const created = await createTask(ctx, type.name, sent, parameters, key);
   ctx.out.line("task", {
     taskId: created.taskId,
     status: created.status,

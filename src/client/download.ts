@@ -19,7 +19,7 @@ import {
 } from "../files/folder-names.ts";
 import type { Run } from "../http/api-types.ts";
 import { fetchBody, outputPath, resultsCsvPath, runOutputs } from "./api.ts";
-import { type ApiClient, ConnectionError, idleSignal } from "./http.ts";
+import { type ApiClient, brokenBody, ConnectionError, idleSignal } from "./http.ts";
 import { mapLimit } from "./pool.ts";
 
 // The naming rules are the zip's own (files/folder-names.ts), so a run's folder here is its folder there.
@@ -172,7 +172,7 @@ async function download(
     return written;
   } catch (err) {
     fs.rmSync(tmp, { force: true });
-    throw idle.stalled() ?? err;
+    throw idle.stalled() ?? brokenBody(err, c.shownUrl, o.what);
   } finally {
     idle.done();
     partials.delete(tmp);

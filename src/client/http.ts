@@ -115,10 +115,13 @@ export class ApiClient {
     const timeout = ms > 0 ? AbortSignal.timeout(ms) : undefined;
     const signals = [o.signal, timeout].filter((s): s is AbortSignal => s !== undefined);
     const signal = signals.length > 0 ? AbortSignal.any(signals) : undefined;
+    const url = this.url(path, o.query);
+    let res: Response;
     try {
-      return await fetch(this.url(path, o.query), {
+      res = await fetch(url, {
         method,
         headers,
+        redirect: "manual",
         ...(signal === undefined ? {} : { signal }),
         ...(body === undefined ? {} : { body, duplex: "half" }),
       } as RequestInit);
@@ -130,14 +133,18 @@ export class ApiClient {
       if (!isNetworkFailure(err)) throw err;
       throw new ConnectionError(`cannot reach ${this.shownUrl} (${networkReason(err)})`);
     }
+    if (isRedirect(res.status)) {
+      await res.body?.cancel().catch(() => {});
+      throw redirected(this.shownUrl, url, res.headers.get("location"));
+    }
+    return res;
   }
 
   /** The `data` of a successful envelope; an error status becomes an ApiRequestError. */
   async json<T>(method: string, path: string, o: RequestOptions = {}): Promise<T> {
     const res = await this.send(method, path, o);
     if (!res.ok) throw await errorOf(res);
-    const text = await readText(res, this.shownUrl);
-    return (parseJson(text, this.shownUrl) as EnvelopeOf<T>).data;
+    return envelopeData<T>(await readText(res, this.shownUrl, o.signal), this.shownUrl);
   }
 
   get<T>(path: string, query?: RequestOptions["query"], signal?: AbortSignal): Promise<T> {
@@ -148,20 +155,64 @@ export class ApiClient {
   }
 }
 
-async function readText(res: Response, shownUrl: string): Promise<string> {
+async function readText(res: Response, shownUrl: string, signal?: AbortSignal): Promise<string> {
   try {
     return await res.text();
   } catch (err) {
+    if (signal?.aborted) throw signal.reason;
     throw new ConnectionError(`the connection to ${shownUrl} broke (${networkReason(err)})`);
   }
 }
 
-function parseJson(text: string, shownUrl: string): unknown {
+/**
+ * What a failure while a body was read means: a fetch body cut off mid-way (undici's "terminated",
+ * whose cause is the socket's error) is a ConnectionError; anything else (a full disk, an abort) is
+ * itself.
+ */
+export function brokenBody(err: unknown, shownUrl: string, what?: string): unknown {
+  if (!isNetworkFailure(err)) return err;
+  return new ConnectionError(
+    `${what ? `${what}: ` : ""}the connection to ${shownUrl} broke (${networkReason(err)})`,
+  );
+}
+
+/**
+ * The `data` of a success's envelope. Anything else — a page of HTML, JSON of another service
+ * (a wrong ASSAY_URL) — is a ConnectionError, not a crash on a missing field further on.
+ */
+export function envelopeData<T>(text: string, shownUrl: string): T {
+  let body: unknown;
   try {
-    return JSON.parse(text);
+    body = JSON.parse(text);
   } catch {
     throw new ConnectionError(`${shownUrl} did not answer with JSON: is it an Assay server?`);
   }
+  if (typeof body !== "object" || body === null || !("data" in body) || body.data == null)
+    throw new ConnectionError(`${shownUrl} did not answer with the API's envelope: is it an Assay server?`);
+  return (body as EnvelopeOf<T>).data;
+}
+
+const isRedirect = (status: number) => status >= 300 && status < 400;
+
+/**
+ * A redirect is not followed, by fetch or the uploads: the API never answers with one, so it comes
+ * from something else at ASSAY_URL (a proxy sending http to https, a moved host). Followed, a GET
+ * would lose its token on the way (a 401, "check ASSAY_TOKEN"), a POST become a GET, and an upload
+ * get "HTTP 301"; instead the command stops at once, saying where the server points.
+ */
+function redirected(shownUrl: string, from: URL, location: string | null): ConnectionError {
+  let to = "elsewhere";
+  try {
+    const u = new URL(location ?? "", from);
+    u.username = "";
+    u.password = "";
+    if (location) to = u.href;
+  } catch {
+    // A Location that is not a URL: where does not matter, only that it is not the API.
+  }
+  return new ConnectionError(
+    `${shownUrl} answers with a redirect to ${to}: set ASSAY_URL (or --url) to the API's own address`,
+  );
 }
 
 /** An error response as an ApiRequestError: the body's code and message when it has them. */
@@ -218,6 +269,11 @@ export class Uploader {
     this.#idleMs = idleMs;
   }
 
+  /** The server's URL as it may be shown. */
+  get shownUrl(): string {
+    return this.#client.shownUrl;
+  }
+
   static async open(
     client: ApiClient,
     token: string,
@@ -257,13 +313,18 @@ export class Uploader {
         ),
       );
       req.on("response", (res) => {
+        const status = res.statusCode ?? 0;
+        if (isRedirect(status)) {
+          res.resume();
+          fail(redirected(shown, this.#client.url(path), res.headers.location ?? null));
+          return req.destroy();
+        }
         let text = "";
         res.setEncoding("utf8");
         res.on("data", (c: string) => {
           text += c;
         });
         res.on("end", () => {
-          const status = res.statusCode ?? 0;
           if (status >= 200 && status < 300) resolve({ status, text });
           else reject(errorFromBody(status, res.statusMessage ?? "", text));
         });

@@ -8,7 +8,7 @@ import path from "node:path";
 import type { FileRecord, PageOf } from "../http/api-types.ts";
 import { filesBySha256 } from "./api.ts";
 import { ClientUsageError } from "./exit.ts";
-import { type ApiClient, ApiRequestError, type BodyWriter, type Uploader } from "./http.ts";
+import { type ApiClient, ApiRequestError, type BodyWriter, envelopeData, type Uploader } from "./http.ts";
 import { hashFile, type LocalInput, serverName } from "./inputs.ts";
 import { mapLimit } from "./pool.ts";
 
@@ -172,7 +172,7 @@ export async function uploadFile(
       body,
       signal,
     );
-    const record = (JSON.parse(res.text) as { data: FileRecord }).data;
+    const record = envelopeData<FileRecord>(res.text, uploader.shownUrl);
     if (record.sha256 !== input.sha256) throw changed();
     return record;
   } catch (err) {

@@ -364,6 +364,18 @@ test("a wrong, missing or unusable token, or no server, exits 3; the token is ne
   }
 });
 
+test("a token read from a file with its line end (CRLF, LF, a tab) works; one with a space inside is refused", async () => {
+  for (const padded of [`${token}\r\n`, `${token}\n`, `\t${token} `]) {
+    const r = await client(["tasks", "--limit", "1"], server.env(padded));
+    assert.equal(r.code, 0, r.stderr);
+    assert.equal(ofKind(jsonLines(r.stdout), "error").length, 0);
+  }
+  const inside = await client(["tasks"], server.env(`${token.slice(0, 8)} ${token.slice(8)}`));
+  assert.equal(inside.code, 3);
+  assert.match(inside.stderr, /characters no token has/);
+  assert.ok(!`${inside.stdout}${inside.stderr}`.includes(token.slice(8)), "the token is not printed");
+});
+
 test("tasks, status, logs, follow, files, download and cancel", async () => {
   assert.ok(firstTask, "runs after the first submit");
   const { taskId } = firstTask;
