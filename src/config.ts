@@ -331,7 +331,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     const error =
       schemaProblem === undefined
         ? typeof value === "string"
-          ? field.check?.(value)
+          ? (unpaddedError(field.schema, value) ?? field.check?.(value))
           : undefined
         : (field.hint ?? schemaProblem);
     if (error === undefined) out[key] = value;
@@ -356,6 +356,21 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   if (problems.length > 0) throw new ConfigError(problems);
   const config = out as Settings;
   return { ...config, dataDir: path.resolve(config.dataDir) };
+}
+
+/**
+ * Why a free-form string's value (a path, a host, a bucket or program name: a string field without a
+ * pattern) is refused: white space at either end, or a control character. Such a value is used as
+ * given, so a line ending from an environment file written on Windows (`/srv/assay\r`) or a stray
+ * space was another data directory — a new, empty embedded database, files in the wrong place — or a
+ * Python that no worker found, without a word. Fields with a pattern say what they take (and the URLs'
+ * parsers drop white space at their ends).
+ */
+function unpaddedError(schema: Schema, value: string): string | undefined {
+  if (!("type" in schema) || schema.type !== "string" || schema.pattern !== undefined) return undefined;
+  return value.trim() !== value || /\p{Cc}/u.test(value)
+    ? "must not begin or end with white space, nor hold control characters (a line ending from a file written on Windows?)"
+    : undefined;
 }
 
 /**

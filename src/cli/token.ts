@@ -23,6 +23,14 @@ async function withDatabase<T>(
   const database = await openDatabase(config, logger, { max: 2 });
   try {
     return await fn(database);
+  } catch (err) {
+    // A missing table (42P01): an external DATABASE_URL that `assay migrate` has not brought up yet —
+    // the first command a new installation runs, which said only `relation "users" does not exist`.
+    if ((err as { code?: unknown }).code === "42P01")
+      throw new Error("the database is not migrated to this version: run `assay migrate` first", {
+        cause: err,
+      });
+    throw err;
   } finally {
     await database.close();
   }
@@ -68,7 +76,8 @@ export async function tokenCommand(argv: string[], config: Config | undefined): 
       refuseExtra(sub, given, ["user", "role"], 0, "assay token create --user <name> [--role admin|user]");
       const user = values.user?.trim();
       if (!user) throw new UsageError("token create needs --user <name>");
-      if (user.length > 100) throw new UsageError("--user must be at most 100 characters");
+      // Characters, as it says: `length` counts UTF-16 units, two for each of 𩸽, 𠮷 or an emoji.
+      if ([...user].length > 100) throw new UsageError("--user must be at most 100 characters");
       if (UNPRINTABLE.test(user))
         throw new UsageError("--user must not contain control characters or line breaks");
       if (values.role !== undefined && !ROLES.includes(values.role as Role)) {

@@ -120,7 +120,17 @@ async function rootClusterDir(dataDir: string, runAs: RunAs): Promise<string> {
   const clusters = path.join(STAGE_ROOT, "clusters");
   await fsp.mkdir(clusters, { recursive: true, mode: 0o755 });
   const stat = await fsp.lstat(dataDir).catch(() => undefined);
-  if (stat?.isSymbolicLink()) return fsp.readlink(dataDir);
+  if (stat?.isSymbolicLink()) {
+    const linked = path.resolve(path.dirname(dataDir), await fsp.readlink(dataDir));
+    // Its cluster was removed (STAGE_ROOT wiped: a new machine or container that kept the data dir):
+    // made afresh, as a removed data dir is. initdb, as postgres, cannot create it under root's
+    // clusters/ itself, so every start failed on "Permission denied".
+    if (!fs.existsSync(linked)) {
+      await fsp.mkdir(linked, { recursive: true, mode: 0o700 });
+      await fsp.chown(linked, runAs.uid, runAs.gid);
+    }
+    return linked;
+  }
   if (stat) {
     throw new Error(
       `${dataDir} exists and is not a symlink; as root the embedded cluster must live under ${clusters}: remove it`,
@@ -424,6 +434,11 @@ async function startLocked(
     const pwfile = path.join(os.tmpdir(), `assay-pw-${randomBytes(6).toString("hex")}`);
     await fsp.writeFile(pwfile, `${password}\n`, { mode: 0o600 });
     if (runAs) await fsp.chown(pwfile, runAs.uid, runAs.gid);
+    // Written before initdb, not after: a start killed during initdb (SIGKILL, the OOM killer) leaves
+    // initdb running on to a complete cluster, whose password must be on disk already — written after,
+    // it never was, and every later start failed on the missing pg.password. Should initdb fail
+    // instead, there is no cluster, and the next start writes a new password.
+    await fsp.writeFile(passwordFile, password, { mode: 0o600 });
     try {
       log(`initialising embedded PostgreSQL ${native.version} in ${clusterDir}`);
       await runTool(
@@ -441,9 +456,17 @@ async function startLocked(
     } finally {
       await fsp.rm(pwfile, { force: true });
     }
-    await fsp.writeFile(passwordFile, password, { mode: 0o600 });
   }
-  const password = (await fsp.readFile(passwordFile, "utf8")).trim();
+  const password = (
+    await fsp.readFile(passwordFile, "utf8").catch((err: NodeJS.ErrnoException) => {
+      if (err.code !== "ENOENT") throw err;
+      // Left so by a start killed during initdb before the password was written first (above).
+      throw new Error(
+        `the embedded cluster in ${clusterDir} has no password file (${passwordFile}), so nothing can connect to it (a first start killed during initdb left it so, or the file was removed): remove ${runAs ? `${clusterDir} and ${dataDir}` : dataDir} to start afresh`,
+        { cause: err },
+      );
+    })
+  ).trim();
 
   // Who started the running server, if any: a live owner keeps it (another `assay` command next to
   // `make dev`); a dead owner (SIGKILLed) left an orphan, which we adopt and stop on exit.

@@ -269,3 +269,102 @@ test("SIGTERM while start-up waits for another start's lock: exits 0 at once, ha
     holder.kill("SIGKILL");
   }
 });
+
+/** A running initdb that initialises `clusterDir`, if any: its pid and its password file. */
+function initdbOf(clusterDir: string): { pid: number; pwfile: string } | undefined {
+  for (const entry of fs.readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const argv = fs.readFileSync(`/proc/${entry}/cmdline`, "utf8").split("\0");
+      if (path.basename(argv[0] ?? "") === "initdb" && argv.includes(`--pgdata=${clusterDir}`)) {
+        const pwfile = argv.find((a) => a.startsWith("--pwfile="))?.slice("--pwfile=".length) ?? "";
+        return { pid: Number(entry), pwfile };
+      }
+    } catch {
+      // Ended meanwhile.
+    }
+  }
+  return undefined;
+}
+
+/** Polls `probe` every 10 ms until it returns something other than undefined (at most `ms`). */
+async function until<T>(ms: number, what: string, probe: () => T | undefined): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const value = probe();
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) throw new Error(`no ${what} within ${ms} ms`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+/** The cluster directory of `dataDir`: `dataDir/pg`, or as root the folder its symlink names. */
+function clusterOf(dataDir: string): string | undefined {
+  const pg = path.join(dataDir, "pg");
+  try {
+    return fs.lstatSync(pg).isSymbolicLink() ? fs.readlinkSync(pg) : pg;
+  } catch {
+    return undefined;
+  }
+}
+
+test("a first start SIGKILLed during initdb: the next start uses the cluster initdb finished", async () => {
+  const dataDir = path.join(home, "killed-initdb ünï");
+  const env = cleanEnv({ ASSAY_DATA_DIR: dataDir });
+  const first = spawnCli(["migrate"], env);
+  const firstDone = collect(first);
+  let initdb: { pid: number; pwfile: string } | undefined;
+  try {
+    initdb = await until(60_000, "initdb", () => {
+      const cluster = clusterOf(dataDir);
+      return cluster === undefined ? undefined : initdbOf(cluster);
+    });
+    first.kill("SIGKILL"); // the OOM killer, a supervisor's kill: initdb, its child, runs on
+    await firstDone;
+    const running = initdb.pid;
+    await until(60_000, "initdb's end", () => (alive(running) ? undefined : true));
+    // Before the fix the password was written after initdb, so never: every later start failed with
+    // "ENOENT: no such file or directory, open '…/pg.password'".
+    const second = await collect(spawnCli(["migrate"], env));
+    assert.equal(second.code, 0, second.stderr);
+    assert.match(second.stdout, /applied \d+ migrations: the database has all \d+/);
+  } finally {
+    first.kill("SIGKILL");
+    if (initdb !== undefined && alive(initdb.pid)) process.kill(initdb.pid, "SIGKILL");
+    // The killed start could not remove initdb's password file.
+    if (initdb?.pwfile) fs.rmSync(initdb.pwfile, { force: true });
+  }
+});
+
+test("as root, a data dir whose cluster under /var/lib/assay-embedded was removed starts afresh", {
+  skip: process.getuid?.() !== 0 && "only root keeps the cluster apart from the data dir",
+}, async () => {
+  const dataDir = path.join(home, "cluster-removed");
+  const env = cleanEnv({ ASSAY_DATA_DIR: dataDir });
+  const first = await collect(spawnCli(["migrate"], env));
+  assert.equal(first.code, 0, first.stderr);
+  const cluster = clusterOf(dataDir) ?? "";
+  assert.ok(cluster.startsWith("/var/lib/assay-embedded/clusters/"), cluster);
+  // A new machine or container that kept the data dir (with its symlink), not /var/lib.
+  fs.rmSync(cluster, { recursive: true, force: true });
+  // Before the fix initdb, as postgres, could not create it there: "Permission denied", every start.
+  const second = await collect(spawnCli(["migrate"], env));
+  assert.equal(second.code, 0, second.stderr);
+  assert.match(second.stdout, /applied \d+ migrations: the database has all \d+/);
+  assert.equal(clusterOf(dataDir), cluster, "the same symlink, its cluster made again");
+});
+
+test("a cluster without its password file (left by a start killed during initdb before the fix) says what to remove", async () => {
+  const dataDir = path.join(home, "no-password");
+  const env = cleanEnv({ ASSAY_DATA_DIR: dataDir });
+  const first = await collect(spawnCli(["migrate"], env));
+  assert.equal(first.code, 0, first.stderr);
+  fs.rmSync(path.join(dataDir, "pg.password"));
+  const res = await collect(spawnCli(["migrate"], env));
+  assert.equal(res.code, 1, res.stderr);
+  // Before: only "ENOENT: no such file or directory, open '…/pg.password'".
+  assert.match(
+    res.stderr,
+    /^assay: the embedded cluster in \S+ has no password file \(\S+\/pg\.password\), so nothing can connect to it \(a first start killed during initdb left it so, or the file was removed\): remove \S+( and \S+)? to start afresh\n/,
+  );
+});

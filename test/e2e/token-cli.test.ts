@@ -79,3 +79,39 @@ test("a user name with a control character or a line break is refused; other Uni
   assert.ok(line, listed.stdout);
   assert.equal(line.split("\t").length, 6, "one row, six columns");
 });
+
+test("token commands against a database `assay migrate` has not set up say to run it, and write nothing", async () => {
+  const empty = await createTestDatabase();
+  try {
+    await empty.sql`drop schema public cascade`;
+    await empty.sql`drop schema drizzle cascade`;
+    await empty.sql`create schema public`;
+    const unmigrated = cleanEnv({ DATABASE_URL: empty.url, ASSAY_DATA_DIR: dataDir });
+    for (const args of [["create", "--user", "Ōtani"], ["list"], ["revoke", "10000"]]) {
+      const res = await runCli(["token", ...args], unmigrated);
+      assert.equal(res.code, 1, `${args.join(" ")}: ${res.stderr}`);
+      // Before: only `relation "users" does not exist`, on the first command of a new installation.
+      assert.match(
+        res.stderr,
+        /^assay: the database is not migrated to this version: run `assay migrate` first\n {2}caused by: relation "[a-z_]+" does not exist \(SQLSTATE 42P01\)/,
+        args.join(" "),
+      );
+      assert.equal(res.stdout, "", args.join(" "));
+    }
+    const [tables] = await empty.sql`select count(*)::int as n from pg_tables where schemaname = 'public'`;
+    assert.equal(tables?.n, 0);
+  } finally {
+    await empty.drop();
+  }
+});
+
+test("--user takes up to 100 characters, counted as characters: 𩸽 or 𠮷 is one, not two", async () => {
+  const longest = `𩸽${"𠮷".repeat(98)}野`; // 100 characters, 199 UTF-16 units
+  const created = await runCli(["token", "create", "--user", longest], env());
+  assert.equal(created.code, 0, created.stderr);
+  assert.equal((await tokenList(db.sql)).filter((t) => t.user === longest).length, 1);
+  const over = await runCli(["token", "create", "--user", `${longest}x`], env());
+  assert.equal(over.code, 2, over.stderr);
+  assert.match(over.stderr, /^assay: --user must be at most 100 characters$/m);
+  assert.equal(over.stdout, "");
+});

@@ -237,6 +237,42 @@ test("digits are a number only where the field is numeric: HOST=10 and a bucket 
   assert.equal(c.port, 8080);
 });
 
+test("a path, host or name with white space at an end or a control character (a CRLF env file) is refused", () => {
+  const why =
+    "must not begin or end with white space, nor hold control characters (a line ending from a file written on Windows?)";
+  let error: unknown;
+  try {
+    loadConfig({
+      // Each was used as given: another (empty) data directory, a host nothing resolves, a Python no
+      // worker found — without a word.
+      ASSAY_DATA_DIR: "/srv/assay\r",
+      HOST: " ",
+      ASSAY_PYTHON: "/usr/bin/python3 ",
+      ASSAY_RSCRIPT: "Rscript\u0000",
+      ASSAY_S3_REGION: "\teu-west-1",
+    });
+  } catch (err) {
+    error = err;
+  }
+  assert.ok(error instanceof ConfigError);
+  assert.deepEqual(error.problems, [
+    `HOST=" ": ${why}`,
+    `ASSAY_DATA_DIR="/srv/assay\\r": ${why}`,
+    `ASSAY_S3_REGION="\\teu-west-1": ${why}`,
+    `ASSAY_PYTHON="/usr/bin/python3 ": ${why}`,
+    `ASSAY_RSCRIPT="Rscript\\u0000": ${why}`,
+  ]);
+  // White space inside is a name's own; numbers are still trimmed; a URL's parser drops a trailing
+  // line break itself (a secret mounted from a file), so DATABASE_URL keeps working with one.
+  const c = loadConfig({
+    ASSAY_DATA_DIR: "/srv/my assay 李",
+    PORT: " 8080\r\n",
+    DATABASE_URL: "postgres://u:p@db:5432/assay\n",
+  });
+  assert.equal(c.dataDir, "/srv/my assay 李");
+  assert.equal(c.port, 8080);
+});
+
 test("docs/configuration.md's table lists every field", async () => {
   const { readFile } = await import("node:fs/promises");
   const readme = await readFile(new URL("../../docs/configuration.md", import.meta.url), "utf8");
