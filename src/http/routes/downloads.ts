@@ -56,6 +56,32 @@ export function contentDisposition(name: string, kind: "attachment" | "inline" =
 }
 
 /**
+ * How long a download may hand its client nothing before it is cut off: the socket's inactivity (no
+ * write completed, no byte read). A client that stops reading — a browser's paused download, a hung
+ * program — otherwise kept its connection and what the download holds (a local file's descriptor, or
+ * one of the S3 client's 50 pooled sockets: fifty paused downloads would leave none for any other
+ * store request of the API) for as long as it kept the connection; a store that stops sending
+ * mid-object (its body has no timeout) is cut off the same. Longer than the store's 120 s wait for a
+ * response, so a slow open between a zip's entries is not. The kernel wakes a writer of a full socket
+ * only once a good part of its send buffer (hundreds of KB) has gone, so a client reading below a few
+ * KB/s looks stalled too.
+ */
+export const DOWNLOAD_STALL_MS = 5 * 60_000;
+
+/** Arms the stall bound (DOWNLOAD_STALL_MS) for the response about to be streamed. */
+function cutOffWhenStalled(reply: FastifyReply): void {
+  const raw = reply.raw;
+  // `inject` (tests) answers without a socket of its own.
+  if (typeof raw.socket?.setTimeout !== "function") return;
+  // The response's own listener: Node replaces the socket's timer with its keep-alive timeout once
+  // the response is done, so this never outlives it on an idle connection.
+  raw.setTimeout(DOWNLOAD_STALL_MS, () => {
+    reply.log.info("download cut off: its client took nothing for too long");
+    raw.destroy();
+  });
+}
+
+/**
  * A recorded output that is not there. When its task is gone too, retention deleted both between the
  * plan and the read: a 404, as if the request had come a moment later. Otherwise the store lost it: a
  * logged 500, before any byte is sent.
@@ -126,6 +152,7 @@ async function send(
   }
   reply.header("content-type", "application/zip");
   reply.header("content-disposition", contentDisposition(`task-${taskId}.zip`));
+  cutOffWhenStalled(reply);
   return reply.send(zipStream(entries(), reply));
 }
 
@@ -148,6 +175,7 @@ async function sendObject(
   reply.header("content-type", contentTypeOf(name));
   reply.header("content-length", size);
   reply.header("content-disposition", contentDisposition(name, disposition));
+  cutOffWhenStalled(reply);
   return reply.send(stream);
 }
 
@@ -265,6 +293,7 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
       // (resultLines checks it with every page), breaks the response off — never a complete-looking
       // truncated table; Fastify destroys the connection, this says why.
       csv.once("error", (err) => reply.log.error({ err, taskId }, "results.csv broken off"));
+      cutOffWhenStalled(reply);
       // The response schema lists errors only: the body is a stream, not JSON.
       return (reply as FastifyReply).send(csv);
     },
