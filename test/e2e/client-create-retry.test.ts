@@ -12,7 +12,7 @@ import path from "node:path";
 import { after, before, test } from "node:test";
 import { collect, spawnCli } from "../helpers/cli.ts";
 import { type ClientServer, csv, jsonLines, ofKind, startClientServer, within } from "../helpers/client.ts";
-import { idsCrossPowerOfTen } from "../helpers/queue.ts";
+import { idsCrossPowerOfTen, waitFor } from "../helpers/queue.ts";
 
 let server: ClientServer;
 let work: string;
@@ -45,7 +45,12 @@ async function restartingProxy() {
         if (isCreate && restarted === undefined) {
           answer.resume();
           req.socket.destroy();
-          restarted = server.stop().then(() => server.start());
+          // Started again only once a retry has met the 502 page: under load a quick restart was
+          // over before the first retry, which then went straight through.
+          restarted = server
+            .stop()
+            .then(() => waitFor(async () => keys.length >= 2, 60_000, "a retry during the restart"))
+            .then(() => server.start());
           return;
         }
         res.writeHead(answer.statusCode ?? 502, answer.headers);
