@@ -255,6 +255,8 @@ export class Worker {
   private wakeUp: (() => void) | undefined;
   /** Ends the claim loop's backoff after a failed claim (see claimLoop()). */
   private endBackoff: (() => void) | undefined;
+  /** The LISTEN connection came back while no backoff was on: a claim failing now takes none. */
+  private reconnected = false;
   private woken = false;
   private stopping = false;
   private rotation = 0;
@@ -347,7 +349,8 @@ export class Worker {
         // prefetch on until the next one's notification.
         onListen: () => {
           this.clearDrained();
-          this.endBackoff?.();
+          if (this.endBackoff) this.endBackoff();
+          else this.reconnected = true;
           this.wake();
         },
       },
@@ -927,12 +930,19 @@ export class Worker {
     while (!this.stopping) {
       let claimed = 0;
       this.woken = false;
+      this.reconnected = false;
       try {
         claimed = await this.runOnce();
         failures = 0;
       } catch (err) {
         failures++;
         this.o.logger.warn({ err, workerId: this.id }, "claim failed; retrying");
+        // A stop or a reconnect that came while the claim was in flight: no backoff at all.
+        if (this.stopping) break;
+        if (this.reconnected) {
+          this.reconnected = false;
+          continue;
+        }
         // Cut short by stop() (a signal must not wait out up to 10 s before the shutdown grace even
         // starts) and by the LISTEN connection's reconnect (the database is back: work waiting in the
         // queue is claimed now, not at the end of the backoff); not by other wake-ups, which would

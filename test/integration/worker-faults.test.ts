@@ -407,3 +407,51 @@ test("stop() after a run of failed claims does not wait out the claim loop's bac
     await locked.close();
   }
 });
+
+test("stop() while a failing claim is in flight takes no backoff after it", async () => {
+  // Each claim waits 600 ms on a lock, then fails: stop() lands while one waits.
+  const url = new URL(db.url);
+  url.searchParams.set("lock_timeout", "600");
+  const app = "assay-faults-inflight";
+  const locked = createDatabase(url.toString(), { max: 3, applicationName: app });
+  let failedClaims = 0;
+  const logger = createLogger({ level: "warn" });
+  logger.warn = ((_obj: unknown, msg?: string) => {
+    if (msg === "claim failed; retrying") failedClaims++;
+  }) as typeof logger.warn;
+  const w = new Worker({
+    sql: locked.sql,
+    logger,
+    types: { "faults-inflight": { handler: async () => ({ status: "succeeded" }) } },
+    concurrency: 2,
+    leaseTtlMs: 60_000,
+    pollIntervalMs: 50,
+    retryBaseMs: 20,
+  });
+  const holder = await db.sql.reserve();
+  try {
+    await w.start();
+    await holder`begin`;
+    await holder`lock table runs in access exclusive mode`;
+    // After the third failure the next backoff would be 3.2 s (200 ms × 2^4).
+    await waitFor(async () => failedClaims >= 3, 20_000, "three failed claims");
+    await waitFor(
+      async () =>
+        (
+          await db.sql`
+            select 1 from pg_stat_activity
+            where application_name = ${app} and wait_event_type = 'Lock'`
+        ).length > 0,
+      10_000,
+      "the fourth claim waiting on the lock",
+    );
+    const began = performance.now();
+    await w.stop();
+    const ms = performance.now() - began;
+    assert.ok(ms < 2_000, `stop() took ${Math.round(ms)} ms`);
+  } finally {
+    await holder`rollback`.catch(() => {});
+    holder.release();
+    await locked.close();
+  }
+});
