@@ -126,11 +126,19 @@ export function renameInto(from: string, to: string): boolean {
 }
 
 /**
- * Task folders whose entry in `outputs/` this process has flushed (or made and flushed), most recent
- * last: a publish into one of them flushes `outputs/` no more (see publishFolder).
+ * Task folders whose entry in `outputs/` this process has flushed (or made and flushed), by path, with
+ * the folder's identity then (device, inode, birth time): a publish into the same folder flushes
+ * `outputs/` no more (see publishFolder). One pruned and made again since — by another worker, whose
+ * own flush of it may come after this one's completion — is another folder, and is flushed again.
+ * The oldest entries go first past FLUSHED_TASK_FOLDERS_KEPT.
  */
-const flushedTaskFolders = new Set<string>();
+const flushedTaskFolders = new Map<string, string>();
 const FLUSHED_TASK_FOLDERS_KEPT = 1000;
+
+function folderIdentity(dir: string): string {
+  const st = fs.statSync(dir);
+  return `${st.dev}:${st.ino}:${st.birthtimeMs}`;
+}
 
 /**
  * Publishes an attempt's output folder `from` as `to` (renameInto), durably: the completion that names
@@ -150,14 +158,16 @@ export async function publishFolder(root: string, from: string, to: string, name
   await syncFolder(to);
   const task = path.dirname(to);
   await syncFolder(task);
-  if (!made && flushedTaskFolders.has(task)) return;
+  const identity = folderIdentity(task);
+  if (!made && flushedTaskFolders.get(task) === identity) return;
   for (let dir = path.dirname(task); ; dir = path.dirname(dir)) {
     await syncFolder(dir);
     if (!made || dir === root || !dir.startsWith(root + path.sep)) break;
   }
-  flushedTaskFolders.add(task);
+  flushedTaskFolders.delete(task);
+  flushedTaskFolders.set(task, identity);
   if (flushedTaskFolders.size > FLUSHED_TASK_FOLDERS_KEPT)
-    flushedTaskFolders.delete(flushedTaskFolders.values().next().value as string);
+    flushedTaskFolders.delete(flushedTaskFolders.keys().next().value as string);
 }
 
 export class LocalStore implements ObjectStore {

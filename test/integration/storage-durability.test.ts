@@ -120,12 +120,20 @@ test("a run's outputs are flushed where they are published, before the completio
     fs.writeFileSync(path.join(out(n), "stats.csv"), `a,${n}\n`);
   }
   const key = (n: number) => `outputs/100000009/1000000009${n}.2.0e0e0e0e-0000-4000-8000-00000000000b`;
-  // Two runs of one task, published one after the other by one process.
+  fs.mkdirSync(out(3), { recursive: true });
+  fs.writeFileSync(path.join(out(3), "stats.json"), "{}");
+  // Two runs of one task, published one after the other by one process; then the task's folder is
+  // pruned and made again (as another worker's publish would), and a third run is published into it.
   const calls = await traced(
     root,
     `const { publishFolder } = await import(${JSON.stringify(path.join(ROOT, "src/storage/local.ts"))});
+const fs = await import("node:fs");
 for (const [from, to] of ${JSON.stringify([1, 2].map((n) => [out(n), key(n)]))})
-  await publishFolder(store.root, from, store.localPath(to), ["stats.json", "stats.csv"]);`,
+  await publishFolder(store.root, from, store.localPath(to), ["stats.json", "stats.csv"]);
+const task = store.localPath("outputs/100000009");
+fs.rmSync(task, { recursive: true });
+fs.mkdirSync(task);
+await publishFolder(store.root, ${JSON.stringify(out(3))}, store.localPath(${JSON.stringify(key(3))}), ["stats.json"]);`,
   );
   let at = 0;
   for (const n of [1, 2]) {
@@ -151,9 +159,10 @@ for (const [from, to] of ${JSON.stringify([1, 2].map((n) => [out(n), key(n)]))})
       );
   }
   // The second run's publish flushed outputs/ no more: its entry for the task's folder already was.
+  // The third's did: the folder made again since is another folder.
   const outputsFlushes = calls.filter((c) =>
     new RegExp(`fsync\\(\\d+<${literal(path.join(root, "outputs"))}>`).test(c),
   );
-  assert.equal(outputsFlushes.length, 1, calls.join("\n"));
-  assert.equal(fs.readFileSync(path.join(root, key(2), "stats.csv"), "utf8"), "a,2\n");
+  assert.equal(outputsFlushes.length, 2, calls.join("\n"));
+  assert.equal(fs.readFileSync(path.join(root, key(3), "stats.json"), "utf8"), "{}");
 });
