@@ -180,7 +180,8 @@ export async function serveCommand(
   /** The HTTP API listens: its requests may be using the pool. */
   let listening = false;
 
-  process.on("unhandledRejection", rejectionHandler(logger));
+  const onRejection = rejectionHandler(logger);
+  process.on("unhandledRejection", onRejection);
   // Installed before anything is opened: a signal during start-up (waiting for the store, starting or
   // migrating the embedded database) ends the step in progress and closes what was opened, instead of
   // killing the process and leaving a detached embedded PostgreSQL behind.
@@ -306,7 +307,12 @@ export async function serveCommand(
       logger.warn({ err: closeErr }, "could not close everything start-up opened");
     }
     // Last: until now a signal still closed in order; after this, the process simply exits.
-    if (!shutdown.signal.aborted) closer.uninstall();
+    if (!shutdown.signal.aborted) {
+      closer.uninstall();
+      // With close-with-grace's listener gone, it would pass rejections on to nobody: Node's own
+      // handling (a crash) is back.
+      process.off("unhandledRejection", onRejection);
+    }
     throw explained(err);
   }
   // Keeps running until a signal; close-with-grace exits the process when shutdown is done.

@@ -204,8 +204,11 @@ function redirected(shownUrl: string, from: URL, location: string | null): Conne
   let to = "elsewhere";
   try {
     const u = new URL(location ?? "", from);
+    // Never its credentials or query (a presigned address carries its signature there).
     u.username = "";
     u.password = "";
+    u.search = "";
+    u.hash = "";
     if (location) to = u.href;
   } catch {
     // A Location that is not a URL: where does not matter, only that it is not the API.

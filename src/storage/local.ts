@@ -154,10 +154,17 @@ function folderIdentity(dir: string): string {
  */
 export async function publishFolder(root: string, from: string, to: string, names: readonly string[]) {
   const made = renameInto(from, to);
-  for (const n of names) await syncFile(path.join(to, n));
-  await syncFolder(to);
   const task = path.dirname(to);
-  await syncFolder(task);
+  try {
+    for (const n of names) await syncFile(path.join(to, n));
+    await syncFolder(to);
+    await syncFolder(task);
+  } catch (err) {
+    // Not published after all (the attempt fails, and is retried): nothing of it stays in the store
+    // for the sweep to find a day later.
+    await fsp.rm(to, { recursive: true, force: true }).catch(() => {});
+    throw err;
+  }
   const identity = folderIdentity(task);
   if (!made && flushedTaskFolders.get(task) === identity) return;
   for (let dir = path.dirname(task); ; dir = path.dirname(dir)) {

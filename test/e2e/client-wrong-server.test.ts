@@ -71,7 +71,10 @@ test("a redirect is not followed: exit 3 saying where it points, and the token g
     if (req.method === "GET" && req.url?.startsWith("/api/files"))
       return json(res, 200, { code: "OK", message: "OK", data: { items: [], nextCursor: null } });
     req.resume();
-    res.writeHead(req.method === "POST" ? 307 : 301, { location: `${target.url}${req.url}` });
+    // A presigned-looking query: where it points is said, its secrets are not.
+    res.writeHead(req.method === "POST" ? 307 : 301, {
+      location: `${target.url}${req.url}${req.url?.includes("?") ? "&" : "?"}X-Amz-Signature=s3cr3t`,
+    });
     res.end();
   });
   const file = path.join(work, "relevé — ✓ 1000000.csv");
@@ -83,6 +86,7 @@ test("a redirect is not followed: exit 3 saying where it points, and the token g
       assert.equal(r.code, 3, r.stderr);
       assert.equal(r.error?.code, "CONNECTION_FAILED", r.stdout);
       assert.match(String(r.error?.message), new RegExp(`redirect to ${target.url}/api/`));
+      assert.doesNotMatch(`${r.stdout}${r.stderr}`, /s3cr3t/);
     }
     assert.equal(elsewhere.length, 0, "nothing was sent where the redirect pointed");
   } finally {

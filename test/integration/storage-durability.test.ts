@@ -8,6 +8,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, test } from "node:test";
+import { LocalStore, publishFolder } from "../../src/storage/local.ts";
 import { ROOT } from "../helpers/cli.ts";
 
 const scratch = fs.mkdtempSync(path.join(os.tmpdir(), "assay-durable-"));
@@ -165,4 +166,16 @@ await publishFolder(store.root, ${JSON.stringify(out(3))}, store.localPath(${JSO
   );
   assert.equal(outputsFlushes.length, 2, calls.join("\n"));
   assert.equal(fs.readFileSync(path.join(root, key(3), "stats.json"), "utf8"), "{}");
+});
+
+test("a publish whose flush fails after the rename leaves nothing published", async () => {
+  const root = path.join(scratch, "data-failing");
+  const from = path.join(scratch, "attempt-failing", "out");
+  fs.mkdirSync(from, { recursive: true });
+  fs.writeFileSync(path.join(from, "stats.json"), "{}");
+  const store = new LocalStore(root);
+  const to = store.localPath("outputs/100000010/10000000101.1.0e0e0e0e-0000-4000-8000-00000000000c");
+  // A file the caller names that is not there: its flush fails after the folder was renamed.
+  await assert.rejects(publishFolder(store.root, from, to, ["stats.json", "gone.json"]), /ENOENT/);
+  assert.equal(fs.existsSync(to), false, "the renamed folder is removed");
 });
