@@ -370,49 +370,14 @@ test("the reaper takes back an attempt whose outcome waits in the completion del
   }
 });
 
-test("stop() after a run of failed claims does not wait out the claim loop's backoff", async () => {
-  // Claims fail at once (a lock on runs, and a lock_timeout of 1 ms on the worker's connections);
-  // nothing else the worker does touches runs while it holds nothing.
+/**
+ * A worker whose claims fail while `runs` is locked (`lockRuns`): each waits `lockTimeoutMs` on the
+ * lock, then fails (nothing else the worker does touches runs while it holds nothing). `failed()`
+ * counts the failed claims; `stopMs()` times its stop(); `close()` releases everything.
+ */
+async function lockedOutWorker(app: string, lockTimeoutMs: number) {
   const url = new URL(db.url);
-  url.searchParams.set("lock_timeout", "1");
-  const locked = createDatabase(url.toString(), { max: 3, applicationName: "assay-faults-locked" });
-  let failedClaims = 0;
-  const logger = createLogger({ level: "warn" });
-  logger.warn = ((_obj: unknown, msg?: string) => {
-    if (msg === "claim failed; retrying") failedClaims++;
-  }) as typeof logger.warn;
-  const w = new Worker({
-    sql: locked.sql,
-    logger,
-    types: { "faults-locked": { handler: async () => ({ status: "succeeded" }) } },
-    concurrency: 2,
-    leaseTtlMs: 60_000,
-    pollIntervalMs: 50,
-    retryBaseMs: 20,
-  });
-  const holder = await db.sql.reserve();
-  try {
-    await w.start();
-    await holder`begin`;
-    await holder`lock table runs in access exclusive mode`;
-    // The fourth failure's backoff is 3.2 s (200 ms × 2^4).
-    await waitFor(async () => failedClaims >= 4, 20_000, "four failed claims");
-    const began = performance.now();
-    await w.stop();
-    const ms = performance.now() - began;
-    assert.ok(ms < 1_500, `stop() took ${Math.round(ms)} ms`);
-  } finally {
-    await holder`rollback`.catch(() => {});
-    holder.release();
-    await locked.close();
-  }
-});
-
-test("stop() while a failing claim is in flight takes no backoff after it", async () => {
-  // Each claim waits 600 ms on a lock, then fails: stop() lands while one waits.
-  const url = new URL(db.url);
-  url.searchParams.set("lock_timeout", "600");
-  const app = "assay-faults-inflight";
+  url.searchParams.set("lock_timeout", String(lockTimeoutMs));
   const locked = createDatabase(url.toString(), { max: 3, applicationName: app });
   let failedClaims = 0;
   const logger = createLogger({ level: "warn" });
@@ -422,19 +387,55 @@ test("stop() while a failing claim is in flight takes no backoff after it", asyn
   const w = new Worker({
     sql: locked.sql,
     logger,
-    types: { "faults-inflight": { handler: async () => ({ status: "succeeded" }) } },
+    types: { [app]: { handler: async () => ({ status: "succeeded" }) } },
     concurrency: 2,
     leaseTtlMs: 60_000,
     pollIntervalMs: 50,
     retryBaseMs: 20,
   });
   const holder = await db.sql.reserve();
+  await w.start();
+  return {
+    lockRuns: async () => {
+      await holder`begin`;
+      await holder`lock table runs in access exclusive mode`;
+    },
+    failed: () => failedClaims,
+    stopMs: async () => {
+      const began = performance.now();
+      await w.stop();
+      return performance.now() - began;
+    },
+    close: async () => {
+      await holder`rollback`.catch(() => {});
+      holder.release();
+      await w.stop();
+      await locked.close();
+    },
+  };
+}
+
+test("stop() after a run of failed claims does not wait out the claim loop's backoff", async () => {
+  const x = await lockedOutWorker("assay-faults-locked", 1);
   try {
-    await w.start();
-    await holder`begin`;
-    await holder`lock table runs in access exclusive mode`;
+    await x.lockRuns();
+    // The fourth failure's backoff is 3.2 s (200 ms × 2^4).
+    await waitFor(async () => x.failed() >= 4, 20_000, "four failed claims");
+    const ms = await x.stopMs();
+    assert.ok(ms < 1_500, `stop() took ${Math.round(ms)} ms`);
+  } finally {
+    await x.close();
+  }
+});
+
+test("stop() while a failing claim is in flight takes no backoff after it", async () => {
+  // Each claim waits 600 ms on the lock, then fails: stop() lands while one waits.
+  const app = "assay-faults-inflight";
+  const x = await lockedOutWorker(app, 600);
+  try {
+    await x.lockRuns();
     // After the third failure the next backoff would be 3.2 s (200 ms × 2^4).
-    await waitFor(async () => failedClaims >= 3, 20_000, "three failed claims");
+    await waitFor(async () => x.failed() >= 3, 20_000, "three failed claims");
     await waitFor(
       async () =>
         (
@@ -445,13 +446,9 @@ test("stop() while a failing claim is in flight takes no backoff after it", asyn
       10_000,
       "the fourth claim waiting on the lock",
     );
-    const began = performance.now();
-    await w.stop();
-    const ms = performance.now() - began;
+    const ms = await x.stopMs();
     assert.ok(ms < 2_000, `stop() took ${Math.round(ms)} ms`);
   } finally {
-    await holder`rollback`.catch(() => {});
-    holder.release();
-    await locked.close();
+    await x.close();
   }
 });
