@@ -7,10 +7,10 @@ import os from "node:os";
 import path from "node:path";
 import { after, test } from "node:test";
 import { freePort } from "../../src/db/embedded.ts";
-import { cleanEnv, collect, ROOT, spawnCli, watch } from "../helpers/cli.ts";
+import { cleanEnv, collect, ROOT, removeWithClusters, spawnCli, watch } from "../helpers/cli.ts";
 
 const home = fs.mkdtempSync(path.join(os.tmpdir(), "assay-embedded-")); // mode 0700: only its owner reads it
-after(() => fs.rmSync(home, { recursive: true, force: true }));
+after(() => removeWithClusters(home));
 
 function postmasterPid(dataDir: string): number | undefined {
   try {

@@ -1,7 +1,9 @@
 // Runs the real CLI (`node bin/assay.js`) as a child process.
 import { type ChildProcess, spawn } from "node:child_process";
+import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { STAGE_ROOT } from "../../src/db/embedded.ts";
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..");
 export const ASSAY_BIN = path.join(ROOT, "bin", "assay.js");
@@ -102,4 +104,30 @@ export function watch(child: ChildProcess): Watched {
         check();
       }),
   };
+}
+
+/**
+ * Removes `root`, and first the embedded clusters its data dirs' `pg` links point to under
+ * STAGE_ROOT/clusters (as root a data dir's cluster lives there, and removing the data dir leaves it:
+ * each test file that ran `assay` on one left ~50 MB behind). The servers must be stopped.
+ */
+export function removeWithClusters(root: string): void {
+  const clusters = path.join(STAGE_ROOT, "clusters") + path.sep;
+  const walk = (dir: string, depth: number): void => {
+    let entries: fs.Dirent[];
+    try {
+      entries = fs.readdirSync(dir, { withFileTypes: true });
+    } catch {
+      return;
+    }
+    for (const e of entries) {
+      const full = path.join(dir, e.name);
+      if (e.isSymbolicLink() && e.name === "pg") {
+        const target = path.resolve(dir, fs.readlinkSync(full));
+        if (target.startsWith(clusters)) fs.rmSync(target, { recursive: true, force: true });
+      } else if (e.isDirectory() && depth < 4) walk(full, depth + 1);
+    }
+  };
+  walk(root, 0);
+  fs.rmSync(root, { recursive: true, force: true });
 }
