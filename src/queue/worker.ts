@@ -840,8 +840,8 @@ export class Worker {
    * attempt used up — at one attempt, failed ANALYSIS_WORKER_UNAVAILABLE without ever running.
    * Every lease this worker holds in any form is known, and no claim of its own is in flight (the
    * loop's is over; a newcomer's is awaited, and none starts while the flag is set): a run leased
-   * here beyond those is such a run. They are claimed again with a fresh lease (runClaimOrphans) and
-   * placed like any claim's; one a cancel reached meanwhile ends cancelled. Throws when the statement
+   * here beyond those is such a run. Their leases are extended, tokens kept (runClaimOrphans), and
+   * they are placed like any claim's; one a cancel reached meanwhile ends cancelled. Throws when the statement
    * fails (the flag stays: the loop's next cycle, after its backoff, looks again).
    */
   private async adoptOrphans(): Promise<void> {

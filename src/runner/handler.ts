@@ -67,7 +67,7 @@ const attemptDir = (workDir: string, run: ClaimedRun) =>
  * when it is kept (the scratch folder is under the data directory: one filesystem).
  */
 function localPlace(
-  store: ObjectStore & { localPath(key: string): string },
+  store: ObjectStore & { localPath(key: string): string; root: string },
   workDir: string,
   run: ClaimedRun,
   outputKey: string,
@@ -96,7 +96,7 @@ function localPlace(
     // store prunes empty folders) removes it before the rename; on disk before the completion commits.
     keep: async (files) =>
       publishFolder(
-        path.dirname(store.localPath("outputs")),
+        store.root,
         outputDir,
         store.localPath(`outputs/${outputKey}`),
         files.map((f) => f.name),
@@ -252,7 +252,12 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
     let place: AttemptPlace;
     try {
       place = store.localPath
-        ? localPlace(store as ObjectStore & { localPath(key: string): string }, deps.workDir, run, outputKey)
+        ? localPlace(
+            store as ObjectStore & { localPath(key: string): string; root: string },
+            deps.workDir,
+            run,
+            outputKey,
+          )
         : await remotePlace(store, deps.workDir, run, outputKey, signal);
     } catch (err) {
       if (err instanceof ObjectMissingError || /storage key/.test(String(err))) {

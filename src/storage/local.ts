@@ -100,6 +100,14 @@ async function syncFile(file: string): Promise<void> {
 /** Flushes a folder's entries (a rename into it, a folder made in it) to the disk. */
 const syncFolder = syncFile;
 
+/** Flushes `dir`, and when `made` (a rename made the folders), each folder above it up to `root`. */
+async function syncUp(root: string, dir: string, made: boolean): Promise<void> {
+  for (; ; dir = path.dirname(dir)) {
+    await syncFolder(dir);
+    if (!made || dir === root || !dir.startsWith(root + path.sep)) return;
+  }
+}
+
 /** Renames tried when the target's folder keeps vanishing (see renameInto). */
 const RENAME_TRIES = 5;
 
@@ -167,10 +175,7 @@ export async function publishFolder(root: string, from: string, to: string, name
   }
   const identity = folderIdentity(task);
   if (!made && flushedTaskFolders.get(task) === identity) return;
-  for (let dir = path.dirname(task); ; dir = path.dirname(dir)) {
-    await syncFolder(dir);
-    if (!made || dir === root || !dir.startsWith(root + path.sep)) break;
-  }
+  await syncUp(root, path.dirname(task), made);
   flushedTaskFolders.delete(task);
   flushedTaskFolders.set(task, identity);
   if (flushedTaskFolders.size > FLUSHED_TASK_FOLDERS_KEPT)
@@ -224,10 +229,7 @@ export class LocalStore implements ObjectStore {
       await fsp.mkdir(path.dirname(target), { recursive: true });
       made = true;
     }
-    for (let dir = path.dirname(target); ; dir = path.dirname(dir)) {
-      await syncFolder(dir);
-      if (!made || dir === this.root || !dir.startsWith(this.root + path.sep)) return;
-    }
+    await syncUp(this.root, path.dirname(target), made);
   }
 
   async put(key: string, source: Readable, maxBytes = Number.POSITIVE_INFINITY): Promise<PutResult> {

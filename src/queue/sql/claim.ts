@@ -527,7 +527,7 @@ export async function runClaimTurn(
 
 /**
  * Runs leased to `workerId` that it does not know it holds (`known`: every lease it holds in any
- * form), claimed again by it with a fresh lease and returned as a claim returns them, with their
+ * form), their lease extended (its token kept) and returned as a claim returns them, with their
  * status (`cancelling` when a cancel came meanwhile). They are what a claim committed when its answer
  * was lost (the connection dropped after the commit): leased here, never started nor heartbeated,
  * until the reaper took them back after the lease with an attempt used up — failed
