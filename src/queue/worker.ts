@@ -218,6 +218,11 @@ export function autoPrefetchRuns(
 }
 /** Delay before retrying a failed completion write (e.g. the database is down). */
 const FLUSH_RETRY_MS = 1000;
+/**
+ * After a failed claim, the worker looks for runs it may have taken again and again, at most this
+ * often (a quarter of the lease when that is shorter), until a lease has passed (adoptOrphans()).
+ */
+export const ORPHAN_RELOOK_MS = 1000;
 const DEFAULT_TIMEOUT_MS = 600_000;
 /** Each successful attempt's weight in its type's running mean of durations (Worker.attemptSeconds). */
 const ATTEMPT_MEAN_WEIGHT = 0.2;
@@ -300,6 +305,15 @@ export class Worker {
    * here that the worker does not know of. Set until adoptOrphans() has looked (see there).
    */
   private orphanCheck = false;
+  /**
+   * Until when (performance.now()) the looks go on after the last failed claim: a claim whose
+   * connection broke while the server still ran it (waiting on a lock, say) commits after the first
+   * look, whenever it ends; its runs' lease runs out a lease after it was sent (see adoptOrphans()).
+   */
+  private orphanWatchUntil = 0;
+  private orphanLookedAt = 0;
+  /** A look is in flight: no newcomer's claim starts (its runs would look like orphans). */
+  private orphanLooking = false;
   /** The runs of the completion and retry statements in flight (flushAll): leases held all the same. */
   private writing: ClaimedRun[] = [];
   /** Lease tokens of attempts whose ending could not be written at all (refused): left to the reaper. */
@@ -406,7 +420,7 @@ export class Worker {
    */
   private claimNewcomer(payload: string): void {
     // Not while runs a failed claim may have taken are to be looked for (adoptOrphans()).
-    if (this.stopping || this.newcomerFlight || this.orphanCheck) return;
+    if (this.stopping || this.newcomerFlight || this.orphanCheck || this.orphanLooking) return;
     const task = parseCreated(payload);
     if (!task) return;
     const type = task.type;
@@ -424,7 +438,7 @@ export class Worker {
         );
       } catch (err) {
         // It may have committed (adoptOrphans(), before the loop's next claim: wake() below).
-        this.orphanCheck = true;
+        this.suspectOrphans();
         this.o.logger.warn(
           { err, workerId: this.id, analysisType: type },
           "a newcomer's claim failed (its run waits for its turn)",
@@ -524,7 +538,7 @@ export class Worker {
    * runs claimed.
    */
   async runOnce(): Promise<number> {
-    if (this.orphanCheck) await this.adoptOrphans();
+    if (this.orphanLookDue()) await this.adoptOrphans();
     this.drainBuffer();
     // A newcomer's claim in flight takes a slot too (roomForNewcomer()).
     const base = this.claimableSlots() - this.buffer.length - (this.newcomerFlight ? 1 : 0);
@@ -591,7 +605,7 @@ export class Worker {
         runs = await this.claim(this.claimOptions(type, want, quantum));
       } catch (err) {
         // It may have committed, its answer lost: the next cycle looks first (adoptOrphans()).
-        this.orphanCheck = true;
+        this.suspectOrphans();
         // The claim took the type's wake-up (claim() consumes `notified`): the claim after the
         // error's backoff must not skip the type for a mark of before.
         this.drained.delete(type);
@@ -824,7 +838,7 @@ export class Worker {
     try {
       return [...claimed, ...(await more())];
     } catch (err) {
-      this.orphanCheck = true;
+      this.suspectOrphans();
       this.o.logger.warn(
         { err, workerId: this.id, analysisType: claimed[0]?.analysisType, claimed: claimed.length },
         "a claim after a committed one failed (the runs claimed first start)",
@@ -833,27 +847,60 @@ export class Worker {
     }
   }
 
+  /** A claim of this worker's failed: it may have committed, now or later (see adoptOrphans()). */
+  private suspectOrphans(): void {
+    this.orphanCheck = true;
+    this.orphanWatchUntil = performance.now() + this.o.leaseTtlMs;
+  }
+
+  /** How long after a look the next is due while the watch lasts. */
+  private orphanRelookMs(): number {
+    return Math.min(ORPHAN_RELOOK_MS, this.o.leaseTtlMs / 4);
+  }
+
+  /** A look is due: after a failed claim, then every orphanRelookMs() until the watch ends. */
+  private orphanLookDue(): boolean {
+    if (this.orphanCheck) return true;
+    const now = performance.now();
+    return now < this.orphanWatchUntil && now - this.orphanLookedAt >= this.orphanRelookMs();
+  }
+
   /**
    * After a claim of this worker's failed (`orphanCheck`), before the next: a claim whose commit
    * succeeded but whose answer was lost (the connection dropped in between) left runs leased here
    * that nothing would start or heartbeat, until the reaper took them back after the lease with an
    * attempt used up — at one attempt, failed ANALYSIS_WORKER_UNAVAILABLE without ever running.
    * Every lease this worker holds in any form is known, and no claim of its own is in flight (the
-   * loop's is over; a newcomer's is awaited, and none starts while the flag is set): a run leased
-   * here beyond those is such a run. Their leases are extended, tokens kept (runClaimOrphans), and
-   * they are placed like any claim's; one a cancel reached meanwhile ends cancelled. Throws when the statement
-   * fails (the flag stays: the loop's next cycle, after its backoff, looks again).
+   * loop's is over; a newcomer's is awaited, and none starts during a look): a run leased here beyond
+   * those is such a run. Their leases are extended, tokens kept (runClaimOrphans), and they are placed
+   * like any claim's; one a cancel reached meanwhile ends cancelled. One look is not enough: a claim
+   * whose connection broke while the server still ran it (waiting on a lock a big create holds, say)
+   * commits whenever it ends, after the first look has seen the old rows. So the claim loop looks
+   * again every orphanRelookMs() for a lease after the last failed claim (orphanWatchUntil): the runs
+   * of a claim sent before the failure are leased until at most a lease after it, and the reaper
+   * takes what comes later. Throws when the statement fails (the flag stays: the loop's next cycle,
+   * after its backoff, looks again).
    */
   private async adoptOrphans(): Promise<void> {
-    await this.newcomerFlight;
-    const known: Lease[] = [
-      ...this.heldLeases(),
-      ...this.writing.map((r) => ({ id: r.id, token: r.leaseToken })),
-      ...[...this.abandoned].map((token) => ({ id: 0, token })),
-    ];
-    const found = await runClaimOrphans(this.o.sql, this.id, known, this.o.leaseTtlMs);
+    this.orphanLooking = true;
+    let found: Awaited<ReturnType<typeof runClaimOrphans>>;
+    try {
+      await this.newcomerFlight;
+      const known: Lease[] = [
+        ...this.heldLeases(),
+        ...this.writing.map((r) => ({ id: r.id, token: r.leaseToken })),
+        ...[...this.abandoned].map((token) => ({ id: 0, token })),
+      ];
+      found = await runClaimOrphans(this.o.sql, this.id, known, this.o.leaseTtlMs);
+    } finally {
+      this.orphanLooking = false;
+    }
     this.orphanCheck = false;
-    if (found.length === 0) return;
+    this.orphanLookedAt = performance.now();
+    if (found.length === 0) {
+      this.o.logger.debug({ workerId: this.id }, "looked for runs a failed claim had taken: none");
+      return;
+    }
     this.o.logger.warn(
       { workerId: this.id, runIds: found.map((r) => r.id) },
       "runs a failed claim had taken (its answer was lost) are this worker's: started here",
@@ -961,11 +1008,20 @@ export class Worker {
       if (this.woken || (claimed > 0 && this.freeSlots() > 0)) continue;
       await new Promise<void>((resolve) => {
         // The poll: work that came without a wake-up (a run another worker or the reaper put back,
-        // one whose backoff ran out) is found by claiming every type again.
-        const timer = setTimeout(() => {
-          this.clearDrained();
-          resolve();
-        }, jitter(this.o.pollIntervalMs));
+        // one whose backoff ran out) is found by claiming every type again. A look for runs a failed
+        // claim took (adoptOrphans()) that is due sooner ends the wait without that.
+        const poll = jitter(this.o.pollIntervalMs);
+        const look =
+          performance.now() < this.orphanWatchUntil
+            ? Math.max(0, this.orphanLookedAt + this.orphanRelookMs() - performance.now())
+            : Number.POSITIVE_INFINITY;
+        const timer = setTimeout(
+          () => {
+            if (poll <= look) this.clearDrained();
+            resolve();
+          },
+          Math.min(poll, look),
+        );
         this.wakeUp = () => {
           clearTimeout(timer);
           resolve();
@@ -1587,8 +1643,9 @@ export class Worker {
     this.wake();
     await this.loop;
     await this.newcomerFlight;
-    // Runs a failed claim may have taken: found, they go back below with the buffer, refunded.
-    if (this.orphanCheck)
+    // Runs a failed claim may have taken: found, they go back below with the buffer, refunded. A
+    // claim that commits after this look leaves its runs to the reaper.
+    if (this.orphanCheck || performance.now() < this.orphanWatchUntil)
       await this.adoptOrphans().catch((err: unknown) =>
         this.o.logger.warn({ err, workerId: this.id }, "could not look for runs a failed claim had taken"),
       );
