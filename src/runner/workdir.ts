@@ -20,6 +20,13 @@ export const WORKDIR_TOUCH_MS = 60_000;
 export const WORKDIR_ABANDONED_MS = 60 * 60_000;
 /** How often a worker looks for leftovers (besides at start). */
 const SWEEP_EVERY_TOUCHES = 10;
+/**
+ * The folders this process has open. Its own pid on a folder of its own machine proves nothing more:
+ * a container restarted in place gets the same hostname, boot and — a few seconds after the old one is
+ * gone — the same pid namespace inode, and its worker the same pid, so the killed worker's folder (with
+ * its fetched inputs) read as the live worker's own and was never removed.
+ */
+const OWN_FOLDERS = new Set<string>();
 
 export interface WorkDir {
   readonly dir: string;
@@ -54,8 +61,8 @@ async function abandoned(root: string, name: string, tag: string, now: number): 
   const m = /^([0-9a-f]{12})\.(\d+)\.[0-9a-f]+$/.exec(name);
   if (m?.[1] === tag) {
     const pid = Number(m[2]);
-    // Same machine and namespace: the pid is the truth (ours, the one this process is, excepted).
-    return pid !== process.pid && !isAlive(pid);
+    // Same machine and namespace: the pid is the truth; this process's pid, only its open folders.
+    return pid === process.pid ? !OWN_FOLDERS.has(name) : !isAlive(pid);
   }
   const stat = await fsp.stat(path.join(root, name)).catch(() => undefined);
   return stat !== undefined && now - stat.mtimeMs > WORKDIR_ABANDONED_MS;
@@ -107,8 +114,16 @@ export async function openWorkDir(dataDir: string, o: { touchMs?: number } = {})
   await fsp.mkdir(root, { recursive: true, mode: 0o700 });
   const tag = machineTag();
   await sweepWorkDirs(root, tag);
-  const dir = path.join(root, `${tag}.${process.pid}.${randomBytes(4).toString("hex")}`);
-  await fsp.mkdir(dir, { mode: 0o700 });
+  const name = `${tag}.${process.pid}.${randomBytes(4).toString("hex")}`;
+  const dir = path.join(root, name);
+  // Before the folder exists: another sweep of this process must never see it unclaimed.
+  OWN_FOLDERS.add(name);
+  try {
+    await fsp.mkdir(dir, { mode: 0o700 });
+  } catch (err) {
+    OWN_FOLDERS.delete(name);
+    throw err;
+  }
   let touches = 0;
   const timer = setInterval(() => {
     const now = new Date();
@@ -120,7 +135,11 @@ export async function openWorkDir(dataDir: string, o: { touchMs?: number } = {})
     dir,
     close: async () => {
       clearInterval(timer);
-      await removeTree(dir);
+      try {
+        await removeTree(dir);
+      } finally {
+        OWN_FOLDERS.delete(name);
+      }
     },
   };
 }

@@ -9,7 +9,6 @@ import {
   AbortMultipartUploadCommand,
   DeleteObjectsCommand,
   GetObjectCommand,
-  HeadBucketCommand,
   ListMultipartUploadsCommand,
   ListObjectsV2Command,
   NoSuchKey,
@@ -268,17 +267,31 @@ export class S3Store implements ObjectStore {
   }
 
   /**
-   * Throws when the bucket cannot be used, saying why in words: HeadBucket's answers have no body, so
-   * the SDK's own error for a missing bucket reads "NotFound: UnknownError". The cause is kept.
+   * Throws when the bucket cannot be used, saying why in words (the SDK's own words for a missing
+   * bucket, a missing region or a page that is not S3's are no help). It lists one key under the
+   * prefix: an answer must be S3's listing of the bucket. HeadBucket, used until 2026-12-06, took any
+   * 200 — an ASSAY_S3_ENDPOINT that names a web page (a MinIO console's port, a proxy's default site)
+   * passed, uploads were then "stored" into it (a PutObject's 200 has no body to read either) and every
+   * run analysed the page it served as its input. A listing under the prefix is also what credentials
+   * limited to the prefix (an `s3:prefix` condition) allow, which HeadBucket's request never matches.
+   * The cause is kept.
    */
   async check(): Promise<void> {
+    let name: string | undefined;
     try {
-      await this.client.send(new HeadBucketCommand({ Bucket: this.bucket }), {
-        abortSignal: AbortSignal.timeout(this.checkTimeoutMs),
-      });
+      const res = await this.client.send(
+        new ListObjectsV2Command({ Bucket: this.bucket, Prefix: this.prefix, MaxKeys: 1 }),
+        { abortSignal: AbortSignal.timeout(this.checkTimeoutMs) },
+      );
+      name = res.Name;
     } catch (err) {
       throw this.explained(err);
     }
+    if (name !== this.bucket) throw new Error(this.notS3());
+  }
+
+  private notS3(): string {
+    return `the store${this.where} did not answer as an S3 service: ASSAY_S3_ENDPOINT must be the URL of its S3 API (not of a console or a web page)`;
   }
 
   private explained(err: unknown): unknown {
@@ -290,14 +303,21 @@ export class S3Store implements ObjectStore {
     else if (status === 403)
       message = `access to the bucket ${bucket}${this.where} is denied: check the credentials (the AWS SDK's default chain) and what they may do`;
     else if (status === 301 || status === 400) {
-      const region = (err as { $response?: { headers?: Record<string, string> } }).$response?.headers?.[
-        "x-amz-bucket-region"
-      ];
-      message = region
-        ? `the bucket ${bucket} is in the region ${region}: set ASSAY_S3_REGION=${region}`
-        : `the store refused to look at the bucket ${bucket}${this.where} (HTTP ${status}): check ASSAY_S3_REGION and ASSAY_S3_FORCE_PATH_STYLE`;
-    } else if (name === "AbortError" || name === "TimeoutError")
+      const region =
+        (err as { $response?: { headers?: Record<string, string> } }).$response?.headers?.[
+          "x-amz-bucket-region"
+        ] ?? (err as { Region?: unknown }).Region;
+      message =
+        typeof region === "string" && region !== ""
+          ? `the bucket ${bucket} is in the region ${region}: set ASSAY_S3_REGION=${region}`
+          : `the store refused to look at the bucket ${bucket}${this.where} (HTTP ${status}): check ASSAY_S3_REGION and ASSAY_S3_FORCE_PATH_STYLE`;
+    } else if (status !== undefined && status >= 200 && status < 300)
+      // A 2xx whose body the SDK could not read as S3's (an HTML page).
+      message = this.notS3();
+    else if (name === "AbortError" || name === "TimeoutError")
       message = `the store${this.where} did not answer within ${this.checkTimeoutMs} ms`;
+    else if (err instanceof Error && /^Region is missing/.test(err.message))
+      message = "the AWS SDK found no region: set ASSAY_S3_REGION (or AWS_REGION)";
     return message === undefined ? err : new Error(message, { cause: err });
   }
 
