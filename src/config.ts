@@ -114,7 +114,10 @@ const FIELDS = {
   },
   s3Bucket: {
     env: "ASSAY_S3_BUCKET",
-    schema: Type.String({ minLength: 3, maxLength: 63 }),
+    // S3's rules for bucket names, with upper case and `_` allowed as legacy buckets and some
+    // S3-compatible services have them: a `/` or a space made every request a warning and a retry.
+    schema: Type.String({ pattern: "^[A-Za-z0-9][A-Za-z0-9._-]{1,61}[A-Za-z0-9]$" }),
+    hint: "must be a bucket name: 3–63 letters, digits, '.', '-' or '_', starting and ending with a letter or digit",
     optional: true,
     description:
       "With ASSAY_STORAGE=s3: the bucket (required). Credentials come from the AWS SDK's default chain.",

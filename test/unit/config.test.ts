@@ -237,6 +237,20 @@ test("digits are a number only where the field is numeric: HOST=10 and a bucket 
   assert.equal(c.port, 8080);
 });
 
+test("a bucket name S3 would refuse (a path, a space, too short or long) is refused at start-up, saying what a name is", () => {
+  for (const bad of ["assay/prod", "assay prod", "ab", "a".repeat(64), "-assay", "assay.", "bücket"]) {
+    assert.throws(
+      () => loadConfig({ ASSAY_STORAGE: "s3", ASSAY_S3_BUCKET: bad }),
+      (err: unknown) =>
+        err instanceof ConfigError &&
+        err.problems.some((p) => p.startsWith("ASSAY_S3_BUCKET=") && p.includes("must be a bucket name")),
+      bad,
+    );
+  }
+  for (const good of ["abc", "assay-prod.eu_1", "Legacy_Bucket", "a".repeat(63)])
+    assert.equal(loadConfig({ ASSAY_STORAGE: "s3", ASSAY_S3_BUCKET: good }).s3Bucket, good);
+});
+
 test("a path, host or name with white space at an end or a control character (a CRLF env file) is refused", () => {
   const why =
     "must not begin or end with white space, nor hold control characters (a line ending from a file written on Windows?)";
