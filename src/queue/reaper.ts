@@ -35,6 +35,16 @@ const DEFAULT_BATCH = 500;
 export class Reaper extends IntervalService<ReapPass> {
   private readonly o: ReaperOptions;
 
+  /**
+   * Set when a pass found the database unreachable (it failed before any statement answered): no
+   * worker could heartbeat its leases or advertise its types meanwhile either, so what expired then
+   * says nothing about them. `since`: when a later pass reached it again (performance.now()). Until a
+   * lease TTL after that, no lease is taken back nor worker row deleted; until ASSAY_WORKER_WAIT_MS
+   * after it, no type is judged unserved. (The first pass after an outage longer than a lease took
+   * back every live run, ahead of the heartbeats that would have renewed them.)
+   */
+  private outage: { since?: number } | undefined;
+
   constructor(o: ReaperOptions) {
     super("reaper", o.intervalMs, o.logger);
     this.o = o;
@@ -45,21 +55,44 @@ export class Reaper extends IntervalService<ReapPass> {
     const batchSize = this.o.batchSize ?? DEFAULT_BATCH;
     const options = { batchSize, retryBaseMs: this.o.retryBaseMs, workerWaitMs: this.o.workerWaitMs };
     const total: ReapPass = { requeued: 0, failed: 0, cancelled: 0, finishedTasks: 0, staleWorkers: 0 };
+    let answered = false;
     const add = (r: ReapResult) => {
+      answered = true;
       total.requeued += r.requeued;
       total.failed += r.failed;
       total.cancelled += r.cancelled;
       total.finishedTasks += r.finishedTasks;
       return r.requeued + r.failed + r.cancelled;
     };
-    while (add(await runReapExpired(this.o.sql, options)) >= batchSize) {}
-    while (add(await runFailUnserved(this.o.sql, options)) >= batchSize) {}
-    total.staleWorkers = await workerDeleteStale(this.o.sql, this.o.leaseTtlMs * WORKER_STALE_TTLS);
-    // Owners with nothing queued leave the claim's rotation (they rejoin with their next run).
-    await queueOwnersPrune(this.o.sql);
-    this.o.observer?.reaped(total);
-    if (total.requeued + total.failed + total.cancelled + total.staleWorkers > 0) {
-      this.o.logger.info(total, "reaper recovered runs");
+    try {
+      if (this.outage) {
+        await this.o.sql`select 1`;
+        answered = true;
+        this.outage.since ??= performance.now();
+      }
+      const up =
+        this.outage?.since === undefined ? Number.POSITIVE_INFINITY : performance.now() - this.outage.since;
+      if (up >= Math.max(this.o.leaseTtlMs, this.o.workerWaitMs)) this.outage = undefined;
+      if (up >= this.o.leaseTtlMs) {
+        while (add(await runReapExpired(this.o.sql, options)) >= batchSize) {}
+      }
+      if (up >= this.o.workerWaitMs) {
+        while (add(await runFailUnserved(this.o.sql, options)) >= batchSize) {}
+      }
+      if (up >= this.o.leaseTtlMs) {
+        total.staleWorkers = await workerDeleteStale(this.o.sql, this.o.leaseTtlMs * WORKER_STALE_TTLS);
+      }
+      // Owners with nothing queued leave the claim's rotation (they rejoin with their next run).
+      await queueOwnersPrune(this.o.sql);
+    } catch (err) {
+      if (!answered) this.outage = {};
+      throw err;
+    } finally {
+      // Also when a later statement failed: what the earlier ones recovered has committed.
+      this.o.observer?.reaped(total);
+      if (total.requeued + total.failed + total.cancelled + total.staleWorkers > 0) {
+        this.o.logger.info(total, "reaper recovered runs");
+      }
     }
     return total;
   }
