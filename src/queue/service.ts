@@ -15,6 +15,8 @@ export abstract class IntervalService<T> {
   private timer: NodeJS.Timeout | undefined;
   private running: Promise<unknown> | undefined;
   private started = false;
+  /** Counts start()s: a pass schedules the next only within its own (see start()). */
+  private chain = 0;
   /** Set by stop(): a long pass may check it between batches. */
   protected stopping = false;
 
@@ -39,9 +41,16 @@ export abstract class IntervalService<T> {
   /** One full pass. */
   abstract runOnce(): Promise<T>;
 
+  /**
+   * Starts the passes; a service already started is left as it is. A start after stop() (awaited or
+   * not) begins a new chain of passes: a pass of the old chain still running schedules nothing after
+   * it (`chain`), or two chains would run side by side.
+   */
   start(): void {
+    if (this.started && !this.stopping) return;
     this.started = true;
     this.stopping = false;
+    this.chain++;
     this.schedule(
       this.firstPassWithinMs === undefined
         ? jitter(this.intervalMs)
@@ -49,12 +58,14 @@ export abstract class IntervalService<T> {
     );
   }
 
-  private schedule(delayMs = jitter(this.intervalMs)): void {
-    if (!this.started || this.stopping) return;
+  private schedule(delayMs = jitter(this.intervalMs), chain = this.chain): void {
+    if (!this.started || this.stopping || chain !== this.chain) return;
     this.timer = setTimeout(() => {
-      this.running = this.runOnce()
+      // After a restart the old chain's last pass may still run: one pass at a time all the same.
+      this.running = Promise.resolve(this.running)
+        .then(() => this.runOnce())
         .catch((err) => this.logger.warn({ err }, `${this.name} pass failed`))
-        .finally(() => this.schedule());
+        .finally(() => this.schedule(undefined, chain));
     }, delayMs);
   }
 
