@@ -13,6 +13,7 @@ export const PUBLIC_MESSAGES = {
   ANALYSIS_TASK_ALREADY_FINISHED: "The analysis task has already finished.",
   ANALYSIS_TASK_NOT_READY: "The analysis task has no output to download yet.",
   OUTPUT_NOT_FOUND: "The run has no output of that name.",
+  RANGE_NOT_SATISFIABLE: "The requested range is not satisfiable.",
   IDEMPOTENCY_KEY_REUSED: "The Idempotency-Key was already used for a different request.",
   PAYLOAD_TOO_LARGE: "The upload exceeds the size limit.",
   UNSUPPORTED_MEDIA_TYPE: "The content type is not supported.",

@@ -8,6 +8,7 @@ import path from "node:path";
 import { type Readable, Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import {
+  type ByteRange,
   checkKey,
   checkPrefix,
   type ObjectInfo,
@@ -16,6 +17,8 @@ import {
   type OpenObject,
   PayloadTooLargeError,
   type PutResult,
+  RangeNotSatisfiableError,
+  rangeIn,
   watchPut,
 } from "./store.ts";
 
@@ -270,19 +273,24 @@ export class LocalStore implements ObjectStore {
   /**
    * Opens the file before returning: a key that is gone is known before anything is sent, and one
    * deleted while it is read is read to its end (the descriptor keeps it). The stream closes the
-   * descriptor when it ends or is destroyed.
+   * descriptor when it ends or is destroyed. A range is read from its first byte on (positioned reads).
    */
-  async open(key: string): Promise<OpenObject> {
+  async open(key: string, o: { range?: ByteRange } = {}): Promise<OpenObject> {
     const handle = await fsp.open(this.localPath(key), "r").catch((err: unknown) => {
       throw missing(err) ? new ObjectMissingError(key) : err;
     });
     try {
       const stat = await handle.stat();
       if (!stat.isFile()) throw new ObjectMissingError(key);
+      const range = o.range && rangeIn(o.range, stat.size);
+      if (o.range && !range) throw new RangeNotSatisfiableError(key, stat.size);
+      const length = range ? range.end - range.start + 1 : stat.size;
       // A read buffer the file's size when it is small (most outputs are): a 64 KiB buffer per object
       // is garbage that a zip of 100,000 small outputs makes faster than it is collected.
-      const highWaterMark = Math.max(1, Math.min(stat.size, 64 * 1024));
-      return { stream: handle.createReadStream({ highWaterMark }), size: stat.size };
+      const highWaterMark = Math.max(1, Math.min(length, 64 * 1024));
+      return range
+        ? { stream: handle.createReadStream({ highWaterMark, ...range }), size: stat.size, range }
+        : { stream: handle.createReadStream({ highWaterMark }), size: stat.size };
     } catch (err) {
       await handle.close();
       throw err;

@@ -9,6 +9,7 @@ import {
   AbortMultipartUploadCommand,
   DeleteObjectsCommand,
   GetObjectCommand,
+  HeadObjectCommand,
   ListMultipartUploadsCommand,
   ListObjectsV2Command,
   NoSuchKey,
@@ -19,6 +20,7 @@ import {
 import { Upload } from "@aws-sdk/lib-storage";
 import { meter } from "./local.ts";
 import {
+  type ByteRange,
   checkKey,
   checkPrefix,
   KEY_PREFIXES,
@@ -27,6 +29,8 @@ import {
   type ObjectStore,
   type OpenObject,
   type PutResult,
+  RangeNotSatisfiableError,
+  rangeIn,
   watchPut,
 } from "./store.ts";
 
@@ -143,21 +147,89 @@ export class S3Store implements ObjectStore {
     await upload.done();
   }
 
-  async open(key: string, signal?: AbortSignal): Promise<OpenObject> {
-    try {
-      const res = await this.client.send(
-        new GetObjectCommand({ Bucket: this.bucket, Key: this.full(key) }),
-        signal ? { abortSignal: signal } : {},
-      );
+  /**
+   * A range is GetObject's `Range`, and what the server sends is checked against its Content-Range,
+   * so the stream never holds other bytes than `range` says: some S3-compatible servers read
+   * `bytes=-n` as `bytes=0-n` (s3rver does), so a range answered with other bytes is asked again as the
+   * first and last byte it names, and a second wrong answer gets the whole object (no `range`), as
+   * from a server that ignores ranges.
+   */
+  async open(key: string, o: { range?: ByteRange; signal?: AbortSignal } = {}): Promise<OpenObject> {
+    for (let asked = o.range; ; ) {
+      const res = await this.get(key, asked, o.signal);
       const stream = res.Body as Readable;
       if (res.ContentLength === undefined) {
         // A server that streams without a length: a download would promise 0 bytes and send more.
         stream.destroy();
         throw new Error(`the store sent ${JSON.stringify(key)} without a Content-Length`);
       }
-      return { stream, size: res.ContentLength };
+      if (!o.range) return { stream, size: res.ContentLength };
+      // No Content-Range: the server ignored the range and sends the whole object.
+      const got = res.ContentRange === undefined ? undefined : contentRange(res.ContentRange);
+      const size = got ? got.size : res.ContentLength;
+      const want = rangeIn(o.range, size);
+      if (!want || (res.ContentRange !== undefined && !got)) {
+        stream.destroy();
+        if (!want) throw new RangeNotSatisfiableError(key, size);
+        throw new Error(`the store sent ${JSON.stringify(key)} with a Content-Range of ${res.ContentRange}`);
+      }
+      if (!got) return { stream, size };
+      if (got.start === want.start && got.end === want.end && res.ContentLength === want.end - want.start + 1)
+        return { stream, size, range: want };
+      stream.destroy();
+      if (asked === undefined) {
+        throw new Error(`the store sent bytes ${res.ContentRange} of ${JSON.stringify(key)} unasked`);
+      }
+      // Asked again for exactly the bytes the server should have sent; when it sends others again
+      // (s3rver answers `bytes=0-0` with the whole object), the whole object: a server may ignore a range.
+      const exact = !("suffix" in asked) && asked.start === want.start && asked.end === want.end;
+      asked = exact ? undefined : want;
+    }
+  }
+
+  /** GetObject of `key`, or of `range` of it. */
+  private async get(key: string, range: ByteRange | undefined, signal: AbortSignal | undefined) {
+    try {
+      return await this.client.send(
+        new GetObjectCommand({
+          Bucket: this.bucket,
+          Key: this.full(key),
+          ...(range === undefined
+            ? {}
+            : {
+                Range:
+                  "suffix" in range ? `bytes=-${range.suffix}` : `bytes=${range.start}-${range.end ?? ""}`,
+              }),
+        }),
+        signal ? { abortSignal: signal } : {},
+      );
     } catch (err) {
-      throw isMissing(err) ? new ObjectMissingError(key) : err;
+      if (isMissing(err)) throw new ObjectMissingError(key);
+      if (range === undefined || !isInvalidRange(err)) throw err;
+      // 416: the object's size from the error's ActualObjectSize (S3's, s3rver's), else from a HEAD.
+      const told = Number((err as { ActualObjectSize?: unknown }).ActualObjectSize ?? Number.NaN);
+      throw new RangeNotSatisfiableError(
+        key,
+        Number.isSafeInteger(told) ? told : await this.sizeOf(key, signal),
+      );
+    }
+  }
+
+  /** The size of `key`'s object. */
+  private async sizeOf(key: string, signal: AbortSignal | undefined): Promise<number> {
+    try {
+      const res = await this.client.send(
+        new HeadObjectCommand({ Bucket: this.bucket, Key: this.full(key) }),
+        signal ? { abortSignal: signal } : {},
+      );
+      if (res.ContentLength === undefined)
+        throw new Error(`the store told no size of ${JSON.stringify(key)}`);
+      return res.ContentLength;
+    } catch (err) {
+      // A HEAD's 404 has no body to say whose: the bucket answered the GET a moment ago, so the object's.
+      throw (err as { name?: string }).name === "NotFound" || isMissing(err)
+        ? new ObjectMissingError(key)
+        : err;
     }
   }
 
@@ -170,7 +242,7 @@ export class S3Store implements ObjectStore {
    */
   async download(key: string, file: string, signal?: AbortSignal): Promise<void> {
     signal?.throwIfAborted();
-    const { stream } = await this.open(key, signal);
+    const { stream } = await this.open(key, signal ? { signal } : {});
     const idleMs = this.bodyIdleTimeoutMs;
     const watchdog = new Transform({
       transform(chunk: Buffer, _enc, done) {
@@ -380,4 +452,18 @@ function isMissing(err: unknown): boolean {
     err instanceof S3ServiceException &&
     (err.name === "NoSuchKey" || (err as { Code?: string }).Code === "NoSuchKey")
   );
+}
+
+/** S3's answer to a range that selects no byte of the object. */
+function isInvalidRange(err: unknown): boolean {
+  return (
+    err instanceof S3ServiceException && (err.name === "InvalidRange" || err.$metadata.httpStatusCode === 416)
+  );
+}
+
+/** `bytes <first>-<last>/<size>` of a Content-Range (checked against the range asked by the caller). */
+function contentRange(value: string): { start: number; end: number; size: number } | undefined {
+  const m = /^bytes (\d{1,15})-(\d{1,15})\/(\d{1,15})$/.exec(value.trim());
+  if (!m) return undefined;
+  return { start: Number(m[1]), end: Number(m[2]), size: Number(m[3]) };
 }

@@ -71,9 +71,44 @@ export interface ObjectInfo {
   modified: Date;
 }
 
+/**
+ * Some bytes of an object, as an HTTP `Range` names them: from `start` to `end` (inclusive; past the
+ * last byte or absent, to the last byte), or the last `suffix` bytes (the whole object when it is
+ * shorter). Safe non-negative integers, `end` not below `start`.
+ */
+export type ByteRange = { start: number; end?: number } | { suffix: number };
+
+/**
+ * A range that selects no byte of the object (it starts at or past its end, a suffix of 0, any range
+ * of an empty object): `size` is the object's, which a 416's `Content-Range` names.
+ */
+export class RangeNotSatisfiableError extends Error {
+  readonly size: number;
+
+  constructor(key: string, size: number) {
+    super(`no byte of ${JSON.stringify(key)} (${size} bytes) is in the range asked`);
+    this.name = "RangeNotSatisfiableError";
+    this.size = size;
+  }
+}
+
+/** Where a range falls in an object of `size` bytes (first and last byte); undefined when it selects none. */
+export function rangeIn(range: ByteRange, size: number): { start: number; end: number } | undefined {
+  if ("suffix" in range) {
+    return range.suffix > 0 && size > 0
+      ? { start: Math.max(0, size - range.suffix), end: size - 1 }
+      : undefined;
+  }
+  if (range.start >= size) return undefined;
+  return { start: range.start, end: Math.min(range.end ?? size - 1, size - 1) };
+}
+
 export interface OpenObject {
   stream: Readable;
+  /** The whole object's size, also when only a range of it is read. */
   size: number;
+  /** The bytes `stream` holds (first and last) when a range was asked; undefined: the whole object. */
+  range?: { start: number; end: number };
 }
 
 export interface ObjectStore {
@@ -87,8 +122,12 @@ export interface ObjectStore {
   put(key: string, source: Readable, maxBytes?: number): Promise<PutResult>;
   /** Writes a local file under `key`. */
   putFile(key: string, file: string): Promise<void>;
-  /** Opens `key` for reading; ObjectMissingError when there is no such object. */
-  open(key: string): Promise<OpenObject>;
+  /**
+   * Opens `key` for reading; ObjectMissingError when there is no such object. With `range`, only those
+   * bytes are read — the store starts at the range's first byte, never reading what comes before —
+   * and `range` of the result says which; RangeNotSatisfiableError when it selects no byte.
+   */
+  open(key: string, o?: { range?: ByteRange }): Promise<OpenObject>;
   /**
    * Copies `key` into the local file `file` (created or replaced). `signal` ends a download in
    * progress (a run cancelled or timed out while its input arrives; the local store, a copy on one

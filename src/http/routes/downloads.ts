@@ -1,4 +1,5 @@
 // Downloads: one run's output file, or a streamed zip of every succeeded run's outputs.
+import { createHash } from "node:crypto";
 import path from "node:path";
 import { Readable } from "node:stream";
 import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
@@ -8,7 +9,12 @@ import type { Principal } from "../../auth/tokens.ts";
 import { type ViewTarget, viewLinkCheck, viewLinkPath } from "../../auth/view-links.ts";
 import type { Sql } from "../../db/client.ts";
 import { SAFE_NAME } from "../../runner/outputs.ts";
-import { ObjectMissingError, type ObjectStore } from "../../storage/store.ts";
+import {
+  type ByteRange,
+  ObjectMissingError,
+  type ObjectStore,
+  RangeNotSatisfiableError,
+} from "../../storage/store.ts";
 import {
   type DownloadPlan,
   outputKeyOf,
@@ -158,7 +164,8 @@ async function send(
 
 /**
  * One output, opened before the headers are sent: an object that is gone is a logged 500. The stream
- * is released when it ends or when Fastify destroys it because the client left.
+ * is released when it ends or when Fastify destroys it because the client left. Resumable: a strong
+ * ETag, `If-None-Match` (304), one `Range` (206, or 416 when it selects no byte), `If-Range`.
  */
 async function sendObject(
   store: ObjectStore,
@@ -169,14 +176,86 @@ async function sendObject(
   disposition: "attachment" | "inline" = "attachment",
 ) {
   if (!output.usable) throw await outputMissing(reply, output, taskExists);
-  const { stream, size } = await store.open(outputKeyOf(output, name)).catch(async (err: unknown) => {
-    throw err instanceof ObjectMissingError ? await outputMissing(reply, output, taskExists, { err }) : err;
-  });
+  const key = outputKeyOf(output, name);
+  const { headers } = reply.request;
+  const open = (range?: ByteRange) =>
+    store.open(key, range ? { range } : {}).catch(async (err: unknown) => {
+      if (err instanceof RangeNotSatisfiableError) return err;
+      throw err instanceof ObjectMissingError ? await outputMissing(reply, output, taskExists, { err }) : err;
+    });
+  const range = byteRange(headers.range);
+  let opened = await open(range);
+  const etag = etagOf(key, opened.size);
+  reply.header("accept-ranges", "bytes");
+  reply.header("etag", etag);
+  const release = () => {
+    if (!(opened instanceof RangeNotSatisfiableError)) opened.stream.destroy();
+  };
+  if (noneMatch(headers["if-none-match"], etag)) {
+    release();
+    return reply.code(304).send();
+  }
+  // A range of another version than the client holds: the whole object instead (RFC 9110 §13.1.5).
+  if (range && headers["if-range"] !== undefined && headers["if-range"] !== etag) {
+    release();
+    opened = await open();
+  }
+  if (opened instanceof RangeNotSatisfiableError) {
+    reply.header("content-range", `bytes */${opened.size}`);
+    throw new ApiError(416, "RANGE_NOT_SATISFIABLE");
+  }
+  const { stream, size } = opened;
   reply.header("content-type", contentTypeOf(name));
-  reply.header("content-length", size);
   reply.header("content-disposition", contentDisposition(name, disposition));
+  if (opened.range) {
+    const { start, end } = opened.range;
+    reply.code(206);
+    reply.header("content-range", `bytes ${start}-${end}/${size}`);
+    reply.header("content-length", end - start + 1);
+  } else reply.header("content-length", size);
   cutOffWhenStalled(reply);
   return reply.send(stream);
+}
+
+/**
+ * The ETag of an object: from its key and size, which never change for a key (an output's key names
+ * its attempt, and an object is written once), so it is strong. Hashed: the key is not the client's.
+ */
+const etagOf = (key: string, size: number) =>
+  `"${createHash("sha256").update(`${key}\0${size}`).digest("base64url").slice(0, 27)}"`;
+
+/** Whether `If-None-Match` names `etag` (weak comparison) or is `*`. */
+function noneMatch(header: string | undefined, etag: string): boolean {
+  if (header === undefined) return false;
+  return header.split(",").some((t) => {
+    const tag = t.trim();
+    return tag === "*" || tag.replace(/^W\//, "") === etag;
+  });
+}
+
+/** Digits as a number, at most a safe integer (a larger one is past any object's end). */
+const digits = (s: string) => Math.min(Number(s), Number.MAX_SAFE_INTEGER);
+
+/**
+ * The one range of `Range: bytes=…`; undefined when there is none, it is malformed, its unit is not
+ * bytes, or it names several ranges — the whole object is sent then, as RFC 9110 §14.2 allows.
+ */
+export function byteRange(header: string | undefined): ByteRange | undefined {
+  const m = header === undefined ? null : /^bytes[ \t]*=[ \t]*(.*)$/i.exec(header.trim());
+  if (!m) return undefined;
+  // A list may hold empty elements (`bytes=0-9,`): ranges are what is between its commas.
+  const specs = (m[1] as string)
+    .split(",")
+    .map((r) => r.trim())
+    .filter((r) => r !== "");
+  if (specs.length !== 1) return undefined;
+  const r = /^(?:(\d+)-(\d*)|-(\d+))$/.exec(specs[0] as string);
+  if (!r) return undefined;
+  if (r[3] !== undefined) return { suffix: digits(r[3]) };
+  const start = digits(r[1] as string);
+  if (r[2] === "") return { start };
+  const end = digits(r[2] as string);
+  return end < start ? undefined : { start, end };
 }
 
 interface ZipEntry {
@@ -236,7 +315,8 @@ function zipStream(entries: AsyncGenerator<ZipEntry>, reply: FastifyReply): Read
 }
 
 export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const responses = { 409: ErrorBody, ...errorResponses };
+  // 416: a Range that selects no byte of a file (see sendObject).
+  const responses = { 409: ErrorBody, 416: ErrorBody, ...errorResponses };
 
   noHead(app, "/analysis-tasks/:taskId/download");
   app.get(
@@ -361,7 +441,7 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ["tasks"],
         security: [{ bearer: [] }],
         params: Type.Object({ taskId: IdParam, runId: IdParam, name: Type.String() }),
-        response: errorResponses,
+        response: { 416: ErrorBody, ...errorResponses },
       },
     },
     async (request, reply) => {
