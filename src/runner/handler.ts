@@ -2,9 +2,11 @@
 // snapshot (under the storage root), a per-attempt output folder, the process, and the mapping of
 // how it ended to an outcome (DESIGN §5). A successful attempt keeps its folder and names it in its
 // outcome; whether it becomes the run's output is decided by the completion's lease fence.
+import { createHash } from "node:crypto";
 import fs from "node:fs";
 import fsp from "node:fs/promises";
 import path from "node:path";
+import { pipeline } from "node:stream/promises";
 import type { Program } from "../analyses/programs.ts";
 import type { ClaimedRun, Handler, HandlerOutcome } from "../queue/worker.ts";
 import { publishFolder } from "../storage/local.ts";
@@ -145,6 +147,7 @@ async function remotePlace(
   try {
     // The run's signal ends the download too: a cancel or timeout must not wait for a large input.
     await store.download(run.inputStorageKey, inputPath, signal);
+    await checkFetched(inputPath, run, signal);
   } catch (err) {
     // The download's error decides what happens to the run (a missing input is permanent): a folder
     // that cannot be removed must not replace it (the worker's close and the sweep take it later).
@@ -152,6 +155,27 @@ async function remotePlace(
     throw err;
   }
   return place;
+}
+
+/** A fetched input that is not the file uploaded (ANALYSIS_INPUT_INVALID: another fetch reads the same). */
+class InputMismatchError extends Error {}
+
+/**
+ * Checks a fetched input against the run's snapshot of its upload (size, then sha256): the object
+ * at its key may not be the file uploaded — one of another installation under the same prefix, which
+ * `assay storage migrate` skips when its size is the same, or one rewritten by hand — and a program
+ * must not analyse other bytes than the user sent under the upload's name. The file was just written,
+ * so it is read back from the page cache; a local store's input is the upload itself and is not read.
+ */
+async function checkFetched(file: string, run: ClaimedRun, signal: AbortSignal): Promise<void> {
+  const { size } = await fsp.stat(file);
+  if (size !== run.inputSizeBytes)
+    throw new InputMismatchError(`the input fetched is ${size} bytes, the upload ${run.inputSizeBytes}`);
+  if (!/^[0-9a-f]{64}$/.test(run.inputSha256)) return;
+  const hash = createHash("sha256");
+  await pipeline(fs.createReadStream(file), hash, { signal });
+  if (hash.digest("hex") !== run.inputSha256)
+    throw new InputMismatchError("the input fetched has another sha256 than the upload");
 }
 
 /**
@@ -260,6 +284,13 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
           )
         : await remotePlace(store, deps.workDir, run, outputKey, signal);
     } catch (err) {
+      if (err instanceof InputMismatchError) {
+        return {
+          status: "failed",
+          errorCode: "ANALYSIS_INPUT_INVALID",
+          errorMessage: "the input file in storage is not the file uploaded (its size or sha256 differs)",
+        };
+      }
       if (err instanceof ObjectMissingError || /storage key/.test(String(err))) {
         return {
           status: "failed",

@@ -1,4 +1,5 @@
 // Runner tests: real files in storage, real processes, a worker in-process.
+import { createHash } from "node:crypto";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -124,7 +125,8 @@ export async function runnerEnv(
       const [row] = await db.sql<{ id: string }[]>`
         with next as (select nextval(pg_get_serial_sequence('files', 'id')) as id)
         insert into files (id, owner_id, name, content_type, size_bytes, sha256, storage_key)
-        select id, ${owner.userId}, 'in.csv', 'text/csv', ${Buffer.byteLength(content)}, repeat('0', 64), 'files/' || id
+        select id, ${owner.userId}, 'in.csv', 'text/csv', ${Buffer.byteLength(content)},
+               ${createHash("sha256").update(content).digest("hex")}, 'files/' || id
         from next returning id::text`;
       const id = row?.id as string;
       await storage.put(`files/${id}`, Readable.from([Buffer.from(content)]));

@@ -6,6 +6,7 @@ import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
+import { Readable } from "node:stream";
 import { after, before, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { tokenCreate } from "../../src/auth/tokens.ts";
@@ -207,4 +208,38 @@ test("an input missing from the bucket fails the run as invalid input, not as a 
   await w.stop();
   const [run] = await env.db.sql`select status, error_code, attempt from runs where task_id = ${taskId}`;
   assert.deepEqual({ ...run }, { status: "failed", error_code: "ANALYSIS_INPUT_INVALID", attempt: 1 });
+});
+
+test("an input object that is not the file uploaded (other bytes of the same size, or another size) fails the run as invalid input; the program never sees it", async () => {
+  const content = "naïve,\u202Ename\n1,2\n";
+  const cases = {
+    // As `assay storage migrate` leaves another installation's object of the same size.
+    sameSize: Buffer.from(content.replace("1,2", "9,9")),
+    otherSize: Buffer.from(`${content}3,4\n`),
+  };
+  for (const [what, bytes] of Object.entries(cases)) {
+    const type = `s3-${++typeSeq}`;
+    const input = await env.file(content);
+    await store.put(`files/${input}`, Readable.from([bytes]));
+    const taskId = await env.task(type, [input], { mode: "ok" }, 3);
+    const w = env.worker([fixtureProgram(type)]);
+    await w.start();
+    await waitForTerminal(env.db.sql, taskId);
+    await w.stop();
+    const [run] = await env.db.sql`
+      select status, error_code, error_message, attempt, output_key from runs where task_id = ${taskId}`;
+    assert.deepEqual(
+      { ...run },
+      {
+        status: "failed",
+        error_code: "ANALYSIS_INPUT_INVALID",
+        error_message: "the input file in storage is not the file uploaded (its size or sha256 differs)",
+        attempt: 1,
+        output_key: null,
+      },
+      what,
+    );
+    assert.deepEqual(await keys(`outputs/${taskId}/`), [], `${what}: no output`);
+  }
+  assert.deepEqual(await strayOutputs(env), [], "no scratch folder left");
 });
