@@ -1,6 +1,12 @@
 // The API client: every request carries the token in the Authorization header (never in a URL).
 const TOKEN_KEY = "assay.token";
 
+/** Why a request signed the page out: its token was refused (revoked, or unknown here). */
+export const TOKEN_REFUSED = {
+  code: "UNAUTHORIZED",
+  message: "Your token is no longer valid: sign in again.",
+};
+
 export const session = {
   get token() {
     return localStorage.getItem(TOKEN_KEY);
@@ -8,11 +14,38 @@ export const session = {
   signIn(token) {
     localStorage.setItem(TOKEN_KEY, token);
   },
-  signOut() {
+  /** `reason` (an error) is shown on the sign-in form; none when the user signed out. */
+  signOut(reason = null) {
     localStorage.removeItem(TOKEN_KEY);
-    window.dispatchEvent(new Event("assay:signed-out"));
+    window.dispatchEvent(new CustomEvent("assay:signed-out", { detail: reason }));
+  },
+  /**
+   * Calls `onChange()` when another tab signs in or out (a `storage` event: it fires in the other tabs
+   * only). Returns the function that stops it.
+   */
+  watch(onChange) {
+    const changed = (e) => {
+      if (e.storageArea === localStorage && (e.key === TOKEN_KEY || e.key === null)) onChange();
+    };
+    window.addEventListener("storage", changed);
+    return () => window.removeEventListener("storage", changed);
   },
 };
+
+/**
+ * Why `token` cannot be a token (an error), or null. Tokens are printable ASCII; a header carries
+ * nothing beyond Latin-1, so a token pasted with, say, a zero-width space failed in fetch itself and
+ * read as "The server could not be reached".
+ */
+export function notAToken(token) {
+  const stray = /[^\x21-\x7e]/u.exec(token)?.[0];
+  if (stray === undefined) return null;
+  const point = stray.codePointAt(0).toString(16).toUpperCase().padStart(4, "0");
+  return {
+    code: "UNAUTHORIZED",
+    message: `That is not a token: it holds U+${point}, a character no token has. Copy it again.`,
+  };
+}
 
 export class ApiError extends Error {
   constructor(status, code, message) {
@@ -22,13 +55,21 @@ export class ApiError extends Error {
   }
 }
 
-function headers(extra = {}) {
-  return { authorization: `Bearer ${session.token ?? ""}`, ...extra };
+function headers(token, extra = {}) {
+  return { authorization: `Bearer ${token ?? ""}`, ...extra };
 }
 
-async function failure(res) {
+/**
+ * A 401 signs out — when the token refused is still the one signed in: another tab may have signed in
+ * with another since the request was sent.
+ */
+function refused(sent) {
+  if (session.token === sent) session.signOut(TOKEN_REFUSED);
+}
+
+async function failure(res, sent) {
   const body = await res.json().catch(() => null);
-  if (res.status === 401) session.signOut();
+  if (res.status === 401) refused(sent);
   return new ApiError(res.status, body?.code ?? `HTTP_${res.status}`, body?.message ?? res.statusText);
 }
 
@@ -47,13 +88,14 @@ async function reach(url, init) {
 
 /** JSON request to /api; returns the envelope's data. */
 export async function api(path, { method = "GET", body, signal, extraHeaders } = {}) {
-  const init = { method, signal, headers: headers(extraHeaders) };
+  const token = session.token;
+  const init = { method, signal, headers: headers(token, extraHeaders) };
   if (body !== undefined) {
     init.body = JSON.stringify(body);
     init.headers["content-type"] = "application/json";
   }
   const res = await reach(`/api${path}`, init);
-  if (!res.ok) throw await failure(res);
+  if (!res.ok) throw await failure(res, token);
   return (await res.json()).data;
 }
 
@@ -62,8 +104,9 @@ export async function api(path, { method = "GET", body, signal, extraHeaders } =
  * response's Content-Disposition names it, when it names one.
  */
 export async function apiBlob(path, { signal } = {}) {
-  const res = await reach(`/api${path}`, { headers: headers(), signal });
-  if (!res.ok) throw await failure(res);
+  const token = session.token;
+  const res = await reach(`/api${path}`, { headers: headers(token), signal });
+  if (!res.ok) throw await failure(res, token);
   const blob = await res.blob();
   const name = fileNameOf(res.headers.get("content-disposition"));
   return name ? new File([blob], name, { type: blob.type }) : blob;
@@ -124,7 +167,7 @@ export const POLL_MS = 2000;
 
 /** The raw response of an authenticated GET (for streams). */
 export function apiFetch(path, init = {}) {
-  return fetch(`/api${path}`, { ...init, headers: headers(init.headers ?? {}) });
+  return fetch(`/api${path}`, { ...init, headers: headers(session.token, init.headers ?? {}) });
 }
 
 /**
@@ -149,8 +192,9 @@ export function saveBlob(blob, fallback) {
 export function uploadFile(file, onProgress, signal) {
   return new Promise((resolve, reject) => {
     const xhr = new XMLHttpRequest();
+    const token = session.token;
     xhr.open("POST", "/api/files");
-    xhr.setRequestHeader("authorization", `Bearer ${session.token ?? ""}`);
+    xhr.setRequestHeader("authorization", `Bearer ${token ?? ""}`);
     xhr.upload.onprogress = (e) => {
       if (e.lengthComputable) onProgress(e.loaded, e.total);
     };
@@ -161,7 +205,7 @@ export function uploadFile(file, onProgress, signal) {
       } catch {}
       if (xhr.status === 201 && body) resolve(body.data);
       else {
-        if (xhr.status === 401) session.signOut();
+        if (xhr.status === 401) refused(token);
         reject(
           new ApiError(xhr.status, body?.code ?? `HTTP_${xhr.status}`, body?.message ?? "Upload failed"),
         );

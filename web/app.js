@@ -1,7 +1,7 @@
 // The dashboard's entry: sign-in, the hash router, the header. A sign-in link from `make dev` carries
 // the token in the URL fragment (#token=…), which browsers never send to a server; it is stored and
 // removed from the address bar at once.
-import { api, session } from "./api.js";
+import { api, notAToken, session, TOKEN_REFUSED } from "./api.js";
 import { FilesView } from "./files.js";
 import { shownName } from "./format.js";
 import { html, render, useEffect, useState } from "./lib.js";
@@ -10,11 +10,20 @@ import { TaskView } from "./task.js";
 import { TasksView } from "./tasks.js";
 import { ErrorNote } from "./widgets.js";
 
+/** Stores the token of a sign-in link; what is wrong with the link (an error) when it holds none. */
 function takeTokenFromFragment() {
   const m = /^#token=([^&]+)/.exec(location.hash);
-  if (!m) return;
-  session.signIn(decodeURIComponent(m[1]));
+  if (!m) return null;
   history.replaceState(null, "", `${location.pathname}#/`);
+  let token;
+  try {
+    token = decodeURIComponent(m[1]);
+  } catch {
+    return { message: "That sign-in link is damaged: copy it again, or paste the token." };
+  }
+  const problem = notAToken(token);
+  if (!problem) session.signIn(token);
+  return problem;
 }
 
 function route() {
@@ -35,6 +44,8 @@ function SignIn({ onSignedIn, problem }) {
   const [error, setError] = useState(problem);
   async function submit(e) {
     e.preventDefault();
+    const problem = notAToken(token.trim());
+    if (problem) return setError(problem);
     session.signIn(token.trim());
     try {
       onSignedIn(await api("/me"));
@@ -56,35 +67,52 @@ function SignIn({ onSignedIn, problem }) {
   </main>`;
 }
 
-function App() {
+function App({ linkProblem }) {
   const [me, setMe] = useState(null);
   const [checking, setChecking] = useState(Boolean(session.token));
-  const [problem, setProblem] = useState(null);
+  const [problem, setProblem] = useState(linkProblem);
   const [where, setWhere] = useState(route);
   const [types, setTypes] = useState(null);
 
   useEffect(() => {
     const onHash = () => setWhere(route());
-    const onSignedOut = () => {
+    // Who the token is: at start, and whenever another tab signs in (the token every request sends
+    // changed under this page: it showed the user signed in before while acting as the new one). A
+    // sign-out meanwhile ends the check.
+    let checks = 0;
+    // Signed out here (the button; a request refused: then why) or in another tab.
+    const signedOut = (reason) => {
+      checks++;
       setMe(null);
       setTypes(null);
+      setProblem(reason);
+      setChecking(false);
     };
-    window.addEventListener("hashchange", onHash);
-    window.addEventListener("assay:signed-out", onSignedOut);
-    if (session.token)
+    const onSignedOut = (e) => signedOut(e.detail ?? null);
+    const check = () => {
+      const seq = ++checks;
       api("/me").then(
         (m) => {
+          if (seq !== checks) return;
           setMe(m);
           setChecking(false);
         },
         (err) => {
-          setProblem(err.status === 401 ? { message: "Your token is no longer valid: sign in again." } : err);
+          if (seq !== checks) return;
+          setMe(null);
+          setProblem(err.status === 401 ? TOKEN_REFUSED : err);
           setChecking(false);
         },
       );
+    };
+    window.addEventListener("hashchange", onHash);
+    window.addEventListener("assay:signed-out", onSignedOut);
+    const unwatch = session.watch(() => (session.token ? check() : signedOut(null)));
+    if (session.token) check();
     return () => {
       window.removeEventListener("hashchange", onHash);
       window.removeEventListener("assay:signed-out", onSignedOut);
+      unwatch();
     };
   }, []);
   // Read again on every move to or from the form (a worker may have come or gone). An older read
@@ -122,9 +150,9 @@ function App() {
       <span class="who"><span class="name">${shownName(me.name)}</span>${me.role === "admin" ? " (admin)" : ""}</span>
       <button type="button" class="link" onClick=${() => session.signOut()}>Sign out</button>
     </header>
-    <main>${view}</main>
+    <main key=${me.userId}>${view}</main>
   </div>`;
 }
 
-takeTokenFromFragment();
-render(html`<${App} />`, document.getElementById("app"));
+const linkProblem = takeTokenFromFragment();
+render(html`<${App} linkProblem=${linkProblem} />`, document.getElementById("app"));

@@ -46,7 +46,10 @@ export function TaskView({ taskId }) {
   const [runs, setRuns] = useState(null);
   const [paging, setPaging] = useState({ cursors: [], cursor: null });
   const [runFilter, setRunFilter] = useState("");
-  const [live, setLive] = useState({}); // runId → fields from events newer than the last read
+  // runId → fields from events, and `at`: the flush that applied them. A runs read drops those applied
+  // before it was sent (its answer holds them); later ones stay, as its answer may predate them.
+  const [live, setLive] = useState({});
+  const flushes = useRef(0);
   const [log, setLog] = useState([]);
   const [stream, setStream] = useState("connecting");
   const [tab, setTab] = useState("runs");
@@ -101,6 +104,7 @@ export function TaskView({ taskId }) {
     const seq = ++r.seq;
     r.ctrl = ctrl;
     const { query, cursors } = pageQuery.current;
+    const sent = flushes.current;
     return api(`/analysis-tasks/${taskId}/runs?${query}`, { signal: ctrl.signal }).then(
       (p) => {
         if (seq !== r.seq) return;
@@ -108,7 +112,9 @@ export function TaskView({ taskId }) {
         // The pager goes on from the page shown, not from one whose read failed (see files.js).
         failedReads.current.runs = 0;
         setRuns({ ...p, cursors });
-        setLive({});
+        // Until 2026-12-06 every event's fields were dropped here: a run that started while the read
+        // was on its way showed "queued", its bar moving, until it ended.
+        setLive((old) => Object.fromEntries(Object.entries(old).filter(([, fields]) => fields.at > sent)));
       },
       (err) => {
         if (seq !== r.seq) return;
@@ -161,6 +167,7 @@ export function TaskView({ taskId }) {
     const batch = pending.current;
     pending.current = [];
     if (batch.length === 0) return;
+    const at = ++flushes.current;
     setLog((old) => {
       const next = old.concat(batch);
       return next.length > LOG_KEPT ? next.slice(next.length - LOG_KEPT) : next;
@@ -180,6 +187,7 @@ export function TaskView({ taskId }) {
                   status: "cancelled",
                   errorCode: "ANALYSIS_PROCESS_CANCELLED",
                   finishedAt: e.createdAt,
+                  at,
                 };
           continue;
         }
@@ -197,6 +205,7 @@ export function TaskView({ taskId }) {
         }
         if (d.attempt !== undefined) cur.attempt = d.attempt;
         if (d.errorCode !== undefined) cur.errorCode = d.errorCode;
+        cur.at = at;
         next[e.runId] = cur;
       }
       return next;
