@@ -5,13 +5,13 @@
 // its own bucket when it needs one (test/helpers/s3.ts). Fails when zero tests ran.
 //
 //   npx tsx test/run.ts test/unit/config.test.ts ...
-import { spawn } from "node:child_process";
+import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import postgres from "postgres";
-import { startEmbeddedPostgres } from "../src/db/embedded.ts";
+import { type EmbeddedPostgres, startEmbeddedPostgres } from "../src/db/embedded.ts";
 import { runMigrations } from "../src/db/migrate.ts";
 
 /** Longest a single test may take (the slowest, a browser or many-hosts test, takes well under a minute). */
@@ -31,19 +31,21 @@ const withDatabase = (url: string, name: string) => {
   return u.toString();
 };
 
+// Interrupted (Ctrl-C, SIGTERM): the tests get the signal and the cleanup at the end runs. Before they
+// start, the start-up goes on to its end first: ended by the signal there, this process left the
+// embedded PostgreSQL running (it runs detached, out of the terminal's reach) on its cluster.
+let interrupted: NodeJS.Signals | undefined;
+let testRun: ChildProcess | undefined;
+for (const signal of ["SIGINT", "SIGTERM"] as const)
+  process.on(signal, () => {
+    interrupted = signal;
+    testRun?.kill(signal);
+  });
+
 const scratch = fs.mkdtempSync(path.join(os.tmpdir(), "assay-test-"));
-const embedded = process.env.DATABASE_URL
-  ? undefined
-  : await startEmbeddedPostgres({
-      dataDir: path.join(scratch, "pg"),
-      persistent: false,
-      // Throwaway data: durability settings off to keep the suite fast.
-      settings: { fsync: "off", synchronous_commit: "off", full_page_writes: "off", max_connections: 400 },
-    });
-const adminUrl = process.env.DATABASE_URL ?? (embedded?.adminUrl as string);
-// Any S3-compatible server would do; s3rver checks signatures against its own fixed key pair.
-const s3 = await startS3Server(path.join(scratch, "s3"));
-const admin = postgres(adminUrl, { max: 1, onnotice: () => {} });
+let embedded: EmbeddedPostgres | undefined;
+let s3: { endpoint: string; stop(): void } | undefined;
+let admin: postgres.Sql | undefined;
 const runId = randomBytes(4).toString("hex");
 const template = `assay_tpl_${runId}`;
 
@@ -94,12 +96,25 @@ async function startS3Server(directory: string): Promise<{ endpoint: string; sto
 
 let exitCode = 1;
 try {
+  embedded = process.env.DATABASE_URL
+    ? undefined
+    : await startEmbeddedPostgres({
+        dataDir: path.join(scratch, "pg"),
+        persistent: false,
+        // Throwaway data: durability settings off to keep the suite fast.
+        settings: { fsync: "off", synchronous_commit: "off", full_page_writes: "off", max_connections: 400 },
+      });
+  const adminUrl = process.env.DATABASE_URL ?? (embedded?.adminUrl as string);
+  // Any S3-compatible server would do; s3rver checks signatures against its own fixed key pair.
+  s3 = await startS3Server(path.join(scratch, "s3"));
+  admin = postgres(adminUrl, { max: 1, onnotice: () => {} });
   await admin`create database ${admin(template)}`;
   await runMigrations(withDatabase(adminUrl, template));
   await numberAcrossDigitBoundaries(withDatabase(adminUrl, template));
 
   const tapFile = path.join(scratch, "results.tap");
   const concurrency = Math.max(2, os.availableParallelism());
+  if (interrupted) throw new Error(`test/run.ts: ${interrupted} before the tests started`);
   const child = spawn(
     process.execPath,
     [
@@ -133,8 +148,7 @@ try {
       },
     },
   );
-  // Interrupted: stop the tests, then fall through to the cleanup below (no orphaned server).
-  for (const signal of ["SIGINT", "SIGTERM"] as const) process.on(signal, () => child.kill(signal));
+  testRun = child;
   // The whole run has a deadline too: past it the runner is interrupted, which makes node:test list
   // the files still running, and the run fails.
   let overran = false;
@@ -159,14 +173,16 @@ try {
   if (tests === 0) console.error("test/run.ts: zero tests ran — that is a failure, not a pass");
   exitCode = !overran && code === 0 && tests > 0 && fail === 0 && cancelled === 0 ? 0 : 1;
 } finally {
-  // Databases a crashed test file could not drop, then the template.
-  const leftovers = await admin<{ datname: string }[]>`
-    select datname from pg_database where datname like ${`assay_t_${runId}_%`} or datname = ${template}`;
-  for (const { datname } of leftovers) {
-    await admin`drop database if exists ${admin(datname)} with (force)`.catch(() => {});
+  if (admin) {
+    // Databases a crashed test file could not drop, then the template.
+    const leftovers = await admin<{ datname: string }[]>`
+      select datname from pg_database where datname like ${`assay_t_${runId}_%`} or datname = ${template}`;
+    for (const { datname } of leftovers) {
+      await admin`drop database if exists ${admin(datname)} with (force)`.catch(() => {});
+    }
+    await admin.end({ timeout: 5 });
   }
-  await admin.end({ timeout: 5 });
-  s3.stop();
+  s3?.stop();
   await embedded?.stop();
   fs.rmSync(scratch, { recursive: true, force: true });
 }

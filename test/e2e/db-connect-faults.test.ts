@@ -4,7 +4,6 @@
 // error — during a failover, every process at once. Now it is a warning, and the process goes on.
 import assert from "node:assert/strict";
 import fs from "node:fs";
-import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { Writable } from "node:stream";
@@ -15,6 +14,7 @@ import { createLogger } from "../../src/log.ts";
 import { cleanEnv, collect, spawnCli, watch } from "../helpers/cli.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import { waitFor } from "../helpers/queue.ts";
+import { startTcpProxy } from "../helpers/tcp-proxy.ts";
 
 let db: TestDatabase;
 let dataDir: string;
@@ -39,48 +39,21 @@ const TERMINATED = (() => {
 })();
 
 /**
- * A TCP proxy in front of the database that, while `cuts` is above 0, cuts each connection whose
- * client sends postgres.js's array-type read (the first query of every new connection): it answers as
- * a backend terminated at that moment does.
+ * A TCP proxy in front of the database that, while `state.cuts` is above 0, cuts each connection
+ * whose client sends postgres.js's array-type read (the first query of every new connection): it
+ * answers as a backend terminated at that moment does.
  */
 async function typeReadCutter(dbUrl: string) {
-  const upstream = new URL(dbUrl);
-  const sockets = new Set<net.Socket>();
-  const state = { cuts: 0, made: 0 };
-  const server = net.createServer((client) => {
-    const server = net.connect(Number(upstream.port), upstream.hostname);
-    for (const s of [client, server]) {
-      sockets.add(s);
-      s.on("close", () => sockets.delete(s));
-      s.on("error", () => {
-        client.destroy();
-        server.destroy();
-      });
-    }
-    client.on("data", (chunk: Buffer) => {
-      if (state.cuts > 0 && chunk.includes("typarray")) {
-        state.cuts--;
-        state.made++;
-        // What pg_terminate_backend sends, then the end of the connection.
-        client.end(TERMINATED);
-        server.destroy();
-        return;
-      }
-      server.write(chunk);
-    });
-    server.pipe(client);
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const url = new URL(dbUrl);
-  url.port = String((server.address() as net.AddressInfo).port);
-  return {
-    url: url.toString(),
-    state,
-    close: async () => {
-      for (const s of sockets) s.destroy();
-      await new Promise((r) => server.close(r));
+  const state = { cuts: 0 };
+  const proxy = await startTcpProxy(dbUrl, {
+    fromClient: (chunk) => {
+      if (state.cuts === 0 || !chunk.includes("typarray")) return "pass";
+      state.cuts--;
+      // What pg_terminate_backend sends, then the end of the connection.
+      return { cutAfterSending: TERMINATED };
     },
-  };
+  });
+  return { ...proxy, state };
 }
 
 test("a connection that dies while postgres.js reads the array types: a warning, and assay all goes on", async () => {
@@ -100,7 +73,7 @@ test("a connection that dies while postgres.js reads the array types: a warning,
     await admin`
       select pg_terminate_backend(pid) from pg_stat_activity
       where datname = current_database() and application_name = 'assay-all'`;
-    await waitFor(async () => proxy.state.made === 1, 30_000, "a connection cut in its type read");
+    await waitFor(async () => proxy.cuts() === 1, 30_000, "a connection cut in its type read");
     await out.waitFor(/a new database connection failed as it opened/, 30_000);
     // Still serving, with a database it can use again.
     await waitFor(

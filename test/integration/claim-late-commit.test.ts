@@ -6,7 +6,6 @@
 // is gone. The worker's later looks must find its runs and run them, not leave them leased until the
 // reaper fails them at their one attempt.
 import assert from "node:assert/strict";
-import net from "node:net";
 import { Writable } from "node:stream";
 import { after, before, test } from "node:test";
 import { createDatabase } from "../../src/db/client.ts";
@@ -22,6 +21,7 @@ import {
   waitFor,
   waitForTerminal,
 } from "../helpers/queue.ts";
+import { startTcpProxy } from "../helpers/tcp-proxy.ts";
 
 let db: TestDatabase;
 const APP = "assay-late-claim";
@@ -35,40 +35,6 @@ after(async () => {
   await db.drop();
 });
 
-/** A TCP proxy in front of the database whose `dropAll()` closes every connection through it. */
-async function droppingProxy(dbUrl: string) {
-  const upstream = new URL(dbUrl);
-  const sockets = new Set<net.Socket>();
-  const proxy = net.createServer((client) => {
-    const server = net.connect(Number(upstream.port), upstream.hostname);
-    for (const s of [client, server]) {
-      sockets.add(s);
-      s.on("close", () => sockets.delete(s));
-      s.on("error", () => {
-        client.destroy();
-        server.destroy();
-      });
-    }
-    client.pipe(server);
-    server.pipe(client);
-  });
-  await new Promise<void>((resolve) => proxy.listen(0, "127.0.0.1", resolve));
-  const url = new URL(dbUrl);
-  url.port = String((proxy.address() as net.AddressInfo).port);
-  return {
-    url: url.toString(),
-    dropAll: () => {
-      const n = sockets.size;
-      for (const s of sockets) s.destroy();
-      return n;
-    },
-    close: async () => {
-      for (const s of sockets) s.destroy();
-      await new Promise((r) => proxy.close(r));
-    },
-  };
-}
-
 test("a claim that commits after the worker's first look for orphans: its runs are found by a later look and run once, at their one attempt", async () => {
   const a = await seedUser(db.sql, "late «a»");
   const b = await seedUser(db.sql, "late 'b'; --");
@@ -79,7 +45,7 @@ test("a claim that commits after the worker's first look for orphans: its runs a
     await createTask(db.sql, b, TYPE, 2, { maxAttempts: 1 }),
   ];
 
-  const proxy = await droppingProxy(db.url);
+  const proxy = await startTcpProxy(db.url);
   const pool = createDatabase(proxy.url, { max: 4, applicationName: APP });
   const lines: { msg: string }[] = [];
   const logger = createLogger({

@@ -4,7 +4,6 @@
 // an attempt back while its outcome waits to be written, and a cancel during a retry's backoff. Each
 // test checks the invariants: every run ends once, counters exact, no run live without a live lease.
 import assert from "node:assert/strict";
-import net from "node:net";
 import { after, before, test } from "node:test";
 import type { Principal } from "../../src/auth/tokens.ts";
 import { createDatabase, type Database } from "../../src/db/client.ts";
@@ -21,6 +20,7 @@ import {
   waitFor,
   waitForTerminal,
 } from "../helpers/queue.ts";
+import { startTcpProxy } from "../helpers/tcp-proxy.ts";
 
 let db: TestDatabase;
 let owner: Principal;
@@ -139,46 +139,19 @@ test("connections terminated over and over while runs are claimed, buffered, run
  * commit and its reply).
  */
 async function lossyProxy(dbUrl: string) {
-  const upstream = new URL(dbUrl);
-  const sockets = new Set<net.Socket>();
   let marker: Buffer | undefined;
-  let cuts = 0;
-  const server = net.createServer((client) => {
-    const server = net.connect(Number(upstream.port), upstream.hostname);
-    for (const s of [client, server]) {
-      sockets.add(s);
-      s.on("close", () => sockets.delete(s));
-      s.on("error", () => {
-        client.destroy();
-        server.destroy();
-      });
-    }
-    client.pipe(server);
-    server.on("data", (chunk: Buffer) => {
+  const proxy = await startTcpProxy(dbUrl, {
+    fromServer: (chunk) => {
       // 'A': a NotificationResponse (the create's wake-ups carry the type too).
-      if (marker && chunk[0] !== 0x41 && chunk.includes(marker)) {
-        marker = undefined;
-        cuts++;
-        client.destroy();
-        server.destroy();
-        return;
-      }
-      client.write(chunk);
-    });
-    server.on("end", () => client.end());
+      if (!marker || chunk[0] === 0x41 || !chunk.includes(marker)) return "pass";
+      marker = undefined;
+      return "cut";
+    },
   });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const url = new URL(dbUrl);
-  url.port = String((server.address() as net.AddressInfo).port);
   return {
-    url: url.toString(),
+    ...proxy,
     cutOnce: (m: string) => {
       marker = Buffer.from(m);
-    },
-    cuts: () => cuts,
-    close: async () => {
-      for (const s of sockets) s.destroy();
-      await new Promise((r) => server.close(r));
     },
   };
 }
