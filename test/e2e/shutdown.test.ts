@@ -2,7 +2,6 @@
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
 import { shutdownBoundMs } from "../../src/cli/serve.ts";
@@ -14,6 +13,7 @@ import type { ObjectStore } from "../../src/storage/store.ts";
 import { ASSAY_BIN, cleanEnv, collect, ROOT, spawnCli, watch } from "../helpers/cli.ts";
 import { createTask, waitFor, waitForTerminal } from "../helpers/queue.ts";
 import { type RunnerEnv, runnerEnv, strayOutputs } from "../helpers/runner.ts";
+import { scratchDir } from "../helpers/tmp.ts";
 
 let env: RunnerEnv;
 let bigFile: string;
@@ -121,7 +121,7 @@ test("a worker without ASSAY_METRICS_PORT loads neither the HTTP stack, TypeBox,
   // What a worker loads is its start-up time and its idle memory (bench/startup.ts: from ~1.1 s and
   // ~260 MiB when it loaded drizzle's driver and TypeBox to ~0.2 s and ~63 MiB).
   const taskId = await env.task("summary", [await env.file("a,b\n1,2\n")], {}, 1);
-  const trace = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "assay-trace-")), "imports.txt");
+  const trace = path.join(scratchDir("assay-trace-"), "imports.txt");
   const w = spawn(
     process.execPath,
     ["--import", path.join(ROOT, "test/helpers/trace-imports.mjs"), ASSAY_BIN, "worker"],

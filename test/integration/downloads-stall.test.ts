@@ -7,7 +7,6 @@ import { once } from "node:events";
 import fs from "node:fs";
 import http from "node:http";
 import type net from "node:net";
-import os from "node:os";
 import path from "node:path";
 import type { Readable } from "node:stream";
 import { after, before, test } from "node:test";
@@ -18,6 +17,7 @@ import { LocalStore } from "../../src/storage/local.ts";
 import { bearer } from "../helpers/app.ts";
 import { waitForTerminal } from "../helpers/queue.ts";
 import { fixtureProgram, type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
+import { scratchDir } from "../helpers/tmp.ts";
 
 let env: RunnerEnv;
 let app: FastifyInstance;
@@ -35,7 +35,7 @@ const clients: http.ClientRequest[] = [];
 const big = () => randomBytes(8 * 1024 * 1024).toString("base64");
 
 before(async () => {
-  const local = new LocalStore(fs.mkdtempSync(path.join(os.tmpdir(), "assay-dl-stall-")));
+  const local = new LocalStore(scratchDir("assay-dl-stall-"));
   const store = new Proxy(local, {
     get(target, prop, receiver) {
       const value = Reflect.get(target, prop, receiver);

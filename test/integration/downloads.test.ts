@@ -4,7 +4,6 @@ import { once } from "node:events";
 import fs from "node:fs";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
-import os from "node:os";
 import path from "node:path";
 import { Readable } from "node:stream";
 import { after, before, test } from "node:test";
@@ -17,6 +16,7 @@ import { ZIP_PAGE } from "../../src/tasks/outputs.ts";
 import { bearer } from "../helpers/app.ts";
 import { waitForTerminal } from "../helpers/queue.ts";
 import { fixtureProgram, type RunnerEnv, runnerEnv, writeProgram } from "../helpers/runner.ts";
+import { scratchDir } from "../helpers/tmp.ts";
 import { zipNames, zipRead } from "../helpers/zip.ts";
 
 let env: RunnerEnv;
@@ -184,7 +184,7 @@ say({ type: "result", outputFileName: "stats.json", metrics: { rows: 1 } });`,
 
 test("retention deleting the task between the plan and the read → 404, not a logged 500", async () => {
   // The store under a second app: before the read, "retention" commits (task row and its objects go).
-  const local = new LocalStore(fs.mkdtempSync(path.join(os.tmpdir(), "assay-dl-race-")));
+  const local = new LocalStore(scratchDir("assay-dl-race-"));
   let race: (() => Promise<void>) | undefined;
   const store = new Proxy(local, {
     get(target, prop, receiver) {
@@ -417,7 +417,7 @@ test("a client that leaves while an output's read is stalled releases that read 
   timeout: 60_000,
 }, async () => {
   // An object body that sends a little and then nothing (an S3 response on a half-dead connection).
-  const local = new LocalStore(fs.mkdtempSync(path.join(os.tmpdir(), "assay-dl-stall-")));
+  const local = new LocalStore(scratchDir("assay-dl-stall-"));
   let stalled: Readable | undefined;
   let opened: () => void = () => {};
   const stalledOpened = new Promise<void>((resolve) => {
@@ -478,7 +478,7 @@ test("a client that leaves while an output's read is stalled releases that read 
 });
 
 test("HEAD on an output, a view link, a zip or results.csv is 405 and reads nothing from the store", async () => {
-  const local = new LocalStore(fs.mkdtempSync(path.join(os.tmpdir(), "assay-dl-head-")));
+  const local = new LocalStore(scratchDir("assay-dl-head-"));
   const opened: string[] = [];
   const store = new Proxy(local, {
     get(target, prop, receiver) {

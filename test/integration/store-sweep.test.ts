@@ -21,6 +21,7 @@ import type { ObjectStore } from "../../src/storage/store.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import { createTask, seedFiles, seedUser } from "../helpers/queue.ts";
 import { createTestBucket, type TestBucket } from "../helpers/s3.ts";
+import { scratchDir } from "../helpers/tmp.ts";
 
 let db: TestDatabase;
 let owner: Principal;
@@ -243,7 +244,7 @@ test("each process's sweep starts after a random key of files/ and of outputs/, 
   );
   // What the first pass of each new process asks the store for (the default source of randomness).
   const asked: { prefix: string; after: string | undefined }[] = [];
-  const base = new LocalStore(fs.mkdtempSync(path.join(os.tmpdir(), "assay-sweep-start-")));
+  const base = new LocalStore(scratchDir("assay-sweep-start-"));
   const store: ObjectStore = Object.create(base);
   store.list = (prefix, o = {}) => {
     asked.push({ prefix, after: o.after });

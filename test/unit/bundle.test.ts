@@ -17,6 +17,7 @@ import {
   staleReason,
   stamp,
 } from "../../bin/bundle.js";
+import { scratchDir } from "../helpers/tmp.ts";
 
 const bin = path.join(ROOT, "bin/assay.js");
 
@@ -114,7 +115,7 @@ test("a bundle is current only while every file it was built from is as it was, 
 test("bin/assay.js runs a current bundle whole, the sources when ASSAY_BUNDLE=0 or it is stale; builds retire old files", async () => {
   const dir = testBundleDir();
   try {
-    await assert.rejects(buildBundle(fs.mkdtempSync(path.join(os.tmpdir(), "b-"))), /must be built inside/);
+    await assert.rejects(buildBundle(scratchDir("b-")), /must be built inside/);
     const first = await buildBundle(dir);
     const stale = path.join(dir, "chunk-RETIRED0.js");
     fs.writeFileSync(stale, "");
