@@ -15,6 +15,8 @@ const DOWNLOAD_HELP = `Usage: assay download <taskId> [--out DIR] [--concurrency
 Downloads a finished task's outputs: DIR/<input file name>/<output files> for every run that
 succeeded (a repeated input name gets " (run <id>)"), and DIR/results.csv with a row per run.
 DIR (-o) defaults to task-<taskId>; --concurrency N downloads at once (default 8, at most 64).
+A download whose connection breaks off is tried again (5 times in all), an output file from the
+byte it had reached; a file is under its own name only once it is whole.
 Exits 0 when the task succeeded, 1 when it ended otherwise (the outputs of the runs that succeeded
 are still downloaded) or has not ended yet.
 
@@ -74,6 +76,7 @@ export async function downloadReported(
     concurrency,
     signal: ctx.signal,
     onRun: (d) => ctx.out.line("download", { dir: path.join(out, d.folder), ...d }),
+    onRetry: (note) => ctx.out.note(note),
   });
   const files = got.runs.reduce((a, r) => a + r.files.length, 0);
   ctx.out.line("downloaded", { dir: out, runs: got.runs.length, files, resultsCsv: got.resultsCsv });

@@ -14,7 +14,7 @@ import type {
   TaskCreated,
   TaskListParams,
 } from "../http/api-types.ts";
-import { type ApiClient, errorOf } from "./http.ts";
+import type { ApiClient } from "./http.ts";
 
 /** The largest page the list routes serve. */
 const PAGE = 100;
@@ -89,13 +89,6 @@ export const runOutputs = async (c: ApiClient, taskId: string, runId: string, si
       signal,
     )
   ).items;
-
-/** A streamed body (an output file, results.csv); an error status becomes an ApiRequestError. */
-export async function fetchBody(c: ApiClient, path: string, signal?: AbortSignal): Promise<Response> {
-  const res = await c.send("GET", path, { timeoutMs: 0, ...(signal === undefined ? {} : { signal }) });
-  if (!res.ok) throw await errorOf(res);
-  return res;
-}
 
 export const outputPath = (taskId: string, runId: string, name: string) =>
   `/api/analysis-tasks/${enc(taskId)}/runs/${enc(runId)}/outputs/${enc(name)}`;

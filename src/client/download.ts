@@ -18,9 +18,9 @@ import {
   withSuffix,
 } from "../files/folder-names.ts";
 import type { Run } from "../http/api-types.ts";
-import { fetchBody, outputPath, resultsCsvPath, runOutputs } from "./api.ts";
-import { type ApiClient, brokenBody, ConnectionError, idleSignal } from "./http.ts";
-import { mapLimit } from "./pool.ts";
+import { outputPath, resultsCsvPath, runOutputs } from "./api.ts";
+import { type ApiClient, ApiRequestError, brokenBody, ConnectionError, errorOf, idleSignal } from "./http.ts";
+import { mapLimit, sleep } from "./pool.ts";
 
 // The naming rules are the zip's own (files/folder-names.ts), so a run's folder here is its folder there.
 export { RESULTS_FILE, safeSegment };
@@ -135,48 +135,196 @@ function trackPartial(tmp: string): void {
 /** How long a download may wait for its next bytes (or its headers) before it is given up. */
 export const DOWNLOAD_IDLE_MS = 60_000;
 
+/** How many times in all one file's download is tried before the command gives up. */
+export const DOWNLOAD_ATTEMPTS = 5;
+
+/** The pause before the nth retry: 0.5 s, 1 s, 2 s, 4 s. */
+const retryPause = (retry: number) => Math.min(500 * 2 ** (retry - 1), 5000);
+
+/** A failure that another attempt would not mend: a stall, a body longer than the file. */
+class NotRetried extends ConnectionError {}
+
+/** Whether another attempt may mend `err`: the connection failed or broke off, or the server's 5xx. */
+const transient = (err: unknown) =>
+  err instanceof ApiRequestError
+    ? err.status >= 500
+    : err instanceof ConnectionError && !(err instanceof NotRetried);
+
+/** What one file's attempts know: the bytes in the temporary file, and the first answer's size and ETag. */
+interface Progress {
+  /** The temporary file exists (created by this call). */
+  created: boolean;
+  have: number;
+  /** The whole body's length, from the answer that began the bytes held. */
+  size?: number | undefined;
+  /** Its strong ETag, when the server can send a range of it (Accept-Ranges: bytes). */
+  etag?: string | undefined;
+}
+
+const contentLength = (res: Response) => {
+  const v = res.headers.get("content-length");
+  return v !== null && /^[0-9]+$/.test(v) ? Number(v) : undefined;
+};
+
+/** The strong ETag of an answer that can be resumed; undefined when it cannot. */
+function resumeTag(res: Response): string | undefined {
+  const tag = res.headers.get("etag");
+  const ranges = res.headers.get("accept-ranges") ?? "";
+  return tag?.startsWith('"') && /\bbytes\b/i.test(ranges) ? tag : undefined;
+}
+
+/** Where the held bytes stop: one whose first answer gave no size or no ETag starts over. */
+const resumeAt = (p: Progress) =>
+  p.etag !== undefined && p.size !== undefined && p.have > 0 && p.have < p.size ? p.have : 0;
+
 /**
  * GET `route` into `target`: written under a temporary name of its own and renamed only when whole
- * (and `expectedBytes` long, when known), so a file under its final name is always complete. The
- * request is given up when no bytes arrive for `idleMs`: a server that stalls mid-body would
- * otherwise hold the command forever.
+ * (and `expectedBytes` long, when known), so a file under its final name is always complete. A body
+ * whose connection breaks off, a connection that fails and a 5xx are tried again, DOWNLOAD_ATTEMPTS
+ * times in all with growing pauses: a file the server can resume (a strong ETag, Accept-Ranges) from
+ * the byte held (`Range`, `If-Range`), anything else (results.csv) from its start. An attempt is
+ * given up when no bytes arrive for `idleMs` — a server that stalls mid-body would otherwise hold the
+ * command forever — and that is not tried again.
  */
 async function download(
   c: ApiClient,
   route: string,
   target: string,
-  o: { signal: AbortSignal; idleMs: number; expectedBytes?: number; what: string },
+  o: {
+    signal: AbortSignal;
+    idleMs: number;
+    expectedBytes?: number;
+    what: string;
+    onRetry?: ((note: string) => void) | undefined;
+  },
 ): Promise<number> {
-  const idle = idleSignal(
-    o.signal,
-    o.idleMs,
-    () => new ConnectionError(`${o.what}: nothing received from ${c.shownUrl} for ${o.idleMs / 1000} s`),
-  );
   // Unique per call, not per process: two downloads to one target (which distinct folders should
   // prevent, but a case-folding file system can still arrange) must never share a temporary file.
   const tmp = `${target}.partial-${process.pid}-${randomBytes(6).toString("hex")}`;
-  let written = 0;
+  trackPartial(tmp);
+  const progress: Progress = { created: false, have: 0 };
   try {
-    idle.touch();
-    const res = await fetchBody(c, route, idle.signal);
-    trackPartial(tmp);
-    const body = Readable.fromWeb(res.body as never);
-    body.on("data", (chunk: Buffer) => {
-      written += chunk.length;
-      idle.touch();
-    });
-    await pipeline(body, fs.createWriteStream(tmp, { flags: "wx" }));
-    if (o.expectedBytes !== undefined && written !== o.expectedBytes)
-      throw new ConnectionError(`${o.what}: received ${written} of ${o.expectedBytes} bytes`);
-    fs.renameSync(tmp, target);
-    return written;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await attemptDownload(c, route, tmp, progress, o);
+      } catch (err) {
+        if (o.signal.aborted || !transient(err)) throw err;
+        const message = (err as Error).message;
+        // Which file, also when the connection failed before any body ("cannot reach …").
+        const why = message.startsWith(`${o.what}: `) ? message : `${o.what}: ${message}`;
+        if (attempt >= DOWNLOAD_ATTEMPTS) {
+          const more = `; gave up after ${attempt} attempts`;
+          if (err instanceof ApiRequestError)
+            throw new ApiRequestError(err.status, err.code, `${why}${more}`);
+          throw new ConnectionError(`${why}${more}`);
+        }
+        // What reached the disk (the write stream is closed by now), not what was received.
+        progress.have = progress.created ? fs.statSync(tmp).size : 0;
+        const from = resumeAt(progress);
+        o.onRetry?.(
+          `${err instanceof ApiRequestError ? `${why} (${err.code})` : why}; ` +
+            (from > 0 ? `resuming from byte ${from}` : "downloading it again") +
+            ` (attempt ${attempt + 1} of ${DOWNLOAD_ATTEMPTS})`,
+        );
+        await sleep(retryPause(attempt), o.signal);
+        if (o.signal.aborted) throw o.signal.reason;
+        continue;
+      }
+      if (progress.size !== undefined && progress.have !== progress.size)
+        throw new ConnectionError(`${o.what}: received ${progress.have} of ${progress.size} bytes`);
+      if (o.expectedBytes !== undefined && progress.have !== o.expectedBytes)
+        throw new ConnectionError(`${o.what}: received ${progress.have} of ${o.expectedBytes} bytes`);
+      fs.renameSync(tmp, target);
+      return progress.have;
+    }
   } catch (err) {
     fs.rmSync(tmp, { force: true });
+    throw err;
+  } finally {
+    partials.delete(tmp);
+  }
+}
+
+/**
+ * One request of `download`, its body written to `tmp`: appended to the bytes held when the server
+ * sends the range asked for (206 from exactly that byte, of the same size), else the whole body from
+ * its start. Updates `p`.
+ */
+async function attemptDownload(
+  c: ApiClient,
+  route: string,
+  tmp: string,
+  p: Progress,
+  o: { signal: AbortSignal; idleMs: number; what: string; expectedBytes?: number },
+): Promise<void> {
+  const idle = idleSignal(
+    o.signal,
+    o.idleMs,
+    () => new NotRetried(`${o.what}: nothing received from ${c.shownUrl} for ${o.idleMs / 1000} s`),
+  );
+  const from = resumeAt(p);
+  try {
+    idle.touch();
+    // No content coding: a range counts the bytes of the file itself.
+    const headers: Record<string, string> = { "accept-encoding": "identity" };
+    if (from > 0) {
+      headers.range = `bytes=${from}-`;
+      headers["if-range"] = p.etag as string;
+    }
+    const res = await c.send("GET", route, { timeoutMs: 0, signal: idle.signal, headers });
+    if (!res.ok) {
+      const err = await errorOf(res);
+      if (from > 0 && err.status === 416)
+        return restart(p, `${o.what}: the server cannot resume at byte ${from}`);
+      throw err;
+    }
+    let append = false;
+    if (res.status === 206) {
+      const range = res.headers.get("content-range") ?? "";
+      const m = /^bytes ([0-9]+)-([0-9]+)\/([0-9]+)$/.exec(range);
+      const size = p.size as number;
+      if (from === 0 || !m || Number(m[1]) !== from || Number(m[2]) !== size - 1 || Number(m[3]) !== size) {
+        await res.body?.cancel().catch(() => {});
+        const asked = from === 0 ? "the whole file" : `bytes ${from}- of ${size}`;
+        return restart(p, `${o.what}: asked for ${asked}, the server sent the range "${range}"`);
+      }
+      append = true;
+    } else {
+      // The whole body (a 200 to a resume: the file is not the one held), from its first byte.
+      p.have = 0;
+      p.size = contentLength(res);
+      p.etag = resumeTag(res);
+    }
+    const body = res.body ? Readable.fromWeb(res.body as never) : Readable.from([]);
+    // A body past the size listed (or announced) is stopped there: one that never ends would
+    // otherwise fill the disk, and keep the command going, for ever.
+    const most = Math.min(p.size ?? Number.POSITIVE_INFINITY, o.expectedBytes ?? Number.POSITIVE_INFINITY);
+    let held = append ? from : 0;
+    body.on("data", (chunk: Buffer) => {
+      idle.touch();
+      held += chunk.length;
+      if (held > most) body.destroy(new NotRetried(`${o.what}: received more than its ${most} bytes`));
+    });
+    const file = fs.createWriteStream(tmp, { flags: append ? "a" : p.created ? "w" : "wx" });
+    p.created = true;
+    try {
+      await pipeline(body, file);
+    } finally {
+      if (!file.closed) await new Promise<void>((resolve) => file.once("close", () => resolve()));
+    }
+    p.have = fs.statSync(tmp).size;
+  } catch (err) {
     throw idle.stalled() ?? brokenBody(err, c.shownUrl, o.what);
   } finally {
     idle.done();
-    partials.delete(tmp);
   }
+}
+
+/** A 206 that is not the range asked for, or a 416 to it: the next attempt starts over. */
+function restart(p: Progress, message: string): never {
+  p.have = 0;
+  p.etag = undefined;
+  throw new ConnectionError(message);
 }
 
 export interface DownloadOptions {
@@ -185,6 +333,8 @@ export interface DownloadOptions {
   onRun?: (d: Downloaded) => void;
   /** Give a download up after this long without bytes (default DOWNLOAD_IDLE_MS). */
   idleMs?: number;
+  /** Told, in a sentence, when a download is tried again. */
+  onRetry?: (note: string) => void;
 }
 
 /** Downloads the outputs of `runs` (the succeeded ones) into `outDir/<folder of run>/`, and results.csv. */
@@ -213,6 +363,7 @@ export async function downloadOutputs(
         idleMs,
         expectedBytes: output.sizeBytes,
         what: `${output.name} of run ${run.runId}`,
+        onRetry: o.onRetry,
       });
       files.push(name);
       total += size;
@@ -222,6 +373,11 @@ export async function downloadOutputs(
     return d;
   });
   const resultsCsv = inside(root, RESULTS_FILE);
-  await download(c, resultsCsvPath(taskId), resultsCsv, { signal: o.signal, idleMs, what: RESULTS_FILE });
+  await download(c, resultsCsvPath(taskId), resultsCsv, {
+    signal: o.signal,
+    idleMs,
+    what: RESULTS_FILE,
+    onRetry: o.onRetry,
+  });
   return { runs: done, resultsCsv };
 }
