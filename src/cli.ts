@@ -37,7 +37,7 @@ Client commands (talk to a server over HTTP: ASSAY_URL, ASSAY_TOKEN):
   logs <taskId>       a task's events (--follow to keep printing)
   cancel <taskId>     cancel a task
   download <taskId>   a finished task's outputs into a folder
-  files               list uploaded files
+  files [rm <id>...]  list uploaded files, or delete some
   types               the analysis types and their parameters
 
   --version           the version, and whether the bundle or the sources run

@@ -1,5 +1,5 @@
 // The small client commands: tasks, status, cancel, files, types.
-import { analysisTypes, filePage, runsOf, taskCancel, taskGet, taskPage } from "../client/api.ts";
+import { analysisTypes, fileDelete, filePage, runsOf, taskCancel, taskGet, taskPage } from "../client/api.ts";
 import { ClientUsageError, EXIT, TaskStateError } from "../client/exit.ts";
 import { ApiRequestError } from "../client/http.ts";
 import { bytes, fit, fitName, jsonLine, shown, table } from "../client/output.ts";
@@ -197,11 +197,38 @@ export const cancelCommand = (argv: string[]) =>
 // ---- files -----------------------------------------------------------------------------------
 
 const FILES_HELP = `Usage: assay files [--limit N]
+       assay files rm <fileId>...
 
 Lists your uploaded files (an admin's: everyone's), newest first: id, size, SHA-256, uploaded, name.
+\`rm\` deletes files, record and bytes (yours; an admin: anyone's). Tasks made from them keep their
+outputs; a run that has not read its file yet fails ANALYSIS_INPUT_INVALID. Every id is tried; the
+command exits 2 when one names no file of yours.
 
-Example:
-  assay files --limit 100`;
+Examples:
+  assay files --limit 100
+  assay files rm 1000000042 1000000043`;
+
+/** \`assay files rm <fileId>...\`: each deleted in turn; the first failure is thrown after the rest. */
+async function filesRemove(ctx: ClientContext, ids: string[]): Promise<number> {
+  if (ids.length === 0) throw new ClientUsageError("usage: assay files rm <fileId>...");
+  for (const id of ids)
+    if (!/^[1-9][0-9]{0,17}$/.test(id)) throw new ClientUsageError(`not a file id: ${shown(id)}`);
+  let failed: unknown;
+  for (const id of new Set(ids)) {
+    try {
+      const r = await fileDelete(ctx.client, id, ctx.signal);
+      ctx.out.line("deleted", r);
+      ctx.out.say(`Deleted file ${r.fileId}`);
+    } catch (err) {
+      // Another file's answer says nothing about this one's: only a 404 goes on to the next id.
+      if (!(err instanceof ApiRequestError && err.code === "FILE_NOT_FOUND")) throw err;
+      ctx.out.say(`No file ${id} of yours`);
+      failed ??= err;
+    }
+  }
+  if (failed) throw failed;
+  return EXIT.OK;
+}
 
 export const filesCommand = (argv: string[]) =>
   runClientCommand(
@@ -212,6 +239,10 @@ export const filesCommand = (argv: string[]) =>
         ctx: ClientContext,
         { values, positionals }: { values: { limit?: string }; positionals: string[] },
       ) => {
+        if (positionals[0] === "rm") {
+          if (values.limit !== undefined) throw new ClientUsageError("--limit is for the listing, not rm");
+          return filesRemove(ctx, positionals.slice(1));
+        }
         noArguments(positionals);
         const limit = intOption(values.limit, "limit", 20, 100_000);
         const files: FileRecord[] = await upTo(limit, (q) => filePage(ctx.client, q, ctx.signal));

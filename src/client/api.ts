@@ -47,6 +47,11 @@ export const filesBySha256 = (c: ApiClient, sha256: string, signal?: AbortSignal
 export const filePage = (c: ApiClient, q: { limit: number; cursor?: string }, signal?: AbortSignal) =>
   c.get<PageOf<FileRecord>>("/api/files", q, signal);
 
+export const fileDelete = (c: ApiClient, fileId: string, signal?: AbortSignal) =>
+  c.json<{ fileId: string }>("DELETE", `/api/files/${enc(fileId)}`, {
+    ...(signal === undefined ? {} : { signal }),
+  });
+
 export async function taskCreate(
   c: ApiClient,
   body: CreateTaskRequest,

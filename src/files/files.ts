@@ -100,3 +100,27 @@ export async function fileGet(
     where f.id = ${fileId} and (${principal.role === "admin"} or f.owner_id = ${principal.userId})`;
   return row && { ...row, createdAt: isoTime(row.createdAt) };
 }
+
+/**
+ * Deletes a file visible to `principal` (its owner, or any admin): its row, then its bytes. Returns
+ * false when there is no such file (or it is someone else's). Runs snapshot the key of their input,
+ * so a task made from the file before keeps its outputs; a run of it that has not read its input yet
+ * fails ANALYSIS_INPUT_INVALID (the input is not in storage), as the deletion asks. When the bytes
+ * cannot be deleted (the store is down), `onLeft` hears why and the store sweep removes them later:
+ * an object no row names, older than a day.
+ */
+export async function fileDelete(
+  sql: Sql,
+  store: ObjectStore,
+  principal: Principal,
+  fileId: string,
+  onLeft: (err: unknown) => void,
+): Promise<boolean> {
+  const [row] = await sql<{ storageKey: string }[]>`
+    delete from files f
+    where f.id = ${fileId} and (${principal.role === "admin"} or f.owner_id = ${principal.userId})
+    returning f.storage_key as "storageKey"`;
+  if (!row) return false;
+  await store.delete([row.storageKey]).catch(onLeft);
+  return true;
+}

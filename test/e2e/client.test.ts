@@ -469,6 +469,53 @@ test("tasks, status, logs, follow, files, download and cancel", async () => {
   assert.equal((await client(["status", "abc"], env)).code, 2);
 });
 
+test("files rm deletes files, tries every id, and exits 2 when one names no file of yours", async () => {
+  const env = server.env(token);
+  const dir = path.join(work, "to-delete");
+  fs.mkdirSync(dir);
+  for (const name of ["gone-1 «ä».csv", "gone-2.csv"])
+    fs.writeFileSync(path.join(dir, name), csv(3, name.length));
+  const uploaded = ofKind(
+    jsonLines((await client(["submit", "--type", "summary", dir], env)).stdout),
+    "file",
+  );
+  const ids = uploaded.map((f) => f.fileId as string);
+  assert.equal(ids.length, 2);
+  const bob = await server.token("bob-files");
+  const bobs = ofKind(
+    jsonLines(
+      (await client(["submit", "--type", "summary", path.join(dir, "gone-2.csv")], server.env(bob))).stdout,
+    ),
+    "file",
+  )[0]?.fileId as string;
+  // Someone else's id between two of one's own: both of one's own go, the command exits 2.
+  const rm = await client(["files", "rm", ids[0] as string, bobs, ids[1] as string], env);
+  assert.equal(rm.code, 2, rm.stderr);
+  assert.deepEqual(
+    ofKind(jsonLines(rm.stdout), "deleted").map((l) => l.fileId),
+    ids,
+  );
+  assert.match(rm.stderr, /FILE_NOT_FOUND/);
+  const left = ofKind(jsonLines((await client(["files", "--limit", "1000"], env)).stdout), "file");
+  assert.ok(!left.some((f) => ids.includes(f.fileId as string)), "both are gone");
+  const bobLeft = ofKind(jsonLines((await client(["files"], server.env(bob))).stdout), "file");
+  assert.ok(
+    bobLeft.some((f) => f.fileId === bobs),
+    "bob's stays",
+  );
+  // Bad ids are refused before anything is deleted.
+  for (const args of [["rm"], ["rm", "abc"], ["rm", bobs, "0"], ["rm", bobs, "--limit", "3"]]) {
+    const r = await client(["files", ...args], server.env(bob));
+    assert.equal(r.code, 2, args.join(" "));
+  }
+  assert.ok(
+    ofKind(jsonLines((await client(["files"], server.env(bob))).stdout), "file").some(
+      (f) => f.fileId === bobs,
+    ),
+    "nothing deleted by a refused command",
+  );
+});
+
 test("every client command has --help with an example; none needs a token or a server for it", async () => {
   for (const command of [
     "submit",

@@ -2,7 +2,7 @@ import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { Type } from "typebox";
 import { storedFileName } from "../../files/file-name.ts";
-import { fileCreate, fileGet, fileList } from "../../files/files.ts";
+import { fileCreate, fileDelete, fileGet, fileList } from "../../files/files.ts";
 import { SourceError } from "../../storage/store.ts";
 import { FileBody, FileListQuery } from "../api-types.ts";
 import { principalOf } from "../auth.ts";
@@ -135,6 +135,37 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
         : undefined;
       if (!record) throw notFound("FILE_NOT_FOUND");
       return ok(record);
+    },
+  );
+
+  app.delete(
+    "/files/:fileId",
+    {
+      schema: {
+        summary: "Delete a file (owner or admin): its record and its bytes",
+        description:
+          "Tasks made from it keep their runs and outputs; a run of an unfinished task that has not read it yet fails ANALYSIS_INPUT_INVALID. A second delete is a 404.",
+        tags: ["files"],
+        security: [{ bearer: [] }],
+        params: Type.Object({ fileId: IdParam }),
+        response: {
+          200: Envelope(Type.Object({ fileId: Type.String() })),
+          401: ErrorBody,
+          404: ErrorBody,
+        },
+      },
+    },
+    async (request) => {
+      const { fileId } = request.params;
+      const { database, storage } = app.services;
+      const deleted =
+        isId(fileId) &&
+        (await fileDelete(database.sql, storage, principalOf(request), fileId, (err) =>
+          request.log.warn({ err, fileId }, "a deleted file's bytes are left to the store sweep"),
+        ));
+      if (!deleted) throw notFound("FILE_NOT_FOUND");
+      request.log.info({ fileId }, "file deleted");
+      return ok({ fileId }, "File deleted");
     },
   );
 };

@@ -1,0 +1,138 @@
+// DELETE /api/files/:fileId against both stores, with real programs and a real worker: the record and
+// the bytes go; a task made from the file before keeps its outputs; a run that had not read the file
+// yet fails as invalid input, not as a crash; only the owner or an admin may delete; a second delete,
+// another user's file and ids that cannot exist are 404.
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import type { FastifyInstance } from "fastify";
+import { tokenCreate } from "../../src/auth/tokens.ts";
+import { bearer, multipart } from "../helpers/app.ts";
+import { waitForTerminal } from "../helpers/queue.ts";
+import { fixtureProgram, type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
+import { createTestBucket, type TestBucket } from "../helpers/s3.ts";
+
+const backends: [string, () => Promise<{ env: RunnerEnv; drop?: () => Promise<void> }>][] = [
+  ["local", async () => ({ env: await runnerEnv() })],
+  [
+    "s3",
+    async () => {
+      const bucket: TestBucket = await createTestBucket();
+      const prefix = "deletes/";
+      const env = await runnerEnv({
+        store: bucket.store(prefix),
+        configEnv: { ...bucket.env, ASSAY_S3_PREFIX: prefix },
+      });
+      return { env, drop: () => bucket.drop() };
+    },
+  ],
+];
+
+for (const [kind, make] of backends) {
+  describe(`${kind} store`, () => {
+    let env: RunnerEnv;
+    let drop: (() => Promise<void>) | undefined;
+    let app: FastifyInstance;
+    let alice: string;
+    let bob: string;
+    let admin: string;
+    before(async () => {
+      const made = await make();
+      env = made.env;
+      drop = made.drop;
+      app = await env.app();
+      alice = (await tokenCreate(env.db.sql, "alice «ä»", "user")).token;
+      bob = (await tokenCreate(env.db.sql, "bob", "user")).token;
+      admin = (await tokenCreate(env.db.sql, "root", "admin")).token;
+    });
+    after(async () => {
+      await env.close();
+      await drop?.();
+    });
+
+    const upload = async (token: string, content: string, name = "naïve ‮cod.exe.csv") => {
+      const { payload, headers } = multipart("file", content, name);
+      const res = await app.inject({
+        method: "POST",
+        url: "/api/files",
+        payload,
+        headers: { ...headers, ...bearer(token) },
+      });
+      assert.equal(res.statusCode, 201, res.body);
+      return res.json().data.fileId as string;
+    };
+    const del = (token: string, id: string) =>
+      app.inject({ method: "DELETE", url: `/api/files/${id}`, headers: bearer(token) });
+    const stored = async (id: string) => {
+      try {
+        (await env.storage.open(`files/${id}`)).stream.destroy();
+        return true;
+      } catch {
+        return false;
+      }
+    };
+
+    test("the owner deletes a file: its record and bytes go, a second delete is a 404", async () => {
+      const id = await upload(alice, "a,b\n1,2\n");
+      assert.equal(await stored(id), true);
+      const res = await del(alice, id);
+      assert.equal(res.statusCode, 200, res.body);
+      assert.deepEqual(res.json(), { code: "OK", message: "File deleted", data: { fileId: id } });
+      assert.equal(await stored(id), false, "the bytes are gone");
+      const got = await app.inject({ url: `/api/files/${id}`, headers: bearer(alice) });
+      assert.equal(got.statusCode, 404);
+      const listed = await app.inject({ url: "/api/files?limit=100", headers: bearer(alice) });
+      assert.ok(!listed.json().data.items.some((f: { fileId: string }) => f.fileId === id));
+      const again = await del(alice, id);
+      assert.equal(again.statusCode, 404);
+      assert.deepEqual(again.json(), { code: "FILE_NOT_FOUND", message: "The file does not exist." });
+    });
+
+    test("another user's file is a 404 and stays; an admin may delete it; ids that cannot exist are 404", async () => {
+      const id = await upload(alice, "a\n1\n");
+      const byBob = await del(bob, id);
+      assert.equal(byBob.statusCode, 404);
+      assert.equal(byBob.json().code, "FILE_NOT_FOUND");
+      assert.equal(await stored(id), true, "still there");
+      assert.equal((await app.inject({ url: `/api/files/${id}`, headers: bearer(alice) })).statusCode, 200);
+      assert.equal((await del(admin, id)).statusCode, 200);
+      assert.equal(await stored(id), false);
+      for (const bad of ["999999999999999", "0", "-1", "abc", "9".repeat(40), "%00"]) {
+        const res = await del(alice, bad);
+        assert.equal(res.statusCode, 404, bad);
+        assert.equal(res.json().code, "FILE_NOT_FOUND", bad);
+      }
+      const anonymous = await app.inject({ method: "DELETE", url: `/api/files/${id}` });
+      assert.equal(anonymous.statusCode, 401);
+    });
+
+    test("a finished task keeps its outputs; a queued run of the file fails ANALYSIS_INPUT_INVALID", async () => {
+      const type = `del-${kind}`;
+      // Uploaded by the runner's owner: the tasks are made as that user (env.task).
+      const { token } = await tokenCreate(env.db.sql, "runner");
+      const id = await upload(token, "a,b\n1,2\n3,4\n");
+      // Made and run before the delete: the summary program over the file.
+      const done = await env.task(type, [id], { mode: "ok" });
+      const w = env.worker([fixtureProgram(type)]);
+      await w.start();
+      await waitForTerminal(env.db.sql, done);
+      await w.stop();
+      // Made before the delete, run after it.
+      const queued = await env.task(type, [id], { mode: "ok" });
+      assert.equal((await del(token, id)).statusCode, 200);
+      const w2 = env.worker([fixtureProgram(type)]);
+      await w2.start();
+      await waitForTerminal(env.db.sql, queued);
+      await w2.stop();
+      const [before] = await env.db.sql`select status from runs where task_id = ${done}`;
+      assert.equal(before?.status, "succeeded");
+      const download = await app.inject({
+        url: `/api/analysis-tasks/${done}/download`,
+        headers: bearer(token),
+      });
+      assert.equal(download.statusCode, 200, "the finished task's output is still served");
+      const [after] = await env.db.sql`
+        select status, error_code, attempt from runs where task_id = ${queued}`;
+      assert.deepEqual({ ...after }, { status: "failed", error_code: "ANALYSIS_INPUT_INVALID", attempt: 1 });
+    });
+  });
+}
