@@ -100,8 +100,9 @@ export async function api(path, { method = "GET", body, signal, extraHeaders } =
 }
 
 /**
- * A response body as a Blob (outputs, zips, CSV), with its content type; a File, named as the
- * response's Content-Disposition names it, when it names one.
+ * A response body as a Blob (an output previewed, the results table shown), with its content type; a
+ * File, named as the response's Content-Disposition names it, when it names one. Held whole in memory:
+ * what is saved goes through saveVia instead.
  */
 export async function apiBlob(path, { signal } = {}) {
   const token = session.token;
@@ -171,18 +172,22 @@ export function apiFetch(path, init = {}) {
 }
 
 /**
- * Saves a Blob through a temporary link: under the name the API gave it (a File from apiBlob), else
- * under `fallback`.
+ * Saves a download through a fresh download link: `linkPath` is the API route that makes one (a POST,
+ * with the token), and the link is followed by a temporary `<a download>`, so the browser fetches the
+ * file itself and streams it to disk under the name its Content-Disposition gives. Read with fetch, a
+ * zip of several GB was held whole in the tab's memory (until 2026-12-06). Rejects with the ApiError
+ * of a link refused (not ready, not found, the network); what goes wrong after is the browser's
+ * download's to show.
  */
-export function saveBlob(blob, fallback) {
-  const url = URL.createObjectURL(blob);
+export async function saveVia(linkPath) {
+  const { url } = await api(linkPath, { method: "POST" });
   const a = document.createElement("a");
   a.href = url;
-  a.download = blob.name || fallback;
+  // Empty: the response's own name.
+  a.download = "";
   document.body.append(a);
   a.click();
   a.remove();
-  setTimeout(() => URL.revokeObjectURL(url), 60_000);
 }
 
 /**

@@ -8,7 +8,7 @@ import { html, render, useEffect, useState } from "./lib.js";
 import { NewTaskView } from "./new-task.js";
 import { TaskView } from "./task.js";
 import { TasksView } from "./tasks.js";
-import { ErrorNote } from "./widgets.js";
+import { addressPaging, addressValue, ErrorNote } from "./widgets.js";
 
 /** Stores the token of a sign-in link; what is wrong with the link (an error) when it holds none. */
 function takeTokenFromFragment() {
@@ -26,16 +26,28 @@ function takeTokenFromFragment() {
   return problem;
 }
 
+/**
+ * Where the address points. The lists' filters and page are in it (`#/?status=running&cursor=…`,
+ * `#/files?cursor=…`), so a reload, a link and Back and Forward show the list as it was; their values
+ * go to the API as they are (clipped), which refuses what it does not take with its own error.
+ */
 function route() {
   const hash = location.hash.replace(/^#/, "") || "/";
-  const [path, query = ""] = hash.split("?");
-  const params = new URLSearchParams(query);
+  const at = hash.indexOf("?");
+  const path = at < 0 ? hash : hash.slice(0, at);
+  const params = new URLSearchParams(at < 0 ? "" : hash.slice(at + 1));
   const m = /^\/tasks\/(\d{1,18})$/.exec(path);
   if (m) return { view: "task", taskId: m[1] };
   if (path === "/new")
     return { view: "new", files: (params.get("files") ?? "").split(",").filter((s) => /^\d{1,18}$/.test(s)) };
-  if (path === "/files") return { view: "files" };
-  if (path === "/" || path === "/tasks") return { view: "tasks" };
+  if (path === "/files") return { view: "files", paging: addressPaging(params) };
+  if (path === "/" || path === "/tasks")
+    return {
+      view: "tasks",
+      path,
+      filter: { status: addressValue(params, "status"), type: addressValue(params, "type") },
+      paging: addressPaging(params),
+    };
   return { view: "missing" };
 }
 
@@ -138,8 +150,9 @@ function App({ linkProblem }) {
   let view;
   if (where.view === "task") view = html`<${TaskView} key=${where.taskId} taskId=${where.taskId} me=${me} />`;
   else if (where.view === "new") view = html`<${NewTaskView} types=${types} preselected=${where.files} />`;
-  else if (where.view === "files") view = html`<${FilesView} me=${me} />`;
-  else if (where.view === "tasks") view = html`<${TasksView} me=${me} types=${types} />`;
+  else if (where.view === "files") view = html`<${FilesView} me=${me} paging=${where.paging} />`;
+  else if (where.view === "tasks")
+    view = html`<${TasksView} me=${me} types=${types} path=${where.path} filter=${where.filter} paging=${where.paging} />`;
   else view = html`<section><h1>Not found</h1><p><a href="#/">All tasks</a></p></section>`;
   return html`<div class="layout">
     <header class="top">

@@ -1,13 +1,15 @@
-// The user's uploads, newest first, paged; choose some to start a task over them.
+// The user's uploads, newest first, paged; choose some to start a task over them. The page is in the
+// address (`#/files?cursor=…`, app.js reads it), so Back and a reload come back to it.
 import { api } from "./api.js";
 import { bytes, shownName, when } from "./format.js";
 import { html, useEffect, useState } from "./lib.js";
-import { ErrorNote, Pager } from "./widgets.js";
+import { ErrorNote, goTo, listAddress, Pager } from "./widgets.js";
 
-export function FilesView({ me }) {
-  const [paging, setPaging] = useState({ cursors: [], cursor: null });
+export function FilesView({ me, paging }) {
   const [page, setPage] = useState(null);
   const [error, setError] = useState(null);
+  // Bumped to read the page shown again (its address asked for again: no hashchange follows).
+  const [again, setAgain] = useState(0);
   const [chosen, setChosen] = useState(() => new Set());
   useEffect(() => {
     const ctrl = new AbortController();
@@ -25,22 +27,60 @@ export function FilesView({ me }) {
       (err) => ctrl.signal.aborted || setError(err),
     );
     return () => ctrl.abort();
-  }, [paging]);
+  }, [paging.key, again]);
   const toggle = (id) => {
     const next = new Set(chosen);
     next.has(id) ? next.delete(id) : next.add(id);
     setChosen(next);
   };
+  // Deleting the chosen files: asked first in the page (no browser dialog), then one request each. A
+  // file already gone (another tab, another admin) counts as deleted; the first other error is shown
+  // and the files not deleted stay chosen.
+  const [confirming, setConfirming] = useState(false);
+  const [deleting, setDeleting] = useState(false);
+  async function remove() {
+    setDeleting(true);
+    const left = new Set(chosen);
+    let failure = null;
+    for (const id of chosen) {
+      try {
+        await api(`/files/${id}`, { method: "DELETE" });
+        left.delete(id);
+      } catch (err) {
+        if (err.code === "FILE_NOT_FOUND") left.delete(id);
+        else {
+          failure = err;
+          break;
+        }
+      }
+    }
+    setChosen(left);
+    setDeleting(false);
+    setConfirming(false);
+    setAgain((n) => n + 1);
+    if (failure) setError(failure);
+  }
   return html`<section>
     <header class="row">
       <h1>Files</h1>
       <a class=${`button primary ${chosen.size === 0 ? "disabled" : ""}`} aria-disabled=${chosen.size === 0}
         href=${chosen.size === 0 ? undefined : `#/new?files=${[...chosen].join(",")}`}>New task with ${chosen.size} selected</a>
+      <button type="button" class="danger" disabled=${chosen.size === 0 || deleting} onClick=${() => setConfirming(true)}>Delete ${chosen.size} selected</button>
     </header>
+    ${
+      confirming && chosen.size > 0
+        ? html`<p class="confirm" role="alert">Delete ${chosen.size} ${chosen.size === 1 ? "file" : "files"}, record and bytes?
+          Tasks made from ${chosen.size === 1 ? "it" : "them"} keep their outputs; runs that have not read ${chosen.size === 1 ? "it" : "them"} yet will fail.
+          <button type="button" class="danger" disabled=${deleting} onClick=${remove}>${deleting ? "Deleting…" : "Delete"}</button>
+          <button type="button" disabled=${deleting} onClick=${() => setConfirming(false)}>Keep</button></p>`
+        : null
+    }
     <${ErrorNote} error=${error} />
     ${
       page === null
-        ? html`<p class="muted">Loading…</p>`
+        ? error
+          ? null
+          : html`<p class="muted">Loading…</p>`
         : page.items.length === 0
           ? html`<p class="muted">No files yet. <a href="#/new">Upload some.</a></p>`
           : html`<div class="scroll"><table class="files">
@@ -58,7 +98,7 @@ export function FilesView({ me }) {
               </tr>`,
             )}</tbody>
           </table></div>
-          <${Pager} cursors=${page.cursors} next=${page.nextCursor} onPage=${(cursors, cursor) => setPaging({ cursors, cursor })} />`
+          <${Pager} cursors=${page.cursors} next=${page.nextCursor} onPage=${(cursors) => goTo(listAddress("/files", {}, cursors), () => setAgain((n) => n + 1))} />`
     }
   </section>`;
 }

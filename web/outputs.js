@@ -2,9 +2,10 @@
 // rows), images shown, an HTML report in a sandboxed frame (no script, an opaque origin). Outputs are
 // fetched with the token and shown from blob: URLs — but for a report, whose frame cannot send the
 // token: it loads from a short-lived view link the API makes (a blob: document would inherit this
-// page's Content-Security-Policy and lose the report's styles). Nothing from an output is ever parsed
-// as HTML in this page.
-import { api, apiBlob, saveBlob } from "./api.js";
+// page's Content-Security-Policy and lose the report's styles). A download is saved by the browser
+// from a download link, never read into this page. Nothing from an output is ever parsed as HTML in
+// this page.
+import { api, apiBlob, saveVia } from "./api.js";
 import { parseCsv } from "./csv.js";
 import { bytes, shownName } from "./format.js";
 import { html, useEffect, useState } from "./lib.js";
@@ -99,9 +100,11 @@ export function RunOutputs({ taskId, run }) {
     );
     return () => ctrl.abort();
   }, [base]);
+  // Saved by the browser from a download link (streamed to disk), not read into this page.
   const download = async (name) => {
     try {
-      saveBlob(await apiBlob(`${base}/${encodeURIComponent(name)}`), name);
+      await saveVia(`${base}/${encodeURIComponent(name)}/download-link`);
+      setError(null);
     } catch (err) {
       setError(err);
     }

@@ -1,8 +1,11 @@
 // The fan-in result: one row per input file with its status, error and metrics (the API's
 // results.csv, the same table as results.csv at the root of the task's zip), sortable, downloadable,
-// and a chart of the column it is sorted by when that column is numeric.
-import { apiBlob, saveBlob } from "./api.js";
+// and a chart of the column it is sorted by when that column is numeric. Read again while a run in it
+// is still going (its rows change as runs end): every POLL_MS, or four times as long as a read took,
+// when longer, while the tab is visible.
+import { apiBlob, POLL_MS, saveVia } from "./api.js";
 import { parseCsv } from "./csv.js";
+import { isTerminal } from "./events.js";
 import { shownName } from "./format.js";
 import { html, useEffect, useMemo, useState } from "./lib.js";
 import { ErrorNote } from "./widgets.js";
@@ -46,16 +49,43 @@ export function ResultsTable({ taskId, version }) {
   const [sort, setSort] = useState({ column: 0, dir: 1 });
   useEffect(() => {
     const ctrl = new AbortController();
-    apiBlob(`/analysis-tasks/${taskId}/results.csv`, { signal: ctrl.signal })
-      .then((b) => b.text())
-      .then(
-        (text) => {
-          setTable(parseCsv(text).map((row) => row.map(unguarded)));
-          setError(null);
-        },
-        (err) => ctrl.signal.aborted || setError(err),
-      );
-    return () => ctrl.abort();
+    let timer = null;
+    // Whether the last table read had a run still going (none read yet: so taken), and the reads
+    // failed in a row since.
+    let going = true;
+    let failed = 0;
+    const later = (ms) => {
+      timer = setTimeout(() => (document.visibilityState === "visible" ? read() : later(POLL_MS)), ms);
+    };
+    const read = () => {
+      const started = performance.now();
+      apiBlob(`/analysis-tasks/${taskId}/results.csv`, { signal: ctrl.signal })
+        .then((b) => b.text())
+        .then(
+          (text) => {
+            const [head = [], ...rows] = parseCsv(text).map((row) => row.map(unguarded));
+            setTable([head, ...rows]);
+            setError(null);
+            failed = 0;
+            const status = head.indexOf("status");
+            going = status >= 0 && rows.some((r) => !isTerminal(r[status]));
+            if (going) later(Math.max(POLL_MS, 4 * (performance.now() - started)));
+          },
+          (err) => {
+            if (ctrl.signal.aborted) return;
+            setError(err);
+            // Not what the API refused (a 404: the task is gone), but a read that did not reach it,
+            // is tried again while the task is going: after 2 s, doubling to 16 s.
+            if (going && !(err.status >= 400 && err.status < 500))
+              later(POLL_MS * 2 ** Math.min(failed++, 3));
+          },
+        );
+    };
+    read();
+    return () => {
+      ctrl.abort();
+      clearTimeout(timer);
+    };
   }, [taskId, version]);
   const [head = [], ...rows] = table ?? [];
   const sorted = useMemo(() => {
@@ -70,18 +100,19 @@ export function ResultsTable({ taskId, version }) {
   }, [table, sort]);
   const download = async () => {
     try {
-      saveBlob(await apiBlob(`/analysis-tasks/${taskId}/results.csv`), `task-${taskId}-results.csv`);
+      await saveVia(`/analysis-tasks/${taskId}/results.csv/link`);
     } catch (err) {
       setError(err);
     }
   };
-  if (error) return html`<${ErrorNote} error=${error} />`;
-  if (table === null) return html`<p class="muted">Loading results…</p>`;
+  if (table === null)
+    return error ? html`<${ErrorNote} error=${error} />` : html`<p class="muted">Loading results…</p>`;
   const chartable =
     sort.column > 8 &&
     rows.some((r) => numeric(r[sort.column])) &&
     rows.every((r) => r[sort.column] === "" || numeric(r[sort.column]));
   return html`<div>
+    <${ErrorNote} error=${error} />
     <div class="row">
       <p class="muted">${rows.length} input file${rows.length === 1 ? "" : "s"}. Click a column to sort${head.length > 9 ? "; a metric column is also charted" : ""}.</p>
       <button type="button" onClick=${download}>Download results.csv</button>

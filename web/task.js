@@ -4,7 +4,7 @@
 // or at once when PENDING_MAX are waiting — and the task and the visible runs are re-read (at most
 // twice a second) when a run or the task changes state. A queued task has no events while it waits:
 // it is re-read every POLL_MS for its place in the queue. Only the latest read's answer is shown.
-import { api, apiBlob, POLL_MS, saveBlob, withExtension } from "./api.js";
+import { api, POLL_MS, saveVia } from "./api.js";
 import { followTask, isTerminal } from "./events.js";
 import { duration, RUN_STATUSES, STATUS_LABEL, shownName, when } from "./format.js";
 import { html, useEffect, useRef, useState } from "./lib.js";
@@ -310,18 +310,23 @@ export function TaskView({ taskId }) {
       const after = await api(`/analysis-tasks/${taskId}/cancel`, { method: "POST" });
       const t = (await loadTask()) ?? after;
       setNotice(`Cancel requested: the task is ${STATUS_LABEL[t.status] ?? t.status}.`);
+      // The note of an action that failed before goes with the next that succeeds (it stayed until
+      // the page was left, until 2026-12-06).
+      setError(null);
     } catch (err) {
       setError(err);
     } finally {
       setBusy(false);
     }
   }
+  // Downloads go through a download link, which the browser saves itself, streamed to disk, under the
+  // name the API gives: a one-file task's output itself, else task-<id>.zip; a run's output under its
+  // own name (summary.json), not the input's.
   async function downloadAll() {
     setBusy(true);
     try {
-      // Saved as the API names it: a one-file task's output itself, else task-<id>.zip.
-      const blob = await apiBlob(`/analysis-tasks/${taskId}/download`);
-      saveBlob(blob, withExtension(`task-${taskId}`, blob.type));
+      await saveVia(`/analysis-tasks/${taskId}/download/link`);
+      setError(null);
     } catch (err) {
       setError(err);
     } finally {
@@ -330,9 +335,8 @@ export function TaskView({ taskId }) {
   }
   async function downloadRun(run) {
     try {
-      // The run's output, under its own name (the API's), not the input's.
-      const blob = await apiBlob(`/analysis-tasks/${taskId}/runs/${run.runId}/download`);
-      saveBlob(blob, withExtension(`run-${run.runId}-output`, blob.type));
+      await saveVia(`/analysis-tasks/${taskId}/runs/${run.runId}/download/link`);
+      setError(null);
     } catch (err) {
       setError(err);
     }

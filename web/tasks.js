@@ -1,14 +1,13 @@
 // The task list: newest first, paged, filtered by status and type; refreshed every two seconds
-// (POLL_MS) while any task on the page is still going (and the page is visible).
+// (POLL_MS) while any task on the page is still going (and the page is visible). Its filters and page
+// are in the address (app.js reads them): choosing one goes to a new address, so Back comes back.
 import { api, POLL_MS } from "./api.js";
 import { isTerminal } from "./events.js";
 import { duration, STATUS_LABEL, shownName, TASK_STATUSES, when } from "./format.js";
 import { html, useEffect, useState } from "./lib.js";
-import { ErrorNote, Pager, QueuePlace, Status, TaskBar } from "./widgets.js";
+import { ErrorNote, goTo, listAddress, Pager, QueuePlace, Status, TaskBar } from "./widgets.js";
 
-export function TasksView({ me, types }) {
-  const [filter, setFilter] = useState({ status: "", type: "" });
-  const [paging, setPaging] = useState({ cursors: [], cursor: null });
+export function TasksView({ me, types, path, filter, paging }) {
   const [page, setPage] = useState(null);
   const [error, setError] = useState(null);
   const [tick, setTick] = useState(0);
@@ -28,7 +27,7 @@ export function TasksView({ me, types }) {
       (err) => ctrl.signal.aborted || setError(err),
     );
     return () => ctrl.abort();
-  }, [filter, paging, tick]);
+  }, [filter.status, filter.type, paging.key, tick]);
 
   const live = page?.items.some((t) => !isTerminal(t.status));
   useEffect(() => {
@@ -38,10 +37,10 @@ export function TasksView({ me, types }) {
   }, [live]);
 
   const admin = me?.role === "admin";
-  const change = (key) => (e) => {
-    setFilter({ ...filter, [key]: e.currentTarget.value });
-    setPaging({ cursors: [], cursor: null });
-  };
+  // The address already shown (a page whose read failed, asked for again) is read again.
+  const again = () => setTick((n) => n + 1);
+  const change = (key) => (e) =>
+    goTo(listAddress(path, { ...filter, [key]: e.currentTarget.value }, []), again);
   return html`<section>
     <header class="row">
       <h1>Tasks</h1>
@@ -64,7 +63,9 @@ export function TasksView({ me, types }) {
     <${ErrorNote} error=${error} />
     ${
       page === null
-        ? html`<p class="muted">Loading…</p>`
+        ? error
+          ? null
+          : html`<p class="muted">Loading…</p>`
         : page.items.length === 0
           ? html`<p class="muted">No tasks${filter.status || filter.type ? " match these filters" : " yet"}. <a href="#/new">Start one.</a></p>`
           : html`<div class="scroll"><table class="tasks">
@@ -90,7 +91,7 @@ export function TasksView({ me, types }) {
             </tbody>
           </table></div>
           <${Pager} cursors=${page.cursors} next=${page.nextCursor}
-            onPage=${(cursors, cursor) => setPaging({ cursors, cursor })} />`
+            onPage=${(cursors) => goTo(listAddress(path, filter, cursors), again)} />`
     }
   </section>`;
 }

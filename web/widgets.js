@@ -45,6 +45,56 @@ export function ErrorNote({ error, id }) {
   return html`<p class="error" role="alert" id=${id}>${error.code ? html`<code>${error.code}</code> ` : null}${shownName(error.message ?? String(error))}</p>`;
 }
 
+/**
+ * The most of one value a list takes from its address: a value longer than any the API takes (a
+ * status, a type, a cursor) is still refused by it, with its own error, but a megabyte pasted into the
+ * address is not sent on (a request that long is refused before it reaches the API's checks).
+ */
+const ADDRESS_VALUE_MAX = 200;
+/** The most cursors of pages before the one shown an address keeps (for "Newer"). */
+const ADDRESS_CURSORS_MAX = 1000;
+
+/** Value `name` of a list's address (`params`, its query), clipped; "" when it has none. */
+export const addressValue = (params, name) => (params.get(name) ?? "").slice(0, ADDRESS_VALUE_MAX);
+
+/**
+ * A list's page as its address gives it: `cursor`, the page's (none: the first page), and `newer`,
+ * the cursors of the pages before it, oldest last, which "Newer" goes back through. `key` is the two
+ * as one text, for an effect to depend on.
+ */
+export function addressPaging(params) {
+  const cursor = addressValue(params, "cursor");
+  if (!cursor) return { cursors: [], cursor: null, key: "" };
+  const newer = params.get("newer") ? params.get("newer").split(",") : [];
+  const cursors = [...newer.slice(-ADDRESS_CURSORS_MAX).map((c) => c.slice(0, ADDRESS_VALUE_MAX)), cursor];
+  return { cursors, cursor, key: cursors.join(",") };
+}
+
+/**
+ * The address of the list at `path` with `filters` (those set) on the page the last of `cursors`
+ * reaches (none: the first page), as `addressPaging` reads it.
+ */
+export function listAddress(path, filters, cursors) {
+  const q = new URLSearchParams();
+  for (const [name, value] of Object.entries(filters)) if (value) q.set(name, value);
+  if (cursors.length > 0) {
+    q.set("cursor", cursors.at(-1));
+    if (cursors.length > 1) q.set("newer", cursors.slice(0, -1).join(","));
+  }
+  const query = q.toString();
+  return `#${path}${query ? `?${query}` : ""}`;
+}
+
+/**
+ * Goes to `address` (a new entry in the history, so Back comes back here); when it is the address
+ * already shown, which no hashchange follows (a page whose read failed, asked for again), calls
+ * `again` instead.
+ */
+export function goTo(address, again) {
+  if (new URL(address, location.href).hash === location.hash) again();
+  else location.hash = address;
+}
+
 /** Cursor paging: the API gives a next cursor; earlier cursors are kept to go back. */
 export function Pager({ cursors, next, onPage, labels = ["Newer", "Older"] }) {
   return html`<nav class="pager" aria-label="Pages">

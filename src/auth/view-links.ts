@@ -7,6 +7,12 @@
 // (HMAC-SHA256 over what it shows and when it expires). It is not the token: it shows one output, for
 // a few minutes, and stops working when the token is revoked. Nothing is stored to make or check one,
 // so any API instance checks a link any other made.
+//
+// Download links are made and checked the same way, for what must not go through fetch: a download the
+// browser saves itself, streamed to disk (a zip of several GB read with fetch is held whole in the tab's
+// memory). One names a task's download, its results.csv, a run's download or one output of a run, and
+// is served as an attachment from /view/download/…, under /view/ so that its path stays out of the log
+// as a view link's does (src/log.ts).
 import { createHmac, timingSafeEqual } from "node:crypto";
 import type { Sql } from "../db/client.ts";
 import type { Principal, Role } from "./tokens.ts";
@@ -63,20 +69,123 @@ export async function viewLinkCheck(
   const m = LINK_SHAPE.exec(link);
   if (!m) return undefined;
   const [, tokenId, taskId, runId, expiresText, given] = m as unknown as string[];
+  const target = { taskId: taskId as string, runId: runId as string, name };
   const expires = Number(expiresText);
+  const principal = await signedBy(
+    sql,
+    tokenId as string,
+    expires,
+    VIEW_LINK_TTL_SECONDS,
+    now,
+    given as string,
+    (key) => mac(key, target, expires),
+  );
+  return principal && { principal, target };
+}
+
+/**
+ * The principal of the token `tokenId` when `given` is the MAC `macOf` makes with its key and the link
+ * has not expired (nor expires later than one made now could); undefined otherwise.
+ */
+async function signedBy(
+  sql: Sql,
+  tokenId: string,
+  expires: number,
+  ttlSeconds: number,
+  now: number,
+  given: string,
+  macOf: (key: string) => string,
+): Promise<Principal | undefined> {
   const nowSeconds = Math.floor(now / 1000);
   // Expired from `expires` on, to the millisecond: compared in whole seconds, a link still worked for
   // up to a second after the expiresAt it was made with.
-  if (expires * 1000 <= now || expires > nowSeconds + VIEW_LINK_TTL_SECONDS + CLOCK_SKEW_SECONDS)
-    return undefined;
+  if (expires * 1000 <= now || expires > nowSeconds + ttlSeconds + CLOCK_SKEW_SECONDS) return undefined;
   const [row] = await sql<{ tokenHash: string; userId: number; name: string; role: Role }[]>`
     select t.token_hash as "tokenHash", u.id::float8 as "userId", u.name, u.role
     from api_tokens t join users u on u.id = t.user_id
-    where t.id = ${tokenId as string} and t.revoked_at is null`;
+    where t.id = ${tokenId} and t.revoked_at is null`;
   if (!row) return undefined;
-  const target = { taskId: taskId as string, runId: runId as string, name };
-  const expected = Buffer.from(mac(row.tokenHash, target, expires));
-  const actual = Buffer.from(given as string);
+  const expected = Buffer.from(macOf(row.tokenHash));
+  const actual = Buffer.from(given);
   if (expected.length !== actual.length || !timingSafeEqual(expected, actual)) return undefined;
-  return { principal: { userId: row.userId, name: row.name, role: row.role }, target };
+  return { userId: row.userId, name: row.name, role: row.role };
+}
+
+/**
+ * How long a download link works: long enough to start the download, and for the browser to resume
+ * one the network broke (a resume asks the same URL again). A download under way is not cut off when
+ * its link expires.
+ */
+export const DOWNLOAD_LINK_TTL_SECONDS = 300;
+
+/**
+ * What a download link saves: a task's download (`task`: its zip, or its one file), its results table
+ * (`results`), one run's download (`run`) or one output of a run by name (`output`). `name` is the
+ * link's last path segment — for `output` the output's, for the others what the browser would save it
+ * as, the response's Content-Disposition having the last word — and is signed like the rest.
+ */
+export type DownloadTarget =
+  | { kind: "task"; taskId: string; name: string }
+  | { kind: "results"; taskId: string; name: string }
+  | { kind: "run"; taskId: string; runId: string; name: string }
+  | { kind: "output"; taskId: string; runId: string; name: string };
+
+const DOWNLOAD_SHAPE = new RegExp(
+  `^(${ID})\\.(task|results|run|output)\\.(${ID})(?:\\.(${ID}))?\\.([0-9]{1,12})\\.([A-Za-z0-9_-]{43})$`,
+);
+
+/** The MAC of a download link: over a JSON array of everything it grants, so no two read alike. */
+function downloadMac(key: string, t: DownloadTarget, expires: number): string {
+  const runId = "runId" in t ? t.runId : null;
+  return createHmac("sha256", key)
+    .update(JSON.stringify(["assay download link", t.kind, t.taskId, runId, t.name, expires]))
+    .digest("base64url");
+}
+
+/**
+ * The path of a download link: `/view/download/<tokenId>.<kind>.<taskId>[.<runId>].<expires>.<mac>/<name>`
+ * (a run only for `run` and `output`).
+ */
+export function downloadLinkPath(
+  tokenId: number,
+  tokenHash: string,
+  t: DownloadTarget,
+  now = Date.now(),
+): { path: string; expiresAt: string } {
+  const expires = Math.floor(now / 1000) + DOWNLOAD_LINK_TTL_SECONDS;
+  const run = "runId" in t ? `.${t.runId}` : "";
+  const link = `${tokenId}.${t.kind}.${t.taskId}${run}.${expires}.${downloadMac(tokenHash, t, expires)}`;
+  return {
+    path: `/view/download/${link}/${encodeURIComponent(t.name)}`,
+    expiresAt: new Date(expires * 1000).toISOString(),
+  };
+}
+
+/**
+ * The principal and target of a download link, or undefined when it is malformed, expired, altered, or
+ * its token is unknown or revoked (all alike: the caller answers 404).
+ */
+export async function downloadLinkCheck(
+  sql: Sql,
+  link: string,
+  name: string,
+  now = Date.now(),
+): Promise<{ principal: Principal; target: DownloadTarget } | undefined> {
+  const m = DOWNLOAD_SHAPE.exec(link);
+  if (!m) return undefined;
+  const [, tokenId, kind, taskId, runId, expiresText, given] = m as unknown as (string | undefined)[];
+  const perRun = kind === "run" || kind === "output";
+  if (perRun !== (runId !== undefined)) return undefined;
+  const target = (perRun ? { kind, taskId, runId, name } : { kind, taskId, name }) as DownloadTarget;
+  const expires = Number(expiresText);
+  const principal = await signedBy(
+    sql,
+    tokenId as string,
+    expires,
+    DOWNLOAD_LINK_TTL_SECONDS,
+    now,
+    given as string,
+    (key) => downloadMac(key, target, expires),
+  );
+  return principal && { principal, target };
 }

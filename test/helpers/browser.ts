@@ -4,9 +4,11 @@
 import assert from "node:assert/strict";
 import type { ChildProcess } from "node:child_process";
 import fs from "node:fs";
-import { type Browser, chromium, type Page } from "playwright-core";
+import { after, before, beforeEach } from "node:test";
+import { type Browser, type BrowserContext, chromium, type Page } from "playwright-core";
+import { freePort } from "../../src/db/embedded.ts";
 import { type CliResult, cleanEnv, collect, spawnCli, watch } from "./cli.ts";
-import type { RunnerEnv } from "./runner.ts";
+import { type RunnerEnv, runnerEnv } from "./runner.ts";
 
 export const CHROMIUM = process.env.ASSAY_TEST_CHROMIUM ?? "/usr/bin/chromium";
 /** In CI a missing browser is a failure, not a skip (.ci/run installs it). */
@@ -76,4 +78,66 @@ export async function uploadFile(
   });
   assert.equal(res.status, 201);
   return ((await res.json()) as { data: { fileId: string; name: string } }).data;
+}
+
+/** What dashboardSuite() gives a browser test file once its `before` has run. */
+export interface DashboardSuite {
+  env: RunnerEnv;
+  /** The API's origin, `http://127.0.0.1:<port>`. */
+  base: string;
+  /** The admin token of the API's sign-in link. */
+  adminToken: string;
+  browser: Browser;
+  /** What the pages did wrong (watchPage): cleared before each test. */
+  problems: string[];
+  /** A page of a new browser context at `hash`, watched. */
+  open(hash?: string, ctx?: BrowserContext): Promise<Page>;
+  /** Fills the sign-in form with `token` and submits it. */
+  signIn(page: Page, token: string): Promise<void>;
+}
+
+/**
+ * The usual setup of a dashboard test file: a runner environment, an `assay api --dev-token` on a free
+ * port (and `extra` in its environment), a browser; registered as the file's before/after hooks.
+ * Its fields are there once `before` has run.
+ */
+export function dashboardSuite(extra: Record<string, string> = {}): DashboardSuite {
+  const s = { problems: [] as string[] } as DashboardSuite & {
+    api?: { child: ChildProcess; done: Promise<unknown> };
+  };
+  const contexts: BrowserContext[] = [];
+  before(async () => {
+    if (browserSkip) return;
+    s.env = await runnerEnv();
+    const port = await freePort();
+    s.base = `http://127.0.0.1:${port}`;
+    const started = await startDevApi(dashboardEnv(s.env, port, extra));
+    s.api = { child: started.child, done: started.done };
+    s.adminToken = linkToken(started.link);
+    s.browser = await launchBrowser();
+  });
+  beforeEach(() => {
+    s.problems.length = 0;
+  });
+  after(async () => {
+    if (browserSkip) return;
+    for (const ctx of contexts) await ctx.close().catch(() => {});
+    await s.browser?.close();
+    s.api?.child.kill("SIGTERM");
+    await s.api?.done;
+    await s.env?.close();
+  });
+  s.open = async (hash = "#/", given?: BrowserContext) => {
+    const ctx = given ?? (await s.browser.newContext({ viewport: { width: 1280, height: 900 } }));
+    if (!given) contexts.push(ctx);
+    const page = await ctx.newPage();
+    watchPage(page, s.problems);
+    await page.goto(`${s.base}/${hash}`);
+    return page;
+  };
+  s.signIn = async (page, token) => {
+    await page.getByLabel("API token").fill(token);
+    await page.getByRole("button", { name: "Sign in" }).click();
+  };
+  return s;
 }

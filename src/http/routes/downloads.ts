@@ -1,12 +1,20 @@
-// Downloads: one run's output file, or a streamed zip of every succeeded run's outputs.
+// Downloads: one run's output file, or a streamed zip of every succeeded run's outputs; and the links
+// that let a browser save them itself (view-links.ts).
 import { createHash } from "node:crypto";
 import path from "node:path";
 import { Readable } from "node:stream";
 import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
-import type { FastifyInstance, FastifyReply } from "fastify";
-import { Type } from "typebox";
+import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
+import { type TObject, type TSchema, Type } from "typebox";
 import type { Principal } from "../../auth/tokens.ts";
-import { type ViewTarget, viewLinkCheck, viewLinkPath } from "../../auth/view-links.ts";
+import {
+  type DownloadTarget,
+  downloadLinkCheck,
+  downloadLinkPath,
+  type ViewTarget,
+  viewLinkCheck,
+  viewLinkPath,
+} from "../../auth/view-links.ts";
 import type { Sql } from "../../db/client.ts";
 import { SAFE_NAME } from "../../runner/outputs.ts";
 import {
@@ -40,6 +48,11 @@ const OutputBody = Type.Object({
   sizeBytes: Type.Integer({ minimum: 0 }),
   contentType: Type.String(),
 });
+
+/** A link the API made: a path on its own origin, and when it stops working. */
+const LinkBody = Envelope(
+  Type.Object({ url: Type.String(), expiresAt: Type.String({ format: "date-time" }) }),
+);
 
 const CONTENT_TYPES: Record<string, string> = {
   ".json": "application/json",
@@ -163,6 +176,22 @@ async function send(
 }
 
 /**
+ * The name a download plan saves under: its one file's, or undefined for a zip. Refused as its download
+ * would be: 404 for a task or run not found, 409 for one not ready, 500 for a recorded output unusable.
+ */
+async function plannedName(
+  plan: DownloadPlan,
+  reply: FastifyReply,
+  taskExists: () => Promise<boolean>,
+): Promise<string | undefined> {
+  if (plan.kind === "not-found") throw notFound("ANALYSIS_TASK_NOT_FOUND");
+  if (plan.kind === "not-ready") throw new ApiError(409, "ANALYSIS_TASK_NOT_READY");
+  if (plan.kind === "zip") return undefined;
+  if (!plan.output.usable) throw await outputMissing(reply, plan.output, taskExists);
+  return plan.output.outputFileName;
+}
+
+/**
  * One output, opened before the headers are sent: an object that is gone is a logged 500. The stream
  * is released when it ends or when Fastify destroys it because the client left. Resumable: a strong
  * ETag, `If-None-Match` (304), one `Range` (206, or 416 when it selects no byte), `If-Range`.
@@ -256,6 +285,24 @@ export function byteRange(header: string | undefined): ByteRange | undefined {
   if (r[2] === "") return { start };
   const end = digits(r[2] as string);
   return end < start ? undefined : { start, end };
+}
+
+/** A task's results.csv, streamed (see GET …/results.csv). */
+async function sendResults(sql: Sql, principal: Principal, taskId: string, reply: FastifyReply) {
+  if (!isId(taskId) || !(await taskVisible(sql, principal, taskId))) {
+    throw notFound("ANALYSIS_TASK_NOT_FOUND");
+  }
+  const keys = await resultMetricKeys(sql, taskId);
+  reply.header("content-type", "text/csv; charset=utf-8");
+  reply.header("content-disposition", contentDisposition(`task-${taskId}-results.csv`));
+  reply.header("x-content-type-options", "nosniff");
+  const csv = resultsCsv(sql, taskId, keys);
+  // A page that cannot be read mid-stream, or a task that retention deleted between pages
+  // (resultLines checks it with every page), breaks the response off — never a complete-looking
+  // truncated table; Fastify destroys the connection, this says why.
+  csv.once("error", (err) => reply.log.error({ err, taskId }, "results.csv broken off"));
+  cutOffWhenStalled(reply);
+  return reply.send(csv);
 }
 
 interface ZipEntry {
@@ -359,23 +406,8 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
       },
     },
     async (request, reply) => {
-      const { taskId } = request.params;
-      const { sql } = app.services.database;
-      if (!isId(taskId) || !(await taskVisible(sql, principalOf(request), taskId))) {
-        throw notFound("ANALYSIS_TASK_NOT_FOUND");
-      }
-      const keys = await resultMetricKeys(sql, taskId);
-      reply.header("content-type", "text/csv; charset=utf-8");
-      reply.header("content-disposition", contentDisposition(`task-${taskId}-results.csv`));
-      reply.header("x-content-type-options", "nosniff");
-      const csv = resultsCsv(sql, taskId, keys);
-      // A page that cannot be read mid-stream, or a task that retention deleted between pages
-      // (resultLines checks it with every page), breaks the response off — never a complete-looking
-      // truncated table; Fastify destroys the connection, this says why.
-      csv.once("error", (err) => reply.log.error({ err, taskId }, "results.csv broken off"));
-      cutOffWhenStalled(reply);
       // The response schema lists errors only: the body is a stream, not JSON.
-      return (reply as FastifyReply).send(csv);
+      return sendResults(app.services.database.sql, principalOf(request), request.params.taskId, reply);
     },
   );
 
@@ -466,10 +498,7 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ["tasks"],
         security: [{ bearer: [] }],
         params: Type.Object({ taskId: IdParam, runId: IdParam, name: Type.String() }),
-        response: {
-          200: Envelope(Type.Object({ url: Type.String(), expiresAt: Type.String({ format: "date-time" }) })),
-          ...errorResponses,
-        },
+        response: { 200: LinkBody, ...errorResponses },
       },
     },
     async (request, reply) => {
@@ -482,6 +511,98 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
         name,
       });
       return ok({ url: path, expiresAt });
+    },
+  );
+
+  // Download links: what the dashboard's download buttons save, streamed to disk by the browser.
+  const linkSchema = <P extends TObject, R extends Record<number, TSchema>>(
+    summary: string,
+    params: P,
+    responses: R,
+  ) => ({
+    summary,
+    description:
+      "A URL that downloads this as an attachment, without a token, for five minutes and until the token that made it is revoked: a browser saves it itself, streamed to disk (and resumes it where the download is resumable). Served from /view/download/….",
+    tags: ["tasks"],
+    security: [{ bearer: [] }],
+    params,
+    response: { 200: LinkBody, ...responses },
+  });
+  const made = (request: FastifyRequest, t: DownloadTarget) => {
+    const { path, expiresAt } = downloadLinkPath(principalOf(request).tokenId, bearerHashOf(request), t);
+    return ok({ url: path, expiresAt });
+  };
+
+  app.post(
+    "/analysis-tasks/:taskId/download/link",
+    {
+      schema: linkSchema(
+        "A download link to the task's download (its zip, or its one file)",
+        Type.Object({ taskId: IdParam }),
+        { 409: ErrorBody, ...errorResponses },
+      ),
+    },
+    async (request, reply) => {
+      const { taskId } = request.params;
+      if (!isId(taskId)) throw notFound("ANALYSIS_TASK_NOT_FOUND");
+      const { sql } = app.services.database;
+      const plan = await taskDownloadPlan(sql, principalOf(request), taskId);
+      const name = await plannedName(plan, reply, () => taskExists(sql, taskId));
+      return made(request, { kind: "task", taskId, name: name ?? `task-${taskId}.zip` });
+    },
+  );
+
+  app.post(
+    "/analysis-tasks/:taskId/results.csv/link",
+    {
+      schema: linkSchema(
+        "A download link to the task's results.csv",
+        Type.Object({ taskId: IdParam }),
+        errorResponses,
+      ),
+    },
+    async (request) => {
+      const { taskId } = request.params;
+      const { sql } = app.services.database;
+      if (!isId(taskId) || !(await taskVisible(sql, principalOf(request), taskId))) {
+        throw notFound("ANALYSIS_TASK_NOT_FOUND");
+      }
+      return made(request, { kind: "results", taskId, name: `task-${taskId}-results.csv` });
+    },
+  );
+
+  app.post(
+    "/analysis-tasks/:taskId/runs/:runId/download/link",
+    {
+      schema: linkSchema(
+        "A download link to one succeeded run's output file",
+        Type.Object({ taskId: IdParam, runId: IdParam }),
+        { 409: ErrorBody, ...errorResponses },
+      ),
+    },
+    async (request, reply) => {
+      const { taskId, runId } = request.params;
+      if (!isId(taskId) || !isId(runId)) throw notFound("ANALYSIS_TASK_NOT_FOUND");
+      const { sql } = app.services.database;
+      const plan = await runDownloadPlan(sql, principalOf(request), taskId, runId);
+      const name = (await plannedName(plan, reply, () => taskExists(sql, taskId))) as string;
+      return made(request, { kind: "run", taskId, runId, name });
+    },
+  );
+
+  app.post(
+    "/analysis-tasks/:taskId/runs/:runId/outputs/:name/download-link",
+    {
+      schema: linkSchema(
+        "A download link to one output file of a run",
+        Type.Object({ taskId: IdParam, runId: IdParam, name: Type.String() }),
+        errorResponses,
+      ),
+    },
+    async (request, reply) => {
+      const { taskId, runId, name } = request.params;
+      await findOutput(app, principalOf(request), { taskId, runId, name }, reply);
+      return made(request, { kind: "output", taskId, runId, name });
     },
   );
 };
@@ -522,6 +643,45 @@ export const viewRoutes: FastifyPluginAsyncTypebox = async (app) => {
         checked.target.name,
         "inline",
       );
+    },
+  );
+  await app.register(downloadLinkRoutes);
+};
+
+/**
+ * `GET /view/download/:link/:name`: what a download link names, as an attachment, checked by the link's
+ * signature instead of a bearer token, and answered as its /api route would be (a one-file download and
+ * an output resumable, a zip and results.csv streamed). Under /view/ so its path stays out of the log.
+ */
+const downloadLinkRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  noHead(app, "/view/download/:link/:name", { logLevel: "warn" });
+  app.get(
+    "/view/download/:link/:name",
+    {
+      exposeHeadRoute: false,
+      schema: { hide: true, params: Type.Object({ link: Type.String(), name: Type.String() }) },
+      // The link is a capability: the request lines that name it stay out of the info log.
+      logLevel: "warn",
+    },
+    async (request, reply) => {
+      const { sql } = app.services.database;
+      const checked = await downloadLinkCheck(sql, request.params.link, request.params.name);
+      if (!checked) throw notFound("OUTPUT_NOT_FOUND");
+      const { principal, target: t } = checked;
+      reply.header("referrer-policy", "no-referrer");
+      reply.header("cache-control", "private, no-store");
+      // Saved, never shown; were it shown (a browser that ignores the disposition), then in a sandbox.
+      reply.header("content-security-policy", "sandbox");
+      const exists = () => taskExists(sql, t.taskId);
+      const store = app.services.storage;
+      if (t.kind === "task")
+        return send(sql, store, await taskDownloadPlan(sql, principal, t.taskId), reply, exists);
+      if (t.kind === "results") return sendResults(sql, principal, t.taskId, reply);
+      if (t.kind === "run")
+        return send(sql, store, await runDownloadPlan(sql, principal, t.taskId, t.runId), reply, exists);
+      const found = await findOutput(app, principal, t, reply);
+      reply.header("x-content-type-options", "nosniff");
+      return sendObject(store, found.output, reply, found.exists, t.name, "attachment");
     },
   );
 };

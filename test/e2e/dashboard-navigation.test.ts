@@ -1,0 +1,308 @@
+// The dashboard's navigation state, in a real browser (Debian's chromium driven by playwright-core)
+// against a real `assay api` process: the task list's filters and page and the files list's page are
+// in the address, so Back from a task, a reload and a link show the list as it was; hostile values in
+// the address show the API's error, never break the page; and the Results tab of a running task shows
+// its runs as they end, not only when the task does. Waits on conditions, never time.
+import assert from "node:assert/strict";
+import type { ChildProcess } from "node:child_process";
+import { after, before, beforeEach, test } from "node:test";
+import type { Browser, Page } from "playwright-core";
+import { tokenCreate } from "../../src/auth/tokens.ts";
+import { freePort } from "../../src/db/embedded.ts";
+import { createLogger } from "../../src/log.ts";
+import { Worker } from "../../src/queue/worker.ts";
+import {
+  browserSkip,
+  dashboardEnv,
+  launchBrowser,
+  startDevApi,
+  uploadFile,
+  watchPage,
+} from "../helpers/browser.ts";
+import { idsCrossPowerOfTen } from "../helpers/queue.ts";
+import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
+
+const skip = browserSkip;
+/** A hostile name: markup, a right-to-left override, letters beyond ASCII. */
+const NAME = "<img src=x onerror=alert(1)> Größe \u202evsc.csv";
+
+let env: RunnerEnv;
+let base: string;
+let api: { child: ChildProcess; done: Promise<unknown> } | undefined;
+let browser: Browser;
+const problems: string[] = [];
+
+before(async () => {
+  if (skip) return;
+  env = await runnerEnv();
+  const port = await freePort();
+  base = `http://127.0.0.1:${port}`;
+  const started = await startDevApi(
+    dashboardEnv(env, port, { ASSAY_SSE_HEARTBEAT_MS: "1000", ASSAY_SHUTDOWN_GRACE_MS: "2000" }),
+  );
+  api = { child: started.child, done: started.done };
+  browser = await launchBrowser();
+});
+
+beforeEach(() => {
+  problems.length = 0;
+});
+
+after(async () => {
+  if (skip) return;
+  await browser?.close();
+  api?.child.kill("SIGTERM");
+  await api?.done;
+  await env.close();
+});
+
+let users = 0;
+/** A user of the test's own: their files and tasks are only the test's. */
+async function newUser(): Promise<string> {
+  users++;
+  return (await tokenCreate(env.db.sql, `nav-${users}-Ünïcode`, "user")).token;
+}
+
+/** A page in a context of its own, signed in with `token`. */
+async function pageFor(token: string): Promise<Page> {
+  const ctx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  const page = await ctx.newPage();
+  watchPage(page, problems);
+  await page.goto(`${base}/#token=${encodeURIComponent(token)}`);
+  await page.getByRole("heading", { name: "Tasks" }).waitFor();
+  return page;
+}
+
+async function post(token: string, path: string, body?: unknown): Promise<Record<string, string>> {
+  const res = await fetch(`${base}/api${path}`, {
+    method: "POST",
+    headers: {
+      authorization: `Bearer ${token}`,
+      ...(body === undefined ? {} : { "content-type": "application/json" }),
+    },
+    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+  });
+  assert.ok(res.ok, `${path}: ${res.status} ${await res.clone().text()}`);
+  return ((await res.json()) as { data: Record<string, string> }).data;
+}
+
+/** The hash of the page's address, decoded. */
+const hashOf = (page: Page) => decodeURIComponent(new URL(page.url()).hash);
+
+test("the task list's filters and page are in the address: Back from a task, a reload and a link restore them", {
+  skip,
+}, async () => {
+  const token = await newUser();
+  const fileId = (await uploadFile(base, token, NAME, "a,b\n1,2\n")).fileId;
+  // Task ids cross a power of ten among the tasks listed (…99, 100…).
+  await idsCrossPowerOfTen(env.db.sql, "tasks", 20);
+  // 45 tasks no worker here runs: every third cancelled, so 30 queued, two pages of them (20, 10).
+  const queued: string[] = [];
+  for (let i = 0; i < 45; i++) {
+    const { taskId } = await post(token, "/analysis-tasks", {
+      analysisType: "python-stats",
+      inputFileId: fileId,
+      parameters: { method: "mean" },
+    });
+    if (i % 3 === 2) await post(token, `/analysis-tasks/${taskId}/cancel`);
+    else queued.push(taskId as string);
+  }
+  const [oldest, newest] = [queued[0] as string, queued.at(-1) as string];
+  const page = await pageFor(token);
+  const row = (id: string) => page.locator(`tr[data-task="${id}"]`);
+  await page.getByLabel("Status").selectOption("queued");
+  await page.waitForURL((u) => u.hash.includes("status=queued"));
+  await page.getByLabel("Type").selectOption("python-stats");
+  await page.waitForURL((u) => u.hash.includes("type=python-stats"));
+  await row(newest).waitFor();
+  await page.getByRole("button", { name: "Older" }).click();
+  await row(oldest).waitFor();
+  assert.match(hashOf(page), /^#\/\?status=queued&type=python-stats&cursor=\d+$/);
+  const second = page.url();
+
+  /** The second page of queued tasks, its filters chosen. */
+  const onSecondPage = async (p: Page) => {
+    await p.locator(`tr[data-task="${oldest}"]`).waitFor();
+    assert.equal(await p.locator("tr[data-task]").count(), 10);
+    assert.equal(await p.getByLabel("Status").inputValue(), "queued");
+    assert.equal(await p.getByLabel("Type").inputValue(), "python-stats");
+    assert.equal(await p.locator(".badge", { hasText: "cancelled" }).count(), 0);
+    assert.equal(await p.getByRole("button", { name: "Newer" }).isDisabled(), false);
+  };
+  // To a task and Back.
+  await row(oldest).getByRole("link").click();
+  await page.getByRole("heading", { name: `Task #${oldest}` }).waitFor();
+  await page.goBack();
+  await onSecondPage(page);
+  // A reload.
+  await page.reload();
+  await onSecondPage(page);
+  // Newer goes to the first page; Back and Forward go between the two.
+  await page.getByRole("button", { name: "Newer" }).click();
+  await row(newest).waitFor();
+  assert.equal(hashOf(page), "#/?status=queued&type=python-stats");
+  await page.goBack();
+  await onSecondPage(page);
+  await page.goForward();
+  await row(newest).waitFor();
+  assert.equal(await page.locator("tr[data-task]").count(), 20);
+  // The address, opened in another browser, shows the same page.
+  const other = await pageFor(token);
+  await other.goto(second);
+  await onSecondPage(other);
+  await page.context().close();
+  await other.context().close();
+  assert.deepEqual(problems, []);
+});
+
+test("hostile values in a list's address show the API's error in the page, never break it", {
+  skip,
+}, async () => {
+  const token = await newUser();
+  const fileId = (await uploadFile(base, token, NAME, "a,b\n1,2\n")).fileId;
+  const { taskId } = await post(token, "/analysis-tasks", {
+    analysisType: "python-stats",
+    inputFileId: fileId,
+    parameters: { method: "mean" },
+  });
+  const page = await pageFor(token);
+  const alert = page.getByRole("alert");
+  const hostile = [
+    `#/?status=${encodeURIComponent("<script>alert(1)</script>")}`,
+    `#/?type=${"x".repeat(500_000)}`,
+    `#/?type=${encodeURIComponent("\u202e<img src=x onerror=alert(1)>")}`,
+    "#/?cursor=0",
+    "#/?cursor=99999999999999999999",
+    `#/?cursor=${encodeURIComponent("1 or 1=1")}&newer=${encodeURIComponent("\u0000,,%")}`,
+    "#/files?cursor=-1",
+    `#/files?cursor=${"9".repeat(300_000)}`,
+  ];
+  for (const hash of hostile) {
+    await page.goto(`${base}/${hash}`);
+    await alert.filter({ hasText: "VALIDATION_FAILED" }).waitFor();
+    assert.equal(await page.getByText("Loading…").count(), 0, `${hash.slice(0, 60)}: not left loading`);
+    assert.equal(await page.locator("img").count(), 0);
+  }
+  // Back on a list the API takes, the error goes.
+  await page.goto(`${base}/#/?status=${encodeURIComponent("<script>")}`);
+  await alert.waitFor();
+  await page.getByLabel("Status").selectOption("queued");
+  await page.locator(`tr[data-task="${taskId}"]`).waitFor();
+  await alert.waitFor({ state: "detached" });
+  await page.context().close();
+  assert.deepEqual(problems, []);
+});
+
+test("the files list's page is in the address: Back, Forward and a reload come back to it", {
+  skip,
+}, async () => {
+  const token = await newUser();
+  // More than a page (50); file ids cross a power of ten among them.
+  await idsCrossPowerOfTen(env.db.sql, "files", 25);
+  const ids: string[] = [];
+  for (let i = 0; i < 52; i++) ids.push((await uploadFile(base, token, `${i} ${NAME}`, `a\n${i}\n`)).fileId);
+  const [oldest, newest] = [ids[0] as string, ids.at(-1) as string];
+  const page = await pageFor(token);
+  await page.goto(`${base}/#/files`);
+  const row = (id: string) => page.locator(`tr[data-file="${id}"]`);
+  await row(newest).waitFor();
+  await page.getByRole("button", { name: "Older" }).click();
+  await row(oldest).waitFor();
+  assert.match(hashOf(page), /^#\/files\?cursor=\d+$/);
+  await page.goBack();
+  await row(newest).waitFor();
+  assert.equal(hashOf(page), "#/files");
+  await page.goForward();
+  await row(oldest).waitFor();
+  await page.reload();
+  await row(oldest).waitFor();
+  assert.equal(await page.locator("tr[data-file]").count(), 2);
+  await page.getByRole("button", { name: "Newer" }).click();
+  await row(newest).waitFor();
+  assert.equal(await page.getByRole("button", { name: "Newer" }).isDisabled(), true, "the first page");
+  await page.context().close();
+  assert.deepEqual(problems, []);
+});
+
+test("the Results tab of a running task shows each run's result as it ends, not only the task's end", {
+  skip,
+}, async () => {
+  const token = await newUser();
+  const first = (await uploadFile(base, token, `erst ${NAME}`, "a\n1\n")).fileId;
+  const second = (await uploadFile(base, token, `zweit ${NAME}`, "a\n2\n")).fileId;
+  const gates = new Map<string, () => void>();
+  const opened = new Map<string, Promise<void>>();
+  for (const id of [first, second])
+    opened.set(
+      id,
+      new Promise<void>((resolve) => {
+        gates.set(id, resolve);
+      }),
+    );
+  const worker = new Worker({
+    sql: env.db.sql,
+    logger: createLogger({ level: "silent" }),
+    types: {
+      summary: {
+        handler: async (run, { reportProgress }) => {
+          reportProgress(10, "waiting");
+          await opened.get(String(run.inputFileId));
+          return { status: "succeeded", result: { metrics: { "Größe µ": Number(run.inputFileId) % 1000 } } };
+        },
+      },
+    },
+    concurrency: 2,
+    leaseTtlMs: 30_000,
+    pollIntervalMs: 200,
+    retryBaseMs: 100,
+  });
+  await worker.start();
+  const release = () => {
+    for (const open of gates.values()) open();
+  };
+  try {
+    const { taskId } = await post(token, "/analysis-tasks", {
+      analysisType: "summary",
+      inputFileIds: [first, second],
+    });
+    const page = await pageFor(token);
+    const reads: number[] = [];
+    page.on("request", (r) => {
+      if (r.url().endsWith(`/analysis-tasks/${taskId}/results.csv`)) reads.push(Date.now());
+    });
+    await page.goto(`${base}/#/tasks/${taskId}`);
+    await page.locator("header .badge").filter({ hasText: "running" }).waitFor({ timeout: 20_000 });
+    await page.getByRole("tab", { name: "Results" }).click();
+    const resultRow = (name: string) => page.locator("table.results tbody tr", { hasText: name });
+    await resultRow(`erst `).filter({ hasText: "running" }).waitFor();
+    gates.get(first)?.();
+    // The first run's row shows its end and its metric while the task still runs.
+    await resultRow("erst ").filter({ hasText: "succeeded" }).waitFor({ timeout: 20_000 });
+    await page.getByRole("columnheader", { name: "Größe µ" }).waitFor();
+    assert.equal(await resultRow("zweit ").filter({ hasText: "succeeded" }).count(), 0);
+    assert.equal(await page.locator("header .badge").filter({ hasText: "running" }).count(), 1);
+    // A re-read that fails (the network, the API restarting) keeps the table under its error, and is
+    // tried again.
+    let blocked = true;
+    await page.route(/\/results\.csv$/, (route) =>
+      blocked ? route.abort("connectionrefused") : route.continue(),
+    );
+    await page.getByRole("alert").filter({ hasText: "NETWORK" }).waitFor({ timeout: 20_000 });
+    assert.equal(await resultRow("erst ").count(), 1, "the table stays");
+    blocked = false;
+    await page.getByRole("alert").waitFor({ state: "detached", timeout: 20_000 });
+    reads.length = 0;
+    gates.get(second)?.();
+    await resultRow("zweit ").filter({ hasText: "succeeded" }).waitFor({ timeout: 20_000 });
+    await page.locator("header .badge").filter({ hasText: "succeeded" }).waitFor({ timeout: 20_000 });
+    // Read again on a cadence (POLL_MS, 2 s), not back to back. (Two reads may come together: a
+    // task's end reads the table again at once.)
+    const gaps = reads.slice(1).map((t, i) => t - (reads[i] as number));
+    assert.ok(gaps.filter((g) => g < 1500).length <= 1, `reads ${gaps.join(", ")} ms apart`);
+    await page.context().close();
+  } finally {
+    release();
+    await worker.stop();
+  }
+  assert.deepEqual(problems, []);
+});
