@@ -101,6 +101,8 @@ export function ResultsTable({ taskId, version }) {
   const download = async () => {
     try {
       await saveVia(`/analysis-tasks/${taskId}/results.csv/link`);
+      // As on the task page: a download that works ends the note of one that failed.
+      setError(null);
     } catch (err) {
       setError(err);
     }

@@ -305,7 +305,11 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
         return {
           status: "failed",
           errorCode: "ANALYSIS_INPUT_INVALID",
-          errorMessage: "the input file cannot be read",
+          // A local store's input is read in place: gone (its file deleted), it is said as a remote
+          // store's is, whose fetch finds no object.
+          errorMessage: fs.existsSync(place.inputPath)
+            ? "the input file cannot be read"
+            : "the input file is not in storage",
         };
       }
       const result = await runProcess(

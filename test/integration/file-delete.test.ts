@@ -7,7 +7,7 @@ import { after, before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { tokenCreate } from "../../src/auth/tokens.ts";
 import { bearer, multipart } from "../helpers/app.ts";
-import { waitForTerminal } from "../helpers/queue.ts";
+import { waitFor, waitForTerminal } from "../helpers/queue.ts";
 import { fixtureProgram, type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
 import { createTestBucket, type TestBucket } from "../helpers/s3.ts";
 
@@ -103,6 +103,52 @@ for (const [kind, make] of backends) {
       }
       const anonymous = await app.inject({ method: "DELETE", url: `/api/files/${id}` });
       assert.equal(anonymous.statusCode, 401);
+    });
+
+    test("a create racing a delete of its file: the delete first makes the create a 404, with nothing written", async () => {
+      const id = await upload(alice, "a\n1\n");
+      const tasksBefore = (await env.db.sql`select count(*)::int as n from tasks`)[0]?.n;
+      let commit: () => void = () => {};
+      const committed = new Promise<void>((r) => {
+        commit = r;
+      });
+      let deleted: () => void = () => {};
+      const isDeleted = new Promise<void>((r) => {
+        deleted = r;
+      });
+      // A delete that has removed the row but not committed yet.
+      const tx = env.db.sql.begin(async (t) => {
+        await t`delete from files where id = ${id}`;
+        deleted();
+        await committed;
+      });
+      await isDeleted;
+      const create = app.inject({
+        method: "POST",
+        url: "/api/analysis-tasks",
+        payload: { analysisType: "summary", inputFileId: id, parameters: {} },
+        headers: bearer(alice),
+      });
+      // The create waits for the delete's row lock, then finds the row gone.
+      await waitFor(
+        async () =>
+          (
+            await env.db.sql`select 1 from pg_stat_activity
+              where datname = current_database() and wait_event_type = 'Lock' and query like '%for key share%'`
+          ).length > 0,
+        10_000,
+        "the create to wait for the delete",
+      );
+      commit();
+      await tx;
+      const res = await create;
+      assert.equal(res.statusCode, 404, res.body);
+      assert.equal(res.json().code, "FILE_NOT_FOUND");
+      assert.equal((await env.db.sql`select count(*)::int as n from tasks`)[0]?.n, tasksBefore);
+      assert.equal(
+        (await env.db.sql`select count(*)::int as n from runs where input_file_id = ${id}`)[0]?.n,
+        0,
+      );
     });
 
     test("a finished task keeps its outputs; a queued run of the file fails ANALYSIS_INPUT_INVALID", async () => {
