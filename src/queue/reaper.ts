@@ -85,7 +85,7 @@ export class Reaper extends IntervalService<ReapPass> {
       // Owners with nothing queued leave the claim's rotation (they rejoin with their next run).
       await queueOwnersPrune(this.o.sql);
     } catch (err) {
-      if (!answered) this.outage = {};
+      if (!answered && unreachable(err)) this.outage = {};
       throw err;
     } finally {
       // Also when a later statement failed: what the earlier ones recovered has committed.
@@ -96,4 +96,15 @@ export class Reaper extends IntervalService<ReapPass> {
     }
     return total;
   }
+}
+
+/**
+ * Whether a failed statement says the database could not be reached — no answer, a connection lost, or
+ * a FATAL error (a server starting or shutting down, no connection slot, connections refused) — rather
+ * than that it answered the statement with an ERROR (a statement timeout, a missing table): only the
+ * first kind means the workers could not heartbeat either.
+ */
+function unreachable(err: unknown): boolean {
+  if (!(err instanceof Error) || err.name !== "PostgresError") return true;
+  return (err as { severity?: unknown }).severity !== "ERROR";
 }

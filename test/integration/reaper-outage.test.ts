@@ -174,3 +174,33 @@ test("runs a pass took back before one of its later statements failed are still 
   assert.equal(told.length, 1);
   assert.equal(told[0]?.requeued, 2);
 });
+
+test("a pass whose first statement the database answers with an error (a missing table) is no outage: the next pass reaps at once", async () => {
+  const type = "answered-error";
+  const taskId = await createTask(db.sql, owner, type, 1);
+  await runClaim(db.sql, {
+    workerId: "w-outage",
+    analysisType: type,
+    limit: 1,
+    globalLimit: 0,
+    leaseTtlMs: 1000,
+  });
+  await db.sql`update runs set lease_expires_at = now() - interval '1 second' where task_id = ${taskId}`;
+  const reaper = new Reaper({
+    sql: db.sql,
+    logger,
+    intervalMs: 60_000,
+    // A lease far longer than the test: an outage's grace would hold the reaping off for it.
+    leaseTtlMs: 600_000,
+    retryBaseMs: 10,
+    workerWaitMs: 600_000,
+  });
+  await db.sql`alter table runs rename to runs_away`;
+  try {
+    await assert.rejects(reaper.runOnce(), /runs/);
+  } finally {
+    await db.sql`alter table runs_away rename to runs`;
+  }
+  assert.equal((await reaper.runOnce()).requeued, 1, "reaped at once");
+  assert.deepEqual(await runCounts(db.sql, taskId), { queued: 1 });
+});
