@@ -49,7 +49,10 @@ export function parseClientArgs<O extends Options>(argv: string[], options: O) {
   }
 }
 
-function clientFrom(values: { url?: string | undefined; token?: string | undefined }): ApiClient {
+function clientFrom(
+  values: { url?: string | undefined; token?: string | undefined },
+  out: Output,
+): ApiClient {
   const url = values.url ?? (process.env.ASSAY_URL || DEFAULT_URL);
   try {
     const parsed = new URL(url);
@@ -67,7 +70,8 @@ function clientFrom(values: { url?: string | undefined; token?: string | undefin
     throw new ServerProblem(
       "the API token has characters no token has (spaces, non-ASCII): check ASSAY_TOKEN",
     );
-  return new ApiClient(url, token);
+  // A request tried again (an API restarting) is said on stderr, as a download's retry is.
+  return new ApiClient(url, token, { onRetry: (note) => out.note(note) });
 }
 
 /** How long a command may take to wind down once its output is gone, before the process just exits. */
@@ -138,7 +142,7 @@ export async function runClientCommand<O extends Options>(
       return 0;
     }
     const ctx: ClientContext = {
-      client: clientFrom(args.values as { url?: string; token?: string }),
+      client: clientFrom(args.values as { url?: string; token?: string }, out),
       out,
       signal: stop.signal,
     };

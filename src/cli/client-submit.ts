@@ -9,7 +9,7 @@ import path from "node:path";
 import { analysisTypes, runsOf, taskCreate } from "../client/api.ts";
 import { foldersFromLabels } from "../client/download.ts";
 import { ClientUsageError, EXIT, Interrupted, messageOf } from "../client/exit.ts";
-import { type ApiClient, ApiRequestError, ConnectionError } from "../client/http.ts";
+import { type ApiClient, ApiRequestError, ConnectionError, retryPause } from "../client/http.ts";
 import type { LocalInput } from "../client/inputs.ts";
 import { listInputs } from "../client/inputs.ts";
 import { bytes, fit, seconds, shown } from "../client/output.ts";
@@ -130,11 +130,17 @@ async function hashAll(
   });
 }
 
-/** Uploads `inputs[i]` for every i of `missing`; their records by index. */
+/**
+ * Uploads `inputs[i]` for every i of `missing`; their records by index. Inputs of the same bytes go
+ * one after another: an upload whose answer was lost looks for the file it made among those of its
+ * hash (uploadFile), and must not take one another upload in flight has just made. `claimed` holds
+ * the file ids already taken (the copies found); every upload's is added.
+ */
 async function uploadAll(
   ctx: ClientContext,
   inputs: LocalInput[],
   missing: number[],
+  claimed: Set<string>,
   bars: Bars,
   concurrency: number,
 ): Promise<Map<number, FileRecord>> {
@@ -143,18 +149,31 @@ async function uploadAll(
     missing.reduce((a, i) => a + (inputs[i]?.sizeBytes ?? 0), 0),
     missing.length,
   );
+  const byHash = new Map<string, number[]>();
+  for (const i of missing) {
+    const sha256 = (inputs[i] as LocalInput).sha256;
+    byHash.set(sha256, [...(byHash.get(sha256) ?? []), i]);
+  }
   const uploader = await ctx.client.uploader(concurrency);
   try {
-    const uploads = await mapLimit(missing, concurrency, async (i) => {
-      const input = inputs[i] as LocalInput;
-      const record = await uploadFile(uploader, input, ctx.signal, (n) =>
-        bars?.sent(n, false, missing.length),
-      );
-      bars?.sent(0, true, missing.length);
-      fileLine(ctx, input, record, true);
-      return [i, record] as const;
+    const uploads = await mapLimit([...byHash.values()], concurrency, async (same) => {
+      const records: (readonly [number, FileRecord])[] = [];
+      for (const i of same) {
+        const input = inputs[i] as LocalInput;
+        const record = await uploadFile(
+          uploader,
+          input,
+          ctx.signal,
+          (n) => bars?.sent(n, false, missing.length),
+          claimed,
+        );
+        bars?.sent(0, true, missing.length);
+        fileLine(ctx, input, record, true);
+        records.push([i, record]);
+      }
+      return records;
     });
-    return new Map(uploads);
+    return new Map(uploads.flat());
   } finally {
     uploader.close();
   }
@@ -176,7 +195,8 @@ async function sendFiles(
     const copies = await findCopies(ctx.client, inputs, concurrency, ctx.signal);
     const t2 = performance.now();
     const missing = inputs.map((_, i) => i).filter((i) => !copies.has(i));
-    const fresh = await uploadAll(ctx, inputs, missing, bars, concurrency);
+    const claimed = new Set([...copies.values()].map((f) => f.fileId));
+    const fresh = await uploadAll(ctx, inputs, missing, claimed, bars, concurrency);
     const t3 = performance.now();
     const records = inputs.map((input, i) => {
       const copy = copies.get(i);
@@ -241,7 +261,7 @@ async function createTask(
         throw new ConnectionError(`${(err as Error).message}; ${more}`);
       }
       ctx.out.note(`the task's creation was not confirmed (${messageOf(err)}); retrying`);
-      await sleep(Math.min(500 * 2 ** (attempt - 1), 5000), ctx.signal);
+      await sleep(retryPause(attempt), ctx.signal);
     }
   }
 }

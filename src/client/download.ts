@@ -19,7 +19,15 @@ import {
 } from "../files/folder-names.ts";
 import type { Run } from "../http/api-types.ts";
 import { outputPath, resultsCsvPath, runOutputs } from "./api.ts";
-import { type ApiClient, ApiRequestError, brokenBody, ConnectionError, errorOf, idleSignal } from "./http.ts";
+import {
+  type ApiClient,
+  ApiRequestError,
+  brokenBody,
+  ConnectionError,
+  errorOf,
+  idleSignal,
+  retryPause,
+} from "./http.ts";
 import { mapLimit, sleep } from "./pool.ts";
 
 // The naming rules are the zip's own (files/folder-names.ts), so a run's folder here is its folder there.
@@ -137,9 +145,6 @@ export const DOWNLOAD_IDLE_MS = 60_000;
 
 /** How many times in all one file's download is tried before the command gives up. */
 export const DOWNLOAD_ATTEMPTS = 5;
-
-/** The pause before the nth retry: 0.5 s, 1 s, 2 s, 4 s. */
-const retryPause = (retry: number) => Math.min(500 * 2 ** (retry - 1), 5000);
 
 /** A failure that another attempt would not mend: a stall, a body longer than the file. */
 class NotRetried extends ConnectionError {}

@@ -3,6 +3,7 @@
 // server over HTTP only and loads nothing of the server: the API's types come from
 // src/http/api-types.ts as types alone, which Node erases.
 import type { EnvelopeOf, ErrorResponse } from "../http/api-types.ts";
+import { sleep } from "./pool.ts";
 
 /** The server answered, with an error body. */
 export class ApiRequestError extends Error {
@@ -19,6 +20,75 @@ export class ApiRequestError extends Error {
 /** The server could not be reached (refused, reset, timed out, not HTTP). */
 export class ConnectionError extends Error {
   override name = "ConnectionError";
+}
+
+/**
+ * A ConnectionError that asking again would not mend: a redirect, an answer that is not the API's, a
+ * server that took the request but did not answer in time.
+ */
+export class NotRetried extends ConnectionError {}
+
+/**
+ * How many times a request that can safely be sent again (a GET; an upload, once the server has said
+ * it has no file of it) is retried when the connection fails or a gateway answers for the API
+ * (retriable): 6 attempts in all, after pauses of 0.5, 1, 2, 4 and 5 s — about 15 s, enough for an API
+ * to restart.
+ */
+export const RETRIES = 5;
+
+/** The pause before the nth retry: 0.5 s, 1 s, 2 s, 4 s, then 5 s each. */
+export const retryPause = (retry: number) => Math.min(500 * 2 ** (retry - 1), 5000);
+
+/**
+ * Whether asking again may mend `err`: the connection failed or broke off, or a proxy or the closing
+ * API answered 502, 503 or 504 (the API restarting). Not a 500 — a bug of the server's, which asking
+ * again would only hammer — nor any 4xx.
+ */
+export const retriable = (err: unknown) =>
+  err instanceof ApiRequestError
+    ? err.status === 502 || err.status === 503 || err.status === 504
+    : err instanceof ConnectionError && !(err instanceof NotRetried);
+
+/**
+ * `attempt()` until it succeeds, retried while it fails retriably, RETRIES times with growing pauses,
+ * each retry told to `note` ("<what>: <why>; <again> (attempt n of 6)"); a pause ends at once when
+ * `signal` aborts, with its reason. `beforeRetry` runs after each pause: what it returns (not
+ * undefined) is the result, without another attempt. The last failure names how many attempts were
+ * made.
+ */
+export async function withRetries<T>(
+  what: string,
+  o: {
+    signal?: AbortSignal | undefined;
+    note?: ((text: string) => void) | undefined;
+    again?: string;
+    beforeRetry?: () => Promise<T | undefined>;
+  },
+  attempt: () => Promise<T>,
+): Promise<T> {
+  for (let n = 1; ; n++) {
+    try {
+      return await attempt();
+    } catch (err) {
+      if (o.signal?.aborted || !retriable(err)) throw err;
+      const message = (err as Error).message;
+      // Which request, also when the connection failed before any answer ("cannot reach …").
+      const why = message.startsWith(`${what}: `) ? message : `${what}: ${message}`;
+      const attempts = RETRIES + 1;
+      if (n >= attempts) {
+        const more = `; gave up after ${attempts} attempts`;
+        if (err instanceof ApiRequestError) throw new ApiRequestError(err.status, err.code, `${why}${more}`);
+        throw new ConnectionError(`${why}${more}`);
+      }
+      o.note?.(
+        `${err instanceof ApiRequestError ? `${why} (${err.code})` : why}; ${o.again ?? "trying again"} (attempt ${n + 1} of ${attempts})`,
+      );
+      await sleep(retryPause(n), o.signal);
+      if (o.signal?.aborted) throw o.signal.reason;
+      const settled = await o.beforeRetry?.();
+      if (settled !== undefined) return settled;
+    }
+  }
 }
 
 /**
@@ -75,18 +145,29 @@ function networkReason(err: unknown): string {
 /** fetch's "fetch failed" (refused, reset, DNS, TLS): a TypeError whose cause is the real error. */
 const isNetworkFailure = (err: unknown) => err instanceof TypeError && err.cause !== undefined;
 
+/**
+ * Reasons a connection was not made that mean nothing listens there, or no such host. (fetch's "bad
+ * port", a port it never connects to, such as 9 or 6000, is never retried.)
+ */
+const NOT_THERE = new Set(["ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN"]);
+
 export class ApiClient {
   readonly base: URL;
   readonly #token: string;
+  /** Some request of this client has been answered (by anything at its address). */
+  #answered = false;
+  /** Told, in a sentence, when a request is tried again (the commands: a note on stderr). */
+  readonly onRetry: ((note: string) => void) | undefined;
 
   /** Streamed uploads with this client's server and token. */
   uploader(connections: number, idleMs = UPLOAD_IDLE_MS): Promise<Uploader> {
     return Uploader.open(this, this.#token, connections, idleMs);
   }
 
-  constructor(baseUrl: string, token: string) {
+  constructor(baseUrl: string, token: string, o: { onRetry?: (note: string) => void } = {}) {
     this.base = new URL(baseUrl.endsWith("/") ? baseUrl : `${baseUrl}/`);
     this.#token = token;
+    this.onRetry = o.onRetry;
   }
 
   /** The base URL as it may be shown: without any user name or password in it. */
@@ -127,12 +208,19 @@ export class ApiClient {
       } as RequestInit);
     } catch (err) {
       if (o.signal?.aborted) throw o.signal.reason;
-      if (timeout?.aborted) throw new ConnectionError(`${this.shownUrl} did not answer in time`);
+      if (timeout?.aborted) throw new NotRetried(`${this.shownUrl} did not answer in time`);
       // fetch rejects with a TypeError for a request it could not even build too (a header value
       // outside Latin-1, say): only one with a cause — the socket's error — is the network failing.
       if (!isNetworkFailure(err)) throw err;
-      throw new ConnectionError(`cannot reach ${this.shownUrl} (${networkReason(err)})`);
+      const reason = networkReason(err);
+      // Nothing answered yet in this command: a refused connection or an unknown host is an address
+      // that is wrong (or a server not started), said at once, not after ~15 s of retries. An API that
+      // answered before and now refuses is restarting: retried.
+      if ((!this.#answered && NOT_THERE.has(reason)) || reason === "bad port")
+        throw new NotRetried(`cannot reach ${this.shownUrl} (${reason})`);
+      throw new ConnectionError(`cannot reach ${this.shownUrl} (${reason})`);
     }
+    this.#answered = true;
     if (isRedirect(res.status)) {
       await res.body?.cancel().catch(() => {});
       throw redirected(this.shownUrl, url, res.headers.get("location"));
@@ -147,11 +235,17 @@ export class ApiClient {
     return envelopeData<T>(await readText(res, this.shownUrl, o.signal), this.shownUrl);
   }
 
+  /**
+   * A GET's `data`, retried (withRetries) when the connection fails or a gateway answers 502, 503 or
+   * 504: reading twice changes nothing, and an API restarting must not fail the command.
+   */
   get<T>(path: string, query?: RequestOptions["query"], signal?: AbortSignal): Promise<T> {
-    return this.json<T>("GET", path, {
-      ...(query === undefined ? {} : { query }),
-      ...(signal === undefined ? {} : { signal }),
-    });
+    return withRetries(`reading ${path}`, { signal, note: this.onRetry }, () =>
+      this.json<T>("GET", path, {
+        ...(query === undefined ? {} : { query }),
+        ...(signal === undefined ? {} : { signal }),
+      }),
+    );
   }
 }
 
@@ -185,10 +279,10 @@ export function envelopeData<T>(text: string, shownUrl: string): T {
   try {
     body = JSON.parse(text);
   } catch {
-    throw new ConnectionError(`${shownUrl} did not answer with JSON: is it an Assay server?`);
+    throw new NotRetried(`${shownUrl} did not answer with JSON: is it an Assay server?`);
   }
   if (typeof body !== "object" || body === null || !("data" in body) || body.data == null)
-    throw new ConnectionError(`${shownUrl} did not answer with the API's envelope: is it an Assay server?`);
+    throw new NotRetried(`${shownUrl} did not answer with the API's envelope: is it an Assay server?`);
   return (body as EnvelopeOf<T>).data;
 }
 
@@ -200,7 +294,7 @@ const isRedirect = (status: number) => status >= 300 && status < 400;
  * would lose its token on the way (a 401, "check ASSAY_TOKEN"), a POST become a GET, and an upload
  * get "HTTP 301"; instead the command stops at once, saying where the server points.
  */
-function redirected(shownUrl: string, from: URL, location: string | null): ConnectionError {
+function redirected(shownUrl: string, from: URL, location: string | null): NotRetried {
   let to = "elsewhere";
   try {
     const u = new URL(location ?? "", from);
@@ -213,7 +307,7 @@ function redirected(shownUrl: string, from: URL, location: string | null): Conne
   } catch {
     // A Location that is not a URL: where does not matter, only that it is not the API.
   }
-  return new ConnectionError(
+  return new NotRetried(
     `${shownUrl} answers with a redirect to ${to}: set ASSAY_URL (or --url) to the API's own address`,
   );
 }
@@ -277,6 +371,11 @@ export class Uploader {
     return this.#client.shownUrl;
   }
 
+  /** The client this uploader sends with. */
+  get client(): ApiClient {
+    return this.#client;
+  }
+
   static async open(
     client: ApiClient,
     token: string,
@@ -312,7 +411,7 @@ export class Uploader {
       req.on("error", fail);
       req.setTimeout(this.#idleMs, () =>
         req.destroy(
-          new ConnectionError(`${shown} neither took nor answered the upload for ${this.#idleMs / 1000} s`),
+          new NotRetried(`${shown} neither took nor answered the upload for ${this.#idleMs / 1000} s`),
         ),
       );
       req.on("response", (res) => {

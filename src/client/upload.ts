@@ -8,7 +8,14 @@ import path from "node:path";
 import type { FileRecord, PageOf } from "../http/api-types.ts";
 import { filesBySha256 } from "./api.ts";
 import { ClientUsageError } from "./exit.ts";
-import { type ApiClient, ApiRequestError, type BodyWriter, envelopeData, type Uploader } from "./http.ts";
+import {
+  type ApiClient,
+  ApiRequestError,
+  type BodyWriter,
+  envelopeData,
+  type Uploader,
+  withRetries,
+} from "./http.ts";
 import { hashFile, type LocalInput, serverName } from "./inputs.ts";
 import { mapLimit } from "./pool.ts";
 
@@ -115,11 +122,68 @@ function partHead(boundary: string, name: string): Buffer {
 }
 
 /**
- * Uploads one file (POST /api/files), streamed from disk; `onBytes(n)` as the connection takes each
- * chunk, and once with minus everything counted when the upload fails. An abort cancels the request:
- * the server keeps nothing of a body that did not end.
+ * The file an upload of `input` whose answer never came made, if it did: a file with its bytes and
+ * the name the server gives it that no other input has (`claimed`: the copies found and the files
+ * uploaded so far). The server keeps nothing of an upload that broke off, and a committed one has
+ * its row before it answers, so none means it did not arrive. The caller uploads each hash's inputs
+ * one after another, so no upload of these bytes is in flight meanwhile to be taken for this one.
+ */
+async function arrivedWhole(
+  c: ApiClient,
+  input: LocalInput,
+  claimed: Set<string>,
+  signal: AbortSignal,
+): Promise<FileRecord | undefined> {
+  const name = serverName(input.label);
+  const mine = (await filesBySha256(c, input.sha256, signal)).filter(
+    (f) => f.sizeBytes === input.sizeBytes && f.name === name && !claimed.has(f.fileId),
+  );
+  // The newest: a copy made before this command started was claimed by findCopies already.
+  return mine.sort((a, b) => (BigInt(a.fileId) < BigInt(b.fileId) ? 1 : -1))[0];
+}
+
+/**
+ * Uploads one file (POST /api/files), streamed from disk (uploadOnce). An upload whose connection
+ * fails or breaks off, or that a gateway answers 502, 503 or 504 (the API restarting), may have
+ * arrived all the same, its answer lost: after each pause (withRetries) the server is asked for it
+ * (arrivedWhole), and that file is taken; only when it has none is the file sent again. Every file
+ * taken goes into `claimed`. A 4xx, a 500 or a file that changed is not retried.
  */
 export async function uploadFile(
+  uploader: Uploader,
+  input: LocalInput,
+  signal: AbortSignal,
+  onBytes: (n: number) => void,
+  claimed: Set<string> = new Set(),
+): Promise<FileRecord> {
+  const c = uploader.client;
+  const record = await withRetries(
+    input.label,
+    {
+      signal,
+      note: c.onRetry,
+      again: "asking the server whether it arrived, else uploading it again",
+      beforeRetry: async () => {
+        const arrived = await arrivedWhole(c, input, claimed, signal);
+        if (arrived) {
+          c.onRetry?.(`${input.label}: it had arrived whole (file ${arrived.fileId}); not sent again`);
+          onBytes(input.sizeBytes);
+        }
+        return arrived;
+      },
+    },
+    () => uploadOnce(uploader, input, signal, onBytes),
+  );
+  claimed.add(record.fileId);
+  return record;
+}
+
+/**
+ * One upload of a file, streamed from disk; `onBytes(n)` as the connection takes each chunk, and
+ * once with minus everything counted when the upload fails. An abort cancels the request: the
+ * server keeps nothing of a body that did not end.
+ */
+async function uploadOnce(
   uploader: Uploader,
   input: LocalInput,
   signal: AbortSignal,

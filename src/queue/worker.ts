@@ -32,6 +32,7 @@ import {
   type Lease,
   type Outcome,
   queueOwnersPruneIdle,
+  type RetriesRecorded,
   type Retry,
   type RetryResult,
   runClaim,
@@ -40,9 +41,10 @@ import {
   runClaimSole,
   runClaimTurn,
   runComplete,
+  runEndingsRecorded,
   runHeartbeat,
-  runOutputsRecorded,
   runProgress,
+  runRetriesRecorded,
   runRetry,
   runWake,
   runWakeOwnersTypes,
@@ -129,6 +131,12 @@ interface Pending<T> {
   refusals?: number;
   /** `value` is the fixed stand-in for what the database refused (unrecordable()). */
   standIn?: boolean;
+  /**
+   * A statement carrying it failed without telling what it did: it may have committed, its answer
+   * lost (the connection dropped after the commit). If a later one does not match it, the worker
+   * looks whether that earlier one recorded it (runEndingsRecorded, runRetriesRecorded).
+   */
+  sent?: boolean;
 }
 
 /** What writing a batch did: the runs whose ending was recorded, and the errors that left work to retry. */
@@ -1246,10 +1254,15 @@ export class Worker {
       this.outcomes = [];
       this.retries = [];
       this.writing = [...outcomes, ...retries].map((p) => p.run);
-      const written = await Promise.all([
-        this.writeBatch(outcomes, this.completions),
-        this.writeBatch(retries, this.requeues),
-      ]);
+      // A retry that an earlier, failed statement may have committed (its answer lost) is looked up
+      // by its run's row (retried()): written and settled first, before a completion of the run's
+      // next attempt here changes that row. Otherwise both at once.
+      const written = retries.some((p) => p.sent)
+        ? [await this.writeBatch(retries, this.requeues), await this.writeBatch(outcomes, this.completions)]
+        : await Promise.all([
+            this.writeBatch(outcomes, this.completions),
+            this.writeBatch(retries, this.requeues),
+          ]);
       this.writing = [];
       const errors = written.flatMap((w) => w.errors);
       // Never throws: a failed wake-up is logged there and must not count as a failed write.
@@ -1284,7 +1297,7 @@ export class Worker {
         this.o.sql,
         batch.map((r) => r.value),
       ),
-    settle: async (batch, result) => this.retried(batch, result),
+    settle: (batch, result) => this.retried(batch, result),
     putBack: (batch) => this.retries.unshift(...batch),
     standIn: (p) => unrecordableRetry(p.value),
   };
@@ -1318,7 +1331,9 @@ export class Worker {
     if (sqlStateOf(err)?.startsWith("23")) for (const p of batch) p.refusals = (p.refusals ?? 0) + 1;
     if (!inputAtFault(err, batch)) {
       // The connection's, the server's, or nothing the batch could be blamed for: the whole batch
-      // again at the next flush, for as long as it takes (its leases are heartbeated meanwhile).
+      // again at the next flush, for as long as it takes (its leases are heartbeated meanwhile). It
+      // may have committed all the same, its answer lost: then the next try matches nothing.
+      for (const p of batch) p.sent = true;
       w.putBack(batch);
       return { released: [], errors: [err] };
     }
@@ -1364,23 +1379,26 @@ export class Worker {
 
   /**
    * Logs and reports the outcomes a completion statement recorded; the others were fenced off and
-   * are discarded — except a success whose run already records this attempt's outputs: its
-   * completion committed on an earlier try whose answer was lost (the connection dropped after the
-   * commit), so it is ours, and discarding it would delete the run's outputs. When that cannot be
-   * checked, those outcomes go back into the batch (and this throws): nothing is discarded unless it
-   * is known not to be ours. Returns the runs whose ending was recorded.
+   * are discarded — except those an earlier try of this worker's recorded: a completion that committed
+   * but whose answer was lost (the connection dropped after the commit) matches nothing when sent
+   * again, its lease token gone. So an outcome that does not match is looked up (runEndingsRecorded)
+   * when an earlier statement carrying it failed (`sent`), and a success with outputs always (discarding
+   * it would delete the run's outputs): one its run already records is logged and counted as recorded.
+   * When that cannot be checked, those outcomes go back into the batch (and this throws): nothing is
+   * discarded, and no attempt counted as lost, unless it is known not to be ours. Returns the runs
+   * whose ending was recorded.
    */
   private async completed(outcomes: Pending<Outcome>[], completion: CompletionResult): Promise<ClaimedRun[]> {
     const done = new Set(completion.completed);
-    const unsure = outcomes.filter((p) => !done.has(p.run.id) && p.value.outputKey);
+    const unsure = outcomes.filter((p) => !done.has(p.run.id) && (p.sent || p.value.outputKey));
     let earlier = new Set<number>();
     let lookup: unknown;
     if (unsure.length > 0) {
       try {
         earlier = new Set(
-          await runOutputsRecorded(
+          await runEndingsRecorded(
             this.o.sql,
-            unsure.map((p) => ({ id: p.run.id, outputKey: p.value.outputKey as string })),
+            unsure.map((p) => ({ ...p.value, attempt: p.run.attempt })),
           ),
         );
       } catch (err) {
@@ -1393,13 +1411,18 @@ export class Worker {
       if (done.has(run.id) || earlier.has(run.id)) {
         // Each transition is logged once, after it was recorded.
         this.o.logger.info(
-          { ...this.fields(run), status: outcome.status, errorCode: outcome.errorCode ?? null },
+          {
+            ...this.fields(run),
+            status: outcome.status,
+            errorCode: outcome.errorCode ?? null,
+            ...(done.has(run.id) ? {} : { answerLost: true }),
+          },
           "run finished",
         );
         this.ended(p, outcome.status);
         void this.recorded(run, outcome.outputKey ?? null);
         recorded.push(run);
-      } else if (lookup !== undefined && outcome.outputKey) this.outcomes.push(p);
+      } else if (lookup !== undefined && unsure.includes(p)) this.outcomes.push(p);
       else this.fenced(p);
     }
     for (const t of completion.finishedTasks) {
@@ -1413,10 +1436,28 @@ export class Worker {
    * Logs and reports what a retry statement did. Returns the runs it took out of their live state —
    * queued again, or ended (cancelled) instead — whose room under a limit others may now take: a run
    * re-queued with a backoff frees its owner's and its type's room at once, and without a wake-up the
-   * workers that found them at a limit waited for their poll.
+   * workers that found them at a limit waited for their poll. A retry that does not match after an
+   * earlier statement carrying it failed (`sent`) is looked up first (runRetriesRecorded): that one
+   * may have committed, its answer lost, and the run is then re-queued (or ended cancelled) by this
+   * worker, not fenced off — and waits for this worker's wake-up, not for a poll. When that cannot be
+   * checked, those retries go back into the batch (and this throws).
    */
-  private retried(retries: Pending<Retry>[], retried: RetryResult): ClaimedRun[] {
-    const back = new Set(retried.requeued);
+  private async retried(retries: Pending<Retry>[], result: RetryResult): Promise<ClaimedRun[]> {
+    const matched = new Set([...result.requeued, ...result.cancelled]);
+    const unsure = retries.filter((p) => !matched.has(p.run.id) && p.sent);
+    let earlier: RetriesRecorded = { requeued: [], dueInMs: [], cancelled: [] };
+    let lookup: unknown;
+    if (unsure.length > 0) {
+      try {
+        earlier = await runRetriesRecorded(
+          this.o.sql,
+          unsure.map((p) => ({ ...p.value, attempt: p.run.attempt })),
+        );
+      } catch (err) {
+        lookup = err;
+      }
+    }
+    const back = new Set([...result.requeued, ...earlier.requeued]);
     // Wake when each is due by the database's clock (a timer armed from the worker's own idea of the
     // delay fired before run_after whenever the statement took longer than the margin, and the run
     // then waited for the next poll).
@@ -1424,21 +1465,30 @@ export class Worker {
     // wake-up after settle() fired while the statement still ran, and the NOTIFY the statement sends
     // for runs due at once (a shutdown's) is for the others as much as for this worker.
     // Its type's queue is not empty any more (see drained): the timer clears the marks when it fires.
-    for (const inMs of retried.dueInMs) {
+    // (A run an earlier try re-queued and someone claimed again since has no due time: null.)
+    for (const inMs of [...result.dueInMs, ...earlier.dueInMs]) {
+      if (inMs === null) continue;
       if (inMs > 0) this.wakeAt(Date.now() + inMs + 2);
       else {
         this.clearDrained();
         this.wake();
       }
     }
-    const cancelled = new Set(retried.cancelled);
+    const cancelled = new Set([...result.cancelled, ...earlier.cancelled]);
+    const lostAnswer = new Set([...earlier.requeued, ...earlier.cancelled]);
     const released: ClaimedRun[] = [];
     for (const p of retries) {
       const { run, value: retry } = p;
+      const answerLost = lostAnswer.has(run.id) ? { answerLost: true } : {};
       if (cancelled.has(run.id)) {
         // Cancelled while it failed or was shut down: it ended, it is not retried.
         this.o.logger.info(
-          { ...this.fields(run), status: "cancelled", errorCode: "ANALYSIS_PROCESS_CANCELLED" },
+          {
+            ...this.fields(run),
+            status: "cancelled",
+            errorCode: "ANALYSIS_PROCESS_CANCELLED",
+            ...answerLost,
+          },
           "run finished",
         );
         this.ended(p, "cancelled");
@@ -1454,14 +1504,17 @@ export class Worker {
             delayMs: retry.delayMs,
             refunded: retry.refund,
             errorCode: retry.errorCode,
+            ...answerLost,
           },
           "run re-queued",
         );
-      } else this.fenced(p);
+      } else if (lookup !== undefined && unsure.includes(p)) this.retries.push(p);
+      else this.fenced(p);
     }
-    for (const t of retried.finishedTasks) {
+    for (const t of result.finishedTasks) {
       this.o.logger.info({ taskId: t.taskId, status: t.status }, "task finished");
     }
+    if (lookup !== undefined) throw lookup;
     return released;
   }
 

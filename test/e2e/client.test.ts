@@ -6,6 +6,7 @@ import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import fs from "node:fs";
+import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
@@ -358,6 +359,18 @@ test("a wrong, missing or unusable token, or no server, exits 3; the token is ne
   const closed = await client(["status", "1"], server.env(token, { ASSAY_URL: "http://127.0.0.1:9" }));
   assert.equal(closed.code, 3);
   assert.match(closed.stderr, /cannot reach http:\/\/127\.0\.0\.1:9/);
+  // Said at once: nothing there has ever answered, so it is the address, not an API restarting.
+  assert.doesNotMatch(closed.stderr, /trying again|gave up/);
+  const port = await new Promise<number>((resolve) => {
+    const probe = net.createServer().listen(0, "127.0.0.1", () => {
+      const { port } = probe.address() as net.AddressInfo;
+      probe.close(() => resolve(port));
+    });
+  });
+  const refused = await client(["status", "1"], server.env(token, { ASSAY_URL: `http://127.0.0.1:${port}` }));
+  assert.equal(refused.code, 3);
+  assert.match(refused.stderr, /ECONNREFUSED/);
+  assert.doesNotMatch(refused.stderr, /trying again|gave up/);
   const viaFlag = await client(["tasks", "--token", token, "--url", "http://127.0.0.1:9"], cleanEnv());
   for (const r of [wrong, none, closed, viaFlag]) {
     assert.ok(!`${r.stdout}${r.stderr}`.includes(token), "the token is not printed");

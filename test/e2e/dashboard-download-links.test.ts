@@ -5,71 +5,27 @@
 // error note left by a failed cancel or download goes with the next action that succeeds. Waits on
 // conditions, never on time.
 import assert from "node:assert/strict";
-import type { ChildProcess } from "node:child_process";
 import fs from "node:fs";
-import { after, before, beforeEach, test } from "node:test";
-import type { Browser, Page } from "playwright-core";
-import { freePort } from "../../src/db/embedded.ts";
-import {
-  browserSkip,
-  dashboardEnv,
-  launchBrowser,
-  linkToken,
-  startDevApi,
-  uploadFile,
-  watchPage,
-} from "../helpers/browser.ts";
-import { collect, spawnCli, watch } from "../helpers/cli.ts";
+import { beforeEach, test } from "node:test";
+import type { Page } from "playwright-core";
+import { browserSkip, dashboardSuite, uploadFile } from "../helpers/browser.ts";
 import { waitForTerminal } from "../helpers/queue.ts";
-import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
 import { zipNames, zipRead } from "../helpers/zip.ts";
 
 const skip = browserSkip;
 
-let env: RunnerEnv;
-let base: string;
-let token: string;
-let api: { child: ChildProcess; done: Promise<unknown> } | undefined;
-let worker: ChildProcess | undefined;
-let workerDone: Promise<unknown> | undefined;
-let browser: Browser;
-const problems: string[] = [];
+const s = dashboardSuite({ ASSAY_POLL_INTERVAL_MS: "200" }, { worker: true });
+const { problems } = s;
 /** Requests the pages made, as `METHOD path`. */
 const requests: string[] = [];
 
-before(async () => {
-  if (skip) return;
-  env = await runnerEnv();
-  const port = await freePort();
-  base = `http://127.0.0.1:${port}`;
-  const serverEnv = dashboardEnv(env, port, { ASSAY_POLL_INTERVAL_MS: "200" });
-  const started = await startDevApi(serverEnv);
-  api = { child: started.child, done: started.done };
-  token = linkToken(started.link);
-  worker = spawnCli(["worker", "--concurrency", "2"], { ...serverEnv, LOG_LEVEL: "info" });
-  workerDone = collect(worker);
-  await watch(worker).waitFor(/worker started/);
-  browser = await launchBrowser();
-});
-
 beforeEach(() => {
-  problems.length = 0;
   requests.length = 0;
-});
-
-after(async () => {
-  if (skip) return;
-  await browser?.close();
-  worker?.kill("SIGTERM");
-  api?.child.kill("SIGTERM");
-  await api?.done;
-  await workerDone;
-  await env.close();
 });
 
 /** GET `p` of the API with the token, as bytes and Content-Disposition. */
 async function apiGet(p: string): Promise<{ body: Buffer; disposition: string | null }> {
-  const res = await fetch(`${base}/api${p}`, { headers: { authorization: `Bearer ${token}` } });
+  const res = await fetch(`${s.base}/api${p}`, { headers: { authorization: `Bearer ${s.adminToken}` } });
   assert.equal(res.status, 200, p);
   return { body: Buffer.from(await res.arrayBuffer()), disposition: res.headers.get("content-disposition") };
 }
@@ -78,26 +34,23 @@ async function apiGet(p: string): Promise<{ body: Buffer; disposition: string | 
 async function summaryTask(names: string[], finished = true): Promise<string> {
   const ids: string[] = [];
   for (const [i, name] of names.entries())
-    ids.push((await uploadFile(base, token, name, `a,b\n${i},2\n3,${i}\n`)).fileId);
-  const res = await fetch(`${base}/api/analysis-tasks`, {
+    ids.push((await uploadFile(s.base, s.adminToken, name, `a,b\n${i},2\n3,${i}\n`)).fileId);
+  const res = await fetch(`${s.base}/api/analysis-tasks`, {
     method: "POST",
-    headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+    headers: { authorization: `Bearer ${s.adminToken}`, "content-type": "application/json" },
     body: JSON.stringify({ analysisType: "summary", inputFileIds: ids }),
   });
   assert.equal(res.status, 201);
   const taskId = ((await res.json()) as { data: { taskId: string } }).data.taskId;
-  if (finished) await waitForTerminal(env.db.sql, taskId, 60_000);
+  if (finished) await waitForTerminal(s.env.db.sql, taskId, 60_000);
   return taskId;
 }
 
 async function taskPage(taskId: string, status = "succeeded"): Promise<Page> {
-  const ctx = await browser.newContext({ viewport: { width: 1280, height: 900 }, acceptDownloads: true });
-  const page = await ctx.newPage();
-  watchPage(page, problems);
-  page.on("request", (r) => requests.push(`${r.method()} ${new URL(r.url()).pathname}`));
-  await page.goto(`${base}/#token=${encodeURIComponent(token)}`);
-  await page.getByRole("heading", { name: "Tasks" }).waitFor();
-  await page.goto(`${base}/#/tasks/${taskId}`);
+  const ctx = await s.browser.newContext({ viewport: { width: 1280, height: 900 }, acceptDownloads: true });
+  ctx.on("request", (r) => requests.push(`${r.method()} ${new URL(r.url()).pathname}`));
+  const page = await s.signedIn(s.adminToken, ctx);
+  await page.goto(`${s.base}/#/tasks/${taskId}`);
   await page.locator(".task header .badge", { hasText: status }).waitFor({ timeout: 30_000 });
   return page;
 }
@@ -188,7 +141,7 @@ test("the note of a failed cancel or download goes with the next action that suc
   await note.waitFor({ state: "detached" });
   await page.context().close();
   // A cancel whose request is lost, then one that goes through.
-  worker?.kill("SIGSTOP");
+  s.worker?.kill("SIGSTOP");
   try {
     const queued = await summaryTask(["two.csv"], false);
     const other = await taskPage(queued, "queued");
@@ -202,7 +155,7 @@ test("the note of a failed cancel or download goes with the next action that suc
     await otherNote.waitFor({ state: "detached" });
     await other.context().close();
   } finally {
-    worker?.kill("SIGCONT");
+    s.worker?.kill("SIGCONT");
   }
   assert.deepEqual(problems, []);
 });

@@ -3,82 +3,28 @@
 // place in the queue, a slow runs answer, events while animation frames are paused. Each test opens its
 // own browser context, signed in as the user it needs, and waits on conditions, never on time.
 import assert from "node:assert/strict";
-import type { ChildProcess } from "node:child_process";
 import fs from "node:fs";
-import { after, before, beforeEach, test } from "node:test";
-import type { Browser, Page } from "playwright-core";
+import { test } from "node:test";
+import type { Page } from "playwright-core";
 import { tokenCreate } from "../../src/auth/tokens.ts";
-import { freePort } from "../../src/db/embedded.ts";
-import {
-  browserSkip,
-  dashboardEnv,
-  launchBrowser,
-  linkToken,
-  startDevApi,
-  uploadFile,
-  watchPage,
-} from "../helpers/browser.ts";
-import { collect, spawnCli, watch } from "../helpers/cli.ts";
+import { browserSkip, dashboardSuite, uploadFile } from "../helpers/browser.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
-import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
 
 const skip = browserSkip;
 
-let env: RunnerEnv;
-let port: number;
-let base: string;
-let adminToken: string;
-let api: { child: ChildProcess; done: Promise<unknown> } | undefined;
-let worker: ChildProcess | undefined;
-let workerDone: Promise<unknown> | undefined;
-let browser: Browser;
-/** Problems the pages reported: script errors, CSP violations, dialogs. */
-const problems: string[] = [];
-
-const serverEnv = () =>
-  dashboardEnv(env, port, {
-    ASSAY_POLL_INTERVAL_MS: "200",
-    ASSAY_SSE_HEARTBEAT_MS: "1000",
-    ASSAY_SHUTDOWN_GRACE_MS: "2000",
-  });
-
-before(async () => {
-  if (skip) return;
-  env = await runnerEnv();
-  port = await freePort();
-  base = `http://127.0.0.1:${port}`;
-  const started = await startDevApi(serverEnv());
-  api = { child: started.child, done: started.done };
-  adminToken = linkToken(started.link);
-  worker = spawnCli(["worker", "--concurrency", "2"], { ...serverEnv(), LOG_LEVEL: "info" });
-  workerDone = collect(worker);
-  await watch(worker).waitFor(/worker started/);
-  browser = await launchBrowser();
-});
-
-beforeEach(() => {
-  problems.length = 0;
-});
-
-after(async () => {
-  if (skip) return;
-  await browser?.close();
-  // A test that failed while the worker was paused must not leave it deaf to SIGTERM.
-  worker?.kill("SIGCONT");
-  worker?.kill("SIGTERM");
-  api?.child.kill("SIGTERM");
-  await api?.done;
-  await workerDone;
-  await env.close();
-});
+const s = dashboardSuite(
+  { ASSAY_POLL_INTERVAL_MS: "200", ASSAY_SSE_HEARTBEAT_MS: "1000", ASSAY_SHUTDOWN_GRACE_MS: "2000" },
+  { worker: true },
+);
+const { problems } = s;
 
 /** Runs `body` with the worker paused: tasks stay queued, and no run produces an event. */
 async function workerPaused<T>(body: () => Promise<T>): Promise<T> {
-  worker?.kill("SIGSTOP");
+  s.worker?.kill("SIGSTOP");
   try {
     return await body();
   } finally {
-    worker?.kill("SIGCONT");
+    s.worker?.kill("SIGCONT");
   }
 }
 
@@ -88,7 +34,7 @@ async function call(
   p: string,
   body?: unknown,
 ): Promise<Record<string, unknown>> {
-  const res = await fetch(`${base}/api${p}`, {
+  const res = await fetch(`${s.base}/api${p}`, {
     method,
     headers: { authorization: `Bearer ${token}`, ...(body ? { "content-type": "application/json" } : {}) },
     ...(body ? { body: JSON.stringify(body) } : {}),
@@ -98,7 +44,7 @@ async function call(
 }
 
 const upload = async (token: string, name: string, content: string) =>
-  (await uploadFile(base, token, name, content)).fileId;
+  (await uploadFile(s.base, token, name, content)).fileId;
 
 /** A summary task over `n` small files of `token`'s; returns its id. */
 async function summaryTask(token: string, n: number, extra: Record<string, unknown> = {}): Promise<string> {
@@ -114,13 +60,9 @@ async function summaryTask(token: string, n: number, extra: Record<string, unkno
 
 /** A page in a context of its own, signed in with `token`; `init` runs before the page's own scripts. */
 async function pageFor(token: string, init?: string): Promise<Page> {
-  const ctx = await browser.newContext({ viewport: { width: 1280, height: 900 }, acceptDownloads: true });
+  const ctx = await s.browser.newContext({ viewport: { width: 1280, height: 900 }, acceptDownloads: true });
   if (init) await ctx.addInitScript(init);
-  const page = await ctx.newPage();
-  watchPage(page, problems);
-  await page.goto(`${base}/#token=${encodeURIComponent(token)}`);
-  await page.getByRole("heading", { name: "Tasks" }).waitFor();
-  return page;
+  return s.signedIn(token, ctx);
 }
 
 async function saved(page: Page, click: () => Promise<void>): Promise<{ name: string; body: Buffer }> {
@@ -131,12 +73,12 @@ async function saved(page: Page, click: () => Promise<void>): Promise<{ name: st
 test("downloads are saved under the API's names: a run's output, a one-file task's output, a task's zip", {
   skip,
 }, async () => {
-  const one = await summaryTask(adminToken, 1);
-  const three = await summaryTask(adminToken, 3);
-  await waitForTerminal(env.db.sql, one, 60_000);
-  await waitForTerminal(env.db.sql, three, 60_000);
-  const page = await pageFor(adminToken);
-  await page.goto(`${base}/#/tasks/${one}`);
+  const one = await summaryTask(s.adminToken, 1);
+  const three = await summaryTask(s.adminToken, 3);
+  await waitForTerminal(s.env.db.sql, one, 60_000);
+  await waitForTerminal(s.env.db.sql, three, 60_000);
+  const page = await pageFor(s.adminToken);
+  await page.goto(`${s.base}/#/tasks/${one}`);
   await page.locator(".task header .badge", { hasText: "succeeded" }).waitFor({ timeout: 30_000 });
   // The run's output is summary.json: saved as that, not under the input's name (in-0.csv).
   const run = await saved(page, () =>
@@ -149,7 +91,7 @@ test("downloads are saved under the API's names: a run's output, a one-file task
   assert.equal(all.name, "summary.json");
   assert.deepEqual(all.body, run.body);
   // Several files: a zip, saved as one.
-  await page.goto(`${base}/#/tasks/${three}`);
+  await page.goto(`${s.base}/#/tasks/${three}`);
   await page.locator(".task header .badge", { hasText: "succeeded" }).waitFor({ timeout: 30_000 });
   const zip = await saved(page, () => page.getByRole("button", { name: /Download all \(zip\)/ }).click());
   assert.equal(zip.name, `task-${three}.zip`);
@@ -164,9 +106,9 @@ test("downloads are saved under the API's names: a run's output, a one-file task
 
 test("a queued task's page re-reads its place in the queue while it waits", { skip }, async () => {
   await workerPaused(async () => {
-    const { token: alice } = await tokenCreate(env.db.sql, "alice", "user");
+    const { token: alice } = await tokenCreate(s.env.db.sql, "alice", "user");
     // Five runs of a higher priority go first.
-    const first = await summaryTask(adminToken, 5, { priority: 0 });
+    const first = await summaryTask(s.adminToken, 5, { priority: 0 });
     const mine = await summaryTask(alice, 1);
     const page = await pageFor(alice);
     // The page reads the task when it opens, and again after the stream's first event (task.queued):
@@ -176,13 +118,13 @@ test("a queued task's page re-reads its place in the queue while it waits", { sk
     page.on("requestfinished", (r) => {
       if (taskUrl.test(r.url())) reads++;
     });
-    await page.goto(`${base}/#/tasks/${mine}`);
+    await page.goto(`${s.base}/#/tasks/${mine}`);
     const place = page.locator(".counts .queue-place");
     await place.filter({ hasText: "≈ 5 runs ahead (estimate)" }).waitFor();
     await waitFor(async () => reads >= 2, 10_000, "the page's first two reads of the task");
     assert.match((await place.textContent()) ?? "", /≈ 5 runs ahead/);
     // They are cancelled: nothing is ahead any more, and the page says so without an event of its own.
-    await call(adminToken, "POST", `/analysis-tasks/${first}/cancel`);
+    await call(s.adminToken, "POST", `/analysis-tasks/${first}/cancel`);
     await place.filter({ hasText: "≈ 0 runs ahead (estimate)" }).waitFor({ timeout: 15_000 });
     assert.equal(await page.locator(".task header .badge").textContent(), "queued");
     await page.context().close();
@@ -218,8 +160,8 @@ test("a slow runs answer for a filter left since does not replace the current fi
 }, async () => {
   await workerPaused(async () => {
     // Queued, and the worker paused: no run event, so no re-read of the runs but the test's own.
-    const taskId = await summaryTask(adminToken, 3);
-    const page = await pageFor(adminToken, MARK_SETTLED);
+    const taskId = await summaryTask(s.adminToken, 3);
+    const page = await pageFor(s.adminToken, MARK_SETTLED);
     // The first (unfiltered) runs page is held until the filter chosen since has been answered.
     const unfiltered = /\/runs\?limit=100$/;
     let held = () => {};
@@ -241,7 +183,7 @@ test("a slow runs answer for a filter left since does not replace the current fi
       await route.continue().catch(() => {});
     });
     try {
-      await page.goto(`${base}/#/tasks/${taskId}`);
+      await page.goto(`${s.base}/#/tasks/${taskId}`);
       await heldNow;
       await page.getByLabel("Run status").selectOption("succeeded");
       await page.locator("table.runs").waitFor();
@@ -273,24 +215,24 @@ test("events are applied while animation frames are paused (a hidden tab), and l
   skip,
 }, async () => {
   await workerPaused(async () => {
-    const taskId = await summaryTask(adminToken, 1);
-    const [run] = await env.db.sql<{ id: string }[]>`select id::text from runs where task_id = ${taskId}`;
+    const taskId = await summaryTask(s.adminToken, 1);
+    const [run] = await s.env.db.sql<{ id: string }[]>`select id::text from runs where task_id = ${taskId}`;
     const EVENTS = 100_000;
-    await env.db.sql`insert into task_events (task_id, run_id, type, data)
+    await s.env.db.sql`insert into task_events (task_id, run_id, type, data)
       select ${taskId}, ${run?.id ?? null}, 'run.progress',
              jsonb_build_object('percent', g % 100, 'message', 'step ' || g || ' ' || repeat('x', 100))
       from generate_series(1, ${EVENTS}) g`;
-    const [last] = await env.db.sql<{ id: string }[]>`
+    const [last] = await s.env.db.sql<{ id: string }[]>`
       select max(id)::text as id from task_events where task_id = ${taskId}`;
     // A hidden tab: the browser runs no animation frame, while the stream keeps reading.
-    const page = await pageFor(adminToken, "window.requestAnimationFrame = () => 1;");
+    const page = await pageFor(s.adminToken, "window.requestAnimationFrame = () => 1;");
     const cdp = await page.context().newCDPSession(page);
     const heap = async () => {
       await cdp.send("HeapProfiler.collectGarbage");
       return (await cdp.send("Runtime.getHeapUsage")).usedSize / 1048576;
     };
     const before = await heap();
-    await page.goto(`${base}/#/tasks/${taskId}`);
+    await page.goto(`${s.base}/#/tasks/${taskId}`);
     // The last event reached the run's row (a locator polls from playwright's own script, whose
     // animation frames the stub does not stop).
     await page.locator("tr[data-run] .message", { hasText: `step ${EVENTS} ` }).waitFor({ timeout: 60_000 });
@@ -303,7 +245,7 @@ test("events are applied while animation frames are paused (a hidden tab), and l
     assert.equal(await shown.count(), 1000);
     assert.equal(await shown.last().getAttribute("data-event"), last?.id);
     // Leaving the view leaves nothing of it behind.
-    await page.goto(`${base}/#/`);
+    await page.goto(`${s.base}/#/`);
     await page.getByRole("heading", { name: "Tasks" }).waitFor();
     const left = (await heap()) - before;
     assert.ok(left < 4, `${left.toFixed(1)} MiB above the heap before the visit`);

@@ -7,102 +7,61 @@
 // could give: a bidi override, a zero-width space, a formula), and whose "r-report" is one that echoes
 // its title in its progress and error messages, as programs echo what users give them.
 import assert from "node:assert/strict";
-import type { ChildProcess } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
-import { after, before, beforeEach, test } from "node:test";
-import type { Browser, Page } from "playwright-core";
+import { test } from "node:test";
 import { tokenCreate } from "../../src/auth/tokens.ts";
-import { freePort } from "../../src/db/embedded.ts";
-import {
-  browserSkip,
-  dashboardEnv,
-  launchBrowser,
-  startDevApi,
-  uploadFile,
-  watchPage,
-} from "../helpers/browser.ts";
+import { browserSkip, dashboardSuite, uploadFile } from "../helpers/browser.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
-import { fixtureProgram, type RunnerEnv, runnerEnv, writeProgram } from "../helpers/runner.ts";
+import { fixtureProgram, writeProgram } from "../helpers/runner.ts";
 
 const skip = browserSkip;
 
-let env: RunnerEnv;
-let port: number;
-let base: string;
-let api: { child: ChildProcess; done: Promise<unknown> } | undefined;
-let browser: Browser;
-/** Problems the pages reported: script errors, CSP violations, dialogs. */
-const problems: string[] = [];
-
-const serverEnv = () => dashboardEnv(env, port);
 /** Lets the "r-report" program end. */
-const RELEASE = () => path.join(env.dataDir, "release-echo");
+const RELEASE = () => path.join(s.env.dataDir, "release-echo");
 
-before(async () => {
-  if (skip) return;
-  env = await runnerEnv();
-  port = await freePort();
-  base = `http://127.0.0.1:${port}`;
-  const started = await startDevApi(serverEnv());
-  api = { child: started.child, done: started.done };
-  // "summary" here is a program of this test's: one output, and metric keys as hostile as a CSV's
-  // column names can make them.
-  const program = writeProgram(
-    env.dataDir,
-    "hostile-metrics",
-    `fs.writeFileSync(path.join(out, "table.csv"), "a,b\\n1,2\\n");
+const s = dashboardSuite(
+  {},
+  {
+    setup: async () => {
+      // "summary" here is a program of this test's: one output, and metric keys as hostile as a CSV's
+      // column names can make them.
+      const program = writeProgram(
+        s.env.dataDir,
+        "hostile-metrics",
+        `fs.writeFileSync(path.join(out, "table.csv"), "a,b\\n1,2\\n");
 say({ type: "result", outputFileName: "table.csv", metrics: { "-delta": -3, "\\u202Esj.exe": 5, "=SUM(A1)": 2, "a\\u200Bb": 1 } });`,
-  );
-  // It fails once the test has seen its progress (RELEASE exists).
-  const echo = writeProgram(
-    env.dataDir,
-    "echo-title",
-    `const { title } = JSON.parse(arg("--params"));
+      );
+      // It fails once the test has seen its progress (RELEASE exists).
+      const echo = writeProgram(
+        s.env.dataDir,
+        "echo-title",
+        `const { title } = JSON.parse(arg("--params"));
 say({ type: "progress", percent: 50, message: \`drawing \${title}\` });
 while (!fs.existsSync(${JSON.stringify(RELEASE())})) await new Promise((r) => setTimeout(r, 50));
 say({ type: "error", message: \`no numeric column for \${title}\` });
 process.exit(3);`,
-  );
-  await env.worker([fixtureProgram("summary", program), fixtureProgram("r-report", echo)]).start();
-  browser = await launchBrowser();
-});
-
-beforeEach(() => {
-  problems.length = 0;
-});
-
-after(async () => {
-  if (skip) return;
-  await browser?.close();
-  api?.child.kill("SIGTERM");
-  await api?.done;
-  await env.close();
-});
+      );
+      await s.env.worker([fixtureProgram("summary", program), fixtureProgram("r-report", echo)]).start();
+    },
+  },
+);
+/** Problems the pages reported: script errors, CSP violations, dialogs. */
+const { problems } = s;
 
 let users = 0;
 /** A user of the test's own (a token for a new user): their files and tasks are only the test's. */
 async function newUser(): Promise<string> {
   users++;
-  return (await tokenCreate(env.db.sql, `forms-${users}-Ünïcode`, "user")).token;
-}
-
-/** A page in a context of its own, signed in with `token`. */
-async function pageFor(token: string): Promise<Page> {
-  const ctx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
-  const page = await ctx.newPage();
-  watchPage(page, problems);
-  await page.goto(`${base}/#token=${encodeURIComponent(token)}`);
-  await page.getByRole("heading", { name: "Tasks" }).waitFor();
-  return page;
+  return (await tokenCreate(s.env.db.sql, `forms-${users}-Ünïcode`, "user")).token;
 }
 
 const upload = async (token: string, name: string, content: string) =>
-  (await uploadFile(base, token, name, content)).fileId;
+  (await uploadFile(s.base, token, name, content)).fileId;
 
 /** Files on disk for the browser's file picker. */
 function localFiles(files: Record<string, string>): string[] {
-  const dir = fs.mkdtempSync(path.join(env.dataDir, "picked-"));
+  const dir = fs.mkdtempSync(path.join(s.env.dataDir, "picked-"));
   return Object.entries(files).map(([name, content]) => {
     const file = path.join(dir, name);
     fs.writeFileSync(file, content);
@@ -112,7 +71,7 @@ function localFiles(files: Record<string, string>): string[] {
 
 /** The tasks whose inputs include `fileId`. */
 async function tasksOver(fileId: string): Promise<string[]> {
-  const rows = await env.db.sql<{ id: string }[]>`
+  const rows = await s.env.db.sql<{ id: string }[]>`
     select distinct task_id, task_id::text as id from runs where input_file_id = ${fileId} order by task_id`;
   return rows.map((r) => r.id);
 }
@@ -122,7 +81,7 @@ test("a submit whose answer was lost, sent again, gets the task it created, not 
 }, async () => {
   const token = await newUser();
   const fileId = await upload(token, "lost-answer.csv", "a,b\n1,2\n");
-  const page = await pageFor(token);
+  const page = await s.signedIn(token);
   // The first request reaches the API, which creates the task; its answer never reaches the page
   // (the connection drops), so the page cannot know.
   const keys: (string | undefined)[] = [];
@@ -135,7 +94,7 @@ test("a submit whose answer was lost, sent again, gets the task it created, not 
     await route.fetch();
     await route.abort("connectionreset");
   });
-  await page.goto(`${base}/#/new?files=${fileId}`);
+  await page.goto(`${s.base}/#/new?files=${fileId}`);
   await page.getByLabel("summary").check();
   const submit = page.getByRole("button", { name: "Start summary over 1 file" });
   await submit.click();
@@ -153,7 +112,7 @@ test("a submit whose answer was lost, sent again, gets the task it created, not 
   assert.equal(keys[1], keys[0], "sent again with the same Idempotency-Key");
   // A double click sends one request.
   const other = await upload(token, "double-click.csv", "a,b\n1,2\n");
-  await page.goto(`${base}/#/new?files=${other}`);
+  await page.goto(`${s.base}/#/new?files=${other}`);
   await page.getByLabel("summary").check();
   await page.getByRole("button", { name: "Start summary over 1 file" }).dblclick();
   await page.waitForURL(/#\/tasks\/\d+$/);
@@ -167,8 +126,8 @@ test("the API's refusal of a parameter is shown at its field, which is focused; 
 }, async () => {
   const token = await newUser();
   const [file] = localFiles({ "paramètres.csv": "a,b\n1,2\n" });
-  const page = await pageFor(token);
-  await page.goto(`${base}/#/new`);
+  const page = await s.signedIn(token);
+  await page.goto(`${s.base}/#/new`);
   await page.getByLabel("python-stats").check();
   await page.locator('input[type="file"]').setInputFiles([file as string]);
   await page.locator("li.upload.done").waitFor();
@@ -208,8 +167,8 @@ test("the API's refusal of a parameter is shown at its field, which is focused; 
 test("a zero-byte file's finished upload shows a full bar", { skip }, async () => {
   const token = await newUser();
   const files = localFiles({ "vide — 空.csv": "", "one.csv": "a\n1\n" });
-  const page = await pageFor(token);
-  await page.goto(`${base}/#/new`);
+  const page = await s.signedIn(token);
+  await page.goto(`${s.base}/#/new`);
   await page.locator('input[type="file"]').setInputFiles(files);
   const empty = page.locator("li.upload.done", { hasText: "vide — 空.csv" });
   await empty.waitFor();
@@ -227,8 +186,8 @@ test("files chosen on a later page of the files page are listed, by name, on the
   // 51 files: the oldest is on the second page of 50, and not among the form's first 50.
   const oldest = await upload(token, "ältest <b>1 #?%.csv", "a\n1\n");
   for (let i = 0; i < 50; i++) await upload(token, `neu-${i}.csv`, `a\n${i}\n`);
-  const page = await pageFor(token);
-  await page.goto(`${base}/#/files`);
+  const page = await s.signedIn(token);
+  await page.goto(`${s.base}/#/files`);
   await page.locator("tr[data-file]").first().waitFor();
   await page.getByRole("button", { name: "Older" }).click();
   await page.locator(`tr[data-file="${oldest}"]`).getByRole("checkbox").check();
@@ -240,9 +199,11 @@ test("files chosen on a later page of the files page are listed, by name, on the
   // It can be unchosen there.
   await listed.getByRole("checkbox").uncheck();
   await page.getByText("Or choose uploaded files (0 chosen)").waitFor();
-  // An id that names no file of this user's says so, where it can be unchosen.
-  await page.goto(`${base}/#/files`);
-  await page.goto(`${base}/#/new?files=${oldest},99999999999`);
+  // An id that names no file of this user's says so, where it can be unchosen. The files page is
+  // shown in between, so the form is a new one (a form still shown keeps the files it was opened with).
+  await page.goto(`${s.base}/#/files`);
+  await page.locator("tr[data-file]").first().waitFor();
+  await page.goto(`${s.base}/#/new?files=${oldest},99999999999`);
   const missing = page.locator("ul.known li", { hasText: "file 99999999999" });
   await missing.filter({ hasText: "The file does not exist." }).waitFor();
   await missing.getByRole("checkbox").uncheck();
@@ -256,23 +217,23 @@ test("the results table shows names as they are, not as guarded for spreadsheets
 }, async () => {
   const token = await newUser();
   const fileId = await upload(token, "-data @home.csv", "a,b\n1,2\n");
-  const res = await fetch(`${base}/api/analysis-tasks`, {
+  const res = await fetch(`${s.base}/api/analysis-tasks`, {
     method: "POST",
     headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
     body: JSON.stringify({ analysisType: "summary", inputFileIds: [fileId] }),
   });
   const taskId = ((await res.json()) as { data: { taskId: string } }).data.taskId;
-  assert.equal((await waitForTerminal(env.db.sql, taskId, 60_000)).succeeded, 1);
+  assert.equal((await waitForTerminal(s.env.db.sql, taskId, 60_000)).succeeded, 1);
   // The file itself keeps its guard.
   const csv = await (
-    await fetch(`${base}/api/analysis-tasks/${taskId}/results.csv`, {
+    await fetch(`${s.base}/api/analysis-tasks/${taskId}/results.csv`, {
       headers: { authorization: `Bearer ${token}` },
     })
   ).text();
   assert.match(csv, /,'-data @home\.csv,/);
   assert.match(csv, /,'-delta,'=SUM\(A1\),a\u200bb,\u202esj\.exe\r\n/);
-  const page = await pageFor(token);
-  await page.goto(`${base}/#/tasks/${taskId}`);
+  const page = await s.signedIn(token);
+  await page.goto(`${s.base}/#/tasks/${taskId}`);
   await page.getByRole("tab", { name: "Results" }).click();
   const table = page.locator("table.results");
   await table.waitFor();
@@ -309,28 +270,28 @@ test("names, a title and a program's messages with invisible or bidi characters 
   const lookAlike = await upload(token, "a\u200bb.csv", "a,b\n1,2\n");
   await upload(token, "ab.csv", "a,b\n1,3\n");
   const title = "Q1 \u202efdp.exe\u200b";
-  const res = await fetch(`${base}/api/analysis-tasks`, {
+  const res = await fetch(`${s.base}/api/analysis-tasks`, {
     method: "POST",
     headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
     body: JSON.stringify({ analysisType: "r-report", inputFileIds: [lookAlike], parameters: { title } }),
   });
   assert.equal(res.status, 201);
   const taskId = ((await res.json()) as { data: { taskId: string } }).data.taskId;
-  const page = await pageFor(token);
-  await page.goto(`${base}/#/files`);
+  const page = await s.signedIn(token);
+  await page.goto(`${s.base}/#/files`);
   await page.locator("tr[data-file] td.name").nth(1).waitFor();
   assert.deepEqual(await page.locator("tr[data-file] td.name").allTextContents(), [
     "ab.csv",
     "a⟨U+200B⟩b.csv",
   ]);
-  await page.goto(`${base}/#/tasks/${taskId}`);
+  await page.goto(`${s.base}/#/tasks/${taskId}`);
   const run = page.locator("tr[data-run]");
   const shownTitle = "Q1 ⟨U+202E⟩fdp.exe⟨U+200B⟩";
   // The program's progress message while it runs, then its error.
   await run.locator(".message", { hasText: "drawing" }).waitFor({ timeout: 30_000 });
   assert.equal(await run.locator(".message").textContent(), `drawing ${shownTitle}`);
   fs.writeFileSync(RELEASE(), "");
-  assert.equal((await waitForTerminal(env.db.sql, taskId, 60_000)).failed, 1);
+  assert.equal((await waitForTerminal(s.env.db.sql, taskId, 60_000)).failed, 1);
   await run.locator(".badge", { hasText: "failed" }).waitFor();
   assert.equal(await run.locator("td.name").textContent(), "a⟨U+200B⟩b.csv");
   assert.match(
@@ -355,7 +316,7 @@ test("analysis types the API failed to give: the form says so instead of offerin
   skip,
 }, async () => {
   const token = await newUser();
-  const page = await pageFor(token);
+  const page = await s.signedIn(token);
   await page.route(/\/api\/analysis-types$/, (route) =>
     route.fulfill({
       status: 503,
@@ -364,17 +325,17 @@ test("analysis types the API failed to give: the form says so instead of offerin
     }),
   );
   // Loaded afresh on the form: its one read of the types is the one that fails.
-  await page.goto(`${base}/#/new`);
+  await page.goto(`${s.base}/#/new`);
   await page.reload();
   await page.getByRole("alert").filter({ hasText: "The analysis types could not be read" }).waitFor();
   assert.equal(await page.getByRole("radio").count(), 0);
   // Read again once the API answers: leaving the form and coming back is enough.
   await page.unroute(/\/api\/analysis-types$/);
-  await page.goto(`${base}/#/files`);
+  await page.goto(`${s.base}/#/files`);
   // Rendered before coming back: two hash changes in one render would never leave the form, and the
   // types would not be read again (seen under load in make test).
   await page.getByRole("heading", { name: "Files" }).waitFor();
-  await page.goto(`${base}/#/new`);
+  await page.goto(`${s.base}/#/new`);
   await page.getByRole("radio", { name: /summary/ }).waitFor();
   assert.equal(await page.getByRole("alert").count(), 0);
   await page.context().close();

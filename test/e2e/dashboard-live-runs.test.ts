@@ -4,54 +4,19 @@
 // each, as a worker's does (the run's row, its event, the notification), so it chooses the order.
 // Waits on conditions, never on time.
 import assert from "node:assert/strict";
-import type { ChildProcess } from "node:child_process";
-import { after, before, test } from "node:test";
-import type { Browser } from "playwright-core";
-import { freePort } from "../../src/db/embedded.ts";
-import {
-  browserSkip,
-  dashboardEnv,
-  launchBrowser,
-  linkToken,
-  startDevApi,
-  uploadFile,
-  watchPage,
-} from "../helpers/browser.ts";
-import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
+import { test } from "node:test";
+import { browserSkip, dashboardSuite, uploadFile } from "../helpers/browser.ts";
 
 const skip = browserSkip;
 
-let env: RunnerEnv;
-let base: string;
-let adminToken: string;
-let api: { child: ChildProcess; done: Promise<unknown> } | undefined;
-let browser: Browser;
-const problems: string[] = [];
-
-before(async () => {
-  if (skip) return;
-  env = await runnerEnv();
-  const port = await freePort();
-  base = `http://127.0.0.1:${port}`;
-  const started = await startDevApi(dashboardEnv(env, port, { ASSAY_SSE_HEARTBEAT_MS: "1000" }));
-  api = { child: started.child, done: started.done };
-  adminToken = linkToken(started.link);
-  browser = await launchBrowser();
-});
-
-after(async () => {
-  if (skip) return;
-  await browser?.close();
-  api?.child.kill("SIGTERM");
-  await api?.done;
-  await env.close();
-});
+const s = dashboardSuite({ ASSAY_SSE_HEARTBEAT_MS: "1000" });
+const { problems } = s;
 
 /** Sets run `runId`'s status (and error) and appends its `run.<status>` event, announced: a worker's step. */
 async function runBecomes(runId: string, status: string, error: { code: string; message: string } | null) {
   // A claimed run starts from `starting` (the runs' trigger allows no other way in).
-  if (status === "running") await env.db.sql`update runs set status = 'starting' where id = ${runId}`;
-  await env.db.sql`
+  if (status === "running") await s.env.db.sql`update runs set status = 'starting' where id = ${runId}`;
+  await s.env.db.sql`
     with run as (
       update runs set status = ${status}, attempt = 1, error_code = ${error?.code ?? null},
         error_message = ${error?.message ?? null}
@@ -71,23 +36,19 @@ test("a run that starts while the runs are re-read shows running, not the read's
 }, async () => {
   const ids: string[] = [];
   for (const name of ["första.csv", "second ✓.csv"])
-    ids.push((await uploadFile(base, adminToken, name, "a,b\n1,2\n")).fileId);
-  const res = await fetch(`${base}/api/analysis-tasks`, {
+    ids.push((await uploadFile(s.base, s.adminToken, name, "a,b\n1,2\n")).fileId);
+  const res = await fetch(`${s.base}/api/analysis-tasks`, {
     method: "POST",
-    headers: { authorization: `Bearer ${adminToken}`, "content-type": "application/json" },
+    headers: { authorization: `Bearer ${s.adminToken}`, "content-type": "application/json" },
     body: JSON.stringify({ analysisType: "summary", inputFileIds: ids }),
   });
   const taskId = ((await res.json()) as { data: { taskId: string } }).data.taskId;
   const [first, second] = (
-    await env.db.sql<{ id: string }[]>`select id::text from runs where task_id = ${taskId} order by id`
+    await s.env.db.sql<{ id: string }[]>`select id::text from runs where task_id = ${taskId} order by id`
   ).map((r) => r.id) as [string, string];
 
-  const ctx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
-  const page = await ctx.newPage();
-  watchPage(page, problems);
-  await page.goto(`${base}/#token=${encodeURIComponent(adminToken)}`);
-  await page.getByRole("heading", { name: "Tasks" }).waitFor();
-  await page.goto(`${base}/#/tasks/${taskId}`);
+  const page = await s.signedIn(s.adminToken);
+  await page.goto(`${s.base}/#/tasks/${taskId}`);
   const row = (runId: string) => page.locator(`tr[data-run="${runId}"]`);
   await row(second).locator(".badge", { hasText: "queued" }).waitFor();
   await page.locator(".task header .stream", { hasText: "live" }).waitFor();
@@ -121,6 +82,6 @@ test("a run that starts while the runs are re-read shows running, not the read's
   await row(second).getByText("no such columns: ö").waitFor();
   // …and the first run is still shown running: the answer is older than its event.
   assert.equal(await row(first).locator(".badge").textContent(), "running");
-  await ctx.close();
+  await page.context().close();
   assert.deepEqual(problems, []);
 });

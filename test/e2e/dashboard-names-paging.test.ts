@@ -5,24 +5,13 @@
 // next read succeeds nor put the pager out of step with the page shown, and a task page whose read
 // failed reads again by itself. Waits on conditions, never time.
 import assert from "node:assert/strict";
-import type { ChildProcess } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
-import { after, before, beforeEach, test } from "node:test";
-import type { Browser, Locator, Page } from "playwright-core";
-import { freePort } from "../../src/db/embedded.ts";
+import { test } from "node:test";
+import type { Locator, Page } from "playwright-core";
 import { createLogger } from "../../src/log.ts";
 import { Worker } from "../../src/queue/worker.ts";
-import {
-  browserSkip,
-  dashboardEnv,
-  launchBrowser,
-  linkToken,
-  startDevApi,
-  uploadFile,
-  watchPage,
-} from "../helpers/browser.ts";
-import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
+import { browserSkip, dashboardSuite, uploadFile } from "../helpers/browser.ts";
 
 const skip = browserSkip;
 /** Small, so a file over it is quick to make. */
@@ -30,56 +19,22 @@ const MAX_UPLOAD = 64 * 1024;
 /** Reads "invoiceexe.csv" where the override is obeyed. */
 const SPOOF = "invoice\u202evsc.exe";
 
-let env: RunnerEnv;
-let port: number;
-let base: string;
-let adminToken: string;
-let api: { child: ChildProcess; done: Promise<unknown> } | undefined;
-let browser: Browser;
-const problems: string[] = [];
-
-before(async () => {
-  if (skip) return;
-  env = await runnerEnv();
-  port = await freePort();
-  base = `http://127.0.0.1:${port}`;
-  const started = await startDevApi(
-    dashboardEnv(env, port, {
-      ASSAY_SSE_HEARTBEAT_MS: "1000",
-      ASSAY_SHUTDOWN_GRACE_MS: "2000",
-      ASSAY_MAX_UPLOAD_BYTES: String(MAX_UPLOAD),
-    }),
-  );
-  api = { child: started.child, done: started.done };
-  adminToken = linkToken(started.link);
-  browser = await launchBrowser();
+const s = dashboardSuite({
+  ASSAY_SSE_HEARTBEAT_MS: "1000",
+  ASSAY_SHUTDOWN_GRACE_MS: "2000",
+  ASSAY_MAX_UPLOAD_BYTES: String(MAX_UPLOAD),
 });
-
-beforeEach(() => {
-  problems.length = 0;
-});
-
-after(async () => {
-  if (skip) return;
-  await browser?.close();
-  api?.child.kill("SIGTERM");
-  await api?.done;
-  await env.close();
-});
+const { problems } = s;
 
 async function upload(name: string, content = "a,b\n1,2\n"): Promise<string> {
-  const data = await uploadFile(base, adminToken, name, content);
+  const data = await uploadFile(s.base, s.adminToken, name, content);
   assert.equal(data.name, name, "the name is stored as it was given");
   return data.fileId;
 }
 
+/** A page signed in as the admin, in a context of its own `width` wide. */
 async function pageFor(width = 1280): Promise<Page> {
-  const ctx = await browser.newContext({ viewport: { width, height: 900 } });
-  const page = await ctx.newPage();
-  watchPage(page, problems);
-  await page.goto(`${base}/#token=${encodeURIComponent(adminToken)}`);
-  await page.getByRole("heading", { name: "Tasks" }).waitFor();
-  return page;
+  return s.signedIn(s.adminToken, await s.browser.newContext({ viewport: { width, height: 900 } }));
 }
 
 /**
@@ -128,25 +83,25 @@ test("a name with a bidi override reverses neither itself nor the text beside it
   const id = await upload(SPOOF);
   const page = await pageFor();
   // The file list: the name in its cell.
-  await page.goto(`${base}/#/files`);
+  await page.goto(`${s.base}/#/files`);
   const fileRow = page.locator(`tr[data-file="${id}"]`);
   await fileRow.waitFor();
   assert.equal(await outOfOrder(fileRow.locator("td.name")), "", "the files page's name");
   // A new task's list of uploaded files: the name, then its size and date on the same line.
-  await page.goto(`${base}/#/new?files=${id}`);
+  await page.goto(`${s.base}/#/new?files=${id}`);
   const known = page.locator(".known li", { has: page.locator("input:checked") });
   await known.waitFor();
   assert.equal(await outOfOrder(known), "", "the new task's list of uploaded files");
   // A task's runs.
-  const res = await fetch(`${base}/api/analysis-tasks`, {
+  const res = await fetch(`${s.base}/api/analysis-tasks`, {
     method: "POST",
-    headers: { authorization: `Bearer ${adminToken}`, "content-type": "application/json" },
+    headers: { authorization: `Bearer ${s.adminToken}`, "content-type": "application/json" },
     body: JSON.stringify({ analysisType: "summary", inputFileIds: [id] }),
   });
   const body = (await res.json()) as { data: { taskId: string } };
   assert.equal(res.status, 201, JSON.stringify(body));
   const { taskId } = body.data;
-  await page.goto(`${base}/#/tasks/${taskId}`);
+  await page.goto(`${s.base}/#/tasks/${taskId}`);
   const run = page.locator("tr[data-run]");
   await run.waitFor();
   assert.equal(await outOfOrder(run.locator("td.name")), "", "the task's runs");
@@ -156,8 +111,8 @@ test("a name with a bidi override reverses neither itself nor the text beside it
 
 test("an upload refused as too large: its error reads in order whatever the name", { skip }, async () => {
   const page = await pageFor();
-  await page.goto(`${base}/#/new`);
-  const dir = fs.mkdtempSync(path.join(env.dataDir, "picked-"));
+  await page.goto(`${s.base}/#/new`);
+  const dir = fs.mkdtempSync(path.join(s.env.dataDir, "picked-"));
   const big = path.join(dir, SPOOF);
   fs.writeFileSync(big, Buffer.alloc(MAX_UPLOAD + 1024, "1,2\n"));
   await page.locator('input[type="file"]').setInputFiles([big]);
@@ -174,16 +129,16 @@ test("a 255-character name does not push the page sideways", { skip }, async () 
   const id = await upload(long);
   const page = await pageFor(1024);
   const sideways = () => page.evaluate<number>("document.documentElement.scrollWidth - window.innerWidth");
-  await page.goto(`${base}/#/new?files=${id}`);
+  await page.goto(`${s.base}/#/new?files=${id}`);
   await page.locator(".known li", { has: page.locator("input:checked") }).waitFor();
   assert.ok((await sideways()) <= 1, `the new task page scrolls sideways by ${await sideways()}px`);
   // Refused as too large: its error names it.
-  const big = path.join(fs.mkdtempSync(path.join(env.dataDir, "picked-")), long);
+  const big = path.join(fs.mkdtempSync(path.join(s.env.dataDir, "picked-")), long);
   fs.writeFileSync(big, Buffer.alloc(MAX_UPLOAD + 1024, "1,2\n"));
   await page.locator('input[type="file"]').setInputFiles([big]);
   await page.locator("li.upload.failed .error").waitFor({ timeout: 30_000 });
   assert.ok((await sideways()) <= 1, `the refused upload scrolls the page sideways by ${await sideways()}px`);
-  await page.goto(`${base}/#/files`);
+  await page.goto(`${s.base}/#/files`);
   await page.locator(`tr[data-file="${id}"]`).waitFor();
   assert.ok((await sideways()) <= 1, `the files page scrolls sideways by ${await sideways()}px`);
   await page.context().close();
@@ -206,7 +161,7 @@ test("a name of stacked combining marks draws nothing over the name above it", {
     const after = await above.screenshot();
     return !before.equals(after);
   };
-  await page.goto(`${base}/#/files`);
+  await page.goto(`${s.base}/#/files`);
   await page.locator(`tr[data-file="${id}"]`).waitFor();
   assert.equal(
     await drawnOver(page.locator(`tr[data-file="${plain}"]`), page.locator(`tr[data-file="${id}"] td.name`)),
@@ -214,7 +169,7 @@ test("a name of stacked combining marks draws nothing over the name above it", {
     "the files page",
   );
   // The new task's list of uploaded files: a name in a line of text (a span).
-  await page.goto(`${base}/#/new?files=${id}`);
+  await page.goto(`${s.base}/#/new?files=${id}`);
   const known = page.locator(".known li");
   await known.filter({ hasText: "plain name.csv" }).waitFor();
   assert.equal(
@@ -234,9 +189,10 @@ test("a page of files whose read failed: the next read clears the error, the pag
 }, async () => {
   // More than a page (50).
   for (let i = 0; i < 51; i++) await upload(`page-${i}.csv`);
-  const newest = (await env.db.sql<{ id: string }[]>`select max(id)::text as id from files`)[0]?.id as string;
+  const newest = (await s.env.db.sql<{ id: string }[]>`select max(id)::text as id from files`)[0]
+    ?.id as string;
   const page = await pageFor();
-  await page.goto(`${base}/#/files`);
+  await page.goto(`${s.base}/#/files`);
   await page.locator(`tr[data-file="${newest}"]`).waitFor();
   // The next page's first read fails (the network, an API restarting); the second goes through.
   let failed = false;
@@ -277,7 +233,7 @@ test("a task page whose re-read failed reads the task again by itself: it shows 
     finish = resolve;
   });
   const worker = new Worker({
-    sql: env.db.sql,
+    sql: s.env.db.sql,
     logger: createLogger({ level: "silent" }),
     types: {
       summary: {
@@ -298,15 +254,15 @@ test("a task page whose re-read failed reads the task again by itself: it shows 
   });
   await worker.start();
   try {
-    const res = await fetch(`${base}/api/analysis-tasks`, {
+    const res = await fetch(`${s.base}/api/analysis-tasks`, {
       method: "POST",
-      headers: { authorization: `Bearer ${adminToken}`, "content-type": "application/json" },
+      headers: { authorization: `Bearer ${s.adminToken}`, "content-type": "application/json" },
       body: JSON.stringify({ analysisType: "summary", inputFileId: fileId }),
     });
     assert.equal(res.status, 201);
     const { taskId } = ((await res.json()) as { data: { taskId: string } }).data;
     const page = await pageFor();
-    await page.goto(`${base}/#/tasks/${taskId}`);
+    await page.goto(`${s.base}/#/tasks/${taskId}`);
     const badge = page.locator("header .badge");
     await badge.filter({ hasText: "running" }).waitFor({ timeout: 20_000 });
     // From here the task's reads fail until the test lets them by.

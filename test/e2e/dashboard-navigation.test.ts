@@ -4,77 +4,30 @@
 // the address show the API's error, never break the page; and the Results tab of a running task shows
 // its runs as they end, not only when the task does. Waits on conditions, never time.
 import assert from "node:assert/strict";
-import type { ChildProcess } from "node:child_process";
-import { after, before, beforeEach, test } from "node:test";
-import type { Browser, Page } from "playwright-core";
+import { test } from "node:test";
+import type { Page } from "playwright-core";
 import { tokenCreate } from "../../src/auth/tokens.ts";
-import { freePort } from "../../src/db/embedded.ts";
 import { createLogger } from "../../src/log.ts";
 import { Worker } from "../../src/queue/worker.ts";
-import {
-  browserSkip,
-  dashboardEnv,
-  launchBrowser,
-  startDevApi,
-  uploadFile,
-  watchPage,
-} from "../helpers/browser.ts";
+import { browserSkip, dashboardSuite, uploadFile } from "../helpers/browser.ts";
 import { idsCrossPowerOfTen } from "../helpers/queue.ts";
-import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
 
 const skip = browserSkip;
 /** A hostile name: markup, a right-to-left override, letters beyond ASCII. */
 const NAME = "<img src=x onerror=alert(1)> Größe \u202evsc.csv";
 
-let env: RunnerEnv;
-let base: string;
-let api: { child: ChildProcess; done: Promise<unknown> } | undefined;
-let browser: Browser;
-const problems: string[] = [];
-
-before(async () => {
-  if (skip) return;
-  env = await runnerEnv();
-  const port = await freePort();
-  base = `http://127.0.0.1:${port}`;
-  const started = await startDevApi(
-    dashboardEnv(env, port, { ASSAY_SSE_HEARTBEAT_MS: "1000", ASSAY_SHUTDOWN_GRACE_MS: "2000" }),
-  );
-  api = { child: started.child, done: started.done };
-  browser = await launchBrowser();
-});
-
-beforeEach(() => {
-  problems.length = 0;
-});
-
-after(async () => {
-  if (skip) return;
-  await browser?.close();
-  api?.child.kill("SIGTERM");
-  await api?.done;
-  await env.close();
-});
+const s = dashboardSuite({ ASSAY_SSE_HEARTBEAT_MS: "1000", ASSAY_SHUTDOWN_GRACE_MS: "2000" });
+const { problems } = s;
 
 let users = 0;
 /** A user of the test's own: their files and tasks are only the test's. */
 async function newUser(): Promise<string> {
   users++;
-  return (await tokenCreate(env.db.sql, `nav-${users}-Ünïcode`, "user")).token;
-}
-
-/** A page in a context of its own, signed in with `token`. */
-async function pageFor(token: string): Promise<Page> {
-  const ctx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
-  const page = await ctx.newPage();
-  watchPage(page, problems);
-  await page.goto(`${base}/#token=${encodeURIComponent(token)}`);
-  await page.getByRole("heading", { name: "Tasks" }).waitFor();
-  return page;
+  return (await tokenCreate(s.env.db.sql, `nav-${users}-Ünïcode`, "user")).token;
 }
 
 async function post(token: string, path: string, body?: unknown): Promise<Record<string, string>> {
-  const res = await fetch(`${base}/api${path}`, {
+  const res = await fetch(`${s.base}/api${path}`, {
     method: "POST",
     headers: {
       authorization: `Bearer ${token}`,
@@ -93,9 +46,9 @@ test("the task list's filters and page are in the address: Back from a task, a r
   skip,
 }, async () => {
   const token = await newUser();
-  const fileId = (await uploadFile(base, token, NAME, "a,b\n1,2\n")).fileId;
+  const fileId = (await uploadFile(s.base, token, NAME, "a,b\n1,2\n")).fileId;
   // Task ids cross a power of ten among the tasks listed (…99, 100…).
-  await idsCrossPowerOfTen(env.db.sql, "tasks", 20);
+  await idsCrossPowerOfTen(s.env.db.sql, "tasks", 20);
   // 45 tasks no worker here runs: every third cancelled, so 30 queued, two pages of them (20, 10).
   const queued: string[] = [];
   for (let i = 0; i < 45; i++) {
@@ -108,7 +61,7 @@ test("the task list's filters and page are in the address: Back from a task, a r
     else queued.push(taskId as string);
   }
   const [oldest, newest] = [queued[0] as string, queued.at(-1) as string];
-  const page = await pageFor(token);
+  const page = await s.signedIn(token);
   const row = (id: string) => page.locator(`tr[data-task="${id}"]`);
   await page.getByLabel("Status").selectOption("queued");
   await page.waitForURL((u) => u.hash.includes("status=queued"));
@@ -147,7 +100,7 @@ test("the task list's filters and page are in the address: Back from a task, a r
   await row(newest).waitFor();
   assert.equal(await page.locator("tr[data-task]").count(), 20);
   // The address, opened in another browser, shows the same page.
-  const other = await pageFor(token);
+  const other = await s.signedIn(token);
   await other.goto(second);
   await onSecondPage(other);
   await page.context().close();
@@ -159,13 +112,13 @@ test("hostile values in a list's address show the API's error in the page, never
   skip,
 }, async () => {
   const token = await newUser();
-  const fileId = (await uploadFile(base, token, NAME, "a,b\n1,2\n")).fileId;
+  const fileId = (await uploadFile(s.base, token, NAME, "a,b\n1,2\n")).fileId;
   const { taskId } = await post(token, "/analysis-tasks", {
     analysisType: "python-stats",
     inputFileId: fileId,
     parameters: { method: "mean" },
   });
-  const page = await pageFor(token);
+  const page = await s.signedIn(token);
   const alert = page.getByRole("alert");
   const hostile = [
     `#/?status=${encodeURIComponent("<script>alert(1)</script>")}`,
@@ -178,13 +131,13 @@ test("hostile values in a list's address show the API's error in the page, never
     `#/files?cursor=${"9".repeat(300_000)}`,
   ];
   for (const hash of hostile) {
-    await page.goto(`${base}/${hash}`);
+    await page.goto(`${s.base}/${hash}`);
     await alert.filter({ hasText: "VALIDATION_FAILED" }).waitFor();
     assert.equal(await page.getByText("Loading…").count(), 0, `${hash.slice(0, 60)}: not left loading`);
     assert.equal(await page.locator("img").count(), 0);
   }
   // Back on a list the API takes, the error goes.
-  await page.goto(`${base}/#/?status=${encodeURIComponent("<script>")}`);
+  await page.goto(`${s.base}/#/?status=${encodeURIComponent("<script>")}`);
   await alert.waitFor();
   await page.getByLabel("Status").selectOption("queued");
   await page.locator(`tr[data-task="${taskId}"]`).waitFor();
@@ -198,12 +151,13 @@ test("the files list's page is in the address: Back, Forward and a reload come b
 }, async () => {
   const token = await newUser();
   // More than a page (50); file ids cross a power of ten among them.
-  await idsCrossPowerOfTen(env.db.sql, "files", 25);
+  await idsCrossPowerOfTen(s.env.db.sql, "files", 25);
   const ids: string[] = [];
-  for (let i = 0; i < 52; i++) ids.push((await uploadFile(base, token, `${i} ${NAME}`, `a\n${i}\n`)).fileId);
+  for (let i = 0; i < 52; i++)
+    ids.push((await uploadFile(s.base, token, `${i} ${NAME}`, `a\n${i}\n`)).fileId);
   const [oldest, newest] = [ids[0] as string, ids.at(-1) as string];
-  const page = await pageFor(token);
-  await page.goto(`${base}/#/files`);
+  const page = await s.signedIn(token);
+  await page.goto(`${s.base}/#/files`);
   const row = (id: string) => page.locator(`tr[data-file="${id}"]`);
   await row(newest).waitFor();
   await page.getByRole("button", { name: "Older" }).click();
@@ -228,8 +182,8 @@ test("the Results tab of a running task shows each run's result as it ends, not 
   skip,
 }, async () => {
   const token = await newUser();
-  const first = (await uploadFile(base, token, `erst ${NAME}`, "a\n1\n")).fileId;
-  const second = (await uploadFile(base, token, `zweit ${NAME}`, "a\n2\n")).fileId;
+  const first = (await uploadFile(s.base, token, `erst ${NAME}`, "a\n1\n")).fileId;
+  const second = (await uploadFile(s.base, token, `zweit ${NAME}`, "a\n2\n")).fileId;
   const gates = new Map<string, () => void>();
   const opened = new Map<string, Promise<void>>();
   for (const id of [first, second])
@@ -240,7 +194,7 @@ test("the Results tab of a running task shows each run's result as it ends, not 
       }),
     );
   const worker = new Worker({
-    sql: env.db.sql,
+    sql: s.env.db.sql,
     logger: createLogger({ level: "silent" }),
     types: {
       summary: {
@@ -265,12 +219,12 @@ test("the Results tab of a running task shows each run's result as it ends, not 
       analysisType: "summary",
       inputFileIds: [first, second],
     });
-    const page = await pageFor(token);
+    const page = await s.signedIn(token);
     const reads: number[] = [];
     page.on("request", (r) => {
       if (r.url().endsWith(`/analysis-tasks/${taskId}/results.csv`)) reads.push(Date.now());
     });
-    await page.goto(`${base}/#/tasks/${taskId}`);
+    await page.goto(`${s.base}/#/tasks/${taskId}`);
     await page.locator("header .badge").filter({ hasText: "running" }).waitFor({ timeout: 20_000 });
     await page.getByRole("tab", { name: "Results" }).click();
     const resultRow = (name: string) => page.locator("table.results tbody tr", { hasText: name });

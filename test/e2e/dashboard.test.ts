@@ -2,17 +2,14 @@
 // download), against real `assay api` and `assay worker` processes running the real programs. Each test
 // saves a screenshot of its final screen under test-results/dashboard/ (not committed) to look at.
 import assert from "node:assert/strict";
-import type { ChildProcess } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
-import { after, before, beforeEach, test } from "node:test";
-import type { Browser, BrowserContext, Page } from "playwright-core";
+import { test } from "node:test";
+import type { Page } from "playwright-core";
 import { tokenCreate } from "../../src/auth/tokens.ts";
-import { freePort } from "../../src/db/embedded.ts";
-import { browserSkip, dashboardEnv, launchBrowser, startDevApi, watchPage } from "../helpers/browser.ts";
-import { collect, ROOT, spawnCli, watch } from "../helpers/cli.ts";
+import { browserSkip, dashboardSuite, watchPage } from "../helpers/browser.ts";
+import { ROOT } from "../helpers/cli.ts";
 import { tableEvents, waitFor, waitForTerminal } from "../helpers/queue.ts";
-import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
 import { zipNames } from "../helpers/zip.ts";
 
 const skip = browserSkip;
@@ -21,39 +18,29 @@ const HOSTILE = "<img src=x onerror=alert(1)>.csv";
 /** The test server's upload limit: above every CSV the tests make, below the one meant to be refused. */
 const MAX_UPLOAD = 30 * 1024 * 1024;
 
-let env: RunnerEnv;
-let port: number;
-let base: string;
-let link: string;
-let api: { child: ChildProcess; done: Promise<unknown> } | undefined;
-let worker: ChildProcess | undefined;
-let workerDone: Promise<unknown> | undefined;
-let browser: Browser;
-let context: BrowserContext;
 let page: Page;
-/** Problems the page reported: script errors, CSP violations, dialogs (an injected alert). */
-const problems: string[] = [];
-
-const serverEnv = () =>
-  dashboardEnv(env, port, {
+const s = dashboardSuite(
+  {
     ASSAY_POLL_INTERVAL_MS: "200",
     ASSAY_SSE_HEARTBEAT_MS: "1000",
     ASSAY_SHUTDOWN_GRACE_MS: "2000",
     ASSAY_MAX_UPLOAD_BYTES: String(MAX_UPLOAD),
-  });
-
-async function startApi(): Promise<string> {
-  const started = await startDevApi(serverEnv());
-  api = { child: started.child, done: started.done };
-  return started.link;
-}
-
-async function stopApi(): Promise<void> {
-  if (!api) return;
-  api.child.kill("SIGTERM");
-  await api.done;
-  api = undefined;
-}
+  },
+  {
+    worker: true,
+    // One page for the whole file: a test goes on where the one before it left off.
+    setup: async () => {
+      const context = await s.browser.newContext({
+        viewport: { width: 1280, height: 900 },
+        acceptDownloads: true,
+      });
+      page = await context.newPage();
+      watchPage(page, problems);
+    },
+  },
+);
+/** Problems the page reported: script errors, CSP violations, dialogs (an injected alert). */
+const { problems } = s;
 
 async function shot(name: string): Promise<void> {
   fs.mkdirSync(SHOTS, { recursive: true });
@@ -68,7 +55,7 @@ function csv(rows: number, seed: number): string {
 
 /** Files on disk for the browser's file picker. */
 function localFiles(names: string[], rows = 200): string[] {
-  const dir = fs.mkdtempSync(path.join(env.dataDir, "picked-"));
+  const dir = fs.mkdtempSync(path.join(s.env.dataDir, "picked-"));
   return names.map((name, i) => {
     const file = path.join(dir, name);
     fs.writeFileSync(file, csv(rows, i + 3));
@@ -78,51 +65,20 @@ function localFiles(names: string[], rows = 200): string[] {
 
 const taskIdFromUrl = () => /#\/tasks\/(\d+)/.exec(page.url())?.[1] as string;
 
-before(async () => {
-  if (skip) return;
-  env = await runnerEnv();
-  port = await freePort();
-  base = `http://127.0.0.1:${port}`;
-  link = await startApi();
-  worker = spawnCli(["worker", "--concurrency", "2"], { ...serverEnv(), LOG_LEVEL: "info" });
-  workerDone = collect(worker);
-  await watch(worker).waitFor(/worker started/);
-  browser = await launchBrowser();
-  context = await browser.newContext({ viewport: { width: 1280, height: 900 }, acceptDownloads: true });
-  page = await context.newPage();
-  watchPage(page, problems);
-});
-
-// Each test reports only the problems of its own page visits.
-beforeEach(() => {
-  problems.length = 0;
-});
-
-after(async () => {
-  if (skip) return;
-  await browser?.close();
-  // A test that failed while the worker was paused must not leave it deaf to SIGTERM.
-  worker?.kill("SIGCONT");
-  worker?.kill("SIGTERM");
-  await stopApi();
-  await workerDone;
-  await env.close();
-});
-
 test("sign in through the fragment link: the token leaves the address bar and never reaches the server", {
   skip,
 }, async () => {
-  assert.match(link, /^http:\/\/127\.0\.0\.1:\d+\/#token=assay_/);
-  await page.goto(link);
+  assert.match(s.link, /^http:\/\/127\.0\.0\.1:\d+\/#token=assay_/);
+  await page.goto(s.link);
   await page.getByRole("navigation", { name: "Main" }).getByRole("link", { name: "New task" }).waitFor();
   assert.equal(new URL(page.url()).hash, "#/", "the token is removed from the address bar");
   assert.ok(!page.url().includes("token"));
   // Served with a strict policy: scripts from this origin only.
-  const res = await page.request.get(`${base}/`);
+  const res = await page.request.get(`${s.base}/`);
   assert.match(res.headers()["content-security-policy"] ?? "", /script-src 'self'(;|$)/);
   assert.doesNotMatch(await res.text(), /<script(?![^>]*\bsrc=)/, "no inline script");
   // Sign out, then in again by pasting the token.
-  const token = decodeURIComponent(link.split("#token=")[1] as string);
+  const token = s.adminToken;
   await page.getByRole("button", { name: "Sign out" }).click();
   await page.getByLabel("API token").fill("assay_not-a-real-token");
   await page.getByRole("button", { name: "Sign in" }).click();
@@ -137,7 +93,7 @@ test("sign in through the fragment link: the token leaves the address bar and ne
 test("upload three CSVs (one with a hostile name), submit python-stats, every run reaches 100 % live", {
   skip,
 }, async () => {
-  await page.goto(`${base}/#/new`);
+  await page.goto(`${s.base}/#/new`);
   await page.evaluate("window.loadedOnce = true");
   await page.getByRole("radio", { name: /^python-stats/ }).check();
   await page.getByLabel("method").selectOption("mean");
@@ -160,7 +116,7 @@ test("upload three CSVs (one with a hostile name), submit python-stats, every ru
     ["alpha.csv", "données β.csv", HOSTILE].sort(),
   );
   assert.equal(await page.locator('img[src="x"]').count(), 0);
-  assert.equal((await env.db.sql`select status from tasks where id = ${taskId}`)[0]?.status, "succeeded");
+  assert.equal((await s.env.db.sql`select status from tasks where id = ${taskId}`)[0]?.status, "succeeded");
   await shot("task-succeeded");
   assert.deepEqual(problems, []);
 });
@@ -204,7 +160,7 @@ test("a run's outputs: metrics, the CSV previewed; the fan-in results table; the
 test("a file over the upload limit gets a clear error; the others upload and can be submitted", {
   skip,
 }, async () => {
-  await page.goto(`${base}/#/new`);
+  await page.goto(`${s.base}/#/new`);
   const [small] = localFiles(["small.csv"], 100);
   const big = path.join(path.dirname(small as string), "too-big.csv");
   fs.writeFileSync(big, Buffer.alloc(MAX_UPLOAD + 1024 * 1024, "1,2,3\n"));
@@ -222,7 +178,7 @@ test("a file over the upload limit gets a clear error; the others upload and can
 });
 
 test("r-report's HTML report shows in a sandboxed frame", { skip }, async () => {
-  await page.goto(`${base}/#/new`);
+  await page.goto(`${s.base}/#/new`);
   await page.getByRole("radio", { name: /^r-report/ }).check();
   await page.getByLabel("title").fill("Quarterly <b>numbers</b>");
   await page.locator('input[type="file"]').setInputFiles(localFiles(["report-input.csv"], 500));
@@ -268,7 +224,7 @@ test("cancel a long task from its page and see it cancelled", { skip }, async ()
     ["slow-1.csv", "slow-2.csv", "slow-3.csv", "slow-4.csv", "slow-5.csv", "slow-6.csv"],
     600_000,
   );
-  await page.goto(`${base}/#/new`);
+  await page.goto(`${s.base}/#/new`);
   await page.getByRole("radio", { name: /^summary/ }).check();
   await page.locator('input[type="file"]').setInputFiles(files);
   await page.getByRole("button", { name: /Start summary over 6 files/ }).click();
@@ -279,12 +235,12 @@ test("cancel a long task from its page and see it cancelled", { skip }, async ()
   await page.getByRole("status").filter({ hasText: "Cancel requested" }).waitFor();
   await page.locator(".task header .badge", { hasText: "cancelled" }).waitFor({ timeout: 30_000 });
   assert.equal(await page.getByRole("button", { name: "Cancel task" }).count(), 0);
-  assert.equal((await env.db.sql`select status from tasks where id = ${taskId}`)[0]?.status, "cancelled");
+  assert.equal((await s.env.db.sql`select status from tasks where id = ${taskId}`)[0]?.status, "cancelled");
   // Every run shows its ending as the database has it, the ones that never started too (they have
   // no event of their own: the task.cancelling event counts them, and the page shows that count in
   // its log). A run whose program finished before the cancel reached it keeps its success: the
   // database decides which, so the page is checked against it, run by run.
-  const ended = await env.db.sql<{ id: string; status: string; attempt: number }[]>`
+  const ended = await s.env.db.sql<{ id: string; status: string; attempt: number }[]>`
     select id, status, attempt from runs where task_id = ${taskId} order by id`;
   assert.equal(ended.length, 6);
   for (const r of ended) {
@@ -314,7 +270,7 @@ test("cancel a long task from its page and see it cancelled", { skip }, async ()
   ).catch(async (err) => {
     assert.equal(await shown(), want, String(err));
   });
-  const [ev] = await env.db.sql<{ n: number }[]>`
+  const [ev] = await s.env.db.sql<{ n: number }[]>`
     select (data->>'cancelledQueued')::int as n from task_events where task_id = ${taskId} and type = 'task.cancelling'`;
   // Two slots, six runs: some were still queued.
   assert.ok((ev?.n ?? 0) > 0, "the cancel ended queued runs");
@@ -330,13 +286,13 @@ test("the API restarts mid-task: the page resumes, its event log has every event
   skip,
 }, async () => {
   const files = localFiles(["r-1.csv", "r-2.csv", "r-3.csv", "r-4.csv", "r-5.csv", "r-6.csv"], 150_000);
-  await page.goto(`${base}/#/new`);
+  await page.goto(`${s.base}/#/new`);
   await page.getByRole("radio", { name: /^summary/ }).check();
   await page.locator('input[type="file"]').setInputFiles(files);
   // The worker is paused until the page is cut off, so the task is still queued when the API goes
   // away and its runs produce events while the page cannot hear them (caught up by Last-Event-ID) as
   // well as after it is back (live).
-  worker?.kill("SIGSTOP");
+  s.worker?.kill("SIGSTOP");
   await page.getByRole("button", { name: /Start summary over 6 files/ }).click();
   await page.waitForURL(/#\/tasks\/\d+$/);
   const taskId = taskIdFromUrl();
@@ -344,20 +300,20 @@ test("the API restarts mid-task: the page resumes, its event log has every event
   await page.locator(".queue-place", { hasText: /runs? ahead \(estimate\)/ }).waitFor();
   await page.getByRole("tab", { name: "Event log" }).click();
   await page.locator("li[data-event]").first().waitFor();
-  await stopApi();
+  await s.stopApi();
   await page.locator(".stream", { hasText: "reconnecting" }).waitFor({ timeout: 15_000 });
-  worker?.kill("SIGCONT");
+  s.worker?.kill("SIGCONT");
   await waitFor(
     async () =>
-      ((await env.db.sql`select succeeded_count from tasks where id = ${taskId}`)[0]?.succeeded_count ?? 0) >
-      0,
+      ((await s.env.db.sql`select succeeded_count from tasks where id = ${taskId}`)[0]?.succeeded_count ??
+        0) > 0,
     60_000,
     "a run to succeed while the API is down",
   );
-  await startApi();
-  await waitForTerminal(env.db.sql, taskId, 120_000);
+  await s.startApi();
+  await waitForTerminal(s.env.db.sql, taskId, 120_000);
   await page.locator(".task header .badge", { hasText: "succeeded" }).waitFor({ timeout: 30_000 });
-  const expected = (await tableEvents(env.db.sql, taskId)).map(([id]) => id);
+  const expected = (await tableEvents(s.env.db.sql, taskId)).map(([id]) => id);
   await waitFor(
     async () => (await page.locator("li[data-event]").count()) >= expected.length,
     15_000,
@@ -374,21 +330,21 @@ test("the API restarts mid-task: the page resumes, its event log has every event
 test("another user's task is not reachable by URL; at 375 px the task list still reads", {
   skip,
 }, async () => {
-  const [task] = await env.db.sql<
+  const [task] = await s.env.db.sql<
     { id: string }[]
   >`select t.id::text as id from tasks t order by t.id limit 1`;
-  const { token } = await tokenCreate(env.db.sql, "mallory", "user");
-  const other = await browser.newContext({ viewport: { width: 375, height: 740 } });
+  const { token } = await tokenCreate(s.env.db.sql, "mallory", "user");
+  const other = await s.browser.newContext({ viewport: { width: 375, height: 740 } });
   const p = await other.newPage();
   p.on("pageerror", (err) => problems.push(`page error: ${err.message}`));
-  await p.goto(`${base}/#token=${encodeURIComponent(token)}`);
+  await p.goto(`${s.base}/#token=${encodeURIComponent(token)}`);
   await p.getByRole("heading", { name: "Tasks" }).waitFor();
   await p.getByText("No tasks yet").waitFor();
-  await p.goto(`${base}/#/tasks/${task?.id}`);
+  await p.goto(`${s.base}/#/tasks/${task?.id}`);
   await p.getByRole("heading", { name: "Task not found" }).waitFor();
   // The task list of the admin at phone width: no horizontal overflow of the page itself.
   await page.setViewportSize({ width: 375, height: 740 });
-  await page.goto(`${base}/#/`);
+  await page.goto(`${s.base}/#/`);
   await page.locator("tr[data-task]").first().waitFor();
   const overflow = await page.evaluate<number>("document.documentElement.scrollWidth - window.innerWidth");
   assert.ok(overflow <= 1, `the page scrolls sideways by ${overflow}px`);

@@ -85,36 +85,69 @@ export interface DashboardSuite {
   env: RunnerEnv;
   /** The API's origin, `http://127.0.0.1:<port>`. */
   base: string;
-  /** The admin token of the API's sign-in link. */
+  /** The sign-in link the API printed first. */
+  link: string;
+  /** The admin token of that link. */
   adminToken: string;
   browser: Browser;
+  /** With `{ worker: true }`: an `assay worker --concurrency 2` of the API's environment (a test may pause it). */
+  worker?: ChildProcess;
   /** What the pages did wrong (watchPage): cleared before each test. */
   problems: string[];
   /** A page of a new browser context at `hash`, watched. */
   open(hash?: string, ctx?: BrowserContext): Promise<Page>;
   /** Fills the sign-in form with `token` and submits it. */
   signIn(page: Page, token: string): Promise<void>;
+  /** open() at a sign-in link of `token`: the page once it shows the task list. */
+  signedIn(token: string, ctx?: BrowserContext): Promise<Page>;
+  /** Stops the API process (SIGTERM) and waits for its exit. */
+  stopApi(): Promise<void>;
+  /** Starts the API process again on the same port (after stopApi). */
+  startApi(): Promise<void>;
 }
 
 /**
  * The usual setup of a dashboard test file: a runner environment, an `assay api --dev-token` on a free
- * port (and `extra` in its environment), a browser; registered as the file's before/after hooks.
- * Its fields are there once `before` has run.
+ * port (and `extra` in its environment), with `o.worker` an `assay worker` beside it, a browser;
+ * registered as the file's before/after hooks. Its fields are there once `before` has run. A file's
+ * own set-up goes in `o.setup`, run at the end of that `before`: node:test starts a file's top-level
+ * `before` hooks without waiting for the ones registered earlier.
  */
-export function dashboardSuite(extra: Record<string, string> = {}): DashboardSuite {
-  const s = { problems: [] as string[] } as DashboardSuite & {
-    api?: { child: ChildProcess; done: Promise<unknown> };
-  };
+export function dashboardSuite(
+  extra: Record<string, string> = {},
+  o: { worker?: boolean; setup?: () => Promise<void> } = {},
+): DashboardSuite {
+  const s = { problems: [] as string[] } as DashboardSuite;
   const contexts: BrowserContext[] = [];
+  let serverEnv: NodeJS.ProcessEnv;
+  let api: { child: ChildProcess; done: Promise<unknown> } | undefined;
+  let workerDone: Promise<unknown> | undefined;
+  s.startApi = async () => {
+    const started = await startDevApi(serverEnv);
+    api = { child: started.child, done: started.done };
+    s.link ??= started.link;
+  };
+  s.stopApi = async () => {
+    if (!api) return;
+    api.child.kill("SIGTERM");
+    await api.done;
+    api = undefined;
+  };
   before(async () => {
     if (browserSkip) return;
     s.env = await runnerEnv();
     const port = await freePort();
     s.base = `http://127.0.0.1:${port}`;
-    const started = await startDevApi(dashboardEnv(s.env, port, extra));
-    s.api = { child: started.child, done: started.done };
-    s.adminToken = linkToken(started.link);
+    serverEnv = dashboardEnv(s.env, port, extra);
+    await s.startApi();
+    s.adminToken = linkToken(s.link);
+    if (o.worker) {
+      s.worker = spawnCli(["worker", "--concurrency", "2"], { ...serverEnv, LOG_LEVEL: "info" });
+      workerDone = collect(s.worker);
+      await watch(s.worker).waitFor(/worker started/);
+    }
     s.browser = await launchBrowser();
+    await o.setup?.();
   });
   beforeEach(() => {
     s.problems.length = 0;
@@ -123,8 +156,11 @@ export function dashboardSuite(extra: Record<string, string> = {}): DashboardSui
     if (browserSkip) return;
     for (const ctx of contexts) await ctx.close().catch(() => {});
     await s.browser?.close();
-    s.api?.child.kill("SIGTERM");
-    await s.api?.done;
+    // A test that failed while the worker was paused must not leave it deaf to SIGTERM.
+    s.worker?.kill("SIGCONT");
+    s.worker?.kill("SIGTERM");
+    await s.stopApi();
+    await workerDone;
     await s.env?.close();
   });
   s.open = async (hash = "#/", given?: BrowserContext) => {
@@ -138,6 +174,11 @@ export function dashboardSuite(extra: Record<string, string> = {}): DashboardSui
   s.signIn = async (page, token) => {
     await page.getByLabel("API token").fill(token);
     await page.getByRole("button", { name: "Sign in" }).click();
+  };
+  s.signedIn = async (token, ctx) => {
+    const page = await s.open(`#token=${encodeURIComponent(token)}`, ctx);
+    await page.getByRole("heading", { name: "Tasks" }).waitFor();
+    return page;
   };
   return s;
 }

@@ -6,6 +6,7 @@ import { requeuedRejoin } from "./fair.ts";
 import {
   byId,
   countIntoTasks,
+  inLive,
   type Json,
   type Lease,
   matchesLease,
@@ -89,22 +90,42 @@ export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<Comple
   return { completed: row?.completed ?? [], finishedTasks: row?.finished ?? [] };
 }
 
+/** An ending this worker sent, for runEndingsRecorded: the outcome and the attempt it ended. */
+export interface SentEnding extends Outcome {
+  attempt: number;
+}
+
 /**
- * Which of these runs record exactly these output keys: a success whose completion committed on an
- * earlier try whose answer was lost is recognised by it (its lease token is gone from the row, so the
- * completion itself no longer matches). Returns the run ids.
+ * Which of these runs are already ended exactly as these outcomes would end them, by this attempt:
+ * a completion that committed on an earlier try whose answer was lost (the connection dropped after
+ * the commit) is recognised by it, since its lease token is gone from the row and the completion
+ * itself no longer matches. Exact, not by the token: the run ended with the outcome's status, code,
+ * message, result and output key (a success's key names the lease token) at the attempt's number.
+ * No other writer leaves all of that: the reaper, a cancel of queued runs and a retry that finds its
+ * run cancelling write messages of their own, and another attempt has another number — but for one
+ * whose claim was lost in a server crash (the claim commits asynchronously), which that crash must
+ * also have cut this completion's first try off for (see docs/architecture.md). Returns the run ids.
  */
-export async function runOutputsRecorded(
-  sql: Sql,
-  runs: { id: number; outputKey: string }[],
-): Promise<number[]> {
-  if (runs.length === 0) return [];
-  const input = runs.map((r) => ({ id: r.id, output_key: r.outputKey }));
+export async function runEndingsRecorded(sql: Sql, endings: SentEnding[]): Promise<number[]> {
+  if (endings.length === 0) return [];
+  const input = endings.map((o) => ({
+    id: o.id,
+    attempt: o.attempt,
+    status: o.status,
+    error_code: o.errorCode ?? null,
+    error_message: o.errorMessage ?? null,
+    result: o.result ?? null,
+    output_key: o.outputKey ?? null,
+  }));
   const rows = await sql<{ id: number }[]>`
     select r.id::float8 as id
-    from runs r join jsonb_to_recordset(${sql.json(input as unknown as Json)}) as i(id bigint, output_key text)
+    from runs r join jsonb_to_recordset(${sql.json(pgSafe(input) as unknown as Json)})
+      as i(id bigint, attempt int, status text, error_code text, error_message text, result jsonb,
+           output_key text)
       on r.id = i.id
-    where r.output_key = i.output_key`;
+    where r.status = i.status and r.attempt = i.attempt
+      and (r.error_code, r.error_message, r.result, r.output_key)
+          is not distinct from (i.error_code, i.error_message, i.result, i.output_key)`;
   return rows.map((r) => r.id);
 }
 
@@ -212,6 +233,64 @@ export async function runRetry(sql: Sql, retries: Retry[]): Promise<RetryResult>
     dueInMs: row?.due ?? [],
     cancelled: row?.cancelled ?? [],
     finishedTasks: row?.finished ?? [],
+  };
+}
+
+/** A retry this worker sent, for runRetriesRecorded: the retry and the attempt it gave back. */
+export interface SentRetry extends Retry {
+  attempt: number;
+}
+
+export interface RetriesRecorded {
+  /** Runs this worker's earlier try put back in the queue, still queued or claimed again since. */
+  requeued: number[];
+  /**
+   * Milliseconds until each of them is due (same order as `requeued`), as RetryResult's; null for a
+   * run claimed again already (nothing to wake for).
+   */
+  dueInMs: (number | null)[];
+  /** Runs that earlier try ended cancelled instead (they were being cancelled). */
+  cancelled: number[];
+}
+
+/**
+ * Which of these retries committed on an earlier try whose answer was lost (runRetry no longer
+ * matches: the lease token is gone). Exact, not by the token: the run is queued at the number the
+ * retry left it (one fewer when refunded) with the retry's code and message; or claimed again since,
+ * one number later, the claim leaving code and message as they were; or ended `cancelled` at the
+ * attempt's number with runRetry's own message. The reaper, which is the other way a lease is taken
+ * back, writes a code and message of its own, and another attempt has another number — but for one
+ * whose claim was lost in a server crash (see docs/architecture.md). A run re-queued, claimed again
+ * and ended or re-queued again before the look is not recognised (its row no longer tells).
+ */
+export async function runRetriesRecorded(sql: Sql, retries: SentRetry[]): Promise<RetriesRecorded> {
+  if (retries.length === 0) return { requeued: [], dueInMs: [], cancelled: [] };
+  const input = retries.map((r) => ({
+    id: r.id,
+    left_at: r.attempt - (r.refund ? 1 : 0),
+    attempt: r.attempt,
+    error_code: r.errorCode,
+    error_message: r.errorMessage,
+  }));
+  const rows = await sql<{ id: number; status: string; due: number | null }[]>`
+    select r.id::float8 as id, r.status,
+           case when r.status = 'queued'
+             then greatest(0, ceil(extract(epoch from r.run_after - clock_timestamp()) * 1000))::float8 end as due
+    from runs r join jsonb_to_recordset(${sql.json(pgSafe(input) as unknown as Json)})
+      as i(id bigint, left_at int, attempt int, error_code text, error_message text)
+      on r.id = i.id
+    where (r.status = 'queued' and r.attempt = i.left_at
+           and (r.error_code, r.error_message) is not distinct from (i.error_code, i.error_message))
+       or (r.status ${inLive(sql)} and r.attempt = i.left_at + 1
+           and (r.error_code, r.error_message) is not distinct from (i.error_code, i.error_message))
+       or (r.status = 'cancelled' and r.attempt = i.attempt
+           and r.error_code = 'ANALYSIS_PROCESS_CANCELLED' and r.error_message = 'cancelled')
+    order by r.id`;
+  const back = rows.filter((r) => r.status !== "cancelled");
+  return {
+    requeued: back.map((r) => r.id),
+    dueInMs: back.map((r) => r.due),
+    cancelled: rows.filter((r) => r.status === "cancelled").map((r) => r.id),
   };
 }
 

@@ -1,0 +1,482 @@
+// The client's small requests and its uploads through an API that restarts or a proxy's 5xx: the
+// real client (a child process) against a real `assay all`, with a small HTTP proxy between them
+// that fails chosen requests — a 502 page of its own, a connection dropped before any answer, an
+// upload cut off mid-body, an upload whose answer is lost after the server committed it. Every GET
+// is asked again with growing pauses, each retry said on stderr; an upload whose answer was lost is
+// found on the server and reused, never made twice; a 500 or a 4xx is not asked again; a server that
+// stays away is given up (exit 3) and Ctrl-C during a pause ends the command at once (exit 130).
+import assert from "node:assert/strict";
+import type { ChildProcess } from "node:child_process";
+import fs from "node:fs";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import path from "node:path";
+import { after, before, test } from "node:test";
+import { collect, spawnCli } from "../helpers/cli.ts";
+import {
+  apiAll,
+  type ClientServer,
+  csv,
+  jsonLines,
+  type Line,
+  ofKind,
+  startClientServer,
+  within,
+} from "../helpers/client.ts";
+import { idsCrossPowerOfTen } from "../helpers/queue.ts";
+import { scratchDir } from "../helpers/tmp.ts";
+
+let server: ClientServer;
+let token: string;
+let work: string;
+/** A task that ended, submitted straight to the server: what status, download and the rest read. */
+let taskId: string;
+
+const USER = "zoë «retry» 🚀";
+
+before(async () => {
+  server = await startClientServer({ concurrency: 2 });
+  token = await server.token(USER);
+  work = scratchDir("assay-client-retry-");
+  // Ids past a digit boundary: one compared or sorted as text would come out wrong.
+  await idsCrossPowerOfTen(server.db.sql, "tasks", 0);
+  await idsCrossPowerOfTen(server.db.sql, "runs", 1);
+  await idsCrossPowerOfTen(server.db.sql, "files", 1);
+  const dir = path.join(work, "entrées");
+  fs.mkdirSync(dir);
+  fs.writeFileSync(path.join(dir, "relevé \u202efdp.csv"), csv(30, 3));
+  fs.writeFileSync(path.join(dir, "日本語 データ.csv"), csv(30, 7));
+  const r = await collect(spawnCli(["submit", "--type", "summary", dir, "--follow"], server.env(token)));
+  assert.equal(r.code, 0, r.stderr);
+  taskId = String(ofKind(jsonLines(r.stdout), "task")[0]?.taskId);
+});
+
+after(async () => {
+  await server?.close();
+});
+
+/** What the proxy does with a request. */
+type Fault =
+  | "pass"
+  /** Answer a 502 page of the proxy's own, the server never asked (nginx with its upstream down). */
+  | "badGateway"
+  /** Answer 500 and 404 in the API's envelope, the server never asked. */
+  | "serverError"
+  | "notFound"
+  /** Close the connection once the request has arrived, without an answer. */
+  | "drop"
+  /** Pass the first 100 bytes of the body on, then cut both connections: the upload never ends. */
+  | "cutBody"
+  /** Pass the request on; the server commits it, and its answer is lost (the connection cut). */
+  | "loseAnswer"
+  /** Pass the request on; the server commits it, and the proxy answers 502 in its place. */
+  | "answer502";
+
+interface Seen {
+  method: string;
+  path: string;
+  /** An upload's file name (its multipart head). */
+  file?: string;
+  fault: Fault;
+}
+
+const BAD_GATEWAY = "<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>";
+
+/**
+ * An HTTP proxy in front of the server. `fault` decides each request's fate from its method, its
+ * path (without the query), an upload's file name and how many requests of that kind (method, path,
+ * file) came before it, counting from 1.
+ */
+async function faultyProxy(
+  fault: (r: { method: string; path: string; file?: string; nth: number }) => Fault,
+) {
+  const backend = new URL(server.url);
+  const seen: Seen[] = [];
+  const counts = new Map<string, number>();
+  const decide = (method: string, url: string, file?: string): Fault => {
+    const p = url.split("?")[0] ?? url;
+    const key = `${method} ${p} ${file ?? ""}`;
+    const nth = (counts.get(key) ?? 0) + 1;
+    counts.set(key, nth);
+    const f = fault({ method, path: p, ...(file === undefined ? {} : { file }), nth });
+    seen.push({ method, path: p, ...(file === undefined ? {} : { file }), fault: f });
+    return f;
+  };
+  const proxy = http.createServer((req, res) => {
+    const method = req.method ?? "GET";
+    const url = req.url ?? "/";
+    const upload = method === "POST" && url === "/api/files";
+    // An upload's file name is in its multipart head, the first bytes of its body.
+    let head = Buffer.alloc(0);
+    const start = (f: Fault, first: Buffer[]) => {
+      if (f === "badGateway" || f === "serverError" || f === "notFound" || f === "drop") {
+        const answer = () => {
+          if (f === "drop") return req.socket.destroy();
+          const [status, body, type] =
+            f === "badGateway"
+              ? [502, BAD_GATEWAY, "text/html"]
+              : f === "serverError"
+                ? [500, '{"code":"INTERNAL","message":"Internal server error."}', "application/json"]
+                : [404, '{"code":"NOT_FOUND","message":"Route not found."}', "application/json"];
+          res.writeHead(status, { "content-type": type });
+          res.end(body);
+        };
+        if (req.readableEnded) answer();
+        else {
+          req.on("end", answer);
+          req.resume();
+        }
+        return;
+      }
+      const up = http.request(
+        { host: backend.hostname, port: backend.port, method, path: url, headers: req.headers },
+        (answer) => {
+          if (f === "loseAnswer" || f === "answer502") {
+            // Read to its end: the server has committed the upload by then.
+            answer.resume();
+            answer.on("end", () => {
+              if (f === "loseAnswer") return req.socket.destroy();
+              res.writeHead(502, { "content-type": "text/html" });
+              res.end(BAD_GATEWAY);
+            });
+            return;
+          }
+          res.writeHead(answer.statusCode ?? 502, answer.headers);
+          answer.pipe(res);
+        },
+      );
+      up.on("error", () => {
+        if (res.headersSent) return res.destroy();
+        res.writeHead(502, { "content-type": "text/html" });
+        res.end(BAD_GATEWAY);
+      });
+      if (f === "cutBody") {
+        const sent = Buffer.concat(first).subarray(0, 100);
+        up.write(sent, () => {
+          up.destroy();
+          req.socket.destroy();
+        });
+        return;
+      }
+      for (const chunk of first) up.write(chunk);
+      req.pipe(up);
+    };
+    if (!upload) return start(decide(method, url), []);
+    const chunks: Buffer[] = [];
+    const onData = (chunk: Buffer) => {
+      chunks.push(chunk);
+      head = Buffer.concat([head, chunk]).subarray(0, 4096);
+      const name = /filename="([^"]*)"/.exec(head.toString("utf8"))?.[1];
+      if (name === undefined && head.length < 4096) return;
+      req.off("data", onData);
+      req.pause();
+      start(decide(method, url, name), chunks);
+      if (!req.destroyed) req.resume();
+    };
+    req.on("data", onData);
+  });
+  await new Promise<void>((r) => proxy.listen(0, "127.0.0.1", r));
+  return {
+    url: `http://127.0.0.1:${(proxy.address() as AddressInfo).port}`,
+    seen,
+    close: () => {
+      proxy.closeAllConnections();
+      proxy.close();
+    },
+  };
+}
+
+/** The first two requests of every GET fail: a 502 page, then a connection dropped without answer. */
+const everyGetTwice = (r: { method: string; nth: number }): Fault =>
+  r.method !== "GET" ? "pass" : r.nth === 1 ? "badGateway" : r.nth === 2 ? "drop" : "pass";
+
+/** `assay <args>` through `proxyUrl`, as JSON lines. */
+function run(args: string[], proxyUrl: string, ms = 120_000) {
+  return within(
+    collect(spawnCli(args, server.env(token, { ASSAY_URL: proxyUrl }))),
+    ms,
+    `assay ${args.join(" ")}`,
+    () => server.log(),
+  );
+}
+
+/** The lines a command prints, without what changes from one run to the next. */
+const steady = (lines: Line[]) =>
+  lines.map((l) => {
+    const {
+      seconds: _s,
+      hashSeconds: _h,
+      lookupSeconds: _l,
+      uploadSeconds: _u,
+      dir: _d,
+      resultsCsv: _r,
+      ...rest
+    } = l;
+    return rest;
+  });
+
+test("status, tasks, files, types, logs, follow and download each survive a 502 and a dropped connection on every GET", async () => {
+  const commands = [
+    ["status", taskId],
+    ["tasks", "--limit", "5"],
+    ["files"],
+    ["types"],
+    ["logs", taskId],
+    ["follow", taskId],
+    ["download", taskId, "--out", path.join(work, "direct")],
+  ];
+  for (const args of commands) {
+    const direct = await run(args, server.url);
+    assert.equal(direct.code, 0, `${args[0]} straight to the server: ${direct.stderr}`);
+    const proxy = await faultyProxy(everyGetTwice);
+    try {
+      const through = await run(
+        args[0] === "download" ? ["download", taskId, "--out", path.join(work, "through")] : args,
+        proxy.url,
+      );
+      assert.equal(through.code, 0, `${args[0]} through the failing proxy: ${through.stderr}`);
+      // Runs are downloaded side by side: their lines come in the order they end.
+      const inOrder = (stdout: string) => {
+        const lines = steady(jsonLines(stdout));
+        return args[0] === "download" ? lines.map((l) => JSON.stringify(l)).sort() : lines;
+      };
+      assert.deepEqual(
+        inOrder(through.stdout),
+        inOrder(direct.stdout),
+        `${args[0]}: the same answer as straight to the server`,
+      );
+      const gets = proxy.seen.filter((s) => s.method === "GET");
+      assert.ok(gets.some((s) => s.fault === "badGateway") && gets.some((s) => s.fault === "drop"));
+      for (const p of new Set(gets.map((s) => s.path)))
+        assert.ok(
+          gets.some((s) => s.path === p && s.fault === "pass"),
+          `${args[0]}: ${p} was asked again until it was answered`,
+        );
+      // Each small GET's retries are said on stderr (downloads say theirs their own way).
+      assert.match(
+        through.stderr,
+        /reading \/api\/\S+: HTTP 502 Bad Gateway \(HTTP_502\); trying again \(attempt 2 of 6\)/,
+      );
+      assert.match(through.stderr, /reading \/api\/\S+: .*\(attempt 3 of 6\)/);
+      assert.ok(!through.stderr.includes(token), "the token is not printed");
+    } finally {
+      proxy.close();
+    }
+  }
+  for (const name of fs.readdirSync(path.join(work, "direct"), { recursive: true }) as string[]) {
+    const file = path.join(work, "direct", name);
+    if (fs.statSync(file).isFile())
+      assert.deepEqual(fs.readFileSync(path.join(work, "through", name)), fs.readFileSync(file), name);
+  }
+});
+
+test("submit --out survives a 502 and a dropped connection on its type, file and run GETs", async () => {
+  const dir = path.join(work, "soumission");
+  fs.mkdirSync(dir);
+  fs.writeFileSync(path.join(dir, "mesure — 1.csv"), csv(12, 11));
+  fs.writeFileSync(path.join(dir, "mesure — 2.csv"), csv(12, 13));
+  const proxy = await faultyProxy(everyGetTwice);
+  try {
+    const out = path.join(work, "soumission-out");
+    const r = await run(["submit", "--type", "summary", dir, "--out", out], proxy.url);
+    assert.equal(r.code, 0, r.stderr);
+    for (const p of ["/api/analysis-types", "/api/files"])
+      assert.deepEqual(
+        proxy.seen.filter((s) => s.method === "GET" && s.path === p).map((s) => s.fault),
+        ["badGateway", "drop", "pass"],
+        p,
+      );
+    assert.ok(proxy.seen.some((s) => /\/runs$/.test(s.path) && s.fault === "drop"));
+    assert.ok(fs.existsSync(path.join(out, "mesure — 1.csv", "summary.json")));
+    assert.ok(fs.existsSync(path.join(out, "results.csv")));
+    assert.equal(ofKind(jsonLines(r.stdout), "task").length, 1);
+  } finally {
+    proxy.close();
+  }
+});
+
+test("uploads through lost answers, 502s and cut bodies: each local file one file on the server, none made twice", async () => {
+  const dir = path.join(work, "envois");
+  const same = "relevé ✓.csv";
+  const sameBytes = csv(40, 17);
+  for (const sub of ["a", "b", "c", "d"]) {
+    fs.mkdirSync(path.join(dir, sub), { recursive: true });
+    fs.writeFileSync(path.join(dir, sub, same), sameBytes);
+  }
+  fs.writeFileSync(path.join(dir, "日本語 データ.csv"), csv(40, 19));
+  fs.writeFileSync(path.join(dir, "rapport \u202efdp.csv"), csv(40, 23));
+  // A large one, so that its connection is cut while the client is still writing its body.
+  fs.writeFileSync(path.join(dir, "grand fichier ✓.csv"), csv(150_000, 29));
+  // A copy of the shared bytes the user uploaded before: `a` reuses it; a lost upload must not.
+  const form = new FormData();
+  form.append("file", new Blob([sameBytes]), same);
+  const pre = await fetch(`${server.url}/api/files`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${token}` },
+    body: form,
+  });
+  assert.equal(pre.status, 201);
+  const preId = ((await pre.json()) as { data: { fileId: string } }).data.fileId;
+  const before = new Set(
+    (await apiAll<{ fileId: string }>(server, token, "/api/files")).map((f) => f.fileId),
+  );
+
+  const proxy = await faultyProxy(({ method, file, nth }) => {
+    if (method !== "POST" || file === undefined) return "pass";
+    // b's answer is lost; c goes through; d's first body is cut (nothing kept): d must not take c's.
+    if (file === same) return nth === 1 ? "loseAnswer" : nth === 3 ? "cutBody" : "pass";
+    if (file === "日本語 データ.csv") return nth === 1 ? "badGateway" : "pass";
+    if (file === "rapport \u202efdp.csv") return nth === 1 ? "answer502" : "pass";
+    if (file === "grand fichier ✓.csv") return nth === 1 ? "cutBody" : nth === 2 ? "drop" : "pass";
+    return "pass";
+  });
+  try {
+    const r = await run(["submit", "--type", "summary", dir, "--follow"], proxy.url);
+    assert.equal(r.code, 0, r.stderr);
+    const lines = jsonLines(r.stdout);
+    const files = ofKind(lines, "file") as (Line & { path: string; fileId: string; uploaded: boolean })[];
+    assert.equal(files.length, 7);
+    assert.equal(files.find((f) => f.path === `a/${same}`)?.fileId, preId, "a reuses the earlier copy");
+    const ids = files.map((f) => f.fileId);
+    assert.equal(new Set(ids).size, 7, `every local file a file of its own: ${ids}`);
+
+    const now = await apiAll<{ fileId: string; name: string }>(server, token, "/api/files");
+    const made = now.filter((f) => !before.has(f.fileId));
+    assert.deepEqual(
+      made.map((f) => f.fileId).sort(),
+      ids.filter((id) => id !== preId).sort(),
+      "one file per upload, none left over from an attempt whose answer was lost",
+    );
+    const uploads = (file: string) => proxy.seen.filter((s) => s.file === file).map((s) => s.fault);
+    assert.deepEqual(
+      uploads(same),
+      ["loseAnswer", "pass", "cutBody", "pass"],
+      "b not sent again; d sent again",
+    );
+    assert.deepEqual(uploads("日本語 データ.csv"), ["badGateway", "pass"]);
+    assert.deepEqual(
+      uploads("rapport \u202efdp.csv"),
+      ["answer502"],
+      "a 502 after the commit: not sent again",
+    );
+    assert.deepEqual(uploads("grand fichier ✓.csv"), ["cutBody", "drop", "pass"]);
+    assert.equal((r.stderr.match(/it had arrived whole/g) ?? []).length, 2, r.stderr);
+    assert.match(
+      r.stderr,
+      /b\/relevé ✓\.csv: .*asking the server whether it arrived, else uploading it again \(attempt 2 of 6\)/,
+    );
+    const [task] = ofKind(lines, "task");
+    const [summary] = ofKind(lines, "summary");
+    assert.equal(summary?.taskId, task?.taskId);
+    assert.equal(summary?.succeededCount, 7);
+  } finally {
+    proxy.close();
+  }
+});
+
+test("a 500 or a 4xx is not asked again; a gateway that stays down is given up after 6 attempts (exit 3)", async () => {
+  const down = await faultyProxy(({ method }) => (method === "GET" ? "serverError" : "pass"));
+  try {
+    const r = await run(["status", taskId], down.url);
+    assert.equal(r.code, 3, r.stderr);
+    assert.ok(down.seen.length > 0);
+    const asked = down.seen.map((s) => s.path);
+    assert.equal(new Set(asked).size, asked.length, `each asked once: ${asked}`);
+    assert.doesNotMatch(r.stderr, /trying again/);
+  } finally {
+    down.close();
+  }
+  const missing = await faultyProxy(({ method }) => (method === "GET" ? "notFound" : "pass"));
+  try {
+    const r = await run(["tasks"], missing.url);
+    assert.equal(r.code, 2, r.stderr);
+    assert.equal(missing.seen.length, 1);
+  } finally {
+    missing.close();
+  }
+  const gone = await faultyProxy(() => "badGateway");
+  try {
+    const r = await run(["tasks"], gone.url);
+    assert.equal(r.code, 3, r.stderr);
+    assert.equal(gone.seen.length, 6);
+    const [error] = ofKind(jsonLines(r.stdout), "error");
+    assert.equal(error?.code, "HTTP_502");
+    assert.equal(error?.exitCode, 3);
+    assert.match(
+      String(error?.message),
+      /^reading \/api\/analysis-tasks: HTTP 502 Bad Gateway; gave up after 6 attempts \(HTTP_502\)$/,
+    );
+    assert.equal((r.stderr.match(/trying again/g) ?? []).length, 5);
+  } finally {
+    gone.close();
+  }
+  const dropping = await faultyProxy(() => "drop");
+  try {
+    const r = await run(["files"], dropping.url);
+    assert.equal(r.code, 3, r.stderr);
+    assert.equal(dropping.seen.length, 6);
+    const [error] = ofKind(jsonLines(r.stdout), "error");
+    assert.equal(error?.code, "CONNECTION_FAILED");
+    assert.match(String(error?.message), /^reading \/api\/files: .*; gave up after 6 attempts$/);
+  } finally {
+    dropping.close();
+  }
+});
+
+/** Resolves once `child` has printed `pattern` on stderr. */
+function stderrShows(child: ChildProcess, pattern: RegExp): Promise<void> {
+  let text = "";
+  return new Promise((resolve, reject) => {
+    child.stderr?.on("data", (c: Buffer) => {
+      text += c.toString();
+      if (pattern.test(text)) resolve();
+    });
+    child.on("close", () => reject(new Error(`exited before printing ${pattern}:\n${text}`)));
+  });
+}
+
+test("Ctrl-C during a retry's pause ends the command at once (exit 130): a GET's, and an upload's with no task created", async () => {
+  const proxy = await faultyProxy(() => "badGateway");
+  try {
+    const child = spawnCli(["tasks"], server.env(token, { ASSAY_URL: proxy.url }));
+    const done = collect(child);
+    // Said just before the pause of 4 s.
+    await within(stderrShows(child, /attempt 5 of 6/), 30_000, "the fourth retry's note");
+    const t0 = performance.now();
+    child.kill("SIGINT");
+    const r = await within(done, 10_000, "tasks to end after Ctrl-C");
+    assert.equal(r.code, 130, r.stderr);
+    assert.ok(performance.now() - t0 < 2000, `ended within the pause (${performance.now() - t0} ms)`);
+    assert.equal(ofKind(jsonLines(r.stdout), "interrupted").length, 1);
+  } finally {
+    proxy.close();
+  }
+
+  const dir = path.join(work, "interrompu");
+  fs.mkdirSync(dir);
+  fs.writeFileSync(path.join(dir, "jamais envoyé ✓.csv"), csv(10, 31));
+  const tasksBefore = (await apiAll(server, token, "/api/analysis-tasks")).length;
+  const uploads = await faultyProxy(({ method }) => (method === "POST" ? "badGateway" : "pass"));
+  try {
+    const child = spawnCli(
+      ["submit", "--type", "summary", dir],
+      server.env(token, { ASSAY_URL: uploads.url }),
+    );
+    const done = collect(child);
+    await within(
+      stderrShows(child, /jamais envoyé ✓\.csv: .*\(attempt 5 of 6\)/),
+      30_000,
+      "the upload's fourth retry",
+    );
+    const t0 = performance.now();
+    child.kill("SIGINT");
+    const r = await within(done, 10_000, "submit to end after Ctrl-C");
+    assert.equal(r.code, 130, r.stderr);
+    assert.ok(performance.now() - t0 < 2000, `ended within the pause (${performance.now() - t0} ms)`);
+    assert.match(r.stderr, /interrupted: no task was created/);
+    assert.equal((await apiAll(server, token, "/api/analysis-tasks")).length, tasksBefore);
+    assert.ok(!uploads.seen.some((s) => s.method === "POST" && s.path === "/api/analysis-tasks"));
+  } finally {
+    uploads.close();
+  }
+});
