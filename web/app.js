@@ -149,7 +149,10 @@ function App({ linkProblem }) {
   ];
   let view;
   if (where.view === "task") view = html`<${TaskView} key=${where.taskId} taskId=${where.taskId} me=${me} />`;
-  else if (where.view === "new") view = html`<${NewTaskView} types=${types} preselected=${where.files} />`;
+  // Keyed by its files: an address whose ?files= changed (edited, Back/Forward between two) is a new
+  // form; unkeyed, the old one stayed with its old choice and never looked the new ids up.
+  else if (where.view === "new")
+    view = html`<${NewTaskView} key=${where.files.join(",")} types=${types} preselected=${where.files} />`;
   else if (where.view === "files") view = html`<${FilesView} me=${me} paging=${where.paging} />`;
   else if (where.view === "tasks")
     view = html`<${TasksView} me=${me} types=${types} path=${where.path} filter=${where.filter} paging=${where.paging} />`;
