@@ -12,6 +12,7 @@ import {
   type ApiClient,
   ApiRequestError,
   type BodyWriter,
+  ConnectionError,
   envelopeData,
   type Uploader,
   withRetries,
@@ -124,9 +125,8 @@ function partHead(boundary: string, name: string): Buffer {
 /**
  * The file an upload of `input` whose answer never came made, if it did: a file with its bytes and
  * the name the server gives it that no other input has (`claimed`: the copies found and the files
- * uploaded so far). The server keeps nothing of an upload that broke off, and a committed one has
- * its row before it answers, so none means it did not arrive. The caller uploads each hash's inputs
- * one after another, so no upload of these bytes is in flight meanwhile to be taken for this one.
+ * uploaded so far). The caller uploads each hash's inputs one after another, so no upload of these
+ * bytes from this command is in flight meanwhile to be taken for this one.
  */
 async function arrivedWhole(
   c: ApiClient,
@@ -144,10 +144,14 @@ async function arrivedWhole(
 
 /**
  * Uploads one file (POST /api/files), streamed from disk (uploadOnce). An upload whose connection
- * fails or breaks off, or that a gateway answers 502, 503 or 504 (the API restarting), may have
- * arrived all the same, its answer lost: after each pause (withRetries) the server is asked for it
- * (arrivedWhole), and that file is taken; only when it has none is the file sent again. Every file
- * taken goes into `claimed`. A 4xx, a 500 or a file that changed is not retried.
+ * fails or breaks off, or that a gateway answers 502, 503 or 504 (the API restarting), is retried
+ * (withRetries), and after each pause the server is first asked for it (arrivedWhole): a file found
+ * is taken, else the file is sent again. Except after a 504 — a proxy that stopped waiting while the
+ * API, which had the whole body, may still be storing it —: then it is only looked for, never sent
+ * again, and the command gives up if it does not show (run again, it sends only what did not
+ * arrive). Every file taken goes into `claimed`. A 4xx, a 500 or a file that changed is not retried.
+ * A connection that broke after the whole body was taken, with the server slower to commit than the
+ * pause, can still make a second file of the same bytes and name (docs/cli.md).
  */
 export async function uploadFile(
   uploader: Uploader,
@@ -157,6 +161,7 @@ export async function uploadFile(
   claimed: Set<string> = new Set(),
 ): Promise<FileRecord> {
   const c = uploader.client;
+  let maybeArrived = false;
   const record = await withRetries(
     input.label,
     {
@@ -172,7 +177,18 @@ export async function uploadFile(
         return arrived;
       },
     },
-    () => uploadOnce(uploader, input, signal, onBytes),
+    async () => {
+      if (maybeArrived)
+        throw new ConnectionError(
+          `${input.label}: it may have arrived with its answer lost, and has not shown up; not sent again (run the command again later: it sends only what did not arrive)`,
+        );
+      try {
+        return await uploadOnce(uploader, input, signal, onBytes);
+      } catch (err) {
+        if (err instanceof ApiRequestError && err.status === 504) maybeArrived = true;
+        throw err;
+      }
+    },
   );
   claimed.add(record.fileId);
   return record;

@@ -99,12 +99,16 @@ export class Reaper extends IntervalService<ReapPass> {
 }
 
 /**
- * Whether a failed statement says the database could not be reached — no answer, a connection lost, or
- * a FATAL error (a server starting or shutting down, no connection slot, connections refused) — rather
- * than that it answered the statement with an ERROR (a statement timeout, a missing table): only the
- * first kind means the workers could not heartbeat either.
+ * Whether a failed statement says the workers could not have heartbeated either: no answer, a
+ * connection lost, a FATAL error (a server starting or shutting down, no connection slot), or an
+ * ERROR of the classes that stop every write — 08 connection, 25 (a read-only server in a failover),
+ * 53 resources (disk full, out of memory), 57 operator intervention (a statement timeout under
+ * overload), 58 system (I/O). Not an ERROR that blames the statement itself (a missing table, a bug):
+ * that started the outage grace and held the reaping off for nothing.
  */
 function unreachable(err: unknown): boolean {
   if (!(err instanceof Error) || err.name !== "PostgresError") return true;
-  return (err as { severity?: unknown }).severity !== "ERROR";
+  const { severity, code } = err as { severity?: unknown; code?: unknown };
+  if (severity !== "ERROR") return true;
+  return typeof code === "string" && ["08", "25", "53", "57", "58"].includes(code.slice(0, 2));
 }

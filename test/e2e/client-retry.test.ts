@@ -70,7 +70,11 @@ type Fault =
   /** Pass the request on; the server commits it, and its answer is lost (the connection cut). */
   | "loseAnswer"
   /** Pass the request on; the server commits it, and the proxy answers 502 in its place. */
-  | "answer502";
+  | "answer502"
+  /** Pass the request on, and answer 504 as soon as its body has arrived (a proxy that gave up). */
+  | "timeout504"
+  /** Answer 504 once the body has arrived, the server never asked. */
+  | "gatewayTimeout";
 
 interface Seen {
   method: string;
@@ -109,15 +113,23 @@ async function faultyProxy(
     // An upload's file name is in its multipart head, the first bytes of its body.
     let head = Buffer.alloc(0);
     const start = (f: Fault, first: Buffer[]) => {
-      if (f === "badGateway" || f === "serverError" || f === "notFound" || f === "drop") {
+      if (
+        f === "badGateway" ||
+        f === "gatewayTimeout" ||
+        f === "serverError" ||
+        f === "notFound" ||
+        f === "drop"
+      ) {
         const answer = () => {
           if (f === "drop") return req.socket.destroy();
           const [status, body, type] =
             f === "badGateway"
               ? [502, BAD_GATEWAY, "text/html"]
-              : f === "serverError"
-                ? [500, '{"code":"INTERNAL","message":"Internal server error."}', "application/json"]
-                : [404, '{"code":"NOT_FOUND","message":"Route not found."}', "application/json"];
+              : f === "gatewayTimeout"
+                ? [504, "<html><body>504 Gateway Time-out</body></html>", "text/html"]
+                : f === "serverError"
+                  ? [500, '{"code":"INTERNAL","message":"Internal server error."}', "application/json"]
+                  : [404, '{"code":"NOT_FOUND","message":"Route not found."}', "application/json"];
           res.writeHead(status, { "content-type": type });
           res.end(body);
         };
@@ -131,6 +143,11 @@ async function faultyProxy(
       const up = http.request(
         { host: backend.hostname, port: backend.port, method, path: url, headers: req.headers },
         (answer) => {
+          if (f === "timeout504") {
+            // The proxy has answered already (below); the server's answer goes nowhere.
+            answer.resume();
+            return;
+          }
           if (f === "loseAnswer" || f === "answer502") {
             // Read to its end: the server has committed the upload by then.
             answer.resume();
@@ -160,6 +177,11 @@ async function faultyProxy(
       }
       for (const chunk of first) up.write(chunk);
       req.pipe(up);
+      if (f === "timeout504")
+        req.on("end", () => {
+          res.writeHead(504, { "content-type": "text/html" });
+          res.end("<html><body>504 Gateway Time-out</body></html>");
+        });
     };
     if (!upload) return start(decide(method, url), []);
     const chunks: Buffer[] = [];
@@ -371,6 +393,44 @@ test("uploads through lost answers, 502s and cut bodies: each local file one fil
     assert.equal(summary?.succeededCount, 7);
   } finally {
     proxy.close();
+  }
+});
+
+test("an upload answered 504 is never sent again: taken when it shows up, else given up (exit 3)", async () => {
+  const dir = path.join(work, "lents");
+  fs.mkdirSync(dir, { recursive: true });
+  fs.writeFileSync(path.join(dir, "lent «a».csv"), csv(40, 31));
+  const proxy = await faultyProxy(({ method, file }) =>
+    method === "POST" && file === "lent «a».csv" ? "timeout504" : "pass",
+  );
+  try {
+    const r = await run(["submit", "--type", "summary", dir], proxy.url);
+    assert.equal(r.code, 0, r.stderr);
+    assert.deepEqual(
+      proxy.seen.filter((x) => x.file !== undefined).map((x) => x.fault),
+      ["timeout504"],
+      "sent once",
+    );
+    assert.match(r.stderr, /lent «a»\.csv: it had arrived whole/);
+  } finally {
+    proxy.close();
+  }
+  fs.writeFileSync(path.join(dir, "jamais.csv"), csv(40, 37));
+  const never = await faultyProxy(({ method, file }) =>
+    method === "POST" && file === "jamais.csv" ? "gatewayTimeout" : "pass",
+  );
+  try {
+    const r = await run(["submit", "--type", "summary", path.join(dir, "jamais.csv")], never.url);
+    assert.equal(r.code, 3, r.stderr);
+    assert.deepEqual(
+      never.seen.filter((x) => x.file !== undefined).map((x) => x.fault),
+      ["gatewayTimeout"],
+      "not sent again after a 504",
+    );
+    assert.match(r.stderr, /may have arrived with its answer lost, and has not shown up; not sent again/);
+    assert.match(r.stderr, /gave up after 6 attempts/);
+  } finally {
+    never.close();
   }
 });
 
