@@ -26,6 +26,8 @@ import {
   ConnectionError,
   errorOf,
   idleSignal,
+  NotRetried,
+  retriable,
   retryPause,
 } from "./http.ts";
 import { mapLimit, sleep } from "./pool.ts";
@@ -146,14 +148,9 @@ export const DOWNLOAD_IDLE_MS = 60_000;
 /** How many times in all one file's download is tried before the command gives up. */
 export const DOWNLOAD_ATTEMPTS = 5;
 
-/** A failure that another attempt would not mend: a stall, a body longer than the file. */
-class NotRetried extends ConnectionError {}
-
-/** Whether another attempt may mend `err`: the connection failed or broke off, or the server's 5xx. */
-const transient = (err: unknown) =>
-  err instanceof ApiRequestError
-    ? err.status >= 500
-    : err instanceof ConnectionError && !(err instanceof NotRetried);
+// What another attempt may mend is the GETs' rule (`retriable`): the connection failed or broke off,
+// or a 502, 503 or 504 — not a 500, a redirect, an answer that is not the API's, a stall or a body
+// longer than the file (NotRetried).
 
 /** What one file's attempts know: the bytes in the temporary file, and the first answer's size and ETag. */
 interface Progress {
@@ -213,7 +210,7 @@ async function download(
       try {
         await attemptDownload(c, route, tmp, progress, o);
       } catch (err) {
-        if (o.signal.aborted || !transient(err)) throw err;
+        if (o.signal.aborted || !retriable(err)) throw err;
         const message = (err as Error).message;
         // Which file, also when the connection failed before any body ("cannot reach …").
         const why = message.startsWith(`${o.what}: `) ? message : `${o.what}: ${message}`;

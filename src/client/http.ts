@@ -149,7 +149,7 @@ const isNetworkFailure = (err: unknown) => err instanceof TypeError && err.cause
  * Reasons a connection was not made that mean nothing listens there, or no such host. (fetch's "bad
  * port", a port it never connects to, such as 9 or 6000, is never retried.)
  */
-const NOT_THERE = new Set(["ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN"]);
+const NOT_THERE = new Set(["ECONNREFUSED", "ENOTFOUND"]);
 
 export class ApiClient {
   readonly base: URL;
