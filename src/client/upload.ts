@@ -2,7 +2,7 @@
 // (GET /api/files?sha256=…), upload the rest with bounded concurrency, counting every byte sent.
 // Each local file gets a file id of its own — two local files with the same bytes need two copies, or
 // the task would have one run for both.
-import { randomBytes } from "node:crypto";
+import { randomBytes, randomUUID } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import type { FileRecord, PageOf } from "../http/api-types.ts";
@@ -12,7 +12,6 @@ import {
   type ApiClient,
   ApiRequestError,
   type BodyWriter,
-  ConnectionError,
   envelopeData,
   type Uploader,
   withRetries,
@@ -143,15 +142,14 @@ async function arrivedWhole(
 }
 
 /**
- * Uploads one file (POST /api/files), streamed from disk (uploadOnce). An upload whose connection
- * fails or breaks off, or that a gateway answers 502, 503 or 504 (the API restarting), is retried
- * (withRetries), and after each pause the server is first asked for it (arrivedWhole): a file found
- * is taken, else the file is sent again. Except after a 504 — a proxy that stopped waiting while the
- * API, which had the whole body, may still be storing it —: then it is only looked for, never sent
- * again, and the command gives up if it does not show (run again, it sends only what did not
- * arrive). Every file taken goes into `claimed`. A 4xx, a 500 or a file that changed is not retried.
- * A connection that broke after the whole body was taken, with the server slower to commit than the
- * pause, can still make a second file of the same bytes and name (docs/cli.md).
+ * Uploads one file (POST /api/files), streamed from disk (uploadOnce), every try with the same random
+ * Idempotency-Key. An upload whose connection fails or breaks off, or that a gateway answers 502, 503
+ * or 504 (the API restarting, a proxy that stopped waiting), is retried (withRetries) by sending it
+ * again: when an earlier try committed after all (its answer lost, or still being stored when the
+ * retry came), the server answers with that try's file instead of making a second. Before each resend
+ * the server is still asked for it by hash (arrivedWhole): a server older than the key ignores it,
+ * and a file found then is taken instead of sent twice. Every file taken goes into `claimed`. A 4xx,
+ * a 500 or a file that changed is not retried.
  */
 export async function uploadFile(
   uploader: Uploader,
@@ -161,7 +159,7 @@ export async function uploadFile(
   claimed: Set<string> = new Set(),
 ): Promise<FileRecord> {
   const c = uploader.client;
-  let maybeArrived = false;
+  const idempotencyKey = randomUUID();
   const record = await withRetries(
     input.label,
     {
@@ -177,18 +175,7 @@ export async function uploadFile(
         return arrived;
       },
     },
-    async () => {
-      if (maybeArrived)
-        throw new ConnectionError(
-          `${input.label}: it may have arrived with its answer lost, and has not shown up; not sent again (run the command again later: it sends only what did not arrive)`,
-        );
-      try {
-        return await uploadOnce(uploader, input, signal, onBytes);
-      } catch (err) {
-        if (err instanceof ApiRequestError && err.status === 504) maybeArrived = true;
-        throw err;
-      }
-    },
+    () => uploadOnce(uploader, input, idempotencyKey, signal, onBytes),
   );
   claimed.add(record.fileId);
   return record;
@@ -202,6 +189,7 @@ export async function uploadFile(
 async function uploadOnce(
   uploader: Uploader,
   input: LocalInput,
+  idempotencyKey: string,
   signal: AbortSignal,
   onBytes: (n: number) => void,
 ): Promise<FileRecord> {
@@ -248,6 +236,7 @@ async function uploadOnce(
       {
         "content-type": `multipart/form-data; boundary=${boundary}`,
         "content-length": String(head.length + input.sizeBytes + tail.length),
+        "idempotency-key": idempotencyKey,
       },
       body,
       signal,

@@ -64,11 +64,17 @@ export const files = pgTable(
     sizeBytes: bigint("size_bytes", { mode: "number" }).notNull(),
     sha256: text("sha256").notNull(),
     storageKey: text("storage_key").notNull(),
+    /** The upload's Idempotency-Key: a retried upload answers this row instead of making another. */
+    idempotencyKey: text("idempotency_key"),
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
   },
   (t) => [
     uniqueIndex("files_storage_key_key").on(t.storageKey),
     index("files_owner_id_idx").on(t.ownerId, t.id),
+    // Partial: an upload without a key (the dashboard's, an older CLI's) adds no entry.
+    uniqueIndex("files_owner_idempotency_key")
+      .on(t.ownerId, t.idempotencyKey)
+      .where(sql`${t.idempotencyKey} is not null`),
   ],
 );
 

@@ -17,20 +17,31 @@ export interface FileRecord {
   createdAt: string;
 }
 
+export type FileCreateResult =
+  | { kind: "created"; file: FileRecord }
+  /** The upload's Idempotency-Key already made this file, of the same bytes: a retry's answer. */
+  | { kind: "existing"; file: FileRecord }
+  /** The key already made a file of other bytes. */
+  | { kind: "idempotency-conflict" };
+
 /**
  * Stores an upload under `files/<id>` and records it. The id is taken first, the bytes are streamed to
  * the store (hashed and counted, never whole in memory; over `maxBytes` nothing is left), and only then
  * is the row inserted: a row never names bytes that are not there. If the server refuses the insert, the
  * object is deleted; a crash in between, or a connection lost with the insert's answer (it may have
  * committed), leaves an object no row may name, which the store sweep removes a day later if none does.
+ *
+ * With an `idempotencyKey`, the row carries it (unique per owner): when the key already made a file —
+ * the first try of a retried upload committed, or a concurrent one won — the bytes just stored are
+ * deleted and that file is the answer if its bytes are these (same SHA-256 and size), a conflict if not.
  */
 export async function fileCreate(
   sql: Sql,
   store: ObjectStore,
   owner: Principal,
   source: Readable,
-  meta: { name: string; contentType: string; maxBytes: number },
-): Promise<FileRecord> {
+  meta: { name: string; contentType: string; maxBytes: number; idempotencyKey?: string },
+): Promise<FileCreateResult> {
   const [next] = await sql<
     { id: string }[]
   >`select nextval(pg_get_serial_sequence('files', 'id'))::text as id`;
@@ -40,9 +51,9 @@ export async function fileCreate(
   let rows: FileRecord[];
   try {
     rows = await sql<FileRecord[]>`
-      insert into files (id, owner_id, name, content_type, size_bytes, sha256, storage_key)
+      insert into files (id, owner_id, name, content_type, size_bytes, sha256, storage_key, idempotency_key)
       values (${id}, ${owner.userId}, ${meta.name}, ${meta.contentType}, ${stored.sizeBytes},
-              ${stored.sha256}, ${key})
+              ${stored.sha256}, ${key}, ${meta.idempotencyKey ?? null})
       returning id::text as "fileId", name, ${owner.name}::text as owner, content_type as "contentType",
                 size_bytes::float8 as "sizeBytes", sha256, created_at as "createdAt"`;
   } catch (err) {
@@ -50,12 +61,37 @@ export async function fileCreate(
     // transaction, rolled back). A lost connection says nothing: the commit may have happened before
     // its answer was lost — and deleting the object then left a row naming no bytes, an input that
     // failed every run over it. Without a row the sweep removes the object a day later.
-    if (rejectedByServer(err)) await store.delete([key]).catch(() => {});
+    if (!rejectedByServer(err)) throw err;
+    await store.delete([key]).catch(() => {});
+    if (meta.idempotencyKey !== undefined && isIdempotencyViolation(err)) {
+      const existing = await fileByIdempotencyKey(sql, owner, meta.idempotencyKey);
+      // Deleted since (a replay after its file was deleted): the client's retry may try again.
+      if (!existing) throw err;
+      return existing.sha256 === stored.sha256 && existing.sizeBytes === stored.sizeBytes
+        ? { kind: "existing", file: existing }
+        : { kind: "idempotency-conflict" };
+    }
     throw err;
   }
   const [row] = rows;
   if (!row) throw new Error("file insert returned no row");
-  return { ...row, createdAt: isoTime(row.createdAt) };
+  return { kind: "created", file: { ...row, createdAt: isoTime(row.createdAt) } };
+}
+
+const isIdempotencyViolation = (err: unknown) =>
+  (err as { code?: string }).code === "23505" &&
+  (err as { constraint_name?: string }).constraint_name === "files_owner_idempotency_key";
+
+async function fileByIdempotencyKey(
+  sql: Sql,
+  owner: Principal,
+  idempotencyKey: string,
+): Promise<FileRecord | undefined> {
+  const [row] = await sql<FileRecord[]>`
+    select id::text as "fileId", name, ${owner.name}::text as owner, content_type as "contentType",
+           size_bytes::float8 as "sizeBytes", sha256, created_at as "createdAt"
+    from files where owner_id = ${owner.userId} and idempotency_key = ${idempotencyKey}`;
+  return row && { ...row, createdAt: isoTime(row.createdAt) };
 }
 
 /** PostgreSQL answered with an error: the statement failed there (not a socket's or the client's). */

@@ -1,6 +1,7 @@
 // Shared TypeBox schemas of the HTTP API (the same schemas validate requests, shape responses and
 // generate the OpenAPI document at /docs).
 import { type TSchema, Type } from "typebox";
+import { validationFailed } from "./errors.ts";
 
 export const ErrorBody = Type.Object(
   { code: Type.String(), message: Type.String() },
@@ -48,3 +49,14 @@ export const Page = <T extends TSchema>(item: T) =>
  * without a query schema of its own (http/app.ts).
  */
 export const NoQuery = Type.Object({}, { additionalProperties: false });
+
+/** An `Idempotency-Key` (task creates, uploads): 1–200 visible ASCII characters. */
+const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,200}$/;
+
+/** The request's `Idempotency-Key`, if it sent one; VALIDATION_FAILED when it is not a key. */
+export function idempotencyKeyOf(header: string | string[] | undefined): string | undefined {
+  if (header === undefined) return undefined;
+  if (typeof header !== "string" || !IDEMPOTENCY_KEY.test(header))
+    throw validationFailed("The Idempotency-Key header must be 1–200 visible ASCII characters.");
+  return header;
+}

@@ -7,7 +7,16 @@ import { SourceError } from "../../storage/store.ts";
 import { FileBody, FileListQuery } from "../api-types.ts";
 import { principalOf } from "../auth.ts";
 import { ApiError, notFound } from "../errors.ts";
-import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok, Page } from "../schemas.ts";
+import {
+  Envelope,
+  ErrorBody,
+  errorResponses,
+  IdParam,
+  idempotencyKeyOf,
+  isId,
+  ok,
+  Page,
+} from "../schemas.ts";
 
 /**
  * An error from starting to read the multipart body: the parser's own (no boundary, a malformed part
@@ -56,7 +65,8 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ["files"],
         consumes: ["multipart/form-data"],
         security: [{ bearer: [] }],
-        response: { 201: Envelope(FileBody), ...errorResponses },
+        headers: Type.Object({ "idempotency-key": Type.Optional(Type.String()) }),
+        response: { 200: Envelope(FileBody), 201: Envelope(FileBody), 409: ErrorBody, ...errorResponses },
       },
     },
     async (request, reply) => {
@@ -71,6 +81,8 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
 
   async function upload(request: FastifyRequest, reply: FastifyReply) {
     const { database, storage, config } = app.services;
+    // Checked before the body is read (the body's rest is discarded).
+    const idempotencyKey = idempotencyKeyOf(request.headers["idempotency-key"]);
     const part = await request.file().catch(rejectMalformed);
     if (part?.fieldname !== "file") {
       // Drain whatever part arrived so the connection can be reused.
@@ -82,16 +94,25 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
     // destroys the part's stream too, with its own error, and stays ours (500). The store's meter
     // fails one byte past the limit, before @fastify/multipart (whose limit is a byte higher) would
     // cut the stream short.
-    const record = await fileCreate(database.sql, storage, principalOf(request), part.file, {
+    const result = await fileCreate(database.sql, storage, principalOf(request), part.file, {
       name: storedFileName(part.filename),
       contentType: MEDIA_TYPE.test(part.mimetype) ? part.mimetype : "application/octet-stream",
       maxBytes: config.maxUploadBytes,
+      ...(idempotencyKey === undefined ? {} : { idempotencyKey }),
     }).catch((err: unknown) => {
       if (err instanceof SourceError) throw new ApiError(400, "INVALID_MULTIPART", undefined, err.cause);
       throw err;
     });
-    request.log.info({ fileId: record.fileId, sizeBytes: record.sizeBytes }, "file uploaded");
-    return reply.status(201).send(ok(record, "File uploaded"));
+    switch (result.kind) {
+      case "idempotency-conflict":
+        throw new ApiError(409, "IDEMPOTENCY_KEY_REUSED");
+      case "existing":
+        // A retry whose first try committed (its answer lost): the same file, as a task replay is 200.
+        return reply.status(200).send(ok(result.file, "File already uploaded"));
+      case "created":
+        request.log.info({ fileId: result.file.fileId, sizeBytes: result.file.sizeBytes }, "file uploaded");
+        return reply.status(201).send(ok(result.file, "File uploaded"));
+    }
   }
 
   app.get(

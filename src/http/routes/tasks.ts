@@ -26,9 +26,16 @@ import {
 } from "../api-types.ts";
 import { principalOf } from "../auth.ts";
 import { ApiError, notFound, validationFailed } from "../errors.ts";
-import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok, Page } from "../schemas.ts";
-
-const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,200}$/;
+import {
+  Envelope,
+  ErrorBody,
+  errorResponses,
+  IdParam,
+  idempotencyKeyOf,
+  isId,
+  ok,
+  Page,
+} from "../schemas.ts";
 
 /** NUL, or a surrogate without its other half: text PostgreSQL's jsonb refuses to store. */
 const unstorable = (s: string) => s.includes("\u0000") || hasLoneSurrogate(s);
@@ -84,10 +91,7 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
       if (fileIds.length > config.maxTaskRuns) {
         throw validationFailed(`A task may have at most ${config.maxTaskRuns} input files.`);
       }
-      const key = request.headers["idempotency-key"];
-      if (key !== undefined && !IDEMPOTENCY_KEY.test(key)) {
-        throw validationFailed("The Idempotency-Key header must be 1–200 visible ASCII characters.");
-      }
+      const key = idempotencyKeyOf(request.headers["idempotency-key"]);
       const principal = principalOf(request);
       // Never silently ignored: a user who asks for a priority is told it is not theirs to set
       // (before any file is looked at: whatever else is wrong, this is).

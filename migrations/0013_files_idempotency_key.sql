@@ -1,0 +1,2 @@
+ALTER TABLE "files" ADD COLUMN "idempotency_key" text;--> statement-breakpoint
+CREATE UNIQUE INDEX "files_owner_idempotency_key" ON "files" USING btree ("owner_id","idempotency_key") WHERE "files"."idempotency_key" is not null;
