@@ -245,3 +245,26 @@ export async function strayOutputs(env: RunnerEnv): Promise<string[]> {
   }
   return [...found].filter((f) => !recorded.has(f) && f.includes("/")).sort();
 }
+
+/**
+ * A runner environment on each store, for tests that must hold for both: the local directory, and a
+ * bucket of its own on the test S3 server under `prefix` (`drop` removes the bucket after `close`).
+ */
+export const runnerEnvBackends = (
+  prefix: string,
+): [string, () => Promise<{ env: RunnerEnv; drop?: () => Promise<void> }>][] => [
+  ["local", async () => ({ env: await runnerEnv() })],
+  [
+    "s3",
+    async () => {
+      // Loaded only here: the AWS SDK is not every runner test's to load.
+      const { createTestBucket } = await import("./s3.ts");
+      const bucket = await createTestBucket();
+      const env = await runnerEnv({
+        store: bucket.store(prefix),
+        configEnv: { ...bucket.env, ASSAY_S3_PREFIX: prefix },
+      });
+      return { env, drop: () => bucket.drop() };
+    },
+  ],
+];

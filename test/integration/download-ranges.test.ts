@@ -12,8 +12,7 @@ import { tokenCreate } from "../../src/auth/tokens.ts";
 import type { LocalStore } from "../../src/storage/local.ts";
 import { bearer } from "../helpers/app.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
-import { type RunnerEnv, runnerEnv, writeProgram } from "../helpers/runner.ts";
-import { createTestBucket, type TestBucket } from "../helpers/s3.ts";
+import { type RunnerEnv, runnerEnvBackends, writeProgram } from "../helpers/runner.ts";
 
 /** Past a local read's 64 KiB buffer and not a round number: every byte value, in no simple order. */
 const SIZE = 70_003;
@@ -55,21 +54,7 @@ async function setup(env: RunnerEnv): Promise<Setup> {
   return { env, app, token, taskId, runId: run?.id as string };
 }
 
-const backends: [string, () => Promise<{ env: RunnerEnv; drop?: () => Promise<void> }>][] = [
-  ["local", async () => ({ env: await runnerEnv() })],
-  [
-    "s3",
-    async () => {
-      const bucket: TestBucket = await createTestBucket();
-      const prefix = "ranges/";
-      const env = await runnerEnv({
-        store: bucket.store(prefix),
-        configEnv: { ...bucket.env, ASSAY_S3_PREFIX: prefix },
-      });
-      return { env, drop: () => bucket.drop() };
-    },
-  ],
-];
+const backends = runnerEnvBackends("ranges/");
 
 for (const [kind, make] of backends) {
   describe(`${kind} store`, () => {

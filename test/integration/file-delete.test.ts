@@ -8,24 +8,9 @@ import type { FastifyInstance } from "fastify";
 import { tokenCreate } from "../../src/auth/tokens.ts";
 import { bearer, multipart } from "../helpers/app.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
-import { fixtureProgram, type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
-import { createTestBucket, type TestBucket } from "../helpers/s3.ts";
+import { fixtureProgram, type RunnerEnv, runnerEnvBackends } from "../helpers/runner.ts";
 
-const backends: [string, () => Promise<{ env: RunnerEnv; drop?: () => Promise<void> }>][] = [
-  ["local", async () => ({ env: await runnerEnv() })],
-  [
-    "s3",
-    async () => {
-      const bucket: TestBucket = await createTestBucket();
-      const prefix = "deletes/";
-      const env = await runnerEnv({
-        store: bucket.store(prefix),
-        configEnv: { ...bucket.env, ASSAY_S3_PREFIX: prefix },
-      });
-      return { env, drop: () => bucket.drop() };
-    },
-  ],
-];
+const backends = runnerEnvBackends("deletes/");
 
 for (const [kind, make] of backends) {
   describe(`${kind} store`, () => {
