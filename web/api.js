@@ -143,23 +143,6 @@ function lastSegment(name) {
   return clean.slice(Math.max(clean.lastIndexOf("/"), clean.lastIndexOf("\\")) + 1).trim();
 }
 
-const EXTENSIONS = {
-  "application/zip": ".zip",
-  "application/json": ".json",
-  "text/csv": ".csv",
-  "text/html": ".html",
-  "text/markdown": ".md",
-  "text/plain": ".txt",
-  "image/png": ".png",
-  "image/svg+xml": ".svg",
-};
-
-/** `stem` with the extension of content type `type` (nothing added for a type not listed). */
-export function withExtension(stem, type) {
-  const mime = String(type ?? "").toLowerCase();
-  return stem + (EXTENSIONS[mime.split(";")[0].trim()] ?? "");
-}
-
 /**
  * How often a page re-reads what sends no events while it changes (the task list, a queued task's
  * place in the queue), while the tab is visible.

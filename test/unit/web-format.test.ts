@@ -14,7 +14,6 @@ const format = (await import(pathToFileURL(path.join(WEB, "format.js")).href)) a
 };
 const api = (await import(pathToFileURL(path.join(WEB, "api.js")).href)) as {
   fileNameOf(disposition: string | null): string | null;
-  withExtension(stem: string, type: string): string;
 };
 
 const T0 = Date.parse("2026-01-01T00:00:00.000Z");
@@ -95,9 +94,4 @@ test("a download's name comes from Content-Disposition: filename* first, then fi
     [null, null],
   ];
   for (const [header, want] of cases) assert.equal(api.fileNameOf(header), want, String(header));
-  // Without one, the content type gives the extension.
-  assert.equal(api.withExtension("task-7", "application/zip"), "task-7.zip");
-  assert.equal(api.withExtension("run-9-output", "application/json"), "run-9-output.json");
-  assert.equal(api.withExtension("run-9-output", "text/csv;charset=utf-8"), "run-9-output.csv");
-  assert.equal(api.withExtension("run-9-output", ""), "run-9-output");
 });

@@ -269,7 +269,7 @@ const digits = (s: string) => Math.min(Number(s), Number.MAX_SAFE_INTEGER);
  * The one range of `Range: bytes=…`; undefined when there is none, it is malformed, its unit is not
  * bytes, or it names several ranges — the whole object is sent then, as RFC 9110 §14.2 allows.
  */
-export function byteRange(header: string | undefined): ByteRange | undefined {
+function byteRange(header: string | undefined): ByteRange | undefined {
   const m = header === undefined ? null : /^bytes[ \t]*=[ \t]*(.*)$/i.exec(header.trim());
   if (!m) return undefined;
   // A list may hold empty elements (`bytes=0-9,`): ranges are what is between its commas.
