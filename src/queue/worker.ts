@@ -196,6 +196,15 @@ export const ARRIVAL_QUIET_MS = 1000;
 /** The automatic prefetch claims at most this many runs per slot ahead (autoPrefetch). */
 export const AUTO_PREFETCH_PER_SLOT = 4;
 /**
+ * The cap per slot for runs under AUTO_PREFETCH_MIN_MS (in-process handlers: no analysis program
+ * starts that fast). Their claim loop is the drain's bottleneck, and claims twice as large cut
+ * PostgreSQL's CPU per run by a seventh and lifted the no-op drain from 10,900–11,600 to
+ * 13,300–13,400 runs/s (bench/queue.ts, three alternating pairs, 2026-12-06). Longer runs keep
+ * AUTO_PREFETCH_PER_SLOT: a larger buffer of 10–30 ms runs outlasted the window in which a newcomer's
+ * run may overtake it (docs/architecture.md).
+ */
+export const AUTO_PREFETCH_PER_SLOT_INSTANT = 8;
+/**
  * The least size of a claim after a wake-up with runs claimed ahead (Worker.runOnce): a
  * newcomer starts at the back of the rotation, and with two owners waiting the claim gives the one
  * in turn at least CLAIM_QUANTUM (an even share, at least that), so one more reaches the newcomer.
@@ -206,7 +215,8 @@ export const OVERTAKE_MIN_MS = 200;
 /**
  * Runs a worker claims ahead of its free slots automatically (ASSAY_PREFETCH_WINDOW_MS): while a
  * type's attempts are short, as many runs as keep the slots busy for the window, from the type's
- * running mean of successful attempts, at most AUTO_PREFETCH_PER_SLOT per slot. With two slots and
+ * running mean of successful attempts, at most AUTO_PREFETCH_PER_SLOT per slot (under
+ * AUTO_PREFETCH_MIN_MS, AUTO_PREFETCH_PER_SLOT_INSTANT). With two slots and
  * runs of ~50 ms a claim then takes three or more runs instead of one, and PostgreSQL's CPU per run
  * fell by more than half (bench/e2e.ts; docs/architecture.md). None before the type has a mean,
  * for runs as long as the window or longer (a buffered run would wait that long for a slot while
@@ -222,7 +232,8 @@ export function autoPrefetchRuns(
   if (meanAttemptSeconds === undefined || windowMs <= 0) return 0;
   const meanMs = meanAttemptSeconds * 1000;
   if (meanMs >= windowMs || (meanMs < AUTO_PREFETCH_MIN_MS && arriving)) return 0;
-  return Math.min(Math.floor((concurrency * windowMs) / meanMs), AUTO_PREFETCH_PER_SLOT * concurrency);
+  const perSlot = meanMs < AUTO_PREFETCH_MIN_MS ? AUTO_PREFETCH_PER_SLOT_INSTANT : AUTO_PREFETCH_PER_SLOT;
+  return Math.min(Math.floor((concurrency * windowMs) / meanMs), perSlot * concurrency);
 }
 /** Delay before retrying a failed completion write (e.g. the database is down). */
 const FLUSH_RETRY_MS = 1000;

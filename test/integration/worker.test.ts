@@ -9,6 +9,7 @@ import { type ClaimedRun, runCancelQueued, runClaim, runComplete, runProgress } 
 import {
   AUTO_PREFETCH_MIN_MS,
   AUTO_PREFETCH_PER_SLOT,
+  AUTO_PREFETCH_PER_SLOT_INSTANT,
   autoPrefetchRuns,
   type Handler,
   Worker,
@@ -1388,8 +1389,13 @@ describe("automatic prefetch (ASSAY_PREFETCH_WINDOW_MS)", () => {
     assert.equal(autoPrefetchRuns(0.05, 200, 2), 8);
     assert.equal(autoPrefetchRuns(0.1, 200, 2), 4);
     assert.equal(autoPrefetchRuns(0.002, 200, 10), AUTO_PREFETCH_PER_SLOT * 10);
-    // Shorter than AUTO_PREFETCH_MIN_MS: the cap, unless tasks of the type are arriving.
-    assert.equal(autoPrefetchRuns(AUTO_PREFETCH_MIN_MS / 1000 / 2, 200, 2), AUTO_PREFETCH_PER_SLOT * 2);
+    // Shorter than AUTO_PREFETCH_MIN_MS: its own, larger cap, unless tasks of the type are arriving.
+    assert.ok(AUTO_PREFETCH_PER_SLOT_INSTANT > AUTO_PREFETCH_PER_SLOT);
+    assert.equal(
+      autoPrefetchRuns(AUTO_PREFETCH_MIN_MS / 1000 / 2, 200, 2),
+      AUTO_PREFETCH_PER_SLOT_INSTANT * 2,
+    );
+    assert.equal(autoPrefetchRuns(AUTO_PREFETCH_MIN_MS / 1000, 200, 2), AUTO_PREFETCH_PER_SLOT * 2);
     assert.equal(autoPrefetchRuns(AUTO_PREFETCH_MIN_MS / 1000 / 2, 200, 2, true), 0);
     assert.equal(autoPrefetchRuns(0.05, 200, 2, true), 8);
     for (const [mean, window] of [
