@@ -33,7 +33,8 @@ export type FileCreateResult =
  *
  * With an `idempotencyKey`, the row carries it (unique per owner): when the key already made a file —
  * the first try of a retried upload committed, or a concurrent one won — the bytes just stored are
- * deleted and that file is the answer if its bytes are these (same SHA-256 and size), a conflict if not.
+ * deleted and that file is the answer if its bytes are these (same SHA-256 and size), a conflict if not;
+ * when that file is deleted before it is read, the key is free again and this upload is inserted.
  */
 export async function fileCreate(
   sql: Sql,
@@ -49,34 +50,43 @@ export async function fileCreate(
   const key = fileKey(id);
   const stored = await store.put(key, source, meta.maxBytes);
   let rows: FileRecord[];
-  try {
-    rows = await sql<FileRecord[]>`
-      insert into files (id, owner_id, name, content_type, size_bytes, sha256, storage_key, idempotency_key)
-      values (${id}, ${owner.userId}, ${meta.name}, ${meta.contentType}, ${stored.sizeBytes},
-              ${stored.sha256}, ${key}, ${meta.idempotencyKey ?? null})
-      returning id::text as "fileId", name, ${owner.name}::text as owner, content_type as "contentType",
-                size_bytes::float8 as "sizeBytes", sha256, created_at as "createdAt"`;
-  } catch (err) {
-    // Only an error the server answered with says the row was not written (the statement is its own
-    // transaction, rolled back). A lost connection says nothing: the commit may have happened before
-    // its answer was lost — and deleting the object then left a row naming no bytes, an input that
-    // failed every run over it. Without a row the sweep removes the object a day later.
-    if (!rejectedByServer(err)) throw err;
-    await store.delete([key]).catch(() => {});
-    if (meta.idempotencyKey !== undefined && isIdempotencyViolation(err)) {
-      const existing = await fileByIdempotencyKey(sql, owner, meta.idempotencyKey);
-      // Deleted since (a replay after its file was deleted): the client's retry may try again.
-      if (!existing) throw err;
-      return existing.sha256 === stored.sha256 && existing.sizeBytes === stored.sizeBytes
-        ? { kind: "existing", file: existing }
-        : { kind: "idempotency-conflict" };
+  for (let tries = 1; ; tries++) {
+    try {
+      rows = await sql<FileRecord[]>`
+        insert into files (id, owner_id, name, content_type, size_bytes, sha256, storage_key, idempotency_key)
+        values (${id}, ${owner.userId}, ${meta.name}, ${meta.contentType}, ${stored.sizeBytes},
+                ${stored.sha256}, ${key}, ${meta.idempotencyKey ?? null})
+        returning id::text as "fileId", name, ${owner.name}::text as owner, content_type as "contentType",
+                  size_bytes::float8 as "sizeBytes", sha256, created_at as "createdAt"`;
+      break;
+    } catch (err) {
+      // Only an error the server answered with says the row was not written (the statement is its own
+      // transaction, rolled back). A lost connection says nothing: the commit may have happened before
+      // its answer was lost — and deleting the object then left a row naming no bytes, an input that
+      // failed every run over it. Without a row the sweep removes the object a day later.
+      if (!rejectedByServer(err)) throw err;
+      if (meta.idempotencyKey !== undefined && isIdempotencyViolation(err)) {
+        const existing = await fileByIdempotencyKey(sql, owner, meta.idempotencyKey);
+        // The file the key made was deleted since the conflict: the key is free again, and this
+        // upload (its bytes still stored) is inserted after all. It used to be a 500, the bytes gone.
+        if (!existing && tries < INSERT_TRIES) continue;
+        await store.delete([key]).catch(() => {});
+        if (!existing) throw err;
+        return existing.sha256 === stored.sha256 && existing.sizeBytes === stored.sizeBytes
+          ? { kind: "existing", file: existing }
+          : { kind: "idempotency-conflict" };
+      }
+      await store.delete([key]).catch(() => {});
+      throw err;
     }
-    throw err;
   }
   const [row] = rows;
   if (!row) throw new Error("file insert returned no row");
   return { kind: "created", file: { ...row, createdAt: isoTime(row.createdAt) } };
 }
+
+/** Inserts of an upload whose key's file keeps being made and deleted by other requests meanwhile. */
+const INSERT_TRIES = 3;
 
 const isIdempotencyViolation = (err: unknown) =>
   (err as { code?: string }).code === "23505" &&
@@ -138,12 +148,20 @@ export async function fileGet(
 }
 
 /**
+ * How long a file's deletion waits for the store to delete its bytes. The row is gone by then: a store
+ * that does not answer (a hung gateway) held the request for the S3 client's timeouts and retries,
+ * minutes, for bytes the store sweep removes anyway.
+ */
+export const FILE_BYTES_DELETE_TIMEOUT_MS = 5_000;
+
+/**
  * Deletes a file visible to `principal` (its owner, or any admin): its row, then its bytes. Returns
  * false when there is no such file (or it is someone else's). Runs snapshot the key of their input,
  * so a task made from the file before keeps its outputs; a run of it that has not read its input yet
  * fails ANALYSIS_INPUT_INVALID (the input is not in storage), as the deletion asks. When the bytes
- * cannot be deleted (the store is down), `onLeft` hears why and the store sweep removes them later:
- * an object no row names, older than a day.
+ * cannot be deleted (the store is down) or their delete takes longer than `timeoutMs` (it is ended
+ * then), `onLeft` hears why and the store sweep removes them later: an object no row names, older
+ * than a day.
  */
 export async function fileDelete(
   sql: Sql,
@@ -151,12 +169,28 @@ export async function fileDelete(
   principal: Principal,
   fileId: string,
   onLeft: (err: unknown) => void,
+  timeoutMs = FILE_BYTES_DELETE_TIMEOUT_MS,
 ): Promise<boolean> {
   const [row] = await sql<{ storageKey: string }[]>`
     delete from files f
     where f.id = ${fileId} and (${principal.role === "admin"} or f.owner_id = ${principal.userId})
     returning f.storage_key as "storageKey"`;
   if (!row) return false;
-  await store.delete([row.storageKey]).catch(onLeft);
+  const stop = new AbortController();
+  let timer: NodeJS.Timeout | undefined;
+  const timedOut = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      const err = new Error(`the store did not delete ${row.storageKey} within ${timeoutMs} ms`);
+      stop.abort(err);
+      reject(err);
+    }, timeoutMs);
+  });
+  // Bounded even for a store that does not look at the signal: the delete goes on in the background
+  // then, its outcome unheard (the sweep's if it fails).
+  const deleting = store.delete([row.storageKey], { signal: stop.signal });
+  deleting.catch(() => {});
+  await Promise.race([deleting, timedOut])
+    .catch(onLeft)
+    .finally(() => clearTimeout(timer));
   return true;
 }

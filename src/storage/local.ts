@@ -297,6 +297,17 @@ export class LocalStore implements ObjectStore {
     }
   }
 
+  async stat(key: string): Promise<ObjectInfo> {
+    const stat = await fsp.stat(this.localPath(key)).catch((err: unknown) => {
+      throw missing(err) || (err as NodeJS.ErrnoException).code === "ENOTDIR"
+        ? new ObjectMissingError(key)
+        : err;
+    });
+    // A folder is no object (as open() says).
+    if (!stat.isFile()) throw new ObjectMissingError(key);
+    return { key, size: stat.size, modified: stat.mtime };
+  }
+
   /** A copy on one disk: `signal` is looked at before it, not during. */
   async download(key: string, file: string, signal?: AbortSignal): Promise<void> {
     signal?.throwIfAborted();
@@ -305,9 +316,10 @@ export class LocalStore implements ObjectStore {
     });
   }
 
-  async delete(keys: readonly string[]): Promise<void> {
+  async delete(keys: readonly string[], o: { signal?: AbortSignal } = {}): Promise<void> {
     const folders = new Set<string>();
     for (const key of keys) {
+      o.signal?.throwIfAborted();
       const file = this.localPath(key);
       await fsp.rm(file, { force: true });
       folders.add(path.dirname(file));

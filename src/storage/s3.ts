@@ -215,8 +215,8 @@ export class S3Store implements ObjectStore {
     }
   }
 
-  /** The size of `key`'s object. */
-  private async sizeOf(key: string, signal: AbortSignal | undefined): Promise<number> {
+  /** A HeadObject: no body is opened. */
+  async stat(key: string, signal?: AbortSignal): Promise<ObjectInfo> {
     try {
       const res = await this.client.send(
         new HeadObjectCommand({ Bucket: this.bucket, Key: this.full(key) }),
@@ -224,13 +224,19 @@ export class S3Store implements ObjectStore {
       );
       if (res.ContentLength === undefined)
         throw new Error(`the store told no size of ${JSON.stringify(key)}`);
-      return res.ContentLength;
+      return { key, size: res.ContentLength, modified: res.LastModified ?? new Date(0) };
     } catch (err) {
-      // A HEAD's 404 has no body to say whose: the bucket answered the GET a moment ago, so the object's.
+      // A HEAD's 404 has no body to say whose (NoSuchKey or NoSuchBucket): taken for the object's, as
+      // a missing bucket is what check() (readiness, start-up) reports.
       throw (err as { name?: string }).name === "NotFound" || isMissing(err)
         ? new ObjectMissingError(key)
         : err;
     }
+  }
+
+  /** The size of `key`'s object. */
+  private async sizeOf(key: string, signal: AbortSignal | undefined): Promise<number> {
+    return (await this.stat(key, signal)).size;
   }
 
   /**
@@ -260,12 +266,15 @@ export class S3Store implements ObjectStore {
     }
   }
 
-  async delete(keys: readonly string[]): Promise<void> {
-    await this.deleteFull(keys.map((k) => this.full(k)));
+  async delete(keys: readonly string[], o: { signal?: AbortSignal } = {}): Promise<void> {
+    await this.deleteFull(
+      keys.map((k) => this.full(k)),
+      o.signal,
+    );
   }
 
   /** Deletes these keys of the bucket (prefix included), as they are. */
-  private async deleteFull(keys: readonly string[]): Promise<void> {
+  private async deleteFull(keys: readonly string[], signal?: AbortSignal): Promise<void> {
     for (let i = 0; i < keys.length; i += DELETE_BATCH) {
       const batch = keys.slice(i, i + DELETE_BATCH);
       const res = await this.client.send(
@@ -273,6 +282,7 @@ export class S3Store implements ObjectStore {
           Bucket: this.bucket,
           Delete: { Objects: batch.map((k) => ({ Key: k })), Quiet: true },
         }),
+        signal ? { abortSignal: signal } : {},
       );
       const failed = (res.Errors ?? []).filter((e) => e.Code !== "NoSuchKey");
       if (failed.length > 0) {

@@ -129,6 +129,12 @@ export interface ObjectStore {
    */
   open(key: string, o?: { range?: ByteRange }): Promise<OpenObject>;
   /**
+   * The size and modification time of `key`'s object, without opening it (a HeadObject on S3): what a
+   * download needs to answer a conditional request before it opens a body it might not send.
+   * ObjectMissingError when there is no such object.
+   */
+  stat(key: string): Promise<ObjectInfo>;
+  /**
    * Copies `key` into the local file `file` (created or replaced). `signal` ends a download in
    * progress (a run cancelled or timed out while its input arrives; the local store, a copy on one
    * disk, looks at it only before it starts): it fails then, with the
@@ -136,8 +142,11 @@ export interface ObjectStore {
    * `file` is the caller's to delete.
    */
   download(key: string, file: string, signal?: AbortSignal): Promise<void>;
-  /** Deletes these keys; keys without an object are fine. */
-  delete(keys: readonly string[]): Promise<void>;
+  /**
+   * Deletes these keys; keys without an object are fine. `signal` ends a delete in progress (a store
+   * that does not answer): it fails then, and what it deleted so far stays deleted.
+   */
+  delete(keys: readonly string[], o?: { signal?: AbortSignal }): Promise<void>;
   /** Deletes every object whose key starts with `prefix` (which must end with `/`); returns how many. */
   deletePrefix(prefix: string): Promise<number>;
   /** Objects whose key starts with `prefix`, in key order, after `after`, at most `limit` (default 1000). */

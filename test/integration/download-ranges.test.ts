@@ -12,7 +12,8 @@ import { tokenCreate } from "../../src/auth/tokens.ts";
 import type { LocalStore } from "../../src/storage/local.ts";
 import { bearer } from "../helpers/app.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
-import { type RunnerEnv, runnerEnvBackends, writeProgram } from "../helpers/runner.ts";
+import { type RunnerEnv, runnerEnv, writeProgram } from "../helpers/runner.ts";
+import { startTcpProxy } from "../helpers/tcp-proxy.ts";
 
 /** Past a local read's 64 KiB buffer and not a round number: every byte value, in no simple order. */
 const SIZE = 70_003;
@@ -54,15 +55,73 @@ async function setup(env: RunnerEnv): Promise<Setup> {
   return { env, app, token, taskId, runId: run?.id as string };
 }
 
-const backends = runnerEnvBackends("ranges/");
+/** A request the S3 server was sent: its method, path and Range header. */
+interface S3Request {
+  method: string;
+  path: string;
+  range: string | undefined;
+}
+
+/**
+ * Each store; the bucket's is reached through a TCP proxy that notes every request sent to it (the
+ * requests of a download are GETs and HEADs: no body follows their headers).
+ */
+const backends: [
+  string,
+  () => Promise<{ env: RunnerEnv; requests?: S3Request[]; drop?: () => Promise<void> }>,
+][] = [
+  ["local", async () => ({ env: await runnerEnv() })],
+  [
+    "s3",
+    async () => {
+      const { createTestBucket } = await import("../helpers/s3.ts");
+      const { S3Store } = await import("../../src/storage/s3.ts");
+      const bucket = await createTestBucket();
+      const requests: S3Request[] = [];
+      const proxy = await startTcpProxy(bucket.endpoint, {
+        fromClient: (chunk) => {
+          for (const head of chunk.toString("latin1").split("\r\n\r\n")) {
+            const m = /^(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP\/1\.1\r\n/.exec(head);
+            if (m) {
+              const range = /\r\nrange: *([^\r]*)/i.exec(head)?.[1];
+              requests.push({ method: m[1] as string, path: m[2] as string, range });
+            }
+          }
+          return "pass";
+        },
+      });
+      const store = new S3Store({
+        bucket: bucket.name,
+        prefix: "ranges/",
+        endpoint: proxy.url,
+        forcePathStyle: true,
+      });
+      const env = await runnerEnv({
+        store,
+        configEnv: { ...bucket.env, ASSAY_S3_PREFIX: "ranges/" },
+      });
+      return {
+        env,
+        requests,
+        drop: async () => {
+          store.client.destroy();
+          await proxy.close();
+          await bucket.drop();
+        },
+      };
+    },
+  ],
+];
 
 for (const [kind, make] of backends) {
   describe(`${kind} store`, () => {
     let s: Setup;
+    let requests: S3Request[] | undefined;
     let drop: (() => Promise<void>) | undefined;
     before(async () => {
       const made = await make();
       drop = made.drop;
+      requests = made.requests;
       s = await setup(made.env);
     });
     after(async () => {
@@ -282,6 +341,43 @@ for (const [kind, make] of backends) {
         await served.close();
       }
     });
+
+    if (kind === "s3") {
+      test("a 304 opens no body (one HEAD); an If-Range opens only the bytes it sends", async () => {
+        const sent = requests as S3Request[];
+        /** The requests for report.png that `headers` cost on each route, as `method range`. */
+        const cost = async (headers: Record<string, string>, status: number) => {
+          const each: string[][] = [];
+          for (const url of urls()) {
+            sent.length = 0;
+            const res = await get(url, headers);
+            assert.equal(res.statusCode, status, `${url} ${JSON.stringify(headers)}`);
+            each.push(
+              sent
+                .filter((r) => r.path.includes("report.png"))
+                .map((r) => `${r.method} ${r.range ?? ""}`.trim()),
+            );
+          }
+          assert.ok(
+            each.every((e) => JSON.stringify(e) === JSON.stringify(each[0])),
+            JSON.stringify(each),
+          );
+          return each[0];
+        };
+        const etag = await etagOf(urls()[1] as string);
+        assert.deepEqual(await cost({ "if-none-match": etag }, 304), ["HEAD"]);
+        assert.deepEqual(await cost({ "if-none-match": etag, range: "bytes=0-9" }, 304), ["HEAD"]);
+        assert.deepEqual(await cost({ "if-none-match": '"other"' }, 200), ["HEAD", "GET"]);
+        assert.deepEqual(await cost({ range: "bytes=10-19", "if-range": '"older"' }, 200), ["HEAD", "GET"]);
+        assert.deepEqual(await cost({ range: "bytes=10-19", "if-range": etag }, 206), [
+          "HEAD",
+          "GET bytes=10-19",
+        ]);
+        // Without a condition the object is opened at once.
+        assert.deepEqual(await cost({}, 200), ["GET"]);
+        assert.deepEqual(await cost({ range: "bytes=10-19" }, 206), ["GET bytes=10-19"]);
+      });
+    }
 
     if (kind === "local") {
       test("what a 304, an If-Range that does not match and a 416 open is closed again", async () => {

@@ -1,14 +1,16 @@
 // DELETE /api/files/:fileId against both stores, with real programs and a real worker: the record and
 // the bytes go; a task made from the file before keeps its outputs; a run that had not read the file
 // yet fails as invalid input, not as a crash; only the owner or an admin may delete; a second delete,
-// another user's file and ids that cannot exist are 404.
+// another user's file and ids that cannot exist are 404. A store that does not answer holds the delete
+// up for a few seconds only.
 import assert from "node:assert/strict";
+import net from "node:net";
 import { after, before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { tokenCreate } from "../../src/auth/tokens.ts";
 import { bearer, multipart } from "../helpers/app.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
-import { fixtureProgram, type RunnerEnv, runnerEnvBackends } from "../helpers/runner.ts";
+import { fixtureProgram, type RunnerEnv, runnerEnv, runnerEnvBackends } from "../helpers/runner.ts";
 
 const backends = runnerEnvBackends("deletes/");
 
@@ -167,3 +169,105 @@ for (const [kind, make] of backends) {
     });
   });
 }
+
+/**
+ * A relay to the S3 server that, once `hold()` is called, passes nothing more on: every request sent
+ * after that (on a new connection or a kept-alive one) waits for an answer that never comes.
+ */
+async function holdingRelay(endpoint: string) {
+  const target = new URL(endpoint);
+  let holding = false;
+  const held = new Set<net.Socket>();
+  let closedWhileHeld = 0;
+  const sockets = new Set<net.Socket>();
+  const server = net.createServer((client) => {
+    const upstream = net.connect(Number(target.port), target.hostname);
+    for (const s of [client, upstream]) {
+      sockets.add(s);
+      s.on("error", () => {});
+      s.on("close", () => sockets.delete(s));
+    }
+    client.on("data", (chunk: Buffer) => {
+      if (!holding) upstream.write(chunk);
+      else if (!held.has(client)) {
+        held.add(client);
+        client.once("close", () => closedWhileHeld++);
+      }
+    });
+    upstream.pipe(client);
+    client.on("close", () => upstream.destroy());
+    upstream.on("close", () => client.destroy());
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return {
+    endpoint: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}`,
+    hold: () => {
+      holding = true;
+    },
+    /** Connections that carried a held request. */
+    held: () => held.size,
+    /** Of those, how many the client has closed since. */
+    closedWhileHeld: () => closedWhileHeld,
+    close: () => {
+      for (const s of sockets) s.destroy();
+      server.close();
+    },
+  };
+}
+
+test("a store that does not answer: the delete answers once the record is gone, logs the bytes left to the sweep, and ends its request", {
+  timeout: 60_000,
+}, async () => {
+  const { createTestBucket } = await import("../helpers/s3.ts");
+  const { S3Store } = await import("../../src/storage/s3.ts");
+  const bucket = await createTestBucket();
+  const relay = await holdingRelay(bucket.endpoint);
+  const store = new S3Store({
+    bucket: bucket.name,
+    prefix: "hung/",
+    endpoint: relay.endpoint,
+    forcePathStyle: true,
+  });
+  const env = await runnerEnv({ store, configEnv: { ...bucket.env, ASSAY_S3_PREFIX: "hung/" } });
+  try {
+    const logs: Record<string, unknown>[] = [];
+    const app = await env.app(logs);
+    const { token } = await tokenCreate(env.db.sql, "zoë ‮hung");
+    const { payload, headers } = multipart("file", "a,b\n1,2\n", "«held» 日本.csv");
+    const up = await app.inject({
+      method: "POST",
+      url: "/api/files",
+      payload,
+      headers: { ...headers, ...bearer(token) },
+    });
+    assert.equal(up.statusCode, 201, up.body);
+    const id = up.json().data.fileId as string;
+    relay.hold();
+    const started = Date.now();
+    const res = await app.inject({ method: "DELETE", url: `/api/files/${id}`, headers: bearer(token) });
+    const took = Date.now() - started;
+    assert.equal(res.statusCode, 200, res.body);
+    assert.deepEqual(res.json(), { code: "OK", message: "File deleted", data: { fileId: id } });
+    // The bound (5 s), not the S3 client's 120 s response timeout and its retries.
+    assert.ok(took < 15_000, `answered after ${took} ms`);
+    assert.equal((await env.db.sql`select 1 from files where id = ${id}`).length, 0, "the record is gone");
+    const left = logs.find((l) => l.msg === "a deleted file's bytes are left to the store sweep");
+    assert.ok(left, "logged");
+    assert.equal(left.fileId, id);
+    assert.match(
+      String((left.err as { message?: string })?.message),
+      /did not delete files\/\d+ within 5000 ms/,
+    );
+    // The request to the store was ended, not left waiting in the background.
+    assert.ok(relay.held() >= 1, "the delete reached the store");
+    await waitFor(async () => relay.closedWhileHeld() === relay.held(), 10_000, "the held request to end");
+    // The bytes are still there, for the store sweep: an object no record names.
+    const direct = bucket.store("hung/");
+    assert.equal((await direct.stat(`files/${id}`)).size, 8);
+  } finally {
+    await env.close();
+    store.client.destroy();
+    relay.close();
+    await bucket.drop();
+  }
+});

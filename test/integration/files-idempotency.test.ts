@@ -4,10 +4,14 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import fs from "node:fs";
+import net from "node:net";
 import path from "node:path";
+import { Readable } from "node:stream";
 import { after, before, test } from "node:test";
+import { createDatabase } from "../../src/db/client.ts";
+import { fileCreate, fileDelete } from "../../src/files/files.ts";
 import { bearer, multipart, startTestApp, type TestApp } from "../helpers/app.ts";
-import { idsCrossPowerOfTen, waitFor } from "../helpers/queue.ts";
+import { idsCrossPowerOfTen, seedUser, waitFor } from "../helpers/queue.ts";
 
 let t: TestApp;
 let alice: string;
@@ -154,4 +158,82 @@ test("a bad key is 400 VALIDATION_FAILED before anything is stored", async () =>
   assert.equal((await upload(alice, "b\n1\n", "x".repeat(200))).statusCode, 201);
   assert.equal((await rowIds()).length, rows.length + 1);
   assert.equal(objects().length, objs.length + 1);
+});
+
+/**
+ * A relay to PostgreSQL that holds back the server's answer naming `marker` until `meanwhile()` has
+ * run: what another client does between that statement's answer and the next one.
+ */
+async function holdAnswer(target: URL, marker: string, meanwhile: () => Promise<void>) {
+  let held = 0;
+  const sockets = new Set<net.Socket>();
+  const server = net.createServer((client) => {
+    const upstream = net.connect(Number(target.port), target.hostname);
+    for (const s of [client, upstream]) {
+      sockets.add(s);
+      s.on("error", () => {});
+      s.on("close", () => sockets.delete(s));
+    }
+    client.pipe(upstream);
+    // In order: a chunk after a held one waits for it.
+    let queue = Promise.resolve();
+    upstream.on("data", (chunk: Buffer) => {
+      const hold = chunk.includes(marker);
+      if (hold) held++;
+      queue = queue.then(async () => {
+        if (hold) await meanwhile();
+        client.write(chunk);
+      });
+    });
+    client.on("close", () => upstream.destroy());
+    upstream.on("close", () => client.destroy());
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const url = new URL(target);
+  url.hostname = "127.0.0.1";
+  url.port = String((server.address() as net.AddressInfo).port);
+  return {
+    url: url.toString(),
+    held: () => held,
+    close: () => {
+      for (const s of sockets) s.destroy();
+      server.close();
+    },
+  };
+}
+
+test("a replay whose first file is deleted between its conflict and its look-up is stored: a new file, not a 500", async () => {
+  const owner = await seedUser(t.db.sql, "zoë ‮replay");
+  const key = "replay-after-delete-«1»".replace(/[^\x21-\x7e]/g, "_");
+  const content = "naïve,ü\n1,2\n";
+  const meta = { name: "relevé ✓.csv", contentType: "text/csv", maxBytes: 1024, idempotencyKey: key };
+  const first = await fileCreate(t.db.sql, t.storage, owner, Readable.from([Buffer.from(content)]), meta);
+  assert.equal(first.kind, "created");
+  const firstId = first.kind === "created" ? first.file.fileId : "";
+  // The user deletes the first file just as the replay's insert is refused on its key.
+  const relay = await holdAnswer(new URL(t.db.url), "files_owner_idempotency_key", async () => {
+    assert.equal(await fileDelete(t.db.sql, t.storage, owner, firstId, () => {}), true);
+  });
+  const replaying = createDatabase(relay.url, { max: 1 });
+  try {
+    const again = await fileCreate(
+      replaying.sql,
+      t.storage,
+      owner,
+      Readable.from([Buffer.from(content)]),
+      meta,
+    );
+    assert.equal(relay.held(), 1, "the replay's insert was refused on the key once");
+    assert.equal(again.kind, "created");
+    const file = again.kind === "created" ? again.file : undefined;
+    assert.ok(file && file.fileId !== firstId);
+    assert.equal(file.name, "relevé ✓.csv");
+    assert.deepEqual(await rowsOfKey(key), [file.fileId], "the key names the new file");
+    // Its bytes are stored under its key: the row names an object that is there.
+    assert.equal((await t.storage.stat(`files/${file.fileId}`)).size, Buffer.byteLength(content));
+    await assert.rejects(t.storage.stat(`files/${firstId}`));
+  } finally {
+    await replaying.sql.end({ timeout: 0 }).catch(() => {});
+    relay.close();
+  }
 });

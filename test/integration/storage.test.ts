@@ -414,6 +414,32 @@ for (const [kind, make] of backends) {
       );
     });
 
+    test("stat tells an object's size and time without opening it; a missing key or a folder is ObjectMissingError", async () => {
+      const key = "outputs/100000003/1000000003.1.aa/Report-2.txt";
+      await store.put(key, Readable.from([Buffer.from("naïve ✓\n")]));
+      const info = await store.stat(key);
+      assert.equal(info.key, key);
+      assert.equal(info.size, Buffer.byteLength("naïve ✓\n"));
+      assert.ok(Date.now() - info.modified.getTime() < 60_000);
+      for (const missing of [
+        "outputs/100000003/1000000003.1.aa/gone.txt",
+        "outputs/100000003",
+        "files/none",
+      ]) {
+        await assert.rejects(store.stat(missing), (err) => err instanceof ObjectMissingError, missing);
+      }
+    });
+
+    test("a delete whose signal is aborted fails with the signal's reason and deletes nothing more", async () => {
+      await store.put("files/1000004", Readable.from([Buffer.from("x")]));
+      const stop = new AbortController();
+      stop.abort(new Error("given up"));
+      await assert.rejects(store.delete(["files/1000004"], { signal: stop.signal }));
+      assert.equal((await store.stat("files/1000004")).size, 1);
+      await store.delete(["files/1000004"], { signal: new AbortController().signal });
+      await assert.rejects(store.stat("files/1000004"), (err) => err instanceof ObjectMissingError);
+    });
+
     test("check passes on a reachable store", async () => {
       await store.check();
     });

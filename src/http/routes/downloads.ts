@@ -194,7 +194,10 @@ async function plannedName(
 /**
  * One output, opened before the headers are sent: an object that is gone is a logged 500. The stream
  * is released when it ends or when Fastify destroys it because the client left. Resumable: a strong
- * ETag, `If-None-Match` (304), one `Range` (206, or 416 when it selects no byte), `If-Range`.
+ * ETag, `If-None-Match` (304), one `Range` (206, or 416 when it selects no byte), `If-Range`. A request
+ * with a condition (`If-None-Match`, or `If-Range` with a `Range`) asks the store for the object's
+ * size first (a HeadObject on S3) and opens a body only to send it: a 304 opens none, and an `If-Range`
+ * that does not match opens the whole object and no range. Without one, the object is opened at once.
  */
 async function sendObject(
   store: ObjectStore,
@@ -207,28 +210,24 @@ async function sendObject(
   if (!output.usable) throw await outputMissing(reply, output, taskExists);
   const key = outputKeyOf(output, name);
   const { headers } = reply.request;
-  const open = (range?: ByteRange) =>
-    store.open(key, range ? { range } : {}).catch(async (err: unknown) => {
-      if (err instanceof RangeNotSatisfiableError) return err;
-      throw err instanceof ObjectMissingError ? await outputMissing(reply, output, taskExists, { err }) : err;
-    });
-  const range = byteRange(headers.range);
-  let opened = await open(range);
-  const etag = etagOf(key, opened.size);
-  reply.header("accept-ranges", "bytes");
-  reply.header("etag", etag);
-  const release = () => {
-    if (!(opened instanceof RangeNotSatisfiableError)) opened.stream.destroy();
+  const missing = async (err: unknown): Promise<never> => {
+    throw err instanceof ObjectMissingError ? await outputMissing(reply, output, taskExists, { err }) : err;
   };
-  if (noneMatch(headers["if-none-match"], etag)) {
-    release();
-    return reply.code(304).send();
+  let range = byteRange(headers.range);
+  const ifRange = range === undefined ? undefined : headers["if-range"];
+  if (headers["if-none-match"] !== undefined || ifRange !== undefined) {
+    const { size } = await store.stat(key).catch(missing);
+    const etag = etagOf(key, size);
+    if (noneMatch(headers["if-none-match"], etag))
+      return reply.code(304).header("accept-ranges", "bytes").header("etag", etag).send();
+    // A range of another version than the client holds: the whole object instead (RFC 9110 §13.1.5).
+    if (ifRange !== undefined && ifRange !== etag) range = undefined;
   }
-  // A range of another version than the client holds: the whole object instead (RFC 9110 §13.1.5).
-  if (range && headers["if-range"] !== undefined && headers["if-range"] !== etag) {
-    release();
-    opened = await open();
-  }
+  const opened = await store
+    .open(key, range ? { range } : {})
+    .catch((err: unknown) => (err instanceof RangeNotSatisfiableError ? err : missing(err)));
+  reply.header("accept-ranges", "bytes");
+  reply.header("etag", etagOf(key, opened.size));
   if (opened instanceof RangeNotSatisfiableError) {
     reply.header("content-range", `bytes */${opened.size}`);
     throw new ApiError(416, "RANGE_NOT_SATISFIABLE");

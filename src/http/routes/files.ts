@@ -165,7 +165,7 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
       schema: {
         summary: "Delete a file (owner or admin): its record and its bytes",
         description:
-          "Tasks made from it keep their runs and outputs; a run of an unfinished task that has not read it yet fails ANALYSIS_INPUT_INVALID. A second delete is a 404.",
+          "Tasks made from it keep their runs and outputs; a run of an unfinished task that has not read it yet fails ANALYSIS_INPUT_INVALID. A second delete is a 404. The answer comes once the record is gone: bytes the store has not deleted within 5 seconds are left to the store sweep.",
         tags: ["files"],
         security: [{ bearer: [] }],
         params: Type.Object({ fileId: IdParam }),
