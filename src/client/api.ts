@@ -40,6 +40,26 @@ async function allPages<T>(
   }
 }
 
+/** The user a token belongs to (`GET /api/me`). */
+export interface Me {
+  userId: string;
+  name: string;
+  role: string;
+}
+
+const whoAmI = new WeakMap<ApiClient, Promise<Me>>();
+
+/** The caller (GET /api/me), asked once per client: a failed ask is asked again next time. */
+export function me(c: ApiClient, signal?: AbortSignal): Promise<Me> {
+  let asked = whoAmI.get(c);
+  if (!asked) {
+    asked = c.get<Me>("/api/me", undefined, signal);
+    whoAmI.set(c, asked);
+    asked.catch(() => whoAmI.delete(c));
+  }
+  return asked;
+}
+
 /** The files the caller can see with these bytes (an admin: anyone's). */
 export const filesBySha256 = (c: ApiClient, sha256: string, signal?: AbortSignal) =>
   allPages<FileRecord>(c, "/api/files", { sha256 }, signal);

@@ -19,6 +19,7 @@ import {
 } from "../files/folder-names.ts";
 import type { Run } from "../http/api-types.ts";
 import { outputPath, resultsCsvPath, runOutputs } from "./api.ts";
+import { PathConflict } from "./exit.ts";
 import {
   type ApiClient,
   ApiRequestError,
@@ -123,6 +124,38 @@ function inside(root: string, rel: string): string {
   if (full !== root && !full.startsWith(root + path.sep))
     throw new Error(`refusing to write outside ${root}: ${rel}`);
   return full;
+}
+
+/** What is at `p`, for a message: "a file", "a folder"… */
+function kindOf(p: string): string {
+  const st = fs.lstatSync(p, { throwIfNoEntry: false });
+  if (!st) return "gone";
+  if (st.isSymbolicLink()) return fs.statSync(p, { throwIfNoEntry: false }) ? "a link" : "a link to nothing";
+  return st.isDirectory() ? "a folder" : st.isFile() ? "a file" : "not a folder";
+}
+
+const AGAIN = "move it, or download into another --out DIR";
+
+/**
+ * `dir` and its parents made, for `what`. Something other than a folder in the way (a file of the
+ * same name, from the inputs themselves say, or a link to nothing) is a PathConflict naming it; the
+ * system's EEXIST, ENOTDIR or ENOENT would name neither what nor why.
+ */
+function makeFolder(dir: string, what: string): void {
+  try {
+    fs.mkdirSync(dir, { recursive: true });
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    // ENOENT: a link to nothing in the way.
+    if (code !== "EEXIST" && code !== "ENOTDIR" && code !== "ENOENT") throw err;
+    // The nearest that exists is what stopped it, unless it is a folder (the error is another).
+    let p = dir;
+    while (!fs.lstatSync(p, { throwIfNoEntry: false }) && path.dirname(p) !== p) p = path.dirname(p);
+    if (fs.statSync(p, { throwIfNoEntry: false })?.isDirectory()) throw err;
+    throw new PathConflict(
+      `cannot make the folder for ${what}: ${p} is ${kindOf(p)}, not a folder; ${AGAIN}`,
+    );
+  }
 }
 
 /** Temporary files being written, removed if the process exits before they are renamed. */
@@ -236,7 +269,15 @@ async function download(
         throw new ConnectionError(`${o.what}: received ${progress.have} of ${progress.size} bytes`);
       if (o.expectedBytes !== undefined && progress.have !== o.expectedBytes)
         throw new ConnectionError(`${o.what}: received ${progress.have} of ${o.expectedBytes} bytes`);
-      fs.renameSync(tmp, target);
+      try {
+        fs.renameSync(tmp, target);
+      } catch (err) {
+        const code = (err as NodeJS.ErrnoException).code;
+        if (code !== "EISDIR" && code !== "ENOTEMPTY" && code !== "EEXIST" && code !== "ENOTDIR") throw err;
+        throw new PathConflict(
+          `cannot write ${o.what}: ${target} is ${kindOf(target)}, not a file; ${AGAIN}`,
+        );
+      }
       return progress.have;
     }
   } catch (err) {
@@ -275,8 +316,8 @@ async function attemptDownload(
     }
     const res = await c.send("GET", route, { timeoutMs: 0, signal: idle.signal, headers });
     if (!res.ok) {
-      const err = await errorOf(res);
-      if (from > 0 && err.status === 416)
+      const err = await errorOf(res, c.shownUrl);
+      if (from > 0 && err instanceof ApiRequestError && err.status === 416)
         return restart(p, `${o.what}: the server cannot resume at byte ${from}`);
       throw err;
     }
@@ -348,11 +389,11 @@ export async function downloadOutputs(
   o: DownloadOptions,
 ): Promise<{ runs: Downloaded[]; resultsCsv: string }> {
   const root = path.resolve(outDir);
-  fs.mkdirSync(root, { recursive: true });
+  makeFolder(root, "the download");
   const idleMs = o.idleMs ?? DOWNLOAD_IDLE_MS;
   const done = await mapLimit(runs, o.concurrency, async ({ run, folder }) => {
     const dir = inside(root, folder);
-    fs.mkdirSync(dir, { recursive: true });
+    makeFolder(dir, `run ${run.runId} (${run.fileName})`);
     const outputs = await runOutputs(c, taskId, run.runId, o.signal);
     const files: string[] = [];
     let total = 0;

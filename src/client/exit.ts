@@ -31,6 +31,14 @@ export class TaskStateError extends Error {
   override name = "TaskStateError";
 }
 
+/**
+ * A path the command must write is taken by something of another kind: a file (or a link to
+ * nothing) where a folder goes, a folder where a file goes. Nothing is overwritten or removed.
+ */
+export class PathConflict extends Error {
+  override name = "PathConflict";
+}
+
 /** Ctrl-C, as an abort reason. */
 export class Interrupted extends Error {
   override name = "Interrupted";
@@ -44,7 +52,7 @@ export class OutputClosed extends Interrupted {
 export function exitCodeOf(err: unknown): number {
   if (err instanceof OutputClosed) return EXIT.OUTPUT_CLOSED;
   if (err instanceof Interrupted) return EXIT.INTERRUPTED;
-  if (err instanceof ClientUsageError) return EXIT.USAGE;
+  if (err instanceof ClientUsageError || err instanceof PathConflict) return EXIT.USAGE;
   if (err instanceof TaskStateError) return EXIT.TASK_NOT_SUCCEEDED;
   if (err instanceof ServerProblem || err instanceof ConnectionError) return EXIT.SERVER;
   if (err instanceof ApiRequestError) {
@@ -63,6 +71,7 @@ export function errorCodeOf(err: unknown): string {
   if (err instanceof ClientUsageError) return "USAGE";
   if (err instanceof ServerProblem) return "SERVER";
   if (err instanceof TaskStateError) return "TASK_STATE";
+  if (err instanceof PathConflict) return "PATH_CONFLICT";
   if (err instanceof OutputClosed) return "OUTPUT_CLOSED";
   if (err instanceof Interrupted) return "INTERRUPTED";
   return "CLIENT_ERROR";

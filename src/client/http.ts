@@ -29,6 +29,13 @@ export class ConnectionError extends Error {
 export class NotRetried extends ConnectionError {}
 
 /**
+ * A NotRetried for an answer that did not come from the API: a redirect, a body without the API's
+ * envelope (a proxy's page, another service's JSON, whatever its status), a stream that is not one.
+ * Nothing that follows the task's stream for minutes would mend it either.
+ */
+export class NotTheApi extends NotRetried {}
+
+/**
  * How many times a request that can safely be sent again (a GET; an upload, once the server has said
  * it has no file of it) is retried when the connection fails or a gateway answers for the API
  * (retriable): 6 attempts in all, after pauses of 0.5, 1, 2, 4 and 5 s — about 15 s, enough for an API
@@ -231,7 +238,7 @@ export class ApiClient {
   /** The `data` of a successful envelope; an error status becomes an ApiRequestError. */
   async json<T>(method: string, path: string, o: RequestOptions = {}): Promise<T> {
     const res = await this.send(method, path, o);
-    if (!res.ok) throw await errorOf(res);
+    if (!res.ok) throw await errorOf(res, this.shownUrl);
     return envelopeData<T>(await readText(res, this.shownUrl, o.signal), this.shownUrl);
   }
 
@@ -279,10 +286,10 @@ export function envelopeData<T>(text: string, shownUrl: string): T {
   try {
     body = JSON.parse(text);
   } catch {
-    throw new NotRetried(`${shownUrl} did not answer with JSON: is it an Assay server?`);
+    throw new NotTheApi(`${shownUrl} did not answer with JSON: is it an Assay server?`);
   }
   if (typeof body !== "object" || body === null || !("data" in body) || body.data == null)
-    throw new NotRetried(`${shownUrl} did not answer with the API's envelope: is it an Assay server?`);
+    throw new NotTheApi(`${shownUrl} did not answer with the API's envelope: is it an Assay server?`);
   return (body as EnvelopeOf<T>).data;
 }
 
@@ -294,7 +301,7 @@ const isRedirect = (status: number) => status >= 300 && status < 400;
  * would lose its token on the way (a 401, "check ASSAY_TOKEN"), a POST become a GET, and an upload
  * get "HTTP 301"; instead the command stops at once, saying where the server points.
  */
-function redirected(shownUrl: string, from: URL, location: string | null): NotRetried {
+function redirected(shownUrl: string, from: URL, location: string | null): NotTheApi {
   let to = "elsewhere";
   try {
     const u = new URL(location ?? "", from);
@@ -307,26 +314,45 @@ function redirected(shownUrl: string, from: URL, location: string | null): NotRe
   } catch {
     // A Location that is not a URL: where does not matter, only that it is not the API.
   }
-  return new NotRetried(
+  return new NotTheApi(
     `${shownUrl} answers with a redirect to ${to}: set ASSAY_URL (or --url) to the API's own address`,
   );
 }
 
-/** An error response as an ApiRequestError: the body's code and message when it has them. */
-export async function errorOf(res: Response): Promise<ApiRequestError> {
-  return errorFromBody(res.status, res.statusText, await res.text().catch(() => ""));
+/**
+ * An error response as an ApiRequestError with the body's code and message. A 4xx without the API's
+ * error body (`{code, message}`: a proxy's page of HTML, another service's JSON) did not come from the
+ * API, whatever its status says: like any other answer that is not the API's, it is a NotTheApi
+ * (exit 3, CONNECTION_FAILED), not the caller's mistake (a 404 there is no task of theirs missing). A
+ * 5xx keeps its status either way: a gateway's 502, 503 or 504 is the API away, and is retried.
+ */
+export async function errorOf(res: Response, shownUrl: string): Promise<ApiRequestError | NotTheApi> {
+  return errorFromBody(res.status, res.statusText, await res.text().catch(() => ""), shownUrl);
 }
 
-function errorFromBody(status: number, statusText: string, text: string): ApiRequestError {
+function errorFromBody(
+  status: number,
+  statusText: string,
+  text: string,
+  shownUrl: string,
+): ApiRequestError | NotTheApi {
   let body: Partial<ErrorResponse> = {};
   try {
-    body = JSON.parse(text) as Partial<ErrorResponse>;
+    body = (JSON.parse(text) ?? {}) as Partial<ErrorResponse>;
   } catch {
-    // Not our error body (a proxy's page, say): the status alone will do.
+    // Not our error body (a proxy's page, say).
   }
-  const code = typeof body.code === "string" ? body.code : `HTTP_${status}`;
-  const message = typeof body.message === "string" ? body.message : `HTTP ${status} ${statusText}`;
-  return new ApiRequestError(status, code, message);
+  const ours = typeof body.code === "string" && typeof body.message === "string";
+  const http = `HTTP ${status}${statusText ? ` ${statusText}` : ""}`;
+  if (!ours && status >= 400 && status < 500)
+    return new NotTheApi(
+      `${shownUrl} answered ${http} without the API's error body: not the API's answer (a proxy's, or no Assay server there)`,
+    );
+  return new ApiRequestError(
+    status,
+    ours ? (body.code as string) : `HTTP_${status}`,
+    ours ? (body.message as string) : http,
+  );
 }
 
 /** Writes a request body: chunks in order, each resolved once the connection has taken it. */
@@ -428,7 +454,7 @@ export class Uploader {
         });
         res.on("end", () => {
           if (status >= 200 && status < 300) resolve({ status, text });
-          else reject(errorFromBody(status, res.statusMessage ?? "", text));
+          else reject(errorFromBody(status, res.statusMessage ?? "", text, shown));
         });
         res.on("error", fail);
       });

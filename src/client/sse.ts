@@ -4,7 +4,7 @@
 // BigInts: they are decimal strings that outgrow both string order and a Number's precision.
 import type { TaskEvent, TerminalTaskStatus } from "../http/api-types.ts";
 import { logsPage, taskGet } from "./api.ts";
-import { type ApiClient, ApiRequestError, ConnectionError, errorOf, idleSignal } from "./http.ts";
+import { type ApiClient, ApiRequestError, ConnectionError, errorOf, idleSignal, NotTheApi } from "./http.ts";
 import { sleep } from "./pool.ts";
 
 export interface SseFrame {
@@ -120,7 +120,9 @@ export async function* taskEvents(c: ApiClient, taskId: string, o: FollowOptions
       await sleep(100, o.signal);
     } catch (err) {
       if (o.signal.aborted) return;
-      if (err instanceof ApiRequestError && err.status < 500) throw err;
+      // A 4xx (401, 404), or an answer not the API's (a redirect, a proxy's page): minutes of retries
+      // would not mend either.
+      if ((err instanceof ApiRequestError && err.status < 500) || err instanceof NotTheApi) throw err;
       failures++;
       failingSince ??= Date.now();
       const why = err instanceof Error ? err.message : String(err);
@@ -157,8 +159,19 @@ async function* oneStream(
       },
     });
     if (!res.ok || !res.body) {
-      const err = await errorOf(res);
-      throw err.status < 500 ? err : new ConnectionError(`${err.message} (${err.code})`);
+      const err = await errorOf(res, c.shownUrl);
+      throw err instanceof ApiRequestError && err.status >= 500
+        ? new ConnectionError(`${err.message} (${err.code})`)
+        : err;
+    }
+    // A 200 that is not an event stream (a proxy's page for a path it does not route, an app's
+    // index.html) would end at once without an event, and be asked again every 100 ms for ever.
+    const type = res.headers.get("content-type") ?? "";
+    if (!/^text\/event-stream\b/i.test(type)) {
+      await res.body.cancel().catch(() => {});
+      throw new NotTheApi(
+        `${c.shownUrl} answered the event stream with ${type ? JSON.stringify(type.slice(0, 80)) : "no content type"}, not text/event-stream: not the API's answer (a proxy's, or no Assay server there)`,
+      );
     }
     onOpen();
     const parser = new SseParser();

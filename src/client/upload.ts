@@ -6,7 +6,7 @@ import { randomBytes, randomUUID } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import type { FileRecord, PageOf } from "../http/api-types.ts";
-import { filesBySha256 } from "./api.ts";
+import { filesBySha256, me } from "./api.ts";
 import { ClientUsageError } from "./exit.ts";
 import {
   type ApiClient,
@@ -34,11 +34,19 @@ export async function hashInputs(
 }
 
 /**
+ * The caller's user name, which every file record names as its `owner`. The file lists show an admin
+ * everyone's files; a copy is only ever taken from the caller's own, never another user's file that
+ * has the same bytes and name (asked once per command: see `me`).
+ */
+const ownerName = async (c: ApiClient, signal: AbortSignal) => (await me(c, signal)).name;
+
+/**
  * All the caller's files by hash, when there are few: the list read newest first, at most `pages`
- * pages of 100; undefined when it goes on longer (then asking by hash is cheaper).
+ * pages of 100; undefined when it goes on longer (then asking by hash is cheaper). Only `owner`'s.
  */
 async function fewFiles(
   c: ApiClient,
+  owner: Promise<string>,
   pages: number,
   signal: AbortSignal,
 ): Promise<Map<string, FileRecord[]> | undefined> {
@@ -46,7 +54,9 @@ async function fewFiles(
   let cursor: string | undefined;
   for (let i = 0; i < pages; i++) {
     const page = await c.get<PageOf<FileRecord>>("/api/files", { limit: 100, cursor }, signal);
-    for (const f of page.items) byHash.set(f.sha256, [...(byHash.get(f.sha256) ?? []), f]);
+    const name = await owner;
+    for (const f of page.items)
+      if (f.owner === name) byHash.set(f.sha256, [...(byHash.get(f.sha256) ?? []), f]);
     if (page.nextCursor === null) return byHash;
     cursor = page.nextCursor;
   }
@@ -68,7 +78,17 @@ export async function findCopies(
   const byHash = new Map<string, number[]>();
   for (const [i, input] of inputs.entries())
     byHash.set(input.sha256, [...(byHash.get(input.sha256) ?? []), i]);
-  const listed = await fewFiles(c, Math.ceil(inputs.length / 100) + 1, signal);
+  // Asked alongside the first page. Either failing fails the command once both have settled, so
+  // nothing is left running behind it (as mapLimit).
+  const owner = ownerName(c, signal);
+  const [name, listed] = await Promise.allSettled([
+    owner,
+    fewFiles(c, owner, Math.ceil(inputs.length / 100) + 1, signal),
+  ]).then(([a, b]) => {
+    if (a.status === "rejected") throw a.reason;
+    if (b.status === "rejected") throw b.reason;
+    return [a.value, b.value] as const;
+  });
   const found = new Map<number, FileRecord>();
   await mapLimit([...byHash], concurrency, async ([sha256, indexes]) => {
     const candidates = listed ? (listed.get(sha256) ?? []) : await filesBySha256(c, sha256, signal);
@@ -76,7 +96,7 @@ export async function findCopies(
     assignCopies(
       inputs,
       indexes,
-      candidates.filter((f) => f.sizeBytes === size),
+      candidates.filter((f) => f.sizeBytes === size && f.owner === name),
       found,
     );
   });
@@ -134,8 +154,9 @@ async function arrivedWhole(
   signal: AbortSignal,
 ): Promise<FileRecord | undefined> {
   const name = serverName(input.label);
+  const owner = await ownerName(c, signal);
   const mine = (await filesBySha256(c, input.sha256, signal)).filter(
-    (f) => f.sizeBytes === input.sizeBytes && f.name === name && !claimed.has(f.fileId),
+    (f) => f.owner === owner && f.sizeBytes === input.sizeBytes && f.name === name && !claimed.has(f.fileId),
   );
   // The newest: a copy made before this command started was claimed by findCopies already.
   return mine.sort((a, b) => (BigInt(a.fileId) < BigInt(b.fileId) ? 1 : -1))[0];

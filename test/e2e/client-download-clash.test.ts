@@ -1,0 +1,105 @@
+// Downloads (the real client against a real `assay all`) into a folder where something of another
+// kind already has a name the download needs: the input files themselves (`submit a.csv --out .`,
+// where the run's folder `a.csv` would go), a folder where an output file goes, a link to nothing,
+// an --out that is a file. Each is exit 2 with the code `PATH_CONFLICT` and a message naming the path
+// in the way — not the system's EEXIST — and nothing in the way is overwritten or removed, and no
+// temporary file is left.
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import path from "node:path";
+import { after, before, test } from "node:test";
+import {
+  type ClientServer,
+  client,
+  csv,
+  jsonLines,
+  type Line,
+  ofKind,
+  startClientServer,
+} from "../helpers/client.ts";
+import { idsCrossPowerOfTen } from "../helpers/queue.ts";
+import { scratchDir } from "../helpers/tmp.ts";
+
+let server: ClientServer;
+let token: string;
+let work: string;
+
+before(async () => {
+  server = await startClientServer({ concurrency: 2 });
+  token = await server.token("léa «download» ✓");
+  work = scratchDir("assay-client-clash-");
+  await idsCrossPowerOfTen(server.db.sql, "tasks", 0);
+  await idsCrossPowerOfTen(server.db.sql, "runs", 1);
+});
+
+after(async () => {
+  await server?.close();
+});
+
+type ErrorLine = Line & { code: string; message: string; exitCode: number };
+
+const errorOf = (stdout: string) => ofKind(jsonLines(stdout), "error")[0] as ErrorLine | undefined;
+
+/** Every file under `dir` whose name is a download's temporary one. */
+const partials = (dir: string) =>
+  (fs.readdirSync(dir, { recursive: true }) as string[]).filter((p) => p.includes(".partial-"));
+
+test("a download whose folders or files clash with what is there is exit 2 PATH_CONFLICT naming it, and touches nothing", async () => {
+  // The inputs' own folder as --out: the run of `relevé 1.csv` wants a folder where the input is.
+  const here = path.join(work, "données");
+  fs.mkdirSync(here);
+  const a = path.join(here, "relevé 1.csv");
+  const b = path.join(here, "日本語 2.csv");
+  fs.writeFileSync(a, csv(20, 3));
+  fs.writeFileSync(b, csv(20, 5));
+  const before = fs.readFileSync(a);
+  const submitted = await client(["submit", "--type", "summary", a, b, "--out", here], server.env(token));
+  assert.equal(submitted.code, 2, submitted.stderr);
+  const err = errorOf(submitted.stdout);
+  assert.equal(err?.code, "PATH_CONFLICT", submitted.stdout);
+  assert.match(
+    err?.message ?? "",
+    /cannot make the folder for run [0-9]+ \(.*\): .*données\/.* is a file, not a folder/,
+  );
+  assert.match(submitted.stderr, /is a file, not a folder; move it, or download into another --out DIR/);
+  assert.deepEqual(fs.readFileSync(a), before, "the input is untouched");
+  assert.deepEqual(partials(here), []);
+  const taskId = String(ofKind(jsonLines(submitted.stdout), "task")[0]?.taskId);
+
+  // A folder where an output file goes, and a link to nothing where a run's folder goes.
+  const out = path.join(work, "sortie");
+  fs.mkdirSync(path.join(out, "relevé 1.csv", "summary.json", "déjà là"), { recursive: true });
+  const first = await client(["download", taskId, "--out", out], server.env(token));
+  assert.equal(first.code, 2, first.stderr);
+  assert.equal(errorOf(first.stdout)?.code, "PATH_CONFLICT", first.stdout);
+  assert.match(errorOf(first.stdout)?.message ?? "", /summary\.json is a folder, not a file/);
+  assert.ok(fs.statSync(path.join(out, "relevé 1.csv", "summary.json", "déjà là")).isDirectory());
+  assert.deepEqual(partials(out), []);
+
+  const linked = path.join(work, "lien");
+  fs.mkdirSync(linked);
+  fs.symlinkSync(path.join(work, "nowhere"), path.join(linked, "日本語 2.csv"));
+  const second = await client(["download", taskId, "--out", linked], server.env(token));
+  assert.equal(second.code, 2, second.stderr);
+  assert.equal(errorOf(second.stdout)?.code, "PATH_CONFLICT", second.stdout);
+  assert.match(errorOf(second.stdout)?.message ?? "", /日本語 2\.csv is a link to nothing, not a folder/);
+  assert.equal(fs.existsSync(path.join(work, "nowhere")), false, "nothing made where the link points");
+
+  // --out a file.
+  const file = path.join(work, "un fichier.txt");
+  fs.writeFileSync(file, "mine\n");
+  const third = await client(["download", taskId, "--out", file], server.env(token));
+  assert.equal(third.code, 2, third.stderr);
+  assert.equal(errorOf(third.stdout)?.code, "PATH_CONFLICT", third.stdout);
+  assert.match(
+    errorOf(third.stdout)?.message ?? "",
+    /cannot make the folder for the download: .*un fichier\.txt is a file/,
+  );
+  assert.equal(fs.readFileSync(file, "utf8"), "mine\n");
+
+  // Out of the way, the same command downloads everything.
+  const clean = path.join(work, "propre");
+  const ok = await client(["download", taskId, "--out", clean], server.env(token));
+  assert.equal(ok.code, 0, ok.stderr);
+  assert.ok(fs.statSync(path.join(clean, "relevé 1.csv", "summary.json")).isFile());
+});
