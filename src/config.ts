@@ -380,7 +380,8 @@ function unpaddedError(schema: Schema, value: string): string | undefined {
  * Why postgres.js cannot read `url`, or undefined when it can. It parses a URL as below (parseUrl in
  * postgres/src/index.js: the first of several comma-separated hosts, the user name and password
  * percent-decoded), only when it connects: an invalid port or a password with an unescaped `#` or `%`
- * failed every command with a bare "Invalid URL" or "URI malformed" that named no setting.
+ * failed every command with a bare "Invalid URL" or "URI malformed" that named no setting, and an IPv6
+ * address in brackets with "getaddrinfo ENOTFOUND [" (postgres.js 3.4.9 splits a host at its first `:`).
  */
 function databaseUrlError(url: string): string | undefined {
   try {
@@ -389,6 +390,9 @@ function databaseUrlError(url: string): string | undefined {
     const parsed = new URL(url.replace(host, host.split(",")[0] ?? ""));
     decodeURIComponent(parsed.username);
     decodeURIComponent(parsed.password);
+    // It takes each host up to its first `:`: `[::1]:5432` is the host `[` (getaddrinfo ENOTFOUND).
+    if (host.includes("["))
+      return "has an IPv6 address in brackets, which PostgreSQL's client cannot connect to: give the database a host name (one in /etc/hosts will do)";
     return undefined;
   } catch {
     return "is not a URL PostgreSQL's client can read: check the host and port, and percent-encode any of : / @ # ? % in the user name and password";

@@ -1,9 +1,16 @@
 // `assay api | worker | all`: long-running processes with a graceful shutdown.
+import net from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
 import closeWithGrace from "close-with-grace";
 import { tokenCreate } from "../auth/tokens.ts";
 import { type Config, unknownVariables } from "../config.ts";
-import { droppedTypeRead } from "../db/client.ts";
+import {
+  BOUNDED_CONNECT_MS,
+  createDatabase,
+  DB_ANSWER_MS,
+  droppedTypeRead,
+  firstAnswer,
+} from "../db/client.ts";
 import { startSignal } from "../db/embedded.ts";
 import { expectedMigrationCount } from "../db/migrate.ts";
 import { type OpenedDatabase, openDatabase } from "../db/open.ts";
@@ -93,6 +100,44 @@ async function waitForStore(store: ObjectStore, logger: Logger, signal: AbortSig
 }
 
 /**
+ * Waits until the database answers a query, as for the object store: each attempt, on a connection of
+ * its own, waits at most DB_ANSWER_MS (postgres.js alone waited for ever for a database whose
+ * connections are closed before it answers, and 30 s for each connection that never opens), and the
+ * cause is logged each time (`err`, `reason`: postgres.js's errors name the host, never a credential).
+ * An answer that is an error (a wrong password, no such database) ends the wait: the steps after
+ * report it as they did. Except "the database system is starting up" (57P03), which is waited out.
+ * `signal` (a shutdown) ends the wait at once.
+ */
+async function waitForDatabase(
+  url: string,
+  applicationName: string,
+  logger: Logger,
+  signal: AbortSignal,
+): Promise<void> {
+  for (let attempt = 1; ; attempt++) {
+    signal.throwIfAborted();
+    const probe = createDatabase(url, { max: 1, applicationName, connectTimeoutMs: BOUNDED_CONNECT_MS });
+    try {
+      await firstAnswer(probe.sql, DB_ANSWER_MS, signal);
+      if (attempt > 1) logger.info("database reachable");
+      return;
+    } catch (err) {
+      signal.throwIfAborted();
+      const answered = (err as { name?: unknown }).name === "PostgresError";
+      if (answered && (err as { code?: unknown }).code !== "57P03") return;
+      const pauseMs = Math.min(10_000, 250 * 2 ** attempt);
+      logger.warn(
+        { err, reason: (err as Error).message, retryInMs: pauseMs },
+        "database unreachable; waiting",
+      );
+      await sleep(pauseMs, undefined, { signal });
+    } finally {
+      await probe.close();
+    }
+  }
+}
+
+/**
  * What `process.on("unhandledRejection")` does in a server command. An unhandled rejection is an
  * unexpected error: it is passed on as an uncaught exception, on which close-with-grace shuts down
  * (`fail`). Except the one postgres.js leaves when a new connection dies while it reads the array
@@ -114,6 +159,22 @@ export function rejectionHandler(
       logger.warn({ err: reason }, "a new database connection failed as it opened; it is opened again");
     else fail(reason);
   };
+}
+
+/**
+ * HOST as the host of a link printed for this machine's user: an IPv6 address in brackets (`::1` →
+ * `[::1]`; `http://:::3000` was no URL), and an address that listens on all of a family's
+ * (`0.0.0.0`, `::`) — no address to connect to — as that family's loopback.
+ */
+export function linkHost(host: string): string {
+  if (net.isIPv4(host)) return host === "0.0.0.0" ? "127.0.0.1" : host;
+  if (!net.isIPv6(host)) return host;
+  // Normalised by the URL parser (`0:0::0` is `::`), which takes no zone: a zone (`%eth0`) is put
+  // back percent-encoded, as curl reads it.
+  const [address = host, zone] = host.split("%");
+  const normal = new URL(`http://[${address}]`).hostname.slice(1, -1);
+  if (normal === "::") return "[::1]";
+  return `[${normal}${zone === undefined ? "" : `%25${zone}`}]`;
 }
 
 /** A missing table (42P01, undefined_table) is a database that `assay migrate` has not brought up to date. */
@@ -210,6 +271,7 @@ export async function serveCommand(
     const step = () => shutdown.signal.throwIfAborted();
     database = await openDatabase(cfg, logger, { applicationName: `assay-${mode}` });
     step();
+    await waitForDatabase(database.url, `assay-${mode}`, logger, shutdown.signal);
     // Opens the pool's first connection (TCP, authentication) while the rest of the process loads,
     // not on the first request; a failure here is the first request's to report.
     database.sql`select 1`.catch(() => {});
@@ -272,7 +334,7 @@ export async function serveCommand(
     }
     if ((values as { "dev-token"?: boolean })["dev-token"] && server) {
       const { token } = await tokenCreate(database.sql, "dev", "admin");
-      const address = `http://${cfg.host}:${(server.server.address() as { port: number }).port}`;
+      const address = `http://${linkHost(cfg.host)}:${(server.server.address() as { port: number }).port}`;
       console.log(
         [
           "",

@@ -1,6 +1,6 @@
 import { ROLES, type Role, tokenCreate, tokenList, tokenRevoke } from "../auth/tokens.ts";
 import type { Config } from "../config.ts";
-import { isoTime } from "../db/client.ts";
+import { BOUNDED_CONNECT_MS, firstAnswer, isoTime } from "../db/client.ts";
 import { openDatabase } from "../db/open.ts";
 import { createLogger } from "../log.ts";
 import { need, parse, UsageError } from "./usage.ts";
@@ -20,8 +20,11 @@ async function withDatabase<T>(
 ) {
   // Quiet: the token must be the last line of stdout, and logs go to stderr here.
   const logger = createLogger({ level: "warn", destination: process.stderr });
-  const database = await openDatabase(config, logger, { max: 2 });
+  const database = await openDatabase(config, logger, { max: 2, connectTimeoutMs: BOUNDED_CONNECT_MS });
   try {
+    // Bounded: a database that never answers hung the command (for ever, when its connections are
+    // closed before it answers).
+    await firstAnswer(database.sql);
     return await fn(database);
   } catch (err) {
     // A missing table (42P01): an external DATABASE_URL that `assay migrate` has not brought up yet —
@@ -94,9 +97,12 @@ export async function tokenCommand(argv: string[], config: Config | undefined): 
     }
     case "revoke": {
       refuseExtra(sub, given, [], 1, "assay token revoke <id> (one token at a time)");
-      const id = positionals[0];
-      if (!id || !/^[1-9][0-9]{0,14}$/.test(id))
-        throw new UsageError("token revoke needs a numeric token id");
+      const typed = positionals[0];
+      if (!typed || !/^[0-9]+$/.test(typed)) throw new UsageError("token revoke needs a numeric token id");
+      // Numeric, but beyond any token's (a bigint; a Number is exact only to 2^53 − 1).
+      const id = typed.replace(/^0+(?=[0-9])/, "");
+      if (!/^[1-9][0-9]{0,14}$/.test(id))
+        throw new UsageError(`token id ${typed} is out of range: token ids are 1 to 999999999999999`);
       const revoked = await withDatabase(need(config), (db) => tokenRevoke(db.sql, Number(id)));
       if (!revoked) {
         console.error(`assay: no live token with id ${id}`);

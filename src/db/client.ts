@@ -16,6 +16,13 @@ export interface Database {
 export interface PoolOptions {
   max?: number;
   applicationName?: string;
+  /**
+   * How long a connection may take to open (postgres.js's default: 30 s). A client that firstAnswer()
+   * bounds gives BOUNDED_CONNECT_MS: a connection still opening when it ends stays open until then
+   * (the end sends the other side a Terminate, which a database that never answers never acts on),
+   * and so does the process.
+   */
+  connectTimeoutMs?: number;
 }
 
 /** A timestamp from a query (Date, or text from a JSON aggregate) as ISO 8601. */
@@ -36,9 +43,51 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
   const sql = postgres(url, {
     max: options.max ?? 10,
     onnotice: () => {},
+    ...(options.connectTimeoutMs === undefined ? {} : { connect_timeout: options.connectTimeoutMs / 1000 }),
     connection: { application_name: options.applicationName ?? "assay" },
   });
   return { sql, close: () => sql.end({ timeout: 5 }) };
+}
+
+/** How long a first query waits for the database to answer before it counts as not answering. */
+export const DB_ANSWER_MS = 10_000;
+/** The connect timeout of a client that firstAnswer() bounds: just after it, so its message wins. */
+export const BOUNDED_CONNECT_MS = DB_ANSWER_MS + 1_000;
+
+/**
+ * Runs `select 1` on `sql` and waits at most `ms` for it: resolves when the database answers, and
+ * otherwise rejects with the query's error, or — when it never answers (a firewall that drops packets,
+ * an address nothing answers at, a proxy with no database behind it) — ends `sql` at once and rejects
+ * with "the database at host:port gave no answer within 10 s". postgres.js alone is no bound: its
+ * connect timeout (30 s) is restarted on each attempt, and a connection that the other end closes
+ * before the database answers is made again, for ever, at once, with the query still waiting (3.4.9,
+ * connection.js `closed`). `signal` ends `sql` too, and the wait with it.
+ */
+export async function firstAnswer(sql: Sql, ms = DB_ANSWER_MS, signal?: AbortSignal): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  const end = () => void sql.end({ timeout: 0 });
+  signal?.addEventListener("abort", end, { once: true });
+  try {
+    await Promise.race([
+      sql`select 1`,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => {
+          // First: the query's own CONNECTION_DESTROYED, which follows, would say less.
+          reject(new Error(`the database at ${where(sql)} gave no answer within ${ms / 1000} s`));
+          end();
+        }, ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+    signal?.removeEventListener("abort", end);
+  }
+}
+
+/** Where `sql` connects: its socket path, or each host:port, as postgres.js's own errors say it. */
+function where(sql: Sql): string {
+  const { path, host, port } = sql.options as { path?: string | false; host: string[]; port: number[] };
+  return path || host.map((h, i) => `${h}:${port[i] ?? port[0]}`).join(",");
 }
 
 /**

@@ -4,6 +4,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import postgres from "postgres";
+import { BOUNDED_CONNECT_MS, firstAnswer } from "./client.ts";
 
 export const MIGRATIONS_DIR = path.resolve(
   path.dirname(fileURLToPath(import.meta.url)),
@@ -36,8 +37,11 @@ export async function runMigrations(url: string): Promise<MigrationCounts> {
     import("drizzle-orm/postgres-js"),
     import("drizzle-orm/postgres-js/migrator"),
   ]);
-  const sql = postgres(url, { max: 1, onnotice: () => {} });
+  const sql = postgres(url, { max: 1, connect_timeout: BOUNDED_CONNECT_MS / 1000, onnotice: () => {} });
   try {
+    // Bounded: a database that never answers failed no deploy script, it hung it (the lock's own wait,
+    // for another migrator, is not).
+    await firstAnswer(sql);
     await sql`select pg_advisory_lock(${MIGRATION_LOCK_KEY})`;
     const before = await appliedMigrationCount(sql);
     await migrate(drizzle(sql), { migrationsFolder: MIGRATIONS_DIR });

@@ -2,8 +2,13 @@
 // types on each new connection and drops that read's promise: a connection that dies during it leaves
 // an unhandled rejection (porsager/postgres#1192, #1223), which shut `assay all` down as an unexpected
 // error — during a failover, every process at once. Now it is a warning, and the process goes on.
+// And start-up against a database that never answers: it is waited for with a warning each attempt
+// (`api`, `worker`, `all`), or fails after 10 s (`migrate`, `token`), where it hung without a word.
 import assert from "node:assert/strict";
+import type { ChildProcess } from "node:child_process";
+import { once } from "node:events";
 import fs from "node:fs";
+import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { Writable } from "node:stream";
@@ -11,7 +16,7 @@ import { after, before, test } from "node:test";
 import postgres from "postgres";
 import { rejectionHandler } from "../../src/cli/serve.ts";
 import { createLogger } from "../../src/log.ts";
-import { cleanEnv, collect, spawnCli, watch } from "../helpers/cli.ts";
+import { type CliResult, cleanEnv, collect, runCli, spawnCli, watch } from "../helpers/cli.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import { waitFor } from "../helpers/queue.ts";
 import { startTcpProxy } from "../helpers/tcp-proxy.ts";
@@ -116,4 +121,142 @@ test("rejectionHandler: any other unhandled rejection is still an unexpected err
   for (const reason of [other, new Error("no query"), "a string", undefined]) handle(reason);
   assert.deepEqual(failed, [other, failed[1], "a string", undefined]);
   assert.equal((failed[1] as Error).message, "no query");
+});
+
+/**
+ * Two database addresses that never answer. `closingUrl` takes each connection and closes it as soon
+ * as the client speaks (a proxy or port forward with no database behind it: postgres.js made such a
+ * connection again at once, for ever, and start-up waited on it without a word) — until `state.relay`
+ * is set, when it passes connections on to the real database (it came up). `silentUrl` takes each
+ * connection and never reads nor answers (a hung server).
+ */
+async function deafDatabase(dbUrl: string) {
+  const state = { relay: false };
+  const proxy = await startTcpProxy(dbUrl, { fromClient: () => (state.relay ? "pass" : "cut") });
+  const sockets = new Set<net.Socket>();
+  const silent = net.createServer((socket) => {
+    sockets.add(socket);
+    socket.on("error", () => {});
+    socket.on("close", () => sockets.delete(socket));
+  });
+  silent.listen(0, "127.0.0.1");
+  await once(silent, "listening");
+  const silentUrl = new URL(dbUrl);
+  silentUrl.port = String((silent.address() as net.AddressInfo).port);
+  silentUrl.pathname = "/assay_ünï_10000000000";
+  return {
+    state,
+    closingUrl: proxy.url,
+    silentUrl: silentUrl.toString(),
+    close: async () => {
+      for (const s of sockets) s.destroy();
+      silent.close();
+      await proxy.close();
+    },
+  };
+}
+
+/** The process's exit, or a failure (and SIGKILL) when it is still running after `ms`. */
+async function exitWithin(child: ChildProcess, ms: number, what: string): Promise<CliResult> {
+  const done = collect(child);
+  let timer: NodeJS.Timeout | undefined;
+  const bound = new Promise<"hung">((resolve) => {
+    timer = setTimeout(() => resolve("hung"), ms);
+  });
+  const result = await Promise.race([done, bound]);
+  clearTimeout(timer);
+  if (result === "hung") {
+    child.kill("SIGKILL");
+    const { stdout, stderr } = await done;
+    assert.fail(`${what} still running ${ms} ms after start:\n${stdout.slice(-2000)}\n${stderr}`);
+  }
+  return result;
+}
+
+test("a database that closes every connection unanswered: api, worker and all say `database unreachable; waiting`, then start when it answers", async () => {
+  const deaf = await deafDatabase(db.url);
+  const children = (["api", "worker", "all"] as const).map((mode) => {
+    const dir = fs.mkdtempSync(path.join(dataDir, `${mode}-`));
+    const child = spawnCli(
+      mode === "api" ? [mode] : [mode, "--concurrency", "1"],
+      cleanEnv({ DATABASE_URL: deaf.closingUrl, ASSAY_DATA_DIR: dir, PORT: "0", LOG_LEVEL: "info" }),
+    );
+    return { mode, child, out: watch(child), done: collect(child) };
+  });
+  try {
+    for (const { mode, out } of children) {
+      // Each attempt waits at most 10 s for an answer; the line says why, never the password.
+      const [line] = await out.waitFor(/.*"msg":"database unreachable; waiting".*/, 30_000);
+      assert.match(line, /"level":40/, mode);
+      assert.match(line, /"reason":"the database at 127\.0\.0\.1:\d+ gave no answer within 10 s"/, mode);
+      assert.match(line, /"retryInMs":\d+/, mode);
+      const { password } = new URL(db.url);
+      assert.ok(password === "" || !line.includes(password), `${mode}: the password is in ${line}`);
+      assert.doesNotMatch(out.stdout(), /Server listening|worker started/, mode);
+    }
+    // The database comes up: each process starts by itself.
+    deaf.state.relay = true;
+    for (const { mode, out } of children) {
+      await out.waitFor(/"msg":"database reachable"/, 30_000);
+      await out.waitFor(mode === "api" ? /Server listening at/ : /"msg":"worker started"/, 30_000);
+    }
+  } finally {
+    for (const { child } of children) child.kill("SIGTERM");
+  }
+  for (const { mode, done } of children) {
+    const exit = await done;
+    assert.equal(exit.code, 0, `${mode}: ${exit.stderr.slice(-2000)}`);
+  }
+  await deaf.close();
+});
+
+test("SIGTERM while start-up waits between attempts for a database that does not answer: exits 0 at once", async () => {
+  const deaf = await deafDatabase(db.url);
+  try {
+    const child = spawnCli(
+      ["worker"],
+      cleanEnv({ DATABASE_URL: deaf.closingUrl, ASSAY_DATA_DIR: dataDir, PORT: "0", LOG_LEVEL: "info" }),
+    );
+    const out = watch(child);
+    const exited = exitWithin(child, 60_000, "assay worker");
+    await out.waitFor(/"msg":"database unreachable; waiting"/, 30_000);
+    const t0 = Date.now();
+    child.kill("SIGTERM");
+    const exit = await exited;
+    assert.equal(exit.code, 0, exit.stderr);
+    assert.match(exit.stdout, /"msg":"stopped"/);
+    assert.ok(Date.now() - t0 < 5_000, `took ${Date.now() - t0} ms to stop`);
+  } finally {
+    await deaf.close();
+  }
+});
+
+test("assay migrate and assay token against a database that never answers: exit 1 after 10 s, saying so", async () => {
+  const deaf = await deafDatabase(db.url);
+  try {
+    const runs = [
+      ["migrate", "closing", deaf.closingUrl],
+      ["migrate", "silent", deaf.silentUrl],
+      ["token list", "closing", deaf.closingUrl],
+      ["token revoke 10000000000", "silent", deaf.silentUrl],
+    ].map(async ([args, kind, url]) => {
+      const what = `assay ${args} against the ${kind} database`;
+      const exit = await exitWithin(
+        spawnCli((args as string).split(" "), cleanEnv({ DATABASE_URL: url, ASSAY_DATA_DIR: dataDir })),
+        25_000,
+        what,
+      );
+      assert.equal(exit.code, 1, `${what}: ${exit.stderr}`);
+      assert.match(exit.stderr, /the database at 127\.0\.0\.1:\d+ gave no answer within 10 s/, what);
+      const { password } = new URL(db.url);
+      assert.ok(password === "" || !exit.stderr.includes(password), `${what}: the password is printed`);
+    });
+    await Promise.all(runs);
+  } finally {
+    await deaf.close();
+  }
+  // Unchanged: a refused port still fails at once with its own cause.
+  const refused = await runCli(["migrate"], cleanEnv({ DATABASE_URL: "postgres://x:y@127.0.0.1:1/none" }));
+  assert.equal(refused.code, 1);
+  assert.match(refused.stderr, /ECONNREFUSED/);
 });

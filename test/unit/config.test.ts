@@ -195,13 +195,38 @@ test("a DATABASE_URL the PostgreSQL client cannot read is refused at start-up, n
       url,
     );
   }
-  // What the client does read: several hosts, IPv6, an @ in the password, no host at all (PGHOST).
+  // What the client does read: several hosts, an @ in the password, no host at all (PGHOST).
   for (const url of [
     "postgres://assay:p@ss@db1:5432,db2:5433/assay?sslmode=require",
-    "postgresql://assay:%23%25@[::1]:5432/assay",
+    "postgresql://assay:%23%25@db-ünï.internal:5432/assay",
     "postgres:///assay",
   ]) {
     assert.equal(loadConfig({ DATABASE_URL: url }).databaseUrl, url);
+  }
+});
+
+test("a DATABASE_URL with an IPv6 address in brackets is refused at start-up (exit 2), saying to use a host name", () => {
+  // postgres.js (3.4.9) takes each host up to its first `:`: every command failed with
+  // `getaddrinfo ENOTFOUND [`, after the start-up check had passed.
+  const rule =
+    "has an IPv6 address in brackets, which PostgreSQL's client cannot connect to: give the database a host name (one in /etc/hosts will do)";
+  for (const [url, shown] of [
+    ["postgres://postgres:S3cr3tPw@[::1]:5432/fresh", "postgres://postgres:***@[::1]:5432/fresh"],
+    ["postgresql://assay:%23%25@[::1]:5432/assay", "postgresql://assay:***@[::1]:5432/assay"],
+    ["postgres://assay@[fd00::2]/assay_ünï", "postgres://assay@[fd00::2]/assay_ünï"],
+    [
+      "postgres://assay:pw@db1:5432,[2001:db8::1]:5433/assay",
+      "postgres://assay:***@db1:5432,[2001:db8::1]:5433/assay",
+    ],
+  ] as const) {
+    assert.throws(
+      () => loadConfig({ DATABASE_URL: url }),
+      (err: unknown) =>
+        err instanceof ConfigError &&
+        err.problems.length === 1 &&
+        err.problems[0] === `DATABASE_URL=${JSON.stringify(shown)}: ${rule}`,
+      url,
+    );
   }
 });
 

@@ -1,0 +1,78 @@
+// `assay api --dev-token`'s banner: every URL it prints (the address, the docs, the dashboard link, the
+// curl example) is one a user on this machine can open, whatever HOST is. With HOST=:: it printed
+// `http://:::PORT/…`, no URL at all; a listen-on-all address (`0.0.0.0`, `::`) is no address to connect to.
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { after, before, test } from "node:test";
+import { linkHost } from "../../src/cli/serve.ts";
+import { cleanEnv, collect, spawnCli, watch } from "../helpers/cli.ts";
+import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
+
+let db: TestDatabase;
+let dataDir: string;
+before(async () => {
+  db = await createTestDatabase();
+  dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-banner-"));
+});
+after(async () => {
+  await db.drop();
+  fs.rmSync(dataDir, { recursive: true, force: true });
+});
+
+test("the --dev-token banner prints working URLs for IPv6 and listen-on-all HOSTs", async () => {
+  for (const [host, shown] of [
+    ["::", "[::1]"],
+    ["::1", "[::1]"],
+    ["0:0:0:0:0:0:0:1", "[::1]"],
+    ["0.0.0.0", "127.0.0.1"],
+    ["127.0.0.1", "127.0.0.1"],
+  ] as const) {
+    const child = spawnCli(
+      ["api", "--dev-token"],
+      cleanEnv({ DATABASE_URL: db.url, ASSAY_DATA_DIR: dataDir, HOST: host, PORT: "0", LOG_LEVEL: "warn" }),
+    );
+    const out = watch(child);
+    const done = collect(child);
+    try {
+      const [, address, docs] = await out.waitFor(/Assay is listening on (\S+) {2}\(docs: (\S+)\)/, 30_000);
+      const [, link] = await out.waitFor(/^ {2}(http:\S+\/#token=\S+)$/m, 30_000);
+      const [, token] = await out.waitFor(/export ASSAY_TOKEN=(\S+)/, 30_000);
+      const [, curlUrl] = await out.waitFor(/-F file=@data\.csv (\S+)$/m, 30_000);
+      assert.match(address as string, new RegExp(`^http://${shown.replace(/[[\].]/g, "\\$&")}:\\d+$`), host);
+      assert.equal(docs, `${address}/docs`, host);
+      assert.equal(curlUrl, `${address}/api/files`, host);
+      assert.ok((link as string).startsWith(`${address}/#token=`), host);
+      // Each one opens.
+      assert.equal((await fetch(`${address}/healthz`)).status, 200, host);
+      assert.equal((await fetch(docs as string)).status, 200, host);
+      assert.equal((await fetch(link as string)).status, 200, host);
+      const listed = await fetch(curlUrl as string, { headers: { authorization: `Bearer ${token}` } });
+      assert.equal(listed.status, 200, host);
+    } finally {
+      child.kill("SIGTERM");
+    }
+    const exit = await done;
+    assert.equal(exit.code, 0, `${host}: ${exit.stderr}`);
+  }
+});
+
+test("linkHost: IPv6 in brackets (normalised, a zone percent-encoded), listen-on-all as the loopback, names as given", () => {
+  for (const [host, shown] of [
+    ["::", "[::1]"],
+    ["0:0:0:0:0:0:0:0", "[::1]"],
+    ["0.0.0.0", "127.0.0.1"],
+    ["::1", "[::1]"],
+    ["2001:DB8::1", "[2001:db8::1]"],
+    ["fe80::1%eth0", "[fe80::1%25eth0]"],
+    ["::ffff:10.0.0.1", "[::ffff:a00:1]"],
+    ["10.0.0.1", "10.0.0.1"],
+    ["localhost", "localhost"],
+    ["assay-ünï.example", "assay-ünï.example"],
+  ] as const) {
+    assert.equal(linkHost(host), shown, host);
+    // A zone is what curl reads; WHATWG URLs (browsers, fetch) take none at all.
+    if (!shown.includes("%")) assert.doesNotThrow(() => new URL(`http://${shown}:3000/docs`), host);
+  }
+});
