@@ -2,7 +2,7 @@
 import path from "node:path";
 import { runsOf, taskGet } from "../client/api.ts";
 import { downloadOutputs, folderNames } from "../client/download.ts";
-import { EXIT, TaskStateError } from "../client/exit.ts";
+import { ClientUsageError, EXIT, TaskStateError } from "../client/exit.ts";
 import { shown } from "../client/output.ts";
 import { isTerminal } from "../client/sse.ts";
 import { summaryLine } from "../client/summary.ts";
@@ -34,6 +34,8 @@ export const downloadCommand = (argv: string[]) =>
       ) => {
         const taskId = taskIdArg(positionals, "assay download <taskId> [--out DIR]");
         const concurrency = intOption(values.concurrency, "concurrency", 8, 64);
+        // `--out "$DIR"` with DIR unset: not the current folder.
+        if (values.out === "") throw new ClientUsageError("--out is empty: name the folder to download into");
         const task = await taskGet(ctx.client, taskId, ctx.signal);
         if (!isTerminal(task.status)) {
           throw new TaskStateError(

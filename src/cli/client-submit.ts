@@ -7,7 +7,7 @@ import { randomUUID } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { analysisTypes, runsOf, taskCreate } from "../client/api.ts";
-import { foldersFromLabels } from "../client/download.ts";
+import { checkDownloadPaths, foldersFromLabels } from "../client/download.ts";
 import { ClientUsageError, EXIT, Interrupted, messageOf } from "../client/exit.ts";
 import { type ApiClient, ApiRequestError, ConnectionError, retryPause } from "../client/http.ts";
 import type { LocalInput } from "../client/inputs.ts";
@@ -24,9 +24,10 @@ import { followTask, leftRunning, report } from "./client-follow.ts";
 const HELP = `Usage: assay submit --type <type> [--param key=value]… <file|dir>… [--follow] [--out DIR]
                     [--idempotency-key K] [--concurrency N]
 
-Uploads the files (directories are walked, hidden files skipped), skipping every file you already
-uploaded with the same content (same SHA-256), and creates one task with a run per file. Prints the
-task id. The parameters are checked against the type's schema before anything is uploaded.
+Uploads the files (directories are walked, hidden files and an --out inside them skipped),
+skipping every file you already uploaded with the same content (same SHA-256), and creates one task
+with a run per file. Prints the task id. The parameters are checked against the type's schema
+before anything is uploaded.
 
   -t, --type T             the analysis type (assay types lists them)
   -p, --param key=value    a parameter; repeat a list parameter's key for each item
@@ -39,9 +40,10 @@ task id. The parameters are checked against the type's schema before anything is
       --concurrency N      uploads (and downloads) at once (default 8, at most 64)
 
 Exit codes: 0 created (with --follow or --out: the task succeeded); 1 the task failed, partially
-succeeded, timed out or was cancelled; 2 bad arguments or parameters (nothing uploaded); 3 the
-server cannot be reached or refuses the token; 130 Ctrl-C (during uploads: no task was created;
-while following: the task goes on); 141 stdout was closed by its reader.
+succeeded, timed out or was cancelled; 2 bad arguments or parameters, or something in the way of
+--out's folders (nothing uploaded); 3 the server cannot be reached or refuses the token; 130 Ctrl-C
+(during uploads: no task was created; while following: the task goes on); 141 stdout was closed by
+its reader.
 
 Examples:
   assay submit --type summary data/ --follow --out results/
@@ -92,10 +94,45 @@ async function checkedParams(type: AnalysisTypeInfo, pairs: string[]): Promise<R
   return params;
 }
 
-/** --out made (and shown writable) before anything is uploaded. */
-function prepareOut(dir: string | undefined): string | undefined {
+/**
+ * The inputs without what a directory's walk found inside --out when --out is a folder below that
+ * directory (`submit data --out data/results`): the outputs of the last submit are no inputs of the
+ * next. A file named by itself stays, and so does everything when --out is the directory itself (its
+ * files are where their runs' folders would go: a PathConflict).
+ */
+function outsideOut<T extends { path: string }>(listed: T[], out: string | undefined, args: string[]): T[] {
+  if (out === undefined) return listed;
+  const root = path.resolve(out);
+  const below = (p: string, dir: string) => p.startsWith(dir.endsWith(path.sep) ? dir : dir + path.sep);
+  if (!args.some((a) => below(root, path.resolve(a)))) return listed;
+  const named = new Set(args.map((a) => path.resolve(a)));
+  const kept = listed.filter((f) => named.has(f.path) || !below(f.path, root));
+  if (kept.length === 0)
+    throw new ClientUsageError(`no files found in ${args.join(", ")} outside --out ${out}`);
+  return kept;
+}
+
+/**
+ * The run folders --out will get, as far as they are known before the runs exist (foldersFromLabels):
+ * a folder made unique by its run's id (" (run <id>)") only as far as its parent.
+ */
+function plannedFolders(listed: { label: string }[]): { folder: string; what: string }[] {
+  const folders = foldersFromLabels(listed.map((f, i) => ({ runId: String(i), label: f.label })));
+  return listed.flatMap((f, i) => {
+    let folder = folders.get(String(i)) as string;
+    if (folder.endsWith(` (run ${i})`)) folder = path.posix.dirname(folder);
+    return folder === "." ? [] : [{ folder, what: `the outputs of ${f.label}` }];
+  });
+}
+
+/**
+ * --out checked against what is there (a file where it or a run's folder goes: PathConflict), made
+ * and shown writable — before anything is uploaded or a task created.
+ */
+function prepareOut(dir: string | undefined, listed: { label: string }[]): string | undefined {
   if (dir === undefined) return undefined;
   const full = path.resolve(dir);
+  checkDownloadPaths(full, plannedFolders(listed));
   try {
     fs.mkdirSync(full, { recursive: true });
     fs.accessSync(full, fs.constants.W_OK);
@@ -303,8 +340,10 @@ function idempotencyKey(given: string | undefined): string {
 async function submit(ctx: ClientContext, values: SubmitValues, positionals: string[]): Promise<number> {
   const key = idempotencyKey(values["idempotency-key"]);
   const concurrency = intOption(values.concurrency, "concurrency", 8, 64);
-  const listed = listInputs(positionals);
-  const out = prepareOut(values.out);
+  // `--out "$DIR"` with DIR unset: not the current folder.
+  if (values.out === "") throw new ClientUsageError("--out is empty: name the folder to download into");
+  const listed = outsideOut(listInputs(positionals), values.out, positionals);
+  const out = prepareOut(values.out, listed);
   const type = await chooseType(ctx.client, values.type, ctx.signal);
   const parameters = await checkedParams(type, values.param ?? []);
   if (!type.available)
@@ -346,13 +385,14 @@ async function submit(ctx: ClientContext, values: SubmitValues, positionals: str
     try {
       await downloadTo(ctx, created.taskId, out, sent, concurrency);
     } catch (err) {
+      const again = `assay download ${created.taskId} --out ${shellWord(out)}`;
       if (!(err instanceof Interrupted) && !ctx.signal.aborted) {
-        if (result.task.succeededCount > 0) throw err;
+        if (result.task.succeededCount > 0) throw withMore(err, `${again} fetches the outputs again`);
         // Only the table was to come: its failure must not hide the task's own outcome below.
-        ctx.out.note(`results.csv could not be downloaded (${(err as Error).message})`);
+        ctx.out.note(`results.csv could not be downloaded (${messageOf(err)}); ${again} fetches it again`);
         return report(ctx, result);
       }
-      const message = `download interrupted; assay download ${created.taskId} --out ${out} fetches it again`;
+      const message = `download interrupted; ${again} fetches it again`;
       ctx.out.line("interrupted", { taskId: created.taskId, message });
       ctx.out.note(message);
       return EXIT.INTERRUPTED;
@@ -360,6 +400,15 @@ async function submit(ctx: ClientContext, values: SubmitValues, positionals: str
   }
   return report(ctx, result);
 }
+
+/** `err` with `more` after its message, of its own class still (its exit code and error code). */
+function withMore(err: unknown, more: string): unknown {
+  if (err instanceof Error) err.message = `${err.message}; ${more}`;
+  return err;
+}
+
+/** A path as one word of a shell command, quoted when it holds anything a shell would take apart. */
+const shellWord = (p: string) => (/^[\w@%+=:,./-]+$/.test(p) ? p : `'${p.replace(/'/g, "'\\''")}'`);
 
 export const submitSpec = {
   help: HELP,

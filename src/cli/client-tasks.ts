@@ -106,6 +106,26 @@ export const tasksCommand = (argv: string[]) =>
 
 const done = (t: Task) => t.succeededCount + t.failedCount + t.timedOutCount + t.cancelledCount;
 
+/**
+ * Requests made side by side, as Promise.all, but the first to fail for good aborts the others (their
+ * retries too): the command ends with that failure at once, not once the others have given up.
+ */
+async function together<T extends readonly unknown[]>(
+  signal: AbortSignal,
+  start: (signal: AbortSignal) => { [K in keyof T]: Promise<T[K]> },
+): Promise<T> {
+  const failed = new AbortController();
+  const requests = start(AbortSignal.any([signal, failed.signal]));
+  return (await Promise.all(
+    requests.map((p) =>
+      p.catch((err: unknown) => {
+        failed.abort(err);
+        throw err;
+      }),
+    ),
+  )) as unknown as T;
+}
+
 // ---- status ----------------------------------------------------------------------------------
 
 const STATUS_HELP = `Usage: assay status <taskId>
@@ -123,9 +143,9 @@ export const statusCommand = (argv: string[]) =>
       options: {},
       run: async (ctx: ClientContext, { positionals }: { positionals: string[] }) => {
         const taskId = taskIdArg(positionals, "assay status <taskId>");
-        const [task, runs] = await Promise.all([
-          taskGet(ctx.client, taskId, ctx.signal),
-          runsOf(ctx.client, taskId, undefined, ctx.signal),
+        const [task, runs] = await together(ctx.signal, (signal) => [
+          taskGet(ctx.client, taskId, signal),
+          runsOf(ctx.client, taskId, undefined, signal),
         ]);
         ctx.out.line("task", task);
         for (const r of runs) ctx.out.line("run", r);

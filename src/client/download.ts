@@ -126,6 +126,16 @@ function inside(root: string, rel: string): string {
   return full;
 }
 
+/** What is at `p` itself (a link not followed); undefined when nothing is, also under a file (ENOTDIR). */
+function lstatOf(p: string): fs.Stats | undefined {
+  try {
+    return fs.lstatSync(p, { throwIfNoEntry: false });
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === "ENOTDIR") return undefined;
+    throw err;
+  }
+}
+
 /** What is at `p`, for a message: "a file", "a folder"… */
 function kindOf(p: string): string {
   const st = fs.lstatSync(p, { throwIfNoEntry: false });
@@ -150,12 +160,43 @@ function makeFolder(dir: string, what: string): void {
     if (code !== "EEXIST" && code !== "ENOTDIR" && code !== "ENOENT") throw err;
     // The nearest that exists is what stopped it, unless it is a folder (the error is another).
     let p = dir;
-    while (!fs.lstatSync(p, { throwIfNoEntry: false }) && path.dirname(p) !== p) p = path.dirname(p);
+    while (!lstatOf(p) && path.dirname(p) !== p) p = path.dirname(p);
     if (fs.statSync(p, { throwIfNoEntry: false })?.isDirectory()) throw err;
     throw new PathConflict(
       `cannot make the folder for ${what}: ${p} is ${kindOf(p)}, not a folder; ${AGAIN}`,
     );
   }
+}
+
+/**
+ * What can be known of a download into `root` before its task exists (`submit --out`, whose run
+ * folders follow from the inputs' labels): `root` can be made, each folder of `folders` (relative,
+ * "/"-separated) is a folder or not there yet at every step, and results.csv is not a folder. Makes
+ * and changes nothing; what is in the way is the PathConflict the download itself would meet.
+ */
+export function checkDownloadPaths(root: string, folders: { folder: string; what: string }[]): void {
+  // The nearest of root and its parents that exists (a link to nothing exists) must be a folder.
+  let p = root;
+  while (!lstatOf(p) && path.dirname(p) !== p) p = path.dirname(p);
+  if (!fs.statSync(p, { throwIfNoEntry: false })?.isDirectory())
+    throw new PathConflict(
+      `cannot make the folder for the download: ${p} is ${kindOf(p)}, not a folder; ${AGAIN}`,
+    );
+  if (p !== root) return;
+  for (const { folder, what } of folders) {
+    let dir = root;
+    for (const segment of folder.split("/")) {
+      dir = path.join(dir, segment);
+      if (!lstatOf(dir)) break;
+      if (!fs.statSync(dir, { throwIfNoEntry: false })?.isDirectory())
+        throw new PathConflict(
+          `cannot make the folder for ${what}: ${dir} is ${kindOf(dir)}, not a folder; ${AGAIN}`,
+        );
+    }
+  }
+  const csv = path.join(root, RESULTS_FILE);
+  if (fs.lstatSync(csv, { throwIfNoEntry: false })?.isDirectory())
+    throw new PathConflict(`cannot write ${RESULTS_FILE}: ${csv} is ${kindOf(csv)}, not a file; ${AGAIN}`);
 }
 
 /** Temporary files being written, removed if the process exits before they are renamed. */

@@ -1,7 +1,7 @@
 // Downloads (the real client against a real `assay all`) into a folder where something of another
-// kind already has a name the download needs: the input files themselves (`submit a.csv --out .`,
-// where the run's folder `a.csv` would go), a folder where an output file goes, a link to nothing,
-// an --out that is a file. Each is exit 2 with the code `PATH_CONFLICT` and a message naming the path
+// kind already has a name the download needs: the input files themselves (`download 42 --out .` in
+// the inputs' folder, where the run's folder `a.csv` would go), a folder where an output file goes, a
+// link to nothing, an --out that is a file or below one. Each is exit 2 with the code `PATH_CONFLICT` and a message naming the path
 // in the way — not the system's EEXIST — and nothing in the way is overwritten or removed, and no
 // temporary file is left.
 import assert from "node:assert/strict";
@@ -45,7 +45,8 @@ const partials = (dir: string) =>
   (fs.readdirSync(dir, { recursive: true }) as string[]).filter((p) => p.includes(".partial-"));
 
 test("a download whose folders or files clash with what is there is exit 2 PATH_CONFLICT naming it, and touches nothing", async () => {
-  // The inputs' own folder as --out: the run of `relevé 1.csv` wants a folder where the input is.
+  // The inputs' own folder holds a file where the run of `relevé 1.csv` wants its folder. (submit
+  // --out refuses it before uploading anything: client-submit-out.test.ts.)
   const here = path.join(work, "données");
   fs.mkdirSync(here);
   const a = path.join(here, "relevé 1.csv");
@@ -53,18 +54,20 @@ test("a download whose folders or files clash with what is there is exit 2 PATH_
   fs.writeFileSync(a, csv(20, 3));
   fs.writeFileSync(b, csv(20, 5));
   const before = fs.readFileSync(a);
-  const submitted = await client(["submit", "--type", "summary", a, b, "--out", here], server.env(token));
-  assert.equal(submitted.code, 2, submitted.stderr);
-  const err = errorOf(submitted.stdout);
-  assert.equal(err?.code, "PATH_CONFLICT", submitted.stdout);
+  const submitted = await client(["submit", "--type", "summary", a, b, "--follow"], server.env(token));
+  assert.equal(submitted.code, 0, submitted.stderr);
+  const taskId = String(ofKind(jsonLines(submitted.stdout), "task")[0]?.taskId);
+  const inputs = await client(["download", taskId, "--out", here], server.env(token));
+  assert.equal(inputs.code, 2, inputs.stderr);
+  const err = errorOf(inputs.stdout);
+  assert.equal(err?.code, "PATH_CONFLICT", inputs.stdout);
   assert.match(
     err?.message ?? "",
     /cannot make the folder for run [0-9]+ \(.*\): .*données\/.* is a file, not a folder/,
   );
-  assert.match(submitted.stderr, /is a file, not a folder; move it, or download into another --out DIR/);
+  assert.match(inputs.stderr, /is a file, not a folder; move it, or download into another --out DIR/);
   assert.deepEqual(fs.readFileSync(a), before, "the input is untouched");
   assert.deepEqual(partials(here), []);
-  const taskId = String(ofKind(jsonLines(submitted.stdout), "task")[0]?.taskId);
 
   // A folder where an output file goes, and a link to nothing where a run's folder goes.
   const out = path.join(work, "sortie");
@@ -95,6 +98,11 @@ test("a download whose folders or files clash with what is there is exit 2 PATH_
     errorOf(third.stdout)?.message ?? "",
     /cannot make the folder for the download: .*un fichier\.txt is a file/,
   );
+  // Below a file: the system's ENOTDIR, said as the file in the way.
+  const below = await client(["download", taskId, "--out", path.join(file, "dessous")], server.env(token));
+  assert.equal(below.code, 2, below.stderr);
+  assert.equal(errorOf(below.stdout)?.code, "PATH_CONFLICT", below.stdout);
+  assert.match(errorOf(below.stdout)?.message ?? "", /un fichier\.txt is a file, not a folder/);
   assert.equal(fs.readFileSync(file, "utf8"), "mine\n");
 
   // Out of the way, the same command downloads everything.
