@@ -92,14 +92,31 @@ async function serverCommand(command: string, rest: string[]): Promise<number> {
     case "all":
       return (await import("./cli/serve.ts")).serveCommand(command, rest, config);
     case "migrate":
+      await ignoreDroppedTypeReads();
       return (await import("./cli/migrate.ts")).migrateCommand(rest, config);
     case "token":
+      await ignoreDroppedTypeReads();
       return (await import("./cli/token.ts")).tokenCommand(rest, config);
     case "storage":
       return (await import("./cli/storage.ts")).storageCommand(rest, config);
     default:
       throw new UsageError(`unknown command: ${command}\n\n${HELP}`);
   }
+}
+
+/**
+ * For `migrate` and `token`: the rejection of the array-type read postgres.js makes before a new
+ * connection's first query, and drops (droppedTypeRead), is no failure of the command, whose own query
+ * fails with the cause (or is made again on a new connection). Unhandled, it crashed the command with
+ * postgres.js's CONNECTION_DESTROYED and a stack when firstAnswer ended a client whose database had
+ * authenticated it but gave no answer, in place of that message. Any other unhandled rejection still
+ * ends the process as Node's default does.
+ */
+async function ignoreDroppedTypeReads(): Promise<void> {
+  const { droppedTypeRead } = await import("./db/client.ts");
+  process.on("unhandledRejection", (reason) => {
+    if (!droppedTypeRead(reason)) throw reason;
+  });
 }
 
 /**

@@ -3,7 +3,7 @@
 // A revoke or a role change notifies TOKENS_CHANNEL and every API process empties its cache at once;
 // should that notification be lost (the listener reconnecting), an entry still lives at most
 // TOKEN_CACHE_TTL_MS. Keys are the tokens' SHA-256 (what the database stores), never the tokens.
-import type { Sql } from "../db/client.ts";
+import { DB_ANSWER_MS, type Sql } from "../db/client.ts";
 import { listenUntilStopped } from "../db/listen.ts";
 import type { Logger } from "../log.ts";
 import type { Authenticated } from "./tokens.ts";
@@ -103,7 +103,8 @@ export class TokenCache {
         },
         // A failed LISTEN stays registered, and postgres.js listens with it once it has reconnected:
         // the cache comes back then (until stop()).
-        { until: this.stopped.signal },
+        // Bounded: the API listens (its /readyz says 503) whatever the database does at start.
+        { until: this.stopped.signal, withinMs: DB_ANSWER_MS },
       );
       this.unlisten = unlisten;
     } catch (err) {

@@ -7,7 +7,7 @@ import { randomUUID } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { analysisTypes, runsOf, taskCreate } from "../client/api.ts";
-import { checkDownloadPaths, foldersFromLabels } from "../client/download.ts";
+import { checkDownloadPaths, folderNames, foldersFromLabels } from "../client/download.ts";
 import { ClientUsageError, EXIT, Interrupted, messageOf } from "../client/exit.ts";
 import { type ApiClient, ApiRequestError, ConnectionError, retryPause } from "../client/http.ts";
 import type { LocalInput } from "../client/inputs.ts";
@@ -40,10 +40,11 @@ before anything is uploaded.
       --concurrency N      uploads (and downloads) at once (default 8, at most 64)
 
 Exit codes: 0 created (with --follow or --out: the task succeeded); 1 the task failed, partially
-succeeded, timed out or was cancelled; 2 bad arguments or parameters, or something in the way of
---out's folders (nothing uploaded); 3 the server cannot be reached or refuses the token; 130 Ctrl-C
-(during uploads: no task was created; while following: the task goes on); 141 stdout was closed by
-its reader.
+succeeded, timed out or was cancelled; 2 bad arguments or parameters (nothing uploaded), or
+something in the way of --out's download (nothing uploaded when the inputs' paths show it; else
+found as the outputs are downloaded, after the task ran); 3 the server cannot be reached or
+refuses the token; 130 Ctrl-C (during uploads: no task was created; while following: the task goes
+on); 141 stdout was closed by its reader.
 
 Examples:
   assay submit --type summary data/ --follow --out results/
@@ -303,12 +304,52 @@ async function createTask(
   }
 }
 
-async function downloadTo(ctx: ClientContext, taskId: string, out: string, sent: Sent, concurrency: number) {
+/** A run as both layouts see it: its input's label (submit's) and its input file's name (download's). */
+type LaidOut = { runId: string; fileName: string; label: string };
+
+/**
+ * Whether `assay download` lays `runs` out as submit --out does: submit names a run's folder after
+ * its input's label (foldersFromLabels: `sub/a.csv/`), the download after its input file's name
+ * (folderNames: `a.csv/`), as the zip does. They differ for inputs inside a folder, and for a label
+ * whose name the server stores otherwise.
+ */
+function sameLayout(runs: LaidOut[]): boolean {
+  const byLabel = foldersFromLabels(runs);
+  const byName = folderNames(runs);
+  return runs.every((r) => byLabel.get(r.runId) === byName.get(r.runId));
+}
+
+/**
+ * What fetches the outputs again after submit's download into `out` failed or was interrupted:
+ * `assay download` into `out`, when it lays them out as submit does; else (it would write a second
+ * tree, by file name, beside the first) what it does, into another folder. `runs`: those that
+ * succeeded, or, when their list never came, every input, numbered.
+ */
+function fetchAgain(taskId: string, out: string, runs: LaidOut[], what: string): string {
+  if (sameLayout(runs)) return `assay download ${taskId} --out ${shellWord(out)} fetches ${what} again`;
+  return `assay download ${taskId} --out DIR fetches the outputs laid out by input file name, not by folder as in ${shellWord(out)}: give it a DIR other than that`;
+}
+
+/**
+ * Downloads into `out`, the runs' folders named after their inputs' labels; `plan.runs` is set to
+ * the runs that succeeded once their list has come.
+ */
+async function downloadTo(
+  ctx: ClientContext,
+  taskId: string,
+  out: string,
+  sent: Sent,
+  concurrency: number,
+  plan: { runs?: LaidOut[] },
+) {
   const labelOf = new Map(sent.records.map((r, i) => [r.fileId, sent.inputs[i]?.label ?? r.name]));
   const runs = await runsOf(ctx.client, taskId, "succeeded", ctx.signal);
-  const folders = foldersFromLabels(
-    runs.map((run) => ({ runId: run.runId, label: labelOf.get(run.inputFileId) ?? run.fileName })),
-  );
+  plan.runs = runs.map((run) => ({
+    runId: run.runId,
+    fileName: run.fileName,
+    label: labelOf.get(run.inputFileId) ?? run.fileName,
+  }));
+  const folders = foldersFromLabels(plan.runs);
   const { got, files } = await downloadReported(
     ctx,
     taskId,
@@ -382,17 +423,27 @@ async function submit(ctx: ClientContext, values: SubmitValues, positionals: str
   }
   // Also when no run succeeded: results.csv still says what became of every run.
   if (out) {
+    const plan: { runs?: LaidOut[] } = {};
     try {
-      await downloadTo(ctx, created.taskId, out, sent, concurrency);
+      await downloadTo(ctx, created.taskId, out, sent, concurrency, plan);
     } catch (err) {
-      const again = `assay download ${created.taskId} --out ${shellWord(out)}`;
+      const runs =
+        plan.runs ??
+        (result.task.succeededCount === 0
+          ? []
+          : sent.records.map((r, i) => ({
+              runId: String(i),
+              fileName: r.name,
+              label: sent.inputs[i]?.label ?? r.name,
+            })));
+      const again = (what: string) => fetchAgain(created.taskId, out, runs, what);
       if (!(err instanceof Interrupted) && !ctx.signal.aborted) {
-        if (result.task.succeededCount > 0) throw withMore(err, `${again} fetches the outputs again`);
+        if (result.task.succeededCount > 0) throw withMore(err, again("the outputs"));
         // Only the table was to come: its failure must not hide the task's own outcome below.
-        ctx.out.note(`results.csv could not be downloaded (${messageOf(err)}); ${again} fetches it again`);
+        ctx.out.note(`results.csv could not be downloaded (${messageOf(err)}); ${again("it")}`);
         return report(ctx, result);
       }
-      const message = `download interrupted; ${again} fetches it again`;
+      const message = `download interrupted; ${again("it")}`;
       ctx.out.line("interrupted", { taskId: created.taskId, message });
       ctx.out.note(message);
       return EXIT.INTERRUPTED;

@@ -9,7 +9,8 @@ const HELP = `Usage: assay migrate
 Applies the migrations in migrations/ to DATABASE_URL (or to the embedded database under
 $ASSAY_DATA_DIR/pg when DATABASE_URL is unset) and says how many it applied. A database a newer
 release has migrated further is left as it is (exit 0). Exits non-zero, printing the cause, on any
-error.`;
+error, and exits 1 when the database gives no answer within 30 s (a database slow to wake is waited
+for that long; another migrator holding the migration lock, for as long as it takes).`;
 
 export async function migrateCommand(argv: string[], config: Config | undefined): Promise<number> {
   const { values } = parse({ args: argv, options: { help: { type: "boolean", short: "h" } } });

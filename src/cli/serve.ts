@@ -8,6 +8,7 @@ import {
   BOUNDED_CONNECT_MS,
   createDatabase,
   DB_ANSWER_MS,
+  DB_NO_ANSWER,
   droppedTypeRead,
   firstAnswer,
 } from "../db/client.ts";
@@ -100,12 +101,36 @@ async function waitForStore(store: ObjectStore, logger: Logger, signal: AbortSig
 }
 
 /**
+ * The failures of a first query that waitForDatabase waits out: no connection (refused, no route, a
+ * name that does not resolve yet), one that was cut or timed out, no answer (firstAnswer), and
+ * PostgreSQL's "starting up" (57P03) and "too many connections" (53300).
+ */
+const DB_WAITED_FOR = new Set([
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "EPIPE",
+  "ETIMEDOUT",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "EHOSTDOWN",
+  "ENOTFOUND",
+  "EAI_AGAIN",
+  "CONNECT_TIMEOUT",
+  "CONNECTION_CLOSED",
+  "CONNECTION_DESTROYED",
+  "CONNECTION_ENDED",
+  DB_NO_ANSWER,
+  "57P03",
+  "53300",
+]);
+
+/**
  * Waits until the database answers a query, as for the object store: each attempt, on a connection of
  * its own, waits at most DB_ANSWER_MS (postgres.js alone waited for ever for a database whose
  * connections are closed before it answers, and 30 s for each connection that never opens), and the
  * cause is logged each time (`err`, `reason`: postgres.js's errors name the host, never a credential).
- * An answer that is an error (a wrong password, no such database) ends the wait: the steps after
- * report it as they did. Except "the database system is starting up" (57P03), which is waited out.
+ * Any other failure (DB_WAITED_FOR) ends the wait: an answer that is an error (a wrong password, no
+ * such database), a certificate that does not verify — the steps after report it, and exit 1.
  * `signal` (a shutdown) ends the wait at once.
  */
 async function waitForDatabase(
@@ -123,8 +148,9 @@ async function waitForDatabase(
       return;
     } catch (err) {
       signal.throwIfAborted();
-      const answered = (err as { name?: unknown }).name === "PostgresError";
-      if (answered && (err as { code?: unknown }).code !== "57P03") return;
+      // Only what time may mend is waited for; anything else (a wrong password, no such database, a
+      // certificate that does not verify) is the steps' after to report, with exit 1 as before.
+      if (!DB_WAITED_FOR.has(String((err as { code?: unknown }).code))) return;
       const pauseMs = Math.min(10_000, 250 * 2 ** attempt);
       logger.warn(
         { err, reason: (err as Error).message, retryInMs: pauseMs },
@@ -271,7 +297,8 @@ export async function serveCommand(
     const step = () => shutdown.signal.throwIfAborted();
     database = await openDatabase(cfg, logger, { applicationName: `assay-${mode}` });
     step();
-    await waitForDatabase(database.url, `assay-${mode}`, logger, shutdown.signal);
+    // Not the API: it listens whatever the database does (its /readyz says 503 meanwhile), as before.
+    if (mode !== "api") await waitForDatabase(database.url, `assay-${mode}`, logger, shutdown.signal);
     // Opens the pool's first connection (TCP, authentication) while the rest of the process loads,
     // not on the first request; a failure here is the first request's to report.
     database.sql`select 1`.catch(() => {});

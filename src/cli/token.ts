@@ -1,6 +1,7 @@
 import { ROLES, type Role, tokenCreate, tokenList, tokenRevoke } from "../auth/tokens.ts";
 import type { Config } from "../config.ts";
-import { BOUNDED_CONNECT_MS, firstAnswer, isoTime } from "../db/client.ts";
+import { firstAnswer, isoTime } from "../db/client.ts";
+import { COMMAND_ANSWER_MS, COMMAND_CONNECT_MS } from "../db/migrate.ts";
 import { openDatabase } from "../db/open.ts";
 import { createLogger } from "../log.ts";
 import { need, parse, UsageError } from "./usage.ts";
@@ -20,11 +21,11 @@ async function withDatabase<T>(
 ) {
   // Quiet: the token must be the last line of stdout, and logs go to stderr here.
   const logger = createLogger({ level: "warn", destination: process.stderr });
-  const database = await openDatabase(config, logger, { max: 2, connectTimeoutMs: BOUNDED_CONNECT_MS });
+  const database = await openDatabase(config, logger, { max: 2, connectTimeoutMs: COMMAND_CONNECT_MS });
   try {
     // Bounded: a database that never answers hung the command (for ever, when its connections are
     // closed before it answers).
-    await firstAnswer(database.sql);
+    await firstAnswer(database.sql, COMMAND_ANSWER_MS);
     return await fn(database);
   } catch (err) {
     // A missing table (42P01): an external DATABASE_URL that `assay migrate` has not brought up yet —

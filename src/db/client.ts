@@ -20,7 +20,7 @@ export interface PoolOptions {
    * How long a connection may take to open (postgres.js's default: 30 s). A client that firstAnswer()
    * bounds gives BOUNDED_CONNECT_MS: a connection still opening when it ends stays open until then
    * (the end sends the other side a Terminate, which a database that never answers never acts on),
-   * and so does the process.
+   * and so does the process. (`assay migrate` and `assay token`: COMMAND_CONNECT_MS, src/db/migrate.ts.)
    */
   connectTimeoutMs?: number;
 }
@@ -49,6 +49,8 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
   return { sql, close: () => sql.end({ timeout: 5 }) };
 }
 
+/** The code of firstAnswer's error when the database gave no answer in time. */
+export const DB_NO_ANSWER = "DB_NO_ANSWER";
 /** How long a first query waits for the database to answer before it counts as not answering. */
 export const DB_ANSWER_MS = 10_000;
 /** The connect timeout of a client that firstAnswer() bounds: just after it, so its message wins. */
@@ -73,7 +75,11 @@ export async function firstAnswer(sql: Sql, ms = DB_ANSWER_MS, signal?: AbortSig
       new Promise<never>((_, reject) => {
         timer = setTimeout(() => {
           // First: the query's own CONNECTION_DESTROYED, which follows, would say less.
-          reject(new Error(`the database at ${where(sql)} gave no answer within ${ms / 1000} s`));
+          reject(
+            Object.assign(new Error(`the database at ${where(sql)} gave no answer within ${ms / 1000} s`), {
+              code: DB_NO_ANSWER,
+            }),
+          );
           end();
         }, ms);
       }),

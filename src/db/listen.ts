@@ -27,7 +27,7 @@ export async function listenUntilStopped(
   channel: string,
   onNotify: (payload: string) => void,
   onListen?: () => void,
-  o: { until?: AbortSignal } = {},
+  o: { until?: AbortSignal; withinMs?: number } = {},
 ): Promise<{ state: unknown; unlisten(): Promise<void> }> {
   let callbacks: { onNotify: (payload: string) => void; onListen?: (() => void) | undefined } | undefined = {
     onNotify,
@@ -35,11 +35,12 @@ export async function listenUntilStopped(
   };
   const live = () => (o.until?.aborted ? undefined : callbacks);
   try {
-    const { state, unlisten } = await sql.listen(
+    const listening = sql.listen(
       channel,
       (payload) => live()?.onNotify(payload),
       () => live()?.onListen?.(),
     );
+    const { state, unlisten } = await withinMs(listening, o.withinMs, channel);
     return {
       state,
       unlisten: async () => {
@@ -50,6 +51,28 @@ export async function listenUntilStopped(
   } catch (err) {
     if (!o.until) callbacks = undefined;
     throw err;
+  }
+}
+
+/**
+ * `listening`, or a failure after `ms` (none without): postgres.js makes a LISTEN connection that a
+ * peer closes before the database answers (a proxy with nothing behind it) again at once, for ever,
+ * with the LISTEN waiting (3.4.9), and a start-up that awaited it never listened. A LISTEN that ends
+ * later is the caller's failed one: its callbacks live on only with `until` (see above).
+ */
+async function withinMs<T>(listening: Promise<T>, ms: number | undefined, channel: string): Promise<T> {
+  if (ms === undefined) return listening;
+  let timer: NodeJS.Timeout | undefined;
+  listening.catch(() => {});
+  try {
+    return await Promise.race([
+      listening,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`no LISTEN on ${channel} within ${ms / 1000} s`)), ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
   }
 }
 

@@ -4,7 +4,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import postgres from "postgres";
-import { BOUNDED_CONNECT_MS, firstAnswer } from "./client.ts";
+import { firstAnswer } from "./client.ts";
 
 export const MIGRATIONS_DIR = path.resolve(
   path.dirname(fileURLToPath(import.meta.url)),
@@ -14,6 +14,16 @@ export const MIGRATIONS_DIR = path.resolve(
 );
 /** Arbitrary, fixed: the advisory lock key that serialises migrators. */
 const MIGRATION_LOCK_KEY = 0x61737361; // "assa"
+
+/**
+ * How long `assay migrate` and `assay token` wait for the database's first answer (firstAnswer) before
+ * they fail: postgres.js's own connect timeout, which was their bound before they had one, so a
+ * database slow to wake (a paused serverless one resumes in 15 to 30 s) is still waited for. (Start-up
+ * of `api`, `worker` and `all` probes for DB_ANSWER_MS and tries again.)
+ */
+export const COMMAND_ANSWER_MS = 30_000;
+/** Their connect timeout: just after COMMAND_ANSWER_MS, so firstAnswer's message wins. */
+export const COMMAND_CONNECT_MS = COMMAND_ANSWER_MS + 1_000;
 
 /** Number of migrations the code expects to be applied. */
 export function expectedMigrationCount(): number {
@@ -37,11 +47,11 @@ export async function runMigrations(url: string): Promise<MigrationCounts> {
     import("drizzle-orm/postgres-js"),
     import("drizzle-orm/postgres-js/migrator"),
   ]);
-  const sql = postgres(url, { max: 1, connect_timeout: BOUNDED_CONNECT_MS / 1000, onnotice: () => {} });
+  const sql = postgres(url, { max: 1, connect_timeout: COMMAND_CONNECT_MS / 1000, onnotice: () => {} });
   try {
     // Bounded: a database that never answers failed no deploy script, it hung it (the lock's own wait,
     // for another migrator, is not).
-    await firstAnswer(sql);
+    await firstAnswer(sql, COMMAND_ANSWER_MS);
     await sql`select pg_advisory_lock(${MIGRATION_LOCK_KEY})`;
     const before = await appliedMigrationCount(sql);
     await migrate(drizzle(sql), { migrationsFolder: MIGRATIONS_DIR });

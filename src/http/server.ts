@@ -104,10 +104,13 @@ export async function buildServer(
     schemaController: { compilersFactory: lazyCompilers({ coerceBodies: false }) },
   });
   const tokens = new TokenCache();
-  await tokens.start(services.database.sql, logger);
   // Listens before the event hub does, so an entry is dropped before a stream delivers its event.
   const tasks = new TaskCache();
-  await tasks.start(services.database.sql, logger);
+  // Side by side: each waits at most DB_ANSWER_MS for a database that does not answer.
+  await Promise.all([
+    tokens.start(services.database.sql, logger),
+    tasks.start(services.database.sql, logger),
+  ]);
   fastify.addHook("onClose", async () => {
     await tokens.stop();
     await tasks.stop();

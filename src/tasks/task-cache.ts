@@ -18,7 +18,7 @@
 // - Visibility is checked on every request against the cached owner (an admin sees all, a user their
 //   own), exactly as the statement's WHERE clause does.
 import type { Principal } from "../auth/tokens.ts";
-import type { Sql } from "../db/client.ts";
+import { DB_ANSWER_MS, type Sql } from "../db/client.ts";
 import { listenUntilStopped } from "../db/listen.ts";
 import type { Logger } from "../log.ts";
 import { EVENTS_CHANNEL } from "../queue/sql.ts";
@@ -205,7 +205,8 @@ export class TaskCache {
         },
         // A failed LISTEN stays registered, and postgres.js listens with it once it has reconnected:
         // the cache comes back then (until stop()).
-        { until: this.stopped.signal },
+        // Bounded: the API listens (its /readyz says 503) whatever the database does at start.
+        { until: this.stopped.signal, withinMs: DB_ANSWER_MS },
       );
       this.unlisten = unlisten;
     } catch (err) {

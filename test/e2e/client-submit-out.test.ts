@@ -211,13 +211,16 @@ test("submit of a folder with --out inside it does not take the last submit's ou
     assert.equal(ofKind(lines, "task")[0]?.runs, 2);
     assert.ok(fs.statSync(path.join(out, "日本語 2.csv", "summary.json")).isFile());
   }
-  // Named by itself, a file inside --out is an input all the same.
+  // Named by itself beside the folder it is in, a file inside --out is an input all the same (once).
   const named = path.join(out, "results.csv");
-  const r = await client(["submit", "--type", "summary", named, "--out", out], server.env(token));
+  const r = await client(["submit", "--type", "summary", data, named, "--out", out], server.env(token));
   assert.equal(r.code, 0, r.stderr);
   assert.deepEqual(
-    ofKind(jsonLines(r.stdout), "file").map((f) => f.path),
-    ["results.csv"],
+    ofKind(jsonLines(r.stdout), "file")
+      .map((f) => String(f.path))
+      .sort(),
+    // Found twice (walked and named), it is one input, labelled as the walk found it.
+    ["mesures «été»/relevé 1.csv", "mesures «été»/résultats/results.csv", "mesures «été»/日本語 2.csv"],
   );
   // --out the folder itself: its files are where their folders would go.
   const same = await client(["submit", "--type", "summary", data, "--out", data], server.env(token));

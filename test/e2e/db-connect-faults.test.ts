@@ -2,8 +2,9 @@
 // types on each new connection and drops that read's promise: a connection that dies during it leaves
 // an unhandled rejection (porsager/postgres#1192, #1223), which shut `assay all` down as an unexpected
 // error — during a failover, every process at once. Now it is a warning, and the process goes on.
-// And start-up against a database that never answers: it is waited for with a warning each attempt
-// (`api`, `worker`, `all`), or fails after 10 s (`migrate`, `token`), where it hung without a word.
+// And start-up against a database that cannot be reached: it is waited for with a warning each attempt
+// (`worker`, `all`; `api` listens meanwhile, not ready), or fails after 30 s (`migrate`, `token`),
+// where it hung without a word.
 import assert from "node:assert/strict";
 import type { ChildProcess } from "node:child_process";
 import { once } from "node:events";
@@ -173,7 +174,16 @@ async function exitWithin(child: ChildProcess, ms: number, what: string): Promis
   return result;
 }
 
-test("a database that closes every connection unanswered: api, worker and all say `database unreachable; waiting`, then start when it answers", async () => {
+/** The HTTP status of GET `url`, or 0 when nothing answers. */
+async function statusOf(url: string): Promise<number> {
+  try {
+    return (await fetch(url, { signal: AbortSignal.timeout(5_000) })).status;
+  } catch {
+    return 0;
+  }
+}
+
+test("a database that closes every connection unanswered: worker and all say `database unreachable; waiting` and start when it answers; api listens meanwhile, not ready", async () => {
   const deaf = await deafDatabase(db.url);
   const children = (["api", "worker", "all"] as const).map((mode) => {
     const dir = fs.mkdtempSync(path.join(dataDir, `${mode}-`));
@@ -184,7 +194,17 @@ test("a database that closes every connection unanswered: api, worker and all sa
     return { mode, child, out: watch(child), done: collect(child) };
   });
   try {
+    let api = "";
     for (const { mode, out } of children) {
+      if (mode === "api") {
+        // Listening whatever the database does (a liveness probe keeps it), its caches off until
+        // they can listen (each LISTEN waits at most 10 s), and not ready.
+        const [, address] = (await out.waitFor(/Server listening at (http:\/\/[\d.:]+)/, 30_000)) as string[];
+        api = address as string;
+        assert.equal(await statusOf(`${api}/healthz`), 200);
+        assert.equal(await statusOf(`${api}/readyz`), 503);
+        continue;
+      }
       // Each attempt waits at most 10 s for an answer; the line says why, never the password.
       const [line] = await out.waitFor(/.*"msg":"database unreachable; waiting".*/, 30_000);
       assert.match(line, /"level":40/, mode);
@@ -194,12 +214,14 @@ test("a database that closes every connection unanswered: api, worker and all sa
       assert.ok(password === "" || !line.includes(password), `${mode}: the password is in ${line}`);
       assert.doesNotMatch(out.stdout(), /Server listening|worker started/, mode);
     }
-    // The database comes up: each process starts by itself.
+    // The database comes up: each process starts by itself, and the API becomes ready.
     deaf.state.relay = true;
     for (const { mode, out } of children) {
+      if (mode === "api") continue;
       await out.waitFor(/"msg":"database reachable"/, 30_000);
-      await out.waitFor(mode === "api" ? /Server listening at/ : /"msg":"worker started"/, 30_000);
+      await out.waitFor(/"msg":"worker started"/, 30_000);
     }
+    await waitFor(async () => (await statusOf(`${api}/readyz`)) === 200, 30_000);
   } finally {
     for (const { child } of children) child.kill("SIGTERM");
   }
@@ -208,6 +230,55 @@ test("a database that closes every connection unanswered: api, worker and all sa
     assert.equal(exit.code, 0, `${mode}: ${exit.stderr.slice(-2000)}`);
   }
   await deaf.close();
+});
+
+test("a refused database: assay worker waits for it (it exited 1 at once, and a supervisor's start limit could leave it down)", async () => {
+  // A port nothing listens on: taken and released.
+  const server = net.createServer();
+  server.listen(0, "127.0.0.1");
+  await once(server, "listening");
+  const { port } = server.address() as net.AddressInfo;
+  await new Promise((resolve) => server.close(resolve));
+  const child = spawnCli(
+    ["worker", "--concurrency", "1"],
+    cleanEnv({
+      DATABASE_URL: `postgres://assay:pw@127.0.0.1:${port}/assay`,
+      ASSAY_DATA_DIR: dataDir,
+      LOG_LEVEL: "info",
+    }),
+  );
+  const out = watch(child);
+  const exited = exitWithin(child, 60_000, "assay worker");
+  // Two attempts, each saying why: it stays up.
+  await out.waitFor(
+    /"msg":"database unreachable; waiting"[\s\S]*"msg":"database unreachable; waiting"/,
+    30_000,
+  );
+  assert.match(out.stdout(), /"reason":"[^"]*ECONNREFUSED/);
+  assert.equal(child.exitCode, null);
+  child.kill("SIGTERM");
+  const exit = await exited;
+  assert.equal(exit.code, 0, exit.stderr);
+});
+
+test("a database whose answer is an error that time does not mend (a wrong password) is not waited for: exit 1 naming it", async () => {
+  const wrongPassword = new URL(db.url);
+  wrongPassword.password = "not-the-password";
+  for (const [what, url, cause] of [
+    ["a wrong password", wrongPassword, /password|authentication/i],
+  ] as const) {
+    const exit = await exitWithin(
+      spawnCli(
+        ["worker", "--concurrency", "1"],
+        cleanEnv({ DATABASE_URL: url.toString(), ASSAY_DATA_DIR: dataDir }),
+      ),
+      30_000,
+      `assay worker with ${what}`,
+    );
+    assert.equal(exit.code, 1, `${what}: ${exit.stderr}`);
+    assert.doesNotMatch(exit.stdout, /database unreachable; waiting/, what);
+    assert.match(exit.stderr, cause, what);
+  }
 });
 
 test("SIGTERM while start-up waits between attempts for a database that does not answer: exits 0 at once", async () => {
@@ -231,7 +302,7 @@ test("SIGTERM while start-up waits between attempts for a database that does not
   }
 });
 
-test("assay migrate and assay token against a database that never answers: exit 1 after 10 s, saying so", async () => {
+test("assay migrate and assay token against a database that never answers: exit 1 after 30 s, saying so", async () => {
   const deaf = await deafDatabase(db.url);
   try {
     const runs = [
@@ -243,11 +314,11 @@ test("assay migrate and assay token against a database that never answers: exit 
       const what = `assay ${args} against the ${kind} database`;
       const exit = await exitWithin(
         spawnCli((args as string).split(" "), cleanEnv({ DATABASE_URL: url, ASSAY_DATA_DIR: dataDir })),
-        25_000,
+        45_000,
         what,
       );
       assert.equal(exit.code, 1, `${what}: ${exit.stderr}`);
-      assert.match(exit.stderr, /the database at 127\.0\.0\.1:\d+ gave no answer within 10 s/, what);
+      assert.match(exit.stderr, /the database at 127\.0\.0\.1:\d+ gave no answer within 30 s/, what);
       const { password } = new URL(db.url);
       assert.ok(password === "" || !exit.stderr.includes(password), `${what}: the password is printed`);
     });
