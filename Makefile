@@ -50,5 +50,5 @@ verify: $(DEPS) ## fail if db/generate would change migrations/
 	if diff -r migrations "$$tmp/migrations"; then echo "migrations/ matches src/db/schema.ts"; \
 	else echo "migrations/ is out of date: run make db/generate and commit the result" >&2; exit 1; fi
 
-bench: $(DEPS) ## benchmarks, one JSON line per workload
+bench: $(DEPS) bundle ## benchmarks of the bundle `assay` runs (rebuilt when the sources changed), one JSON line per workload
 	@for f in $$(find bench -name '*.ts' -not -path '*/lib/*' | sort); do $(NODE) --import tsx $$f || exit 1; done
