@@ -8,9 +8,9 @@ import {
   BOUNDED_CONNECT_MS,
   createDatabase,
   DB_ANSWER_MS,
-  DB_NO_ANSWER,
   droppedTypeRead,
   firstAnswer,
+  NoAnswerError,
 } from "../db/client.ts";
 import { startSignal } from "../db/embedded.ts";
 import { expectedMigrationCount } from "../db/migrate.ts";
@@ -100,37 +100,39 @@ async function waitForStore(store: ObjectStore, logger: Logger, signal: AbortSig
   }
 }
 
-/**
- * The failures of a first query that waitForDatabase waits out: no connection (refused, no route, a
- * name that does not resolve yet), one that was cut or timed out, no answer (firstAnswer), and
- * PostgreSQL's "starting up" (57P03) and "too many connections" (53300).
- */
-const DB_WAITED_FOR = new Set([
-  "ECONNREFUSED",
-  "ECONNRESET",
-  "EPIPE",
-  "ETIMEDOUT",
-  "EHOSTUNREACH",
-  "ENETUNREACH",
-  "EHOSTDOWN",
-  "ENOTFOUND",
-  "EAI_AGAIN",
+/** postgres.js's own codes for a connection that timed out, or was closed or cut. */
+const CONNECTION_LOST = new Set([
   "CONNECT_TIMEOUT",
   "CONNECTION_CLOSED",
   "CONNECTION_DESTROYED",
   "CONNECTION_ENDED",
-  DB_NO_ANSWER,
-  "57P03",
-  "53300",
 ]);
+
+/**
+ * Whether waitForDatabase waits out this failure of a first query: time may mend it. No answer
+ * (NoAnswerError); no connection, or a cut one — an errno (`ECONNREFUSED`, `ENOENT` for a socket file
+ * not there yet, `EAI_AGAIN`…) or postgres.js's own; PostgreSQL's connection errors (class 08, which a
+ * pooler in front of a database that is down answers), its shutdown and start-up (57P01–57P03) and too
+ * many connections (53300). Not: any other answer of PostgreSQL's (a wrong password, no such
+ * database), TLS and certificate failures (`ERR_TLS_…`, `CERT_HAS_EXPIRED`…), postgres.js's protocol
+ * and authentication errors — the steps after report those, and exit 1.
+ */
+export function databaseMayComeUp(err: unknown): boolean {
+  if (err instanceof NoAnswerError) return true;
+  const { name, code } = (err ?? {}) as { name?: unknown; code?: unknown };
+  if (typeof code !== "string") return false;
+  if (name === "PostgresError") return code.startsWith("08") || /^57P0[123]$/.test(code) || code === "53300";
+  return /^E[A-Z]+$/.test(code) || code === "EAI_AGAIN" || CONNECTION_LOST.has(code);
+}
 
 /**
  * Waits until the database answers a query, as for the object store: each attempt, on a connection of
  * its own, waits at most DB_ANSWER_MS (postgres.js alone waited for ever for a database whose
  * connections are closed before it answers, and 30 s for each connection that never opens), and the
  * cause is logged each time (`err`, `reason`: postgres.js's errors name the host, never a credential).
- * Any other failure (DB_WAITED_FOR) ends the wait: an answer that is an error (a wrong password, no
- * such database), a certificate that does not verify — the steps after report it, and exit 1.
+ * A failure time does not mend (databaseMayComeUp) ends the wait: an answer that is an error (a wrong
+ * password, no such database), a certificate that does not verify — the steps after report it, and
+ * exit 1.
  * `signal` (a shutdown) ends the wait at once.
  */
 async function waitForDatabase(
@@ -150,7 +152,7 @@ async function waitForDatabase(
       signal.throwIfAborted();
       // Only what time may mend is waited for; anything else (a wrong password, no such database, a
       // certificate that does not verify) is the steps' after to report, with exit 1 as before.
-      if (!DB_WAITED_FOR.has(String((err as { code?: unknown }).code))) return;
+      if (!databaseMayComeUp(err)) return;
       const pauseMs = Math.min(10_000, 250 * 2 ** attempt);
       logger.warn(
         { err, reason: (err as Error).message, retryInMs: pauseMs },
@@ -297,8 +299,10 @@ export async function serveCommand(
     const step = () => shutdown.signal.throwIfAborted();
     database = await openDatabase(cfg, logger, { applicationName: `assay-${mode}` });
     step();
-    // Not the API: it listens whatever the database does (its /readyz says 503 meanwhile), as before.
-    if (mode !== "api") await waitForDatabase(database.url, `assay-${mode}`, logger, shutdown.signal);
+    // Not the API: it listens whatever the database does (its /readyz says 503 meanwhile), as before —
+    // unless it is to make a dev token, which needs the database.
+    if (mode !== "api" || (values as { "dev-token"?: boolean })["dev-token"])
+      await waitForDatabase(database.url, `assay-${mode}`, logger, shutdown.signal);
     // Opens the pool's first connection (TCP, authentication) while the rest of the process loads,
     // not on the first request; a failure here is the first request's to report.
     database.sql`select 1`.catch(() => {});

@@ -49,8 +49,10 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
   return { sql, close: () => sql.end({ timeout: 5 }) };
 }
 
-/** The code of firstAnswer's error when the database gave no answer in time. */
-export const DB_NO_ANSWER = "DB_NO_ANSWER";
+/** firstAnswer's failure when the database gave no answer in time. */
+export class NoAnswerError extends Error {
+  override name = "NoAnswerError";
+}
 /** How long a first query waits for the database to answer before it counts as not answering. */
 export const DB_ANSWER_MS = 10_000;
 /** The connect timeout of a client that firstAnswer() bounds: just after it, so its message wins. */
@@ -75,11 +77,7 @@ export async function firstAnswer(sql: Sql, ms = DB_ANSWER_MS, signal?: AbortSig
       new Promise<never>((_, reject) => {
         timer = setTimeout(() => {
           // First: the query's own CONNECTION_DESTROYED, which follows, would say less.
-          reject(
-            Object.assign(new Error(`the database at ${where(sql)} gave no answer within ${ms / 1000} s`), {
-              code: DB_NO_ANSWER,
-            }),
-          );
+          reject(new NoAnswerError(`the database at ${where(sql)} gave no answer within ${ms / 1000} s`));
           end();
         }, ms);
       }),

@@ -20,7 +20,8 @@ export interface Subscription {
  * function's empty closure. With `o.until`, a failed LISTEN's callbacks stay live instead, until it
  * aborts: postgres.js listens with them once it has reconnected, and a cache started during an
  * outage comes back then (a caller that retries its start itself, as the event hub does, must not
- * pass it, or every retry adds a live registration).
+ * pass it, or every retry adds a live registration). With `o.withinMs`, a LISTEN not made within that
+ * long fails as one that failed (postgres.js may make it later).
  */
 export async function listenUntilStopped(
   sql: Sql,
@@ -40,7 +41,7 @@ export async function listenUntilStopped(
       (payload) => live()?.onNotify(payload),
       () => live()?.onListen?.(),
     );
-    const { state, unlisten } = await withinMs(listening, o.withinMs, channel);
+    const { state, unlisten } = await withinMs(listening, o.withinMs, channel, o.until);
     return {
       state,
       unlisten: async () => {
@@ -58,17 +59,35 @@ export async function listenUntilStopped(
  * `listening`, or a failure after `ms` (none without): postgres.js makes a LISTEN connection that a
  * peer closes before the database answers (a proxy with nothing behind it) again at once, for ever,
  * with the LISTEN waiting (3.4.9), and a start-up that awaited it never listened. A LISTEN that ends
- * later is the caller's failed one: its callbacks live on only with `until` (see above).
+ * later is the caller's failed one: its callbacks live on only with `until` (see above), and it is
+ * unlistened once `until` aborts.
  */
-async function withinMs<T>(listening: Promise<T>, ms: number | undefined, channel: string): Promise<T> {
+async function withinMs<T extends { unlisten(): Promise<void> }>(
+  listening: Promise<T>,
+  ms: number | undefined,
+  channel: string,
+  until: AbortSignal | undefined,
+): Promise<T> {
   if (ms === undefined) return listening;
   let timer: NodeJS.Timeout | undefined;
-  listening.catch(() => {});
+  let late = false;
+  listening.then(
+    ({ unlisten }) => {
+      if (!late) return;
+      const drop = () => void unlisten().catch(() => {});
+      if (!until || until.aborted) drop();
+      else until.addEventListener("abort", drop, { once: true });
+    },
+    () => {},
+  );
   try {
     return await Promise.race([
       listening,
       new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(new Error(`no LISTEN on ${channel} within ${ms / 1000} s`)), ms);
+        timer = setTimeout(() => {
+          late = true;
+          reject(new Error(`no LISTEN on ${channel} within ${ms / 1000} s`));
+        }, ms);
       }),
     ]);
   } finally {

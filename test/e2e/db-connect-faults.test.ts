@@ -15,7 +15,8 @@ import path from "node:path";
 import { Writable } from "node:stream";
 import { after, before, test } from "node:test";
 import postgres from "postgres";
-import { rejectionHandler } from "../../src/cli/serve.ts";
+import { databaseMayComeUp, rejectionHandler } from "../../src/cli/serve.ts";
+import { NoAnswerError } from "../../src/db/client.ts";
 import { createLogger } from "../../src/log.ts";
 import { type CliResult, cleanEnv, collect, runCli, spawnCli, watch } from "../helpers/cli.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
@@ -232,33 +233,40 @@ test("a database that closes every connection unanswered: worker and all say `da
   await deaf.close();
 });
 
-test("a refused database: assay worker waits for it (it exited 1 at once, and a supervisor's start limit could leave it down)", async () => {
+test("a refused database: assay worker, and assay api --dev-token (its token needs the database), wait for it (the worker exited 1 at once, and a supervisor's start limit could leave it down)", async () => {
   // A port nothing listens on: taken and released.
   const server = net.createServer();
   server.listen(0, "127.0.0.1");
   await once(server, "listening");
   const { port } = server.address() as net.AddressInfo;
   await new Promise((resolve) => server.close(resolve));
-  const child = spawnCli(
+  for (const args of [
     ["worker", "--concurrency", "1"],
-    cleanEnv({
-      DATABASE_URL: `postgres://assay:pw@127.0.0.1:${port}/assay`,
-      ASSAY_DATA_DIR: dataDir,
-      LOG_LEVEL: "info",
-    }),
-  );
-  const out = watch(child);
-  const exited = exitWithin(child, 60_000, "assay worker");
-  // Two attempts, each saying why: it stays up.
-  await out.waitFor(
-    /"msg":"database unreachable; waiting"[\s\S]*"msg":"database unreachable; waiting"/,
-    30_000,
-  );
-  assert.match(out.stdout(), /"reason":"[^"]*ECONNREFUSED/);
-  assert.equal(child.exitCode, null);
-  child.kill("SIGTERM");
-  const exit = await exited;
-  assert.equal(exit.code, 0, exit.stderr);
+    ["api", "--dev-token"],
+  ]) {
+    const what = `assay ${args.join(" ")}`;
+    const child = spawnCli(
+      args,
+      cleanEnv({
+        DATABASE_URL: `postgres://assay:pw@127.0.0.1:${port}/assay`,
+        ASSAY_DATA_DIR: dataDir,
+        PORT: "0",
+        LOG_LEVEL: "info",
+      }),
+    );
+    const out = watch(child);
+    const exited = exitWithin(child, 60_000, what);
+    // Two attempts, each saying why: it stays up.
+    await out.waitFor(
+      /"msg":"database unreachable; waiting"[\s\S]*"msg":"database unreachable; waiting"/,
+      30_000,
+    );
+    assert.match(out.stdout(), /"reason":"[^"]*ECONNREFUSED/, what);
+    assert.equal(child.exitCode, null, what);
+    child.kill("SIGTERM");
+    const exit = await exited;
+    assert.equal(exit.code, 0, `${what}: ${exit.stderr}`);
+  }
 });
 
 test("a database whose answer is an error that time does not mend (a wrong password) is not waited for: exit 1 naming it", async () => {
@@ -279,6 +287,39 @@ test("a database whose answer is an error that time does not mend (a wrong passw
     assert.doesNotMatch(exit.stdout, /database unreachable; waiting/, what);
     assert.match(exit.stderr, cause, what);
   }
+});
+
+test("databaseMayComeUp: start-up waits out what time may mend, not a wrong password or a certificate", () => {
+  const pg = (code: string) => Object.assign(new Error(code), { name: "PostgresError", code });
+  const node = (code: string) => Object.assign(new Error(code), { code });
+  for (const err of [
+    new NoAnswerError("the database at db:5432 gave no answer within 10 s"),
+    node("ECONNREFUSED"),
+    node("ENOENT"), // a socket file not there yet
+    node("EAI_AGAIN"),
+    node("ENOTFOUND"),
+    node("ECONNRESET"),
+    node("EADDRNOTAVAIL"),
+    node("CONNECT_TIMEOUT"),
+    node("CONNECTION_CLOSED"),
+    pg("57P03"),
+    pg("57P01"),
+    pg("53300"),
+    pg("08006"),
+  ])
+    assert.equal(databaseMayComeUp(err), true, (err as Error).message);
+  for (const err of [
+    pg("28P01"), // a wrong password
+    pg("3D000"), // no such database
+    pg("42P01"),
+    node("ERR_TLS_CERT_ALTNAME_INVALID"),
+    node("CERT_HAS_EXPIRED"),
+    node("DEPTH_ZERO_SELF_SIGNED_CERT"),
+    node("SASL_SIGNATURE_MISMATCH"),
+    new Error("no code"),
+    undefined,
+  ])
+    assert.equal(databaseMayComeUp(err), false, String((err as Error | undefined)?.message));
 });
 
 test("SIGTERM while start-up waits between attempts for a database that does not answer: exits 0 at once", async () => {

@@ -130,8 +130,8 @@ test("SIGTERM while start-up waits for a database that does not answer: exits 0 
   await once(silent, "listening");
   const { port } = silent.address() as net.AddressInfo;
   try {
-    // Signalled at the first connection (start-up's probe of the database): start-up is waiting for
-    // it. (A second connection comes only with the next probe, 10 s later.)
+    // Signalled at the first connection (the worker's probe of the database; the API's caches'
+    // LISTEN or its pool's first): start-up is waiting for it.
     for (const [mode, connections] of [
       ["api", 1],
       ["worker", 1],
