@@ -4,44 +4,30 @@
 // for each hash (a long list), and still reuse the admin's own.
 import assert from "node:assert/strict";
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import { tokenCreate } from "../../src/auth/tokens.ts";
-import {
-  type ClientServer,
-  client,
-  csv,
-  jsonLines,
-  type Line,
-  ofKind,
-  startClientServer,
-} from "../helpers/client.ts";
-import { idsCrossPowerOfTen } from "../helpers/queue.ts";
+import { client, clientSuite, csv, jsonLines, type Line, ofKind } from "../helpers/client.ts";
 import { startTcpProxy } from "../helpers/tcp-proxy.ts";
 
-let server: ClientServer;
 let bob: string;
 let ada: string;
-let work: string;
 
-before(async () => {
-  server = await startClientServer({ concurrency: 1 });
-  await idsCrossPowerOfTen(server.db.sql, "files", 2);
-  bob = await server.token("bob «le client»");
-  ada = (await tokenCreate(server.db.sql, "ada", "admin")).token;
-  work = fs.mkdtempSync(path.join(os.tmpdir(), "assay-client-admin-"));
-});
-
-after(async () => {
-  await server.close();
-  fs.rmSync(work, { recursive: true, force: true });
+const suite = clientSuite({
+  user: "bob «le client»",
+  scratch: "assay-client-admin-",
+  concurrency: 1,
+  ids: { files: 2 },
+  setup: async () => {
+    bob = suite.token;
+    ada = (await tokenCreate(suite.server.db.sql, "ada", "admin")).token;
+  },
 });
 
 type FileLine = Line & { fileId: string; owner: string; uploaded: boolean; name: string };
 
 async function submit(token: string, file: string): Promise<FileLine> {
-  const r = await client(["submit", "--type", "summary", file], server.env(token));
+  const r = await client(["submit", "--type", "summary", file], suite.server.env(token));
   assert.equal(r.code, 0, r.stderr);
   const files = ofKind(jsonLines(r.stdout), "file") as FileLine[];
   assert.equal(files.length, 1, r.stdout);
@@ -53,38 +39,38 @@ test("an admin's submit uploads its own copy rather than take another user's fil
   const name = "relevé 🧾 Q3.csv";
   const bytes = csv(40, 7);
   for (const who of ["bob", "ada"]) {
-    fs.mkdirSync(path.join(work, who));
-    fs.writeFileSync(path.join(work, who, name), bytes);
+    fs.mkdirSync(path.join(suite.work, who));
+    fs.writeFileSync(path.join(suite.work, who, name), bytes);
   }
-  const bobs = await submit(bob, path.join(work, "bob", name));
+  const bobs = await submit(bob, path.join(suite.work, "bob", name));
   assert.equal(bobs.uploaded, true);
   assert.equal(bobs.owner, "bob «le client»");
 
   // Few files on the server: the admin's client reads the list of files, which holds bob's.
-  const first = await submit(ada, path.join(work, "ada", name));
+  const first = await submit(ada, path.join(suite.work, "ada", name));
   assert.equal(first.owner, "ada", "the admin's run reads the admin's own file");
   assert.equal(first.uploaded, true);
   assert.notEqual(first.fileId, bobs.fileId);
   // Its own copy is reused next time.
-  const again = await submit(ada, path.join(work, "ada", name));
+  const again = await submit(ada, path.join(suite.work, "ada", name));
   assert.equal(again.uploaded, false);
   assert.equal(again.fileId, first.fileId);
 
   // Many files (more than the list the client reads for one input): it asks by hash, and that
   // answer too holds bob's copy of new bytes.
   const other = csv(41, 9);
-  fs.writeFileSync(path.join(work, "bob", "b.csv"), other);
-  fs.writeFileSync(path.join(work, "ada", "b.csv"), other);
-  const bobsB = await submit(bob, path.join(work, "bob", "b.csv"));
-  await server.db.sql`
+  fs.writeFileSync(path.join(suite.work, "bob", "b.csv"), other);
+  fs.writeFileSync(path.join(suite.work, "ada", "b.csv"), other);
+  const bobsB = await submit(bob, path.join(suite.work, "bob", "b.csv"));
+  await suite.server.db.sql`
     insert into files (owner_id, name, content_type, size_bytes, sha256, storage_key)
     select u.id, 'filler ' || g || '.csv', 'text/csv', 10, repeat('0', 64), 'filler/' || g
     from users u, generate_series(1, 250) g where u.name = 'bob «le client»'`;
-  const second = await submit(ada, path.join(work, "ada", "b.csv"));
+  const second = await submit(ada, path.join(suite.work, "ada", "b.csv"));
   assert.equal(second.owner, "ada");
   assert.equal(second.uploaded, true);
   assert.notEqual(second.fileId, bobsB.fileId);
-  const third = await submit(ada, path.join(work, "ada", "b.csv"));
+  const third = await submit(ada, path.join(suite.work, "ada", "b.csv"));
   assert.equal(third.uploaded, false);
   assert.equal(third.fileId, second.fileId);
 });
@@ -93,14 +79,14 @@ test("an admin's upload whose connection broke takes no other user's file of its
   const name = "données ✓ 2026.csv";
   const bytes = csv(45, 11);
   for (const who of ["bob", "ada"]) {
-    fs.mkdirSync(path.join(work, who), { recursive: true });
-    fs.writeFileSync(path.join(work, who, name), bytes);
+    fs.mkdirSync(path.join(suite.work, who), { recursive: true });
+    fs.writeFileSync(path.join(suite.work, who, name), bytes);
   }
-  const bobs = await submit(bob, path.join(work, "bob", name));
+  const bobs = await submit(bob, path.join(suite.work, "bob", name));
   // The admin's first upload is cut as it starts (the server keeps nothing of it); before sending
   // it again the client asks by hash whether it arrived, and the answer holds bob's file.
   let cut = false;
-  const proxy = await startTcpProxy(server.url, {
+  const proxy = await startTcpProxy(suite.server.url, {
     fromClient: (chunk) => {
       if (cut || !chunk.subarray(0, 20).toString("latin1").startsWith("POST /api/files ")) return "pass";
       cut = true;
@@ -109,8 +95,8 @@ test("an admin's upload whose connection broke takes no other user's file of its
   });
   try {
     const r = await client(
-      ["submit", "--type", "summary", path.join(work, "ada", name)],
-      server.env(ada, { ASSAY_URL: proxy.url }),
+      ["submit", "--type", "summary", path.join(suite.work, "ada", name)],
+      suite.server.env(ada, { ASSAY_URL: proxy.url }),
     );
     assert.equal(r.code, 0, r.stderr);
     assert.ok(cut, "the first upload was cut");

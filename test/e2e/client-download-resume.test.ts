@@ -9,24 +9,12 @@ import assert from "node:assert/strict";
 import fs from "node:fs";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
-import os from "node:os";
 import path from "node:path";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import { collect, spawnCli } from "../helpers/cli.ts";
-import {
-  apiGet,
-  type ClientServer,
-  csv,
-  jsonLines,
-  ofKind,
-  startClientServer,
-  within,
-} from "../helpers/client.ts";
-import { idsCrossPowerOfTen, waitFor } from "../helpers/queue.ts";
+import { apiGet, clientSuite, csv, jsonLines, ofKind, within } from "../helpers/client.ts";
+import { waitFor } from "../helpers/queue.ts";
 
-let server: ClientServer;
-let token: string;
-let work: string;
 let taskId: string;
 /** The task's two runs, each with summary.json: its route and the server's bytes. */
 let outputs: { runId: string; fileName: string; route: string; bytes: Buffer }[];
@@ -41,45 +29,42 @@ function wideCsv(seed: number): string {
 }
 
 async function bytesOf(route: string): Promise<Buffer> {
-  const res = await fetch(`${server.url}${route}`, { headers: { authorization: `Bearer ${token}` } });
+  const res = await fetch(`${suite.server.url}${route}`, {
+    headers: { authorization: `Bearer ${suite.token}` },
+  });
   assert.equal(res.status, 200, route);
   return Buffer.from(await res.arrayBuffer());
 }
 
-before(async () => {
-  server = await startClientServer({ concurrency: 2 });
-  token = await server.token("fiona ✓");
-  work = fs.mkdtempSync(path.join(os.tmpdir(), "assay-client-download-"));
-  // Task and run ids past a digit boundary.
-  await idsCrossPowerOfTen(server.db.sql, "tasks", 0);
-  await idsCrossPowerOfTen(server.db.sql, "runs", 1);
-  const dir = path.join(work, "entrées");
-  fs.mkdirSync(dir);
-  fs.writeFileSync(path.join(dir, "relevé \u202efdp.csv"), wideCsv(3));
-  fs.writeFileSync(path.join(dir, "日本語 データ.csv"), wideCsv(7));
-  fs.writeFileSync(path.join(dir, "petit.csv"), csv(5, 1));
-  const r = await collect(spawnCli(["submit", "--type", "summary", dir, "--follow"], server.env(token)));
-  assert.equal(r.code, 0, r.stderr);
-  taskId = String(ofKind(jsonLines(r.stdout), "task")[0]?.taskId);
-  const runs = await apiGet<{ items: { runId: string; fileName: string }[] }>(
-    server,
-    token,
-    `/api/analysis-tasks/${taskId}/runs?limit=100`,
-  );
-  outputs = [];
-  for (const run of runs.items.filter((x) => x.fileName !== "petit.csv")) {
-    const route = `/api/analysis-tasks/${taskId}/runs/${run.runId}/outputs/summary.json`;
-    outputs.push({ ...run, route, bytes: await bytesOf(route) });
-  }
-  assert.equal(outputs.length, 2);
-  for (const o of outputs) assert.ok(o.bytes.length > 2000, `summary.json of ${o.fileName} is large enough`);
-  resultsRoute = `/api/analysis-tasks/${taskId}/results.csv`;
-  resultsCsv = await bytesOf(resultsRoute);
-});
-
-after(async () => {
-  await server?.close();
-  fs.rmSync(work, { recursive: true, force: true });
+const suite = clientSuite({
+  user: "fiona ✓",
+  scratch: "assay-client-download-",
+  ids: { tasks: 0, runs: 1 },
+  setup: async () => {
+    const dir = path.join(suite.work, "entrées");
+    fs.mkdirSync(dir);
+    fs.writeFileSync(path.join(dir, "relevé \u202efdp.csv"), wideCsv(3));
+    fs.writeFileSync(path.join(dir, "日本語 データ.csv"), wideCsv(7));
+    fs.writeFileSync(path.join(dir, "petit.csv"), csv(5, 1));
+    const r = await collect(spawnCli(["submit", "--type", "summary", dir, "--follow"], suite.env()));
+    assert.equal(r.code, 0, r.stderr);
+    taskId = String(ofKind(jsonLines(r.stdout), "task")[0]?.taskId);
+    const runs = await apiGet<{ items: { runId: string; fileName: string }[] }>(
+      suite.server,
+      suite.token,
+      `/api/analysis-tasks/${taskId}/runs?limit=100`,
+    );
+    outputs = [];
+    for (const run of runs.items.filter((x) => x.fileName !== "petit.csv")) {
+      const route = `/api/analysis-tasks/${taskId}/runs/${run.runId}/outputs/summary.json`;
+      outputs.push({ ...run, route, bytes: await bytesOf(route) });
+    }
+    assert.equal(outputs.length, 2);
+    for (const o of outputs)
+      assert.ok(o.bytes.length > 2000, `summary.json of ${o.fileName} is large enough`);
+    resultsRoute = `/api/analysis-tasks/${taskId}/results.csv`;
+    resultsCsv = await bytesOf(resultsRoute);
+  },
 });
 
 interface Seen {
@@ -111,7 +96,7 @@ interface Fault {
 
 /** An HTTP proxy in front of the server; `fault` says what becomes of each request. */
 async function faultyProxy(fault: (path: string, nth: number) => Fault | undefined) {
-  const backend = new URL(server.url);
+  const backend = new URL(suite.server.url);
   const seen: Seen[] = [];
   const counts = new Map<string, number>();
   const proxy = http.createServer((req, res) => {
@@ -197,8 +182,8 @@ const filesUnder = (dir: string) =>
     : [];
 
 async function download(proxyUrl: string, out: string) {
-  const child = spawnCli(["download", taskId, "--out", out], server.env(token, { ASSAY_URL: proxyUrl }));
-  const r = await within(collect(child), 120_000, "assay download", () => server.log());
+  const child = spawnCli(["download", taskId, "--out", out], suite.env({ ASSAY_URL: proxyUrl }));
+  const r = await within(collect(child), 120_000, "assay download", () => suite.server.log());
   return { ...r, error: ofKind(jsonLines(r.stdout), "error")[0] };
 }
 
@@ -220,7 +205,7 @@ function assertWhole(out: string): void {
 test("an output cut mid-body is resumed with one ranged request; results.csv cut, or a 502, is fetched again whole", async () => {
   const [first, second] = outputs as [(typeof outputs)[0], (typeof outputs)[0]];
   const half = Math.floor(first.bytes.length / 2);
-  const out = path.join(work, "reprise");
+  const out = path.join(suite.work, "reprise");
   const proxy = await faultyProxy((p, nth) => {
     if (p === first.route && nth === 1) return { cutAfter: half, heldIn: path.join(out, folderOf(first)) };
     if (p === second.route && nth === 1) return { badGateway: true };
@@ -259,7 +244,7 @@ test("an output cut mid-body is resumed with one ranged request; results.csv cut
 test("a retry answered whole (the file is not the one held) starts over; a 206 of another range is refused", async () => {
   const [first, second] = outputs as [(typeof outputs)[0], (typeof outputs)[0]];
   const cutAt = 1000;
-  const out = path.join(work, "recommencé");
+  const out = path.join(suite.work, "recommencé");
   const proxy = await faultyProxy((p, nth) => {
     // Another ETag than the file's: the server's If-Range check sends the whole file, 200.
     if (p === first.route && nth === 1)
@@ -296,7 +281,7 @@ test("a retry answered whole (the file is not the one held) starts over; a 206 o
 
 test("a download cut every time gives up after 5 attempts: exit 3 CONNECTION_FAILED, no file, no temporary file", async () => {
   const [first] = outputs as [(typeof outputs)[0]];
-  const out = path.join(work, "abandon");
+  const out = path.join(suite.work, "abandon");
   const proxy = await faultyProxy((p) =>
     p === first.route ? { cutAfter: 300, heldIn: path.join(out, folderOf(first)) } : undefined,
   );
@@ -328,9 +313,9 @@ test("Ctrl-C while a retry waits stops at once: exit 130, no temporary file, no 
   const [first] = outputs as [(typeof outputs)[0]];
   // Cut every time: the fourth retry waits 4 s.
   const proxy = await faultyProxy((p) => (p === first.route ? { cutAfter: 300 } : undefined));
-  const out = path.join(work, "interrompu");
+  const out = path.join(suite.work, "interrompu");
   try {
-    const child = spawnCli(["download", taskId, "--out", out], server.env(token, { ASSAY_URL: proxy.url }));
+    const child = spawnCli(["download", taskId, "--out", out], suite.env({ ASSAY_URL: proxy.url }));
     let stderr = "";
     child.stderr?.on("data", (c: Buffer) => {
       stderr += c.toString();

@@ -6,46 +6,27 @@
 // proxy stays what it is (exit 2 with the API's code).
 import assert from "node:assert/strict";
 import fs from "node:fs";
-import http from "node:http";
-import type { AddressInfo } from "node:net";
 import path from "node:path";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import { collect, spawnCli } from "../helpers/cli.ts";
-import {
-  type ClientServer,
-  csv,
-  jsonLines,
-  type Line,
-  ofKind,
-  startClientServer,
-  within,
-} from "../helpers/client.ts";
-import { idsCrossPowerOfTen } from "../helpers/queue.ts";
-import { scratchDir } from "../helpers/tmp.ts";
+import { apiProxy, clientSuite, csv, jsonLines, type Line, ofKind, within } from "../helpers/client.ts";
 
-let server: ClientServer;
-let token: string;
-let work: string;
 /** A task that ended, submitted straight to the server. */
 let taskId: string;
 
-before(async () => {
-  server = await startClientServer({ concurrency: 2 });
-  token = await server.token("nginx «победа» ✓");
-  work = scratchDir("assay-client-proxy-pages-");
-  await idsCrossPowerOfTen(server.db.sql, "tasks", 0);
-  await idsCrossPowerOfTen(server.db.sql, "runs", 1);
-  const dir = path.join(work, "entrées");
-  fs.mkdirSync(dir);
-  fs.writeFileSync(path.join(dir, "relevé \u202efdp.csv"), csv(30, 3));
-  fs.writeFileSync(path.join(dir, "日本語 データ.csv"), csv(30, 7));
-  const r = await collect(spawnCli(["submit", "--type", "summary", dir, "--follow"], server.env(token)));
-  assert.equal(r.code, 0, r.stderr);
-  taskId = String(ofKind(jsonLines(r.stdout), "task")[0]?.taskId);
-});
-
-after(async () => {
-  await server?.close();
+const suite = clientSuite({
+  user: "nginx «победа» ✓",
+  scratch: "assay-client-proxy-pages-",
+  ids: { tasks: 0, runs: 1 },
+  setup: async () => {
+    const dir = path.join(suite.work, "entrées");
+    fs.mkdirSync(dir);
+    fs.writeFileSync(path.join(dir, "relevé \u202efdp.csv"), csv(30, 3));
+    fs.writeFileSync(path.join(dir, "日本語 データ.csv"), csv(30, 7));
+    const r = await collect(spawnCli(["submit", "--type", "summary", dir, "--follow"], suite.env()));
+    assert.equal(r.code, 0, r.stderr);
+    taskId = String(ofKind(jsonLines(r.stdout), "task")[0]?.taskId);
+  },
 });
 
 const PAGE = (status: number, text: string) =>
@@ -56,49 +37,33 @@ const PAGE = (status: number, text: string) =>
  * an HTML page of the proxy's own, the server never asked; every other passes through.
  */
 async function proxy(page: (method: string, path: string) => [number, string] | undefined) {
-  const backend = new URL(server.url);
   const asked: string[] = [];
-  const p = http.createServer((req, res) => {
+  const p = await apiProxy(suite.server.url, (req, res) => {
     const method = req.method ?? "GET";
     const url = req.url ?? "/";
     const own = page(method, url.split("?")[0] ?? url);
-    if (own) {
-      asked.push(`${method} ${url.split("?")[0]}`);
-      req.resume();
-      req.on("end", () => {
-        res.writeHead(own[0], { "content-type": "text/html" });
-        res.end(PAGE(own[0], own[1]));
-      });
-      return;
-    }
-    const up = http.request(
-      { host: backend.hostname, port: backend.port, method, path: url, headers: req.headers },
-      (answer) => {
-        res.writeHead(answer.statusCode ?? 502, answer.headers);
-        answer.pipe(res);
-      },
-    );
-    up.on("error", () => res.destroy());
-    req.pipe(up);
+    if (!own) return false;
+    asked.push(`${method} ${url.split("?")[0]}`);
+    req.resume();
+    req.on("end", () => {
+      res.writeHead(own[0], { "content-type": "text/html" });
+      res.end(PAGE(own[0], own[1]));
+    });
+    return true;
   });
-  await new Promise<void>((r) => p.listen(0, "127.0.0.1", r));
   return {
-    url: `http://127.0.0.1:${(p.address() as AddressInfo).port}`,
+    ...p,
     /** The requests the proxy answered itself. */
     asked,
-    close: () => {
-      p.closeAllConnections();
-      p.close();
-    },
   };
 }
 
 async function run(args: string[], url: string) {
   const r = await within(
-    collect(spawnCli(args, server.env(token, { ASSAY_URL: url }))),
+    collect(spawnCli(args, suite.env({ ASSAY_URL: url }))),
     60_000,
     `assay ${args.join(" ")}`,
-    () => server.log(),
+    () => suite.server.log(),
   );
   const [error] = ofKind(jsonLines(r.stdout), "error") as (Line & { code: string; message: string })[];
   return { ...r, error };
@@ -119,7 +84,7 @@ test("a proxy's HTML 404 for the API's reads is exit 3 CONNECTION_FAILED; the AP
   try {
     for (const args of [
       ["status", taskId],
-      ["download", taskId, "--out", path.join(work, "dl-404")],
+      ["download", taskId, "--out", path.join(suite.work, "dl-404")],
     ]) {
       notTheApi(await run(args, p.url), 404);
     }
@@ -146,14 +111,14 @@ test("a proxy's HTML 404 for an output or the event stream, and its 413 for an u
     notTheApi(follow, 404);
     assert.ok(Date.now() - started < 30_000, "the stream was not retried");
 
-    const out = path.join(work, "dl-outputs");
+    const out = path.join(suite.work, "dl-outputs");
     notTheApi(await run(["download", taskId, "--out", out], p.url), 404);
     const left = (fs.readdirSync(out, { recursive: true }) as string[]).filter((f) =>
       fs.statSync(path.join(out, f)).isFile(),
     );
     assert.deepEqual(left, [], "no file, whole or temporary");
 
-    const big = path.join(work, "grand fichier ✓.csv");
+    const big = path.join(suite.work, "grand fichier ✓.csv");
     fs.writeFileSync(big, csv(500, 13));
     const upload = await run(["submit", "--type", "summary", big], p.url);
     notTheApi(upload, 413);
@@ -166,11 +131,11 @@ test("a proxy's HTML 404 for an output or the event stream, and its 413 for an u
 
 test("a proxy's 200 page (an app's index.html) or redirect for the event stream ends follow at once with exit 3, not a loop", async () => {
   // A task that runs for a while: each file keeps a worker slot busy (python-stats' median).
-  const slow = path.join(work, "lent");
+  const slow = path.join(suite.work, "lent");
   fs.mkdirSync(slow);
   for (let i = 0; i < 6; i++) fs.writeFileSync(path.join(slow, `lent ${i} ✓.csv`), csv(60_000, i + 3));
   const created = await collect(
-    spawnCli(["submit", "--type", "python-stats", "--param", "method=median", slow], server.env(token)),
+    spawnCli(["submit", "--type", "python-stats", "--param", "method=median", slow], suite.env()),
   );
   assert.equal(created.code, 0, created.stderr);
   const running = String(ofKind(jsonLines(created.stdout), "task")[0]?.taskId);
@@ -197,6 +162,6 @@ test("a proxy's 200 page (an app's index.html) or redirect for the event stream 
     }
   } finally {
     p.close();
-    await collect(spawnCli(["cancel", running], server.env(token)));
+    await collect(spawnCli(["cancel", running], suite.env()));
   }
 });

@@ -12,48 +12,28 @@ import fs from "node:fs";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import { collect, spawnCli } from "../helpers/cli.ts";
-import {
-  apiAll,
-  type ClientServer,
-  csv,
-  jsonLines,
-  type Line,
-  ofKind,
-  startClientServer,
-  within,
-} from "../helpers/client.ts";
-import { idsCrossPowerOfTen } from "../helpers/queue.ts";
-import { scratchDir } from "../helpers/tmp.ts";
-
-let server: ClientServer;
-let token: string;
-let work: string;
-/** A task that ended, submitted straight to the server: what status, download and the rest read. */
-let taskId: string;
+import { apiAll, clientSuite, csv, jsonLines, type Line, ofKind, within } from "../helpers/client.ts";
 
 const USER = "zoë «retry» 🚀";
 
-before(async () => {
-  server = await startClientServer({ concurrency: 2 });
-  token = await server.token(USER);
-  work = scratchDir("assay-client-retry-");
-  // Ids past a digit boundary: one compared or sorted as text would come out wrong.
-  await idsCrossPowerOfTen(server.db.sql, "tasks", 0);
-  await idsCrossPowerOfTen(server.db.sql, "runs", 1);
-  await idsCrossPowerOfTen(server.db.sql, "files", 1);
-  const dir = path.join(work, "entrées");
-  fs.mkdirSync(dir);
-  fs.writeFileSync(path.join(dir, "relevé \u202efdp.csv"), csv(30, 3));
-  fs.writeFileSync(path.join(dir, "日本語 データ.csv"), csv(30, 7));
-  const r = await collect(spawnCli(["submit", "--type", "summary", dir, "--follow"], server.env(token)));
-  assert.equal(r.code, 0, r.stderr);
-  taskId = String(ofKind(jsonLines(r.stdout), "task")[0]?.taskId);
-});
+/** A task that ended, submitted straight to the server: what status, download and the rest read. */
+let taskId: string;
 
-after(async () => {
-  await server?.close();
+const suite = clientSuite({
+  user: USER,
+  scratch: "assay-client-retry-",
+  ids: { tasks: 0, runs: 1, files: 1 },
+  setup: async () => {
+    const dir = path.join(suite.work, "entrées");
+    fs.mkdirSync(dir);
+    fs.writeFileSync(path.join(dir, "relevé \u202efdp.csv"), csv(30, 3));
+    fs.writeFileSync(path.join(dir, "日本語 データ.csv"), csv(30, 7));
+    const r = await collect(spawnCli(["submit", "--type", "summary", dir, "--follow"], suite.env()));
+    assert.equal(r.code, 0, r.stderr);
+    taskId = String(ofKind(jsonLines(r.stdout), "task")[0]?.taskId);
+  },
 });
 
 /** What the proxy does with a request. */
@@ -97,7 +77,7 @@ const BAD_GATEWAY = "<html><head><title>502 Bad Gateway</title></head><body>ngin
 async function faultyProxy(
   fault: (r: { method: string; path: string; query: string; file?: string; nth: number }) => Fault,
 ) {
-  const backend = new URL(server.url);
+  const backend = new URL(suite.server.url);
   const seen: Seen[] = [];
   const counts = new Map<string, number>();
   const decide = (method: string, url: string, file?: string): Fault => {
@@ -225,10 +205,10 @@ const everyGetTwice = (r: { method: string; nth: number }): Fault =>
 /** `assay <args>` through `proxyUrl`, as JSON lines. */
 function run(args: string[], proxyUrl: string, ms = 120_000) {
   return within(
-    collect(spawnCli(args, server.env(token, { ASSAY_URL: proxyUrl }))),
+    collect(spawnCli(args, suite.env({ ASSAY_URL: proxyUrl }))),
     ms,
     `assay ${args.join(" ")}`,
-    () => server.log(),
+    () => suite.server.log(),
   );
 }
 
@@ -255,15 +235,15 @@ test("status, tasks, files, types, logs, follow and download each survive a 502 
     ["types"],
     ["logs", taskId],
     ["follow", taskId],
-    ["download", taskId, "--out", path.join(work, "direct")],
+    ["download", taskId, "--out", path.join(suite.work, "direct")],
   ];
   for (const args of commands) {
-    const direct = await run(args, server.url);
+    const direct = await run(args, suite.server.url);
     assert.equal(direct.code, 0, `${args[0]} straight to the server: ${direct.stderr}`);
     const proxy = await faultyProxy(everyGetTwice);
     try {
       const through = await run(
-        args[0] === "download" ? ["download", taskId, "--out", path.join(work, "through")] : args,
+        args[0] === "download" ? ["download", taskId, "--out", path.join(suite.work, "through")] : args,
         proxy.url,
       );
       assert.equal(through.code, 0, `${args[0]} through the failing proxy: ${through.stderr}`);
@@ -290,26 +270,26 @@ test("status, tasks, files, types, logs, follow and download each survive a 502 
         /reading \/api\/\S+: HTTP 502 Bad Gateway \(HTTP_502\); trying again \(attempt 2 of 6\)/,
       );
       assert.match(through.stderr, /reading \/api\/\S+: .*\(attempt 3 of 6\)/);
-      assert.ok(!through.stderr.includes(token), "the token is not printed");
+      assert.ok(!through.stderr.includes(suite.token), "the token is not printed");
     } finally {
       proxy.close();
     }
   }
-  for (const name of fs.readdirSync(path.join(work, "direct"), { recursive: true }) as string[]) {
-    const file = path.join(work, "direct", name);
+  for (const name of fs.readdirSync(path.join(suite.work, "direct"), { recursive: true }) as string[]) {
+    const file = path.join(suite.work, "direct", name);
     if (fs.statSync(file).isFile())
-      assert.deepEqual(fs.readFileSync(path.join(work, "through", name)), fs.readFileSync(file), name);
+      assert.deepEqual(fs.readFileSync(path.join(suite.work, "through", name)), fs.readFileSync(file), name);
   }
 });
 
 test("submit --out survives a 502 and a dropped connection on its type, file and run GETs", async () => {
-  const dir = path.join(work, "soumission");
+  const dir = path.join(suite.work, "soumission");
   fs.mkdirSync(dir);
   fs.writeFileSync(path.join(dir, "mesure — 1.csv"), csv(12, 11));
   fs.writeFileSync(path.join(dir, "mesure — 2.csv"), csv(12, 13));
   const proxy = await faultyProxy(everyGetTwice);
   try {
-    const out = path.join(work, "soumission-out");
+    const out = path.join(suite.work, "soumission-out");
     const r = await run(["submit", "--type", "summary", dir, "--out", out], proxy.url);
     assert.equal(r.code, 0, r.stderr);
     for (const p of ["/api/analysis-types", "/api/files"])
@@ -328,7 +308,7 @@ test("submit --out survives a 502 and a dropped connection on its type, file and
 });
 
 test("uploads through lost answers, 502s and cut bodies: each local file one file on the server, none made twice", async () => {
-  const dir = path.join(work, "envois");
+  const dir = path.join(suite.work, "envois");
   const same = "relevé ✓.csv";
   const sameBytes = csv(40, 17);
   for (const sub of ["a", "b", "c", "d"]) {
@@ -342,15 +322,15 @@ test("uploads through lost answers, 502s and cut bodies: each local file one fil
   // A copy of the shared bytes the user uploaded before: `a` reuses it; a lost upload must not.
   const form = new FormData();
   form.append("file", new Blob([sameBytes]), same);
-  const pre = await fetch(`${server.url}/api/files`, {
+  const pre = await fetch(`${suite.server.url}/api/files`, {
     method: "POST",
-    headers: { authorization: `Bearer ${token}` },
+    headers: { authorization: `Bearer ${suite.token}` },
     body: form,
   });
   assert.equal(pre.status, 201);
   const preId = ((await pre.json()) as { data: { fileId: string } }).data.fileId;
   const before = new Set(
-    (await apiAll<{ fileId: string }>(server, token, "/api/files")).map((f) => f.fileId),
+    (await apiAll<{ fileId: string }>(suite.server, suite.token, "/api/files")).map((f) => f.fileId),
   );
 
   const proxy = await faultyProxy(({ method, file, nth }) => {
@@ -372,7 +352,7 @@ test("uploads through lost answers, 502s and cut bodies: each local file one fil
     const ids = files.map((f) => f.fileId);
     assert.equal(new Set(ids).size, 7, `every local file a file of its own: ${ids}`);
 
-    const now = await apiAll<{ fileId: string; name: string }>(server, token, "/api/files");
+    const now = await apiAll<{ fileId: string; name: string }>(suite.server, suite.token, "/api/files");
     const made = now.filter((f) => !before.has(f.fileId));
     assert.deepEqual(
       made.map((f) => f.fileId).sort(),
@@ -407,13 +387,13 @@ test("uploads through lost answers, 502s and cut bodies: each local file one fil
 });
 
 test("an upload answered 504 is sent again with its key: the server answers the first try's file, never a second", async () => {
-  const dir = path.join(work, "lents");
+  const dir = path.join(suite.work, "lents");
   fs.mkdirSync(dir, { recursive: true });
   const bytes = csv(40, 31);
   fs.writeFileSync(path.join(dir, "lent «a».csv"), bytes);
   const sha256 = createHash("sha256").update(bytes).digest("hex");
   const before = new Set(
-    (await apiAll<{ fileId: string }>(server, token, "/api/files")).map((f) => f.fileId),
+    (await apiAll<{ fileId: string }>(suite.server, suite.token, "/api/files")).map((f) => f.fileId),
   );
   // The first try is stored and its answer replaced by a 504; every look-up by its hash misses (a
   // server older than the key would not find it either, or not yet): the retry sends it again.
@@ -431,9 +411,9 @@ test("an upload answered 504 is sent again with its key: the server answers the 
       "sent again after the 504",
     );
     const [file] = ofKind(jsonLines(r.stdout), "file") as (Line & { fileId: string })[];
-    const made = (await apiAll<{ fileId: string; sha256: string }>(server, token, "/api/files")).filter(
-      (f) => !before.has(f.fileId),
-    );
+    const made = (
+      await apiAll<{ fileId: string; sha256: string }>(suite.server, suite.token, "/api/files")
+    ).filter((f) => !before.has(f.fileId));
     assert.deepEqual(
       made.map((f) => f.fileId),
       [file?.fileId],
@@ -526,7 +506,7 @@ function stderrShows(child: ChildProcess, pattern: RegExp): Promise<void> {
 test("Ctrl-C during a retry's pause ends the command at once (exit 130): a GET's, and an upload's with no task created", async () => {
   const proxy = await faultyProxy(() => "badGateway");
   try {
-    const child = spawnCli(["tasks"], server.env(token, { ASSAY_URL: proxy.url }));
+    const child = spawnCli(["tasks"], suite.env({ ASSAY_URL: proxy.url }));
     const done = collect(child);
     // Said just before the pause of 4 s.
     await within(stderrShows(child, /attempt 5 of 6/), 30_000, "the fourth retry's note");
@@ -540,16 +520,13 @@ test("Ctrl-C during a retry's pause ends the command at once (exit 130): a GET's
     proxy.close();
   }
 
-  const dir = path.join(work, "interrompu");
+  const dir = path.join(suite.work, "interrompu");
   fs.mkdirSync(dir);
   fs.writeFileSync(path.join(dir, "jamais envoyé ✓.csv"), csv(10, 31));
-  const tasksBefore = (await apiAll(server, token, "/api/analysis-tasks")).length;
+  const tasksBefore = (await apiAll(suite.server, suite.token, "/api/analysis-tasks")).length;
   const uploads = await faultyProxy(({ method }) => (method === "POST" ? "badGateway" : "pass"));
   try {
-    const child = spawnCli(
-      ["submit", "--type", "summary", dir],
-      server.env(token, { ASSAY_URL: uploads.url }),
-    );
+    const child = spawnCli(["submit", "--type", "summary", dir], suite.env({ ASSAY_URL: uploads.url }));
     const done = collect(child);
     await within(
       stderrShows(child, /jamais envoyé ✓\.csv: .*\(attempt 5 of 6\)/),
@@ -562,7 +539,7 @@ test("Ctrl-C during a retry's pause ends the command at once (exit 130): a GET's
     assert.equal(r.code, 130, r.stderr);
     assert.ok(performance.now() - t0 < 2000, `ended within the pause (${performance.now() - t0} ms)`);
     assert.match(r.stderr, /interrupted: no task was created/);
-    assert.equal((await apiAll(server, token, "/api/analysis-tasks")).length, tasksBefore);
+    assert.equal((await apiAll(suite.server, suite.token, "/api/analysis-tasks")).length, tasksBefore);
     assert.ok(!uploads.seen.some((s) => s.method === "POST" && s.path === "/api/analysis-tasks"));
   } finally {
     uploads.close();

@@ -4,40 +4,23 @@
 // first failure — not ~15 s later, when the other's retries have run out.
 import assert from "node:assert/strict";
 import fs from "node:fs";
-import http from "node:http";
-import type { AddressInfo } from "node:net";
 import path from "node:path";
-import { after, before, test } from "node:test";
-import {
-  type ClientServer,
-  client,
-  csv,
-  jsonLines,
-  type Line,
-  ofKind,
-  startClientServer,
-} from "../helpers/client.ts";
-import { idsCrossPowerOfTen } from "../helpers/queue.ts";
-import { scratchDir } from "../helpers/tmp.ts";
+import { test } from "node:test";
+import { apiProxy, client, clientSuite, csv, jsonLines, type Line, ofKind } from "../helpers/client.ts";
 
-let server: ClientServer;
-let token: string;
 let taskId: string;
 
-before(async () => {
-  server = await startClientServer({ concurrency: 2 });
-  token = await server.token("ingrid «état» ✓");
-  await idsCrossPowerOfTen(server.db.sql, "tasks", 0);
-  await idsCrossPowerOfTen(server.db.sql, "runs", 1);
-  const dir = scratchDir("assay-client-status-");
-  fs.writeFileSync(path.join(dir, "relevé \u202efdp.csv"), csv(20, 3));
-  const r = await client(["submit", "--type", "summary", dir], server.env(token));
-  assert.equal(r.code, 0, r.stderr);
-  taskId = String(ofKind(jsonLines(r.stdout), "task")[0]?.taskId);
-});
-
-after(async () => {
-  await server?.close();
+const suite = clientSuite({
+  user: "ingrid «état» ✓",
+  scratch: "assay-client-status-",
+  ids: { tasks: 0, runs: 1 },
+  setup: async () => {
+    const dir = suite.work;
+    fs.writeFileSync(path.join(dir, "relevé \u202efdp.csv"), csv(20, 3));
+    const r = await client(["submit", "--type", "summary", dir], suite.env());
+    assert.equal(r.code, 0, r.stderr);
+    taskId = String(ofKind(jsonLines(r.stdout), "task")[0]?.taskId);
+  },
 });
 
 type Answer = [status: number, type: string, body: string];
@@ -46,36 +29,17 @@ const BAD_GATEWAY: Answer = [502, "text/html", "<html><body><h1>502 Bad Gateway<
 
 /** A proxy in front of the server answering the GETs `answer` picks itself; it counts every request. */
 async function proxy(answer: (path: string) => Answer | undefined) {
-  const backend = new URL(server.url);
   const asked: string[] = [];
-  const p = http.createServer((req, res) => {
+  const p = await apiProxy(suite.server.url, (req, res) => {
     const route = (req.url ?? "/").split("?")[0] as string;
     asked.push(route);
     const own = req.method === "GET" ? answer(route) : undefined;
-    if (own) {
-      res.writeHead(own[0], { "content-type": own[1] });
-      res.end(own[2]);
-      return;
-    }
-    const up = http.request(
-      { host: backend.hostname, port: backend.port, method: req.method, path: req.url, headers: req.headers },
-      (a) => {
-        res.writeHead(a.statusCode ?? 502, a.headers);
-        a.pipe(res);
-      },
-    );
-    up.on("error", () => res.destroy());
-    req.pipe(up);
+    if (!own) return false;
+    res.writeHead(own[0], { "content-type": own[1] });
+    res.end(own[2]);
+    return true;
   });
-  await new Promise<void>((r) => p.listen(0, "127.0.0.1", r));
-  return {
-    url: `http://127.0.0.1:${(p.address() as AddressInfo).port}`,
-    asked,
-    close: () => {
-      p.closeAllConnections();
-      p.close();
-    },
-  };
+  return { ...p, asked };
 }
 
 test("status ends at once with the first request that fails for good, stopping the other's retries", async () => {
@@ -107,7 +71,7 @@ test("status ends at once with the first request that fails for good, stopping t
     );
     try {
       const t0 = performance.now();
-      const r = await client(["status", taskId], server.env(token, { ASSAY_URL: p.url }));
+      const r = await client(["status", taskId], suite.env({ ASSAY_URL: p.url }));
       const ms = performance.now() - t0;
       assert.equal(r.code, c.code, r.stderr);
       const [error] = ofKind(jsonLines(r.stdout), "error") as (Line & { code: string })[];

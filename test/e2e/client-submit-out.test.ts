@@ -7,39 +7,24 @@
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import fs from "node:fs";
-import http from "node:http";
-import type { AddressInfo } from "node:net";
 import path from "node:path";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import { ASSAY_BIN, collect } from "../helpers/cli.ts";
 import {
   apiAll,
-  type ClientServer,
+  apiProxy,
   client,
+  clientSuite,
   csv,
   jsonLines,
   type Line,
   ofKind,
-  startClientServer,
 } from "../helpers/client.ts";
-import { idsCrossPowerOfTen } from "../helpers/queue.ts";
-import { scratchDir } from "../helpers/tmp.ts";
 
-let server: ClientServer;
-let token: string;
-let work: string;
-
-before(async () => {
-  server = await startClientServer({ concurrency: 2 });
-  token = await server.token("søren «sortie» ✓");
-  work = scratchDir("assay-client-submit-out-");
-  await idsCrossPowerOfTen(server.db.sql, "tasks", 0);
-  await idsCrossPowerOfTen(server.db.sql, "runs", 1);
-  await idsCrossPowerOfTen(server.db.sql, "files", 1);
-});
-
-after(async () => {
-  await server?.close();
+const suite = clientSuite({
+  user: "søren «sortie» ✓",
+  scratch: "assay-client-submit-out-",
+  ids: { tasks: 0, runs: 1, files: 1 },
 });
 
 type ErrorLine = Line & { code: string; message: string; exitCode: number };
@@ -48,26 +33,26 @@ const errorOf = (stdout: string) => ofKind(jsonLines(stdout), "error")[0] as Err
 
 /** How many files and tasks the user has on the server. */
 const holdings = async () => ({
-  files: (await apiAll(server, token, "/api/files")).length,
-  tasks: (await apiAll(server, token, "/api/analysis-tasks")).length,
+  files: (await apiAll(suite.server, suite.token, "/api/files")).length,
+  tasks: (await apiAll(suite.server, suite.token, "/api/analysis-tasks")).length,
 });
 
 test("submit --out refuses a download folder that clashes before uploading anything or creating a task", async () => {
   // The inputs' own folder as --out: the run of `relevé 1.csv` wants a folder where the input is.
-  const here = path.join(work, "données");
+  const here = path.join(suite.work, "données");
   fs.mkdirSync(here);
   const a = path.join(here, "relevé 1.csv");
   const b = path.join(here, "日本語 2.csv");
   fs.writeFileSync(a, csv(20, 3));
   fs.writeFileSync(b, csv(20, 5));
   // A tree: its runs' folders mirror it, `sub/` included.
-  const tree = path.join(work, "arbre");
+  const tree = path.join(suite.work, "arbre");
   fs.mkdirSync(path.join(tree, "sous dossier"), { recursive: true });
   fs.writeFileSync(path.join(tree, "sous dossier", "mesure ✓.csv"), csv(20, 7));
   const held = await holdings();
 
   const refused = async (args: string[], message: RegExp) => {
-    const r = await client(["submit", "--type", "summary", ...args], server.env(token));
+    const r = await client(["submit", "--type", "summary", ...args], suite.env());
     assert.equal(r.code, 2, `${args.join(" ")}: ${r.stderr}`);
     const err = errorOf(r.stdout);
     assert.equal(err?.code, "PATH_CONFLICT", r.stdout);
@@ -88,28 +73,28 @@ test("submit --out refuses a download folder that clashes before uploading anyth
   assert.deepEqual(fs.readdirSync(here).sort(), ["relevé 1.csv", "日本語 2.csv"], "nothing made");
 
   // A file where a folder of the input tree goes.
-  const flat = path.join(work, "à plat");
+  const flat = path.join(suite.work, "à plat");
   fs.mkdirSync(flat);
   fs.writeFileSync(path.join(flat, "sous dossier"), "mine\n");
   await refused([tree, "--out", flat], /à plat\/sous dossier is a file, not a folder/);
   assert.equal(fs.readFileSync(path.join(flat, "sous dossier"), "utf8"), "mine\n");
 
   // A link to nothing where a run's folder goes: nothing made where it points.
-  const linked = path.join(work, "lien");
+  const linked = path.join(suite.work, "lien");
   fs.mkdirSync(linked);
-  fs.symlinkSync(path.join(work, "nulle part"), path.join(linked, "日本語 2.csv"));
+  fs.symlinkSync(path.join(suite.work, "nulle part"), path.join(linked, "日本語 2.csv"));
   await refused([b, "--out", linked], /lien\/日本語 2\.csv is a link to nothing, not a folder/);
-  assert.equal(fs.existsSync(path.join(work, "nulle part")), false);
+  assert.equal(fs.existsSync(path.join(suite.work, "nulle part")), false);
 
   // --out a file, or below one.
-  const file = path.join(work, "un fichier.txt");
+  const file = path.join(suite.work, "un fichier.txt");
   fs.writeFileSync(file, "mine\n");
   await refused([b, "--out", file], /^cannot make the folder for the download: .*un fichier\.txt is a file/);
   await refused([b, "--out", path.join(file, "dessous")], /un fichier\.txt is a file, not a folder/);
   assert.equal(fs.readFileSync(file, "utf8"), "mine\n");
 
   // A folder where results.csv goes.
-  const table = path.join(work, "tableau");
+  const table = path.join(suite.work, "tableau");
   fs.mkdirSync(path.join(table, "results.csv"), { recursive: true });
   await refused(
     [b, "--out", table],
@@ -118,9 +103,9 @@ test("submit --out refuses a download folder that clashes before uploading anyth
 
   // Out of the way, the same submit downloads everything; once more into the same --out (folders
   // of its own there now, a results.csv file) is no clash either.
-  const clean = path.join(work, "propre");
+  const clean = path.join(suite.work, "propre");
   for (let i = 0; i < 2; i++) {
-    const ok = await client(["submit", "--type", "summary", a, b, tree, "--out", clean], server.env(token));
+    const ok = await client(["submit", "--type", "summary", a, b, tree, "--out", clean], suite.env());
     assert.equal(ok.code, 0, ok.stderr);
     assert.ok(fs.statSync(path.join(clean, "relevé 1.csv", "summary.json")).isFile());
     assert.ok(
@@ -131,35 +116,23 @@ test("submit --out refuses a download folder that clashes before uploading anyth
 });
 
 test("a download that fails for good after the task ran names the assay download that fetches the outputs again", async () => {
-  const dir = path.join(work, "relevés");
+  const dir = path.join(suite.work, "relevés");
   fs.mkdirSync(dir);
   fs.writeFileSync(path.join(dir, "relevé «1».csv"), csv(20, 11));
   fs.writeFileSync(path.join(dir, "relevé «2».csv"), csv(20, 13));
   // An output answered 500 by the API (not asked again): the download fails once the task has run.
-  const backend = new URL(server.url);
-  const proxy = http.createServer((req, res) => {
-    if (req.method === "GET" && /\/outputs\/[^/?]+$/.test(req.url ?? "")) {
-      res.writeHead(500, { "content-type": "application/json" });
-      res.end('{"code":"INTERNAL","message":"Internal server error."}');
-      return;
-    }
-    const up = http.request(
-      { host: backend.hostname, port: backend.port, method: req.method, path: req.url, headers: req.headers },
-      (answer) => {
-        res.writeHead(answer.statusCode ?? 502, answer.headers);
-        answer.pipe(res);
-      },
-    );
-    up.on("error", () => res.destroy());
-    req.pipe(up);
+  const proxy = await apiProxy(suite.server.url, (req, res) => {
+    if (req.method !== "GET" || !/\/outputs\/[^/?]+$/.test(req.url ?? "")) return false;
+    res.writeHead(500, { "content-type": "application/json" });
+    res.end('{"code":"INTERNAL","message":"Internal server error."}');
+    return true;
   });
-  await new Promise<void>((r) => proxy.listen(0, "127.0.0.1", r));
   // A folder a shell would take apart: the command must be one that can be pasted.
-  const out = path.join(work, "sortie d'essai");
+  const out = path.join(suite.work, "sortie d'essai");
   try {
     const r = await client(
       ["submit", "--type", "summary", dir, "--out", out],
-      server.env(token, { ASSAY_URL: `http://127.0.0.1:${(proxy.address() as AddressInfo).port}` }),
+      suite.env({ ASSAY_URL: proxy.url }),
     );
     assert.equal(r.code, 3, r.stderr);
     const taskId = String(ofKind(jsonLines(r.stdout), "task")[0]?.taskId);
@@ -177,7 +150,7 @@ test("a download that fails for good after the task ran names the assay download
       "sh",
       ["-c", `"$0" "$1" ${again.slice("assay ".length)}`, process.execPath, ASSAY_BIN],
       {
-        env: server.env(token),
+        env: suite.env(),
         stdio: ["ignore", "pipe", "pipe"],
       },
     );
@@ -186,19 +159,18 @@ test("a download that fails for good after the task ran names the assay download
     for (const n of [1, 2])
       assert.ok(fs.statSync(path.join(out, `relevé «${n}».csv`, "summary.json")).isFile());
   } finally {
-    proxy.closeAllConnections();
     proxy.close();
   }
 });
 
 test("submit of a folder with --out inside it does not take the last submit's outputs for inputs", async () => {
-  const data = path.join(work, "mesures «été»");
+  const data = path.join(suite.work, "mesures «été»");
   fs.mkdirSync(data);
   fs.writeFileSync(path.join(data, "relevé 1.csv"), csv(20, 17));
   fs.writeFileSync(path.join(data, "日本語 2.csv"), csv(20, 19));
   const out = path.join(data, "résultats");
   for (let i = 0; i < 2; i++) {
-    const r = await client(["submit", "--type", "summary", data, "--out", out], server.env(token));
+    const r = await client(["submit", "--type", "summary", data, "--out", out], suite.env());
     assert.equal(r.code, 0, r.stderr);
     const lines = jsonLines(r.stdout);
     assert.deepEqual(
@@ -213,7 +185,7 @@ test("submit of a folder with --out inside it does not take the last submit's ou
   }
   // Named by itself beside the folder it is in, a file inside --out is an input all the same (once).
   const named = path.join(out, "results.csv");
-  const r = await client(["submit", "--type", "summary", data, named, "--out", out], server.env(token));
+  const r = await client(["submit", "--type", "summary", data, named, "--out", out], suite.env());
   assert.equal(r.code, 0, r.stderr);
   assert.deepEqual(
     ofKind(jsonLines(r.stdout), "file")
@@ -223,13 +195,13 @@ test("submit of a folder with --out inside it does not take the last submit's ou
     ["mesures «été»/relevé 1.csv", "mesures «été»/résultats/results.csv", "mesures «été»/日本語 2.csv"],
   );
   // --out the folder itself: its files are where their folders would go.
-  const same = await client(["submit", "--type", "summary", data, "--out", data], server.env(token));
+  const same = await client(["submit", "--type", "summary", data, "--out", data], suite.env());
   assert.equal(same.code, 2, same.stderr);
   assert.equal(errorOf(same.stdout)?.code, "PATH_CONFLICT");
 });
 
 test("an empty --out (a variable not set) is exit 2 USAGE for submit and download, not the current folder", async () => {
-  const input = path.join(work, "vide «1».csv");
+  const input = path.join(suite.work, "vide «1».csv");
   fs.writeFileSync(input, csv(5, 23));
   const held = await holdings();
   for (const args of [
@@ -237,7 +209,7 @@ test("an empty --out (a variable not set) is exit 2 USAGE for submit and downloa
     ["download", "100000000", "--out", ""],
     ["download", "100000000", "--out="],
   ]) {
-    const r = await client(args, server.env(token));
+    const r = await client(args, suite.env());
     assert.equal(r.code, 2, `${args.join(" ")}: ${r.stderr}`);
     assert.equal(errorOf(r.stdout)?.code, "USAGE", r.stdout);
     assert.match(r.stderr, /--out is empty/);

@@ -3,14 +3,17 @@
 // its JSON lines parsed.
 import type { ChildProcess } from "node:child_process";
 import fs from "node:fs";
+import http from "node:http";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
+import { after, before } from "node:test";
 import { tokenCreate } from "../../src/auth/tokens.ts";
 import { freePort } from "../../src/db/embedded.ts";
 import { type CliResult, cleanEnv, collect, runCli, spawnCli } from "./cli.ts";
 import { createTestDatabase, type TestDatabase } from "./db.ts";
-import { waitFor } from "./queue.ts";
+import { idsCrossPowerOfTen, waitFor } from "./queue.ts";
+import { scratchDir } from "./tmp.ts";
 
 export interface ClientServer {
   readonly url: string;
@@ -208,6 +211,126 @@ export async function startClientServer(
       await stop();
       await db.drop();
       fs.rmSync(dataDir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** What a client test file shares, set by clientSuite()'s `before` (read it in tests and hooks). */
+export interface ClientSuite {
+  readonly server: ClientServer;
+  /** A token of the suite's user. */
+  readonly token: string;
+  /** A scratch folder of the file's own, removed when the test process exits. */
+  readonly work: string;
+  /** The client's environment for the suite's token (`server.env(token, extra)`). */
+  env(extra?: Record<string, string>): NodeJS.ProcessEnv;
+}
+
+/**
+ * Registers the `before` and `after` of a client test file: a server (`concurrency`, 2 unless
+ * told), a token of `user`, a scratch folder named from `scratch`, and the ids of `ids`' tables made
+ * to cross a power of ten after that many of them (idsCrossPowerOfTen), so that one compared or
+ * sorted as text comes out wrong.
+ */
+export function clientSuite(o: {
+  user: string;
+  scratch: string;
+  concurrency?: number;
+  ids?: Partial<Record<"tasks" | "runs" | "files", number>>;
+  /** More set-up, run at the end of the suite's `before` (a `before` of the file's own would run alongside it). */
+  setup?: () => Promise<void>;
+}): ClientSuite {
+  let state: { server: ClientServer; token: string; work: string } | undefined;
+  let server: ClientServer | undefined;
+  before(async () => {
+    server = await startClientServer({ concurrency: o.concurrency ?? 2 });
+    const token = await server.token(o.user);
+    const work = scratchDir(o.scratch);
+    for (const [table, below] of Object.entries(o.ids ?? {}))
+      await idsCrossPowerOfTen(server.db.sql, table, below);
+    state = { server, token, work };
+    await o.setup?.();
+  });
+  after(async () => {
+    await server?.close();
+  });
+  const get = () => {
+    if (!state) throw new Error("clientSuite: read before its before() ran");
+    return state;
+  };
+  return {
+    get server() {
+      return get().server;
+    },
+    get token() {
+      return get().token;
+    },
+    get work() {
+      return get().work;
+    },
+    env: (extra) => get().server.env(get().token, extra),
+  };
+}
+
+/**
+ * An HTTP proxy in front of the API at `target` (a server's url): each request goes first to
+ * `intercept`, which returns true when it has taken the request (answered it, or holds it on
+ * purpose); every other is forwarded as it came, and the API's answer passed back as it is.
+ */
+export async function apiProxy(
+  target: string,
+  intercept: (req: http.IncomingMessage, res: http.ServerResponse) => boolean,
+): Promise<{ url: string; close(): void }> {
+  const backend = new URL(target);
+  const proxy = http.createServer((req, res) => {
+    if (intercept(req, res)) return;
+    const up = http.request(
+      { host: backend.hostname, port: backend.port, method: req.method, path: req.url, headers: req.headers },
+      (answer) => {
+        res.writeHead(answer.statusCode ?? 502, answer.headers);
+        answer.pipe(res);
+      },
+    );
+    up.on("error", () => res.destroy());
+    req.pipe(up);
+  });
+  await new Promise<void>((r) => proxy.listen(0, "127.0.0.1", r));
+  return {
+    url: `http://127.0.0.1:${(proxy.address() as net.AddressInfo).port}`,
+    close: () => {
+      proxy.closeAllConnections();
+      proxy.close();
+    },
+  };
+}
+
+/**
+ * A TCP relay on a free port of 127.0.0.1 to `target`'s host and port (a database's or a store's), for
+ * a test that passes the bytes on itself: `connection` wires each connection's two sockets. Errors on
+ * either are ignored, and when one closes the other is destroyed; close() destroys every socket open.
+ */
+export async function tcpRelay(
+  target: URL,
+  connection: (client: net.Socket, upstream: net.Socket) => void,
+): Promise<{ port: number; close(): void }> {
+  const sockets = new Set<net.Socket>();
+  const relay = net.createServer((client) => {
+    const upstream = net.connect(Number(target.port), target.hostname);
+    for (const s of [client, upstream]) {
+      sockets.add(s);
+      s.on("error", () => {});
+      s.on("close", () => sockets.delete(s));
+    }
+    connection(client, upstream);
+    client.on("close", () => upstream.destroy());
+    upstream.on("close", () => client.destroy());
+  });
+  await new Promise<void>((resolve) => relay.listen(0, "127.0.0.1", resolve));
+  return {
+    port: (relay.address() as net.AddressInfo).port,
+    close: () => {
+      for (const s of sockets) s.destroy();
+      relay.close();
     },
   };
 }

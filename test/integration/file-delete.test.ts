@@ -4,11 +4,12 @@
 // another user's file and ids that cannot exist are 404. A store that does not answer holds the delete
 // up for a few seconds only.
 import assert from "node:assert/strict";
-import net from "node:net";
+import type net from "node:net";
 import { after, before, describe, test } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { tokenCreate } from "../../src/auth/tokens.ts";
 import { bearer, multipart } from "../helpers/app.ts";
+import { tcpRelay } from "../helpers/client.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
 import { fixtureProgram, type RunnerEnv, runnerEnv, runnerEnvBackends } from "../helpers/runner.ts";
 
@@ -179,14 +180,7 @@ async function holdingRelay(endpoint: string) {
   let holding = false;
   const held = new Set<net.Socket>();
   let closedWhileHeld = 0;
-  const sockets = new Set<net.Socket>();
-  const server = net.createServer((client) => {
-    const upstream = net.connect(Number(target.port), target.hostname);
-    for (const s of [client, upstream]) {
-      sockets.add(s);
-      s.on("error", () => {});
-      s.on("close", () => sockets.delete(s));
-    }
+  const relay = await tcpRelay(target, (client, upstream) => {
     client.on("data", (chunk: Buffer) => {
       if (!holding) upstream.write(chunk);
       else if (!held.has(client)) {
@@ -195,12 +189,9 @@ async function holdingRelay(endpoint: string) {
       }
     });
     upstream.pipe(client);
-    client.on("close", () => upstream.destroy());
-    upstream.on("close", () => client.destroy());
   });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
   return {
-    endpoint: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}`,
+    endpoint: `http://127.0.0.1:${relay.port}`,
     hold: () => {
       holding = true;
     },
@@ -208,10 +199,7 @@ async function holdingRelay(endpoint: string) {
     held: () => held.size,
     /** Of those, how many the client has closed since. */
     closedWhileHeld: () => closedWhileHeld,
-    close: () => {
-      for (const s of sockets) s.destroy();
-      server.close();
-    },
+    close: relay.close,
   };
 }
 

@@ -4,13 +4,13 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import fs from "node:fs";
-import net from "node:net";
 import path from "node:path";
 import { Readable } from "node:stream";
 import { after, before, test } from "node:test";
 import { createDatabase } from "../../src/db/client.ts";
 import { fileCreate, fileDelete } from "../../src/files/files.ts";
 import { bearer, multipart, startTestApp, type TestApp } from "../helpers/app.ts";
+import { tcpRelay } from "../helpers/client.ts";
 import { idsCrossPowerOfTen, seedUser, waitFor } from "../helpers/queue.ts";
 
 let t: TestApp;
@@ -166,14 +166,7 @@ test("a bad key is 400 VALIDATION_FAILED before anything is stored", async () =>
  */
 async function holdAnswer(target: URL, marker: string, meanwhile: () => Promise<void>) {
   let held = 0;
-  const sockets = new Set<net.Socket>();
-  const server = net.createServer((client) => {
-    const upstream = net.connect(Number(target.port), target.hostname);
-    for (const s of [client, upstream]) {
-      sockets.add(s);
-      s.on("error", () => {});
-      s.on("close", () => sockets.delete(s));
-    }
+  const relay = await tcpRelay(target, (client, upstream) => {
     client.pipe(upstream);
     // In order: a chunk after a held one waits for it.
     let queue = Promise.resolve();
@@ -185,21 +178,11 @@ async function holdAnswer(target: URL, marker: string, meanwhile: () => Promise<
         client.write(chunk);
       });
     });
-    client.on("close", () => upstream.destroy());
-    upstream.on("close", () => client.destroy());
   });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
   const url = new URL(target);
   url.hostname = "127.0.0.1";
-  url.port = String((server.address() as net.AddressInfo).port);
-  return {
-    url: url.toString(),
-    held: () => held,
-    close: () => {
-      for (const s of sockets) s.destroy();
-      server.close();
-    },
-  };
+  url.port = String(relay.port);
+  return { url: url.toString(), held: () => held, close: relay.close };
 }
 
 test("a replay whose first file is deleted between its conflict and its look-up is stored: a new file, not a 500", async () => {
