@@ -275,7 +275,6 @@ test("a retry whose answer was lost after its commit: logged and counted as re-q
       10_000,
       "the retry and the completion to be settled",
     );
-    if (process.env.LOST_LOG) console.log(x.lines);
     const requeued = x.lines.filter((l) => l.msg === "run re-queued");
     assert.deepEqual(
       requeued.map((l) => [l.runId, l.answerLost]),

@@ -36,6 +36,18 @@ export interface CompletionResult {
 }
 
 /**
+ * What an outcome writes into its run: runComplete sends it, and runEndingsRecorded compares a run
+ * with it, so the two cannot drift apart.
+ */
+const endingOf = (o: Outcome) => ({
+  status: o.status,
+  error_code: o.errorCode ?? null,
+  error_message: o.errorMessage ?? null,
+  result: o.result ?? null,
+  output_key: o.outputKey ?? null,
+});
+
+/**
  * Completes finished attempts in one statement (DESIGN §4.5): fenced run updates, their outcomes
  * added to their tasks' counters (aggregated per task), and a task flipped terminal when its
  * counters reach its total — the same path for every outcome. A run that did not match was fenced
@@ -47,11 +59,7 @@ export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<Comple
   const input = byId(outcomes).map((o) => ({
     id: o.id,
     token: o.token,
-    status: o.status,
-    error_code: o.errorCode ?? null,
-    error_message: o.errorMessage ?? null,
-    result: o.result ?? null,
-    output_key: o.outputKey ?? null,
+    ...endingOf(o),
     ended_ago_ms: Math.max(0, Math.round(o.endedMsAgo ?? 0)),
   }));
   const [row] = await sql<
@@ -108,15 +116,7 @@ export interface SentEnding extends Outcome {
  */
 export async function runEndingsRecorded(sql: Sql, endings: SentEnding[]): Promise<number[]> {
   if (endings.length === 0) return [];
-  const input = endings.map((o) => ({
-    id: o.id,
-    attempt: o.attempt,
-    status: o.status,
-    error_code: o.errorCode ?? null,
-    error_message: o.errorMessage ?? null,
-    result: o.result ?? null,
-    output_key: o.outputKey ?? null,
-  }));
+  const input = endings.map((o) => ({ id: o.id, attempt: o.attempt, ...endingOf(o) }));
   const rows = await sql<{ id: number }[]>`
     select r.id::float8 as id
     from runs r join jsonb_to_recordset(${sql.json(pgSafe(input) as unknown as Json)})
