@@ -210,7 +210,7 @@ export class S3Store implements ObjectStore {
       const told = Number((err as { ActualObjectSize?: unknown }).ActualObjectSize ?? Number.NaN);
       throw new RangeNotSatisfiableError(
         key,
-        Number.isSafeInteger(told) ? told : await this.sizeOf(key, signal),
+        Number.isSafeInteger(told) ? told : (await this.stat(key, signal)).size,
       );
     }
   }
@@ -232,11 +232,6 @@ export class S3Store implements ObjectStore {
         ? new ObjectMissingError(key)
         : err;
     }
-  }
-
-  /** The size of `key`'s object. */
-  private async sizeOf(key: string, signal: AbortSignal | undefined): Promise<number> {
-    return (await this.stat(key, signal)).size;
   }
 
   /**
