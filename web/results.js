@@ -1,16 +1,20 @@
 // The fan-in result: one row per input file with its status, error and metrics (the API's
 // results.csv, the same table as results.csv at the root of the task's zip), sortable, downloadable,
 // and a chart of the column it is sorted by when that column is numeric. Read again while a run in it
-// is still going (its rows change as runs end): every POLL_MS, or four times as long as a read took,
-// when longer, while the tab is visible.
+// is still going, when the task's event stream says a run's status changed (`changes` grows): at most
+// one read at a time, each at least POLL_MS — or four times as long as the last read took, when
+// longer — after the one before, while the tab is visible. Without news, every BACKSTOP_MS
+// while the stream is live (an event missed), every POLL_MS as above while it is not (`live`).
 import { apiBlob, POLL_MS, saveVia } from "./api.js";
 import { parseCsv } from "./csv.js";
 import { isTerminal } from "./events.js";
 import { shownName } from "./format.js";
-import { html, useEffect, useMemo, useState } from "./lib.js";
+import { html, useEffect, useMemo, useRef, useState } from "./lib.js";
 import { ErrorNote } from "./widgets.js";
 
 const SHOWN = 200;
+/** How often a table whose runs are going is read without news while the event stream is live. */
+const BACKSTOP_MS = 30_000;
 
 const numeric = (v) => v !== "" && Number.isFinite(Number(v));
 
@@ -43,21 +47,46 @@ function Chart({ rows, column, label }) {
   </figure>`;
 }
 
-export function ResultsTable({ taskId, version }) {
+export function ResultsTable({ taskId, version, changes = 0, live = false }) {
   const [table, setTable] = useState(null);
   const [error, setError] = useState(null);
   const [sort, setSort] = useState({ column: 0, dir: 1 });
+  // The reads' schedule (below), told of news and of the stream's state by the effects after it.
+  const reads = useRef(null);
+  const liveRef = useRef(live);
+  liveRef.current = live;
   useEffect(() => {
     const ctrl = new AbortController();
     let timer = null;
-    // Whether the last table read had a run still going (none read yet: so taken), and the reads
-    // failed in a row since.
+    // Whether the last table read had a run still going (none read yet: so taken); whether a read is
+    // on its way; whether news came since the last read was sent; the reads failed in a row since one
+    // succeeded; when the last read ended, and the earliest the next may start (a refusal: never).
     let going = true;
+    let reading = false;
+    let news = false;
     let failed = 0;
-    const later = (ms) => {
-      timer = setTimeout(() => (document.visibilityState === "visible" ? read() : later(POLL_MS)), ms);
+    let ended = 0;
+    let earliest = 0;
+    // The one timer for the next read, set again whenever what it depends on changes. In a hidden tab
+    // it waits, looking every POLL_MS, and the read comes when the tab is shown.
+    const plan = () => {
+      clearTimeout(timer);
+      timer = null;
+      if (!going || reading || earliest === Infinity) return;
+      // After a failure the retry's time; after news the earliest allowed; without news a slow
+      // backstop while the stream is live (its events tell of every change), else the old poll.
+      const at = failed > 0 || news || !liveRef.current ? earliest : Math.max(earliest, ended + BACKSTOP_MS);
+      timer = setTimeout(due, Math.max(0, at - performance.now()));
+    };
+    const due = () => {
+      if (document.visibilityState === "visible") read();
+      else timer = setTimeout(due, POLL_MS);
     };
     const read = () => {
+      clearTimeout(timer);
+      timer = null;
+      reading = true;
+      news = false;
       const started = performance.now();
       apiBlob(`/analysis-tasks/${taskId}/results.csv`, { signal: ctrl.signal })
         .then((b) => b.text())
@@ -69,24 +98,47 @@ export function ResultsTable({ taskId, version }) {
             failed = 0;
             const status = head.indexOf("status");
             going = status >= 0 && rows.some((r) => !isTerminal(r[status]));
-            if (going) later(Math.max(POLL_MS, 4 * (performance.now() - started)));
+            ended = performance.now();
+            earliest = ended + Math.max(POLL_MS, 4 * (ended - started));
           },
           (err) => {
             if (ctrl.signal.aborted) return;
             setError(err);
+            ended = performance.now();
             // Not what the API refused (a 404: the task is gone), but a read that did not reach it,
             // is tried again while the task is going: after 2 s, doubling to 16 s.
-            if (going && !(err.status >= 400 && err.status < 500))
-              later(POLL_MS * 2 ** Math.min(failed++, 3));
+            earliest =
+              err.status >= 400 && err.status < 500 ? Infinity : ended + POLL_MS * 2 ** Math.min(failed++, 3);
           },
-        );
+        )
+        .finally(() => {
+          if (ctrl.signal.aborted) return;
+          reading = false;
+          plan();
+        });
+    };
+    reads.current = {
+      news: () => {
+        news = true;
+        plan();
+      },
+      plan,
     };
     read();
     return () => {
       ctrl.abort();
       clearTimeout(timer);
+      reads.current = null;
     };
   }, [taskId, version]);
+  // News from the stream: a read, coalesced (the first render's value is no news).
+  const seen = useRef(changes);
+  useEffect(() => {
+    if (changes === seen.current) return;
+    seen.current = changes;
+    reads.current?.news();
+  }, [changes]);
+  useEffect(() => reads.current?.plan(), [live]);
   const [head = [], ...rows] = table ?? [];
   const sorted = useMemo(() => {
     const c = sort.column;

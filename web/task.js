@@ -28,6 +28,13 @@ const STREAM_LABEL = {
   gone: "unavailable",
 };
 
+/**
+ * Whether event `e` changes a row of the task's results table: any change of a run's status (it
+ * started running, ended, was put back in the queue for a retry, is being cancelled) — every run event
+ * but progress —, or a cancel that ended the queued runs (one task event).
+ */
+const changesResults = (e) => (e.runId && e.type !== "run.progress") || e.data?.cancelledQueued > 0;
+
 function describe(e) {
   const d = e.data ?? {};
   if (e.type === "run.progress") return `${d.percent ?? ""}%${d.message ? ` ${shownName(d.message)}` : ""}`;
@@ -59,6 +66,9 @@ export function TaskView({ taskId }) {
   const [notice, setNotice] = useState(null);
   const [busy, setBusy] = useState(false);
   const [resultsVersion, setResultsVersion] = useState(0);
+  // Changes of runs' status (started, ended, put back for a retry), as the stream told: the Results
+  // tab reads its table again after them (results.js), instead of on a timer.
+  const [resultsChanges, setResultsChanges] = useState(0);
   const taskRef = useRef(null);
   const reread = useRef({ timer: null, due: 0, task: false, runs: false });
   // Reads of the task and of its runs failed in a row, each (retryFailed's backoff).
@@ -216,6 +226,7 @@ export function TaskView({ taskId }) {
         scheduleReread("runs");
     }
     if (batch.some((e) => !e.runId && isTerminal(e.data?.status))) setResultsVersion((v) => v + 1);
+    else if (batch.some(changesResults)) setResultsChanges((n) => n + 1);
   }
 
   useEffect(() => {
@@ -451,7 +462,8 @@ export function TaskView({ taskId }) {
     ${
       tab === "results"
         ? html`<div role="tabpanel" id="panel-results" aria-labelledby="tab-results">
-          <${ResultsTable} taskId=${taskId} version=${resultsVersion} />
+          <${ResultsTable} taskId=${taskId} version=${resultsVersion} changes=${resultsChanges}
+            live=${stream === "live"} />
         </div>`
         : null
     }

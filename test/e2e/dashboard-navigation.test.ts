@@ -2,7 +2,8 @@
 // against a real `assay api` process: the task list's filters and page and the files list's page are
 // in the address, so Back from a task, a reload and a link show the list as it was; hostile values in
 // the address show the API's error, never break the page; and the Results tab of a running task shows
-// its runs as they end, not only when the task does. Waits on conditions, never time.
+// its runs as they end (read again after runs change, at most every POLL_MS), not only when the task
+// does. Waits on conditions, never time.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { Page } from "playwright-core";
@@ -229,28 +230,28 @@ test("the Results tab of a running task shows each run's result as it ends, not 
     await page.getByRole("tab", { name: "Results" }).click();
     const resultRow = (name: string) => page.locator("table.results tbody tr", { hasText: name });
     await resultRow(`erst `).filter({ hasText: "running" }).waitFor();
+    // The re-read after the first run ends fails (the network, the API restarting): the table stays
+    // under its error, and the read is tried again (without another event).
+    let blocked = true;
+    await page.route(/\/results\.csv$/, (route) =>
+      blocked ? route.abort("connectionrefused") : route.continue(),
+    );
     gates.get(first)?.();
+    await page.getByRole("alert").filter({ hasText: "NETWORK" }).waitFor({ timeout: 20_000 });
+    assert.equal(await resultRow("erst ").count(), 1, "the table stays");
+    blocked = false;
+    await page.getByRole("alert").waitFor({ state: "detached", timeout: 20_000 });
     // The first run's row shows its end and its metric while the task still runs.
     await resultRow("erst ").filter({ hasText: "succeeded" }).waitFor({ timeout: 20_000 });
     await page.getByRole("columnheader", { name: "Größe µ" }).waitFor();
     assert.equal(await resultRow("zweit ").filter({ hasText: "succeeded" }).count(), 0);
     assert.equal(await page.locator("header .badge").filter({ hasText: "running" }).count(), 1);
-    // A re-read that fails (the network, the API restarting) keeps the table under its error, and is
-    // tried again.
-    let blocked = true;
-    await page.route(/\/results\.csv$/, (route) =>
-      blocked ? route.abort("connectionrefused") : route.continue(),
-    );
-    await page.getByRole("alert").filter({ hasText: "NETWORK" }).waitFor({ timeout: 20_000 });
-    assert.equal(await resultRow("erst ").count(), 1, "the table stays");
-    blocked = false;
-    await page.getByRole("alert").waitFor({ state: "detached", timeout: 20_000 });
     reads.length = 0;
     gates.get(second)?.();
     await resultRow("zweit ").filter({ hasText: "succeeded" }).waitFor({ timeout: 20_000 });
     await page.locator("header .badge").filter({ hasText: "succeeded" }).waitFor({ timeout: 20_000 });
-    // Read again on a cadence (POLL_MS, 2 s), not back to back. (Two reads may come together: a
-    // task's end reads the table again at once.)
+    // Read again after runs end, at most every POLL_MS (2 s), not back to back. (Two reads may come
+    // together: a task's end reads the table again at once.)
     const gaps = reads.slice(1).map((t, i) => t - (reads[i] as number));
     assert.ok(gaps.filter((g) => g < 1500).length <= 1, `reads ${gaps.join(", ")} ms apart`);
     await page.context().close();
