@@ -1,9 +1,10 @@
 // Uploaded files: metadata rows in `files`, bytes in storage under `files/<id>`.
 
-import type { Readable } from "node:stream";
+import { type Readable, Writable } from "node:stream";
+import { pipeline } from "node:stream/promises";
 import type { Principal } from "../auth/tokens.ts";
 import { isoTime, type Sql } from "../db/client.ts";
-import type { ObjectStore } from "../storage/store.ts";
+import { meter, type ObjectStore, type PutResult, watchPut } from "../storage/store.ts";
 
 export interface FileRecord {
   fileId: string;
@@ -31,10 +32,13 @@ export type FileCreateResult =
  * object is deleted; a crash in between, or a connection lost with the insert's answer (it may have
  * committed), leaves an object no row may name, which the store sweep removes a day later if none does.
  *
- * With an `idempotencyKey`, the row carries it (unique per owner): when the key already made a file —
- * the first try of a retried upload committed, or a concurrent one won — the bytes just stored are
- * deleted and that file is the answer if its bytes are these (same SHA-256 and size), a conflict if not;
- * when that file is deleted before it is read, the key is free again and this upload is inserted.
+ * With an `idempotencyKey`, the row carries it (unique per owner). When the key already made a file
+ * (the first try of a retried upload committed), the body is read through the meter without being
+ * stored — a replayed 1 GB upload was stored whole, on S3 uploaded, to be deleted again — and that
+ * file is the answer if its bytes are these (same SHA-256 and size), a conflict if not; the limit
+ * still applies. When the key's file commits only after that look-up (a concurrent first try), the
+ * insert's conflict says so: the bytes just stored are deleted and the same comparison answers; when
+ * that file is deleted before it is read, the key is free again and this upload is inserted.
  */
 export async function fileCreate(
   sql: Sql,
@@ -43,6 +47,10 @@ export async function fileCreate(
   source: Readable,
   meta: { name: string; contentType: string; maxBytes: number; idempotencyKey?: string },
 ): Promise<FileCreateResult> {
+  if (meta.idempotencyKey !== undefined) {
+    const existing = await fileByIdempotencyKey(sql, owner, meta.idempotencyKey);
+    if (existing) return replayOf(existing, await readThrough(source, meta.maxBytes));
+  }
   const [next] = await sql<
     { id: string }[]
   >`select nextval(pg_get_serial_sequence('files', 'id'))::text as id`;
@@ -72,9 +80,7 @@ export async function fileCreate(
         if (!existing && tries < INSERT_TRIES) continue;
         await store.delete([key]).catch(() => {});
         if (!existing) throw err;
-        return existing.sha256 === stored.sha256 && existing.sizeBytes === stored.sizeBytes
-          ? { kind: "existing", file: existing }
-          : { kind: "idempotency-conflict" };
+        return replayOf(existing, stored);
       }
       await store.delete([key]).catch(() => {});
       throw err;
@@ -83,6 +89,26 @@ export async function fileCreate(
   const [row] = rows;
   if (!row) throw new Error("file insert returned no row");
   return { kind: "created", file: { ...row, createdAt: isoTime(row.createdAt) } };
+}
+
+/** The answer to an upload whose Idempotency-Key made `existing`: it if the bytes are the same. */
+const replayOf = (existing: FileRecord, body: PutResult): FileCreateResult =>
+  existing.sha256 === body.sha256 && existing.sizeBytes === body.sizeBytes
+    ? { kind: "existing", file: existing }
+    : { kind: "idempotency-conflict" };
+
+/**
+ * Reads `source` to its end through the store's meter (hashed, counted, PayloadTooLargeError past
+ * `maxBytes`), keeping nothing. A body that fails by itself is a SourceError, as from a put.
+ */
+async function readThrough(source: Readable, maxBytes: number): Promise<PutResult> {
+  const m = meter(maxBytes);
+  const failure = watchPut(source, [m.stream]);
+  const discard = new Writable({ write: (_chunk, _enc, done) => done() });
+  await pipeline(source, m.stream, discard).catch((err: unknown) => {
+    throw failure(err);
+  });
+  return m.result();
 }
 
 /** Inserts of an upload whose key's file keeps being made and deleted by other requests meanwhile. */

@@ -1,21 +1,21 @@
 // The object store on a local directory (`ASSAY_STORAGE=local`, the default): a key is a file under
 // the root (`$ASSAY_DATA_DIR`). Writes go to `.partial/` first and are published with one rename, so a
 // key never names half a file. Programs read inputs in place (`localPath`).
-import { createHash, randomBytes } from "node:crypto";
+import { randomBytes } from "node:crypto";
 import fs from "node:fs";
 import fsp from "node:fs/promises";
 import path from "node:path";
-import { type Readable, Transform } from "node:stream";
+import type { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import {
   type ByteRange,
   checkKey,
   checkPrefix,
+  meter,
   type ObjectInfo,
   ObjectMissingError,
   type ObjectStore,
   type OpenObject,
-  PayloadTooLargeError,
   type PutResult,
   RangeNotSatisfiableError,
   rangeIn,
@@ -26,21 +26,6 @@ export { PayloadTooLargeError } from "./store.ts";
 
 /** Uploads in progress, under the root so the final rename stays on one filesystem. */
 const PARTIAL_DIR = ".partial";
-
-/** Counts and hashes what passes; fails past `maxBytes`. */
-export function meter(maxBytes: number) {
-  const hash = createHash("sha256");
-  let size = 0;
-  const stream = new Transform({
-    transform(chunk: Buffer, _enc, done) {
-      size += chunk.length;
-      if (size > maxBytes) return done(new PayloadTooLargeError(maxBytes));
-      hash.update(chunk);
-      done(null, chunk);
-    },
-  });
-  return { stream, result: (): PutResult => ({ sizeBytes: size, sha256: hash.digest("hex") }) };
-}
 
 /** Anything JavaScript's string order does not put in UTF-8 byte order (see byteOrder). */
 const HIGH = /[\ud800-\uffff]/;

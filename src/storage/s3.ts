@@ -18,12 +18,12 @@ import {
   S3ServiceException,
 } from "@aws-sdk/client-s3";
 import { Upload } from "@aws-sdk/lib-storage";
-import { meter } from "./local.ts";
 import {
   type ByteRange,
   checkKey,
   checkPrefix,
   KEY_PREFIXES,
+  meter,
   type ObjectInfo,
   ObjectMissingError,
   type ObjectStore,

@@ -5,7 +5,8 @@
 //
 // Keys are made by the service, never taken from a user: `files/<fileId>` and
 // `outputs/<taskId>/<runId>.<attempt>.<leaseToken>/<name>`.
-import type { Readable } from "node:stream";
+import { createHash } from "node:crypto";
+import { type Readable, Transform } from "node:stream";
 
 export class PayloadTooLargeError extends Error {
   readonly limit: number;
@@ -63,6 +64,21 @@ export class ObjectMissingError extends Error {
 export interface PutResult {
   sizeBytes: number;
   sha256: string;
+}
+
+/** Counts and hashes what passes; fails past `maxBytes`. */
+export function meter(maxBytes: number) {
+  const hash = createHash("sha256");
+  let size = 0;
+  const stream = new Transform({
+    transform(chunk: Buffer, _enc, done) {
+      size += chunk.length;
+      if (size > maxBytes) return done(new PayloadTooLargeError(maxBytes));
+      hash.update(chunk);
+      done(null, chunk);
+    },
+  });
+  return { stream, result: (): PutResult => ({ sizeBytes: size, sha256: hash.digest("hex") }) };
 }
 
 export interface ObjectInfo {

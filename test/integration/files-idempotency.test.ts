@@ -1,6 +1,7 @@
 // POST /api/files with an Idempotency-Key: a retried upload (its first answer lost) answers the first
-// try's file instead of making a second row; the bytes a repeat stored are deleted; the same key with
-// other bytes is a 409 that leaves nothing; keys are per user; bad keys get the task create's error.
+// try's file instead of making a second row, and stores nothing (its body is only hashed); the bytes a
+// concurrent repeat stored are deleted; the same key with other bytes is a 409 that leaves nothing;
+// keys are per user; bad keys get the task create's error.
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import fs from "node:fs";
@@ -8,7 +9,8 @@ import path from "node:path";
 import { Readable } from "node:stream";
 import { after, before, test } from "node:test";
 import { createDatabase } from "../../src/db/client.ts";
-import { fileCreate, fileDelete } from "../../src/files/files.ts";
+import { fileCreate, fileDelete, fileKey } from "../../src/files/files.ts";
+import { PayloadTooLargeError, SourceError } from "../../src/storage/store.ts";
 import { bearer, multipart, startTestApp, type TestApp } from "../helpers/app.ts";
 import { tcpRelay } from "../helpers/client.ts";
 import { idsCrossPowerOfTen, seedUser, waitFor } from "../helpers/queue.ts";
@@ -16,9 +18,16 @@ import { idsCrossPowerOfTen, seedUser, waitFor } from "../helpers/queue.ts";
 let t: TestApp;
 let alice: string;
 let bob: string;
+/** The store's puts so far: the app's own store, its put counted (the bytes still go to disk). */
+let puts = 0;
 
 before(async () => {
   t = await startTestApp();
+  const put = t.storage.put.bind(t.storage);
+  t.storage.put = (...args) => {
+    puts++;
+    return put(...args);
+  };
   [alice, bob] = await Promise.all([t.token("zoë «alice»"), t.token("bob 🚀")]);
   // Ids past a digit boundary: a replay must answer the first id, not a text-sorted neighbour.
   await idsCrossPowerOfTen(t.db.sql, "files", 1);
@@ -52,14 +61,15 @@ test("the same key twice with the same bytes: one row, one object, the first fil
   const first = await upload(alice, content, key);
   assert.equal(first.statusCode, 201, first.body);
   assert.equal(first.json().message, "File uploaded");
-  const before = objects();
+  const [before, putsBefore] = [objects(), puts];
   // The retry names the file differently (a renamed local file): the first file still answers.
   const again = await upload(alice, content, key, "other name.csv");
   assert.equal(again.statusCode, 200, again.body);
   assert.equal(again.json().message, "File already uploaded");
   assert.deepEqual(again.json().data, first.json().data);
   assert.deepEqual(await rowsOfKey(key), [first.json().data.fileId]);
-  assert.deepEqual(objects(), before, "the repeat's object is deleted");
+  assert.equal(puts, putsBefore, "the repeat's bytes are not stored");
+  assert.deepEqual(objects(), before);
   assert.equal(first.json().data.sha256, createHash("sha256").update(content).digest("hex"));
 });
 
@@ -67,7 +77,7 @@ test("the same key with other bytes: 409 IDEMPOTENCY_KEY_REUSED, no row and no o
   const key = "k-conflict";
   const first = await upload(alice, "x\n1\n", key);
   assert.equal(first.statusCode, 201);
-  const [rows, objs] = [await rowIds(), objects()];
+  const [rows, objs, putsBefore] = [await rowIds(), objects(), puts];
   for (const other of ["x\n2\n", "x\n1\n1"]) {
     const res = await upload(alice, other, key);
     assert.equal(res.statusCode, 409, res.body);
@@ -75,6 +85,48 @@ test("the same key with other bytes: 409 IDEMPOTENCY_KEY_REUSED, no row and no o
   }
   assert.deepEqual(await rowIds(), rows);
   assert.deepEqual(objects(), objs);
+  assert.equal(puts, putsBefore, "nothing stored");
+});
+
+test("a replay is read to its end and checked as a first upload is: past the limit 413, cut short 400", async () => {
+  const owner = await seedUser(t.db.sql, "zoë limit «✓»");
+  const key = "replay-limits";
+  const content = Buffer.alloc(1000, "é");
+  const meta = { name: "big «1».csv", contentType: "text/csv", maxBytes: 1000, idempotencyKey: key };
+  const first = await fileCreate(t.db.sql, t.storage, owner, Readable.from([content]), meta);
+  assert.equal(first.kind, "created");
+  const putsBefore = puts;
+  // One byte past the limit: too large, as a first upload would be (413 PAYLOAD_TOO_LARGE).
+  await assert.rejects(
+    fileCreate(t.db.sql, t.storage, owner, Readable.from([content, Buffer.from("x")]), meta),
+    PayloadTooLargeError,
+  );
+  // A body that fails by itself is the sender's fault (400 INVALID_MULTIPART), not a conflict.
+  let reads = 0;
+  const failing = new Readable({
+    read() {
+      if (reads++ === 0) this.push(content.subarray(0, 10));
+      else this.destroy(new Error("client went away"));
+    },
+  });
+  await assert.rejects(fileCreate(t.db.sql, t.storage, owner, failing, meta), SourceError);
+  assert.equal(puts, putsBefore, "nothing stored");
+  const again = await fileCreate(t.db.sql, t.storage, owner, Readable.from([content]), meta);
+  assert.deepEqual(again, { kind: "existing", file: first.kind === "created" ? first.file : undefined });
+
+  // Over HTTP: a replay whose body ends before its closing boundary.
+  const key2 = "replay-cut-«2»".replace(/[^\x21-\x7e]/g, "_");
+  assert.equal((await upload(alice, "c\n1\n", key2)).statusCode, 201);
+  const { payload, headers } = multipart("file", "c\n1\n");
+  const cut = await t.app.inject({
+    method: "POST",
+    url: "/api/files",
+    payload: payload.subarray(0, payload.length - 12),
+    headers: { ...headers, ...bearer(alice), "idempotency-key": key2 },
+  });
+  assert.equal(cut.statusCode, 400, cut.body);
+  assert.equal(cut.json().code, "INVALID_MULTIPART");
+  assert.equal(puts, putsBefore + 1, "only the first upload stored");
 });
 
 test("another user's key does not collide; an upload without a key is never a replay", async () => {
@@ -113,16 +165,23 @@ test("an upload that waits on an uncommitted first try with its key answers that
   const released = new Promise<void>((r) => {
     release = r;
   });
-  // The first try, inserted and not committed yet: the upload's insert waits on the unique index.
+  let inserted!: () => void;
+  const insertedFirst = new Promise<void>((r) => {
+    inserted = r;
+  });
+  // The first try, inserted and not committed yet: the upload's look-up does not see it, and its
+  // insert waits on the unique index.
   const first = t.db.sql.begin(async (tx) => {
     const [row] = await tx<{ id: string }[]>`
       insert into files (owner_id, name, content_type, size_bytes, sha256, storage_key, idempotency_key)
       values (${owner?.id as string}, 'first.csv', 'text/csv', ${content.length}, ${sha256},
               'files/in-flight', ${key})
       returning id::text`;
+    inserted();
     await released;
     return row?.id as string;
   });
+  await Promise.race([insertedFirst, first]);
   const retry = upload(alice, content, key);
   await waitFor(
     async () =>
@@ -185,37 +244,65 @@ async function holdAnswer(target: URL, marker: string, meanwhile: () => Promise<
   return { url: url.toString(), held: () => held, close: relay.close };
 }
 
-test("a replay whose first file is deleted between its conflict and its look-up is stored: a new file, not a 500", async () => {
-  const owner = await seedUser(t.db.sql, "zoë ‮replay");
+test("a replay whose first file commits after its look-up and is deleted before its conflict's look-up is stored: a new file, not a 500", async () => {
+  const owner = await seedUser(t.db.sql, "zoë \u202ereplay");
   const key = "replay-after-delete-«1»".replace(/[^\x21-\x7e]/g, "_");
   const content = "naïve,ü\n1,2\n";
+  const sha256 = createHash("sha256").update(content).digest("hex");
   const meta = { name: "relevé ✓.csv", contentType: "text/csv", maxBytes: 1024, idempotencyKey: key };
-  const first = await fileCreate(t.db.sql, t.storage, owner, Readable.from([Buffer.from(content)]), meta);
-  assert.equal(first.kind, "created");
-  const firstId = first.kind === "created" ? first.file.fileId : "";
+  // The first try, stored and inserted but not committed yet: the replay's look-up does not see it,
+  // so the replay stores its bytes and its insert waits on the key.
+  const [next] = await t.db.sql<{ id: string }[]>`
+    select nextval(pg_get_serial_sequence('files', 'id'))::text as id`;
+  const firstId = next?.id as string;
+  await t.storage.put(fileKey(firstId), Readable.from([Buffer.from(content)]));
+  let release!: () => void;
+  const released = new Promise<void>((r) => {
+    release = r;
+  });
+  let inserted!: () => void;
+  const insertedFirst = new Promise<void>((r) => {
+    inserted = r;
+  });
+  const first = t.db.sql.begin(async (tx) => {
+    await tx`
+      insert into files (id, owner_id, name, content_type, size_bytes, sha256, storage_key, idempotency_key)
+      values (${firstId}, ${owner.userId}, 'first.csv', 'text/csv', ${Buffer.byteLength(content)},
+              ${sha256}, ${fileKey(firstId)}, ${key})`;
+    inserted();
+    await released;
+  });
+  // Before the replay starts: else the replay's row could commit first, and the first try fail.
+  await Promise.race([insertedFirst, first]);
   // The user deletes the first file just as the replay's insert is refused on its key.
   const relay = await holdAnswer(new URL(t.db.url), "files_owner_idempotency_key", async () => {
     assert.equal(await fileDelete(t.db.sql, t.storage, owner, firstId, () => {}), true);
   });
   const replaying = createDatabase(relay.url, { max: 1 });
   try {
-    const again = await fileCreate(
-      replaying.sql,
-      t.storage,
-      owner,
-      Readable.from([Buffer.from(content)]),
-      meta,
+    const again = fileCreate(replaying.sql, t.storage, owner, Readable.from([Buffer.from(content)]), meta);
+    await waitFor(
+      async () =>
+        (
+          await t.db.sql`select 1 from pg_stat_activity
+                        where wait_event_type = 'Lock' and query like '%insert into files%'`
+        ).length > 0 || undefined,
+      10_000,
     );
+    release();
+    await first;
+    const result = await again;
     assert.equal(relay.held(), 1, "the replay's insert was refused on the key once");
-    assert.equal(again.kind, "created");
-    const file = again.kind === "created" ? again.file : undefined;
+    assert.equal(result.kind, "created");
+    const file = result.kind === "created" ? result.file : undefined;
     assert.ok(file && file.fileId !== firstId);
     assert.equal(file.name, "relevé ✓.csv");
     assert.deepEqual(await rowsOfKey(key), [file.fileId], "the key names the new file");
     // Its bytes are stored under its key: the row names an object that is there.
-    assert.equal((await t.storage.stat(`files/${file.fileId}`)).size, Buffer.byteLength(content));
-    await assert.rejects(t.storage.stat(`files/${firstId}`));
+    assert.equal((await t.storage.stat(fileKey(file.fileId))).size, Buffer.byteLength(content));
+    await assert.rejects(t.storage.stat(fileKey(firstId)));
   } finally {
+    release();
     await replaying.sql.end({ timeout: 0 }).catch(() => {});
     relay.close();
   }

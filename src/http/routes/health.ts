@@ -4,6 +4,13 @@ import { appliedMigrationCount } from "../../db/migrate.ts";
 import { Envelope, ErrorBody, ok } from "../schemas.ts";
 
 const READY_QUERY_TIMEOUT_MS = 2000;
+/**
+ * A check still running after this long is no longer shared: the next probe starts another. Only a
+ * check that is stuck gets this old (a query sent on a connection that died without a word waits for
+ * TCP keepalive, minutes), and readiness must not stay 503 for that long once the database answers
+ * again on other connections.
+ */
+const READY_FLIGHT_STALE_MS = 30_000;
 
 function withTimeout<T>(work: Promise<T>, what: string): Promise<T> {
   return Promise.race([
@@ -14,7 +21,33 @@ function withTimeout<T>(work: Promise<T>, what: string): Promise<T> {
   ]);
 }
 
+/**
+ * One check at a time, shared by the probes that arrive while it runs (each still bounded by its own
+ * timeout). A database that does not answer keeps its query queued in the pool (postgres.js 3.4.9
+ * makes the connection again and again, the query waiting), and the check did not end with the probe
+ * that gave up on it: a load balancer probing every second from a few places piled up queries
+ * without bound, all run at once when the database came back. The same for the object store's check
+ * (a bucket that does not answer holds a socket per check for up to 10 s).
+ */
+function singleFlight<T>(work: () => Promise<T>): () => Promise<T> {
+  let flight: { promise: Promise<T>; startedAt: number } | undefined;
+  return () => {
+    if (flight === undefined || performance.now() - flight.startedAt >= READY_FLIGHT_STALE_MS) {
+      const current = {
+        promise: work().finally(() => {
+          if (flight === current) flight = undefined;
+        }),
+        startedAt: performance.now(),
+      };
+      flight = current;
+    }
+    return flight.promise;
+  };
+}
+
 export const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  const migrationCount = singleFlight(() => appliedMigrationCount(app.services.database.sql));
+  const storeCheck = singleFlight(() => app.services.storage.check());
   app.get(
     "/healthz",
     {
@@ -37,10 +70,10 @@ export const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
       },
     },
     async (request, reply) => {
-      const { database, expectedMigrations, storage } = app.services;
+      const { expectedMigrations, storage } = app.services;
       let applied: number;
       try {
-        applied = await withTimeout(appliedMigrationCount(database.sql), "readiness query");
+        applied = await withTimeout(migrationCount(), "readiness query");
       } catch (err) {
         request.log.warn({ err }, "readiness: database unreachable");
         return reply.status(503).send({ code: "NOT_READY", message: "The database is unreachable." });
@@ -49,7 +82,7 @@ export const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
         return reply.status(503).send({ code: "NOT_READY", message: "The database is not migrated." });
       }
       try {
-        await withTimeout(storage.check(), "object store check");
+        await withTimeout(storeCheck(), "object store check");
       } catch (err) {
         request.log.warn({ err, storage: storage.kind }, "readiness: object store unreachable");
         return reply.status(503).send({ code: "NOT_READY", message: "The object store is unreachable." });
