@@ -4,7 +4,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import postgres from "postgres";
-import { firstAnswer } from "./client.ts";
+import { firstAnswer, pacedSocket } from "./client.ts";
 
 export const MIGRATIONS_DIR = path.resolve(
   path.dirname(fileURLToPath(import.meta.url)),
@@ -47,7 +47,15 @@ export async function runMigrations(url: string): Promise<MigrationCounts> {
     import("drizzle-orm/postgres-js"),
     import("drizzle-orm/postgres-js/migrator"),
   ]);
-  const sql = postgres(url, { max: 1, connect_timeout: COMMAND_CONNECT_MS / 1000, onnotice: () => {} });
+  // Paced like a pool's (pacedSocket): a proxy with nothing behind it is not sent a connection per
+  // millisecond for the 30 s of the bound. (postgres.js's types do not declare `socket`.)
+  const paced = { socket: pacedSocket() };
+  const sql = postgres(url, {
+    ...paced,
+    max: 1,
+    connect_timeout: COMMAND_CONNECT_MS / 1000,
+    onnotice: () => {},
+  });
   try {
     // Bounded: a database that never answers failed no deploy script, it hung it (the lock's own wait,
     // for another migrator, is not).

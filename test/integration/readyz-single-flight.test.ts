@@ -19,58 +19,8 @@ import { createLogger } from "../../src/log.ts";
 import { LocalStore } from "../../src/storage/local.ts";
 import { S3Store } from "../../src/storage/s3.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
+import { DbRelay } from "../helpers/db-relay.ts";
 import { waitFor } from "../helpers/queue.ts";
-
-type Mode = "close" | "hold" | "forward";
-
-/** A TCP relay in front of PostgreSQL. Changing the mode cuts every connection it carries or holds. */
-class DbRelay {
-  mode: Mode;
-  private readonly sockets = new Set<net.Socket>();
-  private readonly server: net.Server;
-  private readonly target: { host: string; port: number };
-  port = 0;
-
-  constructor(target: { host: string; port: number }, mode: Mode) {
-    this.target = target;
-    this.mode = mode;
-    this.server = net.createServer((client) => this.accept(client));
-  }
-
-  async listen(): Promise<void> {
-    await new Promise<void>((resolve) => this.server.listen(0, "127.0.0.1", resolve));
-    this.port = (this.server.address() as net.AddressInfo).port;
-  }
-
-  private track(s: net.Socket): void {
-    this.sockets.add(s);
-    s.on("error", () => {});
-    s.on("close", () => this.sockets.delete(s));
-  }
-
-  private accept(client: net.Socket): void {
-    this.track(client);
-    // Closed in order (a reset instead fails the query at once, which piles nothing up).
-    if (this.mode === "close") return void client.resume().end();
-    if (this.mode === "hold") return; // accepted, never answered
-    const upstream = net.connect(this.target.port, this.target.host);
-    this.track(upstream);
-    client.pipe(upstream);
-    upstream.pipe(client);
-    client.on("close", () => upstream.destroy());
-    upstream.on("close", () => client.destroy());
-  }
-
-  set(mode: Mode): void {
-    this.mode = mode;
-    for (const s of this.sockets) s.destroy();
-  }
-
-  close(): Promise<void> {
-    this.set("close");
-    return new Promise((resolve) => this.server.close(() => resolve()));
-  }
-}
 
 const BOUND_MS = 2500;
 let db: TestDatabase;
