@@ -237,7 +237,8 @@ test("status, tasks, files, types, logs, follow and download each survive a 502 
     ["follow", taskId],
     ["download", taskId, "--out", path.join(suite.work, "direct")],
   ];
-  for (const args of commands) {
+  // Side by side: none of them changes what another reads, and each waits out its own retries' pauses.
+  const survive = async (args: string[]) => {
     const direct = await run(args, suite.server.url);
     assert.equal(direct.code, 0, `${args[0]} straight to the server: ${direct.stderr}`);
     const proxy = await faultyProxy(everyGetTwice);
@@ -274,7 +275,8 @@ test("status, tasks, files, types, logs, follow and download each survive a 502 
     } finally {
       proxy.close();
     }
-  }
+  };
+  await Promise.all(commands.map(survive));
   for (const name of fs.readdirSync(path.join(suite.work, "direct"), { recursive: true }) as string[]) {
     const file = path.join(suite.work, "direct", name);
     if (fs.statSync(file).isFile())
@@ -397,98 +399,118 @@ test("an upload answered 504 is sent again with its key: the server answers the 
   );
   // The first try is stored and its answer replaced by a 504; every look-up by its hash misses (a
   // server older than the key would not find it either, or not yet): the retry sends it again.
-  const proxy = await faultyProxy(({ method, path: p, query, file, nth }) => {
-    if (method === "POST" && file === "lent «a».csv") return nth === 1 ? "timeout504" : "pass";
-    if (method === "GET" && p === "/api/files" && query.includes(sha256)) return "noFiles";
-    return "pass";
-  });
-  try {
-    const r = await run(["submit", "--type", "summary", dir, "--follow"], proxy.url);
-    assert.equal(r.code, 0, r.stderr);
-    assert.deepEqual(
-      proxy.seen.filter((x) => x.file !== undefined).map((x) => x.fault),
-      ["timeout504", "pass"],
-      "sent again after the 504",
+  const resent = async () => {
+    const proxy = await faultyProxy(({ method, path: p, query, file, nth }) => {
+      if (method === "POST" && file === "lent «a».csv") return nth === 1 ? "timeout504" : "pass";
+      if (method === "GET" && p === "/api/files" && query.includes(sha256)) return "noFiles";
+      return "pass";
+    });
+    try {
+      const r = await run(["submit", "--type", "summary", dir, "--follow"], proxy.url);
+      assert.equal(r.code, 0, r.stderr);
+      assert.deepEqual(
+        proxy.seen.filter((x) => x.file !== undefined).map((x) => x.fault),
+        ["timeout504", "pass"],
+        "sent again after the 504",
+      );
+      const [file] = ofKind(jsonLines(r.stdout), "file") as (Line & { fileId: string })[];
+      const made = (
+        await apiAll<{ fileId: string; sha256: string }>(suite.server, suite.token, "/api/files")
+      ).filter((f) => !before.has(f.fileId));
+      assert.deepEqual(
+        made.map((f) => f.fileId),
+        [file?.fileId],
+        "one file: the resend was answered with the first try's",
+      );
+      assert.equal(made[0]?.sha256, sha256);
+      assert.equal(ofKind(jsonLines(r.stdout), "summary")[0]?.succeededCount, 1);
+    } finally {
+      proxy.close();
+    }
+  };
+  // Side by side with the above (its pauses take 12.5 s): a 504 from the proxy alone, the server never
+  // asked, makes no file there.
+  const givenUp = async () => {
+    const elsewhere = path.join(suite.work, "jamais");
+    fs.mkdirSync(elsewhere);
+    fs.writeFileSync(path.join(elsewhere, "jamais.csv"), csv(40, 37));
+    const never = await faultyProxy(({ method, file }) =>
+      method === "POST" && file === "jamais.csv" ? "gatewayTimeout" : "pass",
     );
-    const [file] = ofKind(jsonLines(r.stdout), "file") as (Line & { fileId: string })[];
-    const made = (
-      await apiAll<{ fileId: string; sha256: string }>(suite.server, suite.token, "/api/files")
-    ).filter((f) => !before.has(f.fileId));
-    assert.deepEqual(
-      made.map((f) => f.fileId),
-      [file?.fileId],
-      "one file: the resend was answered with the first try's",
-    );
-    assert.equal(made[0]?.sha256, sha256);
-    assert.equal(ofKind(jsonLines(r.stdout), "summary")[0]?.succeededCount, 1);
-  } finally {
-    proxy.close();
-  }
-  fs.writeFileSync(path.join(dir, "jamais.csv"), csv(40, 37));
-  const never = await faultyProxy(({ method, file }) =>
-    method === "POST" && file === "jamais.csv" ? "gatewayTimeout" : "pass",
-  );
-  try {
-    const r = await run(["submit", "--type", "summary", path.join(dir, "jamais.csv")], never.url);
-    assert.equal(r.code, 3, r.stderr);
-    assert.deepEqual(
-      never.seen.filter((x) => x.file !== undefined).map((x) => x.fault),
-      Array(6).fill("gatewayTimeout"),
-      "sent again after each 504, 6 attempts in all",
-    );
-    assert.match(r.stderr, /gave up after 6 attempts/);
-  } finally {
-    never.close();
-  }
+    try {
+      const r = await run(["submit", "--type", "summary", path.join(elsewhere, "jamais.csv")], never.url);
+      assert.equal(r.code, 3, r.stderr);
+      assert.deepEqual(
+        never.seen.filter((x) => x.file !== undefined).map((x) => x.fault),
+        Array(6).fill("gatewayTimeout"),
+        "sent again after each 504, 6 attempts in all",
+      );
+      assert.match(r.stderr, /gave up after 6 attempts/);
+    } finally {
+      never.close();
+    }
+  };
+  await Promise.all([resent(), givenUp()]);
 });
 
 test("a 500 or a 4xx is not asked again; a gateway that stays down is given up after 6 attempts (exit 3)", async () => {
-  const down = await faultyProxy(({ method }) => (method === "GET" ? "serverError" : "pass"));
-  try {
-    const r = await run(["status", taskId], down.url);
-    assert.equal(r.code, 3, r.stderr);
-    assert.ok(down.seen.length > 0);
-    const asked = down.seen.map((s) => s.path);
-    assert.equal(new Set(asked).size, asked.length, `each asked once: ${asked}`);
-    assert.doesNotMatch(r.stderr, /trying again/);
-  } finally {
-    down.close();
-  }
-  const missing = await faultyProxy(({ method }) => (method === "GET" ? "notFound" : "pass"));
-  try {
-    const r = await run(["tasks"], missing.url);
-    assert.equal(r.code, 2, r.stderr);
-    assert.equal(missing.seen.length, 1);
-  } finally {
-    missing.close();
-  }
-  const gone = await faultyProxy(() => "badGateway");
-  try {
-    const r = await run(["tasks"], gone.url);
-    assert.equal(r.code, 3, r.stderr);
-    assert.equal(gone.seen.length, 6);
-    const [error] = ofKind(jsonLines(r.stdout), "error");
-    assert.equal(error?.code, "HTTP_502");
-    assert.equal(error?.exitCode, 3);
-    assert.match(
-      String(error?.message),
-      /^reading \/api\/analysis-tasks: HTTP 502 Bad Gateway; gave up after 6 attempts \(HTTP_502\)$/,
-    );
-    assert.equal((r.stderr.match(/trying again/g) ?? []).length, 5);
-  } finally {
-    gone.close();
-  }
-  const dropping = await faultyProxy(() => "drop");
-  try {
-    const r = await run(["files"], dropping.url);
-    assert.equal(r.code, 3, r.stderr);
-    assert.equal(dropping.seen.length, 6);
-    const [error] = ofKind(jsonLines(r.stdout), "error");
-    assert.equal(error?.code, "CONNECTION_FAILED");
-    assert.match(String(error?.message), /^reading \/api\/files: .*; gave up after 6 attempts$/);
-  } finally {
-    dropping.close();
-  }
+  // Side by side: none of the four reaches the server, and two wait out all 5 pauses (12.5 s).
+  await Promise.all([
+    (async () => {
+      const down = await faultyProxy(({ method }) => (method === "GET" ? "serverError" : "pass"));
+      try {
+        const r = await run(["status", taskId], down.url);
+        assert.equal(r.code, 3, r.stderr);
+        assert.ok(down.seen.length > 0);
+        const asked = down.seen.map((s) => s.path);
+        assert.equal(new Set(asked).size, asked.length, `each asked once: ${asked}`);
+        assert.doesNotMatch(r.stderr, /trying again/);
+      } finally {
+        down.close();
+      }
+    })(),
+    (async () => {
+      const missing = await faultyProxy(({ method }) => (method === "GET" ? "notFound" : "pass"));
+      try {
+        const r = await run(["tasks"], missing.url);
+        assert.equal(r.code, 2, r.stderr);
+        assert.equal(missing.seen.length, 1);
+      } finally {
+        missing.close();
+      }
+    })(),
+    (async () => {
+      const gone = await faultyProxy(() => "badGateway");
+      try {
+        const r = await run(["tasks"], gone.url);
+        assert.equal(r.code, 3, r.stderr);
+        assert.equal(gone.seen.length, 6);
+        const [error] = ofKind(jsonLines(r.stdout), "error");
+        assert.equal(error?.code, "HTTP_502");
+        assert.equal(error?.exitCode, 3);
+        assert.match(
+          String(error?.message),
+          /^reading \/api\/analysis-tasks: HTTP 502 Bad Gateway; gave up after 6 attempts \(HTTP_502\)$/,
+        );
+        assert.equal((r.stderr.match(/trying again/g) ?? []).length, 5);
+      } finally {
+        gone.close();
+      }
+    })(),
+    (async () => {
+      const dropping = await faultyProxy(() => "drop");
+      try {
+        const r = await run(["files"], dropping.url);
+        assert.equal(r.code, 3, r.stderr);
+        assert.equal(dropping.seen.length, 6);
+        const [error] = ofKind(jsonLines(r.stdout), "error");
+        assert.equal(error?.code, "CONNECTION_FAILED");
+        assert.match(String(error?.message), /^reading \/api\/files: .*; gave up after 6 attempts$/);
+      } finally {
+        dropping.close();
+      }
+    })(),
+  ]);
 });
 
 /** Resolves once `child` has printed `pattern` on stderr. */
@@ -504,44 +526,50 @@ function stderrShows(child: ChildProcess, pattern: RegExp): Promise<void> {
 }
 
 test("Ctrl-C during a retry's pause ends the command at once (exit 130): a GET's, and an upload's with no task created", async () => {
-  const proxy = await faultyProxy(() => "badGateway");
-  try {
-    const child = spawnCli(["tasks"], suite.env({ ASSAY_URL: proxy.url }));
-    const done = collect(child);
-    // Said just before the pause of 4 s.
-    await within(stderrShows(child, /attempt 5 of 6/), 30_000, "the fourth retry's note");
-    const t0 = performance.now();
-    child.kill("SIGINT");
-    const r = await within(done, 10_000, "tasks to end after Ctrl-C");
-    assert.equal(r.code, 130, r.stderr);
-    assert.ok(performance.now() - t0 < 2000, `ended within the pause (${performance.now() - t0} ms)`);
-    assert.equal(ofKind(jsonLines(r.stdout), "interrupted").length, 1);
-  } finally {
-    proxy.close();
-  }
-
-  const dir = path.join(suite.work, "interrompu");
-  fs.mkdirSync(dir);
-  fs.writeFileSync(path.join(dir, "jamais envoyé ✓.csv"), csv(10, 31));
-  const tasksBefore = (await apiAll(suite.server, suite.token, "/api/analysis-tasks")).length;
-  const uploads = await faultyProxy(({ method }) => (method === "POST" ? "badGateway" : "pass"));
-  try {
-    const child = spawnCli(["submit", "--type", "summary", dir], suite.env({ ASSAY_URL: uploads.url }));
-    const done = collect(child);
-    await within(
-      stderrShows(child, /jamais envoyé ✓\.csv: .*\(attempt 5 of 6\)/),
-      30_000,
-      "the upload's fourth retry",
-    );
-    const t0 = performance.now();
-    child.kill("SIGINT");
-    const r = await within(done, 10_000, "submit to end after Ctrl-C");
-    assert.equal(r.code, 130, r.stderr);
-    assert.ok(performance.now() - t0 < 2000, `ended within the pause (${performance.now() - t0} ms)`);
-    assert.match(r.stderr, /interrupted: no task was created/);
-    assert.equal((await apiAll(suite.server, suite.token, "/api/analysis-tasks")).length, tasksBefore);
-    assert.ok(!uploads.seen.some((s) => s.method === "POST" && s.path === "/api/analysis-tasks"));
-  } finally {
-    uploads.close();
-  }
+  // Side by side: the GET never reaches the server, and the upload makes no task there.
+  await Promise.all([
+    (async () => {
+      const proxy = await faultyProxy(() => "badGateway");
+      try {
+        const child = spawnCli(["tasks"], suite.env({ ASSAY_URL: proxy.url }));
+        const done = collect(child);
+        // Said just before the pause of 4 s.
+        await within(stderrShows(child, /attempt 5 of 6/), 30_000, "the fourth retry's note");
+        const t0 = performance.now();
+        child.kill("SIGINT");
+        const r = await within(done, 10_000, "tasks to end after Ctrl-C");
+        assert.equal(r.code, 130, r.stderr);
+        assert.ok(performance.now() - t0 < 2000, `ended within the pause (${performance.now() - t0} ms)`);
+        assert.equal(ofKind(jsonLines(r.stdout), "interrupted").length, 1);
+      } finally {
+        proxy.close();
+      }
+    })(),
+    (async () => {
+      const dir = path.join(suite.work, "interrompu");
+      fs.mkdirSync(dir);
+      fs.writeFileSync(path.join(dir, "jamais envoyé ✓.csv"), csv(10, 31));
+      const tasksBefore = (await apiAll(suite.server, suite.token, "/api/analysis-tasks")).length;
+      const uploads = await faultyProxy(({ method }) => (method === "POST" ? "badGateway" : "pass"));
+      try {
+        const child = spawnCli(["submit", "--type", "summary", dir], suite.env({ ASSAY_URL: uploads.url }));
+        const done = collect(child);
+        await within(
+          stderrShows(child, /jamais envoyé ✓\.csv: .*\(attempt 5 of 6\)/),
+          30_000,
+          "the upload's fourth retry",
+        );
+        const t0 = performance.now();
+        child.kill("SIGINT");
+        const r = await within(done, 10_000, "submit to end after Ctrl-C");
+        assert.equal(r.code, 130, r.stderr);
+        assert.ok(performance.now() - t0 < 2000, `ended within the pause (${performance.now() - t0} ms)`);
+        assert.match(r.stderr, /interrupted: no task was created/);
+        assert.equal((await apiAll(suite.server, suite.token, "/api/analysis-tasks")).length, tasksBefore);
+        assert.ok(!uploads.seen.some((s) => s.method === "POST" && s.path === "/api/analysis-tasks"));
+      } finally {
+        uploads.close();
+      }
+    })(),
+  ]);
 });
