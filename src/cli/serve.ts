@@ -9,6 +9,7 @@ import {
   createDatabase,
   DB_ANSWER_MS,
   droppedTypeRead,
+  endPool,
   firstAnswer,
   NoAnswerError,
 } from "../db/client.ts";
@@ -286,7 +287,7 @@ export async function serveCommand(
       // listening yet), end its connections at once: what start-up is waiting for fails, and it ends (a
       // step of it started after this checks the signal). Once listening, the server's close lets
       // requests in flight finish instead (a review: they got 500s).
-      if (!listening && worker === undefined) void database?.sql.end({ timeout: 0 });
+      if (!listening && worker === undefined && database) void endPool(database.sql, 0);
       await startup.catch(() => {});
       await closeOpened();
       logger.info("stopped");

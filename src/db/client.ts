@@ -45,41 +45,109 @@ const SILENT_CLOSE_FIRST_PAUSE_MS = 25;
 /** The longest such pause: the pool's connections come back within about this of the database. */
 const SILENT_CLOSE_MAX_PAUSE_MS = 2_000;
 
+/** pacedSocket's factory, with what ends it. */
+export interface PacedSocket {
+  (o: { host: string[]; port: number[]; path?: string | false }): Promise<net.Socket>;
+  /** Cancels a pause in progress and refuses later connections: the pool is ending. */
+  stop(): void;
+}
+
+/** A socket that pacedSocket handed out, and the host it went to. */
+interface Handed {
+  socket: net.Socket;
+  host: number;
+}
+
 /**
- * postgres.js's `socket` option for a pool: connections made as postgres.js makes them (TCP to each
- * host in turn, or the socket path), but paced after connections that the other end closed before
- * sending a byte. postgres.js (3.4.9, connection.js `closed`) makes such a connection again at once,
- * without its backoff, while a query waits: against a proxy or port forward with nothing behind it, a
- * process made over a thousand connections a second, for as long as it lasted, at ~15% of a core.
- * After n such closes in a row (across the pool) the next connection waits 25 ms × 2^(n-1), at most
- * 2 s, with jitter; a connection that reads anything ends the pause. Refused and failed connections
- * are left to postgres.js's own backoff (it rejects the waiting queries and counts them).
+ * postgres.js's `socket` option for a pool: connections made to the pool's host (or socket path), but
+ * paced after connections that ended before the other end sent a byte. postgres.js (3.4.9,
+ * connection.js `closed`) makes a connection closed that way again at once, without its backoff, while
+ * a query waits: against a proxy or port forward with nothing behind it, a process made over a
+ * thousand connections a second, for as long as it lasted, at ~15% of a core. After n such ends in a
+ * row (across the pool) the next connection waits 25 ms × 2^(n-1), at most 2 s, with jitter; one that
+ * has read anything ends the pause. Refused connections (an error) are not counted: postgres.js rejects
+ * the waiting queries and backs off itself. A connection postgres.js gave up on (its connect timeout)
+ * counts, as does the connection of a query cancellation (the server closes it without a word; Assay
+ * cancels none).
+ *
+ * The sockets are judged when the next is asked for, not by listeners: postgres.js removes every
+ * listener of the plain socket when it wraps it in TLS (`secure`). With several hosts in the URL, each
+ * connection goes to the host the last one that ended went to, and to the next after one ended without
+ * a byte — as postgres.js moves on from a host that failed.
  */
-export function pacedSocket() {
-  let silentCloses = 0;
-  let next = 0;
-  return async (o: { host: string[]; port: number[]; path?: string | false }): Promise<net.Socket> => {
-    if (silentCloses > 0) {
-      const pause = Math.min(
-        SILENT_CLOSE_MAX_PAUSE_MS,
-        SILENT_CLOSE_FIRST_PAUSE_MS * 2 ** (silentCloses - 1),
-      );
-      await new Promise((resolve) => setTimeout(resolve, pause * (0.5 + Math.random() / 2)));
+export function pacedSocket(): PacedSocket {
+  let silentEnds = 0;
+  let host = 0;
+  let stopped = false;
+  const handed: Handed[] = [];
+  const pauses = new Set<{ timer: NodeJS.Timeout; cancel: () => void }>();
+  const judge = () => {
+    for (let i = 0; i < handed.length; ) {
+      const h = handed[i] as Handed;
+      if (h.socket.bytesRead > 0) silentEnds = 0;
+      else if (h.socket.destroyed) {
+        if (!h.socket.errored) silentEnds++;
+        host = h.host + 1;
+      } else {
+        i++;
+        continue;
+      }
+      handed.splice(i, 1);
+    }
+  };
+  const refuse = () => new Error("the pool is ending: no new connection");
+  const paced = async (o: { host: string[]; port: number[]; path?: string | false }) => {
+    // Before anything else: postgres.js adds its listeners once this promise resolves, and an error
+    // net.connect reports at once (ENETUNREACH, EADDRNOTAVAIL) is emitted on the next tick — which runs
+    // after the microtasks this await belongs to, so after postgres.js listens. Called synchronously
+    // from postgres.js's timer, it was an unhandled 'error' event that ended the process.
+    await null;
+    if (stopped) throw refuse();
+    judge();
+    if (silentEnds > 0) {
+      const pause = Math.min(SILENT_CLOSE_MAX_PAUSE_MS, SILENT_CLOSE_FIRST_PAUSE_MS * 2 ** (silentEnds - 1));
+      await new Promise<void>((resolve, reject) => {
+        const p = {
+          timer: setTimeout(
+            () => {
+              pauses.delete(p);
+              resolve();
+            },
+            pause * (0.5 + Math.random() / 2),
+          ),
+          cancel: () => reject(refuse()),
+        };
+        pauses.add(p);
+      });
     }
     let socket: net.Socket & { host?: string; port?: number };
+    const i = host % Math.max(1, o.host.length);
     if (o.path) socket = net.connect(o.path);
     else {
-      const i = next++ % o.host.length;
-      const host = o.host[i] as string;
+      const name = o.host[i] as string;
       const port = (o.port[i] ?? o.port[0]) as number;
-      socket = Object.assign(net.connect(port, host), { host, port });
+      // host and port: postgres.js's errors name them.
+      socket = Object.assign(net.connect(port, name), { host: name, port });
     }
-    socket.once("close", (hadError) => {
-      if (socket.bytesRead > 0) silentCloses = 0;
-      else if (!hadError) silentCloses++;
-    });
+    handed.push({ socket, host: i });
     return socket;
   };
+  return Object.assign(paced, {
+    stop: () => {
+      stopped = true;
+      for (const p of pauses) {
+        clearTimeout(p.timer);
+        p.cancel();
+      }
+      pauses.clear();
+    },
+  });
+}
+
+/** Ends `sql`, first stopping its pacedSocket (a pause in progress would connect after the end). */
+export function endPool(sql: Sql, timeoutSeconds: number): Promise<void> {
+  (sql.options as { socket?: Partial<PacedSocket> }).socket?.stop?.();
+  return sql.end({ timeout: timeoutSeconds });
 }
 
 export function createDatabase(url: string, options: PoolOptions = {}): Database {
@@ -92,7 +160,7 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
     ...(options.connectTimeoutMs === undefined ? {} : { connect_timeout: options.connectTimeoutMs / 1000 }),
     connection: { application_name: options.applicationName ?? "assay" },
   });
-  return { sql, close: () => sql.end({ timeout: 5 }) };
+  return { sql, close: () => endPool(sql, 5) };
 }
 
 /** firstAnswer's failure when the database gave no answer in time. */
@@ -115,7 +183,7 @@ export const BOUNDED_CONNECT_MS = DB_ANSWER_MS + 1_000;
  */
 export async function firstAnswer(sql: Sql, ms = DB_ANSWER_MS, signal?: AbortSignal): Promise<void> {
   let timer: NodeJS.Timeout | undefined;
-  const end = () => void sql.end({ timeout: 0 });
+  const end = () => void endPool(sql, 0);
   signal?.addEventListener("abort", end, { once: true });
   try {
     await Promise.race([

@@ -4,7 +4,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import postgres from "postgres";
-import { firstAnswer, pacedSocket } from "./client.ts";
+import { endPool, firstAnswer, pacedSocket } from "./client.ts";
 
 export const MIGRATIONS_DIR = path.resolve(
   path.dirname(fileURLToPath(import.meta.url)),
@@ -65,7 +65,7 @@ export async function runMigrations(url: string): Promise<MigrationCounts> {
     await migrate(drizzle(sql), { migrationsFolder: MIGRATIONS_DIR });
     return { before, after: await appliedMigrationCount(sql) };
   } finally {
-    await sql.end({ timeout: 5 });
+    await endPool(sql, 5);
   }
 }
 

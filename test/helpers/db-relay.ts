@@ -1,7 +1,15 @@
 // A TCP relay in front of PostgreSQL that a test switches between closing every connection it accepts
 // (in order, before a byte), holding them without a word, and passing them through: a proxy or port
-// forward with nothing behind it, a database that stops answering, and one that comes back.
+// forward with nothing behind it, a database that stops answering, and one that comes back. With
+// `tls`, it answers a client's SSLRequest itself and speaks TLS to it (test/fixtures/tls: a self-signed
+// certificate for localhost), and plain protocol to PostgreSQL: a database under `sslmode=require`.
+import fs from "node:fs";
 import net from "node:net";
+import path from "node:path";
+import tls from "node:tls";
+
+/** The relay's TLS key and certificate (self-signed, localhost, valid until 2126). */
+const TLS_FILES = path.join(import.meta.dirname, "../fixtures/tls");
 
 export type RelayMode = "close" | "hold" | "forward";
 
@@ -15,9 +23,17 @@ export class DbRelay {
   /** Connections accepted so far, whatever the mode. */
   accepted = 0;
 
-  constructor(target: { host: string; port: number }, mode: RelayMode) {
+  private readonly tls: { key: Buffer; cert: Buffer } | undefined;
+
+  constructor(target: { host: string; port: number }, mode: RelayMode, options: { tls?: boolean } = {}) {
     this.target = target;
     this.mode = mode;
+    this.tls = options.tls
+      ? {
+          key: fs.readFileSync(path.join(TLS_FILES, "localhost-key.pem")),
+          cert: fs.readFileSync(path.join(TLS_FILES, "localhost-cert.pem")),
+        }
+      : undefined;
     this.server = net.createServer((client) => this.accept(client));
   }
 
@@ -40,10 +56,25 @@ export class DbRelay {
     if (this.mode === "hold") return; // accepted, never answered
     const upstream = net.connect(this.target.port, this.target.host);
     this.track(upstream);
-    client.pipe(upstream);
-    upstream.pipe(client);
     client.on("close", () => upstream.destroy());
     upstream.on("close", () => client.destroy());
+    if (!this.tls) {
+      client.pipe(upstream);
+      upstream.pipe(client);
+      return;
+    }
+    // The client's SSLRequest (8 bytes) is answered here ('S'), and TLS ends here.
+    const keys = this.tls;
+    const onReadable = () => {
+      const request = client.read(8);
+      if (request === null) return void client.once("readable", onReadable);
+      client.write("S");
+      const secure = new tls.TLSSocket(client, { isServer: true, ...keys });
+      secure.on("error", () => {});
+      secure.pipe(upstream);
+      upstream.pipe(secure);
+    };
+    client.once("readable", onReadable);
   }
 
   set(mode: RelayMode): void {
@@ -66,9 +97,13 @@ export function throughRelay(url: string, relay: DbRelay): string {
 }
 
 /** A relay in `mode` to the server of `url`, listening. */
-export async function relayTo(url: string, mode: RelayMode): Promise<DbRelay> {
+export async function relayTo(
+  url: string,
+  mode: RelayMode,
+  options: { tls?: boolean } = {},
+): Promise<DbRelay> {
   const u = new URL(url);
-  const relay = new DbRelay({ host: u.hostname, port: Number(u.port) }, mode);
+  const relay = new DbRelay({ host: u.hostname, port: Number(u.port) }, mode, options);
   await relay.listen();
   return relay;
 }

@@ -187,7 +187,8 @@ test("an upload that waits on an uncommitted first try with its key answers that
     async () =>
       (
         await t.db.sql`select 1 from pg_stat_activity
-                      where wait_event_type = 'Lock' and query like '%insert into files%'`
+                      where datname = current_database() and wait_event_type = 'Lock'
+                        and query like '%insert into files%'`
       ).length > 0 || undefined,
     10_000,
   );
@@ -285,7 +286,8 @@ test("a replay whose first file commits after its look-up and is deleted before 
       async () =>
         (
           await t.db.sql`select 1 from pg_stat_activity
-                        where wait_event_type = 'Lock' and query like '%insert into files%'`
+                        where datname = current_database() and wait_event_type = 'Lock'
+                        and query like '%insert into files%'`
         ).length > 0 || undefined,
       10_000,
     );

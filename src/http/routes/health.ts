@@ -11,6 +11,11 @@ const READY_QUERY_TIMEOUT_MS = 2000;
  * again on other connections.
  */
 const READY_FLIGHT_STALE_MS = 30_000;
+/**
+ * Checks of one kind outstanding at most: behind a proxy that closes every connection, postgres.js
+ * keeps a query waiting for ever, so each stale check would stay, one more every 30 s of an outage.
+ */
+const READY_FLIGHTS_MAX = 2;
 
 function withTimeout<T>(work: Promise<T>, what: string): Promise<T> {
   return Promise.race([
@@ -27,20 +32,26 @@ function withTimeout<T>(work: Promise<T>, what: string): Promise<T> {
  * makes the connection again and again, the query waiting), and the check did not end with the probe
  * that gave up on it: a load balancer probing every second from a few places piled up queries
  * without bound, all run at once when the database came back. The same for the object store's check
- * (a bucket that does not answer holds a socket per check for up to 10 s).
+ * (a bucket that does not answer holds a socket per check for up to 10 s). A check older than
+ * READY_FLIGHT_STALE_MS is not shared, while fewer than READY_FLIGHTS_MAX are outstanding.
  */
-function singleFlight<T>(work: () => Promise<T>): () => Promise<T> {
-  let flight: { promise: Promise<T>; startedAt: number } | undefined;
+export function singleFlight<T>(
+  work: () => Promise<T>,
+  { staleMs = READY_FLIGHT_STALE_MS, max = READY_FLIGHTS_MAX } = {},
+): () => Promise<T> {
+  const flights: { promise: Promise<T>; startedAt: number }[] = [];
   return () => {
-    if (flight === undefined || performance.now() - flight.startedAt >= READY_FLIGHT_STALE_MS) {
-      const current = {
-        promise: work().finally(() => {
-          if (flight === current) flight = undefined;
-        }),
-        startedAt: performance.now(),
-      };
-      flight = current;
-    }
+    const newest = flights.at(-1);
+    if (newest !== undefined && (performance.now() - newest.startedAt < staleMs || flights.length >= max))
+      return newest.promise;
+    const flight = {
+      promise: work().finally(() => {
+        const i = flights.indexOf(flight);
+        if (i >= 0) flights.splice(i, 1);
+      }),
+      startedAt: performance.now(),
+    };
+    flights.push(flight);
     return flight.promise;
   };
 }
