@@ -1,6 +1,7 @@
 // A TCP relay in front of PostgreSQL that a test switches between closing every connection it accepts
-// (in order, before a byte), holding them without a word, and passing them through: a proxy or port
-// forward with nothing behind it, a database that stops answering, and one that comes back. With
+// (in order, before a byte, or at once), holding them without a word, and passing them through: a
+// proxy or port forward with nothing behind it, a database that stops answering, and one that comes
+// back. With
 // `tls`, it answers a client's SSLRequest itself and speaks TLS to it (test/fixtures/tls: a self-signed
 // certificate for localhost), and plain protocol to PostgreSQL: a database under `sslmode=require`.
 import fs from "node:fs";
@@ -11,7 +12,11 @@ import tls from "node:tls";
 /** The relay's TLS key and certificate (self-signed, localhost, valid until 2126). */
 const TLS_FILES = path.join(import.meta.dirname, "../fixtures/tls");
 
-export type RelayMode = "close" | "hold" | "forward";
+/**
+ * close: accepted and closed in order before a byte; refuse: accepted and destroyed (a reset: the
+ * client's query fails at once); hold: accepted, never answered; forward: passed through.
+ */
+export type RelayMode = "close" | "refuse" | "hold" | "forward";
 
 /** A TCP relay in front of PostgreSQL. Changing the mode cuts every connection it carries or holds. */
 export class DbRelay {
@@ -53,6 +58,7 @@ export class DbRelay {
     this.track(client);
     // Closed in order (a reset instead fails the query at once, which piles nothing up).
     if (this.mode === "close") return void client.resume().end();
+    if (this.mode === "refuse") return void client.destroy();
     if (this.mode === "hold") return; // accepted, never answered
     const upstream = net.connect(this.target.port, this.target.host);
     this.track(upstream);

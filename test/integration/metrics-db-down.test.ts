@@ -4,7 +4,6 @@
 // out rather than pass last scrape's values off as current, and count the failure in that scrape.
 import assert from "node:assert/strict";
 import fs from "node:fs";
-import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { Writable } from "node:stream";
@@ -18,59 +17,11 @@ import { createLogger } from "../../src/log.ts";
 import { QUEUE_READ_TIMEOUT_MS } from "../../src/metrics/api.ts";
 import { LocalStore } from "../../src/storage/local.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
+import { type DbRelay, relayTo, throughRelay } from "../helpers/db-relay.ts";
 import { createTask, seedUser, waitFor } from "../helpers/queue.ts";
 
-type Mode = "forward" | "refuse" | "blackhole";
-
-/** A TCP proxy in front of PostgreSQL. Changing the mode cuts every connection it carries. */
-class DbProxy {
-  private mode: Mode = "forward";
-  private readonly sockets = new Set<net.Socket>();
-  private readonly server: net.Server;
-  private readonly target: { host: string; port: number };
-  port = 0;
-
-  constructor(target: { host: string; port: number }) {
-    this.target = target;
-    this.server = net.createServer((client) => this.accept(client));
-  }
-
-  async listen(): Promise<void> {
-    await new Promise<void>((resolve) => this.server.listen(0, "127.0.0.1", resolve));
-    this.port = (this.server.address() as net.AddressInfo).port;
-  }
-
-  private track(s: net.Socket): void {
-    this.sockets.add(s);
-    s.on("error", () => {});
-    s.on("close", () => this.sockets.delete(s));
-  }
-
-  private accept(client: net.Socket): void {
-    this.track(client);
-    if (this.mode === "refuse") return void client.destroy();
-    if (this.mode === "blackhole") return; // accepted, never answered
-    const upstream = net.connect(this.target.port, this.target.host);
-    this.track(upstream);
-    client.pipe(upstream);
-    upstream.pipe(client);
-    client.on("close", () => upstream.destroy());
-    upstream.on("close", () => client.destroy());
-  }
-
-  set(mode: Mode): void {
-    this.mode = mode;
-    for (const s of this.sockets) s.destroy();
-  }
-
-  close(): Promise<void> {
-    this.set("refuse");
-    return new Promise((resolve) => this.server.close(() => resolve()));
-  }
-}
-
 let db: TestDatabase;
-let proxy: DbProxy;
+let proxy: DbRelay;
 let viaProxy: Database;
 let app: FastifyInstance;
 let dataDir: string;
@@ -78,14 +29,11 @@ const logs: Record<string, unknown>[] = [];
 
 before(async () => {
   db = await createTestDatabase();
-  const u = new URL(db.url);
-  proxy = new DbProxy({ host: u.hostname, port: Number(u.port) });
-  await proxy.listen();
-  u.hostname = "127.0.0.1";
-  u.port = String(proxy.port);
-  viaProxy = createDatabase(u.toString(), { max: 3 });
+  proxy = await relayTo(db.url, "forward");
+  const url = throughRelay(db.url, proxy);
+  viaProxy = createDatabase(url, { max: 3 });
   dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-metrics-down-"));
-  const config = loadConfig({ ASSAY_DATA_DIR: dataDir, DATABASE_URL: u.toString() });
+  const config = loadConfig({ ASSAY_DATA_DIR: dataDir, DATABASE_URL: url });
   const destination = new Writable({
     write(chunk: Buffer, _enc, done) {
       for (const line of chunk.toString().split("\n")) if (line) logs.push(JSON.parse(line));
@@ -155,7 +103,7 @@ test("a database that fails: the queue gauges are left out (not last scrape's), 
 });
 
 test("a database that does not answer: the scrape answers within the read timeout, without the queue gauges", async () => {
-  proxy.set("blackhole");
+  proxy.set("hold");
   // The pool's connections were cut: the first read may fail at once on one of them. From then on
   // every connection hangs (PostgreSQL's side never answers; postgres.js gives up after 30 s).
   const first = await scrape();
