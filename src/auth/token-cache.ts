@@ -34,7 +34,12 @@ export class TokenCache {
     this.ttlMs = ttlMs;
   }
 
-  get(hash: string, now = Date.now()): Authenticated | undefined {
+  /**
+   * `now` and expiries are on the monotonic clock (performance.now()): on the wall clock, a step back
+   * (an NTP correction, a VM resumed) kept every entry trusted without a query for as long as the
+   * step, a revoke whose notification was lost included.
+   */
+  get(hash: string, now = performance.now()): Authenticated | undefined {
     const entry = this.entries.get(hash);
     if (!entry) return undefined;
     if (entry.expires <= now) {
@@ -50,7 +55,7 @@ export class TokenCache {
   }
 
   /** Stores a lookup's answer, unless the cache was emptied since the lookup's `ticket` (begin()). */
-  set(hash: string, principal: Authenticated, ticket: number, now = Date.now()): void {
+  set(hash: string, principal: Authenticated, ticket: number, now = performance.now()): void {
     if (!this.listening || this.ttlMs <= 0 || ticket !== this.generation) return;
     if (this.entries.size >= MAX_ENTRIES) {
       const oldest = this.entries.keys().next().value;

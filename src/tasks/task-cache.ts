@@ -75,8 +75,12 @@ export class TaskCache {
     this.ttlMs = ttlMs;
   }
 
-  /** A task's fresh view, with its owner: the caller checks visibility (visibleTo) before using it. */
-  get<T>(taskId: string, now = Date.now()): { value: T; ownerId: number } | undefined {
+  /**
+   * A task's fresh view, with its owner: the caller checks visibility (visibleTo) before using it.
+   * `now` and expiries are on the monotonic clock (performance.now()), as the token cache's: on the
+   * wall clock a step back kept answers for as long as the step.
+   */
+  get<T>(taskId: string, now = performance.now()): { value: T; ownerId: number } | undefined {
     const answer = this.tasks.get(taskId);
     if (!answer) return undefined;
     if (answer.expires <= now) {
@@ -87,7 +91,11 @@ export class TaskCache {
   }
 
   /** A fresh runs page of a task (`key`: pageKey()), with its owner; the caller checks visibility. */
-  getPage<T>(taskId: string, key: string, now = Date.now()): { value: T; ownerId: number } | undefined {
+  getPage<T>(
+    taskId: string,
+    key: string,
+    now = performance.now(),
+  ): { value: T; ownerId: number } | undefined {
     const answer = this.pages.get(taskId)?.get(key);
     if (!answer) return undefined;
     if (answer.expires <= now) {
@@ -104,7 +112,7 @@ export class TaskCache {
     ownerId: number,
     value: unknown,
     ticket: ReadTicket,
-    now = Date.now(),
+    now = performance.now(),
   ) {
     if (!this.storable(taskId, ticket)) return;
     let pages = this.pages.get(taskId);
@@ -145,7 +153,7 @@ export class TaskCache {
   }
 
   /** Stores what a read begun at `ticket` found, unless its task was invalidated since. */
-  set(taskId: string, ownerId: number, value: unknown, ticket: ReadTicket, now = Date.now()) {
+  set(taskId: string, ownerId: number, value: unknown, ticket: ReadTicket, now = performance.now()) {
     if (!this.storable(taskId, ticket)) return;
     if (!this.tasks.has(taskId) && this.tasks.size >= MAX_TASKS) {
       const oldest = this.tasks.keys().next().value;

@@ -52,9 +52,10 @@ const doorbell = (taskId: string) =>
   t.db
     .sql`select pg_notify(${EVENTS_CHANNEL}, json_build_object('taskId', ${taskId}::text, 'eventId', '1')::text)`;
 
-/** Until the wall clock the cache reads (Date.now) has passed `ms`. */
+/** Until the clock the cache reads (performance.now(), monotonic) has passed `ms`. */
 async function clockPast(ms: number): Promise<void> {
-  while (Date.now() <= ms) await new Promise((r) => setTimeout(r, Math.max(1, ms + 1 - Date.now())));
+  while (performance.now() <= ms)
+    await new Promise((r) => setTimeout(r, Math.max(1, ms + 1 - performance.now())));
 }
 
 /** Polls `read` until `done` holds; returns the milliseconds it took. */
@@ -97,7 +98,7 @@ describe("task cache", () => {
     assert.equal((await page("limit=20")).items[0].status, "queued");
     assert.deepEqual((await page("status=starting")).items, []);
     // Both answers were stored by now (each expires a TTL after it was stored).
-    const cachedBy = Date.now();
+    const cachedBy = performance.now();
     // A claim sends no notification: both answers are still the cached ones...
     await t.db.sql`update runs set status = 'starting', attempt = 1, lease_token = gen_random_uuid(),
       lease_owner = 'w', lease_expires_at = now() + interval '1 minute' where task_id = ${taskId}`;
@@ -111,7 +112,7 @@ describe("task cache", () => {
     // The task's notification drops every page of it at once. With the clock the cache is asked
     // with held still, no answer can expire: only the notification can remove them.
     assert.equal((await page("status=starting")).items.length, 1);
-    const held = Date.now();
+    const held = performance.now();
     assert.ok(t.app.services.tasks?.getPage(taskId, pageKey({ limit: 20 }), held));
     assert.ok(t.app.services.tasks?.getPage(taskId, pageKey({ status: "starting", limit: 20 }), held));
     await t.db.sql`update runs set progress = 40 where task_id = ${taskId}`;
@@ -133,7 +134,7 @@ describe("task cache", () => {
     const other = await runningTask();
     await get(taskUrl(taskId), alice);
     await get(taskUrl(other), alice);
-    const held = Date.now();
+    const held = performance.now();
     // A change that sends no notification is not seen yet: the answers are cached.
     await t.db.sql`update tasks set succeeded_count = 1 where id = ${taskId}`;
     assert.equal((await get(taskUrl(taskId), alice)).json().data.succeededCount, 0);
@@ -162,7 +163,7 @@ describe("task cache", () => {
   test("a change that sends no notification shows within the expiry", async () => {
     const taskId = await runningTask();
     await get(taskUrl(taskId), alice);
-    const cachedBy = Date.now();
+    const cachedBy = performance.now();
     await t.db.sql`update tasks set failed_count = 1 where id = ${taskId}`;
     // One expiry after the answer was stored, the next read shows the change.
     await clockPast(cachedBy + TASK_CACHE_TTL_MS);
@@ -200,9 +201,9 @@ describe("task cache", () => {
         .sql`select pg_notify(${EVENTS_CHANNEL}, json_build_object('taskId', '7', 'events', json_build_array())::text)`;
       await until(async () => cache.get("7") === undefined, 5_000);
       // Expired answers are not served.
-      cache.set("7", 1, {}, cache.begin(), Date.now() - 60_001);
+      cache.set("7", 1, {}, cache.begin(), performance.now() - 60_001);
       assert.equal(cache.get("7"), undefined);
-      cache.setPage("7", "a", 1, {}, cache.begin(), Date.now() - 60_001);
+      cache.setPage("7", "a", 1, {}, cache.begin(), performance.now() - 60_001);
       assert.equal(cache.getPage("7", "a"), undefined);
       // Pages follow the same generation rule, and are bounded over all tasks (oldest task first).
       const early = cache.begin();
