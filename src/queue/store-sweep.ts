@@ -9,7 +9,7 @@
 // with start/stop/runOnce; safe in every worker at once (deleting an object twice is harmless).
 import type { Sql } from "../db/client.ts";
 import type { Logger } from "../log.ts";
-import { KEY_PREFIXES, type ObjectInfo, type ObjectStore } from "../storage/store.ts";
+import { isStoreKey, KEY_PREFIXES, type ObjectInfo, type ObjectStore } from "../storage/store.ts";
 import { FIRST_PASS_WITHIN_MS, IntervalService } from "./service.ts";
 import { fileIdsKnown, type OutputFolder, outputFoldersReferenced } from "./sql.ts";
 
@@ -75,14 +75,34 @@ export class StoreSweep extends IntervalService<number> {
    */
   async runOnce(): Promise<number> {
     let deleted = 0;
+    // Each step goes ahead whatever the one before it met, and the pass then ends with the first
+    // failure. A prefix the store cannot list or delete under (a bucket answering 503, a folder the
+    // worker cannot read) fails at the same page every pass — its cursor stays — and it used to end the
+    // pass there: the other prefix was never swept and incomplete uploads never ended, for good.
+    let failure: { err: unknown } | undefined;
     for (const prefix of KEY_PREFIXES) {
-      deleted += await this.sweep(prefix);
+      try {
+        deleted += await this.sweep(prefix);
+      } catch (err) {
+        this.o.logger.warn({ err, prefix }, "store sweep could not sweep a prefix");
+        failure ??= { err };
+      }
       // stop() waits for the pass in progress: it ends at the next step.
       if (this.stopping) break;
     }
     if (deleted > 0)
       this.o.logger.info({ objects: deleted }, "store sweep removed objects no row references");
-    return deleted + (this.stopping ? 0 : await this.abortIncomplete());
+    let aborted = 0;
+    if (!this.stopping) {
+      try {
+        aborted = await this.abortIncomplete();
+      } catch (err) {
+        this.o.logger.warn({ err }, "store sweep could not end incomplete uploads");
+        failure ??= { err };
+      }
+    }
+    if (failure) throw failure.err;
+    return deleted + aborted;
   }
 
   private async abortIncomplete(): Promise<number> {
@@ -134,7 +154,9 @@ export class StoreSweep extends IntervalService<number> {
     const keys: [string, string][] = [];
     for (const o of objects) {
       const m = OUTPUT_KEY.exec(o.key);
-      if (!m) continue;
+      // An object the store would refuse as a key (isStoreKey) failed the delete of the whole page, every
+      // time the walk came round to it: left alone, like any key of another shape.
+      if (!m || !isStoreKey(o.key)) continue;
       const [, taskId, folder, runId, token] = m as unknown as [string, string, string, string, string?];
       const key = `${taskId}/${folder}`;
       folders.set(key, { key, taskId, runId, token: token ?? null });

@@ -10,7 +10,7 @@ import { pipeline } from "node:stream/promises";
 import type { Program } from "../analyses/programs.ts";
 import type { ClaimedRun, Handler, HandlerOutcome } from "../queue/worker.ts";
 import { publishFolder } from "../storage/local.ts";
-import { ObjectMissingError, type ObjectStore, outputObjectKey } from "../storage/store.ts";
+import { isStoreKey, ObjectMissingError, type ObjectStore, outputObjectKey } from "../storage/store.ts";
 import type { GroupRegistry } from "./group-guard.ts";
 import { attemptOutputKey, checkOutputs, type OutputFile } from "./outputs.ts";
 import { type ProcessResult, runProcess } from "./run-process.ts";
@@ -382,7 +382,11 @@ export function removeLeftovers(store: ObjectStore) {
     const keep = outputKey === null ? undefined : `outputs/${outputKey}/`;
     for (let after: string | undefined; ; ) {
       const page = await store.list(prefix, after === undefined ? {} : { after });
-      const gone = page.map((o) => o.key).filter((k) => keep === undefined || !k.startsWith(keep));
+      // Only keys the store takes: a name the service never gives (a copy made by hand) would fail the
+      // delete of the whole page.
+      const gone = page
+        .map((o) => o.key)
+        .filter((k) => (keep === undefined || !k.startsWith(keep)) && isStoreKey(k));
       if (gone.length > 0) await store.delete(gone);
       if (page.length < 1000) return;
       after = page.at(-1)?.key;

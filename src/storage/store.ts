@@ -192,6 +192,20 @@ export function checkKey(key: string): string {
   return key;
 }
 
+/**
+ * Whether the store takes `key` (checkKey). A listing may show objects the service never names (`out
+ * (1).json`, a copy made by hand in a local store's folder, a foreign object in a bucket): whoever
+ * deletes what it listed leaves those alone, or the store's delete refuses the whole batch.
+ */
+export function isStoreKey(key: string): boolean {
+  try {
+    checkKey(key);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 /** A prefix to list or delete under: a key shape ending with `/`. */
 export function checkPrefix(prefix: string): string {
   if (!prefix.endsWith("/")) throw new Error(`a prefix must end with "/": ${JSON.stringify(prefix)}`);
