@@ -40,122 +40,108 @@ export function isoTimeSql(sql: Pick<Sql, "unsafe">, column: string) {
   return sql.unsafe(`to_char(${column} at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')`);
 }
 
-/** The first pause after a connection the other end closed without a word (see pacedSocket). */
-const SILENT_CLOSE_FIRST_PAUSE_MS = 25;
-/** The longest such pause: the pool's connections come back within about this of the database. */
-const SILENT_CLOSE_MAX_PAUSE_MS = 2_000;
+/**
+ * Connections a pool may make at once (pacedSocket), at least: a pool's own maximum and its LISTEN
+ * connection come back together after a restart, and a burst of demand opens up to the maximum.
+ */
+const CONNECT_BURST = 12;
+/** Connections a pool makes a second at most, once its burst is spent. */
+const CONNECTS_PER_SECOND = 2;
 
 /** pacedSocket's factory, with what ends it. */
 export interface PacedSocket {
   (o: { host: string[]; port: number[]; path?: string | false }): Promise<net.Socket>;
-  /** Cancels a pause in progress and refuses later connections: the pool is ending. */
+  /** Cancels a wait in progress and refuses later connections: the pool is ending. */
   stop(): void;
 }
 
-/** A socket that pacedSocket handed out, and the host it went to. */
-interface Handed {
-  socket: net.Socket;
-  host: number;
+/** The error of a connection asked for after the pool's end (postgres.js's own code for it). */
+class PoolEndedError extends Error {
+  readonly code = "CONNECTION_ENDED";
 }
 
 /**
- * postgres.js's `socket` option for a pool: connections made to the pool's host (or socket path), but
- * paced after connections that ended before the other end sent a byte. postgres.js (3.4.9,
- * connection.js `closed`) makes a connection closed that way again at once, without its backoff, while
- * a query waits: against a proxy or port forward with nothing behind it, a process made over a
- * thousand connections a second, for as long as it lasted, at ~15% of a core. After n such ends in a
- * row (across the pool) the next connection waits 25 ms × 2^(n-1), at most 2 s, with jitter; one that
- * has read anything ends the pause. Refused connections (an error) are not counted: postgres.js rejects
- * the waiting queries and backs off itself. A connection postgres.js gave up on (its connect timeout)
- * counts, as does the connection of a query cancellation (the server closes it without a word; Assay
- * cancels none).
+ * postgres.js's `socket` option for a pool: connections made as postgres.js makes them (TCP to the
+ * pool's hosts in turn, or the socket path), at most `burst` at once and CONNECTS_PER_SECOND after
+ * that (a token bucket). postgres.js makes some connections again at once, without its backoff, for as
+ * long as they keep ending that way: one the other end closes before the database answers (a proxy or
+ * port forward with nothing behind it; a TLS proxy that completes its handshake and then closes; 3.4.9,
+ * connection.js `closed`), a standby refused under `target_session_attrs`, and, with several hosts in
+ * the URL, refused ones. A process made over a thousand connections a second, for as long as it lasted,
+ * at ~15% of a core. A pool makes few connections when all is well (its maximum, then one per
+ * `max_lifetime` each), so the bound is not felt then; the queries waiting in an outage run on the
+ * first connection after it.
  *
- * The sockets are judged when the next is asked for, not by listeners: postgres.js removes every
- * listener of the plain socket when it wraps it in TLS (`secure`). With several hosts in the URL, each
- * connection goes to the host the last one that ended went to, and to the next after one ended without
- * a byte — as postgres.js moves on from a host that failed.
+ * The connect runs after an await: postgres.js adds its listeners once this promise resolves, and an
+ * error net.connect reports at once (ENETUNREACH) is emitted on the next tick, after the microtasks
+ * this await belongs to. Called synchronously from postgres.js's timer, that was an unhandled 'error'
+ * event that ended the process.
  */
-export function pacedSocket(): PacedSocket {
-  let silentEnds = 0;
-  let host = 0;
+export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
+  let tokens = burst;
+  let refilledAt = performance.now();
+  let next = 0;
   let stopped = false;
-  const handed: Handed[] = [];
-  const pauses = new Set<{ timer: NodeJS.Timeout; cancel: () => void }>();
-  const judge = () => {
-    for (let i = 0; i < handed.length; ) {
-      const h = handed[i] as Handed;
-      if (h.socket.bytesRead > 0) silentEnds = 0;
-      else if (h.socket.destroyed) {
-        if (!h.socket.errored) silentEnds++;
-        host = h.host + 1;
-      } else {
-        i++;
-        continue;
-      }
-      handed.splice(i, 1);
-    }
-  };
-  const refuse = () => new Error("the pool is ending: no new connection");
+  const waits = new Set<{ timer: NodeJS.Timeout; cancel: () => void }>();
   const paced = async (o: { host: string[]; port: number[]; path?: string | false }) => {
-    // Before anything else: postgres.js adds its listeners once this promise resolves, and an error
-    // net.connect reports at once (ENETUNREACH, EADDRNOTAVAIL) is emitted on the next tick — which runs
-    // after the microtasks this await belongs to, so after postgres.js listens. Called synchronously
-    // from postgres.js's timer, it was an unhandled 'error' event that ended the process.
     await null;
-    if (stopped) throw refuse();
-    judge();
-    if (silentEnds > 0) {
-      const pause = Math.min(SILENT_CLOSE_MAX_PAUSE_MS, SILENT_CLOSE_FIRST_PAUSE_MS * 2 ** (silentEnds - 1));
+    for (;;) {
+      if (stopped) throw new PoolEndedError("the pool is ending: no new connection");
+      const now = performance.now();
+      tokens = Math.min(burst, tokens + ((now - refilledAt) / 1000) * CONNECTS_PER_SECOND);
+      refilledAt = now;
+      if (tokens >= 1) break;
+      // Until a whole token is back, with jitter, so the pools of a fleet do not come back in step.
+      const ms = ((1 - tokens) / CONNECTS_PER_SECOND) * 1000 * (1 + Math.random() / 2);
       await new Promise<void>((resolve, reject) => {
-        const p = {
-          timer: setTimeout(
-            () => {
-              pauses.delete(p);
-              resolve();
-            },
-            pause * (0.5 + Math.random() / 2),
-          ),
-          cancel: () => reject(refuse()),
+        const w = {
+          timer: setTimeout(() => {
+            waits.delete(w);
+            resolve();
+          }, ms),
+          cancel: () => reject(new PoolEndedError("the pool is ending: no new connection")),
         };
-        pauses.add(p);
+        waits.add(w);
       });
     }
-    let socket: net.Socket & { host?: string; port?: number };
-    const i = host % Math.max(1, o.host.length);
-    if (o.path) socket = net.connect(o.path);
-    else {
-      const name = o.host[i] as string;
-      const port = (o.port[i] ?? o.port[0]) as number;
-      // host and port: postgres.js's errors name them.
-      socket = Object.assign(net.connect(port, name), { host: name, port });
-    }
-    handed.push({ socket, host: i });
-    return socket;
+    tokens -= 1;
+    if (o.path) return net.connect(o.path);
+    const i = next++ % Math.max(1, o.host.length);
+    const host = o.host[i] as string;
+    const port = (o.port[i] ?? o.port[0]) as number;
+    // host and port: postgres.js's errors name them.
+    return Object.assign(net.connect(port, host), { host, port });
   };
   return Object.assign(paced, {
     stop: () => {
       stopped = true;
-      for (const p of pauses) {
-        clearTimeout(p.timer);
-        p.cancel();
+      for (const w of waits) {
+        clearTimeout(w.timer);
+        w.cancel();
       }
-      pauses.clear();
+      waits.clear();
     },
   });
 }
 
-/** Ends `sql`, first stopping its pacedSocket (a pause in progress would connect after the end). */
-export function endPool(sql: Sql, timeoutSeconds: number): Promise<void> {
+/**
+ * Ends `sql`, first stopping its pacedSocket: a wait in progress would connect after the end. The
+ * refusal reaches postgres.js on a later turn, before the end looks at the connections (else the end
+ * waits out its whole timeout for a connection that was still opening).
+ */
+export async function endPool(sql: Sql, timeoutSeconds: number): Promise<void> {
   (sql.options as { socket?: Partial<PacedSocket> }).socket?.stop?.();
-  return sql.end({ timeout: timeoutSeconds });
+  await new Promise((resolve) => setImmediate(resolve));
+  await sql.end({ timeout: timeoutSeconds });
 }
 
 export function createDatabase(url: string, options: PoolOptions = {}): Database {
   // postgres.js reads `socket` (connection.js createSocket) but its types do not declare it.
-  const paced = { socket: pacedSocket() };
+  const max = options.max ?? 10;
+  const paced = { socket: pacedSocket(Math.max(CONNECT_BURST, max + 2)) };
   const sql = postgres(url, {
     ...paced,
-    max: options.max ?? 10,
+    max,
     onnotice: () => {},
     ...(options.connectTimeoutMs === undefined ? {} : { connect_timeout: options.connectTimeoutMs / 1000 }),
     connection: { application_name: options.applicationName ?? "assay" },

@@ -14,9 +14,11 @@ const TLS_FILES = path.join(import.meta.dirname, "../fixtures/tls");
 
 /**
  * close: accepted and closed in order before a byte; refuse: accepted and destroyed (a reset: the
- * client's query fails at once); hold: accepted, never answered; forward: passed through.
+ * client's query fails at once); hold: accepted, never answered; forward: passed through;
+ * tls-close (with `tls`): the SSLRequest answered and the TLS handshake made, then closed — a TLS
+ * proxy with nothing behind it.
  */
-export type RelayMode = "close" | "refuse" | "hold" | "forward";
+export type RelayMode = "close" | "refuse" | "hold" | "forward" | "tls-close";
 
 /** A TCP relay in front of PostgreSQL. Changing the mode cuts every connection it carries or holds. */
 export class DbRelay {
@@ -60,6 +62,7 @@ export class DbRelay {
     if (this.mode === "close") return void client.resume().end();
     if (this.mode === "refuse") return void client.destroy();
     if (this.mode === "hold") return; // accepted, never answered
+    if (this.mode === "tls-close") return void this.secure(client, (secure) => secure.end());
     const upstream = net.connect(this.target.port, this.target.host);
     this.track(upstream);
     client.on("close", () => upstream.destroy());
@@ -69,16 +72,23 @@ export class DbRelay {
       upstream.pipe(client);
       return;
     }
-    // The client's SSLRequest (8 bytes) is answered here ('S'), and TLS ends here.
+    this.secure(client, (secure) => {
+      secure.pipe(upstream);
+      upstream.pipe(secure);
+    });
+  }
+
+  /** Answers the client's SSLRequest (8 bytes) with 'S' and ends TLS here; `then` gets the TLS side. */
+  private secure(client: net.Socket, then: (secure: tls.TLSSocket) => void): void {
     const keys = this.tls;
+    if (!keys) throw new Error("this relay has no TLS");
     const onReadable = () => {
       const request = client.read(8);
       if (request === null) return void client.once("readable", onReadable);
       client.write("S");
       const secure = new tls.TLSSocket(client, { isServer: true, ...keys });
       secure.on("error", () => {});
-      secure.pipe(upstream);
-      upstream.pipe(secure);
+      secure.once("secure", () => then(secure));
     };
     client.once("readable", onReadable);
   }

@@ -35,7 +35,7 @@ test("probes during a check share it; the next check starts once it has ended", 
 
 test("a stale check is not shared, but no more than `max` are outstanding however long it lasts", async () => {
   const c = checks();
-  const check = singleFlight(c.work, { staleMs: 20, max: 2 });
+  const check = singleFlight(c.work, { staleMs: 20, max: 2, forgetMs: 60_000 });
   const first = check();
   check();
   assert.equal(c.started(), 1);
@@ -56,6 +56,30 @@ test("a stale check is not shared, but no more than `max` are outstanding howeve
   await sleep(30);
   check();
   assert.equal(c.started(), 3);
+});
+
+test("checks stuck past the forget bound no longer count: a new one starts, one per bound at most", async () => {
+  // Checks on connections that died without a word (a NAT that dropped them) end when TCP gives up,
+  // minutes later; readiness must not wait for that once new connections work.
+  const c = checks();
+  const check = singleFlight(c.work, { staleMs: 20, max: 2, forgetMs: 150 });
+  check();
+  await sleep(30);
+  check();
+  assert.equal(c.started(), 2);
+  await sleep(30);
+  check();
+  assert.equal(c.started(), 2, "at the cap");
+  // The first is past the forget bound: it no longer counts, and a third starts.
+  await sleep(130);
+  const third = check();
+  assert.equal(c.started(), 3);
+  assert.equal(check(), third, "shared, as any young check");
+  // The database answers again: the new check ends, whatever became of the forgotten ones.
+  c.finish(1);
+  c.finish(2);
+  c.finish(3);
+  assert.equal(await third, 3);
 });
 
 test("a check that fails is not kept: the next probe starts another", async () => {
