@@ -55,6 +55,18 @@ const rowsOfKey = async (key: string) =>
 const rowIds = async () =>
   (await t.db.sql<{ id: string }[]>`select id::text from files order by id`).map((r) => r.id);
 
+/** Until an insert into files waits on a row lock in this file's database (a replay behind a first try). */
+const insertWaitsOnLock = () =>
+  waitFor(
+    async () =>
+      (
+        await t.db.sql`select 1 from pg_stat_activity
+                      where datname = current_database() and wait_event_type = 'Lock'
+                        and query like '%insert into files%'`
+      ).length > 0 || undefined,
+    10_000,
+  );
+
 test("the same key twice with the same bytes: one row, one object, the first file answered 200", async () => {
   const key = "c2f1e7d0-9b1a-4c3e-8f00-~!{}";
   const content = "a,b\n1,2\n";
@@ -183,15 +195,7 @@ test("an upload that waits on an uncommitted first try with its key answers that
   });
   await Promise.race([insertedFirst, first]);
   const retry = upload(alice, content, key);
-  await waitFor(
-    async () =>
-      (
-        await t.db.sql`select 1 from pg_stat_activity
-                      where datname = current_database() and wait_event_type = 'Lock'
-                        and query like '%insert into files%'`
-      ).length > 0 || undefined,
-    10_000,
-  );
+  await insertWaitsOnLock();
   release();
   const firstId = await first;
   const res = await retry;
@@ -282,15 +286,7 @@ test("a replay whose first file commits after its look-up and is deleted before 
   const replaying = createDatabase(relay.url, { max: 1 });
   try {
     const again = fileCreate(replaying.sql, t.storage, owner, Readable.from([Buffer.from(content)]), meta);
-    await waitFor(
-      async () =>
-        (
-          await t.db.sql`select 1 from pg_stat_activity
-                        where datname = current_database() and wait_event_type = 'Lock'
-                        and query like '%insert into files%'`
-        ).length > 0 || undefined,
-      10_000,
-    );
+    await insertWaitsOnLock();
     release();
     await first;
     const result = await again;
