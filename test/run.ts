@@ -39,6 +39,9 @@ const SLOW_FILES = [
   "test/e2e/dashboard-navigation.test.ts",
   "test/unit/zip.test.ts",
   "test/integration/metrics-queue-read.test.ts",
+  "test/integration/upload-faults.test.ts",
+  "test/e2e/client-resume.test.ts",
+  "test/e2e/dashboard-results-refresh.test.ts",
 ];
 
 const given = process.argv.slice(2);
