@@ -8,17 +8,13 @@ import assert from "node:assert/strict";
 import fs from "node:fs";
 import path from "node:path";
 import { test } from "node:test";
-import { client, clientSuite, csv, jsonLines, type Line, ofKind } from "../helpers/client.ts";
+import { client, clientSuite, csv, errorOf, jsonLines, ofKind } from "../helpers/client.ts";
 
 const suite = clientSuite({
   user: "léa «download» ✓",
   scratch: "assay-client-clash-",
   ids: { tasks: 0, runs: 1 },
 });
-
-type ErrorLine = Line & { code: string; message: string; exitCode: number };
-
-const errorOf = (stdout: string) => ofKind(jsonLines(stdout), "error")[0] as ErrorLine | undefined;
 
 /** Every file under `dir` whose name is a download's temporary one. */
 const partials = (dir: string) =>

@@ -10,16 +10,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { test } from "node:test";
 import { collect, spawnCli } from "../helpers/cli.ts";
-import {
-  apiProxy,
-  client,
-  clientSuite,
-  csv,
-  jsonLines,
-  type Line,
-  ofKind,
-  within,
-} from "../helpers/client.ts";
+import { apiProxy, client, clientSuite, csv, errorOf, jsonLines, ofKind, within } from "../helpers/client.ts";
 import { waitFor } from "../helpers/queue.ts";
 
 const suite = clientSuite({
@@ -71,9 +62,7 @@ test("a failed download of a folder tree's outputs does not name assay download 
     );
     assert.equal(r.code, 3, r.stderr);
     const taskId = taskIdOf(r.stdout);
-    const err = ofKind(jsonLines(r.stdout), "error")[0] as
-      | (Line & { code: string; message: string })
-      | undefined;
+    const err = errorOf(r.stdout);
     assert.equal(err?.code, "INTERNAL", r.stdout);
     assert.ok(err?.message.includes(`; ${otherLayout(taskId, out)}`), `the error says so: ${err?.message}`);
     assert.ok(r.stderr.includes(otherLayout(taskId, out)), r.stderr);
@@ -127,7 +116,7 @@ test("a clash that shows only as the outputs are downloaded is exit 2 PATH_CONFL
   fs.mkdirSync(path.join(out, "relevé «3».csv", "summary.json"), { recursive: true });
   const r = await client(["submit", "--type", "summary", dir, "--out", out], suite.env());
   assert.equal(r.code, 2, r.stderr);
-  const err = ofKind(jsonLines(r.stdout), "error")[0] as (Line & { code: string }) | undefined;
+  const err = errorOf(r.stdout);
   assert.equal(err?.code, "PATH_CONFLICT", r.stdout);
   assert.equal(ofKind(jsonLines(r.stdout), "file").length, 1, "the input was uploaded");
   assert.equal(ofKind(jsonLines(r.stdout), "task").length, 1, "the task was created and ran");

@@ -10,26 +10,13 @@ import fs from "node:fs";
 import path from "node:path";
 import { test } from "node:test";
 import { ASSAY_BIN, collect } from "../helpers/cli.ts";
-import {
-  apiAll,
-  apiProxy,
-  client,
-  clientSuite,
-  csv,
-  jsonLines,
-  type Line,
-  ofKind,
-} from "../helpers/client.ts";
+import { apiAll, apiProxy, client, clientSuite, csv, errorOf, jsonLines, ofKind } from "../helpers/client.ts";
 
 const suite = clientSuite({
   user: "søren «sortie» ✓",
   scratch: "assay-client-submit-out-",
   ids: { tasks: 0, runs: 1, files: 1 },
 });
-
-type ErrorLine = Line & { code: string; message: string; exitCode: number };
-
-const errorOf = (stdout: string) => ofKind(jsonLines(stdout), "error")[0] as ErrorLine | undefined;
 
 /** How many files and tasks the user has on the server. */
 const holdings = async () => ({

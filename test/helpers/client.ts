@@ -356,6 +356,12 @@ export function jsonLines(stdout: string): Line[] {
 
 export const ofKind = (lines: Line[], kind: string) => lines.filter((l) => l.kind === kind);
 
+/** A client's error line: what it prints on stdout before it exits non-zero. */
+export type ErrorLine = Line & { code: string; message: string; exitCode: number };
+
+/** The first error line a client printed, if any. */
+export const errorOf = (stdout: string) => ofKind(jsonLines(stdout), "error")[0] as ErrorLine | undefined;
+
 /** A GET on the API with `token`, returning the envelope's data. */
 export async function apiGet<T>(server: ClientServer, token: string, route: string): Promise<T> {
   const res = await fetch(`${server.url}${route}`, { headers: { authorization: `Bearer ${token}` } });
