@@ -9,7 +9,16 @@ import fs from "node:fs";
 import path from "node:path";
 import { test } from "node:test";
 import { collect, spawnCli } from "../helpers/cli.ts";
-import { apiProxy, clientSuite, csv, jsonLines, type Line, ofKind, within } from "../helpers/client.ts";
+import {
+  apiProxy,
+  clientSuite,
+  csv,
+  jsonLines,
+  type Line,
+  ofKind,
+  submitHostilePair,
+  within,
+} from "../helpers/client.ts";
 
 /** A task that ended, submitted straight to the server. */
 let taskId: string;
@@ -19,13 +28,7 @@ const suite = clientSuite({
   scratch: "assay-client-proxy-pages-",
   ids: { tasks: 0, runs: 1 },
   setup: async () => {
-    const dir = path.join(suite.work, "entrées");
-    fs.mkdirSync(dir);
-    fs.writeFileSync(path.join(dir, "relevé \u202efdp.csv"), csv(30, 3));
-    fs.writeFileSync(path.join(dir, "日本語 データ.csv"), csv(30, 7));
-    const r = await collect(spawnCli(["submit", "--type", "summary", dir, "--follow"], suite.env()));
-    assert.equal(r.code, 0, r.stderr);
-    taskId = String(ofKind(jsonLines(r.stdout), "task")[0]?.taskId);
+    taskId = await submitHostilePair(suite);
   },
 });
 

@@ -14,7 +14,16 @@ import type { AddressInfo } from "node:net";
 import path from "node:path";
 import { test } from "node:test";
 import { collect, spawnCli } from "../helpers/cli.ts";
-import { apiAll, clientSuite, csv, jsonLines, type Line, ofKind, within } from "../helpers/client.ts";
+import {
+  apiAll,
+  clientSuite,
+  csv,
+  jsonLines,
+  type Line,
+  ofKind,
+  submitHostilePair,
+  within,
+} from "../helpers/client.ts";
 
 const USER = "zoë «retry» 🚀";
 
@@ -26,13 +35,7 @@ const suite = clientSuite({
   scratch: "assay-client-retry-",
   ids: { tasks: 0, runs: 1, files: 1 },
   setup: async () => {
-    const dir = path.join(suite.work, "entrées");
-    fs.mkdirSync(dir);
-    fs.writeFileSync(path.join(dir, "relevé \u202efdp.csv"), csv(30, 3));
-    fs.writeFileSync(path.join(dir, "日本語 データ.csv"), csv(30, 7));
-    const r = await collect(spawnCli(["submit", "--type", "summary", dir, "--follow"], suite.env()));
-    assert.equal(r.code, 0, r.stderr);
-    taskId = String(ofKind(jsonLines(r.stdout), "task")[0]?.taskId);
+    taskId = await submitHostilePair(suite);
   },
 });
 

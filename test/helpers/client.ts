@@ -227,6 +227,20 @@ export interface ClientSuite {
 }
 
 /**
+ * Submits, with `assay submit --follow`, a task of `summary` over two CSVs with hostile names (a
+ * right-to-left override, CJK) in a folder `entrées` of the suite's scratch folder; its id.
+ */
+export async function submitHostilePair(suite: ClientSuite): Promise<string> {
+  const dir = path.join(suite.work, "entrées");
+  fs.mkdirSync(dir);
+  fs.writeFileSync(path.join(dir, "relevé \u202efdp.csv"), csv(30, 3));
+  fs.writeFileSync(path.join(dir, "日本語 データ.csv"), csv(30, 7));
+  const r = await collect(spawnCli(["submit", "--type", "summary", dir, "--follow"], suite.env()));
+  if (r.code !== 0) throw new Error(`submit exited ${r.code}: ${r.stderr}`);
+  return String(ofKind(jsonLines(r.stdout), "task")[0]?.taskId);
+}
+
+/**
  * Registers the `before` and `after` of a client test file: a server (`concurrency`, 2 unless
  * told), a token of `user`, a scratch folder named from `scratch`, and the ids of `ids`' tables made
  * to cross a power of ten after that many of them (idsCrossPowerOfTen), so that one compared or
