@@ -8,6 +8,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { Readable } from "node:stream";
 import { after, before, test } from "node:test";
+import type { TransactionSql } from "postgres";
 import { createDatabase } from "../../src/db/client.ts";
 import { fileCreate, fileDelete, fileKey } from "../../src/files/files.ts";
 import { PayloadTooLargeError, SourceError } from "../../src/storage/store.ts";
@@ -54,6 +55,29 @@ const rowsOfKey = async (key: string) =>
   );
 const rowIds = async () =>
   (await t.db.sql<{ id: string }[]>`select id::text from files order by id`).map((r) => r.id);
+
+/**
+ * Runs `insert` in a transaction that stays open until `release()`: resolves once the insert has run,
+ * with the transaction's end (`committed`, the insert's result).
+ */
+async function uncommitted<T>(insert: (tx: TransactionSql) => Promise<T>) {
+  let release!: () => void;
+  const released = new Promise<void>((r) => {
+    release = r;
+  });
+  let inserted!: () => void;
+  const insertedFirst = new Promise<void>((r) => {
+    inserted = r;
+  });
+  const committed = t.db.sql.begin(async (tx) => {
+    const result = await insert(tx);
+    inserted();
+    await released;
+    return result;
+  }) as Promise<T>;
+  await Promise.race([insertedFirst, committed]);
+  return { committed, release };
+}
 
 /** Until an insert into files waits on a row lock in this file's database (a replay behind a first try). */
 const insertWaitsOnLock = () =>
@@ -173,27 +197,16 @@ test("an upload that waits on an uncommitted first try with its key answers that
   const sha256 = createHash("sha256").update(content).digest("hex");
   const [owner] = await t.db.sql<{ id: string }[]>`select id::text from users where name = 'zoë «alice»'`;
   const objs = objects();
-  let release!: () => void;
-  const released = new Promise<void>((r) => {
-    release = r;
-  });
-  let inserted!: () => void;
-  const insertedFirst = new Promise<void>((r) => {
-    inserted = r;
-  });
   // The first try, inserted and not committed yet: the upload's look-up does not see it, and its
   // insert waits on the unique index.
-  const first = t.db.sql.begin(async (tx) => {
+  const { committed: first, release } = await uncommitted(async (tx) => {
     const [row] = await tx<{ id: string }[]>`
       insert into files (owner_id, name, content_type, size_bytes, sha256, storage_key, idempotency_key)
       values (${owner?.id as string}, 'first.csv', 'text/csv', ${content.length}, ${sha256},
               'files/in-flight', ${key})
       returning id::text`;
-    inserted();
-    await released;
     return row?.id as string;
   });
-  await Promise.race([insertedFirst, first]);
   const retry = upload(alice, content, key);
   await insertWaitsOnLock();
   release();
@@ -261,24 +274,13 @@ test("a replay whose first file commits after its look-up and is deleted before 
     select nextval(pg_get_serial_sequence('files', 'id'))::text as id`;
   const firstId = next?.id as string;
   await t.storage.put(fileKey(firstId), Readable.from([Buffer.from(content)]));
-  let release!: () => void;
-  const released = new Promise<void>((r) => {
-    release = r;
-  });
-  let inserted!: () => void;
-  const insertedFirst = new Promise<void>((r) => {
-    inserted = r;
-  });
-  const first = t.db.sql.begin(async (tx) => {
+  // Inserted before the replay starts: else the replay's row could commit first, and the first try fail.
+  const { committed: first, release } = await uncommitted(async (tx) => {
     await tx`
       insert into files (id, owner_id, name, content_type, size_bytes, sha256, storage_key, idempotency_key)
       values (${firstId}, ${owner.userId}, 'first.csv', 'text/csv', ${Buffer.byteLength(content)},
               ${sha256}, ${fileKey(firstId)}, ${key})`;
-    inserted();
-    await released;
   });
-  // Before the replay starts: else the replay's row could commit first, and the first try fail.
-  await Promise.race([insertedFirst, first]);
   // The user deletes the first file just as the replay's insert is refused on its key.
   const relay = await holdAnswer(new URL(t.db.url), "files_owner_idempotency_key", async () => {
     assert.equal(await fileDelete(t.db.sql, t.storage, owner, firstId, () => {}), true);
