@@ -8,7 +8,7 @@ import path from "node:path";
 import type { Config } from "../config.ts";
 import { LocalStore } from "../storage/local.ts";
 import { openStore } from "../storage/open.ts";
-import { checkKey, KEY_PREFIXES, type ObjectStore } from "../storage/store.ts";
+import { isStoreKey, KEY_PREFIXES, type ObjectStore } from "../storage/store.ts";
 import { need, parse, UsageError } from "./usage.ts";
 
 const HELP = `Usage: assay storage migrate [--from DIR]
@@ -84,16 +84,6 @@ function checkSource(dir: string): string {
   return dir;
 }
 
-/** Whether the service could have made `key` (checkKey): no row can reference any other. */
-function serviceKey(key: string): boolean {
-  try {
-    checkKey(key);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
 /**
  * Entries under `prefix` that are neither files nor folders — a symbolic link above all (a task's
  * outputs moved to another disk and linked back), a FIFO, a socket — with what each is. The local
@@ -149,7 +139,7 @@ export async function migratePrefix(
 ): Promise<{ copied: number; skipped: number; ignored: number; notCopied: number; bytes: number }> {
   const t = { copied: 0, skipped: 0, ignored: 0, notCopied: 0, bytes: 0 };
   for await (const { key, what } of notFiles(source.root, prefix)) {
-    if (serviceKey(key)) {
+    if (isStoreKey(key)) {
       t.notCopied++;
       progress(`not copied ${JSON.stringify(key)}: ${what}, never followed (nothing under it is copied)`);
     } else {
@@ -162,7 +152,7 @@ export async function migratePrefix(
     if (page.length === 0) break;
     const there = await sizesIn(target, prefix, after, page.at(-1)?.key as string);
     for (const o of page) {
-      if (!serviceKey(o.key)) {
+      if (!isStoreKey(o.key)) {
         t.ignored++;
         progress(`left out ${JSON.stringify(o.key)}: not a key Assay makes, so nothing refers to it`);
         continue;

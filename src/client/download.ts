@@ -146,6 +146,12 @@ function kindOf(p: string): string {
 
 const AGAIN = "move it, or download into another --out DIR";
 
+/** The nearest of `p` and its parents that exists (a link to nothing exists). */
+function nearestThere(p: string): string {
+  while (!lstatOf(p) && path.dirname(p) !== p) p = path.dirname(p);
+  return p;
+}
+
 /**
  * `dir` and its parents made, for `what`. Something other than a folder in the way (a file of the
  * same name, from the inputs themselves say, or a link to nothing) is a PathConflict naming it; the
@@ -159,8 +165,7 @@ function makeFolder(dir: string, what: string): void {
     // ENOENT: a link to nothing in the way.
     if (code !== "EEXIST" && code !== "ENOTDIR" && code !== "ENOENT") throw err;
     // The nearest that exists is what stopped it, unless it is a folder (the error is another).
-    let p = dir;
-    while (!lstatOf(p) && path.dirname(p) !== p) p = path.dirname(p);
+    const p = nearestThere(dir);
     if (fs.statSync(p, { throwIfNoEntry: false })?.isDirectory()) throw err;
     throw new PathConflict(
       `cannot make the folder for ${what}: ${p} is ${kindOf(p)}, not a folder; ${AGAIN}`,
@@ -176,8 +181,7 @@ function makeFolder(dir: string, what: string): void {
  */
 export function checkDownloadPaths(root: string, folders: { folder: string; what: string }[]): void {
   // The nearest of root and its parents that exists (a link to nothing exists) must be a folder.
-  let p = root;
-  while (!lstatOf(p) && path.dirname(p) !== p) p = path.dirname(p);
+  const p = nearestThere(root);
   if (!fs.statSync(p, { throwIfNoEntry: false })?.isDirectory())
     throw new PathConflict(
       `cannot make the folder for the download: ${p} is ${kindOf(p)}, not a folder; ${AGAIN}`,

@@ -3,8 +3,8 @@
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import postgres from "postgres";
-import { endPool, firstAnswer, pacedSocket } from "./client.ts";
+import type postgres from "postgres";
+import { createDatabase, firstAnswer } from "./client.ts";
 
 export const MIGRATIONS_DIR = path.resolve(
   path.dirname(fileURLToPath(import.meta.url)),
@@ -47,14 +47,13 @@ export async function runMigrations(url: string): Promise<MigrationCounts> {
     import("drizzle-orm/postgres-js"),
     import("drizzle-orm/postgres-js/migrator"),
   ]);
-  // Paced like a pool's (pacedSocket): a proxy with nothing behind it is not sent a connection per
-  // millisecond for the 30 s of the bound. (postgres.js's types do not declare `socket`.)
-  const paced = { socket: pacedSocket() };
-  const sql = postgres(url, {
-    ...paced,
+  // A client of its own (drizzle's driver rewrites the parsers of the client it wraps), made as every
+  // pool is: its connections paced, so a proxy with nothing behind it is not sent one per millisecond
+  // for the 30 s of the bound.
+  const { sql, close } = createDatabase(url, {
     max: 1,
-    connect_timeout: COMMAND_CONNECT_MS / 1000,
-    onnotice: () => {},
+    connectTimeoutMs: COMMAND_CONNECT_MS,
+    applicationName: "assay-migrate",
   });
   try {
     // Bounded: a database that never answers failed no deploy script, it hung it (the lock's own wait,
@@ -65,7 +64,7 @@ export async function runMigrations(url: string): Promise<MigrationCounts> {
     await migrate(drizzle(sql), { migrationsFolder: MIGRATIONS_DIR });
     return { before, after: await appliedMigrationCount(sql) };
   } finally {
-    await endPool(sql, 5);
+    await close();
   }
 }
 

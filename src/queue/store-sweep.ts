@@ -76,9 +76,9 @@ export class StoreSweep extends IntervalService<number> {
   async runOnce(): Promise<number> {
     let deleted = 0;
     // Each step goes ahead whatever the one before it met, and the pass then ends with the first
-    // failure. A prefix the store cannot list or delete under (a bucket answering 503, a folder the
-    // worker cannot read) fails at the same page every pass — its cursor stays — and it used to end the
-    // pass there: the other prefix was never swept and incomplete uploads never ended, for good.
+    // failure. A prefix whose listing fails (a bucket answering 503, a folder the worker cannot read)
+    // fails at the same page every pass — the cursor moves only past a page listed — and it used to end
+    // the pass there: the other prefix was never swept and incomplete uploads never ended, for good.
     let failure: { err: unknown } | undefined;
     for (const prefix of KEY_PREFIXES) {
       try {

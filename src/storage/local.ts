@@ -22,8 +22,6 @@ import {
   watchPut,
 } from "./store.ts";
 
-export { PayloadTooLargeError } from "./store.ts";
-
 /** Uploads in progress, under the root so the final rename stays on one filesystem. */
 const PARTIAL_DIR = ".partial";
 
