@@ -8,7 +8,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { analysisTypes, runsOf, taskCreate } from "../client/api.ts";
 import { checkDownloadPaths, folderNames, foldersFromLabels } from "../client/download.ts";
-import { ClientUsageError, EXIT, Interrupted, messageOf } from "../client/exit.ts";
+import { ClientUsageError, EXIT, Interrupted, messageOf, PathConflict } from "../client/exit.ts";
 import { type ApiClient, ApiRequestError, ConnectionError, retryPause } from "../client/http.ts";
 import type { LocalInput } from "../client/inputs.ts";
 import { listInputs } from "../client/inputs.ts";
@@ -133,11 +133,14 @@ function plannedFolders(listed: { label: string }[]): { folder: string; what: st
 function prepareOut(dir: string | undefined, listed: { label: string }[]): string | undefined {
   if (dir === undefined) return undefined;
   const full = path.resolve(dir);
-  checkDownloadPaths(full, plannedFolders(listed));
   try {
+    checkDownloadPaths(full, plannedFolders(listed));
     fs.mkdirSync(full, { recursive: true });
     fs.accessSync(full, fs.constants.W_OK);
   } catch (err) {
+    // What the system says of a path it cannot look at (a loop of links, a name too long, no access)
+    // is said of --out, as before the check.
+    if (err instanceof PathConflict) throw err;
     throw new ClientUsageError(`cannot write to --out ${dir}: ${(err as Error).message}`);
   }
   return full;

@@ -203,3 +203,16 @@ test("an empty --out (a variable not set) is exit 2 USAGE for submit and downloa
   }
   assert.deepEqual(await holdings(), held, "nothing uploaded, no task created");
 });
+
+test("an --out the system cannot look at (a loop of links) is exit 2 USAGE naming --out, before any upload", async () => {
+  const input = path.join(suite.work, "boucle «2».csv");
+  fs.writeFileSync(input, csv(5, 29));
+  const loop = path.join(suite.work, "boucle");
+  fs.symlinkSync(loop, loop);
+  const held = await holdings();
+  const r = await client(["submit", "--type", "summary", input, "--out", path.join(loop, "x")], suite.env());
+  assert.equal(r.code, 2, r.stderr);
+  assert.equal(errorOf(r.stdout)?.code, "USAGE", r.stdout);
+  assert.match(errorOf(r.stdout)?.message ?? "", /cannot write to --out .*ELOOP/);
+  assert.deepEqual(await holdings(), held, "nothing uploaded, no task created");
+});
