@@ -9,9 +9,11 @@ import { after, before, test } from "node:test";
 import type { Principal } from "../../src/auth/tokens.ts";
 import { createLogger } from "../../src/log.ts";
 import { Retention } from "../../src/queue/retention.ts";
+import { taskDeleteExpired } from "../../src/queue/sql/retention.ts";
 import { runClaim, runComplete } from "../../src/queue/sql.ts";
 import { LocalStore } from "../../src/storage/local.ts";
 import type { ObjectStore } from "../../src/storage/store.ts";
+import { taskCancel } from "../../src/tasks/cancel.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import { createTask, seedUser } from "../helpers/queue.ts";
 import { createTestBucket, type TestBucket } from "../helpers/s3.ts";
@@ -120,4 +122,51 @@ test("deleting tasks deletes exactly their runs and events, in the same statemen
     /roll back/,
   );
   assert.deepEqual(await counts([kept]), keptBefore);
+});
+
+/** A task of `runs` runs, cancelled (every run queued, so it ends at once) and finished `daysAgo`. */
+async function cancelledTask(type: string, runs: number, daysAgo: number): Promise<string> {
+  const taskId = await createTask(db.sql, owner, type, runs);
+  const cancel = await taskCancel(db.sql, owner, taskId);
+  assert.ok(cancel.kind === "cancelling" && cancel.status === "cancelled", JSON.stringify(cancel));
+  await db.sql`update tasks set finished_at = now() - ${daysAgo} * interval '1 day' where id = ${taskId}`;
+  return taskId;
+}
+
+test("a statement deletes tasks while their runs fit its budget, the oldest whatever its size, and a pass goes on to the end", async () => {
+  // Oldest first: a big task, then three small ones, then a big one again.
+  const big1 = await cancelledTask("bud-a", 1_200, 50);
+  const small = [
+    await cancelledTask("bud-b", 30, 49),
+    await cancelledTask("bud-c", 30, 48),
+    await cancelledTask("bud-d", 30, 47),
+  ];
+  const big2 = await cancelledTask("bud-e", 150, 46);
+  const runsOf = async (ids: string[]) =>
+    (
+      await db.sql<{ n: number }[]>`select count(*)::int as n from runs where task_id = any(${ids}::bigint[])`
+    )[0]?.n;
+  assert.equal(await runsOf([big1, ...small, big2]), 1_440);
+
+  // One statement at a time: the big one alone though it is over the budget; then the small ones
+  // together (90 runs), stopping before the next big one (240 would be over 100).
+  assert.deepEqual(await taskDeleteExpired(db.sql, 30, 20, 100), [big1]);
+  assert.equal(await runsOf([big1]), 0);
+  assert.deepEqual((await taskDeleteExpired(db.sql, 30, 20, 100)).sort(), [...small].sort());
+  assert.equal(await runsOf(small), 0);
+  assert.equal(await runsOf([big2]), 150);
+
+  // A pass goes on past a statement that deleted fewer tasks than its batch (the budget cut it).
+  const more = [await cancelledTask("bud-f", 120, 45), await cancelledTask("bud-g", 120, 44)];
+  const retention = new Retention({
+    sql: db.sql,
+    logger: createLogger({ level: "silent" }),
+    store: new LocalStore(root),
+    retentionDays: 30,
+    intervalMs: 60_000,
+    runBudget: 100,
+  });
+  assert.equal(await retention.runOnce(), 3);
+  assert.equal(await runsOf([big2, ...more]), 0);
+  assert.equal((await db.sql`select 1 from tasks where id = any(${[big2, ...more]}::bigint[])`).length, 0);
 });

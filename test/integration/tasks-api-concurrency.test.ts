@@ -97,7 +97,7 @@ test("task list pages while tasks are created and retention deletes others: none
     cursor = page.nextCursor;
     // Between pages: retention deletes a few (the cursor's own task among them, at times) and a
     // task is created.
-    for (const id of await taskDeleteExpired(t.db.sql, 30, 2)) deleted.add(id);
+    for (const id of await taskDeleteExpired(t.db.sql, 30, 2, 10_000)) deleted.add(id);
     added.push((await create({ analysisType: "summary", inputFileId: files[0] })).json().data.taskId);
   } while (cursor);
   assert.ok(deleted.size > 0, "retention deleted tasks while the list was paged");

@@ -4,21 +4,40 @@ import { TERMINAL_TASK_STATUSES } from "../../tasks/states.ts";
 import { INT8_OID, type Json } from "./shared.ts";
 
 /**
- * Deletes up to `limit` terminal tasks finished more than `retentionDays` ago, oldest first — their
- * runs and events go with them (the trigger tasks_delete_children). Safe to run everywhere at once (SKIP LOCKED).
- * Returns the ids of the tasks deleted.
+ * Deletes up to `limit` terminal tasks finished more than `retentionDays` ago, oldest first, and no
+ * more of them than keeps their runs within `runBudget` (the oldest one goes whatever its size) — their
+ * runs and events go with them (the trigger tasks_delete_children), so the statement's size follows the
+ * runs it deletes, not the number of tasks: twenty tasks of 100,000 runs were two million runs and
+ * their events in one transaction. Safe to run everywhere at once (SKIP LOCKED). Returns the ids of the
+ * tasks deleted.
  */
-export async function taskDeleteExpired(sql: Sql, retentionDays: number, limit: number): Promise<string[]> {
+export async function taskDeleteExpired(
+  sql: Sql,
+  retentionDays: number,
+  limit: number,
+  runBudget: number,
+): Promise<string[]> {
+  // Window functions cannot sit beside FOR UPDATE: the candidates are locked first, then picked. The
+  // ones not picked stay locked only until this statement commits.
   const rows = await sql<{ id: string }[]>`
     with due as (
-      select id from tasks
+      select id, finished_at, total_count from tasks
       where status in ${sql(TERMINAL_TASK_STATUSES)}
         and finished_at < now() - ${retentionDays} * interval '1 day'
       order by finished_at
       limit ${limit}
       for update skip locked
+    ), picked as (
+      select id from (
+        select id,
+               row_number() over w as n,
+               sum(total_count) over w as runs
+        from due
+        window w as (order by finished_at, id)
+      ) c
+      where n = 1 or runs <= ${runBudget}
     )
-    delete from tasks t using due where t.id = due.id
+    delete from tasks t using picked where t.id = picked.id
     returning t.id::text`;
   return rows.map((r) => r.id);
 }
