@@ -7,7 +7,7 @@
 import type { Sql } from "../db/client.ts";
 import type { Logger } from "../log.ts";
 import { type ObjectStore, taskOutputsPrefix } from "../storage/store.ts";
-import { FIRST_PASS_WITHIN_MS, IntervalService } from "./service.ts";
+import { FIRST_PASS_WITHIN_MS, IntervalService, loggedFailure } from "./service.ts";
 import { taskDeleteExpired } from "./sql.ts";
 
 export interface RetentionOptions {
@@ -64,7 +64,7 @@ export class Retention extends IntervalService<number> {
           }
         }
         // The pass ends at a failure (the store may be down): the tasks still due wait for the next.
-        if (failure) throw failure.err;
+        if (failure) throw loggedFailure(failure.err);
         if (deleted.length === 0 || this.stopping) break;
       }
     } finally {

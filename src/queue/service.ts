@@ -11,6 +11,18 @@ import { jitter } from "./backoff.ts";
  */
 export const FIRST_PASS_WITHIN_MS = 60_000;
 
+/** Failures a pass logged itself, with more to say (the prefix, the task) than the service could. */
+const logged = new WeakSet<object>();
+
+/**
+ * Marks `err` as logged by the pass that throws it: the service does not log it again as the pass's
+ * failure (each failure of the store sweep and of retention was logged twice).
+ */
+export function loggedFailure(err: unknown): unknown {
+  if (typeof err === "object" && err !== null) logged.add(err);
+  return err;
+}
+
 export abstract class IntervalService<T> {
   private timer: NodeJS.Timeout | undefined;
   private running: Promise<unknown> | undefined;
@@ -64,7 +76,10 @@ export abstract class IntervalService<T> {
       // After a restart the old chain's last pass may still run: one pass at a time all the same.
       this.running = Promise.resolve(this.running)
         .then(() => this.runOnce())
-        .catch((err) => this.logger.warn({ err }, `${this.name} pass failed`))
+        .catch((err) => {
+          if (!(typeof err === "object" && err !== null && logged.has(err)))
+            this.logger.warn({ err }, `${this.name} pass failed`);
+        })
         .finally(() => this.schedule(undefined, chain));
     }, delayMs);
   }

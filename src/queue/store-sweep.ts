@@ -10,7 +10,7 @@
 import type { Sql } from "../db/client.ts";
 import type { Logger } from "../log.ts";
 import { isStoreKey, KEY_PREFIXES, type ObjectInfo, type ObjectStore } from "../storage/store.ts";
-import { FIRST_PASS_WITHIN_MS, IntervalService } from "./service.ts";
+import { FIRST_PASS_WITHIN_MS, IntervalService, loggedFailure } from "./service.ts";
 import { fileIdsKnown, type OutputFolder, outputFoldersReferenced } from "./sql.ts";
 
 export interface StoreSweepOptions {
@@ -101,7 +101,7 @@ export class StoreSweep extends IntervalService<number> {
         failure ??= { err };
       }
     }
-    if (failure) throw failure.err;
+    if (failure) throw loggedFailure(failure.err);
     return deleted + aborted;
   }
 
