@@ -301,8 +301,12 @@ export async function serveCommand(
     database = await openDatabase(cfg, logger, { applicationName: `assay-${mode}` });
     step();
     // Not the API: it listens whatever the database does (its /readyz says 503 meanwhile), as before —
-    // unless it is to make a dev token, which needs the database.
-    if (mode !== "api" || (values as { "dev-token"?: boolean })["dev-token"])
+    // unless it is to make a dev token, which needs the database. Nor a database this process has just
+    // started and migrated: it answered.
+    if (
+      database.migrations === undefined &&
+      (mode !== "api" || (values as { "dev-token"?: boolean })["dev-token"])
+    )
       await waitForDatabase(database.url, `assay-${mode}`, logger, shutdown.signal);
     // Opens the pool's first connection (TCP, authentication) while the rest of the process loads,
     // not on the first request; a failure here is the first request's to report.
