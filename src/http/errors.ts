@@ -18,6 +18,7 @@ export const PUBLIC_MESSAGES = {
   PAYLOAD_TOO_LARGE: "The upload exceeds the size limit.",
   UNSUPPORTED_MEDIA_TYPE: "The content type is not supported.",
   NOT_READY: "The service is not ready.",
+  STORAGE_FULL: "The server has no room to store this file.",
   INTERNAL_ERROR: "An internal error occurred.",
 } as const;
 

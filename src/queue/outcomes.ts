@@ -1,5 +1,6 @@
 // How an attempt's ending becomes what the queue records: an outcome to complete, a retry, or
 // nothing (a lost lease). Pure; the worker applies the decision.
+import { isNoSpace } from "../storage/store.ts";
 import { backoffMs } from "./backoff.ts";
 import type { ClaimedRun, Outcome, Retry } from "./sql.ts";
 
@@ -79,7 +80,8 @@ export type Decision =
  * outputs were checked) changes nothing about that work. Otherwise the worker's abort reason wins over
  * what the handler returned: a shutdown goes back to the queue with the attempt refunded, a cancel ends
  * cancelled, a timeout ends timed out. Then: transient failures (and thrown errors) retry with backoff
- * while attempts are left; anything else fails (a "cancelled" nobody asked for included: only a run
+ * while attempts are left — a thrown ENOSPC or EDQUOT as ANALYSIS_STORAGE_FULL, any other thrown
+ * error as ANALYSIS_PROCESS_FAILED; anything else fails (a "cancelled" nobody asked for included: only a run
  * marked cancelling may end cancelled).
  */
 export function decide(
@@ -125,8 +127,15 @@ export function decide(
     });
   }
   const thrown = ending.status === "error";
-  const errorCode = thrown ? "ANALYSIS_PROCESS_FAILED" : ending.errorCode;
-  const errorMessage = thrown ? "the analysis failed unexpectedly" : (ending.errorMessage ?? null);
+  // A full disk (the worker's scratch space, or a local store's) is no fault of the run's: it is said
+  // so, and retried like any thrown error — another worker, or this one once space is freed, may run it.
+  const noSpace = thrown && isNoSpace(ending.error);
+  const errorCode = noSpace ? "ANALYSIS_STORAGE_FULL" : thrown ? "ANALYSIS_PROCESS_FAILED" : ending.errorCode;
+  const errorMessage = noSpace
+    ? "the worker ran out of disk space"
+    : thrown
+      ? "the analysis failed unexpectedly"
+      : (ending.errorMessage ?? null);
   if ((thrown || ending.transient === true) && run.attempt < run.maxAttempts) {
     const delayMs = backoffMs(run.attempt, retryBaseMs);
     return { kind: "retry", retry: { ...lease, delayMs, refund: false, errorCode, errorMessage } };

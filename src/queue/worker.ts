@@ -104,7 +104,23 @@ export interface WorkerOptions {
   /** Types this worker cannot run and why, stored with its registration (GET /api/analysis-types). */
   unavailable?: TypeUnavailable[];
   id?: string;
+  /**
+   * How long the worker claims nothing after an attempt found its disk full (ANALYSIS_STORAGE_FULL),
+   * doubled at each such attempt in a row up to STORAGE_FULL_HOLD_MAX_MS; default STORAGE_FULL_HOLD_MS.
+   */
+  storageFullHoldMs?: number;
 }
+
+/**
+ * A worker whose attempt found its disk full (ANALYSIS_STORAGE_FULL: its scratch space, or a local
+ * store) claims nothing for this long, then twice as long at each such attempt in a row, up to
+ * STORAGE_FULL_HOLD_MAX_MS; an attempt that succeeds ends the doubling. Without it, a worker whose disk
+ * stayed full went on claiming runs and used up each one's attempts within seconds (retries 1 s, 2 s
+ * apart), the queue's whole backlog failing ANALYSIS_STORAGE_FULL, though other workers had room. Its
+ * runs already claimed (buffered or running) go on as they are.
+ */
+export const STORAGE_FULL_HOLD_MS = 5_000;
+export const STORAGE_FULL_HOLD_MAX_MS = 120_000;
 
 interface Attempt {
   run: ClaimedRun;
@@ -314,6 +330,11 @@ export class Worker {
   /** Counts clearDrained() calls: a claim in flight across one does not mark its type. */
   private drainEpoch = 0;
   private timers: NodeJS.Timeout[] = [];
+  /** Claims are held until then (performance.now()): an attempt found the disk full (STORAGE_FULL_HOLD_MS). */
+  private claimsHeldUntil = 0;
+  /** The last hold's length; 0 once an attempt has succeeded since. */
+  private storageHoldMs = 0;
+  private storageHoldTimer: NodeJS.Timeout | undefined;
   /** When this worker's own retries that are not due yet become due, in order. */
   private retriesDue: number[] = [];
   /** One wake-up, for the earliest of them. */
@@ -559,6 +580,8 @@ export class Worker {
   async runOnce(): Promise<number> {
     if (this.orphanLookDue()) await this.adoptOrphans();
     this.drainBuffer();
+    // The disk was full a moment ago (holdClaims()): runs claimed now would fail as that attempt did.
+    if (performance.now() < this.claimsHeldUntil) return 0;
     // A newcomer's claim in flight takes a slot too (roomForNewcomer()).
     const base = this.claimableSlots() - this.buffer.length - (this.newcomerFlight ? 1 : 0);
     let claimed = 0;
@@ -1122,6 +1145,14 @@ export class Worker {
     if (ending.status === "error")
       this.o.logger.error({ ...this.fields(run), err: ending.error }, "handler threw");
     const decision = decide(run, effectiveReason(reason, ending, this.stopping), ending, this.o.retryBaseMs);
+    const code =
+      decision.kind === "retry"
+        ? decision.retry.errorCode
+        : decision.kind === "complete"
+          ? decision.outcome.errorCode
+          : null;
+    if (code === "ANALYSIS_STORAGE_FULL") this.holdClaims();
+    else if (decision.kind === "complete" && decision.outcome.status === "succeeded") this.storageHoldMs = 0;
     switch (decision.kind) {
       case "discard":
         this.o.logger.warn(this.fields(run), "run lease lost: attempt abandoned, nothing recorded");
@@ -1136,6 +1167,30 @@ export class Worker {
         this.queueOutcome(run, seconds, decision.outcome);
         return;
     }
+  }
+
+  /** An attempt found the disk full: no claims for a while (STORAGE_FULL_HOLD_MS), then a wake-up. */
+  private holdClaims(): void {
+    const now = performance.now();
+    // Attempts that were under way when the disk filled end during the hold: the same full disk.
+    if (this.stopping || now < this.claimsHeldUntil) return;
+    const first = this.o.storageFullHoldMs ?? STORAGE_FULL_HOLD_MS;
+    this.storageHoldMs =
+      this.storageHoldMs === 0
+        ? first
+        : Math.min(Math.max(first, STORAGE_FULL_HOLD_MAX_MS), this.storageHoldMs * 2);
+    this.claimsHeldUntil = now + this.storageHoldMs;
+    this.o.logger.warn(
+      { workerId: this.id, holdMs: this.storageHoldMs },
+      "an attempt found this worker's disk full: claiming nothing for a while",
+    );
+    clearTimeout(this.storageHoldTimer);
+    this.storageHoldTimer = setTimeout(() => {
+      this.storageHoldTimer = undefined;
+      // The queue may hold work it skipped meanwhile.
+      this.clearDrained();
+      this.wake();
+    }, this.storageHoldMs);
   }
 
   /**
@@ -1703,6 +1758,7 @@ export class Worker {
   async stop(graceMs = 0): Promise<void> {
     if (this.stopping) return;
     this.stopping = true;
+    clearTimeout(this.storageHoldTimer);
     this.endBackoff?.();
     this.wake();
     await this.loop;

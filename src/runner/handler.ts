@@ -80,9 +80,10 @@ function localPlace(
   const home = path.join(dir, "home");
   const tmp = path.join(dir, "tmp");
   // Synchronous: a local metadata call is cheaper than a thread-pool round trip, and it sits on the
-  // path from claim to spawn.
-  fs.mkdirSync(outputDir, { recursive: true });
+  // path from claim to spawn. The attempt's folder goes again if any of these fails (a full disk
+  // may make the folder and refuse its `out`).
   try {
+    fs.mkdirSync(outputDir, { recursive: true });
     fs.mkdirSync(home);
     fs.mkdirSync(tmp);
   } catch (err) {
@@ -195,6 +196,9 @@ export function childEnv(home: string, tmp?: string): Record<string, string> {
 
 const STDERR_STORED_CHARS = 2048;
 
+/** Start errors that are the worker's lack of resources at that moment, not the program's: retried. */
+const SPAWN_SHORTAGES: ReadonlySet<string> = new Set(["EMFILE", "ENFILE", "EAGAIN", "ENOMEM"]);
+
 /** How a finished process maps to an outcome, given the output check on success. */
 export function outcomeOf(r: ProcessResult, outputCheck?: { ok: boolean; message?: string }): HandlerOutcome {
   const stderr = r.stderrTail.slice(-STDERR_STORED_CHARS);
@@ -215,6 +219,9 @@ export function outcomeOf(r: ProcessResult, outputCheck?: { ok: boolean; message
     return fail(
       "ANALYSIS_PROCESS_START_FAILED",
       `the program could not be started (${r.startError.code ?? "error"})`,
+      // The worker's resources ran short (its open files, the machine's processes or memory): another
+      // attempt may find them; a missing or forbidden program would not.
+      SPAWN_SHORTAGES.has(r.startError.code ?? ""),
     );
   if (r.isCanceled) return r.abortReason === "timeout" ? { status: "timed_out" } : { status: "cancelled" };
   if (r.timedOut) return { status: "timed_out" };
@@ -250,6 +257,40 @@ export function outcomeOf(r: ProcessResult, outputCheck?: { ok: boolean; message
       return fail("ANALYSIS_PROCESS_FAILED", `the program exited with code ${r.exitCode}`);
   }
 }
+
+/**
+ * The disk under `dir` has no room left (for a user that is not root: the blocks kept for root do not
+ * count, as df's 100% has it). A program that tried to write there then was refused, whatever it made
+ * of that: Node's and Python's exit 1 (a failure of their own, for good), R's writeLines only warns and
+ * exits 0 with its report cut short — which passed the output check and was published.
+ */
+function noRoomLeft(dir: string): boolean {
+  try {
+    return fs.statfsSync(dir).bavail === 0;
+  } catch {
+    return false;
+  }
+}
+
+/** The scratch disk was full when the program ended (see noRoomLeft): its outcome says nothing. */
+class ScratchFullError extends Error {
+  readonly code = "ENOSPC";
+}
+
+/**
+ * Whether a program's ending may be the disk's doing: an exit of its own that is not a verdict it gave
+ * (2, 3 or 4 say what was wrong), including a success — not a start failure, a signal, a cancel or
+ * a timeout.
+ */
+const mayBeDisk = (r: ProcessResult) =>
+  !r.startError &&
+  !r.isCanceled &&
+  !r.timedOut &&
+  !r.signal &&
+  r.exitCode !== null &&
+  r.exitCode !== 2 &&
+  r.exitCode !== 3 &&
+  r.exitCode !== 4;
 
 function inputReadable(file: string): boolean {
   try {
@@ -340,6 +381,11 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
       );
       // The process (and its group) is gone: the next run may start while outputs are checked.
       releaseSlot();
+      // Thrown, so the worker logs it and retries the run as ANALYSIS_STORAGE_FULL (decide()).
+      if (mayBeDisk(result) && noRoomLeft(place.outputDir))
+        throw new ScratchFullError(
+          `no room left on the worker's scratch disk (${deps.workDir}) when the program ended (exit ${result.exitCode}): its outputs may be cut short`,
+        );
       const check =
         result.exitCode === 0 &&
         result.result &&

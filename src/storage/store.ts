@@ -50,6 +50,15 @@ export function watchPut(
   };
 }
 
+/**
+ * The disk is full (ENOSPC) or the user's quota on it is (EDQUOT): the server has no room, which is
+ * neither the request's fault nor a bug, and passes once space is freed.
+ */
+export function isNoSpace(err: unknown): boolean {
+  const code = (err as NodeJS.ErrnoException | undefined)?.code;
+  return code === "ENOSPC" || code === "EDQUOT";
+}
+
 /** The key names no object. */
 export class ObjectMissingError extends Error {
   readonly key: string;

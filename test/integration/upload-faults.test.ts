@@ -1,6 +1,7 @@
 // Whose fault an upload's failure is. The body's own failure (cut off mid-way) is the client's: 400
-// INVALID_MULTIPART at info. A full disk under a streamed upload is ours: 500, logged as an error —
-// the disk's error also destroys the request's stream, and used to be mistaken for a malformed body.
+// INVALID_MULTIPART at info. A full disk under a streamed upload is ours: 507 STORAGE_FULL, logged as
+// an error — the disk's error also destroys the request's stream, and used to be mistaken for a
+// malformed body.
 // The disk is a real one: a 256 KiB tmpfs mounted under the data directory (root only, as in CI).
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
@@ -84,7 +85,7 @@ function streamUpload(
 
 const rows = async () => (await t.db.sql`select count(*)::int as n from files`)[0]?.n as number;
 
-test("a full disk under a streamed upload → 500 INTERNAL_ERROR logged as an error, nothing stored", {
+test("a full disk under a streamed upload → 507 STORAGE_FULL logged as an error, nothing stored", {
   skip: root ? false : "mounting a tmpfs needs root",
 }, async () => {
   const partial = path.join(t.config.dataDir, ".partial");
@@ -93,8 +94,8 @@ test("a full disk under a streamed upload → 500 INTERNAL_ERROR logged as an er
   mounted = partial;
   const before = t.logs.length;
   const res = await streamUpload(4 * 1024 * 1024);
-  assert.equal(res.status, 500, res.body);
-  assert.equal(JSON.parse(res.body).code, "INTERNAL_ERROR");
+  assert.equal(res.status, 507, res.body);
+  assert.equal(JSON.parse(res.body).code, "STORAGE_FULL");
   const logged = t.logs.slice(before);
   assert.ok(
     logged.some((l) => (l.level as number) >= 50 && /ENOSPC/.test(JSON.stringify(l))),

@@ -3,7 +3,7 @@ import type { FastifyReply, FastifyRequest } from "fastify";
 import { Type } from "typebox";
 import { storedFileName } from "../../files/file-name.ts";
 import { fileCreate, fileDelete, fileGet, fileList } from "../../files/files.ts";
-import { SourceError } from "../../storage/store.ts";
+import { isNoSpace, SourceError } from "../../storage/store.ts";
 import { FileBody, FileListQuery } from "../api-types.ts";
 import { principalOf } from "../auth.ts";
 import { ApiError, notFound } from "../errors.ts";
@@ -66,7 +66,13 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
         consumes: ["multipart/form-data"],
         security: [{ bearer: [] }],
         headers: Type.Object({ "idempotency-key": Type.Optional(Type.String()) }),
-        response: { 200: Envelope(FileBody), 201: Envelope(FileBody), 409: ErrorBody, ...errorResponses },
+        response: {
+          200: Envelope(FileBody),
+          201: Envelope(FileBody),
+          409: ErrorBody,
+          507: ErrorBody,
+          ...errorResponses,
+        },
       },
     },
     async (request, reply) => {
@@ -91,7 +97,10 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
     }
     // Only a failure that started in the part's own stream is the body's fault (it ends before its
     // closing boundary, say): the store says so with a SourceError. A full disk or a failing bucket
-    // destroys the part's stream too, with its own error, and stays ours (500). The store's meter
+    // destroys the part's stream too, with its own error, and stays ours: a full disk (ENOSPC, EDQUOT)
+    // is 507 STORAGE_FULL — the server's lack of room, neither a bug (500) nor a brief outage (a 503,
+    // which the CLI would retry within seconds); nothing of the upload is kept, so the same request
+    // (its Idempotency-Key too) succeeds once there is room —, anything else 500. The store's meter
     // fails one byte past the limit, before @fastify/multipart (whose limit is a byte higher) would
     // cut the stream short.
     const result = await fileCreate(database.sql, storage, principalOf(request), part.file, {
@@ -101,6 +110,7 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
       ...(idempotencyKey === undefined ? {} : { idempotencyKey }),
     }).catch((err: unknown) => {
       if (err instanceof SourceError) throw new ApiError(400, "INVALID_MULTIPART", undefined, err.cause);
+      if (isNoSpace(err)) throw new ApiError(507, "STORAGE_FULL", undefined, err);
       throw err;
     });
     switch (result.kind) {

@@ -1,0 +1,145 @@
+// A worker whose attempt finds its disk full (ANALYSIS_STORAGE_FULL) claims nothing for a while, the
+// while doubling at each such attempt in a row: without it, a worker whose disk stayed full claimed run
+// after run and used up each one's attempts within seconds, failing the whole backlog, though other
+// workers had room. The handler here throws the ENOSPC a full disk gives (the full-disk paths of the
+// process handler itself are in runner-disk-full.test.ts).
+import assert from "node:assert/strict";
+import { performance } from "node:perf_hooks";
+import { Writable } from "node:stream";
+import { after, before, test } from "node:test";
+import type { Principal } from "../../src/auth/tokens.ts";
+import { createLogger } from "../../src/log.ts";
+import type { Handler } from "../../src/queue/outcomes.ts";
+import { Worker } from "../../src/queue/worker.ts";
+import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
+import { createTask, idsCrossPowerOfTen, seedUser, waitFor, waitForTerminal } from "../helpers/queue.ts";
+
+let db: TestDatabase;
+let owner: Principal;
+before(async () => {
+  db = await createTestDatabase();
+  owner = await seedUser(db.sql, "dïsk «full»");
+  await idsCrossPowerOfTen(db.sql, "runs", 2);
+});
+after(() => db.drop());
+
+const noSpace = () => Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC" });
+
+/** A logger whose lines the test reads. */
+function capture() {
+  const lines: { msg: string; holdMs?: number }[] = [];
+  const destination = new Writable({
+    write(chunk, _enc, done) {
+      for (const line of String(chunk).split("\n")) if (line) lines.push(JSON.parse(line));
+      done();
+    },
+  });
+  return { lines, logger: createLogger({ level: "warn", destination }) };
+}
+
+const worker = (
+  type: string,
+  handler: Handler,
+  o: { hold: number; logger?: ReturnType<typeof createLogger> },
+) =>
+  new Worker({
+    sql: db.sql,
+    logger: o.logger ?? createLogger({ level: "silent" }),
+    types: { [type]: { handler } },
+    concurrency: 1,
+    leaseTtlMs: 60_000,
+    pollIntervalMs: 50,
+    retryBaseMs: 10,
+    storageFullHoldMs: o.hold,
+  });
+
+test("a worker whose attempt found its disk full claims nothing while another worker runs the task", async () => {
+  const type = "disk-full-hold";
+  const { lines, logger } = capture();
+  let fullAttempts = 0;
+  // Not started: its passes are the test's calls of runOnce(), so nothing but the hold can stop a claim.
+  const full = worker(
+    type,
+    async () => {
+      fullAttempts++;
+      throw noSpace();
+    },
+    { hold: 60_000, logger },
+  );
+  const roomy = worker(type, async () => ({ status: "succeeded" }), { hold: 60_000 });
+  const taskId = await createTask(db.sql, owner, type, 4, { maxAttempts: 2 });
+  try {
+    assert.equal(await full.runOnce(), 1);
+    // Its retry recorded: back in the queue with an attempt used, named for the disk.
+    await waitFor(
+      async () =>
+        (
+          await db.sql`select 1 from runs where task_id = ${taskId} and status = 'queued' and attempt = 1
+                         and error_code = 'ANALYSIS_STORAGE_FULL'`
+        ).length === 1,
+      10_000,
+      "the attempt's retry to be recorded",
+    );
+    for (let i = 0; i < 3; i++) assert.equal(await full.runOnce(), 0, "a claim while the disk was full");
+    assert.equal(fullAttempts, 1);
+    assert.deepEqual(
+      lines.filter((l) => l.msg.includes("disk full")).map((l) => l.holdMs),
+      [60_000],
+    );
+    await roomy.start();
+    const t = await waitForTerminal(db.sql, taskId, 15_000);
+    assert.equal(t.status, "succeeded", "no run used up its attempts on the full disk");
+    assert.equal(fullAttempts, 1);
+  } finally {
+    await Promise.all([full.stop(), roomy.stop()]);
+  }
+});
+
+test("the hold ends by itself, doubles while attempts keep finding the disk full, and a success ends the doubling", async () => {
+  const type = "disk-full-doubling";
+  const { lines, logger } = capture();
+  const hold = 150;
+  // Attempts 1–3 find the disk full, 4 and 5 succeed, 6 finds it full again, the rest succeed.
+  const fullAt = new Set([1, 2, 3, 6]);
+  const attempts: { start: number; end: number }[] = [];
+  const w = worker(
+    type,
+    async () => {
+      const start = performance.now();
+      const n = attempts.push({ start, end: start });
+      if (fullAt.has(n)) {
+        (attempts[n - 1] as { end: number }).end = performance.now();
+        throw noSpace();
+      }
+      return { status: "succeeded" };
+    },
+    { hold, logger },
+  );
+  const taskId = await createTask(db.sql, owner, type, 8, { maxAttempts: 5 });
+  try {
+    await w.start();
+    const t = await waitForTerminal(db.sql, taskId, 20_000);
+    assert.equal(t.status, "succeeded");
+    assert.equal(attempts.length, 8 + fullAt.size);
+    assert.deepEqual(
+      lines.filter((l) => l.msg.includes("disk full")).map((l) => l.holdMs),
+      [hold, 2 * hold, 4 * hold, hold],
+    );
+    // Each attempt after a full disk began no sooner than its hold had passed (timers never fire early;
+    // a millisecond of slack for the clocks' rounding).
+    for (const [n, wait] of [
+      [1, hold],
+      [2, 2 * hold],
+      [3, 4 * hold],
+      [6, hold],
+    ] as const) {
+      const gap = (attempts[n] as { start: number }).start - (attempts[n - 1] as { end: number }).end;
+      assert.ok(
+        gap >= wait - 1,
+        `attempt ${n + 1} began ${gap.toFixed(1)} ms after attempt ${n} found the disk full`,
+      );
+    }
+  } finally {
+    await w.stop();
+  }
+});
