@@ -149,9 +149,16 @@ function lastSegment(name) {
  */
 export const POLL_MS = 2000;
 
-/** The raw response of an authenticated GET (for streams). */
-export function apiFetch(path, init = {}) {
-  return fetch(`/api${path}`, { ...init, headers: headers(session.token, init.headers ?? {}) });
+/**
+ * The raw response of an authenticated GET (for streams). A 401 signs out, as any request's does: a
+ * stream that reconnected after the network dropped, its token revoked meanwhile, showed the task
+ * "unavailable", still signed in, until 2026-12-06.
+ */
+export async function apiFetch(path, init = {}) {
+  const token = session.token;
+  const res = await fetch(`/api${path}`, { ...init, headers: headers(token, init.headers ?? {}) });
+  if (res.status === 401) refused(token);
+  return res;
 }
 
 /**

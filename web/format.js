@@ -81,3 +81,13 @@ export const RUN_STATUSES = [
  * text beside them.
  */
 export const shownName = (name) => showUnseen(String(name ?? ""));
+
+/**
+ * A text of many lines (an output previewed) as shown: each line as `shownName` shows a name, its line
+ * breaks and tabs kept (a CRLF is a line break). A column name in a summary.json with an override in
+ * it reversed the rest of its line in the preview until 2026-12-06.
+ */
+export const shownText = (text) =>
+  String(text ?? "")
+    .replace(/\r\n/g, "\n")
+    .replace(/[^\n\t]+/g, (line) => showUnseen(line));

@@ -7,7 +7,7 @@
 // this page.
 import { api, apiBlob, saveVia } from "./api.js";
 import { parseCsv } from "./csv.js";
-import { bytes, shownName } from "./format.js";
+import { bytes, shownName, shownText } from "./format.js";
 import { html, useEffect, useState } from "./lib.js";
 import { ErrorNote } from "./widgets.js";
 
@@ -69,7 +69,7 @@ function Preview({ path, output }) {
     </table></div>
     ${rows.length > PREVIEW_ROWS || state.cut ? html`<p class="muted">First ${PREVIEW_ROWS} rows.</p>` : null}`;
   }
-  return html`<pre class="preview">${state.text}</pre>${state.cut ? html`<p class="muted">Beginning only.</p>` : null}`;
+  return html`<pre class="preview">${shownText(state.text)}</pre>${state.cut ? html`<p class="muted">Beginning only.</p>` : null}`;
 }
 
 export function Metrics({ metrics }) {

@@ -4,7 +4,7 @@ import multipart from "@fastify/multipart";
 import { fastifySSE } from "@fastify/sse";
 import swagger from "@fastify/swagger";
 import swaggerUi from "@fastify/swagger-ui";
-import type { FastifyInstance, FastifyRequest } from "fastify";
+import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import type { Registry } from "prom-client";
 import type { TokenCache } from "../auth/token-cache.ts";
 import type { Config } from "../config.ts";
@@ -90,11 +90,30 @@ function bodyIdleTimeout(request: FastifyRequest, idleMs: number) {
   raw.once("close", () => clearInterval(timer));
 }
 
+/**
+ * What every answer carries unless its route set its own: `nosniff` (a JSON body holding a user's file
+ * name is never read as HTML or script), and under /api `no-store`, so neither a shared proxy nor the
+ * browser's disk cache keeps a user's tasks, files or outputs after they signed out (until 2026-12-06
+ * the API's answers said nothing on either). An event stream keeps the `no-cache` it sets itself.
+ */
+const API_PATH = /^\/api(?:[/?]|$)/;
+
+function defaultHeaders(reply: FastifyReply, cacheControl?: string): void {
+  if (!reply.hasHeader("x-content-type-options")) reply.header("x-content-type-options", "nosniff");
+  if (cacheControl !== undefined && !reply.hasHeader("cache-control"))
+    reply.header("cache-control", cacheControl);
+}
+
 export async function app(fastify: FastifyInstance, opts: { services: Services }) {
   fastify.decorate("services", opts.services);
   fastify.addHook("onRequest", (request, _reply, done) => {
     bodyIdleTimeout(request, opts.services.config.uploadIdleMs);
     done();
+  });
+  // A callback, not an async hook: it is on every answer's path, and an async one costs a promise each.
+  fastify.addHook("onSend", (request, reply, payload, done) => {
+    defaultHeaders(reply, API_PATH.test(request.url) ? "no-store" : undefined);
+    done(null, payload);
   });
   fastify.decorateRequest("principal", undefined);
   fastify.addSchema(ErrorBody);
@@ -109,7 +128,19 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
       components: { securitySchemes: { bearer: { type: "http", scheme: "bearer" } } },
     },
   });
-  await fastify.register(swaggerUi, { routePrefix: "/docs" });
+  await fastify.register(swaggerUi, {
+    routePrefix: "/docs",
+    // Its page holds the token a user gives "Authorize": never framed by another site (clickjacking),
+    // and its address never sent on (it went without either until 2026-12-06).
+    uiHooks: {
+      onRequest: (_request, reply, done) => {
+        reply.header("content-security-policy", "frame-ancestors 'none'");
+        reply.header("x-frame-options", "DENY");
+        reply.header("referrer-policy", "no-referrer");
+        done();
+      },
+    },
+  });
   await fastify.register(multipart, {
     // One byte above ours: the store's meter rejects an upload past the limit first (413, nothing
     // stored); at exactly this limit @fastify/multipart would truncate the stream instead.

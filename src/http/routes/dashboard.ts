@@ -32,11 +32,19 @@ export const DASHBOARD_CSP = [
   "frame-ancestors 'none'",
 ].join("; ");
 
+/**
+ * The dashboard's headers, on the page and on every file under /ui/ — /ui/index.html is the page too,
+ * and it went without `no-referrer` and `X-Frame-Options` until 2026-12-06.
+ */
+const SECURITY_HEADERS: [string, string][] = [
+  ["content-security-policy", DASHBOARD_CSP],
+  ["x-content-type-options", "nosniff"],
+  ["referrer-policy", "no-referrer"],
+  ["x-frame-options", "DENY"],
+];
+
 function secure(reply: FastifyReply): void {
-  reply.header("content-security-policy", DASHBOARD_CSP);
-  reply.header("x-content-type-options", "nosniff");
-  reply.header("referrer-policy", "no-referrer");
-  reply.header("x-frame-options", "DENY");
+  for (const [name, value] of SECURITY_HEADERS) reply.header(name, value);
 }
 
 const require = createRequire(import.meta.url);
@@ -92,8 +100,7 @@ export const dashboardRoutes: FastifyPluginAsyncTypebox = async (app) => {
     // Modules change with the code: revalidate every time (ETag), never serve stale code.
     cacheControl: false,
     setHeaders: (res) => {
-      res.setHeader("content-security-policy", DASHBOARD_CSP);
-      res.setHeader("x-content-type-options", "nosniff");
+      for (const [name, value] of SECURITY_HEADERS) res.setHeader(name, value);
       res.setHeader("cache-control", "no-cache");
     },
   });
