@@ -2,6 +2,7 @@
 // (JSON Schema, built and checked by ./config-schema.ts: TypeBox's shapes without its load time).
 // Every field is documented here (`description`) and in docs/configuration.md's table; `assay config`
 // prints the table from this file so the two cannot drift apart.
+import { isIPv6 } from "node:net";
 import path from "node:path";
 import { ANALYSIS_TYPES, type AnalysisType, typeEnvInfix } from "./analyses/names.ts";
 import { type IntegerSchema, type Schema, type Static, schemaError, Type } from "./config-schema.ts";
@@ -11,6 +12,12 @@ const LOG_LEVELS = ["fatal", "error", "warn", "info", "debug", "trace", "silent"
 
 /** Default upload limit: 100 MiB. */
 export const DEFAULT_MAX_UPLOAD_BYTES = 100 * 1024 * 1024;
+
+/**
+ * The largest upload the S3 store can take: lib-storage sends a body of unknown length in parts of its
+ * smallest size, 5 MiB (storage/s3.ts sets none), and S3 takes at most 10,000 parts.
+ */
+const S3_MAX_UPLOAD_BYTES = 10_000 * 5 * 1024 * 1024;
 
 /** Per-type settings: ASSAY_<TYPE>_CONCURRENCY, _MAX_ATTEMPTS, _TIMEOUT_MS for every analysis type. */
 function perTypeFields() {
@@ -87,6 +94,7 @@ const FIELDS = {
   host: {
     env: "HOST",
     schema: Type.String({ minLength: 1, default: "127.0.0.1" }),
+    check: hostError,
     description: "Address the HTTP server listens on.",
   },
   port: {
@@ -126,6 +134,12 @@ const FIELDS = {
     env: "ASSAY_S3_PREFIX",
     schema: Type.String({ pattern: "^([A-Za-z0-9._-]+/)*[A-Za-z0-9._-]*$", default: "" }),
     hint: "must be a key prefix such as assay/ (letters, digits, . _ - and /)",
+    // A request's path has its dot segments resolved: with `..` the key ../files/1 was stored as
+    // files/1 (another installation's), and with ../other-bucket in that bucket.
+    check: (prefix) =>
+      prefix.split("/").some((segment) => segment === "." || segment === "..")
+        ? "must not have a . or .. segment: the bucket's path resolves them, and keys would land outside the prefix or in another bucket"
+        : undefined,
     description:
       "With ASSAY_STORAGE=s3: a prefix for every key, so one bucket can hold several installations.",
   },
@@ -133,7 +147,9 @@ const FIELDS = {
     env: "ASSAY_S3_ENDPOINT",
     schema: Type.String({ pattern: "^https?://" }),
     optional: true,
+    secret: true,
     hint: "must be an http:// or https:// URL",
+    check: endpointError,
     description: "With ASSAY_STORAGE=s3: the service's URL, for anything but AWS S3 (MinIO, R2, Ceph RGW).",
   },
   s3Region: {
@@ -163,8 +179,8 @@ const FIELDS = {
   },
   maxUploadBytes: {
     env: "ASSAY_MAX_UPLOAD_BYTES",
-    schema: Type.Integer({ minimum: 1, default: DEFAULT_MAX_UPLOAD_BYTES }),
-    description: "Largest accepted upload in bytes (default 100 MiB); larger uploads get 413.",
+    schema: Type.Integer({ minimum: 1, maximum: Number.MAX_SAFE_INTEGER, default: DEFAULT_MAX_UPLOAD_BYTES }),
+    description: `Largest accepted upload in bytes (default 100 MiB); larger uploads get 413. With ASSAY_STORAGE=s3 at most ${S3_MAX_UPLOAD_BYTES} (10,000 parts of 5 MiB).`,
   },
   uploadIdleMs: {
     env: "ASSAY_UPLOAD_IDLE_MS",
@@ -343,6 +359,14 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   if (out.storage === "s3" && out.s3Bucket === undefined) {
     problems.push("ASSAY_S3_BUCKET: is required with ASSAY_STORAGE=s3");
   }
+  const { maxUploadBytes } = out as { maxUploadBytes?: number };
+  if (out.storage === "s3" && maxUploadBytes !== undefined && maxUploadBytes > S3_MAX_UPLOAD_BYTES) {
+    problems.push(
+      `ASSAY_MAX_UPLOAD_BYTES (${maxUploadBytes}) must be at most ${S3_MAX_UPLOAD_BYTES} with ASSAY_STORAGE=s3: an upload goes to the bucket in parts of 5 MiB, and S3 takes at most 10,000 (a larger upload would fail once 48.8 GiB had been sent)`,
+    );
+  }
+  const sslProblem = sslModeError(out.databaseUrl as string | undefined, env);
+  if (sslProblem !== undefined) problems.push(sslProblem);
   // Live workers stamp the types they serve (analysis_type_seen) only with their heartbeat, every
   // third of the lease TTL: a shorter wait failed runs of a type a live worker serves between two
   // stamps. At least the TTL leaves three heartbeats' margin.
@@ -377,6 +401,17 @@ function unpaddedError(schema: Schema, value: string): string | undefined {
 }
 
 /**
+ * Why HOST is no address to listen on, or undefined. A host name holds no `:`, `/` or brackets, so a
+ * port, a scheme or a bracketed IPv6 address typed by habit (`0.0.0.0:8080`, `[::]`) passed start-up,
+ * and `assay api` failed after starting its database, with a bare "getaddrinfo ENOTFOUND" (exit 1).
+ */
+function hostError(host: string): string | undefined {
+  return /[/[\]]/.test(host) || (host.includes(":") && !isIPv6(host))
+    ? "must be an address or a host name, without a port (that is PORT), a scheme or a path; an IPv6 address without brackets (::, not [::])"
+    : undefined;
+}
+
+/**
  * Why postgres.js cannot read `url`, or undefined when it can. It parses a URL as below (parseUrl in
  * postgres/src/index.js: the first of several comma-separated hosts, the user name and password
  * percent-decoded), only when it connects: an invalid port or a password with an unescaped `#` or `%`
@@ -385,9 +420,7 @@ function unpaddedError(schema: Schema, value: string): string | undefined {
  */
 function databaseUrlError(url: string): string | undefined {
   try {
-    let host = url.slice(url.indexOf("://") + 3).split(/[?/]/)[0] ?? "";
-    host = decodeURIComponent(host.slice(host.indexOf("@") + 1));
-    const parsed = new URL(url.replace(host, host.split(",")[0] ?? ""));
+    const { host, parsed } = postgresUrl(url);
     decodeURIComponent(parsed.username);
     decodeURIComponent(parsed.password);
     // It takes each host up to its first `:`: `[::1]:5432` is the host `[` (getaddrinfo ENOTFOUND).
@@ -397,6 +430,43 @@ function databaseUrlError(url: string): string | undefined {
   } catch {
     return "is not a URL PostgreSQL's client can read: check the host and port, and percent-encode any of : / @ # ? % in the user name and password";
   }
+}
+
+/** `url` read as postgres.js reads it (parseUrl): its host part, and the URL with the first host only. Throws as `new URL`. */
+function postgresUrl(url: string): { host: string; parsed: URL } {
+  let host = url.slice(url.indexOf("://") + 3).split(/[?/]/)[0] ?? "";
+  host = decodeURIComponent(host.slice(host.indexOf("@") + 1));
+  return { host, parsed: new URL(url.replace(host, host.split(",")[0] ?? "")) };
+}
+
+/**
+ * Why the AWS SDK cannot use `url` as the endpoint, or undefined when it can. It parses it (`new URL`)
+ * only on the first request: a port over 65535, a space in the host or a bare `https://` passed
+ * start-up, and `assay api` and `assay worker` then waited for the store for ever, logging a bare
+ * "Invalid URL" that named no setting.
+ */
+function endpointError(url: string): string | undefined {
+  return URL.canParse(url)
+    ? undefined
+    : "is not a URL: check the host and the port (at most 65535), and percent-encode any space";
+}
+
+/** libpq's modes that insist on TLS. */
+const TLS_MODES = new Set(["require", "verify-ca", "verify-full"]);
+
+/**
+ * Why PGSSLMODE is refused, or undefined. postgres.js takes what DATABASE_URL leaves out from PGHOST,
+ * PGUSER, PGPASSWORD… but TLS only from the URL's `sslmode` (or `ssl`) and its own PGSSL, never from
+ * libpq's PGSSLMODE: PGSSLMODE=require, as psql takes it, connected without TLS, without a word. Not
+ * for the embedded database (no DATABASE_URL), nor a Unix socket (no TLS there, as libpq has it).
+ */
+function sslModeError(databaseUrl: string | undefined, env: NodeJS.ProcessEnv): string | undefined {
+  const mode = env.PGSSLMODE;
+  if (databaseUrl === undefined || mode === undefined || !TLS_MODES.has(mode) || env.PGSSL) return undefined;
+  const { host, parsed } = postgresUrl(databaseUrl);
+  if (parsed.searchParams.has("sslmode") || parsed.searchParams.has("ssl")) return undefined;
+  if ((host || env.PGHOST || "localhost").startsWith("/")) return undefined;
+  return `PGSSLMODE=${JSON.stringify(mode)}: is not read by PostgreSQL's client here (postgres.js), which would connect to DATABASE_URL without TLS: put sslmode=${mode} in DATABASE_URL (…?sslmode=${mode})`;
 }
 
 /** ASSAY_* variables read outside the table above: by bin/assay.js and bin/bundle.js, and by the client commands. */

@@ -446,3 +446,145 @@ test("the configuration does not load TypeBox (a worker's start-up would pay for
     [],
   );
 });
+
+test("an ASSAY_S3_ENDPOINT the AWS SDK cannot parse is refused at start-up, naming it, its password hidden", () => {
+  // The SDK parses the endpoint only on the first request: `assay api` and `assay worker` waited for
+  // the store for ever, logging a bare "Invalid URL" that named no setting.
+  const s3 = { ASSAY_STORAGE: "s3", ASSAY_S3_BUCKET: "assay-prod" };
+  const rule = "is not a URL: check the host and the port (at most 65535), and percent-encode any space";
+  for (const [endpoint, shown] of [
+    ["http://minio.internal:90000", "http://minio.internal:90000"],
+    ["https://", "https://"],
+    ["http://minio internal:9000", "http://minio internal:9000"],
+    ["https://assay:S3cr3tPw@[minio.ünï:9000", "https://assay:***@[minio.ünï:9000"],
+  ] as const) {
+    assert.throws(
+      () => loadConfig({ ...s3, ASSAY_S3_ENDPOINT: endpoint }),
+      (err: unknown) =>
+        err instanceof ConfigError &&
+        err.problems.length === 1 &&
+        err.problems[0] === `ASSAY_S3_ENDPOINT=${JSON.stringify(shown)}: ${rule}`,
+      endpoint,
+    );
+  }
+  for (const endpoint of [
+    "http://127.0.0.1:9000",
+    "https://s3.eu-central-003.backblazeb2.com",
+    "https://minio.ünï.example:65535/base/",
+  ])
+    assert.equal(loadConfig({ ...s3, ASSAY_S3_ENDPOINT: endpoint }).s3Endpoint, endpoint);
+});
+
+test("PGSSLMODE asking for TLS is refused when DATABASE_URL says nothing of it: PostgreSQL's client would connect without TLS", () => {
+  // postgres.js reads sslmode from the URL only (and its own PGSSL), never libpq's PGSSLMODE.
+  const url = "postgres://assay:S3cr3tPw@db-1000.internal:5432/assay_ünï";
+  for (const [mode, databaseUrl] of [
+    ["require", url],
+    ["verify-ca", url],
+    ["verify-full", "postgres://assay:S3cr3tPw@db1:5432,db2:5433/assay"],
+  ] as const) {
+    assert.throws(
+      () => loadConfig({ DATABASE_URL: databaseUrl, PGSSLMODE: mode }),
+      (err: unknown) =>
+        err instanceof ConfigError &&
+        err.problems.length === 1 &&
+        err.problems[0] ===
+          `PGSSLMODE=${JSON.stringify(mode)}: is not read by PostgreSQL's client here (postgres.js), which would connect to DATABASE_URL without TLS: put sslmode=${mode} in DATABASE_URL (…?sslmode=${mode})` &&
+        !err.message.includes("S3cr3tPw"),
+      mode,
+    );
+  }
+  // TLS asked for in the URL or by postgres.js's own PGSSL; a mode that does not insist; a socket;
+  // the embedded database (no DATABASE_URL).
+  for (const env of [
+    { DATABASE_URL: `${url}?sslmode=verify-full`, PGSSLMODE: "require" },
+    { DATABASE_URL: `${url}?ssl=true`, PGSSLMODE: "require" },
+    { DATABASE_URL: url, PGSSLMODE: "require", PGSSL: "require" },
+    { DATABASE_URL: url, PGSSLMODE: "prefer" },
+    { DATABASE_URL: url, PGSSLMODE: "disable" },
+    { DATABASE_URL: "postgres://assay:pw@db1:5432,db2:5433/assay?sslmode=require", PGSSLMODE: "require" },
+    { DATABASE_URL: "postgres:///assay", PGHOST: "/var/run/postgresql", PGSSLMODE: "require" },
+    { DATABASE_URL: "postgres://assay@%2Fvar%2Frun%2Fpostgresql/assay", PGSSLMODE: "verify-full" },
+    { PGSSLMODE: "require" },
+  ])
+    assert.doesNotThrow(() => loadConfig(env), JSON.stringify(env));
+});
+
+test("ASSAY_MAX_UPLOAD_BYTES: no more than a number holds exactly, nor, with S3, than one upload can hold (10,000 parts of 5 MiB)", () => {
+  // 99999999999999999999 became 1e20, 9007199254740993 became …992, without a word.
+  for (const bad of ["99999999999999999999", "9007199254740993"])
+    assert.throws(
+      () => loadConfig({ ASSAY_MAX_UPLOAD_BYTES: bad }),
+      (err: unknown) =>
+        err instanceof ConfigError &&
+        err.problems[0] === `ASSAY_MAX_UPLOAD_BYTES="${bad}": must be <= 9007199254740991`,
+    );
+  assert.equal(loadConfig({ ASSAY_MAX_UPLOAD_BYTES: "1099511627776" }).maxUploadBytes, 2 ** 40);
+  // lib-storage sends a body of unknown length in 5 MiB parts, and S3 takes at most 10,000: a larger
+  // upload would fail (lib-storage: "Exceeded 10000 parts") once 48.8 GiB had been sent.
+  const s3 = { ASSAY_STORAGE: "s3", ASSAY_S3_BUCKET: "assay-prod" };
+  assert.equal(loadConfig({ ...s3, ASSAY_MAX_UPLOAD_BYTES: "52428800000" }).maxUploadBytes, 52_428_800_000);
+  assert.throws(
+    () => loadConfig({ ...s3, ASSAY_MAX_UPLOAD_BYTES: "52428800001" }),
+    (err: unknown) =>
+      err instanceof ConfigError &&
+      err.problems.length === 1 &&
+      /^ASSAY_MAX_UPLOAD_BYTES \(52428800001\) must be at most 52428800000 with ASSAY_STORAGE=s3/.test(
+        err.problems[0] ?? "",
+      ),
+  );
+});
+
+test("a HOST with a port, a scheme or an IPv6 address in brackets is refused at start-up, naming HOST", () => {
+  // Each passed, and `assay api` started its database, then failed with a bare
+  // "getaddrinfo ENOTFOUND 0.0.0.0:8080" (exit 1) that named no setting.
+  const rule =
+    "must be an address or a host name, without a port (that is PORT), a scheme or a path; an IPv6 address without brackets (::, not [::])";
+  for (const bad of [
+    "0.0.0.0:8080",
+    "http://0.0.0.0",
+    "[::]",
+    "[::1]:3000",
+    "assay-api.internal/",
+    "localhost:3000",
+  ]) {
+    assert.throws(
+      () => loadConfig({ HOST: bad }),
+      (err: unknown) =>
+        err instanceof ConfigError &&
+        err.problems.length === 1 &&
+        err.problems[0] === `HOST=${JSON.stringify(bad)}: ${rule}`,
+      bad,
+    );
+  }
+  for (const good of [
+    "::",
+    "::1",
+    "fe80::1%eth0",
+    "0.0.0.0",
+    "assay-api.internal",
+    "xn--bcher-kva.example",
+    "10",
+  ])
+    assert.equal(loadConfig({ HOST: good }).host, good);
+});
+
+test("an ASSAY_S3_PREFIX with a . or .. segment is refused: its keys landed outside the prefix, or in another bucket", () => {
+  // With ASSAY_S3_PREFIX=.. the key ../files/1 was stored as files/1 (another installation's), and with
+  // ../other-bucket in the bucket other-bucket: dot segments of the request's path are resolved.
+  const s3 = { ASSAY_STORAGE: "s3", ASSAY_S3_BUCKET: "assay-prod" };
+  const rule =
+    "must not have a . or .. segment: the bucket's path resolves them, and keys would land outside the prefix or in another bucket";
+  for (const bad of ["..", ".", "../assay-other", "assay/../", "./assay/", "assay/."]) {
+    assert.throws(
+      () => loadConfig({ ...s3, ASSAY_S3_PREFIX: bad }),
+      (err: unknown) =>
+        err instanceof ConfigError &&
+        err.problems.length === 1 &&
+        err.problems[0] === `ASSAY_S3_PREFIX=${JSON.stringify(bad)}: ${rule}`,
+      bad,
+    );
+  }
+  for (const good of ["assay/", "assay", "tenant-1000/assay.v2/", ".assay/", "assay..old/", "..."])
+    assert.equal(loadConfig({ ...s3, ASSAY_S3_PREFIX: good }).s3Prefix, good);
+});
