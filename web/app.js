@@ -63,7 +63,9 @@ function SignIn({ onSignedIn, problem }) {
       onSignedIn(await api("/me"));
     } catch (err) {
       session.signOut();
-      setError(err.status === 401 ? { message: "That token is not valid (unknown or revoked)." } : err);
+      setError(
+        err.status === 401 ? { message: "That token is not valid (unknown, revoked or expired)." } : err,
+      );
     }
   }
   return html`<main class="signin">

@@ -2,7 +2,8 @@
 // token: the API's hot reads (a task, a page of runs, an upload) are one statement each instead of two.
 // A revoke or a role change notifies TOKENS_CHANNEL and every API process empties its cache at once;
 // should that notification be lost (the listener reconnecting), an entry still lives at most
-// TOKEN_CACHE_TTL_MS. Keys are the tokens' SHA-256 (what the database stores), never the tokens.
+// TOKEN_CACHE_TTL_MS. An entry never outlives its token's expiry, which needs no notification. Keys are
+// the tokens' SHA-256 (what the database stores), never the tokens.
 import { DB_ANSWER_MS, type Sql } from "../db/client.ts";
 import { listenUntilStopped } from "../db/listen.ts";
 import type { Logger } from "../log.ts";
@@ -54,14 +55,19 @@ export class TokenCache {
     return this.generation;
   }
 
-  /** Stores a lookup's answer, unless the cache was emptied since the lookup's `ticket` (begin()). */
+  /**
+   * Stores a lookup's answer, unless the cache was emptied since the lookup's `ticket` (begin()), until
+   * the cache's expiry or the token's own (`principal.deadline`), whichever comes first.
+   */
   set(hash: string, principal: Authenticated, ticket: number, now = performance.now()): void {
     if (!this.listening || this.ttlMs <= 0 || ticket !== this.generation) return;
+    const expires = Math.min(now + this.ttlMs, principal.deadline ?? Number.POSITIVE_INFINITY);
+    if (expires <= now) return;
     if (this.entries.size >= MAX_ENTRIES) {
       const oldest = this.entries.keys().next().value;
       if (oldest !== undefined) this.entries.delete(oldest);
     }
-    this.entries.set(hash, { principal, expires: now + this.ttlMs });
+    this.entries.set(hash, { principal, expires });
   }
 
   clear(): void {
@@ -84,6 +90,11 @@ export class TokenCache {
   onRevoke(listener: (tokenId: string) => void): () => void {
     this.revokeListeners.add(listener);
     return () => this.revokeListeners.delete(listener);
+  }
+
+  /** How many onRevoke listeners are subscribed (each live stream or response under way has one). */
+  get revokeListenerCount(): number {
+    return this.revokeListeners.size;
   }
 
   /**

@@ -5,7 +5,8 @@
 //
 // A link names the token it was made with and is signed with that token's stored hash as the key
 // (HMAC-SHA256 over what it shows and when it expires). It is not the token: it shows one output, for
-// a few minutes, and stops working when the token is revoked. Nothing is stored to make or check one,
+// a few minutes (never past the token's own expiry), and stops working when the token is revoked or
+// expires. Nothing is stored to make or check one,
 // so any API instance checks a link any other made.
 //
 // Download links are made and checked the same way, for what must not go through fetch: a download the
@@ -15,7 +16,7 @@
 // as a view link's does (src/log.ts).
 import { createHmac, timingSafeEqual } from "node:crypto";
 import type { Sql } from "../db/client.ts";
-import type { Principal, Role } from "./tokens.ts";
+import type { Authenticated, Role } from "./tokens.ts";
 
 /** How long a view link works. The dashboard makes a new one each time it shows a report. */
 export const VIEW_LINK_TTL_SECONDS = 600;
@@ -41,14 +42,27 @@ function mac(key: string, t: ViewTarget, expires: number): string {
     .digest("base64url");
 }
 
-/** The path of a view link: `/view/<tokenId>.<taskId>.<runId>.<expires>.<mac>/<name>`. */
+/**
+ * A link's expiry, in Unix seconds: `ttlSeconds` from `now`, or the token's own expiry (`tokenExpires`,
+ * ms since the epoch) when that comes first — the link stops working then anyway.
+ */
+function linkExpiry(now: number, ttlSeconds: number, tokenExpires: number | undefined): number {
+  const expires = Math.floor(now / 1000) + ttlSeconds;
+  return tokenExpires === undefined ? expires : Math.min(expires, Math.floor(tokenExpires / 1000));
+}
+
+/**
+ * The path of a view link: `/view/<tokenId>.<taskId>.<runId>.<expires>.<mac>/<name>`; it expires with
+ * the token (`tokenExpires`, ms since the epoch) if that comes first.
+ */
 export function viewLinkPath(
   tokenId: number,
   tokenHash: string,
   t: ViewTarget,
   now = Date.now(),
+  tokenExpires?: number,
 ): { path: string; expiresAt: string } {
-  const expires = Math.floor(now / 1000) + VIEW_LINK_TTL_SECONDS;
+  const expires = linkExpiry(now, VIEW_LINK_TTL_SECONDS, tokenExpires);
   const link = `${tokenId}.${t.taskId}.${t.runId}.${expires}.${mac(tokenHash, t, expires)}`;
   return {
     path: `/view/${link}/${encodeURIComponent(t.name)}`,
@@ -57,15 +71,16 @@ export function viewLinkPath(
 }
 
 /**
- * The principal and target of a view link, or undefined when it is malformed, expired, altered, or
- * its token is unknown or revoked (all alike: the caller answers 404).
+ * The principal (with its token's id and expiry) and target of a view link, or undefined when it is
+ * malformed, expired, altered, or its token is unknown, revoked or expired (all alike: the caller
+ * answers 404).
  */
 export async function viewLinkCheck(
   sql: Sql,
   link: string,
   name: string,
   now = Date.now(),
-): Promise<{ principal: Principal; target: ViewTarget } | undefined> {
+): Promise<{ principal: Authenticated; target: ViewTarget } | undefined> {
   const m = LINK_SHAPE.exec(link);
   if (!m) return undefined;
   const [, tokenId, taskId, runId, expiresText, given] = m as unknown as string[];
@@ -84,8 +99,9 @@ export async function viewLinkCheck(
 }
 
 /**
- * The principal of the token `tokenId` when `given` is the MAC `macOf` makes with its key and the link
- * has not expired (nor expires later than one made now could); undefined otherwise.
+ * The principal of the token `tokenId` when `given` is the MAC `macOf` makes with its key, the token is
+ * live (neither revoked nor expired), and the link has not expired (nor expires later than one made
+ * now could); undefined otherwise.
  */
 async function signedBy(
   sql: Sql,
@@ -95,26 +111,38 @@ async function signedBy(
   now: number,
   given: string,
   macOf: (key: string) => string,
-): Promise<Principal | undefined> {
+): Promise<Authenticated | undefined> {
   const nowSeconds = Math.floor(now / 1000);
   // Expired from `expires` on, to the millisecond: compared in whole seconds, a link still worked for
   // up to a second after the expiresAt it was made with.
   if (expires * 1000 <= now || expires > nowSeconds + ttlSeconds + CLOCK_SKEW_SECONDS) return undefined;
-  const [row] = await sql<{ tokenHash: string; userId: number; name: string; role: Role }[]>`
-    select t.token_hash as "tokenHash", u.id::float8 as "userId", u.name, u.role
+  // The token's time left is counted from before the question (as tokenAuthenticate does).
+  const asked = performance.now();
+  const [row] = await sql<
+    { tokenHash: string; userId: number; name: string; role: Role; leftMs: number | null }[]
+  >`
+    select t.token_hash as "tokenHash", u.id::float8 as "userId", u.name, u.role,
+           extract(epoch from t.expires_at - now())::float8 * 1000 as "leftMs"
     from api_tokens t join users u on u.id = t.user_id
-    where t.id = ${tokenId} and t.revoked_at is null`;
+    where t.id = ${tokenId} and t.revoked_at is null and (t.expires_at is null or t.expires_at > now())`;
   if (!row) return undefined;
   const expected = Buffer.from(macOf(row.tokenHash));
   const actual = Buffer.from(given);
   if (expected.length !== actual.length || !timingSafeEqual(expected, actual)) return undefined;
-  return { userId: row.userId, name: row.name, role: row.role };
+  const principal: Authenticated = {
+    userId: row.userId,
+    name: row.name,
+    role: row.role,
+    tokenId: Number(tokenId),
+  };
+  if (row.leftMs !== null) principal.deadline = asked + row.leftMs;
+  return principal;
 }
 
 /**
  * How long a download link works: long enough to start the download, and for the browser to resume
  * one the network broke (a resume asks the same URL again). A download under way is not cut off when
- * its link expires.
+ * its link expires — only when its token is revoked or expires (downloads.ts).
  */
 export const DOWNLOAD_LINK_TTL_SECONDS = 300;
 
@@ -151,8 +179,9 @@ export function downloadLinkPath(
   tokenHash: string,
   t: DownloadTarget,
   now = Date.now(),
+  tokenExpires?: number,
 ): { path: string; expiresAt: string } {
-  const expires = Math.floor(now / 1000) + DOWNLOAD_LINK_TTL_SECONDS;
+  const expires = linkExpiry(now, DOWNLOAD_LINK_TTL_SECONDS, tokenExpires);
   const run = "runId" in t ? `.${t.runId}` : "";
   const link = `${tokenId}.${t.kind}.${t.taskId}${run}.${expires}.${downloadMac(tokenHash, t, expires)}`;
   return {
@@ -162,15 +191,16 @@ export function downloadLinkPath(
 }
 
 /**
- * The principal and target of a download link, or undefined when it is malformed, expired, altered, or
- * its token is unknown or revoked (all alike: the caller answers 404).
+ * The principal (with its token's id and expiry) and target of a download link, or undefined when it
+ * is malformed, expired, altered, or its token is unknown, revoked or expired (all alike: the caller
+ * answers 404).
  */
 export async function downloadLinkCheck(
   sql: Sql,
   link: string,
   name: string,
   now = Date.now(),
-): Promise<{ principal: Principal; target: DownloadTarget } | undefined> {
+): Promise<{ principal: Authenticated; target: DownloadTarget } | undefined> {
   const m = DOWNLOAD_SHAPE.exec(link);
   if (!m) return undefined;
   const [, tokenId, kind, taskId, runId, expiresText, given] = m as unknown as (string | undefined)[];

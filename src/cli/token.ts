@@ -1,4 +1,11 @@
-import { ROLES, type Role, tokenCreate, tokenList, tokenRevoke } from "../auth/tokens.ts";
+import {
+  MAX_TOKEN_LIFETIME_SECONDS,
+  ROLES,
+  type Role,
+  tokenCreate,
+  tokenList,
+  tokenRevoke,
+} from "../auth/tokens.ts";
 import type { Config } from "../config.ts";
 import { firstAnswer, isoTime } from "../db/client.ts";
 import { COMMAND_ANSWER_MS, COMMAND_CONNECT_MS } from "../db/migrate.ts";
@@ -6,14 +13,32 @@ import { openDatabase } from "../db/open.ts";
 import { createLogger } from "../log.ts";
 import { need, parse, UsageError } from "./usage.ts";
 
+const CREATE_USAGE = "assay token create --user <name> [--role admin|user] [--expires-in <duration>]";
+
 const HELP = `Usage:
-  assay token create --user <name> [--role admin|user]
+  ${CREATE_USAGE}
       Creates the user if needed (role defaults to user; --role changes an existing user's role)
       and prints a new token as the last line of stdout. The token is shown only this once.
+      --expires-in 30m, 12h or 90d (minutes, hours or days; at most 3650d): the token stops
+      working then, as if revoked. Without it the token works until it is revoked.
   assay token revoke <id>
       Revokes a token; requests with it get 401 from then on.
   assay token list
-      Lists tokens (id, user, role, created, last used, revoked); never the secrets.`;
+      Lists tokens (id, user, role, created, last used, revoked, expires); never the secrets.
+      An expiry that has passed is marked "(expired)".`;
+
+const DURATION_UNITS: Record<string, number> = { m: 60, h: 3600, d: 86_400 };
+
+/** `--expires-in`'s duration (`30m`, `12h`, `90d`) in seconds: at least a minute, at most ten years. */
+export function expiresInSeconds(text: string): number {
+  const m = /^([0-9]{1,10})([mhd])$/.exec(text);
+  const seconds = m ? Number(m[1]) * (DURATION_UNITS[m[2] as string] as number) : 0;
+  if (!(seconds > 0 && seconds <= MAX_TOKEN_LIFETIME_SECONDS))
+    throw new UsageError(
+      `--expires-in must be a duration of minutes, hours or days such as 30m, 12h or 90d, from 1m to ${MAX_TOKEN_LIFETIME_SECONDS / 86_400}d; got ${JSON.stringify(text)}`,
+    );
+  return seconds;
+}
 
 async function withDatabase<T>(
   config: Config,
@@ -67,6 +92,7 @@ export async function tokenCommand(argv: string[], config: Config | undefined): 
     options: {
       user: { type: "string" },
       role: { type: "string" },
+      "expires-in": { type: "string" },
       help: { type: "boolean", short: "h" },
     },
   });
@@ -77,7 +103,7 @@ export async function tokenCommand(argv: string[], config: Config | undefined): 
   const given = { values, positionals };
   switch (sub) {
     case "create": {
-      refuseExtra(sub, given, ["user", "role"], 0, "assay token create --user <name> [--role admin|user]");
+      refuseExtra(sub, given, ["user", "role", "expires-in"], 0, CREATE_USAGE);
       const user = values.user?.trim();
       if (!user) throw new UsageError("token create needs --user <name>");
       // Characters, as it says: `length` counts UTF-16 units, two for each of 𩸽, 𠮷 or an emoji.
@@ -87,11 +113,14 @@ export async function tokenCommand(argv: string[], config: Config | undefined): 
       if (values.role !== undefined && !ROLES.includes(values.role as Role)) {
         throw new UsageError(`--role must be one of ${ROLES.join(", ")}`);
       }
+      const lifetime =
+        values["expires-in"] === undefined ? undefined : expiresInSeconds(values["expires-in"]);
       const created = await withDatabase(need(config), (db) =>
-        tokenCreate(db.sql, user, values.role as Role | undefined),
+        tokenCreate(db.sql, user, values.role as Role | undefined, lifetime),
       );
+      const expires = created.expiresAt === null ? "" : `, expires ${created.expiresAt}`;
       console.log(
-        `token ${created.tokenId} for user ${user} (role ${created.role}); store it now, it is not shown again:`,
+        `token ${created.tokenId} for user ${user} (role ${created.role}${expires}); store it now, it is not shown again:`,
       );
       console.log(created.token);
       return 0;
@@ -115,11 +144,14 @@ export async function tokenCommand(argv: string[], config: Config | undefined): 
     case "list": {
       refuseExtra(sub, given, [], 0, "assay token list");
       const tokens = await withDatabase(need(config), (db) => tokenList(db.sql));
-      console.log(["id", "user", "role", "created", "last used", "revoked"].join("\t"));
+      console.log(["id", "user", "role", "created", "last used", "revoked", "expires"].join("\t"));
       for (const t of tokens) {
         const when = (d: string | null) => (d ? isoTime(d) : "-");
+        const expires = `${when(t.expiresAt)}${t.expired ? " (expired)" : ""}`;
         console.log(
-          [t.id, t.user, t.role, when(t.createdAt), when(t.lastUsedAt), when(t.revokedAt)].join("\t"),
+          [t.id, t.user, t.role, when(t.createdAt), when(t.lastUsedAt), when(t.revokedAt), expires].join(
+            "\t",
+          ),
         );
       }
       return 0;

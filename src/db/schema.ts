@@ -44,6 +44,8 @@ export const apiTokens = pgTable(
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
     lastUsedAt: timestamp("last_used_at", { withTimezone: true }),
     revokedAt: timestamp("revoked_at", { withTimezone: true }),
+    /** When the token stops working by itself (`token create --expires-in`); null: never. */
+    expiresAt: timestamp("expires_at", { withTimezone: true }),
   },
   (t) => [
     uniqueIndex("api_tokens_token_hash_key").on(t.tokenHash),

@@ -1,4 +1,4 @@
-// Bearer-token authentication for every /api route. Missing, malformed, unknown and revoked
+// Bearer-token authentication for every /api route. Missing, malformed, unknown, revoked and expired
 // tokens all get the same 401: a caller learns nothing about which it was.
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import { type Authenticated, hashToken, tokenAuthenticate } from "../auth/tokens.ts";
@@ -7,6 +7,11 @@ import { ApiError } from "./errors.ts";
 declare module "fastify" {
   interface FastifyRequest {
     principal: Authenticated | undefined;
+    /**
+     * The token cache's generation taken before the token was checked (TokenCache.begin()): what goes
+     * on after the check (a download) asks again when it has moved (token-watch.ts).
+     */
+    tokenTicket: number | undefined;
   }
 }
 
@@ -40,9 +45,11 @@ export const BEARER_CHALLENGE = 'Bearer realm="assay"';
 
 /** Adds the onRequest hook to `scope` (the /api plugin). Its 401s carry BEARER_CHALLENGE (error-handler.ts). */
 export function requireBearer(scope: FastifyInstance) {
+  scope.decorateRequest("tokenTicket", undefined);
   scope.addHook("onRequest", async (request) => {
     if (repeatedAuthorization(request)) throw new ApiError(401, "UNAUTHORIZED");
     const match = BEARER.exec(request.headers.authorization ?? "");
+    request.tokenTicket = scope.services.tokens?.begin();
     const principal = match?.[1]
       ? await tokenAuthenticate(scope.services.database.sql, match[1], scope.services.tokens)
       : undefined;

@@ -77,7 +77,7 @@ test("a user name with a control character or a line break is refused; other Uni
   assert.equal(listed.code, 0, listed.stderr);
   const line = listed.stdout.split("\n").find((l) => l.split("\t")[1] === name);
   assert.ok(line, listed.stdout);
-  assert.equal(line.split("\t").length, 6, "one row, six columns");
+  assert.equal(line.split("\t").length, 7, "one row, seven columns");
 });
 
 test("token commands against a database `assay migrate` has not set up say to run it, and write nothing", async () => {

@@ -6,7 +6,8 @@ import { Readable } from "node:stream";
 import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { type TObject, type TSchema, Type } from "typebox";
-import type { Principal } from "../../auth/tokens.ts";
+import { type WatchedGrant, watchToken } from "../../auth/token-watch.ts";
+import { type Authenticated, type Principal, wallClockDeadline } from "../../auth/tokens.ts";
 import {
   type DownloadTarget,
   downloadLinkCheck,
@@ -87,6 +88,55 @@ export function contentDisposition(name: string, kind: "attachment" | "inline" =
  */
 export const DOWNLOAD_STALL_MS = 5 * 60_000;
 
+/**
+ * Arms what bounds a response about to be streamed: the stall bound (DOWNLOAD_STALL_MS), and the cut-off
+ * when the token that authorised it stops being valid (cutOffWhenTokenEnds).
+ */
+type Guard = (reply: FastifyReply) => void;
+
+/** The guard of a response authorised by `grant` (a bearer token, or the token of a link). */
+function guardOf(app: FastifyInstance, grant: WatchedGrant): Guard {
+  return (reply) => {
+    cutOffWhenStalled(reply);
+    cutOffWhenTokenEnds(app, reply, grant);
+  };
+}
+
+/** The grant of a request authenticated by its bearer token. */
+function bearerGrant(request: FastifyRequest): WatchedGrant {
+  const { tokenId, role, deadline } = principalOf(request);
+  return { tokenId, role, deadline, ticket: request.tokenTicket };
+}
+
+/**
+ * Cuts the response off when the token that authorised it stops being valid while it is sent — revoked,
+ * its user's role changed, or expired (token-watch.ts) — as later requests with it are refused. The
+ * connection is destroyed, not the response ended: a body with a Content-Length arrives short, a chunked
+ * one (a zip, results.csv) without its last chunk, so no client takes it for a complete file. The watch
+ * stops however the response ends (sent, client gone, broken off).
+ */
+function cutOffWhenTokenEnds(app: FastifyInstance, reply: FastifyReply, grant: WatchedGrant): void {
+  const raw = reply.raw;
+  const stop = watchToken(
+    app.services.database.sql,
+    app.services.tokens,
+    grant,
+    (why) => {
+      reply.log.info({ tokenId: grant.tokenId, why }, "download cut off: its token is no longer valid");
+      raw.destroy();
+    },
+    {
+      onCheckFailed: (err) =>
+        reply.log.warn(
+          { err, tokenId: grant.tokenId },
+          "could not check a download's token again; trying again",
+        ),
+    },
+  );
+  raw.once("close", stop);
+  if (raw.destroyed || raw.closed) stop();
+}
+
 /** Arms the stall bound (DOWNLOAD_STALL_MS) for the response about to be streamed. */
 function cutOffWhenStalled(reply: FastifyReply): void {
   const raw = reply.raw;
@@ -130,11 +180,12 @@ async function send(
   plan: DownloadPlan,
   reply: FastifyReply,
   taskExists: () => Promise<boolean>,
+  guard: Guard,
 ) {
   if (plan.kind === "not-found") throw notFound("ANALYSIS_TASK_NOT_FOUND");
   if (plan.kind === "not-ready") throw new ApiError(409, "ANALYSIS_TASK_NOT_READY");
   reply.header("x-content-type-options", "nosniff");
-  if (plan.kind === "single") return sendObject(store, plan.output, reply, taskExists);
+  if (plan.kind === "single") return sendObject(store, plan.output, reply, taskExists, guard);
   // The first page of runs and their files is read before anything is sent: a recorded output missing
   // from it is a logged 500 (or a 404 when retention deleted the task meanwhile), not a zip without it.
   const { taskId } = plan;
@@ -171,7 +222,7 @@ async function send(
   }
   reply.header("content-type", "application/zip");
   reply.header("content-disposition", contentDisposition(`task-${taskId}.zip`));
-  cutOffWhenStalled(reply);
+  guard(reply);
   return reply.send(zipStream(entries(), reply));
 }
 
@@ -204,6 +255,7 @@ async function sendObject(
   output: RunOutput,
   reply: FastifyReply,
   taskExists: () => Promise<boolean>,
+  guard: Guard,
   name = output.outputFileName,
   disposition: "attachment" | "inline" = "attachment",
 ) {
@@ -241,7 +293,7 @@ async function sendObject(
     reply.header("content-range", `bytes ${start}-${end}/${size}`);
     reply.header("content-length", end - start + 1);
   } else reply.header("content-length", size);
-  cutOffWhenStalled(reply);
+  guard(reply);
   return reply.send(stream);
 }
 
@@ -287,7 +339,13 @@ function byteRange(header: string | undefined): ByteRange | undefined {
 }
 
 /** A task's results.csv, streamed (see GET …/results.csv). */
-async function sendResults(sql: Sql, principal: Principal, taskId: string, reply: FastifyReply) {
+async function sendResults(
+  sql: Sql,
+  principal: Principal,
+  taskId: string,
+  reply: FastifyReply,
+  guard: Guard,
+) {
   if (!isId(taskId) || !(await taskVisible(sql, principal, taskId))) {
     throw notFound("ANALYSIS_TASK_NOT_FOUND");
   }
@@ -300,7 +358,7 @@ async function sendResults(sql: Sql, principal: Principal, taskId: string, reply
   // (resultLines checks it with every page), breaks the response off — never a complete-looking
   // truncated table; Fastify destroys the connection, this says why.
   csv.once("error", (err) => reply.log.error({ err, taskId }, "results.csv broken off"));
-  cutOffWhenStalled(reply);
+  guard(reply);
   return reply.send(csv);
 }
 
@@ -386,6 +444,7 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
         await taskDownloadPlan(app.services.database.sql, principalOf(request), taskId),
         reply,
         () => taskExists(app.services.database.sql, taskId),
+        guardOf(app, bearerGrant(request)),
       );
     },
   );
@@ -406,7 +465,13 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request, reply) => {
       // The response schema lists errors only: the body is a stream, not JSON.
-      return sendResults(app.services.database.sql, principalOf(request), request.params.taskId, reply);
+      return sendResults(
+        app.services.database.sql,
+        principalOf(request),
+        request.params.taskId,
+        reply,
+        guardOf(app, bearerGrant(request)),
+      );
     },
   );
 
@@ -432,6 +497,7 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
         await runDownloadPlan(app.services.database.sql, principalOf(request), taskId, runId),
         reply,
         () => taskExists(app.services.database.sql, taskId),
+        guardOf(app, bearerGrant(request)),
       );
     },
   );
@@ -482,7 +548,8 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
       // script), it cannot read Assay's storage or call the API as the viewer.
       reply.header("content-security-policy", "sandbox");
       reply.header("x-content-type-options", "nosniff");
-      return sendObject(app.services.storage, found.output, reply, found.exists, name, "inline");
+      const guard = guardOf(app, bearerGrant(request));
+      return sendObject(app.services.storage, found.output, reply, found.exists, guard, name, "inline");
     },
   );
 
@@ -493,7 +560,7 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
         summary:
           "A view link to one output: a URL that shows it for a few minutes without a token (for frames)",
         description:
-          "For what cannot send an Authorization header, such as an iframe showing an HTML report. The link shows this one output, expires after ten minutes and stops working when the token that made it is revoked; it is served from /view/… in a sandbox with its own styles allowed and nothing fetched.",
+          "For what cannot send an Authorization header, such as an iframe showing an HTML report. The link shows this one output, expires after ten minutes (or with its token, if sooner) and stops working when the token that made it is revoked or expires; it is served from /view/… in a sandbox with its own styles allowed and nothing fetched.",
         tags: ["tasks"],
         security: [{ bearer: [] }],
         params: Type.Object({ taskId: IdParam, runId: IdParam, name: Type.String() }),
@@ -504,11 +571,13 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const { taskId, runId, name } = request.params;
       const principal = principalOf(request);
       await findOutput(app, principal, { taskId, runId, name }, reply);
-      const { path, expiresAt } = viewLinkPath(principal.tokenId, bearerHashOf(request), {
-        taskId,
-        runId,
-        name,
-      });
+      const { path, expiresAt } = viewLinkPath(
+        principal.tokenId,
+        bearerHashOf(request),
+        { taskId, runId, name },
+        Date.now(),
+        wallClockDeadline(principal),
+      );
       return ok({ url: path, expiresAt });
     },
   );
@@ -521,14 +590,21 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
   ) => ({
     summary,
     description:
-      "A URL that downloads this as an attachment, without a token, for five minutes and until the token that made it is revoked: a browser saves it itself, streamed to disk (and resumes it where the download is resumable). Served from /view/download/….",
+      "A URL that downloads this as an attachment, without a token, for five minutes and until the token that made it is revoked or expires: a browser saves it itself, streamed to disk (and resumes it where the download is resumable). Served from /view/download/….",
     tags: ["tasks"],
     security: [{ bearer: [] }],
     params,
     response: { 200: LinkBody, ...responses },
   });
   const made = (request: FastifyRequest, t: DownloadTarget) => {
-    const { path, expiresAt } = downloadLinkPath(principalOf(request).tokenId, bearerHashOf(request), t);
+    const principal = principalOf(request);
+    const { path, expiresAt } = downloadLinkPath(
+      principal.tokenId,
+      bearerHashOf(request),
+      t,
+      Date.now(),
+      wallClockDeadline(principal),
+    );
     return ok({ url: path, expiresAt });
   };
 
@@ -623,6 +699,7 @@ export const viewRoutes: FastifyPluginAsyncTypebox = async (app) => {
       logLevel: "warn",
     },
     async (request, reply) => {
+      const ticket = app.services.tokens?.begin();
       const checked = await viewLinkCheck(
         app.services.database.sql,
         request.params.link,
@@ -639,6 +716,7 @@ export const viewRoutes: FastifyPluginAsyncTypebox = async (app) => {
         found.output,
         reply,
         found.exists,
+        linkGuard(app, checked.principal, ticket),
         checked.target.name,
         "inline",
       );
@@ -664,9 +742,11 @@ const downloadLinkRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request, reply) => {
       const { sql } = app.services.database;
+      const ticket = app.services.tokens?.begin();
       const checked = await downloadLinkCheck(sql, request.params.link, request.params.name);
       if (!checked) throw notFound("OUTPUT_NOT_FOUND");
       const { principal, target: t } = checked;
+      const guard = linkGuard(app, principal, ticket);
       reply.header("referrer-policy", "no-referrer");
       reply.header("cache-control", "private, no-store");
       // Saved, never shown; were it shown (a browser that ignores the disposition), then in a sandbox.
@@ -674,16 +754,32 @@ const downloadLinkRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const exists = () => taskExists(sql, t.taskId);
       const store = app.services.storage;
       if (t.kind === "task")
-        return send(sql, store, await taskDownloadPlan(sql, principal, t.taskId), reply, exists);
-      if (t.kind === "results") return sendResults(sql, principal, t.taskId, reply);
+        return send(sql, store, await taskDownloadPlan(sql, principal, t.taskId), reply, exists, guard);
+      if (t.kind === "results") return sendResults(sql, principal, t.taskId, reply, guard);
       if (t.kind === "run")
-        return send(sql, store, await runDownloadPlan(sql, principal, t.taskId, t.runId), reply, exists);
+        return send(
+          sql,
+          store,
+          await runDownloadPlan(sql, principal, t.taskId, t.runId),
+          reply,
+          exists,
+          guard,
+        );
       const found = await findOutput(app, principal, t, reply);
       reply.header("x-content-type-options", "nosniff");
-      return sendObject(store, found.output, reply, found.exists, t.name, "attachment");
+      return sendObject(store, found.output, reply, found.exists, guard, t.name, "attachment");
     },
   );
 };
+
+/**
+ * The guard of a body served through a view or download link: its token as the link's check found it,
+ * `ticket` taken before that check.
+ */
+function linkGuard(app: FastifyInstance, principal: Authenticated, ticket: number | undefined): Guard {
+  const { tokenId, role, deadline } = principal;
+  return guardOf(app, { tokenId, role, deadline, ticket });
+}
 
 /** The policy of a document shown through a view link. */
 export const VIEW_CSP = [

@@ -2,6 +2,7 @@
 import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
 import type { FastifyRequest } from "fastify";
 import { Type } from "typebox";
+import { atDeadline } from "../../auth/token-watch.ts";
 import { type Role, tokenAuthenticate, tokenRoles } from "../../auth/tokens.ts";
 import type { Sql } from "../../db/client.ts";
 import type { EventHub } from "../../events/hub.ts";
@@ -179,6 +180,8 @@ interface LiveStream {
   readonly tokenId: number;
   /** The role the stream's right to its task was checked with. */
   role: Role;
+  /** Its token's expiry (monotonic ms), as that check found it; absent when it has none. */
+  deadline?: number | undefined;
   readonly revoked: AbortController;
 }
 
@@ -236,6 +239,7 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
         const now = await tokenAuthenticate(sql, bearerOf(request), app.services.tokens);
         if (!now) throw new ApiError(401, "UNAUTHORIZED");
         stream.role = now.role;
+        stream.deadline = now.deadline;
         if (!(await taskVisible(sql, now, taskId))) throw notFound("ANALYSIS_TASK_NOT_FOUND");
         await app.services.events.ready();
       } catch (err) {
@@ -304,7 +308,16 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
       const { taskId } = request.params;
       const sql = app.services.database.sql;
       if (!isId(taskId)) throw notFound("ANALYSIS_TASK_NOT_FOUND");
-      const { revoked } = await admit(request, taskId, closed.signal);
+      const { revoked, deadline } = await admit(request, taskId, closed.signal);
+      // A token that expires ends its streams then, as a revoke does (its clients' reconnects get 401).
+      if (deadline !== undefined) {
+        const stopTimer = atDeadline(deadline, () => {
+          request.log.info({ taskId }, "event stream ended: its token expired");
+          revoked.abort();
+        });
+        closed.signal.addEventListener("abort", stopTimer, { once: true });
+        if (closed.signal.aborted) stopTimer();
+      }
       const lastEventId = request.headers["last-event-id"];
       if (lastEventId !== undefined && !/^[0-9]{1,18}$/.test(lastEventId)) {
         throw validationFailed("Last-Event-ID must be an event id.");

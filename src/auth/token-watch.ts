@@ -1,0 +1,99 @@
+// What a token authorised once, at its start, and goes on for long — a download, a zip, results.csv, a
+// link's body being streamed — ends when the token stops being valid: revoked, its user's role changed,
+// or expired. A revoke and a role change arrive through the token cache's notifications
+// (TokenCache.onRevoke); an expiry needs none: a timer fires at the token's deadline.
+import type { Sql } from "../db/client.ts";
+import { MAX_TIMER_MS, timerDelay } from "../timers.ts";
+import type { TokenCache } from "./token-cache.ts";
+import { type Role, tokenRoles } from "./tokens.ts";
+
+/** Why a token no longer authorises what it started. */
+export type TokenEnd = "revoked" | "expired" | "role changed";
+
+/**
+ * A check of the token after a notification for every token that failed (the database unsure: the
+ * notification was its LISTEN connection coming back) is made again this long after, until one answers.
+ */
+export const RECHECK_MS = 2_000;
+
+/**
+ * Calls `fn` at `deadline` (monotonic ms, performance.now()), however far off: a Node timer waits at
+ * most MAX_TIMER_MS, so a longer wait is made of several. Returns the cancel.
+ */
+export function atDeadline(deadline: number, fn: () => void): () => void {
+  let timer: NodeJS.Timeout;
+  const arm = () => {
+    const left = deadline - performance.now();
+    timer = setTimeout(() => (left > MAX_TIMER_MS ? arm() : fn()), timerDelay(left));
+  };
+  arm();
+  return () => clearTimeout(timer);
+}
+
+export interface WatchedGrant {
+  tokenId: number;
+  /** The role it was checked with. */
+  role: Role;
+  /** The token's expiry (monotonic ms), absent when it has none. */
+  deadline?: number | undefined;
+  /**
+   * The token cache's generation (TokenCache.begin()) taken before the token was checked. When it has
+   * moved by the time the watch starts, a revoke or role change may have been announced in between,
+   * unheard: the token is checked again at once.
+   */
+  ticket?: number | undefined;
+}
+
+/**
+ * Calls `end` once, when the grant's token is revoked (its own notification), when it is found revoked,
+ * expired or of another role after a notification for every token ("*": a role change, or the LISTEN
+ * connection back — notifications may have been lost), or when it expires. A check that fails is made
+ * again (RECHECK_MS) rather than ending what it watches: a download of gigabytes, or a zip that cannot
+ * resume, is not cut off for a database that was unsure a moment after it came back — a revoke is a
+ * write, and one that committed is found by the next check. Never after the returned stop(), which the
+ * caller calls however what it watches ends.
+ */
+export function watchToken(
+  sql: Sql,
+  tokens: TokenCache | undefined,
+  grant: WatchedGrant,
+  end: (why: TokenEnd) => void,
+  o: { recheckMs?: number; onCheckFailed?: (err: unknown) => void } = {},
+): () => void {
+  let stopped = false;
+  let recheck: NodeJS.Timeout | undefined;
+  const cut = (why: TokenEnd) => {
+    if (stopped) return;
+    stop();
+    end(why);
+  };
+  const checkAgain = () => {
+    clearTimeout(recheck);
+    recheck = undefined;
+    tokenRoles(sql, [grant.tokenId]).then(
+      (roles) => {
+        const role = roles.get(grant.tokenId);
+        if (role === undefined) cut("revoked");
+        else if (role !== grant.role) cut("role changed");
+      },
+      (err: unknown) => {
+        if (stopped || recheck !== undefined) return;
+        recheck = setTimeout(checkAgain, o.recheckMs ?? RECHECK_MS);
+        o.onCheckFailed?.(err);
+      },
+    );
+  };
+  const unsubscribe = tokens?.onRevoke((tokenId) => {
+    if (tokenId === String(grant.tokenId)) cut("revoked");
+    else if (tokenId === "*") checkAgain();
+  });
+  const cancel = grant.deadline === undefined ? undefined : atDeadline(grant.deadline, () => cut("expired"));
+  function stop() {
+    stopped = true;
+    clearTimeout(recheck);
+    unsubscribe?.();
+    cancel?.();
+  }
+  if (tokens && grant.ticket !== undefined && tokens.begin() !== grant.ticket) checkAgain();
+  return stop;
+}
