@@ -499,8 +499,13 @@ def main():
                 "too many columns or too long column names" % (name, len(data) // (1024 * 1024)),
             )
     for name, data in outputs.items():
-        with open(os.path.join(args.output_dir, name), "wb") as f:
-            f.write(data)
+        try:
+            with open(os.path.join(args.output_dir, name), "wb") as f:
+                f.write(data)
+        except OSError as e:
+            # A full disk or a quota: the worker's to mend, so exit 4 (retried), not a crash (exit 1,
+            # for good). The system's reason without the path.
+            die(4, "could not write %s: %s" % (name, os.strerror(e.errno) if e.errno else "an error"))
     emit({"type": "result", "outputFileName": "stats.json", "metrics": {"rows": rows, "columns": len(chosen)}})
 
 

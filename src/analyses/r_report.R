@@ -487,7 +487,17 @@ html <- c(
 )
 html_bytes <- sum(as.numeric(nchar(html, type = "bytes"))) + length(html) # and a newline each
 if (html_bytes > MAX_OUTPUT_BYTES) too_large(html_bytes)
-writeLines(html, file.path(opt[["output-dir"]], "report.html"), useBytes = TRUE)
+# A full disk or a quota: writeLines only warns (the connection could not be closed) and the report is
+# cut short. Exit 4 (retried: the worker's to mend), with the system's reason and not the path; a
+# report shorter than what was written, however it came about, likewise.
+report_path <- file.path(opt[["output-dir"]], "report.html")
+write_failed <- function(condition) {
+  die(4, paste("could not write report.html:", sub(".*: ", "", conditionMessage(condition))))
+}
+tryCatch(writeLines(html, report_path, useBytes = TRUE), warning = write_failed, error = write_failed)
+if (!isTRUE(file.size(report_path) == html_bytes)) {
+  die(4, "could not write report.html: it is shorter than what was written")
+}
 emit_progress(95, "report written")
 cat(sprintf(
   "{\"type\":\"result\",\"outputFileName\":\"report.html\",\"metrics\":{\"rows\":%d,\"numericColumns\":%d}}\n",

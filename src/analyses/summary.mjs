@@ -12,7 +12,7 @@
 // a header that would make it larger (too many columns, too long names) is unusable data, exit 3.
 import fs from "node:fs";
 import path from "node:path";
-import { parseArgs } from "node:util";
+import { getSystemErrorMessage, parseArgs } from "node:util";
 
 const emit = (event) => process.stdout.write(`${JSON.stringify(event)}\n`);
 /** The most of a failure's message the runner keeps (MAX_MESSAGE_CHARS in src/runner/jsonl.ts). */
@@ -299,7 +299,14 @@ const summary = {
 const json = `${JSON.stringify(summary, null, 2)}\n`;
 if (Buffer.byteLength(json) > MAX_OUTPUT_BYTES) tooLarge(Buffer.byteLength(json));
 emit({ type: "progress", percent: 95, message: "writing summary.json" });
-fs.writeFileSync(path.join(args["output-dir"], "summary.json"), json);
+try {
+  fs.writeFileSync(path.join(args["output-dir"], "summary.json"), json);
+} catch (err) {
+  // A full disk or a quota: the worker's to mend, so exit 4 (retried), not a crash (exit 1, for good).
+  // The system's reason without the path (util.getSystemErrorMessage: "no space left on device").
+  const reason = typeof err?.errno === "number" ? getSystemErrorMessage(err.errno) : "an error";
+  die(4, `could not write summary.json: ${reason}`);
+}
 emit({
   type: "result",
   outputFileName: "summary.json",

@@ -278,9 +278,9 @@ class ScratchFullError extends Error {
 }
 
 /**
- * Whether a program's ending may be the disk's doing: an exit of its own that is not a verdict it gave
- * (2, 3 or 4 say what was wrong), including a success — not a start failure, a signal, a cancel or
- * a timeout.
+ * Whether a program's ending may be the disk's doing: an exit of its own that is not a verdict on its
+ * input (2 or 3), including a success and exit 4 (the three programs' "could not write <output>") — not
+ * a start failure, a signal, a cancel or a timeout.
  */
 const mayBeDisk = (r: ProcessResult) =>
   !r.startError &&
@@ -289,8 +289,7 @@ const mayBeDisk = (r: ProcessResult) =>
   !r.signal &&
   r.exitCode !== null &&
   r.exitCode !== 2 &&
-  r.exitCode !== 3 &&
-  r.exitCode !== 4;
+  r.exitCode !== 3;
 
 function inputReadable(file: string): boolean {
   try {
