@@ -4,7 +4,6 @@
 // malformed body.
 // The disk is a real one: a 256 KiB tmpfs mounted under the data directory (root only, as in CI).
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
@@ -12,12 +11,11 @@ import path from "node:path";
 import { after, before, test } from "node:test";
 import { bearer, startTestApp, type TestApp } from "../helpers/app.ts";
 import { waitFor } from "../helpers/queue.ts";
+import { mountTmpfs, tmpfsSkip } from "../helpers/tmpfs.ts";
 
-const root = process.getuid?.() === 0;
 let t: TestApp;
 let alice: string;
 let base: string;
-let mounted = "";
 
 before(async () => {
   t = await startTestApp({ ASSAY_MAX_UPLOAD_BYTES: String(16 * 1024 * 1024) });
@@ -28,7 +26,6 @@ before(async () => {
   });
 });
 after(async () => {
-  if (mounted) execFileSync("umount", [mounted]);
   await t.close();
 });
 
@@ -86,12 +83,10 @@ function streamUpload(
 const rows = async () => (await t.db.sql`select count(*)::int as n from files`)[0]?.n as number;
 
 test("a full disk under a streamed upload → 507 STORAGE_FULL logged as an error, nothing stored", {
-  skip: root ? false : "mounting a tmpfs needs root",
+  skip: tmpfsSkip,
 }, async () => {
   const partial = path.join(t.config.dataDir, ".partial");
-  fs.mkdirSync(partial, { recursive: true });
-  execFileSync("mount", ["-t", "tmpfs", "-o", "size=256k", "tmpfs", partial]);
-  mounted = partial;
+  const disk = mountTmpfs(partial, "256k");
   const before = t.logs.length;
   const res = await streamUpload(4 * 1024 * 1024);
   assert.equal(res.status, 507, res.body);
@@ -104,8 +99,7 @@ test("a full disk under a streamed upload → 507 STORAGE_FULL logged as an erro
   assert.ok(!logged.some((l) => l.code === "INVALID_MULTIPART"), "not blamed on the body");
   assert.equal(await rows(), 0);
   assert.deepEqual(fs.readdirSync(partial), [], "the partial file is removed");
-  execFileSync("umount", [partial]);
-  mounted = "";
+  disk.unmount();
 });
 
 test("a body cut off mid-stream is the client's: INVALID_MULTIPART at info, nothing stored", async () => {
