@@ -464,9 +464,10 @@ function sslModeError(databaseUrl: string | undefined, env: NodeJS.ProcessEnv): 
   const mode = env.PGSSLMODE;
   if (databaseUrl === undefined || mode === undefined || !TLS_MODES.has(mode) || env.PGSSL) return undefined;
   const { host, parsed } = postgresUrl(databaseUrl);
-  if (parsed.searchParams.has("sslmode") || parsed.searchParams.has("ssl")) return undefined;
+  // postgres.js takes TLS from any of these (`sslrootcert=system` is verify-full).
+  if (["sslmode", "ssl", "sslrootcert"].some((p) => parsed.searchParams.has(p))) return undefined;
   if ((host || env.PGHOST || "localhost").startsWith("/")) return undefined;
-  return `PGSSLMODE=${JSON.stringify(mode)}: is not read by PostgreSQL's client here (postgres.js), which would connect to DATABASE_URL without TLS: put sslmode=${mode} in DATABASE_URL (…?sslmode=${mode})`;
+  return `PGSSLMODE=${JSON.stringify(mode)}: is not read by PostgreSQL's client here (postgres.js), which would connect to DATABASE_URL without TLS: put sslmode=${mode} in DATABASE_URL (…?sslmode=${mode}), or unset PGSSLMODE for a server without TLS`;
 }
 
 /** ASSAY_* variables read outside the table above: by bin/assay.js and bin/bundle.js, and by the client commands. */

@@ -113,8 +113,10 @@ export class TokenCache {
         },
         () => {
           this.clear();
-          // A reconnect: revokes and role changes may have been missed meanwhile.
-          if (this.listening) for (const listener of this.revokeListeners) listener("*");
+          // Listening, the first time or again: revokes and role changes may have been missed — during
+          // a reconnect, or, the first time, by what started while nothing listened (a LISTEN that
+          // failed at start-up and came up later: downloads and streams are served meanwhile).
+          for (const listener of this.revokeListeners) listener("*");
           this.listening = true;
         },
         // A failed LISTEN stays registered, and postgres.js listens with it once it has reconnected:

@@ -112,7 +112,8 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
   });
   // A callback, not an async hook: it is on every answer's path, and an async one costs a promise each.
   fastify.addHook("onSend", (request, reply, payload, done) => {
-    defaultHeaders(reply, API_PATH.test(request.url) ? "no-store" : undefined);
+    // The route it matched, not the address as sent: `/%61pi/me` is routed to `/api/me`.
+    defaultHeaders(reply, API_PATH.test(request.routeOptions.url ?? request.url) ? "no-store" : undefined);
     done(null, payload);
   });
   fastify.decorateRequest("principal", undefined);

@@ -50,6 +50,9 @@ test("every /api answer, a success, a refusal or an unknown path, is no-store an
     ["GET", `/api/analysis-tasks/${taskId}`, bearer(token), 200],
     ["GET", `/api/analysis-tasks/${taskId}/runs`, bearer(token), 200],
     ["GET", "/api/analysis-types", bearer(token), 200],
+    // Escaped in the address, routed to /api all the same (the router decodes it).
+    ["GET", "/%61pi/me", bearer(token), 200],
+    ["GET", `/%61pi/analysis-tasks/${taskId}`, bearer(token), 200],
     ["GET", "/api/analysis-tasks", {}, 401],
     ["GET", "/api/analysis-tasks?status=nope", bearer(token), 400],
     ["GET", "/api/analysis-tasks/10000000", bearer(token), 404],

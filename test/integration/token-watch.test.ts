@@ -111,3 +111,18 @@ test("a check that fails after a notification for every token is made again, not
     await db.sql`drop role ${db.sql(role)}`;
   }
 });
+
+test("what started before the token cache first listened is told to check again when it does", async () => {
+  // A LISTEN that failed at start-up comes up later: a revoke meanwhile was announced to nobody.
+  const late = new TokenCache();
+  const heard: string[] = [];
+  const unsubscribe = late.onRevoke((tokenId) => heard.push(tokenId));
+  try {
+    await late.start(db.sql, createLogger({ level: "silent" }));
+    await waitFor(async () => heard.length > 0, 5_000, "a check of every token");
+    assert.deepEqual(heard, ["*"]);
+  } finally {
+    unsubscribe();
+    await late.stop();
+  }
+});

@@ -489,7 +489,7 @@ test("PGSSLMODE asking for TLS is refused when DATABASE_URL says nothing of it: 
         err instanceof ConfigError &&
         err.problems.length === 1 &&
         err.problems[0] ===
-          `PGSSLMODE=${JSON.stringify(mode)}: is not read by PostgreSQL's client here (postgres.js), which would connect to DATABASE_URL without TLS: put sslmode=${mode} in DATABASE_URL (…?sslmode=${mode})` &&
+          `PGSSLMODE=${JSON.stringify(mode)}: is not read by PostgreSQL's client here (postgres.js), which would connect to DATABASE_URL without TLS: put sslmode=${mode} in DATABASE_URL (…?sslmode=${mode}), or unset PGSSLMODE for a server without TLS` &&
         !err.message.includes("S3cr3tPw"),
       mode,
     );
@@ -499,6 +499,8 @@ test("PGSSLMODE asking for TLS is refused when DATABASE_URL says nothing of it: 
   for (const env of [
     { DATABASE_URL: `${url}?sslmode=verify-full`, PGSSLMODE: "require" },
     { DATABASE_URL: `${url}?ssl=true`, PGSSLMODE: "require" },
+    // postgres.js verifies against the system's roots (verify-full) with this one.
+    { DATABASE_URL: `${url}?sslrootcert=system`, PGSSLMODE: "require" },
     { DATABASE_URL: url, PGSSLMODE: "require", PGSSL: "require" },
     { DATABASE_URL: url, PGSSLMODE: "prefer" },
     { DATABASE_URL: url, PGSSLMODE: "disable" },
