@@ -11,6 +11,7 @@
 // summary.json must fit in an output file (the runner's limit, OUTPUT_LIMITS in src/runner/outputs.ts):
 // a header that would make it larger (too many columns, too long names) is unusable data, exit 3.
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { getSystemErrorMessage, parseArgs } from "node:util";
 
@@ -304,7 +305,13 @@ try {
 } catch (err) {
   // A full disk or a quota: the worker's to mend, so exit 4 (retried), not a crash (exit 1, for good).
   // The system's reason without the path (util.getSystemErrorMessage: "no space left on device").
-  const reason = typeof err?.errno === "number" ? getSystemErrorMessage(err.errno) : "an error";
+  // libuv has no name for EDQUOT (its message would be "Unknown system error -122").
+  const reason =
+    err?.errno === -os.constants.errno.EDQUOT
+      ? "disk quota exceeded"
+      : typeof err?.errno === "number"
+        ? getSystemErrorMessage(err.errno)
+        : "an error";
   die(4, `could not write summary.json: ${reason}`);
 }
 emit({

@@ -459,8 +459,10 @@ export class Worker {
    * the type waits for it (claim()). Must not throw: a failure only costs the newcomer the shortcut.
    */
   private claimNewcomer(payload: string): void {
-    // Not while runs a failed claim may have taken are to be looked for (adoptOrphans()).
+    // Not while runs a failed claim may have taken are to be looked for (adoptOrphans()), nor while
+    // the disk was full a moment ago (holdClaims()).
     if (this.stopping || this.newcomerFlight || this.orphanCheck || this.orphanLooking) return;
+    if (performance.now() < this.claimsHeldUntil) return;
     const task = parseCreated(payload);
     if (!task) return;
     const type = task.type;
@@ -1006,7 +1008,26 @@ export class Worker {
     return claimQuantum(this.attemptSeconds.get(type), want, oldest);
   }
 
+  /** Gives the runs claimed ahead back to the queue, their attempt refunded (a stop; a full disk). */
+  private releaseBuffered(): void {
+    for (const run of this.buffer) {
+      this.queueRetry(run, null, {
+        id: run.id,
+        token: run.leaseToken,
+        delayMs: 0,
+        refund: true,
+        errorCode: null,
+        errorMessage: null,
+      });
+    }
+    this.buffer = [];
+    this.bufferedAt.clear();
+  }
+
   private drainBuffer(): void {
+    // The disk was full a moment ago (holdClaims()): they would fail as that attempt did; other
+    // workers may have room. A claim in flight when the hold began brings its runs here too.
+    if (this.buffer.length > 0 && performance.now() < this.claimsHeldUntil) this.releaseBuffered();
     while (this.buffer.length > 0 && this.freeSlots() > 0 && !this.stopping) {
       const run = this.buffer.shift() as ClaimedRun;
       this.bufferedAt.delete(run.id);
@@ -1132,10 +1153,12 @@ export class Worker {
           mean === undefined ? seconds : mean + (seconds - mean) * ATTEMPT_MEAN_WEIGHT,
         );
       }
+      // Settled first: an attempt that found the disk full holds the claims (holdClaims()), and the
+      // runs claimed ahead go back to the queue instead of starting on that disk.
+      this.settle(run, seconds, controller.signal.reason as AbortReason | undefined, outcome);
       // The slot is free: a run claimed ahead starts now, not when the claim loop is next free (it
       // may be waiting for a claim).
       this.drainBuffer();
-      this.settle(run, seconds, controller.signal.reason as AbortReason | undefined, outcome);
       this.wake();
     })();
   }
@@ -1175,15 +1198,18 @@ export class Worker {
     // Attempts that were under way when the disk filled end during the hold: the same full disk.
     if (this.stopping || now < this.claimsHeldUntil) return;
     const first = this.o.storageFullHoldMs ?? STORAGE_FULL_HOLD_MS;
-    this.storageHoldMs =
-      this.storageHoldMs === 0
-        ? first
-        : Math.min(Math.max(first, STORAGE_FULL_HOLD_MAX_MS), this.storageHoldMs * 2);
+    // In a row: no success since the last hold, and that hold not long over (a full disk a day later
+    // starts over, whatever failed in between).
+    const inARow = this.storageHoldMs > 0 && now - this.claimsHeldUntil < STORAGE_FULL_HOLD_MAX_MS;
+    this.storageHoldMs = inARow
+      ? Math.min(Math.max(first, STORAGE_FULL_HOLD_MAX_MS), this.storageHoldMs * 2)
+      : first;
     this.claimsHeldUntil = now + this.storageHoldMs;
     this.o.logger.warn(
       { workerId: this.id, holdMs: this.storageHoldMs },
       "an attempt found this worker's disk full: claiming nothing for a while",
     );
+    this.releaseBuffered();
     clearTimeout(this.storageHoldTimer);
     this.storageHoldTimer = setTimeout(() => {
       this.storageHoldTimer = undefined;
@@ -1191,6 +1217,8 @@ export class Worker {
       this.clearDrained();
       this.wake();
     }, this.storageHoldMs);
+    // Like the retries' wake-up: it keeps no process alive (one used through runOnce() alone).
+    this.storageHoldTimer.unref();
   }
 
   /**
@@ -1772,18 +1800,7 @@ export class Worker {
     // No statement of ours after stop(): the caller may close the pool next.
     await Promise.all(this.pruning.values());
     await Promise.all(this.tidying.values());
-    for (const run of this.buffer) {
-      this.queueRetry(run, null, {
-        id: run.id,
-        token: run.leaseToken,
-        delayMs: 0,
-        refund: true,
-        errorCode: null,
-        errorMessage: null,
-      });
-    }
-    this.buffer = [];
-    this.bufferedAt.clear();
+    this.releaseBuffered();
     const all = () => Promise.all([...this.active.values()].map((a) => a.done));
     if (this.active.size > 0 && graceMs > 0) {
       await Promise.race([all(), sleep(graceMs)]);

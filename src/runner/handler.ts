@@ -259,18 +259,36 @@ export function outcomeOf(r: ProcessResult, outputCheck?: { ok: boolean; message
 }
 
 /**
- * The disk under `dir` has no room left (for a user that is not root: the blocks kept for root do not
- * count, as df's 100% has it). A program that tried to write there then was refused, whatever it made
- * of that: Node's and Python's exit 1 (a failure of their own, for good), R's writeLines only warns and
- * exits 0 with its report cut short — which passed the output check and was published.
+ * The disk under `dir` has no room left: no block this process may write (a user that is not root
+ * may not write the blocks kept for root, as df's 100% has it; root may), or no inode. A program that
+ * tried to write there then was refused, whatever it made of that (a program of someone else's may
+ * crash, or exit 0 with its output cut short). A filesystem that counts no blocks (ramfs, a tmpfs
+ * without a size, some FUSE and network ones) says nothing: it reads as having room.
  */
 function noRoomLeft(dir: string): boolean {
   try {
-    return fs.statfsSync(dir).bavail === 0;
+    return noRoomIn(fs.statfsSync(dir), process.geteuid?.() === 0);
   } catch {
     return false;
   }
 }
+
+/** What noRoomLeft() reads from a filesystem's statfs, for a process that is root or not. */
+export function noRoomIn(
+  s: Pick<fs.StatsFs, "blocks" | "bfree" | "bavail" | "files" | "ffree">,
+  root: boolean,
+): boolean {
+  if (s.blocks === 0) return false;
+  return (root ? s.bfree : s.bavail) === 0 || (s.files > 0 && s.ffree === 0);
+}
+
+/**
+ * The program said an output could not be written for want of room (the three programs' exit 4,
+ * `could not write <output>: <the system's reason>`): a quota, which statfs does not show, or a disk
+ * full for a moment only, included.
+ */
+const saidNoRoom = (r: ProcessResult) =>
+  r.exitCode === 4 && /no space left on device|disk quota exceeded/i.test(r.reportedError ?? "");
 
 /** The scratch disk was full when the program ended (see noRoomLeft): its outcome says nothing. */
 class ScratchFullError extends Error {
@@ -378,13 +396,15 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
         (p) => reportProgress(p.percent, p.message),
         finishing,
       );
-      // The process (and its group) is gone: the next run may start while outputs are checked.
-      releaseSlot();
-      // Thrown, so the worker logs it and retries the run as ANALYSIS_STORAGE_FULL (decide()).
-      if (mayBeDisk(result) && noRoomLeft(place.outputDir))
+      // Thrown, so the worker logs it and retries the run as ANALYSIS_STORAGE_FULL (decide()) — before
+      // the slot is released, or a run claimed ahead would start on the full disk before the worker
+      // holds its claims (a statfs: microseconds).
+      if (mayBeDisk(result) && (saidNoRoom(result) || noRoomLeft(place.outputDir)))
         throw new ScratchFullError(
           `no room left on the worker's scratch disk (${deps.workDir}) when the program ended (exit ${result.exitCode}): its outputs may be cut short`,
         );
+      // The process (and its group) is gone: the next run may start while outputs are checked.
+      releaseSlot();
       const check =
         result.exitCode === 0 &&
         result.result &&

@@ -6,6 +6,7 @@
 // Keys are made by the service, never taken from a user: `files/<fileId>` and
 // `outputs/<taskId>/<runId>.<attempt>.<leaseToken>/<name>`.
 import { createHash } from "node:crypto";
+import os from "node:os";
 import { type Readable, Transform } from "node:stream";
 
 export class PayloadTooLargeError extends Error {
@@ -55,9 +56,12 @@ export function watchPut(
  * neither the request's fault nor a bug, and passes once space is freed.
  */
 export function isNoSpace(err: unknown): boolean {
-  const code = (err as NodeJS.ErrnoException | undefined)?.code;
-  return code === "ENOSPC" || code === "EDQUOT";
+  const { code, errno } = (err ?? {}) as NodeJS.ErrnoException;
+  // libuv has no name for EDQUOT: Node calls it UNKNOWN, with the system's errno (-122 on Linux).
+  return code === "ENOSPC" || code === "EDQUOT" || (errno !== undefined && errno === -EDQUOT);
 }
+
+const EDQUOT = os.constants.errno.EDQUOT ?? Number.NaN;
 
 /** The key names no object. */
 export class ObjectMissingError extends Error {

@@ -67,3 +67,48 @@ for (const [type, output, params] of [
     }
   });
 }
+
+/** strace, to make an output's open fail as a disk quota does (EDQUOT), or undefined. */
+const strace = ["/usr/bin/strace", "/bin/strace"].find((p) => fs.existsSync(p));
+
+for (const [type, output, params] of [
+  ["summary", "summary.json", {}],
+  ["python-stats", "stats.json", { method: "mean" }],
+  ["r-report", "report.html", {}],
+] as const) {
+  test(`${type}: an output refused by a disk quota (EDQUOT) → exit 4 saying so`, {
+    skip: skipUnless(type) || (strace ? false : "strace is not installed"),
+  }, async () => {
+    const p = program(type) as Program;
+    const out = fs.mkdtempSync(path.join(work, "quota-"));
+    // Only the open of that one file fails (-P), as it does for a user over their quota.
+    const r = await runProcess(
+      {
+        executable: strace as string,
+        args: [
+          ...["-f", "-qq", "-o", "/dev/null", "-P", path.join(out, output)],
+          ...["-e", "trace=openat,open,creat", "-e", "inject=openat,open,creat:error=EDQUOT"],
+          ...[
+            p.executable,
+            p.script,
+            "--input",
+            input,
+            "--output-dir",
+            out,
+            "--params",
+            JSON.stringify(params),
+          ],
+        ],
+        cwd: p.cwd,
+        env: childEnv(work),
+      },
+      new AbortController().signal,
+      { killGraceMs: 1000, timeoutMs: 120_000 },
+    );
+    assert.equal(r.exitCode, 4, r.stderrTail);
+    assert.match(
+      r.reportedError ?? "",
+      new RegExp(`^could not write ${output.replace(".", "\\.")}: disk quota exceeded$`, "i"),
+    );
+  });
+}

@@ -95,7 +95,14 @@ export interface RunnerEnv {
   ): Promise<string>;
   worker(
     programs: (Program & { timeoutMs?: number })[],
-    options?: { concurrency?: number; leaseTtlMs?: number; killGraceMs?: number; nice?: number },
+    options?: {
+      concurrency?: number;
+      leaseTtlMs?: number;
+      killGraceMs?: number;
+      nice?: number;
+      /** The claims' hold after a full disk (Worker's storageFullHoldMs): 100 ms here. */
+      storageFullHoldMs?: number;
+    },
   ): Worker;
   /** The HTTP app over this database and data directory (closed with the env); logs into `logs` if given. */
   app(logs?: Record<string, unknown>[]): Promise<FastifyInstance>;
@@ -159,6 +166,7 @@ export async function runnerEnv(
         leaseTtlMs: o.leaseTtlMs ?? 30_000,
         pollIntervalMs: 100,
         retryBaseMs: 50,
+        storageFullHoldMs: o.storageFullHoldMs ?? 100,
         onDiscard: discardAttempt(storage),
         onRecorded: removeLeftovers(storage),
       });

@@ -170,6 +170,31 @@ describe("a full scratch disk", { skip: tmpfsSkip }, () => {
   });
 });
 
+describe("a disk quota, which statfs does not show", { skip: tmpfsSkip }, () => {
+  test("a program that says an output could not be written for want of room (exit 4, as the three programs do) → ANALYSIS_STORAGE_FULL, though the disk shows room", async () => {
+    for (const reason of ["disk quota exceeded", "No space left on device"]) {
+      const prog = writeProgram(
+        scripts,
+        "over-quota",
+        `say({ type: "error", message: ${JSON.stringify(`could not write r.json: ${reason}`)} });
+        process.exit(4);`,
+      );
+      const { run } = await runOne(prog, 2);
+      fullDiskFailure(run);
+      assert.deepEqual(scratchLeft(), []);
+    }
+    // Any other dependency's failure stays the program's word (ANALYSIS_DEPENDENCY_FAILED).
+    const other = writeProgram(
+      scripts,
+      "dependency",
+      `say({ type: "error", message: "the license server did not answer" });
+      process.exit(4);`,
+    );
+    const { run } = await runOne(other, 2);
+    assert.equal(run.error_code, "ANALYSIS_DEPENDENCY_FAILED", run.error_message ?? "");
+  });
+});
+
 describe("a full scratch disk with an S3 store", { skip: tmpfsSkip }, () => {
   test("the input's fetch into the scratch folder fails → retried, ANALYSIS_STORAGE_FULL, the partial input removed", async () => {
     const { createTestBucket } = await import("../helpers/s3.ts");
