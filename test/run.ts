@@ -42,6 +42,8 @@ const SLOW_FILES = [
   "test/integration/upload-faults.test.ts",
   "test/e2e/client-resume.test.ts",
   "test/e2e/dashboard-results-refresh.test.ts",
+  "test/integration/worker-faults.test.ts",
+  "test/integration/downloads-token-cutoff.test.ts",
 ];
 
 const given = process.argv.slice(2);
