@@ -18,6 +18,23 @@ export const REDACT_PATHS = [
   // Node's URL errors carry the URL they could not parse: a DATABASE_URL with its password.
   "err.input",
   "err.cause.input",
+  // Node's HTTP parser errors carry the bytes it refused (`rawPacket`): the request's head, with its
+  // Authorization header and its path (a /view/ link). server.ts's clientErrorHandler logs them (trace).
+  // The AWS SDK copies every field of S3's error body onto the error, and when S3 refuses credentials
+  // it echoes them: the access key id (InvalidAccessKeyId, SignatureDoesNotMatch), the signature and
+  // what was signed (SignatureDoesNotMatch: its canonical request holds the x-amz-security-token
+  // header, a session token), and the session token itself (ExpiredToken, InvalidToken: `Token-0`).
+  // Under any top-level key (`err`, `reason`).
+  ...[
+    ".rawPacket",
+    ".AWSAccessKeyId",
+    ".SignatureProvided",
+    ".StringToSign",
+    ".StringToSignBytes",
+    ".CanonicalRequest",
+    ".CanonicalRequestBytes",
+    '["Token-0"]',
+  ].map((field) => `*${field}`),
 ];
 
 /**
@@ -27,12 +44,16 @@ export const REDACT_PATHS = [
  */
 export function loggedUrl(url: string): string {
   // The first segment as the router reads it: `/%76iew/<link>/…` reaches the view route too. Escapes
-  // decoded one byte at a time (enough to spell `view`), so a bad one elsewhere cannot stop it.
-  const first = /^\/+([^/?#]*)/.exec(url)?.[1] ?? "";
-  const segment = first.replace(/%([0-9a-f]{2})/gi, (_, hex: string) =>
+  // decoded one byte at a time (enough to spell `view`), so a bad one elsewhere cannot stop it. And
+  // the first segment however it is hidden from that reading — after `/./` or `//`, before `%2F` or a
+  // `;` parameter, in an absolute-form target (`http://host/view/…`): such a request reaches no route
+  // and is logged at `info`, but the link it carries is as good as ever.
+  const target = url.replace(/^[a-z][a-z0-9+.-]*:\/\/[^/?#]*/i, "").split(/[?#]/, 1)[0] ?? "";
+  const path = target.replace(/%([0-9a-f]{2})/gi, (_, hex: string) =>
     String.fromCharCode(Number.parseInt(hex, 16)),
   );
-  return segment.toLowerCase() === "view" ? "/view/[redacted]" : url;
+  const first = path.split("/").find((s) => s !== "" && s !== "." && s !== "..") ?? "";
+  return first.split(";", 1)[0]?.toLowerCase() === "view" ? "/view/[redacted]" : url;
 }
 
 /**
