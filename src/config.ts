@@ -426,6 +426,10 @@ function databaseUrlError(url: string): string | undefined {
     // It takes each host up to its first `:`: `[::1]:5432` is the host `[` (getaddrinfo ENOTFOUND).
     if (host.includes("["))
       return "has an IPv6 address in brackets, which PostgreSQL's client cannot connect to: give the database a host name (one in /etc/hosts will do)";
+    // With several hosts it takes the credentials up to the first `@`: the rest of a password with an
+    // `@` in it became the first host's name, printed by every connection error.
+    if (host.includes(",") && host.includes("@"))
+      return "has an @ in its user name or password that is not percent-encoded: write it %40";
     return undefined;
   } catch {
     return "is not a URL PostgreSQL's client can read: check the host and port, and percent-encode any of : / @ # ? % in the user name and password";

@@ -29,7 +29,7 @@ const HELP = {
   api: `Usage: assay api [--dev-token]
 
 Serves the HTTP API on $HOST:$PORT. Never runs analysis processes.
-  --dev-token   create an admin token for user "dev" and print it with a curl example`,
+  --dev-token   create an admin token for user "dev" (good for 30 days) and print it with a curl example`,
   worker: `Usage: assay worker [--concurrency N]
 
 Runs a worker: it claims analysis runs from the queue and executes them.
@@ -38,7 +38,7 @@ Runs a worker: it claims analysis runs from the queue and executes them.
 
 API and worker in one process, for development (\`make dev\`).
   --concurrency N   analysis processes the worker runs at once (default 4)
-  --dev-token       create an admin token for user "dev" and print it with a curl example`,
+  --dev-token       create an admin token for user "dev" (good for 30 days) and print it with a curl example`,
 } as const;
 
 /**
@@ -61,6 +61,9 @@ const PERMANENT_LOCAL_ERRORS = new Set([
   "ELOOP",
   "ENAMETOOLONG",
 ]);
+
+/** How long the token `--dev-token` makes works: a development session, not for ever. */
+const DEV_TOKEN_DAYS = 30;
 
 /**
  * The bound on a shutdown, after which the process exits 1 (the reaper covers what that leaves): the
@@ -369,7 +372,9 @@ export async function serveCommand(
       step();
     }
     if ((values as { "dev-token"?: boolean })["dev-token"] && server) {
-      const { token } = await tokenCreate(database.sql, "dev", "admin");
+      // A token per start, each good for DEV_TOKEN_DAYS: a development database restarted daily
+      // collected an admin token a day that worked for ever.
+      const { token } = await tokenCreate(database.sql, "dev", "admin", DEV_TOKEN_DAYS * 86_400);
       const address = `http://${linkHost(cfg.host)}:${(server.server.address() as { port: number }).port}`;
       console.log(
         [

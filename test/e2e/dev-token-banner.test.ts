@@ -50,6 +50,11 @@ test("the --dev-token banner prints working URLs for IPv6 and listen-on-all HOST
       assert.equal((await fetch(link as string)).status, 200, host);
       const listed = await fetch(curlUrl as string, { headers: { authorization: `Bearer ${token}` } });
       assert.equal(listed.status, 200, host);
+      // Good for 30 days, not for ever (a start a day left an admin token a day that never expired).
+      const [made] = await db.sql<{ days: number }[]>`
+        select extract(epoch from expires_at - created_at)::float8 / 86400 as days
+        from api_tokens order by id desc limit 1`;
+      assert.ok(made && Math.abs(made.days - 30) < 0.01, `${host}: ${JSON.stringify(made)}`);
     } finally {
       child.kill("SIGTERM");
     }

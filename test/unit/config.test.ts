@@ -195,13 +195,37 @@ test("a DATABASE_URL the PostgreSQL client cannot read is refused at start-up, n
       url,
     );
   }
-  // What the client does read: several hosts, an @ in the password, no host at all (PGHOST).
+  // What the client does read: several hosts with an escaped @ in the password, an unescaped one with
+  // one host (the URL parser takes the last @), no host at all (PGHOST).
   for (const url of [
-    "postgres://assay:p@ss@db1:5432,db2:5433/assay?sslmode=require",
+    "postgres://assay:p%40ss@db1:5432,db2:5433/assay?sslmode=require",
+    "postgres://assay:p@ss@db1:5432/assay",
     "postgresql://assay:%23%25@db-ünï.internal:5432/assay",
     "postgres:///assay",
   ]) {
     assert.equal(loadConfig({ DATABASE_URL: url }).databaseUrl, url);
+  }
+});
+
+test("a DATABASE_URL of several hosts with an unescaped @ in its password is refused: the rest of the password became the first host", () => {
+  // postgres.js takes the credentials up to the first @ when there are several hosts: the first host
+  // was `ss@db1`, and every connection error printed that part of the password.
+  for (const url of [
+    "postgres://assay:p@ss@db1:5432,db2:5433/assay?sslmode=require",
+    "postgres://u:S3CR@ET@h1,h2/db",
+  ]) {
+    assert.throws(
+      () => loadConfig({ DATABASE_URL: url }),
+      (err: unknown) =>
+        err instanceof ConfigError &&
+        err.problems.length === 1 &&
+        (err.problems[0] ?? "").endsWith(
+          ": has an @ in its user name or password that is not percent-encoded: write it %40",
+        ) &&
+        !err.message.includes("S3CR") &&
+        !err.message.includes("p@ss"),
+      url,
+    );
   }
 });
 
