@@ -20,7 +20,7 @@ import { createLogger, type Logger } from "../log.ts";
 import { MIN_DRAIN_MS } from "../runner/run-process.ts";
 import { LocalStore } from "../storage/local.ts";
 import { openStore } from "../storage/open.ts";
-import type { ObjectStore } from "../storage/store.ts";
+import { type ObjectStore, StoreConfigError } from "../storage/store.ts";
 import { timerDelay } from "../timers.ts";
 import { need, parse, UsageError } from "./usage.ts";
 import { startWorkerRuntime, type WorkerRuntime } from "./worker-runtime.ts";
@@ -90,6 +90,9 @@ async function waitForStore(store: ObjectStore, logger: Logger, signal: AbortSig
       if (attempt > 1) logger.info({ storage: store.kind }, "object store reachable");
       return;
     } catch (err) {
+      // Settings that cannot work (no region): time mends nothing, and the process said so only in a
+      // warning repeated for ever.
+      if (err instanceof StoreConfigError) throw err;
       const code = (err as NodeJS.ErrnoException).code;
       if (store instanceof LocalStore && code !== undefined && PERMANENT_LOCAL_ERRORS.has(code)) {
         throw new Error(

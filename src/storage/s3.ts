@@ -31,6 +31,7 @@ import {
   type PutResult,
   RangeNotSatisfiableError,
   rangeIn,
+  StoreConfigError,
   watchPut,
 } from "./store.ts";
 
@@ -384,17 +385,23 @@ export class S3Store implements ObjectStore {
         (err as { $response?: { headers?: Record<string, string> } }).$response?.headers?.[
           "x-amz-bucket-region"
         ] ?? (err as { Region?: unknown }).Region;
-      message =
-        typeof region === "string" && region !== ""
-          ? `the bucket ${bucket} is in the region ${region}: set ASSAY_S3_REGION=${region}`
-          : `the store refused to look at the bucket ${bucket}${this.where} (HTTP ${status}): check ASSAY_S3_REGION and ASSAY_S3_FORCE_PATH_STYLE`;
+      if (typeof region === "string" && region !== "")
+        return new StoreConfigError(
+          `the bucket ${bucket} is in the region ${region}: set ASSAY_S3_REGION=${region}`,
+          {
+            cause: err,
+          },
+        );
+      message = `the store refused to look at the bucket ${bucket}${this.where} (HTTP ${status}): check ASSAY_S3_REGION and ASSAY_S3_FORCE_PATH_STYLE`;
     } else if (status !== undefined && status >= 200 && status < 300)
       // A 2xx whose body the SDK could not read as S3's (an HTML page).
       message = this.notS3();
     else if (name === "AbortError" || name === "TimeoutError")
       message = `the store${this.where} did not answer within ${this.checkTimeoutMs} ms`;
     else if (err instanceof Error && /^Region is missing/.test(err.message))
-      message = "the AWS SDK found no region: set ASSAY_S3_REGION (or AWS_REGION)";
+      return new StoreConfigError("the AWS SDK found no region: set ASSAY_S3_REGION (or AWS_REGION)", {
+        cause: err,
+      });
     return message === undefined ? err : new Error(message, { cause: err });
   }
 

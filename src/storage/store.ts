@@ -63,6 +63,18 @@ export function isNoSpace(err: unknown): boolean {
 
 const EDQUOT = os.constants.errno.EDQUOT ?? Number.NaN;
 
+/**
+ * The store's settings cannot work, whatever time does (no region for the AWS SDK, the bucket in
+ * another region than the one set): start-up says so and exits, as for a database's wrong password,
+ * instead of waiting for the store for ever.
+ */
+export class StoreConfigError extends Error {
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "StoreConfigError";
+  }
+}
+
 /** The key names no object. */
 export class ObjectMissingError extends Error {
   readonly key: string;

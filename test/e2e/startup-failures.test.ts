@@ -217,3 +217,30 @@ test("a port that is taken fails assay worker and assay all before they claim an
     await own.close();
   }
 });
+
+test("an S3 store the AWS SDK finds no region for: exits 1 at once, naming ASSAY_S3_REGION, instead of waiting for it", async () => {
+  const { createTestBucket } = await import("../helpers/s3.ts");
+  const bucket = await createTestBucket();
+  try {
+    for (const mode of ["worker", "api"]) {
+      const env = cleanEnv({
+        DATABASE_URL: db.url,
+        ASSAY_DATA_DIR: path.join(home, `no-region-${mode}`),
+        PORT: "0",
+        LOG_LEVEL: "info",
+        ...bucket.env,
+        // Nowhere to find a region: no variable, no ~/.aws/config.
+        HOME: home,
+        AWS_CONFIG_FILE: path.join(home, "no-such-aws-config"),
+      });
+      delete env.AWS_REGION;
+      delete env.AWS_DEFAULT_REGION;
+      const exit = await exitWithin(spawnCli([mode], env), `assay ${mode}`);
+      assert.equal(exit.code, 1, `${mode}: ${exit.stderr}`);
+      assert.match(exit.stderr, /the AWS SDK found no region: set ASSAY_S3_REGION \(or AWS_REGION\)/, mode);
+      assert.doesNotMatch(exit.stdout, /object store unreachable; waiting/, mode);
+    }
+  } finally {
+    await bucket.drop();
+  }
+});
