@@ -10,7 +10,7 @@ import { analysisTypes, runsOf, taskCreate } from "../client/api.ts";
 import { checkDownloadPaths, folderNames, foldersFromLabels } from "../client/download.ts";
 import { ClientUsageError, EXIT, Interrupted, messageOf, PathConflict } from "../client/exit.ts";
 import { type ApiClient, ApiRequestError, ConnectionError, retryPause } from "../client/http.ts";
-import type { LocalInput } from "../client/inputs.ts";
+import type { ListedInput, LocalInput } from "../client/inputs.ts";
 import { listInputs } from "../client/inputs.ts";
 import { bytes, fit, seconds, shown } from "../client/output.ts";
 import { type JsonSchema, knownParams, paramProblems, parseParams } from "../client/params.ts";
@@ -154,13 +154,8 @@ interface Sent {
 
 type Bars = import("../client/tty.ts").UploadBars | undefined;
 
-async function hashAll(
-  ctx: ClientContext,
-  listed: { path: string; label: string }[],
-  bars: Bars,
-  concurrency: number,
-) {
-  const total = listed.reduce((a, f) => a + fs.statSync(f.path).size, 0);
+async function hashAll(ctx: ClientContext, listed: ListedInput[], bars: Bars, concurrency: number) {
+  const total = listed.reduce((a, f) => a + fs.statSync(f.file ?? f.path).size, 0);
   const hashed = bars?.hashing(total, listed.length);
   let doneBytes = 0;
   let doneFiles = 0;
@@ -221,11 +216,7 @@ async function uploadAll(
 }
 
 /** Hashes, finds copies, uploads the rest: one record per input, in order. */
-async function sendFiles(
-  ctx: ClientContext,
-  listed: { path: string; label: string }[],
-  concurrency: number,
-): Promise<Sent> {
+async function sendFiles(ctx: ClientContext, listed: ListedInput[], concurrency: number): Promise<Sent> {
   const t0 = performance.now();
   const bars: Bars = ctx.out.tty
     ? new (await import("../client/tty.ts")).UploadBars(ctx.out.stream)

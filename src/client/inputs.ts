@@ -1,39 +1,85 @@
 // The local files a submit sends: the paths given, directories walked (hidden entries skipped), each
 // hashed once. Every input keeps the path it is shown and stored under (`label`): a file given by
 // itself is its base name, a file found in a directory its path inside that directory (with more
-// than one path given, prefixed by the directory's own name).
+// than one path given, prefixed by the directory's own name). A directory is read as bytes: a name
+// that is not UTF-8 (`caf\xE9.csv`, from a Latin-1 system or an old Windows share) is labelled with
+// each byte outside UTF-8 as `%XX` (`caf%E9.csv`) and opened by its own bytes (`file`).
+import { isUtf8 } from "node:buffer";
 import { createHash } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { storedFileName } from "../files/file-name.ts";
 import { ClientUsageError } from "./exit.ts";
 
-export interface LocalInput {
-  /** Absolute path on disk. */
+/** A local file found for a submit. */
+export interface ListedInput {
+  /** Absolute path, as shown: a name that is not UTF-8 as its label shows it. */
   path: string;
   /** Relative, "/"-separated: where its outputs go under --out. */
   label: string;
+  /** What is opened, when not `path`: its bytes (a walked file), which a name that is not UTF-8 needs. */
+  file?: Buffer;
+}
+
+export interface LocalInput extends ListedInput {
   sizeBytes: number;
   sha256: string;
 }
 
-const isHidden = (name: string) => name.startsWith(".");
+const isHidden = (name: Buffer) => name[0] === 0x2e;
 
-/** Files under `dir` (recursively, sorted by name, hidden entries and symlinked directories skipped). */
-function walk(dir: string, prefix: string, out: { path: string; label: string }[]): void {
-  const entries = fs.readdirSync(dir, { withFileTypes: true }).sort((a, b) => (a.name < b.name ? -1 : 1));
-  for (const entry of entries) {
+/** A UTF-8 sequence's length by its first byte; 0 for a byte no sequence starts with. */
+const sequenceLength = (b: number) =>
+  b < 0x80 ? 1 : b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3 : b >= 0xf0 && b <= 0xf4 ? 4 : 0;
+
+/**
+ * A file name's bytes as text: UTF-8 as it is, each byte outside it as `%XX` (`caf\xE9.csv` is
+ * `caf%E9.csv`). Node decodes such a byte as U+FFFD, and a path so decoded names no file (ENOENT),
+ * or another file: `caf\xE9.csv`, `caf\xEA.csv` and `caf\uFFFD.csv` were one. Every name keeps its
+ * own text, the same on every submit.
+ */
+export function nameText(name: Buffer): string {
+  if (isUtf8(name)) return name.toString("utf8");
+  let text = "";
+  for (let i = 0; i < name.length; ) {
+    const n = sequenceLength(name[i] as number);
+    if (n > 0 && i + n <= name.length && isUtf8(name.subarray(i, i + n))) {
+      text += name.toString("utf8", i, i + n);
+      i += n;
+    } else {
+      text += `%${(name[i] as number).toString(16).toUpperCase().padStart(2, "0")}`;
+      i++;
+    }
+  }
+  return text;
+}
+
+const SEP = Buffer.from(path.sep);
+
+/**
+ * Files under `dir` (recursively, sorted by name, hidden entries and symlinked directories skipped),
+ * read as bytes: `dir` is the directory's own bytes, `shownDir` its path as shown.
+ */
+function walk(dir: Buffer, shownDir: string, prefix: string, out: ListedInput[]): void {
+  const entries = fs
+    .readdirSync(dir, { withFileTypes: true, encoding: "buffer" })
+    .map((entry) => ({ entry, text: nameText(entry.name) }))
+    .sort((a, b) =>
+      a.text < b.text ? -1 : a.text > b.text ? 1 : Buffer.compare(a.entry.name, b.entry.name),
+    );
+  for (const { entry, text } of entries) {
     if (isHidden(entry.name)) continue;
-    const full = path.join(dir, entry.name);
-    const label = prefix ? `${prefix}/${entry.name}` : entry.name;
-    if (entry.isDirectory()) walk(full, label, out);
+    const full = Buffer.concat([dir, SEP, entry.name]);
+    const shown = path.join(shownDir, text);
+    const label = prefix ? `${prefix}/${text}` : text;
+    if (entry.isDirectory()) walk(full, shown, label, out);
     else if (entry.isFile() || (entry.isSymbolicLink() && statOrNull(full)?.isFile())) {
-      out.push({ path: full, label });
+      out.push({ path: shown, label, file: full });
     }
   }
 }
 
-function statOrNull(p: string): fs.Stats | null {
+function statOrNull(p: string | Buffer): fs.Stats | null {
   try {
     return fs.statSync(p);
   } catch {
@@ -42,20 +88,23 @@ function statOrNull(p: string): fs.Stats | null {
 }
 
 /** The files named by `args` (files and directories), each once, in the order given. */
-export function listInputs(args: string[]): { path: string; label: string }[] {
+export function listInputs(args: string[]): ListedInput[] {
   if (args.length === 0) throw new ClientUsageError("name at least one file or directory to submit");
-  const found: { path: string; label: string }[] = [];
+  const found: ListedInput[] = [];
   for (const arg of args) {
-    const stat = statOrNull(arg);
-    if (!stat) throw new ClientUsageError(`no such file or directory: ${arg}`);
-    const dir = path.resolve(arg);
-    if (stat.isDirectory()) walk(dir, args.length > 1 ? path.basename(dir) : "", found);
-    else if (stat.isFile()) found.push({ path: path.resolve(arg), label: path.basename(arg) });
+    const named = fromCommandLine(arg);
+    const stat = named && statOrNull(named.file ?? named.path);
+    if (!named || !stat) throw new ClientUsageError(`no such file or directory: ${arg}${notUtf8(arg)}`);
+    if (stat.isDirectory())
+      walk(named.file ?? Buffer.from(named.path), named.path, args.length > 1 ? named.label : "", found);
+    else if (stat.isFile()) found.push(named);
     else throw new ClientUsageError(`not a regular file or directory: ${arg}`);
   }
   const seen = new Set<string>();
   const inputs = found.filter((f) => {
-    const real = fs.realpathSync(f.path);
+    // As bytes, by the system's realpath: names that are not UTF-8 differ only there, and
+    // fs.realpathSync (not .native) decodes every name on the way as UTF-8 even when asked for bytes.
+    const real = fs.realpathSync.native(f.file ?? f.path, { encoding: "buffer" }).toString("latin1");
     if (seen.has(real)) return false;
     seen.add(real);
     return true;
@@ -63,6 +112,40 @@ export function listInputs(args: string[]): { path: string; label: string }[] {
   if (inputs.length === 0) throw new ClientUsageError(`no files found in ${args.join(", ")}`);
   return uniqueLabels(inputs);
 }
+
+/**
+ * The file or directory a path from the command line names. Node reads the command line as UTF-8,
+ * so a name that is not (`data/*.csv` passes `caf\xE9.csv` as it is) arrives with U+FFFD in place of
+ * its bytes and names nothing: it is then the one name in its folder that Node reads so, labelled
+ * as a walk labels it. Two such names are refused: which one was meant cannot be told.
+ */
+function fromCommandLine(arg: string): ListedInput | undefined {
+  const full = path.resolve(arg);
+  if (statOrNull(arg)) return { path: full, label: path.basename(full) };
+  if (!arg.includes("\ufffd")) return undefined;
+  const dir = path.dirname(full);
+  let names: Buffer[];
+  try {
+    names = fs.readdirSync(dir, { encoding: "buffer" });
+  } catch {
+    return undefined;
+  }
+  const alike = names.filter((name) => name.toString() === path.basename(full));
+  if (alike.length > 1)
+    throw new ClientUsageError(
+      `${arg} names ${alike.length} files whose names are not UTF-8 (${alike.map(nameText).join(", ")}): give the folder that holds them`,
+    );
+  const name = alike[0];
+  if (name === undefined) return undefined;
+  const label = nameText(name);
+  return { path: path.join(dir, label), label, file: Buffer.concat([Buffer.from(dir), SEP, name]) };
+}
+
+/** Why a path from the command line with U+FFFD may name nothing (fromCommandLine found no file). */
+const notUtf8 = (arg: string) =>
+  arg.includes("\ufffd")
+    ? " (a folder whose name is not UTF-8 cannot be named on the command line: give the folder that holds it)"
+    : "";
 
 /** Two inputs with one label (a.csv from two directories) get " (2)", " (3)"… after the second. */
 function uniqueLabels<T extends { label: string }>(inputs: T[]): T[] {
@@ -77,7 +160,7 @@ function uniqueLabels<T extends { label: string }>(inputs: T[]): T[] {
 
 /** Size and SHA-256 of a file: read whole when small, streamed when not. */
 export async function hashFile(
-  file: string,
+  file: string | Buffer,
   signal?: AbortSignal,
 ): Promise<{ sizeBytes: number; sha256: string }> {
   const hash = createHash("sha256");

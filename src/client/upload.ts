@@ -16,18 +16,18 @@ import {
   type Uploader,
   withRetries,
 } from "./http.ts";
-import { hashFile, type LocalInput, serverName } from "./inputs.ts";
+import { hashFile, type ListedInput, type LocalInput, serverName } from "./inputs.ts";
 import { mapLimit } from "./pool.ts";
 
 /** Hashes every input (`onHashed` after each), `concurrency` at a time. */
 export async function hashInputs(
-  listed: { path: string; label: string }[],
+  listed: ListedInput[],
   concurrency: number,
   signal: AbortSignal,
   onHashed?: (bytes: number) => void,
 ): Promise<LocalInput[]> {
   return mapLimit(listed, concurrency, async (f) => {
-    const h = await hashFile(f.path, signal);
+    const h = await hashFile(f.file ?? f.path, signal);
     onHashed?.(h.sizeBytes);
     return { ...f, ...h };
   });
@@ -231,13 +231,13 @@ async function uploadOnce(
     await write(head);
     // A small file in one read (one request to the thread pool instead of open, reads and close).
     if (input.sizeBytes <= SMALL_FILE) {
-      const bytes = await fs.promises.readFile(input.path, { signal });
+      const bytes = await fs.promises.readFile(input.file ?? input.path, { signal });
       if (bytes.length !== input.sizeBytes) throw changed();
       await send(write, bytes);
     } else {
       let read = 0;
       // `end` is inclusive: at most one byte past the hashed size is read, enough to see growth.
-      const stream = fs.createReadStream(input.path, {
+      const stream = fs.createReadStream(input.file ?? input.path, {
         highWaterMark: 256 * 1024,
         signal,
         end: input.sizeBytes,
