@@ -39,8 +39,8 @@ const MAX_PARAM_LENGTH = 16 * 1024;
 const BAD_REQUEST = JSON.stringify({ code: "BAD_REQUEST", message: PUBLIC_MESSAGES.BAD_REQUEST });
 
 /**
- * What Fastify's default clientErrorHandler does (answer a request Node's parser refused, then drop
- * the socket), with our envelope instead of Fastify's `{error, message, statusCode}`: a request head
+ * What Node's default clientErrorHandler does (answer a request Node's parser refused, then drop the
+ * socket), with our envelope instead of Fastify's `{error, message, statusCode}`: a request head
  * over Node's limit (431), one that is not HTTP (400) or one that took too long (408).
  */
 function clientErrorHandler(this: FastifyInstance, err: Error & { code?: string }, socket: Socket) {
@@ -48,10 +48,15 @@ function clientErrorHandler(this: FastifyInstance, err: Error & { code?: string 
   const status =
     err.code === "ERR_HTTP_REQUEST_TIMEOUT" ? 408 : err.code === "HPE_HEADER_OVERFLOW" ? 431 : 400;
   this.log.trace({ err }, "client error");
-  if (socket.writable) {
+  // A refused request pipelined behind one whose answer has begun (an event stream, a download) gets
+  // no answer of its own, as with Node's default handler: written into that answer's body, it was
+  // taken for part of the stream or the file (until 2026-12-06). The socket is destroyed all the same.
+  const answering = (socket as Socket & { _httpMessage?: http.ServerResponse })._httpMessage;
+  if (socket.writable && !answering?.headersSent) {
     socket.write(
       `HTTP/1.1 ${status} ${http.STATUS_CODES[status]}\r\nContent-Length: ${Buffer.byteLength(BAD_REQUEST)}\r\n` +
-        `Content-Type: application/json; charset=utf-8\r\nConnection: close\r\n\r\n${BAD_REQUEST}`,
+        `Content-Type: application/json; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\n` +
+        `Connection: close\r\n\r\n${BAD_REQUEST}`,
     );
   }
   socket.destroy(err);
@@ -60,9 +65,11 @@ function clientErrorHandler(this: FastifyInstance, err: Error & { code?: string 
 /**
  * A URL the router cannot decode (`%zz`) is refused before any route or hook: Fastify's own answer was
  * not an envelope and echoed the path. The path stays out of the log too (a /view/ link is a
- * capability).
+ * capability). No `onSend` hook runs here: the headers every answer carries (app.ts) are set here, and
+ * `no-store` whatever the path (until 2026-12-06 this answer went without either).
  */
 function frameworkError(err: FastifyError, request: FastifyRequest, reply: FastifyReply) {
+  reply.header("x-content-type-options", "nosniff").header("cache-control", "no-store");
   const status = err.statusCode ?? 500;
   if (status >= 500) {
     request.log.error({ code: err.code }, "request failed");
@@ -70,6 +77,39 @@ function frameworkError(err: FastifyError, request: FastifyRequest, reply: Fasti
   }
   request.log.info({ code: "BAD_REQUEST", cause: err.code }, "request rejected");
   return reply.status(status).send({ code: "BAD_REQUEST", message: PUBLIC_MESSAGES.BAD_REQUEST });
+}
+
+/**
+ * `Expect: 100-continue` (curl sends it with every body over 1 MiB): Node answered `100 Continue` to
+ * every such request before any route or hook ran, so a client with a bad token or a body over the limit
+ * sent its whole body to be discarded after the 401 or 413 — and the connection, kept alive, then waited
+ * for a body it would never get. Here the interim answer waits until the request has passed routing and
+ * authentication (the `onRequest` hooks) and its body is wanted (`preParsing`); an answer before that
+ * goes out without it, and Node closes the connection after it (`Connection: close`). A JSON body whose
+ * `Content-Length` is over the route's limit is refused the same, unread (Fastify's 413).
+ */
+function deferContinue(fastify: FastifyInstance): void {
+  const awaiting = new WeakSet<http.IncomingMessage>();
+  fastify.server.on("checkContinue", (req: http.IncomingMessage, res: http.ServerResponse) => {
+    awaiting.add(req);
+    fastify.server.emit("request", req, res);
+  });
+  // Another expectation than 100-continue: Node's own 417 had no body; the same answer in the envelope.
+  fastify.server.on("checkExpectation", (_req: http.IncomingMessage, res: http.ServerResponse) => {
+    res.writeHead(417, {
+      "content-type": "application/json; charset=utf-8",
+      "content-length": Buffer.byteLength(BAD_REQUEST),
+      "x-content-type-options": "nosniff",
+    });
+    res.end(BAD_REQUEST);
+  });
+  fastify.addHook("preParsing", (request, reply, payload, done) => {
+    if (awaiting.delete(request.raw)) {
+      const length = Number(request.headers["content-length"]);
+      if (!(length > request.routeOptions.bodyLimit && !request.isMultipart())) reply.raw.writeContinue();
+    }
+    done(null, payload);
+  });
 }
 
 /** Builds the app; it owns its event hub (one LISTEN connection, opened on the first stream). */
@@ -98,11 +138,14 @@ export async function buildServer(
       },
     },
     return503OnClosing: true,
+    // Checked by app.ts, which answers a request without a Host in the envelope.
+    http: { requireHostHeader: false },
     routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
     frameworkErrors: frameworkError,
     clientErrorHandler,
     schemaController: { compilersFactory: lazyCompilers({ coerceBodies: false }) },
   });
+  deferContinue(fastify);
   const tokens = new TokenCache();
   // Listens before the event hub does, so an entry is dropped before a stream delivers its event.
   const tasks = new TaskCache();
