@@ -8,7 +8,24 @@ import { ApiError, type ErrorCode, PUBLIC_MESSAGES } from "./errors.ts";
 const TOO_LARGE = new Set(["FST_ERR_CTP_BODY_TOO_LARGE", "FST_REQ_FILE_TOO_LARGE", "FST_FILES_LIMIT"]);
 const BAD_JSON = new Set(["FST_ERR_CTP_INVALID_JSON_BODY", "FST_ERR_CTP_EMPTY_JSON_BODY"]);
 
-function classify(err: FastifyError): { status: number; code: ErrorCode; message: string } {
+/**
+ * The query field sent more than once (`?status=queued&status=running`) that failed validation, if
+ * any: no query field takes a list, and the schema's message for it ("must be one of queued, running,
+ * …" when both were allowed values, "must be integer") did not say what was wrong.
+ */
+function repeatedQueryField(err: FastifyError, query: unknown): string | undefined {
+  if (err.validationContext !== "querystring" || typeof query !== "object" || query === null) return;
+  for (const v of err.validation ?? []) {
+    const field = v.instancePath.split("/")[1];
+    if (field && Array.isArray((query as Record<string, unknown>)[field])) return field;
+  }
+  return undefined;
+}
+
+function classify(
+  err: FastifyError,
+  request: FastifyRequest,
+): { status: number; code: ErrorCode; message: string } {
   if (err instanceof ApiError) return { status: err.statusCode, code: err.code, message: err.publicMessage };
   if (err.validation?.some((v) => v.keyword === "discriminator" && v.instancePath === "")) {
     // The create body's union has no branch for this analysisType (or it is not a string; a missing
@@ -18,6 +35,11 @@ function classify(err: FastifyError): { status: number; code: ErrorCode; message
       code: "ANALYSIS_TYPE_UNSUPPORTED",
       message: PUBLIC_MESSAGES.ANALYSIS_TYPE_UNSUPPORTED,
     };
+  }
+  const repeated = repeatedQueryField(err, request.query);
+  if (repeated !== undefined) {
+    const name = repeated.length > 64 ? `${repeated.slice(0, 64)}…` : repeated;
+    return { status: 400, code: "VALIDATION_FAILED", message: `querystring/${name} may be given only once.` };
   }
   if (err.validation) {
     // Ajv's message for an unknown field names where it is, not the field ("body must NOT have
@@ -69,7 +91,7 @@ function classify(err: FastifyError): { status: number; code: ErrorCode; message
 }
 
 export function errorHandler(err: FastifyError, request: FastifyRequest, reply: FastifyReply) {
-  const { status, code, message } = classify(err);
+  const { status, code, message } = classify(err, request);
   if (status >= 500) request.log.error({ err }, "request failed");
   else
     request.log.info(
