@@ -48,12 +48,25 @@ export function loggedUrl(url: string): string {
   // the first segment however it is hidden from that reading — after `/./` or `//`, before `%2F` or a
   // `;` parameter, in an absolute-form target (`http://host/view/…`): such a request reaches no route
   // and is logged at `info`, but the link it carries is as good as ever.
+  // Dot segments resolved as a client or proxy would (`/a/../view/…`), and escapes decoded until
+  // nothing changes (at most a few rounds: `%252F` is `%2F`, then `/`).
   const target = url.replace(/^[a-z][a-z0-9+.-]*:\/\/[^/?#]*/i, "").split(/[?#]/, 1)[0] ?? "";
-  const path = target.replace(/%([0-9a-f]{2})/gi, (_, hex: string) =>
-    String.fromCharCode(Number.parseInt(hex, 16)),
-  );
-  const first = path.split("/").find((s) => s !== "" && s !== "." && s !== "..") ?? "";
-  return first.split(";", 1)[0]?.toLowerCase() === "view" ? "/view/[redacted]" : url;
+  let path = target;
+  for (let round = 0; round < 4; round++) {
+    const decoded = path.replace(/%([0-9a-f]{2})/gi, (_, hex: string) =>
+      String.fromCharCode(Number.parseInt(hex, 16)),
+    );
+    if (decoded === path) break;
+    path = decoded;
+  }
+  const segments: string[] = [];
+  for (const segment of path.split("/")) {
+    const bare = segment.split(";", 1)[0] ?? "";
+    if (bare === "" || bare === ".") continue;
+    if (bare === "..") segments.pop();
+    else segments.push(bare);
+  }
+  return segments[0]?.toLowerCase() === "view" ? "/view/[redacted]" : url;
 }
 
 /**

@@ -121,8 +121,10 @@ export function listInputs(args: string[]): ListedInput[] {
  */
 function fromCommandLine(arg: string): ListedInput | undefined {
   const full = path.resolve(arg);
-  if (statOrNull(arg)) return { path: full, label: path.basename(full) };
-  if (!arg.includes("\ufffd")) return undefined;
+  if (!arg.includes("\ufffd"))
+    return statOrNull(arg) ? { path: full, label: path.basename(full) } : undefined;
+  // Looked for among the folder's names first, a name that is U+FFFD itself among them: stat() alone
+  // took that file for the one meant, whose name Node reads the same.
   const dir = path.dirname(full);
   let names: Buffer[];
   try {
@@ -130,10 +132,10 @@ function fromCommandLine(arg: string): ListedInput | undefined {
   } catch {
     return undefined;
   }
-  const alike = names.filter((name) => name.toString() === path.basename(full));
+  const alike = names.filter((name) => name.toString() === path.basename(full)).sort(Buffer.compare);
   if (alike.length > 1)
     throw new ClientUsageError(
-      `${arg} names ${alike.length} files whose names are not UTF-8 (${alike.map(nameText).join(", ")}): give the folder that holds them`,
+      `${arg} could be any of ${alike.length} files whose names read alike (${alike.map(nameText).join(", ")}): give the folder that holds them`,
     );
   const name = alike[0];
   if (name === undefined) return undefined;

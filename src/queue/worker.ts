@@ -588,7 +588,13 @@ export class Worker {
     const base = this.claimableSlots() - this.buffer.length - (this.newcomerFlight ? 1 : 0);
     let claimed = 0;
     const start = this.rotation++;
-    for (let i = 0; i < this.typeNames.length && !this.stopping; i++) {
+    // A hold that begins during the pass (an attempt ends while a type's claim is in flight) ends it:
+    // the other types' runs would only be claimed to be given back.
+    for (
+      let i = 0;
+      i < this.typeNames.length && !this.stopping && performance.now() >= this.claimsHeldUntil;
+      i++
+    ) {
       const type = this.typeNames[(start + i) % this.typeNames.length] as string;
       // Its last claim found nothing less than a poll interval ago, and no wake-up of the type has
       // come since (see drained): a slot freed by one of its last runs would claim nothing but a

@@ -6,8 +6,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { BrowserContext } from "playwright-core";
 import { tokenCreate, tokenRevoke } from "../../src/auth/tokens.ts";
-import { browserSkip, dashboardSuite, uploadFile } from "../helpers/browser.ts";
-import { waitFor } from "../helpers/queue.ts";
+import { browserSkip, dashboardSuite, tokenRefused, uploadFile } from "../helpers/browser.ts";
 
 const skip = browserSkip;
 
@@ -18,18 +17,8 @@ async function newContext(): Promise<BrowserContext> {
   return s.browser.newContext({ viewport: { width: 1280, height: 900 } });
 }
 
-/**
- * Once the API refuses revoked `token`. Its token cache drops a token when the revoke's notification
- * arrives: a page's next request must come after that, or it is served and nothing on the page asks again.
- */
-async function refused(token: string): Promise<void> {
-  await waitFor(
-    async () =>
-      (await fetch(`${s.base}/api/me`, { headers: { authorization: `Bearer ${token}` } })).status === 401,
-    30_000,
-    "the API to refuse the revoked token",
-  );
-}
+/** Once the API refuses revoked `token` (its token cache has heard of the revoke). */
+const refused = (token: string) => tokenRefused(s.base, token);
 
 /** A queued summary task of `token`'s user over one file named `name`; its id. */
 async function queuedTask(token: string, name: string): Promise<string> {

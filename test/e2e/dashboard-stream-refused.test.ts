@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { tokenCreate, tokenRevoke } from "../../src/auth/tokens.ts";
-import { browserSkip, dashboardSuite, uploadFile, watchPage } from "../helpers/browser.ts";
+import { browserSkip, dashboardSuite, tokenRefused, uploadFile, watchPage } from "../helpers/browser.ts";
 import { waitFor } from "../helpers/queue.ts";
 import { startTcpProxy } from "../helpers/tcp-proxy.ts";
 
@@ -16,14 +16,7 @@ const s = dashboardSuite({ ASSAY_SSE_HEARTBEAT_MS: "1000" });
 const { problems } = s;
 
 /** Once the API refuses revoked `token` (its token cache has heard of the revoke). */
-async function refused(token: string): Promise<void> {
-  await waitFor(
-    async () =>
-      (await fetch(`${s.base}/api/me`, { headers: { authorization: `Bearer ${token}` } })).status === 401,
-    30_000,
-    "the API to refuse the revoked token",
-  );
-}
+const refused = (token: string) => tokenRefused(s.base, token);
 
 test("a stream refused on reconnect (the token revoked while the network was down) signs out and says why", {
   skip,

@@ -8,6 +8,7 @@ import { after, before, beforeEach } from "node:test";
 import { type Browser, type BrowserContext, chromium, type Page } from "playwright-core";
 import { freePort } from "../../src/db/embedded.ts";
 import { type CliResult, cleanEnv, collect, spawnCli, watch } from "./cli.ts";
+import { waitFor } from "./queue.ts";
 import { type RunnerEnv, runnerEnv } from "./runner.ts";
 
 export const CHROMIUM = process.env.ASSAY_TEST_CHROMIUM ?? "/usr/bin/chromium";
@@ -49,6 +50,20 @@ export async function startDevApi(
 }
 
 /** The admin token of a startDevApi link. */
+/**
+ * Once the API at `base` refuses revoked `token`. Its token cache drops a token when the revoke's
+ * notification arrives: a page's next request must come after that, or it is served and nothing on the
+ * page asks again.
+ */
+export async function tokenRefused(base: string, token: string): Promise<void> {
+  await waitFor(
+    async () =>
+      (await fetch(`${base}/api/me`, { headers: { authorization: `Bearer ${token}` } })).status === 401,
+    30_000,
+    "the API to refuse the revoked token",
+  );
+}
+
 export const linkToken = (link: string) => decodeURIComponent(link.split("#token=")[1] as string);
 
 /** The environment of a dashboard test's `assay` processes: `env`'s database and data, on `port`, and `extra`. */

@@ -9,6 +9,7 @@ import { Writable } from "node:stream";
 import { after, before, test } from "node:test";
 import type { Principal } from "../../src/auth/tokens.ts";
 import { createLogger } from "../../src/log.ts";
+import { NO_OBSERVER } from "../../src/queue/observer.ts";
 import type { Handler } from "../../src/queue/outcomes.ts";
 import { Worker } from "../../src/queue/worker.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
@@ -189,5 +190,85 @@ test("a worker that found its disk full gives its runs claimed ahead back, and t
     assert.equal(fullAttempts, 1);
   } finally {
     await Promise.all([full.stop(), roomy.stop()]);
+  }
+});
+
+test("a hold that begins while a pass's claim is in flight ends the pass: the next type is not claimed only to be given back", async () => {
+  // a's run, started by a first pass, finds the disk full while the second pass's claim of b waits for
+  // b's claim lock (b has a global limit, so its claim takes one); c comes after b in that pass (the
+  // types sorted, each pass starting one further on).
+  const [a, b, c] = ["hold-pass-a", "hold-pass-b", "hold-pass-c"];
+  let letFail: () => void = () => {};
+  const failing = new Promise<void>((resolve) => (letFail = resolve));
+  const claims: string[] = [];
+  const { lines, logger } = capture();
+  const w = new Worker({
+    sql: db.sql,
+    logger,
+    types: {
+      [a]: {
+        handler: async () => {
+          await failing;
+          throw noSpace();
+        },
+      },
+      [b]: { handler: async () => ({ status: "succeeded" }), globalLimit: 5 },
+      [c]: { handler: async () => ({ status: "succeeded" }) },
+    },
+    // Slots enough for every queued run: only the hold can keep c's from being claimed.
+    concurrency: 10,
+    leaseTtlMs: 60_000,
+    pollIntervalMs: 50,
+    retryBaseMs: 10,
+    storageFullHoldMs: 60_000,
+    // Claims that took runs (a pass also claims the types with nothing queued, in vain).
+    observer: { ...NO_OBSERVER, claimed: (type, _s, waited) => waited.length > 0 && claims.push(type) },
+  });
+  let letGo: () => void = () => {};
+  const release = new Promise<void>((resolve) => (letGo = resolve));
+  let holder: Promise<void> | undefined;
+  try {
+    await createTask(db.sql, owner, a, 1, { maxAttempts: 3 });
+    assert.equal(await w.runOnce(), 1);
+    assert.deepEqual(claims, [a]);
+    const taskB = await createTask(db.sql, owner, b, 2, { maxAttempts: 3 });
+    const taskC = await createTask(db.sql, owner, c, 2, { maxAttempts: 3 });
+    let locked: () => void = () => {};
+    const isLocked = new Promise<void>((resolve) => (locked = resolve));
+    // Another worker's claim of b holding b's claim lock (claim.ts: CLAIM_LOCK_NAMESPACE "clai").
+    holder = db.sql.begin(async (tx) => {
+      await tx`select pg_advisory_xact_lock(${0x636c6169}, hashtext(${b}))`;
+      locked();
+      await release;
+    });
+    await isLocked;
+    const pass = w.runOnce();
+    await waitFor(
+      async () =>
+        (await db.sql`select 1 from pg_locks where locktype = 'advisory' and not granted`).length > 0,
+      10_000,
+      "b's claim to wait for its claim lock",
+    );
+    letFail();
+    await waitFor(async () => lines.some((l) => l.msg.includes("disk full")), 10_000, "the hold");
+    letGo();
+    await holder;
+    await pass;
+    assert.deepEqual(claims, [a, b], "a type claimed after the hold began");
+    // b's runs, claimed as the hold began, go back; c's were never claimed.
+    await waitFor(
+      async () =>
+        (
+          await db.sql`select 1 from runs where task_id = any(${[taskB, taskC]}::bigint[])
+                         and status = 'queued' and attempt = 0`
+        ).length === 4,
+      10_000,
+      "b's runs given back",
+    );
+  } finally {
+    letFail();
+    letGo();
+    await holder?.catch(() => {});
+    await w.stop();
   }
 });

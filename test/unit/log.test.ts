@@ -48,7 +48,15 @@ test("a view link's path is logged without its capability; other paths as they a
     // Escaped as the router decodes it: these reach the view route too.
     "/%76iew/1.2.3.4.sig/x/",
     "/%56%49EW/1.2.3.4.sig/%zz",
+    // Hidden from the router, no route (logged at info), the link as good as ever: a dot segment after
+    // another, a parameter on one, escapes escaped again.
+    "/a/../view/1.2.3.4.sig/x",
+    "/api/../view/1.2.3.4.sig/x",
+    "/.;x/view/1.2.3.4.sig",
+    "/view%252F1.2.3.4.sig/x",
+    "/%252e%252e/view/1.2.3.4.sig",
   ])
     assert.equal(loggedUrl(url), "/view/[redacted]", url);
-  for (const url of ["/api/files", "/viewer/x", "/api/view/1", "/"]) assert.equal(loggedUrl(url), url);
+  for (const url of ["/api/files", "/viewer/x", "/api/view/1", "/", "/api/files/../../x"])
+    assert.equal(loggedUrl(url), url);
 });
