@@ -17,7 +17,7 @@ import { EventHub } from "../events/hub.ts";
 import type { Logger } from "../log.ts";
 import { TaskCache } from "../tasks/task-cache.ts";
 import { app, type Services } from "./app.ts";
-import { PUBLIC_MESSAGES } from "./errors.ts";
+import { ApiError, PUBLIC_MESSAGES } from "./errors.ts";
 import { lazyCompilers } from "./lazy-compilers.ts";
 
 /**
@@ -88,7 +88,16 @@ function frameworkError(err: FastifyError, request: FastifyRequest, reply: Fasti
  * goes out without it, and Node closes the connection after it (`Connection: close`). A JSON body whose
  * `Content-Length` is over the route's limit is refused the same, unread (Fastify's 413).
  */
-function deferContinue(fastify: FastifyInstance): void {
+/**
+ * Room in a multipart body beside its file: up to 10 form fields of at most 1 MiB each (busboy's
+ * fieldSize) and the parts' boundaries and headers. A `Content-Length` over ASSAY_MAX_UPLOAD_BYTES plus
+ * this cannot hold a file within the limit.
+ */
+export const MULTIPART_SLACK_BYTES = 11 * 1024 * 1024;
+
+const MULTIPART = /^\s*multipart\/form-data\s*(;|$)/i;
+
+function deferContinue(fastify: FastifyInstance, maxUploadBytes: number): void {
   const awaiting = new WeakSet<http.IncomingMessage>();
   fastify.server.on("checkContinue", (req: http.IncomingMessage, res: http.ServerResponse) => {
     awaiting.add(req);
@@ -106,7 +115,14 @@ function deferContinue(fastify: FastifyInstance): void {
   fastify.addHook("preParsing", (request, reply, payload, done) => {
     if (awaiting.delete(request.raw)) {
       const length = Number(request.headers["content-length"]);
-      if (!(length > request.routeOptions.bodyLimit && !request.isMultipart())) reply.raw.writeContinue();
+      // By its header: request.isMultipart() is false until the multipart parser has run, after this,
+      // so every upload over the JSON limit went without its 100 (curl then waits a second and sends).
+      const multipart = MULTIPART.test(request.headers["content-type"] ?? "");
+      // An upload that cannot fit is refused before its body is asked for (413, the connection
+      // closed): it was sent its 100 and read up to the limit, stored, then deleted.
+      if (multipart && length > maxUploadBytes + MULTIPART_SLACK_BYTES)
+        return done(new ApiError(413, "PAYLOAD_TOO_LARGE"));
+      if (multipart || !(length > request.routeOptions.bodyLimit)) reply.raw.writeContinue();
     }
     done(null, payload);
   });
@@ -145,7 +161,7 @@ export async function buildServer(
     clientErrorHandler,
     schemaController: { compilersFactory: lazyCompilers({ coerceBodies: false }) },
   });
-  deferContinue(fastify);
+  deferContinue(fastify, services.config.maxUploadBytes);
   const tokens = new TokenCache();
   // Listens before the event hub does, so an entry is dropped before a stream delivers its event.
   const tasks = new TaskCache();
