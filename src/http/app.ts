@@ -98,8 +98,14 @@ function bodyIdleTimeout(request: FastifyRequest, idleMs: number) {
  */
 function malformedRequest(raw: FastifyRequest["raw"]): string | undefined {
   if (raw.url === "*" && raw.method !== "OPTIONS") return "a request target of * but for OPTIONS";
-  // `inject` (tests) hands a request without headersDistinct.
-  const hosts = raw.headersDistinct?.host?.length ?? (raw.headers.host === undefined ? 0 : 1);
+  // Counted in the raw list (Node keeps the first of a repeated Host in `headers`): every request
+  // passes here, and `headersDistinct` builds an object of every header to answer it.
+  let hosts = 0;
+  const names = raw.rawHeaders;
+  for (let i = 0; i < names.length; i += 2) {
+    const name = names[i] as string;
+    if (name.length === 4 && name.toLowerCase() === "host") hosts++;
+  }
   if (hosts > 1 || (hosts === 0 && raw.httpVersion === "1.1")) return "a Host field missing or repeated";
   return undefined;
 }

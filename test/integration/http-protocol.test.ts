@@ -81,20 +81,22 @@ function open(head: string): Exchange {
 const bodyOf = (answer: string) =>
   JSON.parse(Buffer.from(answer.slice(answer.lastIndexOf("\r\n\r\n") + 4), "latin1").toString("utf8"));
 
+/** The head of a POST to `path` that asks for `100 Continue` before sending its `length` bytes. */
+const expecting = (path: string, token: string, contentType: string, length: number) =>
+  [
+    `POST ${path} HTTP/1.1`,
+    "Host: 127.0.0.1",
+    `Authorization: Bearer ${token}`,
+    `Content-Type: ${contentType}`,
+    `Content-Length: ${length}`,
+    "Expect: 100-continue",
+  ].join("\r\n");
+
 describe("Expect: 100-continue (curl sends it with every body over 1 MiB)", () => {
   test("a good token: 100 Continue, then the body is read and the upload stored", async () => {
     const first = await idsCrossPowerOfTen(t.db.sql, "files", 0);
     const { payload, headers } = multipart("file", "x,y\n1,2\n", "résumé 'x'; ✓.csv");
-    const c = open(
-      [
-        "POST /api/files HTTP/1.1",
-        "Host: 127.0.0.1",
-        `Authorization: Bearer ${alice}`,
-        `Content-Type: ${headers["content-type"]}`,
-        `Content-Length: ${payload.length}`,
-        "Expect: 100-continue",
-      ].join("\r\n"),
-    );
+    const c = open(expecting("/api/files", alice, headers["content-type"] as string, payload.length));
     await c.waitFor(/^HTTP\/1\.1 100 Continue\r\n\r\n/);
     c.socket.write(payload);
     await c.waitFor(/HTTP\/1\.1 201 [\s\S]*\r\n\r\n\{.*\}$/);
@@ -107,14 +109,7 @@ describe("Expect: 100-continue (curl sends it with every body over 1 MiB)", () =
   test("a bad token: 401 at once, without 100 Continue and without reading the body; the connection is closed", async () => {
     const before = await fileCount();
     const c = open(
-      [
-        "POST /api/files HTTP/1.1",
-        "Host: 127.0.0.1",
-        "Authorization: Bearer assay_not-a-token",
-        "Content-Type: multipart/form-data; boundary=----x",
-        `Content-Length: ${2 * 1024 ** 3}`,
-        "Expect: 100-continue",
-      ].join("\r\n"),
+      expecting("/api/files", "assay_not-a-token", "multipart/form-data; boundary=----x", 2 * 1024 ** 3),
     );
     await c.closed;
     const answer = c.received();
@@ -126,16 +121,7 @@ describe("Expect: 100-continue (curl sends it with every body over 1 MiB)", () =
   });
 
   test("a JSON body whose Content-Length is over the limit: 413 without 100 Continue", async () => {
-    const c = open(
-      [
-        "POST /api/analysis-tasks HTTP/1.1",
-        "Host: 127.0.0.1",
-        `Authorization: Bearer ${alice}`,
-        "Content-Type: application/json",
-        `Content-Length: ${50 * 1024 ** 2}`,
-        "Expect: 100-continue",
-      ].join("\r\n"),
-    );
+    const c = open(expecting("/api/analysis-tasks", alice, "application/json", 50 * 1024 ** 2));
     await c.closed;
     const answer = c.received();
     assert.match(answer, /^HTTP\/1\.1 413 /, answer);
@@ -146,16 +132,7 @@ describe("Expect: 100-continue (curl sends it with every body over 1 MiB)", () =
   test("an upload whose Content-Length cannot hold a file within the limit: 413 without 100 Continue, nothing stored", async () => {
     const before = await fileCount();
     const tooLong = t.config.maxUploadBytes + MULTIPART_SLACK_BYTES + 1;
-    const c = open(
-      [
-        "POST /api/files HTTP/1.1",
-        "Host: 127.0.0.1",
-        `Authorization: Bearer ${alice}`,
-        "Content-Type: multipart/form-data; boundary=----x",
-        `Content-Length: ${tooLong}`,
-        "Expect: 100-continue",
-      ].join("\r\n"),
-    );
+    const c = open(expecting("/api/files", alice, "multipart/form-data; boundary=----x", tooLong));
     await c.closed;
     const answer = c.received();
     assert.match(answer, /^HTTP\/1\.1 413 /, answer);
@@ -163,16 +140,7 @@ describe("Expect: 100-continue (curl sends it with every body over 1 MiB)", () =
     assert.equal(bodyOf(answer).code, "PAYLOAD_TOO_LARGE");
     assert.equal(await fileCount(), before);
     // One that may hold a file within the limit (the form's other fields take room) is asked for.
-    const fits = open(
-      [
-        "POST /api/files HTTP/1.1",
-        "Host: 127.0.0.1",
-        `Authorization: Bearer ${alice}`,
-        "Content-Type: multipart/form-data; boundary=----x",
-        `Content-Length: ${tooLong - 1}`,
-        "Expect: 100-continue",
-      ].join("\r\n"),
-    );
+    const fits = open(expecting("/api/files", alice, "multipart/form-data; boundary=----x", tooLong - 1));
     await fits.waitFor(/^HTTP\/1\.1 100 Continue\r\n\r\n/);
     fits.socket.destroy();
   });
