@@ -44,6 +44,36 @@ export interface WatchedGrant {
   ticket?: number | undefined;
 }
 
+/** The token ids asked for on one pool since the last query went, and that query's answer. */
+interface RoleBatch {
+  ids: Set<number>;
+  answer: Promise<Map<number, Role>>;
+}
+const batches = new WeakMap<Sql, RoleBatch>();
+
+/**
+ * `tokenId`'s role if its token is live: one query for every watch that asks in the same turn of the
+ * event loop (a `*` reaches every download under way at once, and each asked on its own — a thousand
+ * downloads, a thousand queries, the moment the database came back). Sent from `setImmediate`, so the
+ * retries of failed checks whose timers fire together are one query too.
+ */
+function roleOf(sql: Sql, tokenId: number): Promise<Role | undefined> {
+  let batch = batches.get(sql);
+  if (batch === undefined) {
+    const ids = new Set<number>();
+    const answer = new Promise<Map<number, Role>>((resolve, reject) =>
+      setImmediate(() => {
+        batches.delete(sql);
+        tokenRoles(sql, [...ids]).then(resolve, reject);
+      }),
+    );
+    batch = { ids, answer };
+    batches.set(sql, batch);
+  }
+  batch.ids.add(tokenId);
+  return batch.answer.then((roles) => roles.get(tokenId));
+}
+
 /**
  * Calls `end` once, when the grant's token is revoked (its own notification), when it is found revoked,
  * expired or of another role after a notification for every token ("*": a role change, or the LISTEN
@@ -70,9 +100,8 @@ export function watchToken(
   const checkAgain = () => {
     clearTimeout(recheck);
     recheck = undefined;
-    tokenRoles(sql, [grant.tokenId]).then(
-      (roles) => {
-        const role = roles.get(grant.tokenId);
+    roleOf(sql, grant.tokenId).then(
+      (role) => {
         if (role === undefined) cut("revoked");
         else if (role !== grant.role) cut("role changed");
       },
