@@ -44,9 +44,17 @@ Client commands (talk to a server over HTTP: ASSAY_URL, ASSAY_TOKEN):
 
 Run \`assay <command> --help\` for a command's options and an example.`;
 
-const CONFIG_HELP = `Usage: assay config
+const CONFIG_HELP = `Usage: assay config [--values [--json]]
 
-Prints every setting Assay reads from the environment, with its default and meaning.`;
+Prints every setting Assay reads from the environment, with its default and meaning.
+
+  --values   validate this environment as \`assay api\` would (exit 2 naming each bad setting) and
+             print each setting's value in effect and where it came from: environment, default,
+             derived (from other settings) or not set. Secrets are not shown; a URL's password is ***.
+             ASSAY_* variables nothing reads are named on stderr.
+  --json     with --values: one JSON object, {"VARIABLE": {"value", "masked", "from"}, ...}
+
+Example: DATABASE_URL=postgres://assay@db/assay npx assay config --values`;
 
 type ClientCommand = (argv: string[]) => Promise<number>;
 
@@ -78,11 +86,8 @@ async function main(argv: string[]): Promise<number> {
 }
 
 async function serverCommand(command: string, rest: string[]): Promise<number> {
-  const { configTable, loadConfig } = await import("./config.ts");
-  if (command === "config") {
-    console.log(rest.includes("--help") ? CONFIG_HELP : configTable());
-    return 0;
-  }
+  const { loadConfig } = await import("./config.ts");
+  if (command === "config") return configCommand(rest);
   const wantsHelp = rest.includes("--help") || rest.includes("-h");
   // Help needs no configuration; everything else validates it first.
   const config = wantsHelp ? undefined : loadConfig();
@@ -102,6 +107,32 @@ async function serverCommand(command: string, rest: string[]): Promise<number> {
     default:
       throw new UsageError(`unknown command: ${command}\n\n${HELP}`);
   }
+}
+
+async function configCommand(args: string[]): Promise<number> {
+  const config = await import("./config.ts");
+  const unknown = args.find((a) => !["--values", "--json", "--help", "-h"].includes(a));
+  if (unknown !== undefined) throw new UsageError(`config: unknown option ${unknown}\n\n${CONFIG_HELP}`);
+  if (args.includes("--help") || args.includes("-h")) {
+    console.log(CONFIG_HELP);
+    return 0;
+  }
+  if (!args.includes("--values")) {
+    if (args.includes("--json")) throw new UsageError(`config: --json goes with --values\n\n${CONFIG_HELP}`);
+    console.log(config.configTable());
+    return 0;
+  }
+  const settings = config.configInEffect();
+  for (const { name, nearest } of config.unknownVariables()) {
+    console.error(
+      `assay: ${name} is set but nothing reads it${nearest ? ` (did you mean ${nearest}?)` : ""}`,
+    );
+  }
+  if (args.includes("--json")) {
+    const out = Object.fromEntries(settings.map(({ variable, ...rest }) => [variable, rest]));
+    console.log(JSON.stringify(out, null, 2));
+  } else console.log(config.configInEffectText(settings));
+  return 0;
 }
 
 /**

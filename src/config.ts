@@ -533,18 +533,19 @@ const SECRET_NAME = /SECRET|PASSWORD|PASSWD|TOKEN|KEY|CREDENTIAL/i;
  */
 function shownValue(field: Field, given: unknown): string {
   if (!field.secret && !SECRET_NAME.test(field.env)) return `=${JSON.stringify(given)}`;
-  return typeof given === "string" ? maskedUrl(given) : " (value not shown: it may hold a secret)";
+  const masked = typeof given === "string" ? maskedUrl(given) : undefined;
+  return masked === undefined ? " (value not shown: it may hold a secret)" : `=${JSON.stringify(masked)}`;
 }
 
 /**
- * A URL (`scheme://[user[:password]@]host…`) with its password and `password=` parameters as `***`,
- * as `="…"`; anything that does not begin like a URL is not shown. The user information runs to the
+ * A URL (`scheme://[user[:password]@]host…`) with its password and `password=` parameters as `***`;
+ * undefined for anything that does not begin like a URL (not to be shown at all). The user information runs to the
  * last `@` (a password may hold an unescaped `@`, `/`, `#` or `?`): masking from the first `:` after
  * the user name to there may hide more than the password, never less.
  */
-function maskedUrl(value: string): string {
+function maskedUrl(value: string): string | undefined {
   const scheme = /^[A-Za-z][A-Za-z0-9+.-]*:\/\//.exec(value)?.[0];
-  if (scheme === undefined) return " (value not shown: it may hold a secret)";
+  if (scheme === undefined) return undefined;
   let rest = value.slice(scheme.length);
   const at = rest.lastIndexOf("@");
   if (at !== -1) {
@@ -553,7 +554,68 @@ function maskedUrl(value: string): string {
     rest = `${colon === -1 ? user : `${user.slice(0, colon)}:***`}${rest.slice(at)}`;
   }
   rest = rest.replace(/([?&]password=)[^&#]*/gi, "$1***");
-  return `=${JSON.stringify(scheme + rest)}`;
+  return scheme + rest;
+}
+
+/** Where a setting's value in effect comes from (`assay config --values`). */
+export type SettingSource = "environment" | "default" | "derived" | "not set";
+
+export interface SettingInEffect {
+  variable: string;
+  /** As the process uses it; a secret's URL with its password as `***`, any other secret null. */
+  value: string | number | null;
+  /** True when the value is withheld or masked because it may hold a secret. */
+  masked: boolean;
+  from: SettingSource;
+}
+
+/**
+ * Every setting's value in effect for `env`, validated as `assay api` would (a ConfigError names every
+ * bad one), and where it came from: the environment, the default, or derived from other settings (the
+ * worker wait raised to the lease TTL; the data directory made absolute counts as its source).
+ */
+export function configInEffect(env: NodeJS.ProcessEnv = process.env): SettingInEffect[] {
+  const config = loadConfig(env) as unknown as Record<string, unknown>;
+  return (Object.entries(FIELDS) as [string, Field][]).map(([key, field]) => {
+    const given = env[field.env];
+    const value = config[key] as string | number | undefined;
+    const fallback = (field.schema as { default?: unknown }).default;
+    const from: SettingSource =
+      given !== undefined && given !== ""
+        ? "environment"
+        : value === undefined
+          ? "not set"
+          : value === fallback || key === "dataDir"
+            ? "default"
+            : "derived";
+    if (value === undefined) return { variable: field.env, value: null, masked: false, from };
+    if (!field.secret && !SECRET_NAME.test(field.env))
+      return { variable: field.env, value, masked: false, from };
+    const masked = typeof value === "string" ? maskedUrl(value) : undefined;
+    return { variable: field.env, value: masked ?? null, masked: true, from };
+  });
+}
+
+/** configInEffect as aligned text columns: variable, value, source. */
+export function configInEffectText(settings: SettingInEffect[]): string {
+  const shown = settings.map((s) => [
+    s.variable,
+    s.value === null
+      ? s.masked
+        ? "(set; not shown: it may hold a secret)"
+        : "—"
+      : s.value === ""
+        ? '""'
+        : String(s.value),
+    s.from,
+  ]);
+  const rows = [["VARIABLE", "VALUE", "FROM"], ...shown];
+  const widths = [0, 1].map((i) => Math.max(...rows.map((r) => (r[i] ?? "").length)));
+  return rows
+    .map(([variable = "", value = "", from = ""]) =>
+      `${variable.padEnd(widths[0] ?? 0)}  ${value.padEnd(widths[1] ?? 0)}  ${from}`.trimEnd(),
+    )
+    .join("\n");
 }
 
 /** The settings table, as docs/configuration.md shows it. */

@@ -50,6 +50,40 @@ describe("help", { concurrency: true }, () => {
     assert.equal(res.code, 0);
     assert.match(res.stdout, /\| `ASSAY_MAX_UPLOAD_BYTES` \| `104857600` \|/);
   });
+
+  test("`assay config --values` prints the values in effect, masks secrets, names unread variables", async () => {
+    const secretEnv = cleanEnv({
+      DATABASE_URL: "postgres://assay:pa55word@db.internal:5432/assay",
+      PORT: "8080",
+      ASSAY_SHUTDOWN_GRACE: "5",
+    });
+    const res = await runCli(["config", "--values"], secretEnv);
+    assert.equal(res.code, 0, res.stderr);
+    assert.match(
+      res.stdout,
+      /^DATABASE_URL +postgres:\/\/assay:\*\*\*@db\.internal:5432\/assay +environment$/m,
+    );
+    assert.match(res.stdout, /^PORT +8080 +environment$/m);
+    assert.match(res.stdout, /^HOST +127\.0\.0\.1 +default$/m);
+    assert.doesNotMatch(res.stdout + res.stderr, /pa55word/);
+    assert.match(
+      res.stderr,
+      /ASSAY_SHUTDOWN_GRACE is set but nothing reads it \(did you mean ASSAY_SHUTDOWN_GRACE_MS\?\)/,
+    );
+    const json = await runCli(["config", "--values", "--json"], secretEnv);
+    assert.equal(json.code, 0, json.stderr);
+    const parsed = JSON.parse(json.stdout) as Record<
+      string,
+      { value: unknown; masked: boolean; from: string }
+    >;
+    assert.deepEqual(parsed.PORT, { value: 8080, masked: false, from: "environment" });
+    assert.equal(parsed.DATABASE_URL?.masked, true);
+    const bad = await runCli(["config", "--values"], cleanEnv({ PORT: "x" }));
+    assert.equal(bad.code, 2);
+    assert.match(bad.stderr, /PORT="x"/);
+    assert.equal((await runCli(["config", "--json"], cleanEnv())).code, 2);
+    assert.equal((await runCli(["config", "--valeus"], cleanEnv())).code, 2);
+  });
 });
 
 describe("configuration errors", () => {

@@ -3,6 +3,8 @@ import path from "node:path";
 import { test } from "node:test";
 import {
   ConfigError,
+  configInEffect,
+  configInEffectText,
   configTable,
   DEFAULT_MAX_UPLOAD_BYTES,
   loadConfig,
@@ -613,4 +615,54 @@ test("an ASSAY_S3_PREFIX with a . or .. segment is refused: its keys landed outs
   }
   for (const good of ["assay/", "assay", "tenant-1000/assay.v2/", ".assay/", "assay..old/", "..."])
     assert.equal(loadConfig({ ...s3, ASSAY_S3_PREFIX: good }).s3Prefix, good);
+});
+
+test("configInEffect: each value in effect and where it came from; secrets masked or withheld", () => {
+  const settings = configInEffect({
+    DATABASE_URL: "postgres://bob:s3cr%40t@db.example:5432/assay?password=hunter2",
+    ASSAY_S3_ENDPOINT: "https://key:topsecret@minio.internal:9000",
+    PORT: " 8080 ",
+    ASSAY_LEASE_TTL_MS: "900000",
+  });
+  const by = new Map(settings.map((s) => [s.variable, s]));
+  assert.deepEqual(by.get("DATABASE_URL"), {
+    variable: "DATABASE_URL",
+    value: "postgres://bob:***@db.example:5432/assay?password=***",
+    masked: true,
+    from: "environment",
+  });
+  assert.equal(by.get("ASSAY_S3_ENDPOINT")?.value, "https://key:***@minio.internal:9000");
+  assert.deepEqual(by.get("PORT"), { variable: "PORT", value: 8080, masked: false, from: "environment" });
+  assert.deepEqual(by.get("HOST"), { variable: "HOST", value: "127.0.0.1", masked: false, from: "default" });
+  assert.deepEqual(by.get("ASSAY_S3_BUCKET"), {
+    variable: "ASSAY_S3_BUCKET",
+    value: null,
+    masked: false,
+    from: "not set",
+  });
+  // Left unset, the worker wait is raised to a longer lease TTL: derived, not the default.
+  assert.deepEqual(by.get("ASSAY_WORKER_WAIT_MS"), {
+    variable: "ASSAY_WORKER_WAIT_MS",
+    value: 900000,
+    masked: false,
+    from: "derived",
+  });
+  assert.equal(by.get("ASSAY_DATA_DIR")?.value, path.resolve(".assay"));
+  assert.equal(settings.length, configTable().split("\n").length - 2, "one entry per setting of the table");
+  const text = configInEffectText(settings);
+  assert.doesNotMatch(text, /s3cr|hunter2|topsecret/);
+  assert.match(text, /^ASSAY_S3_PREFIX +"" +default$/m);
+  assert.match(text, /^ASSAY_S3_BUCKET +— +not set$/m);
+});
+
+test("configInEffect: a bad setting is the ConfigError the servers give", () => {
+  assert.throws(
+    () => configInEffect({ PORT: "x", LOG_LEVEL: "loud" }),
+    (err: unknown) => {
+      assert.ok(err instanceof ConfigError);
+      assert.match(err.message, /PORT="x"/);
+      assert.match(err.message, /LOG_LEVEL/);
+      return true;
+    },
+  );
 });
