@@ -4,6 +4,57 @@ import pino, { type Logger } from "pino";
 
 export type { Logger };
 
+/**
+ * Fields that hold secrets wherever they sit inside a logged error (see REDACT_PATHS for why each):
+ * the `err` serializer censors them at any depth — an AggregateError's list (`aggregateErrors`), an
+ * error or a plain object kept on an error's property — where the redact paths reach one level only.
+ */
+const SECRET_ERROR_FIELDS = new Set([
+  "token",
+  "password",
+  "databaseUrl",
+  "authorization",
+  "input",
+  "rawPacket",
+  "AWSAccessKeyId",
+  "SignatureProvided",
+  "StringToSign",
+  "StringToSignBytes",
+  "CanonicalRequest",
+  "CanonicalRequestBytes",
+  "Token-0",
+]);
+
+const CENSOR = "[redacted]";
+
+/**
+ * `value` with every SECRET_ERROR_FIELDS field censored, copied where it changes (a logged error's
+ * nested values are the caller's own objects: they must not be altered). Depth-bounded, cycle-safe.
+ */
+function scrubbed(value: unknown, seen = new WeakSet<object>(), depth = 0): unknown {
+  if (value === null || typeof value !== "object" || depth > 8 || seen.has(value)) return value;
+  seen.add(value);
+  if (Array.isArray(value)) {
+    const items = value.map((item) => scrubbed(item, seen, depth + 1));
+    return items.some((item, i) => item !== value[i]) ? items : value;
+  }
+  if (Buffer.isBuffer(value) || ArrayBuffer.isView(value)) return value;
+  let copy: Record<string, unknown> | undefined;
+  for (const [key, inner] of Object.entries(value)) {
+    const next = SECRET_ERROR_FIELDS.has(key) && inner != null ? CENSOR : scrubbed(inner, seen, depth + 1);
+    if (next !== inner) {
+      copy ??= { ...value };
+      copy[key] = next;
+    }
+  }
+  return copy ?? value;
+}
+
+/** pino's error serializer, then every secret field inside it censored (scrubbed). */
+function errorValue(err: unknown): unknown {
+  return scrubbed(pino.stdSerializers.err(err as Error));
+}
+
 export const REDACT_PATHS = [
   "req.headers.authorization",
   "req.headers.cookie",
@@ -102,7 +153,7 @@ export function createLogger(options: LoggerOptions): Logger {
   const base: pino.LoggerOptions = {
     level: options.level,
     redact: { paths: REDACT_PATHS, censor: "[redacted]" },
-    serializers: { req: requestValue },
+    serializers: { req: requestValue, err: errorValue },
   };
   if (options.destination) return pino(base, options.destination);
   if (options.pretty) {

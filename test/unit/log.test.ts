@@ -60,3 +60,36 @@ test("a view link's path is logged without its capability; other paths as they a
   for (const url of ["/api/files", "/viewer/x", "/api/view/1", "/", "/api/files/../../x"])
     assert.equal(loggedUrl(url), url);
 });
+
+test("S3's echoed credentials are censored at any depth of a logged error, and the caller's error is left as it was", () => {
+  const { lines, destination } = capture();
+  const logger = createLogger({ level: "info", destination });
+  const s3Error = () =>
+    Object.assign(new Error("The request signature we calculated does not match"), {
+      name: "SignatureDoesNotMatch",
+      AWSAccessKeyId: "AKIAS3CRETKEYID00001",
+      SignatureProvided: "S3CRET-signature",
+      CanonicalRequest: "GET\n/b/k\n\nx-amz-security-token:S3CRET-session\n",
+      "Token-0": "S3CRET-session-2",
+      $metadata: { httpStatusCode: 403 },
+    });
+  const inner = s3Error();
+  const holder = { attempt: 2, last: s3Error() };
+  const errors = [
+    new AggregateError([s3Error(), new Error("other")], "every part failed"),
+    Object.assign(new Error("upload failed"), { failure: inner }),
+    Object.assign(new Error("sweep failed"), { detail: holder }),
+    Object.assign(new Error("batch failed"), { list: [{ nested: { deeper: s3Error() } }] }),
+  ];
+  for (const err of errors) logger.error({ err }, "store request failed");
+  assert.equal(lines.length, errors.length);
+  for (const line of lines) {
+    assert.doesNotMatch(line, /S3CRET|AKIA/, line);
+    assert.match(line, /\[redacted\]/, "the fields are there, censored");
+  }
+  assert.match(lines[0] as string, /SignatureDoesNotMatch/, "the inner error is still logged");
+  assert.match(lines[1] as string, /"httpStatusCode":403/, "what is not a secret is kept");
+  // Censored in copies: the objects the caller holds still have their fields.
+  assert.equal(inner.AWSAccessKeyId, "AKIAS3CRETKEYID00001");
+  assert.equal(holder.last.SignatureProvided, "S3CRET-signature");
+});
