@@ -14,7 +14,7 @@ import { isStoreKey, ObjectMissingError, type ObjectStore, outputObjectKey } fro
 import type { GroupRegistry } from "./group-guard.ts";
 import { attemptOutputKey, checkOutputs, type OutputFile } from "./outputs.ts";
 import { type ProcessResult, runProcess } from "./run-process.ts";
-import { removeTree } from "./workdir.ts";
+import { removeAttemptDir } from "./workdir.ts";
 
 export interface ProcessHandlerDeps {
   /** Where inputs are read from and outputs go. */
@@ -87,7 +87,13 @@ function localPlace(
     fs.mkdirSync(home);
     fs.mkdirSync(tmp);
   } catch (err) {
-    fs.rmSync(dir, { recursive: true, force: true });
+    // The mkdir's error decides the run's fate (a full disk is retried): a folder that cannot be
+    // removed now (EMFILE) must not replace it, and is tried again later.
+    try {
+      fs.rmSync(dir, { recursive: true, force: true });
+    } catch {
+      removeAttemptDir(dir).catch(() => {});
+    }
     throw err;
   }
   return {
@@ -104,7 +110,7 @@ function localPlace(
         store.localPath(`outputs/${outputKey}`),
         files.map((f) => f.name),
       ),
-    close: () => removeTree(dir),
+    close: () => removeAttemptDir(dir),
   };
 }
 
@@ -126,7 +132,7 @@ async function remotePlace(
     await fsp.mkdir(home);
     await fsp.mkdir(tmp);
   } catch (err) {
-    await removeTree(dir).catch(() => {});
+    await removeAttemptDir(dir).catch(() => {});
     throw err;
   }
   const place: AttemptPlace = {
@@ -143,7 +149,7 @@ async function remotePlace(
         throw err;
       }
     },
-    close: () => removeTree(dir),
+    close: () => removeAttemptDir(dir),
   };
   try {
     // The run's signal ends the download too: a cancel or timeout must not wait for a large input.

@@ -74,14 +74,53 @@ async function abandoned(root: string, name: string, tag: string, now: number): 
  * EACCES or EPERM the tree's folders are made writable and the rm tried once more.
  */
 export async function removeTree(dir: string): Promise<void> {
+  // No `maxRetries`: Node's retries nest with the tree's depth (a busy mount three folders down took
+  // 12.7 s to fail with 3); removeAttemptDir tries a failed folder again later instead.
+  const options = { recursive: true, force: true };
   try {
-    await fsp.rm(dir, { recursive: true, force: true });
+    await fsp.rm(dir, options);
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
     if (code !== "EACCES" && code !== "EPERM") throw err;
     await writable(dir);
-    await fsp.rm(dir, { recursive: true, force: true });
+    await fsp.rm(dir, options);
   }
+}
+
+/**
+ * Attempt folders whose removal failed — descriptors short (EMFILE: the recursive delete needs them
+ * too), a busy mount, an NFS hiccup: the worker's folder timer tries them again each touch. Without
+ * this such a folder, with its fetched input, stayed until the worker stopped.
+ */
+const REMOVE_LATER = new Set<string>();
+
+/**
+ * removeTree for an attempt's folder: when it fails, the folder is tried again with each touch of the
+ * worker's folder (openWorkDir) until it goes. Rejects with the failure, as removeTree does.
+ */
+export async function removeAttemptDir(dir: string): Promise<void> {
+  try {
+    await removeTree(dir);
+    REMOVE_LATER.delete(dir);
+  } catch (err) {
+    REMOVE_LATER.add(dir);
+    throw err;
+  }
+}
+
+/** Tries again the attempt folders whose removal failed; returns how many went. */
+export async function removeFailedAttemptDirs(): Promise<number> {
+  let removed = 0;
+  for (const dir of [...REMOVE_LATER]) {
+    try {
+      await removeTree(dir);
+      REMOVE_LATER.delete(dir);
+      removed++;
+    } catch {
+      // Still there: the next touch tries again.
+    }
+  }
+  return removed;
 }
 
 async function writable(dir: string): Promise<void> {
@@ -128,6 +167,7 @@ export async function openWorkDir(dataDir: string, o: { touchMs?: number } = {})
   const timer = setInterval(() => {
     const now = new Date();
     fsp.utimes(dir, now, now).catch(() => {});
+    if (REMOVE_LATER.size > 0) removeFailedAttemptDirs().catch(() => {});
     if (++touches % SWEEP_EVERY_TOUCHES === 0) sweepWorkDirs(root, tag).catch(() => {});
   }, o.touchMs ?? WORKDIR_TOUCH_MS);
   timer.unref();
@@ -137,6 +177,8 @@ export async function openWorkDir(dataDir: string, o: { touchMs?: number } = {})
       clearInterval(timer);
       try {
         await removeTree(dir);
+        for (const later of REMOVE_LATER)
+          if (later.startsWith(`${dir}${path.sep}`)) REMOVE_LATER.delete(later);
       } finally {
         OWN_FOLDERS.delete(name);
       }

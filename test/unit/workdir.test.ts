@@ -6,7 +6,13 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { test } from "node:test";
-import { machineTag, openWorkDir, sweepWorkDirs, WORKDIR_ABANDONED_MS } from "../../src/runner/workdir.ts";
+import {
+  machineTag,
+  openWorkDir,
+  removeAttemptDir,
+  sweepWorkDirs,
+  WORKDIR_ABANDONED_MS,
+} from "../../src/runner/workdir.ts";
 import { waitFor } from "../helpers/queue.ts";
 
 /** A pid that no process has: a child that has exited and been reaped. */
@@ -147,6 +153,31 @@ test("a leftover folder that cannot be removed is skipped; the sweep goes on and
     assert.equal(fs.existsSync(stuck), true);
   } finally {
     spawnSync("chattr", ["-i", pinned]);
+    fs.rmSync(root, { recursive: true, force: true });
+  }
+});
+
+test("an attempt folder whose removal fails is removed later by the worker's folder timer, not left until it stops", async (t) => {
+  if (process.getuid?.() !== 0) return t.skip("mounting over a folder needs root");
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), "assay-work-"));
+  const work = await openWorkDir(root, { touchMs: 50 });
+  const attempt = path.join(work.dir, "1000000007.2.0123abcd");
+  const busy = path.join(attempt, "home", "busy");
+  fs.mkdirSync(busy, { recursive: true });
+  fs.writeFileSync(path.join(attempt, "input"), "a,b\n1,2\n");
+  // A mount inside the folder: rm fails with EBUSY for every user, as it fails with EMFILE when the
+  // worker is short of descriptors.
+  spawnSync("mount", ["-t", "tmpfs", "-o", "size=1m", "tmpfs", busy], { stdio: "inherit" });
+  let mounted = true;
+  try {
+    await assert.rejects(removeAttemptDir(attempt), { code: "EBUSY" });
+    assert.ok(fs.existsSync(attempt), "the premise: the removal failed");
+    spawnSync("umount", [busy]);
+    mounted = false;
+    await waitFor(async () => !fs.existsSync(attempt), 10_000, "the failed folder removed on a later touch");
+  } finally {
+    if (mounted) spawnSync("umount", ["-l", busy]);
+    await work.close();
     fs.rmSync(root, { recursive: true, force: true });
   }
 });
