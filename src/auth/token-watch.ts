@@ -74,6 +74,20 @@ function roleOf(sql: Sql, tokenId: number): Promise<Role | undefined> {
   return batch.answer.then((roles) => roles.get(tokenId));
 }
 
+/** The failures of a batch's check already reported: every watcher in the batch gets the same error. */
+const reported = new WeakSet<object>();
+
+/**
+ * Whether this watcher is the first to hear of `err`: a check that fails for a thousand downloads is one
+ * query (roleOf), and is reported once, not a thousand times every RECHECK_MS.
+ */
+function firstToHear(err: unknown): boolean {
+  if (typeof err !== "object" || err === null) return true;
+  if (reported.has(err)) return false;
+  reported.add(err);
+  return true;
+}
+
 /**
  * Calls `end` once, when the grant's token is revoked (its own notification), when it is found revoked,
  * expired or of another role after a notification for every token ("*": a role change, or the LISTEN
@@ -88,6 +102,7 @@ export function watchToken(
   tokens: TokenCache | undefined,
   grant: WatchedGrant,
   end: (why: TokenEnd) => void,
+  /** onCheckFailed: once per failed check, however many watchers it was made for. */
   o: { recheckMs?: number; onCheckFailed?: (err: unknown) => void } = {},
 ): () => void {
   let stopped = false;
@@ -108,7 +123,7 @@ export function watchToken(
       (err: unknown) => {
         if (stopped || recheck !== undefined) return;
         recheck = setTimeout(checkAgain, o.recheckMs ?? RECHECK_MS);
-        o.onCheckFailed?.(err);
+        if (firstToHear(err)) o.onCheckFailed?.(err);
       },
     );
   };

@@ -75,16 +75,33 @@ test("a deadline past the longest timer does not fire early; one near fires on t
   cancelFar();
 });
 
-test("a check that fails after a notification for every token is made again, not taken for a revoke", async () => {
-  const created = await tokenCreate(db.sql, "Þóra «watch»");
-  // A connection that cannot read the tokens: every check fails, as on a database unsure a moment
-  // after its LISTEN connection came back — until the grant below mends it.
-  const role = `watch_${process.pid}_${Date.now()}`;
+/**
+ * A connection that cannot read the tokens: every check fails, as on a database unsure a moment after
+ * its LISTEN connection came back — until mend() grants it what it reads.
+ */
+async function unsureDatabase() {
+  const role = `watch_${process.pid}_${Date.now()}_${Math.random().toString(36).slice(2, 6)}`;
   await db.sql`create role ${db.sql(role)} login password 'watch'`;
   const u = new URL(db.url);
   u.username = role;
   u.password = "watch";
   const unsure = createDatabase(u.toString(), { max: 1 });
+  return {
+    sql: unsure.sql,
+    mend: async () => {
+      await db.sql`grant select on api_tokens, users to ${db.sql(role)}`;
+    },
+    close: async () => {
+      await unsure.close();
+      await db.sql`drop owned by ${db.sql(role)}`;
+      await db.sql`drop role ${db.sql(role)}`;
+    },
+  };
+}
+
+test("a check that fails after a notification for every token is made again, not taken for a revoke", async () => {
+  const created = await tokenCreate(db.sql, "Þóra «watch»");
+  const unsure = await unsureDatabase();
   const ends: TokenEnd[] = [];
   let failures = 0;
   const stop = watchToken(
@@ -100,15 +117,33 @@ test("a check that fails after a notification for every token is made again, not
     await db.sql`select pg_notify(${TOKENS_CHANNEL}, '*')`;
     await waitFor(async () => failures >= 3, 10_000, "three failed checks");
     assert.deepEqual(ends, [], "a failed check cut it off");
-    await db.sql`grant select on api_tokens, users to ${db.sql(role)}`;
+    await unsure.mend();
     await waitFor(async () => ends.length > 0, 10_000, "a check that answers");
     assert.deepEqual(ends, ["revoked"]);
     assert.equal(cache.revokeListenerCount, 0);
   } finally {
     stop();
     await unsure.close();
-    await db.sql`drop owned by ${db.sql(role)}`;
-    await db.sql`drop role ${db.sql(role)}`;
+  }
+});
+
+test("a check that fails for many downloads at once is reported once a round, not once per download", async () => {
+  const created = await tokenCreate(db.sql, "Þóra «watch»");
+  const unsure = await unsureDatabase();
+  const reported: unknown[] = [];
+  const stops = Array.from({ length: 25 }, () =>
+    watchToken(unsure.sql, cache, { tokenId: created.tokenId, role: "user" }, () => {}, {
+      recheckMs: 50,
+      onCheckFailed: (err) => reported.push(err),
+    }),
+  );
+  try {
+    await db.sql`select pg_notify(${TOKENS_CHANNEL}, '*')`;
+    await waitFor(async () => reported.length >= 3, 10_000, "three failed rounds");
+    assert.equal(new Set(reported).size, reported.length, "each failed check reported once");
+  } finally {
+    for (const stop of stops) stop();
+    await unsure.close();
   }
 });
 

@@ -129,7 +129,7 @@ function cutOffWhenTokenEnds(app: FastifyInstance, reply: FastifyReply, grant: W
       onCheckFailed: (err) =>
         reply.log.warn(
           { err, tokenId: grant.tokenId },
-          "could not check a download's token again; trying again",
+          "could not check the tokens of the downloads under way again; trying again",
         ),
     },
   );
