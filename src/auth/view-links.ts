@@ -7,7 +7,10 @@
 // (HMAC-SHA256 over what it shows and when it expires). It is not the token: it shows one output, for
 // a few minutes (never past the token's own expiry), and stops working when the token is revoked or
 // expires. Nothing is stored to make or check one,
-// so any API instance checks a link any other made.
+// so any API instance checks a link any other made. A link is checked on the database's clock, the
+// one every instance shares (databaseNow() in src/db/clock.ts gives it to the one that makes a link): an instance whose
+// own clock was behind took an expired link for a live one, and a fresh one for one made too far
+// ahead; one whose clock was ahead took every link for expired.
 //
 // Download links are made and checked the same way, for what must not go through fetch: a download the
 // browser saves itself, streamed to disk (a zip of several GB read with fetch is held whole in the tab's
@@ -21,9 +24,9 @@ import type { Authenticated, Role } from "./tokens.ts";
 /** How long a view link works. The dashboard makes a new one each time it shows a report. */
 export const VIEW_LINK_TTL_SECONDS = 600;
 /**
- * How far ahead of this instance's clock another instance's may be: a link it minted a moment ago
- * expires up to this much later than one minted here, and is still valid (behind a load balancer
- * the dashboard's frame loads from whichever instance answers).
+ * How far ahead of the database's clock the clock a link was made by may be: such a link expires up to
+ * this much later than one made on the database's clock, and is still valid (an instance that makes
+ * links from its own clock rather than databaseNow()'s).
  */
 const CLOCK_SKEW_SECONDS = 60;
 
@@ -53,7 +56,8 @@ function linkExpiry(now: number, ttlSeconds: number, tokenExpires: number | unde
 
 /**
  * The path of a view link: `/view/<tokenId>.<taskId>.<runId>.<expires>.<mac>/<name>`; it expires with
- * the token (`tokenExpires`, ms since the epoch) if that comes first.
+ * the token (`tokenExpires`, ms since the epoch) if that comes first. `now` and `tokenExpires` should
+ * be on the database's clock (databaseNow()), which the link is checked by.
  */
 export function viewLinkPath(
   tokenId: number,
@@ -73,13 +77,13 @@ export function viewLinkPath(
 /**
  * The principal (with its token's id and expiry) and target of a view link, or undefined when it is
  * malformed, expired, altered, or its token is unknown, revoked or expired (all alike: the caller
- * answers 404).
+ * answers 404). Expired by the database's clock, or by `now` (ms since the epoch) when given.
  */
 export async function viewLinkCheck(
   sql: Sql,
   link: string,
   name: string,
-  now = Date.now(),
+  now?: number,
 ): Promise<{ principal: Authenticated; target: ViewTarget } | undefined> {
   const m = LINK_SHAPE.exec(link);
   if (!m) return undefined;
@@ -101,31 +105,34 @@ export async function viewLinkCheck(
 /**
  * The principal of the token `tokenId` when `given` is the MAC `macOf` makes with its key, the token is
  * live (neither revoked nor expired), and the link has not expired (nor expires later than one made
- * now could); undefined otherwise.
+ * now could) by the database's clock, or by `now` when given; undefined otherwise.
  */
 async function signedBy(
   sql: Sql,
   tokenId: string,
   expires: number,
   ttlSeconds: number,
-  now: number,
+  now: number | undefined,
   given: string,
   macOf: (key: string) => string,
 ): Promise<Authenticated | undefined> {
-  const nowSeconds = Math.floor(now / 1000);
-  // Expired from `expires` on, to the millisecond: compared in whole seconds, a link still worked for
-  // up to a second after the expiresAt it was made with.
-  if (expires * 1000 <= now || expires > nowSeconds + ttlSeconds + CLOCK_SKEW_SECONDS) return undefined;
   // The token's time left is counted from before the question (as tokenAuthenticate does).
   const asked = performance.now();
   const [row] = await sql<
-    { tokenHash: string; userId: number; name: string; role: Role; leftMs: number | null }[]
+    { tokenHash: string; userId: number; name: string; role: Role; leftMs: number | null; at: number }[]
   >`
     select t.token_hash as "tokenHash", u.id::float8 as "userId", u.name, u.role,
-           extract(epoch from t.expires_at - now())::float8 * 1000 as "leftMs"
+           extract(epoch from t.expires_at - now())::float8 * 1000 as "leftMs",
+           extract(epoch from now())::float8 * 1000 as at
     from api_tokens t join users u on u.id = t.user_id
     where t.id = ${tokenId} and t.revoked_at is null and (t.expires_at is null or t.expires_at > now())`;
   if (!row) return undefined;
+  // The database's clock, not this instance's: the link may have been made by another instance.
+  const at = now ?? row.at;
+  // Expired from `expires` on, to the millisecond: compared in whole seconds, a link still worked for
+  // up to a second after the expiresAt it was made with.
+  if (expires * 1000 <= at || expires > Math.floor(at / 1000) + ttlSeconds + CLOCK_SKEW_SECONDS)
+    return undefined;
   const expected = Buffer.from(macOf(row.tokenHash));
   const actual = Buffer.from(given);
   if (expected.length !== actual.length || !timingSafeEqual(expected, actual)) return undefined;
@@ -172,7 +179,7 @@ function downloadMac(key: string, t: DownloadTarget, expires: number): string {
 
 /**
  * The path of a download link: `/view/download/<tokenId>.<kind>.<taskId>[.<runId>].<expires>.<mac>/<name>`
- * (a run only for `run` and `output`).
+ * (a run only for `run` and `output`); `now` and `tokenExpires` as for viewLinkPath().
  */
 export function downloadLinkPath(
   tokenId: number,
@@ -193,13 +200,13 @@ export function downloadLinkPath(
 /**
  * The principal (with its token's id and expiry) and target of a download link, or undefined when it
  * is malformed, expired, altered, or its token is unknown, revoked or expired (all alike: the caller
- * answers 404).
+ * answers 404). Expired by the database's clock, or by `now` (ms since the epoch) when given.
  */
 export async function downloadLinkCheck(
   sql: Sql,
   link: string,
   name: string,
-  now = Date.now(),
+  now?: number,
 ): Promise<{ principal: Authenticated; target: DownloadTarget } | undefined> {
   const m = DOWNLOAD_SHAPE.exec(link);
   if (!m) return undefined;

@@ -8,6 +8,7 @@
 // restarted daily only ever looked at the first ~24 pages, and short-lived ones at none. A service
 // with start/stop/runOnce; safe in every worker at once (deleting an object twice is harmless).
 import type { Sql } from "../db/client.ts";
+import { databaseNow } from "../db/clock.ts";
 import type { Logger } from "../log.ts";
 import { isStoreKey, KEY_PREFIXES, type ObjectInfo, type ObjectStore } from "../storage/store.ts";
 import { FIRST_PASS_WITHIN_MS, IntervalService, loggedFailure } from "./service.ts";
@@ -26,6 +27,8 @@ export interface StoreSweepOptions {
   firstPassWithinMs?: number;
   /** Where this process's walk of each prefix starts (randomStartKey's source of randomness). */
   random?: () => number;
+  /** This host's wall clock, ms since the epoch (Date.now; tests move it). */
+  clock?: () => number;
 }
 
 const DEFAULT_MIN_AGE_MS = 24 * 3600 * 1000;
@@ -74,6 +77,12 @@ export class StoreSweep extends IntervalService<number> {
    * that never completed. Returns how many objects and uploads it removed.
    */
   async runOnce(): Promise<number> {
+    // Old by the database's clock and by this host's alike: an object's age is judged against the
+    // store's clock (S3's LastModified, a file's modification time), and a host whose clock ran days
+    // ahead (not yet synced after boot, a VM resumed) swept objects minutes old — an upload whose row
+    // was about to be written, an upload still under way. The database's clock is the one every host
+    // shares; the earlier of the two only ever keeps an object longer.
+    const cutoff = Math.min(this.o.clock?.() ?? Date.now(), await databaseNow(this.o.sql)) - this.minAgeMs;
     let deleted = 0;
     // Each step goes ahead whatever the one before it met, and the pass then ends with the first
     // failure. A prefix whose listing fails (a bucket answering 503, a folder the worker cannot read)
@@ -82,7 +91,7 @@ export class StoreSweep extends IntervalService<number> {
     let failure: { err: unknown } | undefined;
     for (const prefix of KEY_PREFIXES) {
       try {
-        deleted += await this.sweep(prefix);
+        deleted += await this.sweep(prefix, cutoff);
       } catch (err) {
         this.o.logger.warn({ err, prefix }, "store sweep could not sweep a prefix");
         failure ??= { err };
@@ -95,7 +104,7 @@ export class StoreSweep extends IntervalService<number> {
     let aborted = 0;
     if (!this.stopping) {
       try {
-        aborted = await this.abortIncomplete();
+        aborted = await this.abortIncomplete(cutoff);
       } catch (err) {
         this.o.logger.warn({ err }, "store sweep could not end incomplete uploads");
         failure ??= { err };
@@ -105,11 +114,14 @@ export class StoreSweep extends IntervalService<number> {
     return deleted + aborted;
   }
 
-  private async abortIncomplete(): Promise<number> {
+  private get minAgeMs(): number {
+    return this.o.minAgeMs ?? DEFAULT_MIN_AGE_MS;
+  }
+
+  private async abortIncomplete(cutoff: number): Promise<number> {
     if (this.uploadsUnsupported) return 0;
-    const cutoff = new Date(Date.now() - (this.o.minAgeMs ?? DEFAULT_MIN_AGE_MS));
     try {
-      const aborted = await this.o.store.abortIncompleteUploads(cutoff);
+      const aborted = await this.o.store.abortIncompleteUploads(new Date(cutoff));
       if (aborted > 0) this.o.logger.info({ uploads: aborted }, "store sweep ended incomplete uploads");
       return aborted;
     } catch (err) {
@@ -125,14 +137,13 @@ export class StoreSweep extends IntervalService<number> {
     }
   }
 
-  private async sweep(prefix: (typeof KEY_PREFIXES)[number]): Promise<number> {
+  private async sweep(prefix: (typeof KEY_PREFIXES)[number], cutoff: number): Promise<number> {
     const limit = this.o.pageSize ?? DEFAULT_PAGE;
     const after = this.cursors.get(prefix);
     const page = await this.o.store.list(prefix, { limit, ...(after === undefined ? {} : { after }) });
     const last = page.at(-1)?.key;
     if (page.length < limit || last === undefined) this.cursors.delete(prefix);
     else this.cursors.set(prefix, last);
-    const cutoff = Date.now() - (this.o.minAgeMs ?? DEFAULT_MIN_AGE_MS);
     const old = page.filter((o) => o.modified.getTime() < cutoff);
     const orphans = prefix === "files/" ? await this.orphanFiles(old) : await this.orphanOutputs(old);
     if (orphans.length > 0) await this.o.store.delete(orphans);

@@ -17,6 +17,7 @@ import {
   viewLinkPath,
 } from "../../auth/view-links.ts";
 import type { Sql } from "../../db/client.ts";
+import { databaseNow } from "../../db/clock.ts";
 import { SAFE_NAME } from "../../runner/outputs.ts";
 import {
   type ByteRange,
@@ -571,12 +572,14 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const { taskId, runId, name } = request.params;
       const principal = principalOf(request);
       await findOutput(app, principal, { taskId, runId, name }, reply);
+      // On the database's clock: the link is checked by whichever instance answers (view-links.ts).
+      const now = await databaseNow(app.services.database.sql);
       const { path, expiresAt } = viewLinkPath(
         principal.tokenId,
         bearerHashOf(request),
         { taskId, runId, name },
-        Date.now(),
-        wallClockDeadline(principal),
+        now,
+        wallClockDeadline(principal, now),
       );
       return ok({ url: path, expiresAt });
     },
@@ -596,14 +599,16 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
     params,
     response: { 200: LinkBody, ...responses },
   });
-  const made = (request: FastifyRequest, t: DownloadTarget) => {
+  const made = async (request: FastifyRequest, t: DownloadTarget) => {
     const principal = principalOf(request);
+    // On the database's clock: the link is checked by whichever instance answers (view-links.ts).
+    const now = await databaseNow(app.services.database.sql);
     const { path, expiresAt } = downloadLinkPath(
       principal.tokenId,
       bearerHashOf(request),
       t,
-      Date.now(),
-      wallClockDeadline(principal),
+      now,
+      wallClockDeadline(principal, now),
     );
     return ok({ url: path, expiresAt });
   };
