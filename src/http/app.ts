@@ -16,7 +16,8 @@ import type { ObjectStore } from "../storage/store.ts";
 import type { TaskCache } from "../tasks/task-cache.ts";
 import { requireBearer } from "./auth.ts";
 import { errorHandler } from "./error-handler.ts";
-import { ApiError } from "./errors.ts";
+import { ApiError, validationFailed } from "./errors.ts";
+import { headRefused } from "./no-head.ts";
 import { analysisTypeRoutes } from "./routes/analysis-types.ts";
 import { dashboardRoutes, meRoutes } from "./routes/dashboard.ts";
 import { downloadRoutes, viewRoutes } from "./routes/downloads.ts";
@@ -124,6 +125,53 @@ function defaultHeaders(reply: FastifyReply, cacheControl?: string): void {
     reply.header("cache-control", cacheControl);
 }
 
+/** Every method a route here may have, in the order `Allow` lists them. */
+const METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"] as const;
+
+/**
+ * The methods some route answers at `url` (a request's, its query included), for the 405 of a path
+ * that has routes but none for the request's method (`DELETE /api/analysis-tasks/1`, `PUT /api/files`):
+ * until 2026-12-06 that was the 404 of a path that does not exist. Asked of the router only when no
+ * route matched, so a request that has a route pays nothing. HEAD is left out where its route only
+ * refuses it (no-head.ts).
+ */
+function allowedMethods(fastify: FastifyInstance, url: string): string[] {
+  // The asterisk form (`OPTIONS *`) names no path: the router takes it for a bad URL, and Fastify's
+  // answer to one looks like a route of every method.
+  if (!url.startsWith("/")) return [];
+  return METHODS.filter(
+    (method) =>
+      fastify.findRoute({ method, url }) !== null && !(method === "HEAD" && headRefused(fastify, url)),
+  );
+}
+
+/** The query fields of a route's querystring schema that are integers. */
+function integerFields(schema: unknown): string[] {
+  const properties = (schema as { properties?: Record<string, { type?: unknown }> } | undefined)?.properties;
+  if (properties === undefined) return [];
+  return Object.keys(properties).filter((name) => properties[name]?.type === "integer");
+}
+
+const DECIMAL = /^[0-9]+$/;
+
+/**
+ * The integer query fields must be written in decimal digits: Ajv's coercion took any number
+ * JavaScript reads (`limit=1e1` was 10, `0x10` 16, `+5`, ` 5` and `5.0` were 5). Checked before the
+ * schema (which still checks the range), on the text as sent; a field given twice is left to the
+ * schema, whose answer says so (error-handler.ts).
+ */
+function decimalQuery(fields: string[]) {
+  return (request: FastifyRequest, _reply: FastifyReply, done: (err?: Error) => void) => {
+    const query = request.query as Record<string, unknown>;
+    for (const field of fields) {
+      const value = query[field];
+      if (typeof value === "string" && !DECIMAL.test(value))
+        return done(validationFailed(`querystring/${field} must be an integer in decimal digits.`));
+    }
+    done();
+  };
+}
+
 export async function app(fastify: FastifyInstance, opts: { services: Services }) {
   fastify.decorate("services", opts.services);
   fastify.addHook("onRequest", (request, _reply, done) => {
@@ -184,8 +232,12 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
   });
 
   fastify.setErrorHandler(errorHandler);
-  fastify.setNotFoundHandler(() => {
-    throw new ApiError(404, "NOT_FOUND");
+  fastify.setNotFoundHandler((request, reply) => {
+    const allowed = allowedMethods(fastify, request.url);
+    // A route's own callNotFound (a /ui/ file that is not there) is the route's 404, not a 405.
+    if (allowed.length === 0 || allowed.includes(request.method)) throw new ApiError(404, "NOT_FOUND");
+    reply.header("allow", allowed.join(", "));
+    throw new ApiError(405, "METHOD_NOT_ALLOWED");
   });
 
   await fastify.register(healthRoutes);
@@ -195,6 +247,14 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
     async (api) => {
       api.addHook("onRoute", (route) => {
         if (route.schema?.querystring === undefined) route.schema = { ...route.schema, querystring: NoQuery };
+        const integers = integerFields(route.schema.querystring);
+        if (integers.length > 0) {
+          const given = route.preValidation;
+          route.preValidation = [
+            decimalQuery(integers),
+            ...(given === undefined ? [] : Array.isArray(given) ? given : [given]),
+          ];
+        }
       });
       requireBearer(api);
       await api.register(meRoutes);

@@ -7,6 +7,7 @@ export const PUBLIC_MESSAGES = {
   BAD_REQUEST: "The request could not be processed.",
   UNAUTHORIZED: "A valid bearer token is required.",
   NOT_FOUND: "No such route.",
+  METHOD_NOT_ALLOWED: "The route does not take this method.",
   FILE_NOT_FOUND: "The file does not exist.",
   ANALYSIS_TYPE_UNSUPPORTED: "The analysis type is not supported.",
   ANALYSIS_TASK_NOT_FOUND: "The analysis task does not exist.",
@@ -49,3 +50,11 @@ export const notFound = (
   code: "FILE_NOT_FOUND" | "NOT_FOUND" | "ANALYSIS_TASK_NOT_FOUND" | "OUTPUT_NOT_FOUND",
 ) => new ApiError(404, code);
 export const validationFailed = (detail: string) => new ApiError(400, "VALIDATION_FAILED", detail);
+
+/**
+ * PostgreSQL's disk_full (SQLSTATE 53100): the database could not write the row — the server's lack of
+ * room, answered 507 STORAGE_FULL like a full disk under the store, never a bug's 500. Its
+ * out_of_memory (53200) is not: memory comes back by itself, and "no room to store" would be untrue.
+ */
+export const isDatabaseFull = (err: unknown): boolean =>
+  err instanceof Error && err.name === "PostgresError" && (err as { code?: unknown }).code === "53100";

@@ -134,7 +134,7 @@ export class S3Store implements ObjectStore {
       const thrown = failure(err);
       m.stream.destroy();
       await piped.catch(() => {});
-      throw thrown;
+      throw this.noRoomAs(thrown);
     }
     await piped;
     return m.result();
@@ -145,7 +145,30 @@ export class S3Store implements ObjectStore {
       client: this.client,
       params: { Bucket: this.bucket, Key: this.full(key), Body: fs.createReadStream(file) },
     });
-    await upload.done();
+    await upload.done().catch((err: unknown) => {
+      throw this.noRoomAs(err);
+    });
+  }
+
+  /**
+   * A bucket whose server has no room — MinIO's XMinioStorageFull (its drives past their free-space
+   * threshold), or any server's 507 Insufficient Storage — as a full disk's error (code ENOSPC, the
+   * server's answer its cause), so that it is answered as a full local store is: an upload's 507
+   * STORAGE_FULL (http/routes/files.ts), a run's ANALYSIS_STORAGE_FULL (queue/outcomes.ts). Until
+   * 2026-12-06 an upload got a 500 for it, as for a bug. Any other error is returned as it is.
+   */
+  private noRoomAs(err: unknown): unknown {
+    if (!(err instanceof S3ServiceException)) return err;
+    const code = (err as { Code?: unknown }).Code;
+    if (
+      err.name !== "XMinioStorageFull" &&
+      code !== "XMinioStorageFull" &&
+      err.$metadata?.httpStatusCode !== 507
+    )
+      return err;
+    return Object.assign(new Error(`the store${this.where} has no room left (${err.name})`, { cause: err }), {
+      code: "ENOSPC",
+    });
   }
 
   /**

@@ -6,7 +6,8 @@ import { fileCreate, fileDelete, fileGet, fileList } from "../../files/files.ts"
 import { isNoSpace, SourceError } from "../../storage/store.ts";
 import { FileBody, FileListQuery } from "../api-types.ts";
 import { principalOf } from "../auth.ts";
-import { ApiError, notFound } from "../errors.ts";
+import { ApiError, isDatabaseFull, notFound, validationFailed } from "../errors.ts";
+import { watchPartHeaders } from "../part-headers.ts";
 import {
   Envelope,
   ErrorBody,
@@ -89,20 +90,28 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const { database, storage, config } = app.services;
     // Checked before the body is read (the body's rest is discarded).
     const idempotencyKey = idempotencyKeyOf(request.headers["idempotency-key"]);
-    const part = await request.file().catch(rejectMalformed);
+    const parsing = request.file();
+    // Watched from the same tick as the parser is piped: no chunk passes unseen.
+    const headers = watchPartHeaders(request.raw);
+    const part = await parsing.catch(rejectMalformed);
     if (part?.fieldname !== "file") {
       // Drain whatever part arrived so the connection can be reused.
       part?.file.resume();
+      // busboy drops a part whose file name holds a line break as if it had not been sent.
+      if (headers.fileNameHasLineBreak())
+        throw validationFailed("The file name must not contain line breaks.");
       throw new ApiError(400, "VALIDATION_FAILED", "The request must carry a `file` part.");
     }
+    headers.release();
     // Only a failure that started in the part's own stream is the body's fault (it ends before its
     // closing boundary, say): the store says so with a SourceError. A full disk or a failing bucket
-    // destroys the part's stream too, with its own error, and stays ours: a full disk (ENOSPC, EDQUOT)
-    // is 507 STORAGE_FULL — the server's lack of room, neither a bug (500) nor a brief outage (a 503,
-    // which the CLI would retry within seconds); nothing of the upload is kept, so the same request
-    // (its Idempotency-Key too) succeeds once there is room —, anything else 500. The store's meter
-    // fails one byte past the limit, before @fastify/multipart (whose limit is a byte higher) would
-    // cut the stream short.
+    // destroys the part's stream too, with its own error, and stays ours: a full disk (ENOSPC, EDQUOT;
+    // a bucket's server out of room, see s3.ts) or a database without the disk to write the row
+    // (SQLSTATE 53100; fileCreate has deleted the stored bytes then) is 507 STORAGE_FULL — the
+    // server's lack of room, neither a bug (500) nor a brief outage (a 503, which the CLI would retry
+    // within seconds); nothing of the upload is kept, so the same request (its Idempotency-Key too)
+    // succeeds once there is room —, anything else 500. The store's meter fails one byte past the
+    // limit, before @fastify/multipart (whose limit is a byte higher) would cut the stream short.
     const result = await fileCreate(database.sql, storage, principalOf(request), part.file, {
       name: storedFileName(part.filename),
       contentType: MEDIA_TYPE.test(part.mimetype) ? part.mimetype : "application/octet-stream",
@@ -110,7 +119,7 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
       ...(idempotencyKey === undefined ? {} : { idempotencyKey }),
     }).catch((err: unknown) => {
       if (err instanceof SourceError) throw new ApiError(400, "INVALID_MULTIPART", undefined, err.cause);
-      if (isNoSpace(err)) throw new ApiError(507, "STORAGE_FULL", undefined, err);
+      if (isNoSpace(err) || isDatabaseFull(err)) throw new ApiError(507, "STORAGE_FULL", undefined, err);
       throw err;
     });
     switch (result.kind) {

@@ -25,7 +25,7 @@ import {
   TaskReplayedBody,
 } from "../api-types.ts";
 import { principalOf } from "../auth.ts";
-import { ApiError, notFound, validationFailed } from "../errors.ts";
+import { ApiError, isDatabaseFull, notFound, validationFailed } from "../errors.ts";
 import {
   Envelope,
   ErrorBody,
@@ -75,6 +75,7 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
           200: Envelope(TaskReplayedBody),
           201: Envelope(TaskCreatedBody),
           409: ErrorBody,
+          507: ErrorBody,
           ...errorResponses,
         },
       },
@@ -109,6 +110,13 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
         maxAttempts: typeSettings(config, body.analysisType).maxAttempts,
         ...(body.priority === undefined ? {} : { priority: body.priority }),
         ...(key === undefined ? {} : { idempotencyKey: key }),
+      }).catch((err: unknown) => {
+        // The database without the disk to write the task (SQLSTATE 53100): the server's lack of room,
+        // as for an upload, not a bug's 500; nothing was written (one statement), so the same request
+        // succeeds once there is room.
+        if (isDatabaseFull(err))
+          throw new ApiError(507, "STORAGE_FULL", "The server has no room to store this task.", err);
+        throw err;
       });
       switch (result.kind) {
         case "files-missing":

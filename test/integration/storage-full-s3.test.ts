@@ -1,0 +1,114 @@
+// A bucket whose server has no room (MinIO's XMinioStorageFull, HTTP 507) when an upload is stored:
+// 507 STORAGE_FULL, as for a full local disk, not a bug's 500. s3rver never answers so, so the bucket
+// here is a tiny HTTP server that answers every request with MinIO's error.
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import http from "node:http";
+import type net from "node:net";
+import os from "node:os";
+import path from "node:path";
+import { after, before, test } from "node:test";
+import { S3Store } from "../../src/storage/s3.ts";
+import { isNoSpace } from "../../src/storage/store.ts";
+import { bearer, multipart, startTestApp, type TestApp } from "../helpers/app.ts";
+
+let server: http.Server;
+let endpoint: string;
+/** What the server answers next: MinIO's "storage full", or another error. */
+let answer: { status: number; code: string } = { status: 507, code: "XMinioStorageFull" };
+const requests: string[] = [];
+let t: TestApp;
+let alice: string;
+
+before(async () => {
+  server = http.createServer((req, res) => {
+    requests.push(`${req.method} ${req.url}`);
+    // The body is read whole before the answer, as a server that checks its room at the end does.
+    req.resume();
+    req.on("end", () => {
+      const xml =
+        `<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>${answer.code}</Code>` +
+        "<Message>Storage backend has reached its minimum free drive threshold. Please delete a few objects to proceed.</Message>" +
+        `<Resource>${req.url}</Resource><RequestId>17A0000000000000</RequestId><HostId>dd9025bab4ad464b049177c95eb6ebf374d3b3fd1af9251148b658df7ac2e3e8</HostId></Error>`;
+      res.writeHead(answer.status, {
+        "content-type": "application/xml",
+        "content-length": Buffer.byteLength(xml),
+      });
+      res.end(xml);
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  endpoint = `http://127.0.0.1:${(server.address() as net.AddressInfo).port}`;
+  t = await startTestApp({
+    ASSAY_STORAGE: "s3",
+    ASSAY_S3_BUCKET: "full-bucket",
+    ASSAY_S3_ENDPOINT: endpoint,
+    ASSAY_S3_FORCE_PATH_STYLE: "true",
+  });
+  alice = await t.token("alice");
+});
+after(async () => {
+  await t.close();
+  server.closeAllConnections();
+  await new Promise((resolve) => server.close(resolve));
+});
+
+function upload(content: Buffer) {
+  const { payload, headers } = multipart("file", content, "big.csv");
+  return t.app.inject({
+    method: "POST",
+    url: "/api/files",
+    payload,
+    headers: { ...headers, ...bearer(alice) },
+  });
+}
+
+test("an upload the bucket has no room for → 507 STORAGE_FULL, no file recorded", async () => {
+  answer = { status: 507, code: "XMinioStorageFull" };
+  // One PutObject, and a multipart upload (over lib-storage's 5 MiB part).
+  for (const size of [1024, 6 * 1024 * 1024]) {
+    requests.length = 0;
+    const logsBefore = t.logs.length;
+    const res = await upload(Buffer.alloc(size, "1,2\n"));
+    assert.equal(res.statusCode, 507, res.body);
+    assert.deepEqual(res.json(), {
+      code: "STORAGE_FULL",
+      message: "The server has no room to store this file.",
+    });
+    assert.ok(requests.length > 0, "the bucket was asked");
+    assert.ok(
+      t.logs
+        .slice(logsBefore)
+        .some((l) => (l.level as number) >= 50 && /XMinioStorageFull/.test(JSON.stringify(l))),
+      "the bucket's answer is logged at error level",
+    );
+  }
+  const [row] = await t.db.sql<{ n: number }[]>`select count(*)::int as n from files`;
+  assert.equal(row?.n, 0);
+});
+
+test("another error of the bucket's stays a 500", async () => {
+  answer = { status: 403, code: "AccessDenied" };
+  const res = await upload(Buffer.from("1,2\n"));
+  assert.equal(res.statusCode, 500, res.body);
+  assert.equal(res.json().code, "INTERNAL_ERROR");
+});
+
+test("a worker's output put into a full bucket fails as a full disk (ANALYSIS_STORAGE_FULL)", async () => {
+  answer = { status: 507, code: "XMinioStorageFull" };
+  const store = new S3Store({ bucket: "full-bucket", endpoint, forcePathStyle: true });
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-full-"));
+  try {
+    const file = path.join(dir, "out.json");
+    fs.writeFileSync(file, "{}");
+    const err = await store.putFile("outputs/1/1.1.x/out.json", file).then(
+      () => assert.fail("the put succeeded"),
+      (e: unknown) => e,
+    );
+    assert.ok(isNoSpace(err), String(err));
+    assert.match(String((err as Error).cause), /XMinioStorageFull/);
+  } finally {
+    store.client.destroy();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
