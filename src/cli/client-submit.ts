@@ -278,7 +278,7 @@ async function createTask(
   key: string,
 ): Promise<TaskCreated> {
   const body = { analysisType: type, inputFileIds: sent.records.map((r) => r.fileId), parameters };
-  const t0 = Date.now();
+  const t0 = performance.now();
   for (let attempt = 1; ; attempt++) {
     try {
       return await taskCreate(ctx.client, body, key);
@@ -287,7 +287,7 @@ async function createTask(
       if (!unsure) throw err;
       const more = `the task may exist: the same command with --idempotency-key ${key} returns it instead of creating another`;
       if (ctx.signal.aborted) throw new Interrupted(`interrupted while creating the task; ${more}`);
-      if (Date.now() - t0 >= CREATE_RETRY_MS) {
+      if (performance.now() - t0 >= CREATE_RETRY_MS) {
         if (err instanceof ApiRequestError)
           throw new ApiRequestError(err.status, err.code, `${err.message}; ${more}`);
         throw new ConnectionError(`${(err as Error).message}; ${more}`);

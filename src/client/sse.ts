@@ -124,9 +124,9 @@ export async function* taskEvents(c: ApiClient, taskId: string, o: FollowOptions
       // would not mend either.
       if ((err instanceof ApiRequestError && err.status < 500) || err instanceof NotTheApi) throw err;
       failures++;
-      failingSince ??= Date.now();
+      failingSince ??= performance.now();
       const why = err instanceof Error ? err.message : String(err);
-      if (Date.now() - failingSince > (o.giveUpMs ?? 600_000)) {
+      if (performance.now() - failingSince > (o.giveUpMs ?? 600_000)) {
         throw new ConnectionError(`gave up following task ${taskId}: ${why}`);
       }
       dropped = true;

@@ -1228,7 +1228,8 @@ export class Worker {
   }
 
   /**
-   * Wakes the claim loop at `at` (a retry of ours is due then). One timer, armed for the earliest due
+   * Wakes the claim loop at `at` (performance.now(): a wall clock stepped back or forward while the
+   * timer waits must not lose or hasten it; a retry of ours is due then). One timer, armed for the earliest due
    * time; when it fires it re-arms for the next one. The list holds only retries not yet due.
    */
   private wakeAt(at: number): void {
@@ -1246,14 +1247,14 @@ export class Worker {
     if (at === undefined || this.stopping) return;
     const timer = setTimeout(
       () => {
-        const now = Date.now();
+        const now = performance.now();
         while ((this.retriesDue[0] ?? Number.POSITIVE_INFINITY) <= now) this.retriesDue.shift();
         // A run of this worker's is due again: the queue it found empty is not.
         this.clearDrained();
         this.wake();
         this.armRetryWake();
       },
-      timerDelay(at - Date.now()),
+      timerDelay(at - performance.now()),
     );
     timer.unref();
     this.retryWake = { at, timer };
@@ -1568,7 +1569,7 @@ export class Worker {
     // (A run an earlier try re-queued and someone claimed again since has no due time: null.)
     for (const inMs of [...result.dueInMs, ...earlier.dueInMs]) {
       if (inMs === null) continue;
-      if (inMs > 0) this.wakeAt(Date.now() + inMs + 2);
+      if (inMs > 0) this.wakeAt(performance.now() + inMs + 2);
       else {
         this.clearDrained();
         this.wake();

@@ -95,7 +95,7 @@ export function runProcess(
   /** The program reported its result (it is about to exit). */
   onResult?: () => void,
 ): Promise<ProcessResult> {
-  const started = Date.now();
+  const started = performance.now();
   const reader = new JsonLinesReader(limits.jsonl ?? DEFAULT_JSONL_LIMITS);
   const stderr = new RingBuffer(limits.stderrBytes ?? 64 * 1024);
   const state = {
@@ -131,7 +131,7 @@ export function runProcess(
         signal: sig,
         ...state,
         stderrTail: stderr.tail(STDERR_TAIL_CHARS),
-        durationMs: Date.now() - started,
+        durationMs: Math.round(performance.now() - started),
         pid: child?.pid,
       });
     };

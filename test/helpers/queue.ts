@@ -66,17 +66,20 @@ export async function runCounts(sql: Sql, taskId: string): Promise<Record<string
   return Object.fromEntries(rows.map((r) => [r.status, r.n]));
 }
 
-/** Polls `check` until it returns a truthy value (or throws after `timeoutMs`). */
+/**
+ * Polls `check` until it returns a truthy value (or throws after `timeoutMs`, on the monotonic clock:
+ * tests move Date.now).
+ */
 export async function waitFor<T>(
   check: () => Promise<T>,
   timeoutMs = 30_000,
   what = "condition",
 ): Promise<NonNullable<T>> {
-  const deadline = Date.now() + timeoutMs;
+  const deadline = performance.now() + timeoutMs;
   for (;;) {
     const value = await check();
     if (value) return value as NonNullable<T>;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    if (performance.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 20));
   }
 }

@@ -294,6 +294,32 @@ test("each retry of this worker's wakes it when due, not at the next poll", asyn
   assert.equal(task.succeeded, 4);
 });
 
+test("retries wake the worker when due though the wall clock steps back an hour meanwhile (NTP)", async () => {
+  const taskId = await createTask(db.sql, owner, "r-step", 4, { maxAttempts: 2 });
+  const realNow = Date.now;
+  let failed = 0;
+  const w = worker(
+    {
+      "r-step": async (run) => {
+        if (run.attempt > 1) return { status: "succeeded" };
+        // Once all four have failed and armed their wake-ups, the host's clock is stepped back.
+        if (++failed === 4) setTimeout(() => (Date.now = () => realNow() - 3_600_000), 100);
+        return { status: "failed", errorCode: "ANALYSIS_DEPENDENCY_FAILED", transient: true };
+      },
+    },
+    // Retries are due 0.5–1 s after they fail, at four different times; the poll is a minute away.
+    { retryBaseMs: 1000, pollIntervalMs: 60_000, concurrency: 4 },
+  );
+  try {
+    await w.start();
+    const task = await waitForTerminal(db.sql, taskId, 10_000);
+    assert.equal(task.succeeded, 4);
+  } finally {
+    Date.now = realNow;
+    await w.stop();
+  }
+});
+
 test("a retry already due when its slow re-queue commits is claimed at once, not at the next poll", async () => {
   // The re-queue outlasts the backoff (a lock wait, a busy database): the run is due by the time it
   // is queued again, and no timer of the worker's is still ahead of it.
