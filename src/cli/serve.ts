@@ -14,7 +14,7 @@ import {
   NoAnswerError,
 } from "../db/client.ts";
 import { startSignal } from "../db/embedded.ts";
-import { expectedMigrationCount } from "../db/migrate.ts";
+import { expectedMigrationCount, type SchemaState, schemaState, schemaTooOld } from "../db/migrate.ts";
 import { type OpenedDatabase, openDatabase } from "../db/open.ts";
 import { createLogger, type Logger } from "../log.ts";
 import { MIN_DRAIN_MS } from "../runner/run-process.ts";
@@ -212,6 +212,23 @@ export function linkHost(host: string): string {
   return `[${normal}${zone === undefined ? "" : `%25${zone}`}]`;
 }
 
+/**
+ * Start-up's look at the database's schema against this release's migrations (schemaState). Older
+ * (`assay migrate` not run for this release): a worker would fail on a missing column at its first
+ * claim, or write what the schema does not hold, so start-up fails (exit 1), naming the migrations
+ * missing. Newer (the rolling upgrade's other half: a newer release migrated it): fine, as its
+ * migrations only add; said once. Unmigrated (no migration at all): the first query's 42P01 says to
+ * migrate (explained()).
+ */
+function heedSchema(state: SchemaState, logger: Logger): void {
+  if (state.kind === "older") throw schemaTooOld(state);
+  if (state.kind === "newer")
+    logger.info(
+      { applied: state.applied, expected: state.expected },
+      "the database has migrations newer than this release (a newer release migrated it): running on it",
+    );
+}
+
 /** A missing table (42P01, undefined_table) is a database that `assay migrate` has not brought up to date. */
 function explained(err: unknown): unknown {
   return (err as { code?: unknown } | undefined)?.code === "42P01"
@@ -314,6 +331,11 @@ export async function serveCommand(
       (mode !== "api" || (values as { "dev-token"?: boolean })["dev-token"])
     )
       await waitForDatabase(database.url, `assay-${mode}`, logger, shutdown.signal);
+    // The schema, where start-up needs the database (the worker, a dev token): one this release's code
+    // cannot use fails the start, saying to run `assay migrate`. The API alone listens whatever the
+    // database does (its /readyz says 503 until it is migrated) and says so in its log (below).
+    const needsDatabase = mode !== "api" || (values as { "dev-token"?: boolean })["dev-token"] === true;
+    if (needsDatabase) heedSchema(await schemaState(database.sql), logger);
     // Opens the pool's first connection (TCP, authentication) while the rest of the process loads,
     // not on the first request; a failure here is the first request's to report.
     database.sql`select 1`.catch(() => {});
@@ -360,6 +382,17 @@ export async function serveCommand(
       throw err;
     }
     listening = server !== undefined;
+    if (!needsDatabase && server) {
+      // Not awaited: a database that does not answer yet is /readyz's to report, not start-up's.
+      schemaState(database.sql).then(
+        (state) => {
+          if (state.kind === "older")
+            logger.error(`${schemaTooOld(state).message}; /readyz answers 503 until then`);
+          else heedSchema(state, logger);
+        },
+        () => {},
+      );
+    }
     step();
     if (mode !== "api") {
       // A signal meanwhile: the worker is not started, or stopped by the shutdown before anything else.

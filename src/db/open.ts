@@ -5,7 +5,7 @@ import type { Config } from "../config.ts";
 import type { Logger } from "../log.ts";
 import { createDatabase, type Database, type PoolOptions } from "./client.ts";
 import { type EmbeddedPostgres, startEmbeddedPostgres } from "./embedded.ts";
-import { type MigrationCounts, runMigrations } from "./migrate.ts";
+import { describeHolders, type MigrateOptions, type MigrationCounts, runMigrations } from "./migrate.ts";
 
 export interface OpenedDatabase extends Database {
   readonly url: string;
@@ -17,7 +17,7 @@ export interface OpenedDatabase extends Database {
 export async function openDatabase(
   config: Config,
   logger: Logger,
-  options: PoolOptions & { migrate?: boolean } = {},
+  options: PoolOptions & { migrate?: boolean; migration?: MigrateOptions } = {},
 ): Promise<OpenedDatabase> {
   let embedded: EmbeddedPostgres | undefined;
   let url = config.databaseUrl;
@@ -32,7 +32,16 @@ export async function openDatabase(
   let migrations: MigrationCounts | undefined;
   try {
     // The embedded database is ours to keep current; an external one is migrated by `assay migrate`.
-    if (embedded || options.migrate) migrations = await runMigrations(url);
+    if (embedded || options.migrate)
+      migrations = await runMigrations(url, {
+        // Each attempt that waited lock_timeout for a table and is made again, with who held it up.
+        onWait: ({ attempt, migration, holders, retryInMs }) =>
+          logger.warn(
+            { attempt, migration, holders: describeHolders(holders), retryInMs },
+            "a migration waited for a lock held by another transaction; trying again",
+          ),
+        ...options.migration,
+      });
   } catch (err) {
     await embedded?.stop();
     throw err;

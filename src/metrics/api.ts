@@ -3,6 +3,7 @@
 import type { FastifyInstance } from "fastify";
 import type { TransactionSql } from "postgres";
 import { Counter, Gauge, Histogram, type Registry } from "prom-client";
+import { ANALYSIS_TYPES } from "../analyses/names.ts";
 import type { Sql } from "../db/client.ts";
 import type { EventHub } from "../events/hub.ts";
 
@@ -35,7 +36,7 @@ interface FinishedRow {
 
 interface QueueRead {
   queued: { type: string; n: number; age: number }[];
-  running: { type: string; status: string; n: number }[];
+  running: { type: string; status: string; expired: boolean; n: number }[];
   finished: FinishedRow[];
 }
 
@@ -105,24 +106,35 @@ export function apiMetrics(
   };
   const queueGauge = (name: string, help: string, labelNames: string[]) =>
     new Gauge({ name, help, labelNames, registers: [registry], collect: () => refresh() });
-  const depth = queueGauge("assay_queue_depth", "Queued runs by analysis type (due now or later)", [
+  // Read from the database, so every API instance reports the same whole-queue values: aggregate
+  // them across instances with max(), never sum().
+  const whole = " (the whole queue: the same on every API instance)";
+  const depth = queueGauge("assay_queue_depth", `Queued runs by analysis type, due now or later${whole}`, [
     "analysis_type",
   ]);
   const oldest = queueGauge(
     "assay_queue_oldest_age_seconds",
-    "Age of the oldest queued run by analysis type",
+    `Age of the oldest queued run by analysis type, 0 when none is queued${whole}`,
     ["analysis_type"],
   );
-  const live = queueGauge("assay_runs_live", "Runs with a live attempt, by analysis type and status", [
-    "analysis_type",
-    "status",
-  ]);
-  const outcomes = queueGauge(
-    "assay_runs_finished",
-    "Finished runs by analysis type and outcome (from the task counters)",
+  const live = queueGauge(
+    "assay_runs_live",
+    `Runs with a live attempt (a lease not yet expired), by analysis type and status${whole}`,
     ["analysis_type", "status"],
   );
-  const gauges = [depth, oldest, live, outcomes];
+  const leaseExpired = queueGauge(
+    "assay_runs_lease_expired",
+    `Runs whose worker stopped renewing their lease (gone): starting, running or cancelling in the table, run by nobody until a worker's reaper takes them back${whole}`,
+    ["analysis_type"],
+  );
+  const outcomes = queueGauge(
+    "assay_runs_finished",
+    `Finished runs by analysis type and outcome, from the task counters (falls as retention deletes tasks)${whole}`,
+    ["analysis_type", "status"],
+  );
+  const gauges = [depth, oldest, live, leaseExpired, outcomes];
+  const LIVE = ["starting", "running", "cancelling"] as const;
+  const OUTCOMES = ["succeeded", "failed", "timed_out", "cancelled"] as const;
 
   let reading: Promise<QueueRead> | undefined;
   let finished: { rows: FinishedRow[]; at: number; tookMs: number } | undefined;
@@ -143,11 +155,23 @@ export function apiMetrics(
         }),
       ]);
       for (const g of gauges) g.reset();
+      // Every analysis type Assay knows is reported, at zero when it has nothing: a series that
+      // vanished when its queue drained read as "no data" (a sum() over none is empty, not 0).
+      for (const analysis_type of ANALYSIS_TYPES) {
+        depth.set({ analysis_type }, 0);
+        oldest.set({ analysis_type }, 0);
+        leaseExpired.set({ analysis_type }, 0);
+        for (const status of LIVE) live.set({ analysis_type, status }, 0);
+        for (const status of OUTCOMES) outcomes.set({ analysis_type, status }, 0);
+      }
       for (const q of r.queued) {
         depth.set({ analysis_type: q.type }, q.n);
         oldest.set({ analysis_type: q.type }, q.age);
       }
-      for (const x of r.running) live.set({ analysis_type: x.type, status: x.status }, x.n);
+      for (const x of r.running) {
+        if (x.expired) leaseExpired.inc({ analysis_type: x.type }, x.n);
+        else live.inc({ analysis_type: x.type, status: x.status }, x.n);
+      }
       for (const f of r.finished) {
         outcomes.set({ analysis_type: f.type, status: "succeeded" }, f.s);
         outcomes.set({ analysis_type: f.type, status: "failed" }, f.f);
@@ -179,9 +203,14 @@ export function apiMetrics(
       select analysis_type as type, count(*)::float8 as n,
              coalesce(extract(epoch from now() - min(created_at)), 0)::float8 as age
       from runs where status = 'queued' group by analysis_type`;
-    const running = await sql<{ type: string; status: string; n: number }[]>`
-      select analysis_type as type, status, count(*)::float8 as n
-      from runs where status in ('starting', 'running', 'cancelling') group by 1, 2`;
+    // A run whose lease has expired is run by nobody: its worker is gone (killed, its machine lost)
+    // and only a worker's reaper takes it back, so with every worker gone it stays `running` for
+    // good. It was counted live all that time; it is counted apart now, expired by the reaper's own
+    // test. runs_live_idx holds both columns.
+    const running = await sql<{ type: string; status: string; expired: boolean; n: number }[]>`
+      select analysis_type as type, status, coalesce(lease_expires_at < now(), false) as expired,
+             count(*)::float8 as n
+      from runs where status in ('starting', 'running', 'cancelling') group by 1, 2, 3`;
     // The totals sum the counters of every task, a scan of the whole table (~0.3 s of PostgreSQL's
     // time at a million tasks): a read that took over FINISHED_CHEAP_MS is reused until
     // FINISHED_SPACING times as long has passed (at most a minute), so an API instance spends ~1% of
