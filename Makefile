@@ -4,8 +4,9 @@ SHELL := /bin/bash
 BIN := node_modules/.bin
 # The runtime is Node 24, installed by npm (the `node` package) so every machine runs the same one.
 NODE := $(BIN)/node
-# node_modules is (re)installed when missing or older than package-lock.json.
-DEPS := node_modules/.installed
+# node_modules is (re)installed when missing or older than package-lock.json: npm writes
+# node_modules/.package-lock.json on every install, so a plain `npm ci` counts (no second install).
+DEPS := node_modules/.package-lock.json
 
 .PHONY: help dev test typecheck lint format migrate db/generate verify bench bundle
 

@@ -128,7 +128,7 @@ const FIELDS = {
     hint: "must be a bucket name: 3–63 letters, digits, '.', '-' or '_', starting and ending with a letter or digit",
     optional: true,
     description:
-      "With ASSAY_STORAGE=s3: the bucket (required). Credentials come from the AWS SDK's default chain.",
+      "With ASSAY_STORAGE=s3: the bucket (required; 3–63 letters, digits, '.', '-' or '_'). Credentials come from the AWS SDK's default chain.",
   },
   s3Prefix: {
     env: "ASSAY_S3_PREFIX",
@@ -268,7 +268,7 @@ const FIELDS = {
     env: "ASSAY_SSE_STALL_MS",
     ...durationMs(1000, 60_000),
     description:
-      "A Server-Sent Events stream whose socket has taken nothing for this long (at least twice ASSAY_SSE_HEARTBEAT_MS) while output waited for it is cut off; the client resumes by Last-Event-ID. Bounds what a client that stops reading holds: its socket, buffered events and its subscription. The kernel's socket buffers make a client reading a long log steadily below ~10 KB/s at 60 s look the same.",
+      "A Server-Sent Events stream whose socket has taken nothing for this long (at least twice ASSAY_SSE_HEARTBEAT_MS: raised to that when unset, refused below it) while output waited for it is cut off; the client resumes by Last-Event-ID. Bounds what a client that stops reading holds: its socket, buffered events and its subscription. The kernel's socket buffers make a client reading a long log steadily below ~10 KB/s at 60 s look the same.",
   },
   killGraceMs: {
     env: "ASSAY_KILL_GRACE_MS",
@@ -356,7 +356,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     if (error === undefined) out[key] = value;
     else problems.push(`${field.env}${shownValue(field, given)}: ${error}`);
   }
-  if (out.storage === "s3" && out.s3Bucket === undefined) {
+  // Only when none was given: a bucket name refused above is not also "required".
+  if (out.storage === "s3" && out.s3Bucket === undefined && raw.s3Bucket === undefined) {
     problems.push("ASSAY_S3_BUCKET: is required with ASSAY_STORAGE=s3");
   }
   const { maxUploadBytes } = out as { maxUploadBytes?: number };
@@ -379,6 +380,17 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     problems.push(
       `ASSAY_WORKER_WAIT_MS (${workerWaitMs}) must be at least ASSAY_LEASE_TTL_MS (${leaseTtlMs}): live workers refresh which types they serve only with their heartbeat, every ASSAY_LEASE_TTL_MS / 3 (${Math.round(leaseTtlMs / 3)} ms), so a shorter wait fails runs of a type a live worker serves with ANALYSIS_WORKER_UNAVAILABLE`,
     );
+  }
+  // A stream is cut off as stalled only after two keep-alives went unread: left unset, the stall bound
+  // is raised to twice the heartbeat (it was raised where it is used, and `assay config --values`
+  // showed a value not in effect); set below that, it is refused.
+  const { sseStallMs, sseHeartbeatMs } = out as { sseStallMs?: number; sseHeartbeatMs?: number };
+  if (sseStallMs !== undefined && sseHeartbeatMs !== undefined && sseStallMs < 2 * sseHeartbeatMs) {
+    if (raw.sseStallMs === undefined) out.sseStallMs = 2 * sseHeartbeatMs;
+    else
+      problems.push(
+        `ASSAY_SSE_STALL_MS (${sseStallMs}) must be at least twice ASSAY_SSE_HEARTBEAT_MS (${sseHeartbeatMs}): a stream sends a keep-alive every heartbeat, and one that took nothing for less than two of them is not stalled`,
+      );
   }
   if (problems.length > 0) throw new ConfigError(problems);
   const config = out as Settings;

@@ -242,7 +242,8 @@ async function filesRemove(ctx: ClientContext, ids: string[]): Promise<number> {
     } catch (err) {
       // Another file's answer says nothing about this one's: only a 404 goes on to the next id.
       if (!(err instanceof ApiRequestError && err.code === "FILE_NOT_FOUND")) throw err;
-      ctx.out.say(`No file ${id} of yours`);
+      // On stderr in either mode: a script reading JSON lines is told which id failed too.
+      ctx.out.note(`no file ${id} of yours (FILE_NOT_FOUND)`);
       failed ??= err;
     }
   }

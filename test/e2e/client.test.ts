@@ -509,6 +509,7 @@ test("files rm deletes files, tries every id, and exits 2 when one names no file
     ids,
   );
   assert.match(rm.stderr, /FILE_NOT_FOUND/);
+  assert.match(rm.stderr, new RegExp(`no file ${bobs} of yours`), "the id that failed is named");
   const left = ofKind(jsonLines((await client(["files", "--limit", "1000"], env)).stdout), "file");
   assert.ok(!left.some((f) => ids.includes(f.fileId as string)), "both are gone");
   const bobLeft = ofKind(jsonLines((await client(["files"], server.env(bob))).stdout), "file");

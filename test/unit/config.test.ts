@@ -294,10 +294,18 @@ test("a bucket name S3 would refuse (a path, a space, too short or long) is refu
       () => loadConfig({ ASSAY_STORAGE: "s3", ASSAY_S3_BUCKET: bad }),
       (err: unknown) =>
         err instanceof ConfigError &&
-        err.problems.some((p) => p.startsWith("ASSAY_S3_BUCKET=") && p.includes("must be a bucket name")),
+        err.problems.some((p) => p.startsWith("ASSAY_S3_BUCKET=") && p.includes("must be a bucket name")) &&
+        // Said once: not also "is required", as if none had been given.
+        err.problems.filter((p) => p.startsWith("ASSAY_S3_BUCKET")).length === 1,
       bad,
     );
   }
+  assert.throws(
+    () => loadConfig({ ASSAY_STORAGE: "s3" }),
+    (err: unknown) =>
+      err instanceof ConfigError &&
+      err.problems.includes("ASSAY_S3_BUCKET: is required with ASSAY_STORAGE=s3"),
+  );
   for (const good of ["abc", "assay-prod.eu_1", "Legacy_Bucket", "a".repeat(63)])
     assert.equal(loadConfig({ ASSAY_STORAGE: "s3", ASSAY_S3_BUCKET: good }).s3Bucket, good);
 });
@@ -664,5 +672,24 @@ test("configInEffect: a bad setting is the ConfigError the servers give", () => 
       assert.match(err.message, /LOG_LEVEL/);
       return true;
     },
+  );
+});
+
+test("ASSAY_SSE_STALL_MS: raised to twice the heartbeat when unset, refused when set below it", () => {
+  const raised = loadConfig({ ASSAY_SSE_HEARTBEAT_MS: "40000" });
+  assert.equal(raised.sseStallMs, 80_000);
+  const shown = configInEffect({ ASSAY_SSE_HEARTBEAT_MS: "40000" }).find(
+    (s) => s.variable === "ASSAY_SSE_STALL_MS",
+  );
+  assert.deepEqual(shown, { variable: "ASSAY_SSE_STALL_MS", value: 80_000, masked: false, from: "derived" });
+  assert.equal(loadConfig({}).sseStallMs, 60_000, "the defaults agree");
+  assert.equal(loadConfig({ ASSAY_SSE_STALL_MS: "30000" }).sseStallMs, 30_000, "exactly twice is enough");
+  assert.throws(
+    () => loadConfig({ ASSAY_SSE_STALL_MS: "20000" }),
+    (err: unknown) =>
+      err instanceof ConfigError &&
+      err.problems.some((p) =>
+        p.startsWith("ASSAY_SSE_STALL_MS (20000) must be at least twice ASSAY_SSE_HEARTBEAT_MS (15000)"),
+      ),
   );
 });
