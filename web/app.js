@@ -4,7 +4,7 @@
 import { api, notAToken, session, TOKEN_REFUSED } from "./api.js";
 import { FilesView } from "./files.js";
 import { shownName } from "./format.js";
-import { html, render, useEffect, useState } from "./lib.js";
+import { html, render, useEffect, useRef, useState } from "./lib.js";
 import { NewTaskView } from "./new-task.js";
 import { TaskView } from "./task.js";
 import { TasksView } from "./tasks.js";
@@ -51,6 +51,41 @@ function route() {
   return { view: "missing" };
 }
 
+/** The document's title for view `where` (null: the sign-in form), so a tab and a screen reader say where they are. */
+function titleOf(where) {
+  const view =
+    where === null
+      ? "Sign in"
+      : where.view === "task"
+        ? `Task #${where.taskId}`
+        : ({ tasks: "Tasks", new: "New task", files: "Files" }[where.view] ?? "Not found");
+  return `${view} — Assay`;
+}
+
+/**
+ * Moves the keyboard's focus to the heading of the view just shown, once it is there (a task's comes
+ * after its read), when the focus was lost with the view left (on <body>, or on an element gone) or is
+ * on the header's links that went there — not when the user has moved it meanwhile. Until
+ * 2026-12-06 it stayed on <body> after every move: signing in, following a task's link, starting a
+ * task, signing out. Returns the function that stops waiting.
+ */
+function focusHeading() {
+  const put = () => {
+    const heading = document.querySelector("#app h1");
+    if (!heading) return false;
+    const at = document.activeElement;
+    if (!at || at === document.body || !at.isConnected || at.closest("header.top")) {
+      heading.tabIndex = -1;
+      heading.focus();
+    }
+    return true;
+  };
+  if (put()) return undefined;
+  const watcher = new MutationObserver(() => put() && watcher.disconnect());
+  watcher.observe(document.getElementById("app"), { childList: true, subtree: true });
+  return () => watcher.disconnect();
+}
+
 function SignIn({ onSignedIn, problem }) {
   const [token, setToken] = useState("");
   const [error, setError] = useState(problem);
@@ -73,9 +108,10 @@ function SignIn({ onSignedIn, problem }) {
     <form onSubmit=${submit}>
       <label for="token">API token</label>
       <input id="token" type="password" autocomplete="off" spellcheck="false" required value=${token}
-        onInput=${(e) => setToken(e.currentTarget.value)} placeholder="assay_…" />
-      <small>Kept in this browser only. Create one with <code>assay token create &lt;name&gt;</code>.</small>
-      <${ErrorNote} error=${error} />
+        onInput=${(e) => setToken(e.currentTarget.value)} placeholder="assay_…"
+        aria-invalid=${error ? "true" : undefined} aria-describedby=${error ? "token-problem token-help" : "token-help"} />
+      <small id="token-help">Kept in this browser only. Create one with <code>assay token create &lt;name&gt;</code>.</small>
+      <${ErrorNote} id="token-problem" error=${error} />
       <button type="submit" class="primary">Sign in</button>
     </form>
   </main>`;
@@ -141,6 +177,21 @@ function App({ linkProblem }) {
     );
     return () => ctrl.abort();
   }, [me, where.view === "new"]);
+
+  // What is shown (a view, the sign-in form): when it changes, its title and where the focus goes. Not
+  // on the first one shown, nor after the check of a stored token (the page as it loads keeps focus).
+  const shown = checking
+    ? "checking"
+    : me
+      ? `${me.userId} ${where.view} ${where.taskId ?? ""} ${where.files ?? ""}`
+      : "signin";
+  const shownBefore = useRef(shown);
+  useEffect(() => {
+    document.title = checking ? "Assay" : titleOf(me ? where : null);
+    const before = shownBefore.current;
+    shownBefore.current = shown;
+    if (before !== shown && before !== "checking") return focusHeading();
+  }, [shown]);
 
   if (checking) return html`<p class="muted">Signing in…</p>`;
   if (!me) return html`<${SignIn} onSignedIn=${setMe} problem=${problem} />`;

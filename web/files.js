@@ -2,8 +2,8 @@
 // address (`#/files?cursor=…`, app.js reads it), so Back and a reload come back to it.
 import { api } from "./api.js";
 import { bytes, shownName, when } from "./format.js";
-import { html, useEffect, useState } from "./lib.js";
-import { ErrorNote, goTo, listAddress, Pager } from "./widgets.js";
+import { html, useEffect, useRef, useState } from "./lib.js";
+import { ErrorNote, focusIfLost, goTo, listAddress, Pager } from "./widgets.js";
 
 export function FilesView({ me, paging }) {
   const [page, setPage] = useState(null);
@@ -38,6 +38,22 @@ export function FilesView({ me, paging }) {
   // and the files not deleted stay chosen.
   const [confirming, setConfirming] = useState(false);
   const [deleting, setDeleting] = useState(false);
+  // What the last deletion did, said (a live region) and focused: the buttons the keyboard was on are
+  // gone or disabled after it. The question takes the focus to its "Keep" (the action that changes
+  // nothing), and "Keep" gives it back to "Delete … selected". Until 2026-12-06 each of these left the
+  // focus on <body>, and a deletion said nothing.
+  const [deleted, setDeleted] = useState(null);
+  const keep = useRef(null);
+  const ask = useRef(null);
+  const said = useRef(null);
+  const [focusTo, setFocusTo] = useState(null);
+  useEffect(() => {
+    const to = { keep, ask, said }[focusTo];
+    if (!to) return;
+    setFocusTo(null);
+    if (to === keep) to.current?.focus();
+    else focusIfLost(to.current);
+  }, [focusTo]);
   async function remove() {
     setDeleting(true);
     const left = new Set(chosen);
@@ -54,10 +70,13 @@ export function FilesView({ me, paging }) {
         }
       }
     }
+    const count = chosen.size - left.size;
     setChosen(left);
     setDeleting(false);
     setConfirming(false);
     setAgain((n) => n + 1);
+    setDeleted(`${count === 0 ? "No" : count} ${count === 1 ? "file" : "files"} deleted.`);
+    setFocusTo("said");
     if (failure) setError(failure);
   }
   return html`<section>
@@ -65,16 +84,24 @@ export function FilesView({ me, paging }) {
       <h1>Files</h1>
       <a class=${`button primary ${chosen.size === 0 ? "disabled" : ""}`} aria-disabled=${chosen.size === 0}
         href=${chosen.size === 0 ? undefined : `#/new?files=${[...chosen].join(",")}`}>New task with ${chosen.size} selected</a>
-      <button type="button" class="danger" disabled=${chosen.size === 0 || deleting} onClick=${() => setConfirming(true)}>Delete ${chosen.size} selected</button>
+      <button type="button" class="danger" disabled=${chosen.size === 0 || deleting} onClick=${() => {
+        setConfirming(true);
+        setDeleted(null);
+        setFocusTo("keep");
+      }} ref=${ask}>Delete ${chosen.size} selected</button>
     </header>
     ${
       confirming && chosen.size > 0
         ? html`<p class="confirm" role="alert">Delete ${chosen.size} ${chosen.size === 1 ? "file" : "files"}, record and bytes?
           Tasks made from ${chosen.size === 1 ? "it" : "them"} keep their outputs; runs that have not read ${chosen.size === 1 ? "it" : "them"} yet will fail.
           <button type="button" class="danger" disabled=${deleting} onClick=${remove}>${deleting ? "Deleting…" : "Delete"}</button>
-          <button type="button" disabled=${deleting} onClick=${() => setConfirming(false)}>Keep</button></p>`
+          <button type="button" disabled=${deleting} ref=${keep} onClick=${() => {
+            setConfirming(false);
+            setFocusTo("ask");
+          }}>Keep</button></p>`
         : null
     }
+    <p class=${deleted ? "notice" : ""} role="status" tabindex="-1" ref=${said}>${deleted}</p>
     <${ErrorNote} error=${error} />
     ${
       page === null

@@ -5,7 +5,7 @@ import { api, uploadFile } from "./api.js";
 import { bytes, shownName, when } from "./format.js";
 import { html, useEffect, useRef, useState } from "./lib.js";
 import { parametersFrom, SchemaForm } from "./schema-form.js";
-import { ErrorNote, RunBar } from "./widgets.js";
+import { ErrorNote, focusIfLost, RunBar } from "./widgets.js";
 
 const UPLOADS_AT_ONCE = 3;
 const OTHERS_AT_ONCE = 4;
@@ -35,6 +35,17 @@ function refusedParameter(err, schema) {
   return name !== undefined && Object.hasOwn(schema?.properties ?? {}, name) ? name : null;
 }
 
+/**
+ * What the uploads' live region says: how many are done and failed, changed when one ends — not at
+ * every step of its progress. (A failure is also said by its own alert.)
+ */
+function uploadsSaid(uploads) {
+  if (uploads.length === 0) return "";
+  const done = uploads.filter((u) => u.state === "done").length;
+  const failed = uploads.filter((u) => u.state === "failed").length;
+  return `${done} of ${uploads.length} ${uploads.length === 1 ? "upload" : "uploads"} done${failed > 0 ? `, ${failed} failed` : ""}.`;
+}
+
 export function NewTaskView({ types, preselected }) {
   const [type, setType] = useState("");
   const [values, setValues] = useState({});
@@ -54,6 +65,10 @@ export function NewTaskView({ types, preselected }) {
   // file's record, or the error reading it.
   const [others, setOthers] = useState(() => new Map());
   const picker = useRef(null);
+  // The list of uploaded files starts open when files came chosen, and is then the user's to open and
+  // close: bound to the count chosen, it closed under the keyboard's focus when the last was unchosen
+  // (until 2026-12-06), and the focus fell to <body>.
+  const [listOpen] = useState(() => preselected.length > 0);
 
   useEffect(() => {
     const ctrl = new AbortController();
@@ -129,9 +144,16 @@ export function NewTaskView({ types, preselected }) {
     }));
     setUploads((list) => [...list, ...added]);
   }
+  // The focus goes to the next upload's "remove" (or the one before, or the file picker): the button
+  // pressed goes with its row, and the focus fell to <body> (until 2026-12-06).
   function remove(key) {
     controllers.current.get(key)?.abort();
+    const at = uploads.findIndex((u) => u.key === key);
     setUploads((list) => list.filter((u) => u.key !== key));
+    setTimeout(() => {
+      const buttons = document.querySelectorAll(".uploads > li > button");
+      focusIfLost(buttons[at] ?? buttons[at - 1] ?? picker.current);
+    });
   }
 
   const spec = types?.find((t) => t.name === type);
@@ -148,6 +170,9 @@ export function NewTaskView({ types, preselected }) {
 
   async function submit(e) {
     e.preventDefault();
+    // Sending: the button is inert, not disabled, so that a refusal leaves the keyboard's focus on it
+    // (a disabled button dropped it to <body>, until 2026-12-06).
+    if (busy) return;
     setError(null);
     setFieldProblems({});
     if (!spec) return setError({ message: "Choose an analysis type." });
@@ -247,6 +272,7 @@ export function NewTaskView({ types, preselected }) {
               onChange=${picked} />
           </label>
         </div>
+        <p class="visually-hidden" role="status">${uploadsSaid(uploads)}</p>
         ${
           uploads.length > 0
             ? html`<ul class="uploads" aria-label="Uploads">
@@ -266,7 +292,7 @@ export function NewTaskView({ types, preselected }) {
             </ul>`
             : null
         }
-        <details open=${chosen.size > 0}>
+        <details open=${listOpen}>
           <summary>Or choose uploaded files (${chosen.size} chosen)</summary>
           ${
             known === null
@@ -297,7 +323,7 @@ export function NewTaskView({ types, preselected }) {
 
       <${ErrorNote} error=${error} />
       <div class="row">
-        <button type="submit" class="primary" disabled=${busy || pending || uniqueIds.length === 0 || !spec}>
+        <button type="submit" class="primary" disabled=${pending || uniqueIds.length === 0 || !spec} aria-disabled=${busy || undefined}>
           ${pending ? "Uploading…" : `Start ${type || "task"} over ${uniqueIds.length} file${uniqueIds.length === 1 ? "" : "s"}`}
         </button>
       </div>

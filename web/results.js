@@ -179,7 +179,7 @@ export function ResultsTable({ taskId, version, changes = 0, live = false }) {
           i,
         ) => html`<th scope="col" aria-sort=${sort.column === i ? (sort.dir > 0 ? "ascending" : "descending") : "none"}>
           <button type="button" class="link" onClick=${() => setSort({ column: i, dir: sort.column === i ? -sort.dir : 1 })}>
-            <span class="name">${shownName(h)}</span>${sort.column === i ? (sort.dir > 0 ? " ▲" : " ▼") : ""}</button></th>`,
+            <span class="name">${shownName(h)}</span>${sort.column === i ? html`<span aria-hidden="true">${sort.dir > 0 ? " ▲" : " ▼"}</span>` : ""}</button></th>`,
       )}</tr></thead>
       <tbody>${sorted.slice(0, SHOWN).map((r) => html`<tr>${r.map((c) => html`<td>${shownName(c)}</td>`)}</tr>`)}</tbody>
     </table></div>

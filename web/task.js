@@ -10,7 +10,7 @@ import { duration, RUN_STATUSES, STATUS_LABEL, shownName, when } from "./format.
 import { html, useEffect, useRef, useState } from "./lib.js";
 import { RunOutputs } from "./outputs.js";
 import { ResultsTable } from "./results.js";
-import { ErrorNote, Pager, QueuePlace, RunBar, Status, TaskBar } from "./widgets.js";
+import { ErrorNote, focusIfLost, Pager, QueuePlace, RunBar, Status, TaskBar } from "./widgets.js";
 
 const RUNS_PAGE = 100;
 const LOG_KEPT = 1000;
@@ -19,6 +19,13 @@ const REREAD_MS = 500;
 const FLUSH_MS = 250;
 /** …and no more than this many wait at all. */
 const PENDING_MAX = LOG_KEPT;
+
+/** The task page's tabs: id, label. */
+const TABS = [
+  ["runs", "Runs"],
+  ["results", "Results"],
+  ["log", "Event log"],
+];
 
 const STREAM_LABEL = {
   connecting: "connecting…",
@@ -64,6 +71,11 @@ export function TaskView({ taskId }) {
   const [error, setError] = useState(null);
   const [loadProblem, setLoadProblem] = useState(null);
   const [notice, setNotice] = useState(null);
+  const noticeRef = useRef(null);
+  // Said to a screen reader (a live region) when the task ends while it is shown: its status and
+  // counts, once — not every run's progress.
+  const [ending, setEnding] = useState("");
+  const statusShown = useRef(null);
   const [busy, setBusy] = useState(false);
   const [resultsVersion, setResultsVersion] = useState(0);
   // Changes of runs' status (started, ended, put back for a retry), as the stream told: the Results
@@ -310,12 +322,29 @@ export function TaskView({ taskId }) {
     loadRuns();
   }, [taskId, paging, runFilter]);
 
+  useEffect(() => {
+    const status = task?.status;
+    if (!status) return;
+    const before = statusShown.current;
+    statusShown.current = status;
+    if (before && !isTerminal(before) && isTerminal(status))
+      setEnding(
+        `Task #${task.taskId} ${STATUS_LABEL[status] ?? status}: ${task.succeededCount} of ${task.totalCount} runs succeeded` +
+          `${task.failedCount + task.timedOutCount > 0 ? `, ${task.failedCount + task.timedOutCount} failed` : ""}` +
+          `${task.cancelledCount > 0 ? `, ${task.cancelledCount} cancelled` : ""}.`,
+      );
+  }, [task?.status]);
+
   const filterRuns = (e) => {
     setRunFilter(e.currentTarget.value);
     setPaging({ cursors: [], cursor: null });
   };
 
+  // While a request is on its way its button is not disabled, only inert (`busy`): a disabled button
+  // loses the keyboard's focus to <body> (until 2026-12-06 a keyboard user who downloaded had to Tab
+  // from the top of the page again).
   async function cancel() {
+    if (busy) return;
     setBusy(true);
     try {
       const after = await api(`/analysis-tasks/${taskId}/cancel`, { method: "POST" });
@@ -324,6 +353,9 @@ export function TaskView({ taskId }) {
       // The note of an action that failed before goes with the next that succeeds (it stayed until
       // the page was left, until 2026-12-06).
       setError(null);
+      // The button is disabled (cancelling) or gone (cancelled) now: the focus goes to the note that
+      // says what happened, not to <body>.
+      setTimeout(() => focusIfLost(noticeRef.current));
     } catch (err) {
       setError(err);
     } finally {
@@ -334,6 +366,7 @@ export function TaskView({ taskId }) {
   // name the API gives: a one-file task's output itself, else task-<id>.zip; a run's output under its
   // own name (summary.json), not the input's.
   async function downloadAll() {
+    if (busy) return;
     setBusy(true);
     try {
       await saveVia(`/analysis-tasks/${taskId}/download/link`);
@@ -353,6 +386,18 @@ export function TaskView({ taskId }) {
     }
   }
 
+  // The tabs as a tab list: one stop for Tab, the arrow keys (and Home, End) move between them (until
+  // 2026-12-06 each tab was a stop of its own and the arrows did nothing).
+  const tabKey = (e) => {
+    const at = TABS.findIndex(([id]) => id === tab);
+    const to = { ArrowRight: at + 1, ArrowLeft: at - 1, Home: 0, End: TABS.length - 1 }[e.key];
+    if (to === undefined) return;
+    e.preventDefault();
+    const [id] = TABS[(to + TABS.length) % TABS.length];
+    setTab(id);
+    document.getElementById(`tab-${id}`)?.focus();
+  };
+
   if (error?.status === 404)
     return html`<section><h1>Task not found</h1><p>There is no task #${taskId} you can see. <a href="#/">All tasks</a></p></section>`;
   if (task === null)
@@ -364,6 +409,7 @@ export function TaskView({ taskId }) {
       <h1>Task #${task.taskId} <small>${task.analysisType}</small></h1>
       <${Status} status=${task.status} />
       <span class=${`stream ${stream}`} aria-live="polite">${STREAM_LABEL[stream]}</span>
+      <span class="visually-hidden" role="status">${ending}</span>
     </header>
     <${TaskBar} task=${task} />
     <dl class="counts">
@@ -387,22 +433,20 @@ export function TaskView({ taskId }) {
       ${
         finished
           ? null
-          : html`<button type="button" class="danger" disabled=${busy || task.status === "cancelling"} onClick=${cancel}>Cancel task</button>`
+          : html`<button type="button" class="danger" disabled=${task.status === "cancelling"} aria-disabled=${busy || undefined}
+              onClick=${cancel}>Cancel task</button>`
       }
-      <button type="button" disabled=${busy || task.succeededCount === 0 || !finished} onClick=${downloadAll}
+      <button type="button" disabled=${task.succeededCount === 0 || !finished} aria-disabled=${busy || undefined} onClick=${downloadAll}
         title=${finished ? "" : "available when the task has finished"}>Download all${task.totalCount > 1 ? " (zip)" : ""}</button>
     </div>
-    ${notice ? html`<p class="notice" role="status">${notice}</p>` : null}
+    ${notice ? html`<p class="notice" role="status" tabindex="-1" ref=${noticeRef}>${notice}</p>` : null}
     <${ErrorNote} error=${error ?? loadProblem} />
 
-    <div class="tabs" role="tablist" aria-label="Task views">
-      ${[
-        ["runs", "Runs"],
-        ["results", "Results"],
-        ["log", "Event log"],
-      ].map(
+    <div class="tabs" role="tablist" aria-label="Task views" onKeyDown=${tabKey}>
+      ${TABS.map(
         ([id, label]) => html`<button type="button" role="tab" id=${`tab-${id}`} aria-selected=${tab === id}
-          aria-controls=${`panel-${id}`} onClick=${() => setTab(id)}>${label}</button>`,
+          tabindex=${tab === id ? 0 : -1} aria-controls=${tab === id ? `panel-${id}` : undefined}
+          onClick=${() => setTab(id)}>${label}</button>`,
       )}
     </div>
 
@@ -439,9 +483,14 @@ export function TaskView({ taskId }) {
                         <td>${r.errorCode ? html`<code>${r.errorCode}</code>` : null}${r.errorMessage ? html`<div class="bad">${shownName(r.errorMessage)}</div>` : null}</td>
                         <td>${duration(r.startedAt, r.finishedAt)}</td>
                         <td class="actions">
-                          <button type="button" class="link" aria-expanded=${open} onClick=${() => setExpanded(open ? null : r.runId)}>
-                            ${open ? "hide" : "results"}</button>
-                          ${r.status === "succeeded" ? html`<button type="button" class="link" onClick=${() => downloadRun(r)}>download</button>` : null}
+                          <button type="button" class="link" aria-expanded=${open} onClick=${() => setExpanded(open ? null : r.runId)}
+                            aria-label=${`${open ? "hide results" : "results"} of ${shownName(r.fileName)}`}>${open ? "hide" : "results"}</button>
+                          ${
+                            r.status === "succeeded"
+                              ? html`<button type="button" class="link" onClick=${() => downloadRun(r)}
+                            aria-label=${`download output of ${shownName(r.fileName)}`}>download</button>`
+                              : null
+                          }
                         </td>
                       </tr>
                       ${

@@ -1,6 +1,20 @@
 // Small shared pieces: status badges, progress bars, pagers, errors.
 import { STATUS_LABEL, shownName } from "./format.js";
-import { html } from "./lib.js";
+import { html, useEffect, useRef } from "./lib.js";
+
+/** Whether the keyboard's focus is lost: on <body>, or on an element no longer in the page. */
+export function focusLost() {
+  const at = document.activeElement;
+  return !at || at === document.body || !at.isConnected;
+}
+
+/**
+ * Puts the keyboard's focus on `el` when it was lost (a control it was on removed or disabled by what
+ * the user did), not when the user has moved it meanwhile.
+ */
+export function focusIfLost(el) {
+  if (el?.isConnected && focusLost()) el.focus();
+}
 
 export function Status({ status }) {
   return html`<span class=${`badge s-${status}`}>${STATUS_LABEL[status] ?? status}</span>`;
@@ -97,9 +111,22 @@ export function goTo(address, again) {
 
 /** Cursor paging: the API gives a next cursor; earlier cursors are kept to go back. */
 export function Pager({ cursors, next, onPage, labels = ["Newer", "Older"] }) {
-  return html`<nav class="pager" aria-label="Pages">
-    <button type="button" disabled=${cursors.length === 0} onClick=${() => onPage(cursors.slice(0, -1), cursors.at(-2) ?? null)}>${labels[0]}</button>
-    <button type="button" disabled=${!next} onClick=${() => onPage([...cursors, next], next)}>${labels[1]}</button>
+  // The button last pressed: on the last (or first) page it is disabled, which drops the keyboard's
+  // focus to <body> (until 2026-12-06); the focus goes to the other one.
+  const nav = useRef(null);
+  const pressed = useRef(-1);
+  useEffect(() => {
+    const buttons = nav.current?.querySelectorAll("button");
+    if (pressed.current < 0 || !buttons?.[pressed.current]?.disabled) return;
+    focusIfLost(buttons[1 - pressed.current]);
+  });
+  const press = (i, ...page) => {
+    pressed.current = i;
+    onPage(...page);
+  };
+  return html`<nav class="pager" aria-label="Pages" ref=${nav}>
+    <button type="button" disabled=${cursors.length === 0} onClick=${() => press(0, cursors.slice(0, -1), cursors.at(-2) ?? null)}>${labels[0]}</button>
+    <button type="button" disabled=${!next} onClick=${() => press(1, [...cursors, next], next)}>${labels[1]}</button>
   </nav>`;
 }
 
