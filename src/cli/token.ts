@@ -8,7 +8,7 @@ import {
 } from "../auth/tokens.ts";
 import type { Config } from "../config.ts";
 import { firstAnswer, isoTime } from "../db/client.ts";
-import { COMMAND_ANSWER_MS, COMMAND_CONNECT_MS } from "../db/migrate.ts";
+import { COMMAND_ANSWER_MS, COMMAND_CONNECT_MS, schemaState, schemaTooOld } from "../db/migrate.ts";
 import { openDatabase } from "../db/open.ts";
 import { createLogger } from "../log.ts";
 import { need, parse, UsageError } from "./usage.ts";
@@ -51,6 +51,10 @@ async function withDatabase<T>(
     // Bounded: a database that never answers hung the command (for ever, when its connections are
     // closed before it answers).
     await firstAnswer(database.sql, COMMAND_ANSWER_MS);
+    // A schema older than this release (`assay migrate` not run for it yet): said so, not a missing
+    // column's raw 42703 from the first statement that names it.
+    const state = await schemaState(database.sql);
+    if (state.kind === "older") throw schemaTooOld(state);
     return await fn(database);
   } catch (err) {
     // A missing table (42P01): an external DATABASE_URL that `assay migrate` has not brought up yet —

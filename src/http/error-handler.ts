@@ -22,6 +22,9 @@ function repeatedQueryField(err: FastifyError, query: unknown): string | undefin
   return undefined;
 }
 
+/** SQLSTATEs of a schema older than the code: undefined_table, undefined_column. */
+const UNMIGRATED = new Set(["42P01", "42703"]);
+
 function classify(
   err: FastifyError,
   request: FastifyRequest,
@@ -84,6 +87,11 @@ function classify(
   if (BAD_JSON.has(err.code) || (err instanceof SyntaxError && err.statusCode === 400)) {
     return { status: 400, code: "INVALID_JSON", message: PUBLIC_MESSAGES.INVALID_JSON };
   }
+  // A table or column the code names and the database lacks (42P01, 42703): most likely a database
+  // not migrated for this release, behind a balancer that sends requests before /readyz says 200 —
+  // a 503 the client may retry, as /readyz says, not a bug's 500. Logged as a 5xx, whole.
+  if (err.name === "PostgresError" && UNMIGRATED.has((err as { code?: string }).code ?? ""))
+    return { status: 503, code: "NOT_READY", message: "The database is not migrated to this version." };
   const status = err.statusCode ?? 500;
   if (status >= 400 && status < 500)
     return { status, code: "BAD_REQUEST", message: PUBLIC_MESSAGES.BAD_REQUEST };

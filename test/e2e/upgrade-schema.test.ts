@@ -89,6 +89,14 @@ test("a schema older than the code: the worker and a dev token refuse at start-u
       assert.match(exit.stderr, notMigrated, args.join(" "));
       assert.doesNotMatch(exit.stdout, /worker started|Server listening/, args.join(" "));
     }
+    // `assay token` too: the cause, not a missing column's raw 42703.
+    const token = await runCli(
+      ["token", "create", "--user", "too-early"],
+      cleanEnv({ DATABASE_URL: db.url }),
+    );
+    assert.equal(token.code, 1, token.stderr);
+    assert.match(token.stderr, notMigrated);
+    assert.doesNotMatch(token.stderr, /42703|does not exist/);
 
     // The API listens (a migration run as a separate step may come after it starts), says why it is
     // not ready, and is ready once `assay migrate` has run, without a restart.
@@ -105,6 +113,16 @@ test("a schema older than the code: the worker and a dev token refuse at start-u
       const before = await ready();
       assert.equal(before.status, 503);
       assert.equal(before.body.message, "The database is not migrated.");
+      // A request a balancer sends it anyway: its token check names the column 0014 adds. A 503 the
+      // client may retry, saying why, not a bug's 500.
+      const early = await fetch(`http://127.0.0.1:${port}/api/me`, {
+        headers: { authorization: `Bearer assay_${"x".repeat(43)}` },
+      });
+      assert.equal(early.status, 503);
+      assert.deepEqual(await early.json(), {
+        code: "NOT_READY",
+        message: "The database is not migrated to this version.",
+      });
       const migrated = await runCli(["migrate"], cleanEnv({ DATABASE_URL: db.url }));
       assert.equal(migrated.code, 0, migrated.stderr);
       assert.match(migrated.stdout, /^applied \d+ migrations?: the database has all \d+$/m);
