@@ -1,4 +1,6 @@
 // The API client: every request carries the token in the Authorization header (never in a URL).
+import { noteServerDate } from "./clock.js";
+
 const TOKEN_KEY = "assay.token";
 
 /** Why a request signed the page out: its token was refused (revoked, or unknown here). */
@@ -79,7 +81,9 @@ async function failure(res, sent) {
  */
 async function reach(url, init) {
   try {
-    return await fetch(url, init);
+    const res = await fetch(url, init);
+    noteServerDate(res.headers.get("date"));
+    return res;
   } catch (err) {
     if (init.signal?.aborted) throw err;
     throw new ApiError(0, "NETWORK", "The server could not be reached: check the connection and try again.");

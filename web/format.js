@@ -1,4 +1,5 @@
 // Formatting helpers: sizes, dates, durations, statuses.
+import { serverNow } from "./clock.js";
 import { showUnseen } from "./unseen.js";
 
 export function bytes(n) {
@@ -29,7 +30,8 @@ export function when(iso) {
  */
 export function duration(fromIso, toIso) {
   if (!fromIso) return "";
-  const ms = (toIso ? new Date(toIso) : new Date()) - new Date(fromIso);
+  // A running one's against the server's clock (clock.js), which made its start time.
+  const ms = (toIso ? Date.parse(toIso) : serverNow()) - Date.parse(fromIso);
   if (!(ms >= 0)) return "";
   if (ms < 1000) return `${ms} ms`;
   const tenths = Math.round(ms / 100);

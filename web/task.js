@@ -153,7 +153,7 @@ export function TaskView({ taskId }) {
   function scheduleReread(which, delayMs = REREAD_MS) {
     const r = reread.current;
     r[which] = true;
-    const due = Date.now() + delayMs;
+    const due = performance.now() + delayMs;
     // A pending read comes no later than asked: one asked for now (an event, the stream back) does
     // not wait out a failed read's backoff.
     if (r.timer) {

@@ -95,3 +95,39 @@ test("a download's name comes from Content-Disposition: filename* first, then fi
   ];
   for (const [header, want] of cases) assert.equal(api.fileNameOf(header), want, String(header));
 });
+
+test("a running task's duration is counted on the server's clock, as its Date headers tell it, however far off the browser's is", async () => {
+  const clock = (await import(pathToFileURL(path.join(WEB, "clock.js")).href)) as {
+    noteServerDate(header: string | null): void;
+  };
+  const RealDate = Date;
+  const server = RealDate.now();
+  const startedAt = new RealDate(server - 5_000).toISOString();
+  /** The browser's clock, `skewMs` off the server's: Date.now and `new Date()` alike. */
+  const skewed = (skewMs: number) =>
+    class extends RealDate {
+      constructor(...args: unknown[]) {
+        if (args.length === 0) super(RealDate.now() + skewMs);
+        else super(...(args as [string]));
+      }
+      static override now() {
+        return RealDate.now() + skewMs;
+      }
+    } as DateConstructor;
+  try {
+    for (const skewMs of [-10 * 60_000, 10 * 60_000]) {
+      // The browser's clock is ten minutes behind, then ahead, of the server's.
+      globalThis.Date = skewed(skewMs);
+      clock.noteServerDate(new RealDate(RealDate.now()).toUTCString());
+      const shown = format.duration(startedAt);
+      assert.match(shown, /^[4-6](\.\d)? s$/, `${skewMs}: ${shown}`);
+    }
+    // Within the Date header's rounding the browser's own clock is kept.
+    globalThis.Date = RealDate;
+    clock.noteServerDate(new RealDate(RealDate.now() - 1_000).toUTCString());
+    assert.match(format.duration(new RealDate(RealDate.now() - 300).toISOString()), /^3\d\d ms$/);
+  } finally {
+    globalThis.Date = RealDate;
+    clock.noteServerDate(new RealDate().toUTCString());
+  }
+});
