@@ -229,6 +229,27 @@ function heedSchema(state: SchemaState, logger: Logger): void {
     );
 }
 
+/**
+ * A listen that failed, said as what to do: a port that is taken (the message was Node's bare
+ * `listen EADDRINUSE: address already in use 127.0.0.1:3000`) or one below 1024 for a user who may not.
+ */
+function listenProblem(err: unknown, host: string, [variable, port]: [string, number]): unknown {
+  const code = (err as { code?: unknown } | undefined)?.code;
+  if (code === "EADDRINUSE")
+    return new Error(
+      `port ${port} on ${host} is taken: stop what listens there, or set ${variable} to another port (0 picks a free one)`,
+      { cause: err },
+    );
+  if (code === "EACCES")
+    return new Error(
+      `port ${port} on ${host} needs privileges this user lacks: set ${variable} to 1024 or above`,
+      {
+        cause: err,
+      },
+    );
+  return err;
+}
+
 /** A missing table (42P01, undefined_table) is a database that `assay migrate` has not brought up to date. */
 function explained(err: unknown): unknown {
   return (err as { code?: unknown } | undefined)?.code === "42P01"
@@ -379,7 +400,11 @@ export async function serveCommand(
         );
     } catch (err) {
       logger.error({ err }, "could not listen");
-      throw err;
+      throw listenProblem(
+        err,
+        cfg.host,
+        server ? ["PORT", cfg.port] : ["ASSAY_METRICS_PORT", cfg.metricsPort],
+      );
     }
     listening = server !== undefined;
     if (!needsDatabase && server) {
@@ -422,7 +447,10 @@ export async function serveCommand(
           `  ${address}/#token=${encodeURIComponent(token)}`,
           "Development token (user dev, admin):",
           `  export ASSAY_TOKEN=${token}`,
+          // The client commands' default server; any other must be named.
+          ...(address === "http://127.0.0.1:3000" ? [] : [`  export ASSAY_URL=${address}`]),
           "Try:",
+          "  npx assay submit --type summary data.csv --follow",
           `  curl -s -H "Authorization: Bearer $ASSAY_TOKEN" -F file=@data.csv ${address}/api/files`,
           "",
         ].join("\n"),

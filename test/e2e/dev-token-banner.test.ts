@@ -40,6 +40,9 @@ test("the --dev-token banner prints working URLs for IPv6 and listen-on-all HOST
       const [, link] = await out.waitFor(/^ {2}(http:\S+\/#token=\S+)$/m, 30_000);
       const [, token] = await out.waitFor(/export ASSAY_TOKEN=(\S+)/, 30_000);
       const [, curlUrl] = await out.waitFor(/-F file=@data\.csv (\S+)$/m, 30_000);
+      // PORT=0: not the client commands' default server, so the banner names it for them.
+      const [, clientUrl] = await out.waitFor(/^ {2}export ASSAY_URL=(\S+)$/m, 30_000);
+      assert.equal(clientUrl, address);
       assert.match(address as string, new RegExp(`^http://${shown.replace(/[[\].]/g, "\\$&")}:\\d+$`), host);
       assert.equal(docs, `${address}/docs`, host);
       assert.equal(curlUrl, `${address}/api/files`, host);

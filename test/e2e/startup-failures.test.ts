@@ -208,6 +208,15 @@ test("a port that is taken fails assay worker and assay all before they claim an
       const exit = await exitWithin(child, `assay ${mode}`);
       assert.equal(exit.code, 1, `${mode}: ${exit.stderr}`);
       assert.match(exit.stderr, /EADDRINUSE/, mode);
+      // Said as what to do, naming the setting.
+      const variable = mode === "worker" ? "ASSAY_METRICS_PORT" : "PORT";
+      assert.match(
+        exit.stderr,
+        new RegExp(
+          `assay: port ${port} on 127\\.0\\.0\\.1 is taken: stop what listens there, or set ${variable} to another port`,
+        ),
+        mode,
+      );
       assert.doesNotMatch(exit.stdout, /"msg":"worker started"/, mode);
       const [run] = await own.db.sql`select status, attempt, started_at from runs where task_id = ${taskId}`;
       assert.deepEqual({ ...run }, { status: "queued", attempt: 0, started_at: null }, mode);
