@@ -203,14 +203,14 @@ function runningServer(clusterDir: string): { pid: number; port: number } | unde
 
 /** Stops a server we did not spawn (an adopted orphan): fast shutdown, then immediate, then wait. */
 async function stopByPid(pid: number): Promise<void> {
-  const deadline = Date.now() + STOP_TIMEOUT_MS;
+  const deadline = performance.now() + STOP_TIMEOUT_MS;
   try {
     process.kill(pid, "SIGINT");
   } catch {
     return;
   }
   while (isAlive(pid)) {
-    if (Date.now() > deadline) {
+    if (performance.now() > deadline) {
       process.kill(pid, "SIGQUIT");
       return;
     }
@@ -330,7 +330,7 @@ export async function lockStart(
   const lock = `${dataDir}.lock`;
   const signal = options.signal ?? startSignal.getStore();
   await fsp.mkdir(path.dirname(lock), { recursive: true });
-  const deadline = Date.now() + LOCK_WAIT_MS;
+  const deadline = performance.now() + LOCK_WAIT_MS;
   let waitingFor: number | undefined;
   for (;;) {
     signal?.throwIfAborted();
@@ -378,7 +378,7 @@ export async function lockStart(
       continue;
     }
     const who = holder === undefined ? "another process" : `process ${holder}`;
-    if (Date.now() > deadline) {
+    if (performance.now() > deadline) {
       throw new Error(
         `${who} has been starting the embedded PostgreSQL in ${dataDir} for over ${LOCK_WAIT_MS / 1000} s; if it is not an assay command, remove ${lock}`,
       );
@@ -517,9 +517,9 @@ async function startLocked(
   });
 
   const { url, adminUrl } = urls(port, password);
-  const deadline = Date.now() + READY_TIMEOUT_MS;
+  const deadline = performance.now() + READY_TIMEOUT_MS;
   while (!(await canConnect(adminUrl))) {
-    if (exited || Date.now() > deadline) {
+    if (exited || performance.now() > deadline) {
       const tail = (await fsp.readFile(logFile, "utf8").catch(() => "")).split("\n").slice(-15);
       if (!exited) child.kill("SIGQUIT");
       throw new Error(`embedded PostgreSQL did not start; last log lines:\n${tail.join("\n")}`);
