@@ -26,28 +26,43 @@ const SECRET_ERROR_FIELDS = new Set([
 ]);
 
 const CENSOR = "[redacted]";
+/** SECRET_ERROR_FIELDS in lower case: `Authorization`, `Password` are the same secrets. */
+const SECRET_FIELD_NAMES = new Set([...SECRET_ERROR_FIELDS].map((f) => f.toLowerCase()));
+/** How deep scrubbed() looks into a logged error: deeper is `[truncated]`. */
+const MAX_DEPTH = 8;
 
 /**
- * `value` with every SECRET_ERROR_FIELDS field censored, copied where it changes (a logged error's
- * nested values are the caller's own objects: they must not be altered). Depth-bounded, cycle-safe.
+ * `value` with every SECRET_ERROR_FIELDS field censored (by name, any case), copied where it changes (a
+ * logged error's nested values are the caller's own objects: they must not be altered). An object
+ * reached twice (a shared reference, not only a cycle) is given its censored copy both times; one
+ * inside itself is `[circular]`; past MAX_DEPTH levels, `[truncated]` — never the value unscrubbed.
  */
-function scrubbed(value: unknown, seen = new WeakSet<object>(), depth = 0): unknown {
-  if (value === null || typeof value !== "object" || depth > 8 || seen.has(value)) return value;
-  seen.add(value);
-  if (Array.isArray(value)) {
-    const items = value.map((item) => scrubbed(item, seen, depth + 1));
-    return items.some((item, i) => item !== value[i]) ? items : value;
-  }
+function scrubbed(value: unknown, done = new Map<object, unknown>(), depth = 0): unknown {
+  if (value === null || typeof value !== "object") return value;
+  if (done.has(value)) return done.get(value);
+  if (depth > MAX_DEPTH) return "[truncated]";
   if (Buffer.isBuffer(value) || ArrayBuffer.isView(value)) return value;
-  let copy: Record<string, unknown> | undefined;
-  for (const [key, inner] of Object.entries(value)) {
-    const next = SECRET_ERROR_FIELDS.has(key) && inner != null ? CENSOR : scrubbed(inner, seen, depth + 1);
-    if (next !== inner) {
-      copy ??= { ...value };
-      copy[key] = next;
+  done.set(value, "[circular]");
+  let result: unknown;
+  if (Array.isArray(value)) {
+    const items = value.map((item) => scrubbed(item, done, depth + 1));
+    result = items.some((item, i) => item !== value[i]) ? items : value;
+  } else {
+    let copy: Record<string, unknown> | undefined;
+    for (const [key, inner] of Object.entries(value)) {
+      const next =
+        SECRET_FIELD_NAMES.has(key.toLowerCase()) && inner != null
+          ? CENSOR
+          : scrubbed(inner, done, depth + 1);
+      if (next !== inner) {
+        copy ??= { ...value };
+        copy[key] = next;
+      }
     }
+    result = copy ?? value;
   }
-  return copy ?? value;
+  done.set(value, result);
+  return result;
 }
 
 /** pino's error serializer, then every secret field inside it censored (scrubbed). */

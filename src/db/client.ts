@@ -24,6 +24,13 @@ export interface PoolOptions {
    * and so does the process. (`assay migrate` and `assay token`: COMMAND_CONNECT_MS, src/db/migrate.ts.)
    */
   connectTimeoutMs?: number;
+  /**
+   * Settings each connection starts with (startup parameters: `lock_timeout`, …): a connection made
+   * again after a drop has them too, where one set with SET on the old connection is gone.
+   */
+  settings?: Record<string, string>;
+  /** Keeps connections for good (postgres.js ends each after 30–60 minutes by default). */
+  keepConnections?: true;
 }
 
 /** A timestamp from a query (Date, or text from a JSON aggregate) as ISO 8601. */
@@ -144,7 +151,8 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
     max,
     onnotice: () => {},
     ...(options.connectTimeoutMs === undefined ? {} : { connect_timeout: options.connectTimeoutMs / 1000 }),
-    connection: { application_name: options.applicationName ?? "assay" },
+    connection: { ...options.settings, application_name: options.applicationName ?? "assay" },
+    ...(options.keepConnections ? { max_lifetime: null } : {}),
   });
   return { sql, close: () => endPool(sql, 5) };
 }

@@ -119,23 +119,30 @@ export async function runMigrations(url: string, options: MigrateOptions = {}): 
   // A client of its own (drizzle's driver rewrites the parsers of the client it wraps), made as every
   // pool is: its connections paced, so a proxy with nothing behind it is not sent one per millisecond
   // for the 30 s of the bound.
+  // lock_timeout as a startup parameter, and the connection kept for good: a connection postgres.js
+  // makes again (its lifetime's end, a network blip, a restart) has the bound too. Set with SET on the
+  // first one only, an attempt after a reconnect queued behind a long transaction without it.
   const { sql, close } = createDatabase(url, {
     max: 1,
     connectTimeoutMs: COMMAND_CONNECT_MS,
     applicationName: "assay-migrate",
+    settings: { lock_timeout: `${Math.max(1, Math.round(lockTimeoutMs))}ms` },
+    keepConnections: true,
   });
   try {
     // Bounded: a database that never answers failed no deploy script, it hung it (the lock's own wait,
     // for another migrator, is not).
     await firstAnswer(sql, COMMAND_ANSWER_MS);
-    // One connection (max: 1), so the advisory lock, the setting and drizzle's transaction share it. The
-    // wait for another migrator is not bounded by lock_timeout, set after it: that one holds no table.
-    await sql`select pg_advisory_lock(${MIGRATION_LOCK_KEY})`;
+    // One connection (max: 1), so the advisory lock and drizzle's transaction share it.
+    let lockedBy = await takeMigrationLock(sql);
     const before = await appliedMigrationCount(sql);
-    await sql`select set_config('lock_timeout', ${`${Math.max(1, Math.round(lockTimeoutMs))}ms`}, false)`;
     const deadline = performance.now() + retryForMs;
     let pauseMs = MIGRATION_PAUSE_MS;
     for (let attempt = 1; ; attempt++) {
+      // A connection made again since (the pause between attempts is long enough for a drop) holds no
+      // advisory lock: another migrator could apply the same migrations beside this one (drizzle reads
+      // what is applied outside its transaction). Taken again first.
+      if ((await backendPid(sql)) !== lockedBy) lockedBy = await takeMigrationLock(sql);
       try {
         // drizzle applies every pending migration in one transaction: a timed-out attempt leaves nothing.
         await migrate(drizzle(sql), { migrationsFolder: MIGRATIONS_DIR });
@@ -167,6 +174,28 @@ export async function runMigrations(url: string, options: MigrateOptions = {}): 
   } finally {
     await close();
   }
+}
+
+/** This connection's server process: another after a reconnect. */
+async function backendPid(sql: postgres.Sql): Promise<string> {
+  // Text: drizzle's driver has rewritten this client's parsers.
+  const [row] = await sql<{ pid: string }[]>`select pg_backend_pid()::text as pid`;
+  return String(row?.pid);
+}
+
+/**
+ * Takes the migrators' advisory lock for this session, waiting for another migrator as long as it
+ * takes (lock_timeout, this client's startup setting, is lifted for that wait: that migrator holds no
+ * table of the queue's), and returns the session's pid.
+ */
+async function takeMigrationLock(sql: postgres.Sql): Promise<string> {
+  return sql.begin(async (tx) => {
+    await tx`set local lock_timeout = 0`;
+    // A session lock: it outlives this transaction.
+    await tx`select pg_advisory_lock(${MIGRATION_LOCK_KEY})`;
+    const [row] = await tx<{ pid: string }[]>`select pg_backend_pid()::text as pid`;
+    return String(row?.pid);
+  });
 }
 
 /** Whether `err` (or a cause of it: drizzle wraps PostgreSQL's error) is a lock_timeout's (55P03). */

@@ -108,19 +108,31 @@ export async function removeAttemptDir(dir: string): Promise<void> {
   }
 }
 
-/** Tries again the attempt folders whose removal failed; returns how many went. */
-export async function removeFailedAttemptDirs(): Promise<number> {
-  let removed = 0;
-  for (const dir of [...REMOVE_LATER]) {
-    try {
-      await removeTree(dir);
-      REMOVE_LATER.delete(dir);
-      removed++;
-    } catch {
-      // Still there: the next touch tries again.
+/** A pass of removeFailedAttemptDirs under way: a hung mount must not get one more each minute. */
+let removing: Promise<number> | undefined;
+
+/**
+ * Tries again the attempt folders whose removal failed; returns how many went. One pass at a time: a
+ * pass stuck on a hung mount holds a thread of libuv's pool, and a new one each touch would take them
+ * all (every file and DNS call of the worker would wait).
+ */
+export function removeFailedAttemptDirs(): Promise<number> {
+  removing ??= (async () => {
+    let removed = 0;
+    for (const dir of [...REMOVE_LATER]) {
+      try {
+        await removeTree(dir);
+        REMOVE_LATER.delete(dir);
+        removed++;
+      } catch {
+        // Still there: the next touch tries again.
+      }
     }
-  }
-  return removed;
+    return removed;
+  })().finally(() => {
+    removing = undefined;
+  });
+  return removing;
 }
 
 async function writable(dir: string): Promise<void> {

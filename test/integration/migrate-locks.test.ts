@@ -99,9 +99,9 @@ async function hasExpiresAt(db: TestDatabase): Promise<boolean> {
 
 /** Polls `check` every 20 ms until it is true, failing after `ms`. */
 async function until(check: () => Promise<boolean> | boolean, what: string, ms = 20_000): Promise<void> {
-  const deadline = Date.now() + ms;
+  const deadline = performance.now() + ms;
   while (!(await check())) {
-    if (Date.now() > deadline) assert.fail(`timed out waiting for ${what}`);
+    if (performance.now() > deadline) assert.fail(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 20));
   }
 }
@@ -145,6 +145,48 @@ test("behind a long transaction, reads of the table wait at most lock_timeout, a
     const counts = await migrating;
     assert.equal(counts.after, expectedMigrationCount());
     assert.equal(await hasExpiresAt(db), true);
+  } finally {
+    await holder.release();
+    await db.drop();
+  }
+});
+
+test("a migrator whose connection is made again between attempts keeps its lock_timeout and takes its advisory lock again", async () => {
+  const db = await databaseBefore(PENDING);
+  const holder = await holdTokensTable(db.url, 8_000);
+  try {
+    const waits: MigrationWait[] = [];
+    let dropped: Promise<unknown> | undefined;
+    const migrating = runMigrations(db.url, {
+      lockTimeoutMs: 500,
+      retryForMs: 60_000,
+      onWait: (w) => {
+        waits.push(w);
+        // What postgres.js's connection lifetime, a network blip or a restart does to it, idle between
+        // two attempts.
+        dropped ??= db.sql`
+          select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'assay-migrate'`;
+      },
+    });
+    await until(() => waits.length >= 1, "a first attempt that waited");
+    await dropped;
+    // The attempt after the drop: on a new connection, waiting for the table again.
+    await until(async () => {
+      const [row] = await db.sql`
+        select count(*)::int as n from pg_stat_activity
+        where application_name = 'assay-migrate' and wait_event_type = 'Lock'`;
+      return row?.n === 1 || waits.length >= 2;
+    }, "an attempt on the new connection");
+    const [locks] = await db.sql<{ n: number }[]>`
+      select count(*)::int as n from pg_locks l join pg_stat_activity a using (pid)
+      where a.application_name = 'assay-migrate' and l.locktype = 'advisory' and l.granted`;
+    assert.equal(locks?.n, 1, "the new connection holds the migrators' advisory lock");
+    const started = performance.now();
+    await db.sql`select count(*) from api_tokens`;
+    const readMs = performance.now() - started;
+    assert.ok(readMs < 2_500, `a read of api_tokens waited ${Math.round(readMs)} ms behind the migration`);
+    await holder.release();
+    assert.equal((await migrating).after, expectedMigrationCount());
   } finally {
     await holder.release();
     await db.drop();

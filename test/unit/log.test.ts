@@ -93,3 +93,27 @@ test("S3's echoed credentials are censored at any depth of a logged error, and t
   assert.equal(inner.AWSAccessKeyId, "AKIAS3CRETKEYID00001");
   assert.equal(holder.last.SignatureProvided, "S3CRET-signature");
 });
+
+test("a secret reached twice (a shared reference), deeper than the scrub looks, or in another case is never logged", () => {
+  const { lines, destination } = capture();
+  const logger = createLogger({ level: "info", destination });
+  const creds = { user: "assay", password: "S3CRET-hunter2" };
+  const details = { token: "S3CRET-token-1" };
+  const shared = new Error("inner");
+  Object.assign(shared, { details });
+  let deep: Record<string, unknown> = { password: "S3CRET-deep" };
+  for (let i = 0; i < 12; i++) deep = { next: deep };
+  const cyclic: Record<string, unknown> = { Authorization: "Bearer S3CRET-auth" };
+  cyclic.self = cyclic;
+  const errors = [
+    Object.assign(new Error("retry failed"), { options: creds, retry: { lastOptions: creds } }),
+    new AggregateError([shared, shared], "both failed"),
+    Object.assign(new Error("deep"), { chain: deep }),
+    Object.assign(new Error("cased"), { request: cyclic, Password: "S3CRET-cased" }),
+  ];
+  for (const err of errors) logger.error({ err }, "failed");
+  assert.equal(lines.length, errors.length);
+  for (const line of lines) assert.doesNotMatch(line, /S3CRET/, line);
+  assert.match(lines[2] as string, /\[truncated\]/);
+  assert.equal(creds.password, "S3CRET-hunter2", "the caller's objects are left as they were");
+});

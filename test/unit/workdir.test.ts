@@ -10,6 +10,7 @@ import {
   machineTag,
   openWorkDir,
   removeAttemptDir,
+  removeFailedAttemptDirs,
   sweepWorkDirs,
   WORKDIR_ABANDONED_MS,
 } from "../../src/runner/workdir.ts";
@@ -180,4 +181,11 @@ test("an attempt folder whose removal fails is removed later by the worker's fol
     await work.close();
     fs.rmSync(root, { recursive: true, force: true });
   }
+});
+
+test("one pass of failed removals at a time: a pass stuck on a hung mount is not joined by another each touch", async () => {
+  const first = removeFailedAttemptDirs();
+  assert.equal(removeFailedAttemptDirs(), first, "a second call while one runs shares it");
+  await first;
+  assert.notEqual(removeFailedAttemptDirs(), first, "once it ended, a new pass");
 });
