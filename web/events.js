@@ -23,9 +23,11 @@ const sleep = (ms, signal) =>
  * Follows task `taskId` until it ends or `signal` aborts. `onEvents(events)` gets batches in id order;
  * `onState(state)` gets "connecting" | "live" | "reconnecting" | "ended" | "gone".
  * `isFinished()` is asked when a stream ends without the task's closing event (the server ends a
- * finished task's stream at once when resuming past its last event).
+ * finished task's stream at once when resuming past its last event). `onReset()` is called when the
+ * server says the id resumed from is none of the task's events (the database was restored from an older
+ * backup): what was shown is stale, and the whole log follows from its first event.
  */
-export async function followTask(taskId, { onEvents, onState, isFinished, signal, after = null }) {
+export async function followTask(taskId, { onEvents, onState, onReset, isFinished, signal, after = null }) {
   let lastId = after === null ? null : BigInt(after);
   let failures = 0;
   onState("connecting");
@@ -47,16 +49,27 @@ export async function followTask(taskId, { onEvents, onState, isFinished, signal
       let buffer = "";
       let data = [];
       let id = null;
+      let type = null;
       for (;;) {
         const { value, done } = await reader.read();
         if (done) break;
         buffer += value;
-        const batch = [];
+        let batch = [];
         for (let nl = buffer.search(/\r\n|\r|\n/); nl >= 0; nl = buffer.search(/\r\n|\r|\n/)) {
           const line = buffer.slice(0, nl);
           buffer = buffer.slice(nl + (buffer.startsWith("\r\n", nl) ? 2 : 1));
-          if (line === "") {
-            if (data.length > 0 && id !== null) {
+          if (line === "" && type === "reset") {
+            // The ids seen so far mean nothing now: the log follows from its start, ids lower than
+            // the last one seen included.
+            if (batch.length > 0) onEvents(batch);
+            batch = [];
+            lastId = null;
+            onReset?.();
+            data = [];
+            id = null;
+            type = null;
+          } else if (line === "") {
+            if (data.length > 0 && id !== null && /^[0-9]+$/.test(id)) {
               const n = BigInt(id);
               if (lastId === null || n > lastId) {
                 lastId = n;
@@ -68,8 +81,10 @@ export async function followTask(taskId, { onEvents, onState, isFinished, signal
             }
             data = [];
             id = null;
+            type = null;
           } else if (line.startsWith("data:")) data.push(line.slice(line.startsWith("data: ") ? 6 : 5));
           else if (line.startsWith("id:")) id = line.slice(3).trim();
+          else if (line.startsWith("event:")) type = line.slice(6).trim();
         }
         if (batch.length > 0) onEvents(batch);
       }

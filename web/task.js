@@ -266,6 +266,16 @@ export function TaskView({ taskId }) {
         for (const e of events) pending.current.push(e);
         scheduleFlush();
       },
+      // The server does not know the event resumed from (the database was restored from an older
+      // backup): the log shown is dropped, the whole log follows, and the task and runs are read again.
+      onReset: () => {
+        if (ctrl.signal.aborted) return;
+        pending.current = [];
+        setLog([]);
+        setLive({});
+        scheduleReread("task");
+        scheduleReread("runs");
+      },
       // Asked when a stream ends without the task's closing event. Only an answer ends following: the
       // task is finished, or it is gone (404). A request that fails (the API restarting) is no answer,
       // and the stream reconnects.

@@ -63,6 +63,13 @@ async function barsView(ctx: ClientContext, task: Task): Promise<View> {
       bars.update(change.kind === "run" ? change.run : undefined);
     },
     state(state, detail) {
+      if (state === "reset") {
+        // The whole log follows: counted again from nothing.
+        tracker.reset();
+        bars.log(shown(detail));
+        bars.update(undefined);
+        return;
+      }
       bars.setNote(state === "reconnecting" ? "reconnecting…" : "");
       bars.log(
         state === "reconnecting" ? `connection lost (${shown(detail)}); reconnecting…` : "reconnected",
@@ -72,9 +79,20 @@ async function barsView(ctx: ClientContext, task: Task): Promise<View> {
   };
 }
 
-/** A dropped stream and its return, as notes on stderr. */
-const streamNote = (ctx: ClientContext) => (state: StreamState, detail: string) =>
-  ctx.out.note(state === "reconnecting" ? `connection lost (${detail}); reconnecting` : "reconnected");
+/**
+ * A dropped stream and its return, as notes on stderr; a reset also as a `reset` JSON line, so a
+ * script reading the events knows those after it start the log over.
+ */
+const streamNote = (ctx: ClientContext) => (state: StreamState, detail: string) => {
+  if (state === "reset") ctx.out.line("reset", { message: detail });
+  ctx.out.note(
+    state === "reconnecting"
+      ? `connection lost (${detail}); reconnecting`
+      : state === "reset"
+        ? detail
+        : "reconnected",
+  );
+};
 
 /** One JSON line per event (scripts). */
 function jsonView(ctx: ClientContext): View {

@@ -50,6 +50,19 @@ export class TaskTracker {
     for (const r of runs) this.#add(fresh(r.runId, r.fileName));
   }
 
+  /**
+   * Back to the start, every run queued and nothing counted: the server is about to send the task's
+   * whole log again (its event ids were reset by a restore), and applied on top of what was counted,
+   * a run retried since would be counted twice.
+   */
+  reset(): void {
+    this.status = "queued";
+    for (const k of Object.keys(this.counts) as Outcome[]) this.counts[k] = 0;
+    for (const run of this.runs.values()) Object.assign(run, fresh(run.runId, run.name));
+    this.#live.clear();
+    this.#running = undefined;
+  }
+
   #add(run: RunState): RunState {
     this.runs.set(run.runId, run);
     this.#order.set(run, this.#order.size);

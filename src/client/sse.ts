@@ -78,13 +78,18 @@ export const isTerminal = (status: string): status is TerminalTaskStatus =>
 export const isClosingEvent = (e: TaskEvent) =>
   e.runId === null && e.type.startsWith("task.") && isTerminal(e.type.slice(5));
 
-export type StreamState = "live" | "reconnecting";
+/**
+ * "reset": the server does not know the event the stream resumed from (the database was restored from
+ * an older backup): the task's whole log follows, from its first event; what was made of the events
+ * before must be dropped.
+ */
+export type StreamState = "live" | "reconnecting" | "reset";
 
 export interface FollowOptions {
   signal: AbortSignal;
   /** Resume after this event id (exclusive); from the start when null. */
   after?: string | null;
-  /** Told when the stream drops ("reconnecting", why) and when it is back ("live"). */
+  /** Told when the stream drops ("reconnecting", why), when it is back ("live"), and of a "reset". */
   onState?: (state: StreamState, detail: string) => void;
   /** Give up with a ConnectionError after this long without a working stream (default 10 min). */
   giveUpMs?: number;
@@ -179,6 +184,11 @@ async function* oneStream(
     for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
       idle.touch();
       for (const frame of parser.feed(decoder.decode(chunk, { stream: true }))) {
+        if (frame.event === "reset") {
+          cursor.last = null;
+          o.onState?.("reset", resetMessage(frame.data));
+          continue;
+        }
         const event = fresh(frame, cursor);
         if (!event) continue;
         yield event;
@@ -195,6 +205,17 @@ async function* oneStream(
   } finally {
     idle.done();
   }
+}
+
+/** What a reset frame says (its `message`), or a plain line when it says nothing readable. */
+function resetMessage(data: string): string {
+  try {
+    const message = (JSON.parse(data) as { message?: unknown }).message;
+    if (typeof message === "string") return message;
+  } catch {
+    // Not JSON: the plain line below.
+  }
+  return "the server does not know the last event seen: the whole log follows";
 }
 
 /** The frame's event if its id is past the cursor (which then moves to it). */

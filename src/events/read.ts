@@ -34,3 +34,15 @@ export async function eventsAfter(
 /** The event types that close a task: a stream ends after sending one. */
 const FINAL_EVENTS: ReadonlySet<string> = new Set(TERMINAL_TASK_STATUSES.map((s) => `task.${s}`));
 export const isFinalEvent = (e: TaskEvent) => FINAL_EVENTS.has(e.type);
+
+/**
+ * Whether `id` is one of the task's events: a client's Last-Event-ID (or a log's `after`) that names
+ * none is a position the table does not know — most likely one from before the database was restored
+ * from an older backup, whose event ids are being handed out again — and events after it by number
+ * are not the events after what the client saw. One lookup by the primary key.
+ */
+export async function isTaskEvent(sql: Sql, taskId: string, id: string): Promise<boolean> {
+  const [row] = await sql<{ known: boolean }[]>`
+    select exists (select 1 from task_events e where e.id = ${id} and e.task_id = ${taskId}) as known`;
+  return row?.known === true;
+}

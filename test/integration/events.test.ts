@@ -136,17 +136,26 @@ describe("SSE over a finished task", () => {
   });
 
   test(
-    "resumed with the final event's id, or a larger one, the stream ends at once with nothing sent",
+    "resumed with the final event's id the stream ends at once with nothing sent; with one past every id (a restore), reset and the whole log",
     LIMIT,
     async () => {
       const taskId = await finishedTaskCrossing("ev-final", 3);
       const all = await tableEvents(t.db.sql, taskId);
       const finalId = all.at(-1)?.[0] as string;
-      for (const lastEventId of [finalId, (BigInt(finalId) + 1n).toString(), "999999999999999999"]) {
-        const s = await openSse(sseUrl(taskId), token, lastEventId);
-        assert.equal(s.status, 200);
-        await s.ended; // with a 60 s keep-alive interval, only the stream itself can end it in time
-        assert.deepEqual(s.events, [], `Last-Event-ID ${lastEventId}`);
+      const s = await openSse(sseUrl(taskId), token, finalId);
+      assert.equal(s.status, 200);
+      await s.ended; // with a 60 s keep-alive interval, only the stream itself can end it in time
+      assert.deepEqual(s.events, [], `Last-Event-ID ${finalId}`);
+      for (const lastEventId of [(BigInt(finalId) + 1n).toString(), "999999999999999999"]) {
+        const r = await openSse(sseUrl(taskId), token, lastEventId);
+        assert.equal(r.status, 200);
+        await r.ended;
+        assert.equal(r.events[0]?.event, "reset", `Last-Event-ID ${lastEventId}`);
+        assert.deepEqual(
+          r.events.slice(1).map((e) => [e.id, e.event]),
+          all,
+          `Last-Event-ID ${lastEventId}`,
+        );
       }
       assert.equal(t.app.services.events.size, 0, "no subscription left behind");
     },
@@ -635,7 +644,7 @@ describe("the hub", () => {
   );
 
   test(
-    "a stream never outlives its task: Last-Event-ID above every id, then the task ends",
+    "a stream never outlives its task: Last-Event-ID above every id (reset, the whole log), then the task ends",
     LIMIT,
     async () => {
       let release: () => void = () => {};
@@ -655,10 +664,13 @@ describe("the hub", () => {
       release();
       await waitForTerminal(t.db.sql, taskId);
       await w.stop();
-      // One keep-alive interval's sweep: every stream of a finished task ends.
-      await hub.sweepOnce();
+      // Reset, then the whole log, the closing event with it: the stream ends by itself.
       await s.ended;
-      assert.deepEqual(s.events, []);
+      assert.equal(s.events[0]?.event, "reset");
+      assert.deepEqual(
+        s.events.slice(1).map((e) => [e.id, e.event]),
+        await tableEvents(t.db.sql, taskId),
+      );
       assert.equal(hub.size, 0);
     },
   );

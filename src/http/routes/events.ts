@@ -6,7 +6,7 @@ import { atDeadline } from "../../auth/token-watch.ts";
 import { type Role, tokenAuthenticate, tokenRoles } from "../../auth/tokens.ts";
 import type { Sql } from "../../db/client.ts";
 import type { EventHub } from "../../events/hub.ts";
-import { eventsAfter, isFinalEvent, type TaskEvent } from "../../events/read.ts";
+import { eventsAfter, isFinalEvent, isTaskEvent, type TaskEvent } from "../../events/read.ts";
 import { tasksOpen, taskVisible } from "../../tasks/read.ts";
 import { LogsPageBody, LogsQuery } from "../api-types.ts";
 import { bearerOf, principalOf } from "../auth.ts";
@@ -37,6 +37,22 @@ function frame(event: TaskEvent): string {
     frames.set(event, text);
   }
   return text;
+}
+
+/**
+ * The frame that tells a client its Last-Event-ID names none of the task's events (the database was
+ * restored from an older backup, whose event ids are handed out again, or the id is not this task's):
+ * the task's whole log follows, from its first event. It has no event id of its own: its `id:` line is
+ * empty, which makes an EventSource forget the id it held, and a client that reads only numeric ids
+ * passes over it. A client that knows it starts its view of the task over (and its id with it).
+ */
+export function resetFrame(lastEventId: string): string {
+  const data = {
+    reason: "LAST_EVENT_ID_UNKNOWN",
+    lastEventId,
+    message: `Event ${lastEventId} is not in this task's log (was the database restored from a backup?): the whole log follows, from its first event.`,
+  };
+  return `event: reset\nid:\ndata: ${JSON.stringify(data)}\n\n`;
 }
 
 export interface StreamTarget {
@@ -111,9 +127,11 @@ export async function serveTaskEvents(
     if (!done && target.writableLength > bytes && target.drained)
       await Promise.race([target.drained(), whenStopped]);
   };
+  // Subscribed from the start until the Last-Event-ID is found in the task's log (below), then
+  // advanced to it: synchronously here, so the stream is subscribed before its headers reach the client.
   const unsubscribe = hub.subscribe(
     taskId,
-    after,
+    null,
     (events) => {
       if (live) for (const e of events) write(e);
       else
@@ -132,6 +150,18 @@ export async function serveTaskEvents(
   signal.addEventListener("abort", onAbort);
   if (signal.aborted) return onAbort();
   try {
+    // A Last-Event-ID that names none of the task's events: after a restore from an older backup the
+    // ids the client saw are handed out again, so "the events after it by number" would skip every
+    // event until the ids pass it, the task's closing event too. The client is told, and gets the
+    // whole log. (A resume names an event it was sent; 0 is the start.)
+    if (last > 0n) {
+      if (await isTaskEvent(sql, taskId, last.toString())) unsubscribe.advance(last.toString());
+      else {
+        if (done) return;
+        target.write(resetFrame(last.toString()));
+        last = 0n;
+      }
+    }
     // Asked after subscribing and before the backlog: a task that has ended by now has every event
     // in the table, so the backlog holds all that is due. (Asked after the backlog, a task that ended
     // in between would end the stream before the hub delivered its closing event.)
@@ -280,7 +310,14 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
       if (!isId(taskId) || !(await taskVisible(sql, principalOf(request), taskId)))
         throw notFound("ANALYSIS_TASK_NOT_FOUND");
       const limit = request.query.limit ?? 100;
-      const items = await eventsAfter(sql, taskId, request.query.after ?? null, limit);
+      const after = request.query.after ?? null;
+      // A cursor that names none of the task's events (see serveTaskEvents): after a restore from an
+      // older backup, the events after it by number are not the events after what the client read.
+      if (after !== null && BigInt(after) > 0n && !(await isTaskEvent(sql, taskId, after)))
+        throw validationFailed(
+          `after must be the id of one of this task's events, and ${after} is none (was the database restored from a backup?): read the log again from its start.`,
+        );
+      const items = await eventsAfter(sql, taskId, after, limit);
       return ok({ items, nextCursor: items.length === limit ? (items.at(-1)?.id ?? null) : null });
     },
   );
