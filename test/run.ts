@@ -33,6 +33,7 @@ const SLOW_FILES = [
   "test/e2e/many-hosts.test.ts",
   "test/e2e/memory.test.ts",
   "test/e2e/programs.test.ts",
+  "test/e2e/programs-locale.test.ts",
   "test/e2e/programs-hostile.test.ts",
   "test/e2e/runner-processes.test.ts",
   "test/e2e/db-connect-faults.test.ts",

@@ -37,10 +37,25 @@ METHODS = ("mean", "median", "stdev", "min", "max")
 # Unambiguous: the digits before a dot can be split only one way (the old "[0-9]+\.?[0-9]*" could
 # split a run of n digits n ways, so a long digit run that is not a number took O(n^2) to refuse).
 NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
-NON_FINITE = re.compile(r"[+-]?(?:nan|inf|infinity)\Z", re.IGNORECASE)
+# ASCII letters in any case only (as summary.mjs and r_report.R read them): Unicode IGNORECASE also took
+# the Turkish dotless "ı" for an "i", so "ınf" was a NaN/Infinity here and text in the other two.
+NON_FINITE = re.compile(r"[+-]?(?:nan|inf|infinity)\Z", re.IGNORECASE | re.ASCII)
 WHITESPACE = " \t\r\n"
 ERROR_CHARS = 500  # the most of a failure's message the runner keeps (MAX_MESSAGE_CHARS in jsonl.ts)
 csv.field_size_limit(2**31 - 1)
+
+
+# Output does not depend on the worker's locale (the runner passes LANG=C.UTF-8, but a program run by
+# hand, or under a locale that is not UTF-8, may get another): stdout and stderr are UTF-8, and the
+# arguments are read as the UTF-8 they were sent as (see utf8_arg).
+for _stream in (sys.stdout, sys.stderr):
+    _stream.reconfigure(encoding="utf-8", errors="backslashreplace")
+
+
+def utf8_arg(value):
+    """An argument as the UTF-8 the runner sent: Python decodes them in the locale's encoding, and in a
+    Latin-1 locale the column "Straße" arrived as "StraÃ\x9fe", matching no header name."""
+    return os.fsencode(value).decode("utf-8")
 
 
 def emit(event):
@@ -404,7 +419,11 @@ def main():
         args = parser.parse_args()
     except ArgError as err:
         die(2, "bad arguments: " + str(err))
-    method, wanted = parse_params(args.params)
+    try:
+        raw_params = utf8_arg(args.params)
+    except UnicodeDecodeError:
+        die(2, "--params is not UTF-8")
+    method, wanted = parse_params(raw_params)
     try:
         size = os.path.getsize(args.input)
     except OSError as err:

@@ -19,6 +19,15 @@
 # The report must fit in an output file (the runner's limit, OUTPUT_LIMITS in src/runner/outputs.ts): one
 # that would be larger (too many numeric columns, too long names) is exit 3, found before the statistics.
 
+# Nothing here may depend on the worker's locale (the runner passes LANG=C.UTF-8, but a program run
+# by hand, or on a host without that locale, gets another): messages from R and the system (the reason
+# a write failed, which the worker reads) in English, collation by code point; the rest is spelled out
+# where it is used (no ignore.case: in a Turkish locale "I" is not the capital of "i"; lines written as
+# UTF-8 bytes, never through the locale's encoding).
+invisible(Sys.setlocale("LC_MESSAGES", "C"))
+invisible(Sys.setlocale("LC_COLLATE", "C"))
+Sys.setenv(LANGUAGE = "en")
+
 MAX_PANELS <- 12L
 BINS <- 20L
 BLOCK <- 1048576
@@ -34,16 +43,20 @@ json_str <- function(s) {
   for (cp in setdiff(1:31, c(9, 10, 13))) s <- gsub(intToUtf8(cp), sprintf("\\u%04x", cp), s, fixed = TRUE)
   paste0("\"", s, "\"")
 }
+# A line on `con` as UTF-8 bytes: cat() converts to the locale's encoding, which in a C locale wrote a
+# column name "é" as "<U+00E9>" and in a Latin-1 one as a byte that is not UTF-8.
+say <- function(line, con = stdout()) {
+  writeLines(enc2utf8(line), con, useBytes = TRUE)
+  flush(con)
+}
 emit_progress <- function(percent, message) {
-  cat(sprintf("{\"type\":\"progress\",\"percent\":%d,\"message\":%s}\n", as.integer(percent), json_str(message)))
-  flush(stdout())
+  say(sprintf("{\"type\":\"progress\",\"percent\":%d,\"message\":%s}", as.integer(percent), json_str(message)))
 }
 # Exit `code` (2 bad parameters, 3 unusable data), saying why: on stderr, and in an error event whose
 # message (cut to 500 characters, the most the runner keeps) the run's errorMessage shows to the user.
 die <- function(code, message) {
-  cat(message, "\n", file = stderr())
-  cat(sprintf("{\"type\":\"error\",\"message\":%s}\n", json_str(substr(message, 1, 500))))
-  flush(stdout())
+  say(message, stderr())
+  say(sprintf("{\"type\":\"error\",\"message\":%s}", json_str(substr(message, 1, 500))))
   quit(status = code, save = "no")
 }
 too_large <- function(bytes) {
@@ -205,7 +218,9 @@ if (is.na(size)) die(2, "cannot read the input")
 # Unambiguous: the digits before a dot can be split only one way (the old "[0-9]+\.?[0-9]*" could
 # split a run of n digits n ways: O(n^2) to refuse a long digit run that is not a number).
 NUMBER <- "^[+-]?(?:[0-9]+(?:\\.[0-9]*)?|\\.[0-9]+)(?:[eE][+-]?[0-9]+)?$"
-NON_FINITE <- "^[+-]?(nan|inf|infinity)$"
+# Any case, spelled out: ignore.case follows the locale's letters (in tr_TR "INF" and "Infinity" did
+# not match, and a column holding them was text).
+NON_FINITE <- "^[+-]?(?:[nN][aA][nN]|[iI][nN][fF](?:[iI][nN][iI][tT][yY])?)$"
 # Per column, from the header on: text cells (a column with one is not numeric, and is not looked at
 # again), NaN/Infinity cells, and the finite numbers, as a list of vectors in row order.
 header <- NULL
@@ -298,10 +313,10 @@ repeat {
       v <- trim(v[live])
       col <- col[live]
       missing <- v == ""
-      two <- nchar(v) == 2L # toupper() maps character to character: only 2 can make "NA" (and no copy of a long cell)
-      missing[two] <- toupper(v[two]) == "NA"
+      two <- nchar(v) == 2L # only 2 characters can be "NA" in any case (and no copy of a long cell)
+      missing[two] <- v[two] %in% c("NA", "Na", "nA", "na")
       number <- grepl(NUMBER, v, perl = TRUE)
-      non_finite_text <- grepl(NON_FINITE, v, ignore.case = TRUE, perl = TRUE)
+      non_finite_text <- grepl(NON_FINITE, v, perl = TRUE)
       x <- as.numeric(v[number])
       x_col <- col[number]
       finite <- is.finite(x)
@@ -499,7 +514,7 @@ if (!isTRUE(file.size(report_path) == html_bytes)) {
   die(4, "could not write report.html: it is shorter than what was written")
 }
 emit_progress(95, "report written")
-cat(sprintf(
-  "{\"type\":\"result\",\"outputFileName\":\"report.html\",\"metrics\":{\"rows\":%d,\"numericColumns\":%d}}\n",
+say(sprintf(
+  "{\"type\":\"result\",\"outputFileName\":\"report.html\",\"metrics\":{\"rows\":%d,\"numericColumns\":%d}}",
   nrows, length(numeric_cols)
 ))

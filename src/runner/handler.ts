@@ -188,12 +188,23 @@ async function checkFetched(file: string, run: ClaimedRun, signal: AbortSignal):
 /**
  * The child's whole environment: an allowlist, never the service's own (no DATABASE_URL, no tokens).
  * `tmp` (an attempt's own, see AttemptPlace) becomes TMPDIR; without it programs use the system's tmp.
+ *
+ * The locale and the time zone are fixed, never the worker's: a run's outputs, metrics and messages
+ * must not depend on which host claimed it. With the worker's LANG, r-report on a Turkish host took
+ * "Infinity" for text (an "I" is not an "i" there) and so a column for not numeric, and said "could
+ * not write report.html" in German on a German one (which the disk-full check below did not read);
+ * on a host whose LANG is C, or a locale not installed, R wrote a name "é" as "<U+00E9>". C.UTF-8 is
+ * UTF-8 without any language's rules (collation by code point, "." as the decimal mark, English
+ * messages). UTC because the worker's zone is not the user's either (they may be anywhere, and the
+ * next attempt may run on another host): a date a program writes is in UTC, and saying it in the
+ * user's zone is for the client that shows it (the dashboard does so), or for a parameter.
+ * No LC_* or LANGUAGE variable is passed, so LANG decides every category.
  */
 export function childEnv(home: string, tmp?: string): Record<string, string> {
   const env: Record<string, string> = {
     PATH: process.env.PATH ?? "/usr/local/bin:/usr/bin:/bin",
-    LANG: process.env.LANG ?? "C.UTF-8",
-    TZ: process.env.TZ ?? "UTC",
+    LANG: "C.UTF-8",
+    TZ: "UTC",
     HOME: home,
   };
   if (tmp !== undefined) env.TMPDIR = tmp;
