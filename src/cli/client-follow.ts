@@ -67,7 +67,7 @@ async function barsView(ctx: ClientContext, task: Task): Promise<View> {
         // The whole log follows: counted again from nothing.
         tracker.reset();
         bars.log(shown(detail));
-        bars.update(undefined);
+        bars.reset();
         return;
       }
       bars.setNote(state === "reconnecting" ? "reconnecting…" : "");

@@ -242,10 +242,10 @@ function listenProblem(err: unknown, host: string, [variable, port]: [string, nu
     );
   if (code === "EACCES")
     return new Error(
-      `port ${port} on ${host} needs privileges this user lacks: set ${variable} to 1024 or above`,
-      {
-        cause: err,
-      },
+      port > 0 && port < 1024
+        ? `port ${port} on ${host} needs privileges this user lacks: set ${variable} to 1024 or above`
+        : `listening on port ${port} on ${host} was refused (EACCES: a security policy?): set ${variable} to another port`,
+      { cause: err },
     );
   return err;
 }
@@ -447,7 +447,8 @@ export async function serveCommand(
           `  ${address}/#token=${encodeURIComponent(token)}`,
           "Development token (user dev, admin):",
           `  export ASSAY_TOKEN=${token}`,
-          // The client commands' default server; any other must be named.
+          // The client commands' default server (DEFAULT_URL in client-common.ts, not imported: the
+          // server loads none of the client); any other must be named.
           ...(address === "http://127.0.0.1:3000" ? [] : [`  export ASSAY_URL=${address}`]),
           "Try:",
           "  npx assay submit --type summary data.csv --follow",

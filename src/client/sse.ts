@@ -121,7 +121,7 @@ export async function* taskEvents(c: ApiClient, taskId: string, o: FollowOptions
       // A clean end without the closing event: the server is going away, or the task ended in a
       // way the stream did not carry. A finished task has all its events in the log.
       const task = await taskGet(c, taskId, o.signal);
-      if (isTerminal(task.status)) return yield* rest(c, taskId, cursor, o.signal);
+      if (isTerminal(task.status)) return yield* rest(c, taskId, cursor, o);
       await sleep(100, o.signal);
     } catch (err) {
       if (o.signal.aborted) return;
@@ -235,10 +235,24 @@ async function* rest(
   c: ApiClient,
   taskId: string,
   cursor: Cursor,
-  signal: AbortSignal,
+  o: FollowOptions,
 ): AsyncGenerator<TaskEvent> {
+  const { signal } = o;
   while (!signal.aborted) {
-    const page = await logsPage(c, taskId, cursor.last === null ? null : String(cursor.last), 1000, signal);
+    let page: Awaited<ReturnType<typeof logsPage>>;
+    try {
+      page = await logsPage(c, taskId, cursor.last === null ? null : String(cursor.last), 1000, signal);
+    } catch (err) {
+      // A cursor the log does not know (the database was restored from an older backup): a 400, the
+      // only one a page of 1,000 after a cursor can get. Read from the start, as after a stream's reset.
+      if (!(err instanceof ApiRequestError && err.status === 400 && cursor.last !== null)) throw err;
+      cursor.last = null;
+      o.onState?.(
+        "reset",
+        "the last event seen is not in the task's log (was the database restored from a backup?): the whole log follows",
+      );
+      continue;
+    }
     for (const e of page.items) {
       const id = BigInt(e.id);
       if (cursor.last !== null && id <= cursor.last) continue;

@@ -165,6 +165,16 @@ export class FollowBars {
     };
   }
 
+  /**
+   * Drops every run's line (the tracker was reset: the task's whole log follows, and a run that is
+   * queued in it must not keep the line of a run that was running), then redraws.
+   */
+  reset(): void {
+    for (const bar of this.#lines.values()) this.#bars.remove(bar);
+    this.#lines.clear();
+    this.update();
+  }
+
   /** Redraws after the tracker changed (for `run`, its line). */
   update(run?: RunState): void {
     const t = this.#tracker;

@@ -24,11 +24,6 @@ export interface PoolOptions {
    * and so does the process. (`assay migrate` and `assay token`: COMMAND_CONNECT_MS, src/db/migrate.ts.)
    */
   connectTimeoutMs?: number;
-  /**
-   * Settings each connection starts with (startup parameters: `lock_timeout`, …): a connection made
-   * again after a drop has them too, where one set with SET on the old connection is gone.
-   */
-  settings?: Record<string, string>;
   /** Keeps connections for good (postgres.js ends each after 30–60 minutes by default). */
   keepConnections?: true;
 }
@@ -151,7 +146,7 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
     max,
     onnotice: () => {},
     ...(options.connectTimeoutMs === undefined ? {} : { connect_timeout: options.connectTimeoutMs / 1000 }),
-    connection: { ...options.settings, application_name: options.applicationName ?? "assay" },
+    connection: { application_name: options.applicationName ?? "assay" },
     ...(options.keepConnections ? { max_lifetime: null } : {}),
   });
   return { sql, close: () => endPool(sql, 5) };

@@ -119,30 +119,31 @@ export async function runMigrations(url: string, options: MigrateOptions = {}): 
   // A client of its own (drizzle's driver rewrites the parsers of the client it wraps), made as every
   // pool is: its connections paced, so a proxy with nothing behind it is not sent one per millisecond
   // for the 30 s of the bound.
-  // lock_timeout as a startup parameter, and the connection kept for good: a connection postgres.js
-  // makes again (its lifetime's end, a network blip, a restart) has the bound too. Set with SET on the
-  // first one only, an attempt after a reconnect queued behind a long transaction without it.
+  // The connection kept for good (postgres.js ends each after 30–60 minutes by default): the advisory
+  // lock and lock_timeout are the session's, and the retries may last longer than that.
   const { sql, close } = createDatabase(url, {
     max: 1,
     connectTimeoutMs: COMMAND_CONNECT_MS,
     applicationName: "assay-migrate",
-    settings: { lock_timeout: `${Math.max(1, Math.round(lockTimeoutMs))}ms` },
     keepConnections: true,
   });
   try {
     // Bounded: a database that never answers failed no deploy script, it hung it (the lock's own wait,
     // for another migrator, is not).
     await firstAnswer(sql, COMMAND_ANSWER_MS);
-    // One connection (max: 1), so the advisory lock and drizzle's transaction share it.
-    let lockedBy = await takeMigrationLock(sql);
+    // One connection (max: 1), so the advisory lock, the setting and drizzle's transaction share it.
+    await takeMigrationLock(sql, lockTimeoutMs);
     const before = await appliedMigrationCount(sql);
     const deadline = performance.now() + retryForMs;
     let pauseMs = MIGRATION_PAUSE_MS;
     for (let attempt = 1; ; attempt++) {
-      // A connection made again since (the pause between attempts is long enough for a drop) holds no
-      // advisory lock: another migrator could apply the same migrations beside this one (drizzle reads
-      // what is applied outside its transaction). Taken again first.
-      if ((await backendPid(sql)) !== lockedBy) lockedBy = await takeMigrationLock(sql);
+      // Again before every attempt after the first: a connection made again since (a network blip, a
+      // restart: the pause between attempts is long enough for one) holds neither the advisory lock nor
+      // the setting, and another migrator could apply the same migrations beside this one (drizzle
+      // reads what is applied outside its transaction). The session that holds the lock takes it once
+      // more (it is held until the session ends). A drop between this and drizzle's transaction is
+      // not covered: nothing outside drizzle's transaction can be.
+      if (attempt > 1) await takeMigrationLock(sql, lockTimeoutMs);
       try {
         // drizzle applies every pending migration in one transaction: a timed-out attempt leaves nothing.
         await migrate(drizzle(sql), { migrationsFolder: MIGRATIONS_DIR });
@@ -176,26 +177,17 @@ export async function runMigrations(url: string, options: MigrateOptions = {}): 
   }
 }
 
-/** This connection's server process: another after a reconnect. */
-async function backendPid(sql: postgres.Sql): Promise<string> {
-  // Text: drizzle's driver has rewritten this client's parsers.
-  const [row] = await sql<{ pid: string }[]>`select pg_backend_pid()::text as pid`;
-  return String(row?.pid);
-}
-
 /**
  * Takes the migrators' advisory lock for this session, waiting for another migrator as long as it
- * takes (lock_timeout, this client's startup setting, is lifted for that wait: that migrator holds no
- * table of the queue's), and returns the session's pid.
+ * takes (that one holds no table of the queue's), then sets the session's lock_timeout for the
+ * migration's statements. Set with SET, not as a startup parameter, which a pooler such as PgBouncer
+ * refuses (`unsupported startup parameter`).
  */
-async function takeMigrationLock(sql: postgres.Sql): Promise<string> {
-  return sql.begin(async (tx) => {
-    await tx`set local lock_timeout = 0`;
-    // A session lock: it outlives this transaction.
-    await tx`select pg_advisory_lock(${MIGRATION_LOCK_KEY})`;
-    const [row] = await tx<{ pid: string }[]>`select pg_backend_pid()::text as pid`;
-    return String(row?.pid);
-  });
+async function takeMigrationLock(sql: postgres.Sql, lockTimeoutMs: number): Promise<void> {
+  await sql`select set_config('lock_timeout', '0', false)`;
+  // A session lock: it outlives the statement, and is held until the session ends.
+  await sql`select pg_advisory_lock(${MIGRATION_LOCK_KEY})`;
+  await sql`select set_config('lock_timeout', ${`${Math.max(1, Math.round(lockTimeoutMs))}ms`}, false)`;
 }
 
 /** Whether `err` (or a cause of it: drizzle wraps PostgreSQL's error) is a lock_timeout's (55P03). */

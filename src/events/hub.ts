@@ -26,9 +26,10 @@ interface Subscriber {
  * What subscribe() returns: calling it unsubscribes (idempotent); `advance(id)` says the subscriber has
  * every event up to `id` from elsewhere (a stream's backlog, read from the table), so deliveries and
  * catch-ups start after it — a catch-up during a long backlog would otherwise read the task's whole
- * history again, and buffer it.
+ * history again, and buffer it. `rewind()` starts it over from the task's first event (a stream whose
+ * Last-Event-ID the task's log does not know: it is sent the whole log).
  */
-export type Subscription = (() => void) & { advance(id: string): void };
+export type Subscription = (() => void) & { advance(id: string): void; rewind(): void };
 
 export interface EventHubOptions {
   sql: Sql;
@@ -191,6 +192,9 @@ export class EventHub {
       advance: (id: string) => {
         const at = BigInt(id);
         if (at > sub.after) sub.after = at;
+      },
+      rewind: () => {
+        sub.after = 0n;
       },
     });
   }

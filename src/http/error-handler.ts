@@ -1,6 +1,7 @@
 // Turns anything thrown in a request into the error envelope. Public text comes only from
 // PUBLIC_MESSAGES or an ApiError's deliberate detail; the cause goes to the log.
 import type { FastifyError, FastifyReply, FastifyRequest } from "fastify";
+import { appliedMigrationCount } from "../db/migrate.ts";
 import { PayloadTooLargeError } from "../storage/store.ts";
 import { BEARER_CHALLENGE } from "./auth.ts";
 import { ApiError, type ErrorCode, PUBLIC_MESSAGES } from "./errors.ts";
@@ -87,19 +88,44 @@ function classify(
   if (BAD_JSON.has(err.code) || (err instanceof SyntaxError && err.statusCode === 400)) {
     return { status: 400, code: "INVALID_JSON", message: PUBLIC_MESSAGES.INVALID_JSON };
   }
-  // A table or column the code names and the database lacks (42P01, 42703): most likely a database
-  // not migrated for this release, behind a balancer that sends requests before /readyz says 200 —
-  // a 503 the client may retry, as /readyz says, not a bug's 500. Logged as a 5xx, whole.
-  if (err.name === "PostgresError" && UNMIGRATED.has((err as { code?: string }).code ?? ""))
-    return { status: 503, code: "NOT_READY", message: "The database is not migrated to this version." };
   const status = err.statusCode ?? 500;
   if (status >= 400 && status < 500)
     return { status, code: "BAD_REQUEST", message: PUBLIC_MESSAGES.BAD_REQUEST };
   return { status: 500, code: "INTERNAL_ERROR", message: PUBLIC_MESSAGES.INTERNAL_ERROR };
 }
 
+/** Whether `err` names a table or column the database lacks (42P01, 42703). */
+const namesMissingSchema = (err: FastifyError) =>
+  err.name === "PostgresError" && UNMIGRATED.has((err as { code?: string }).code ?? "");
+
 export function errorHandler(err: FastifyError, request: FastifyRequest, reply: FastifyReply) {
-  const { status, code, message } = classify(err, request);
+  // A table or column the code names and the database lacks: a database not migrated for this release
+  // (behind a balancer that sends requests before /readyz says 200) is a 503 the client may retry, as
+  // /readyz says — told by the migrations applied, as /readyz tells it; with every migration applied
+  // it is a bug's 500 (a mistyped column must not pass for "not migrated"). Logged as a 5xx, whole.
+  if (namesMissingSchema(err)) {
+    const { database, expectedMigrations } = request.server.services;
+    return appliedMigrationCount(database.sql).then(
+      (applied) => answer(err, request, reply, applied < expectedMigrations ? NOT_MIGRATED : undefined),
+      () => answer(err, request, reply),
+    );
+  }
+  return answer(err, request, reply);
+}
+
+const NOT_MIGRATED = {
+  status: 503,
+  code: "NOT_READY",
+  message: "The database is not migrated to this version.",
+} as const;
+
+function answer(
+  err: FastifyError,
+  request: FastifyRequest,
+  reply: FastifyReply,
+  as?: { status: number; code: ErrorCode; message: string },
+) {
+  const { status, code, message } = as ?? classify(err, request);
   if (status >= 500) request.log.error({ err }, "request failed");
   else
     request.log.info(

@@ -644,7 +644,7 @@ describe("the hub", () => {
   );
 
   test(
-    "a stream never outlives its task: Last-Event-ID above every id (reset, the whole log), then the task ends",
+    "a stream resumed from an id above every id (a reset, the whole log) ends with its task's closing event",
     LIMIT,
     async () => {
       let release: () => void = () => {};

@@ -57,3 +57,47 @@ test("Ctrl-C while the rest of a finished task's log is read stops following at 
     await new Promise((resolve) => server.close(resolve));
   }
 });
+
+test("the rest of a finished task's log from a cursor the log does not know (a restore): read from the start, told as a reset", async () => {
+  const server = http.createServer((req, res) => {
+    const url = new URL(req.url ?? "/", "http://x");
+    if (url.pathname.endsWith("/events")) {
+      // A clean end without the closing event.
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      res.end();
+    } else if (url.pathname.endsWith("/logs")) {
+      res.writeHead(url.searchParams.has("after") ? 400 : 200, { "content-type": "application/json" });
+      res.end(
+        url.searchParams.has("after")
+          ? JSON.stringify({
+              code: "VALIDATION_FAILED",
+              message: "after must be the id of one of this task's events, and 999999999999 is none",
+            })
+          : JSON.stringify({
+              code: "OK",
+              data: { items: [event("57", "task.queued"), event("58", "task.succeeded")], nextCursor: null },
+            }),
+      );
+    } else {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify({ data: { taskId: "100000042", status: "succeeded" } }));
+    }
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const client = new ApiClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, "t0ken");
+  const states: string[] = [];
+  const seen: string[] = [];
+  try {
+    for await (const e of taskEvents(client, "100000042", {
+      signal: AbortSignal.timeout(10_000),
+      after: "999999999999",
+      onState: (state) => states.push(state),
+    }))
+      seen.push(e.id);
+    assert.deepEqual(states, ["reset"]);
+    assert.deepEqual(seen, ["57", "58"]);
+  } finally {
+    server.closeAllConnections();
+    await new Promise((resolve) => server.close(resolve));
+  }
+});
