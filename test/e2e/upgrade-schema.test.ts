@@ -8,9 +8,8 @@ import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
 import postgres from "postgres";
-import { MIGRATIONS_DIR } from "../../src/db/migrate.ts";
 import { type CliResult, cleanEnv, collect, runCli, spawnCli, watch } from "../helpers/cli.ts";
-import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
+import { createTestDatabase, createTestDatabaseBefore, type TestDatabase } from "../helpers/db.ts";
 
 /** The migration left pending: an ALTER TABLE on api_tokens, which every token check reads. */
 const PENDING = "0014_api_tokens_expires_at";
@@ -23,32 +22,7 @@ before(() => {
 });
 after(() => fs.rmSync(home, { recursive: true, force: true }));
 
-/** A database migrated up to, not including, `tag` (drizzle's migrator over a truncated journal). */
-async function databaseBefore(tag: string): Promise<TestDatabase> {
-  const db = await createTestDatabase();
-  await db.sql`drop schema public cascade`;
-  await db.sql`drop schema drizzle cascade`;
-  await db.sql`create schema public`;
-  const folder = fs.mkdtempSync(path.join(home, "migrations-"));
-  fs.cpSync(MIGRATIONS_DIR, folder, { recursive: true });
-  const journalFile = path.join(folder, "meta", "_journal.json");
-  const journal = JSON.parse(fs.readFileSync(journalFile, "utf8")) as { entries: { tag: string }[] };
-  const at = journal.entries.findIndex((e) => e.tag === tag);
-  assert.ok(at > 0, `${tag} is in the journal`);
-  journal.entries = journal.entries.slice(0, at);
-  fs.writeFileSync(journalFile, JSON.stringify(journal));
-  const [{ drizzle }, { migrate }] = await Promise.all([
-    import("drizzle-orm/postgres-js"),
-    import("drizzle-orm/postgres-js/migrator"),
-  ]);
-  const sql = postgres(db.url, { max: 1, onnotice: () => {} });
-  try {
-    await migrate(drizzle(sql), { migrationsFolder: folder });
-  } finally {
-    await sql.end({ timeout: 5 });
-  }
-  return db;
-}
+const databaseBefore = (tag: string) => createTestDatabaseBefore(tag, home);
 
 function serverEnv(db: TestDatabase, extra: Record<string, string> = {}) {
   return cleanEnv({

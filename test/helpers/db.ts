@@ -44,3 +44,39 @@ export async function createTestDatabase(): Promise<TestDatabase> {
     },
   };
 }
+
+/**
+ * A database migrated up to, not including, migration `tag`: drizzle's own migrator over a copy of
+ * migrations/ (in `scratch`) whose journal stops there — the schema of a release before `tag`, for
+ * tests of what the code does on a database not migrated for it (and of `assay migrate` applying it).
+ */
+export async function createTestDatabaseBefore(tag: string, scratch: string): Promise<TestDatabase> {
+  const [fs, path, { MIGRATIONS_DIR }] = await Promise.all([
+    import("node:fs"),
+    import("node:path"),
+    import("../../src/db/migrate.ts"),
+  ]);
+  const db = await createTestDatabase();
+  await db.sql`drop schema public cascade`;
+  await db.sql`drop schema drizzle cascade`;
+  await db.sql`create schema public`;
+  const folder = fs.mkdtempSync(path.join(scratch, "migrations-"));
+  fs.cpSync(MIGRATIONS_DIR, folder, { recursive: true });
+  const journalFile = path.join(folder, "meta", "_journal.json");
+  const journal = JSON.parse(fs.readFileSync(journalFile, "utf8")) as { entries: { tag: string }[] };
+  const at = journal.entries.findIndex((e) => e.tag === tag);
+  if (at <= 0) throw new Error(`${tag} is not a migration after the first in the journal`);
+  journal.entries = journal.entries.slice(0, at);
+  fs.writeFileSync(journalFile, JSON.stringify(journal));
+  const [{ drizzle }, { migrate }] = await Promise.all([
+    import("drizzle-orm/postgres-js"),
+    import("drizzle-orm/postgres-js/migrator"),
+  ]);
+  const sql = postgres(db.url, { max: 1, onnotice: () => {} });
+  try {
+    await migrate(drizzle(sql), { migrationsFolder: folder });
+  } finally {
+    await sql.end({ timeout: 5 });
+  }
+  return db;
+}

@@ -15,7 +15,7 @@ import {
   type MigrationWait,
   runMigrations,
 } from "../../src/db/migrate.ts";
-import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
+import { createTestDatabaseBefore, type TestDatabase } from "../helpers/db.ts";
 
 /** The migration these tests leave pending: an ALTER TABLE on api_tokens (and what follows it). */
 const PENDING = "0014_api_tokens_expires_at";
@@ -26,36 +26,7 @@ before(() => {
 });
 after(() => fs.rmSync(scratch, { recursive: true, force: true }));
 
-/**
- * A database migrated up to, not including, PENDING: drizzle's own migrator over a copy of
- * migrations/ whose journal stops there (the code under test reads the real folder, and applies
- * PENDING and whatever follows it).
- */
-async function databaseBefore(tag: string): Promise<TestDatabase> {
-  const db = await createTestDatabase();
-  await db.sql`drop schema public cascade`;
-  await db.sql`drop schema drizzle cascade`;
-  await db.sql`create schema public`;
-  const folder = fs.mkdtempSync(path.join(scratch, "migrations-"));
-  fs.cpSync(MIGRATIONS_DIR, folder, { recursive: true });
-  const journalFile = path.join(folder, "meta", "_journal.json");
-  const journal = JSON.parse(fs.readFileSync(journalFile, "utf8")) as { entries: { tag: string }[] };
-  const at = journal.entries.findIndex((e) => e.tag === tag);
-  assert.ok(at > 0, `${tag} is in the journal`);
-  journal.entries = journal.entries.slice(0, at);
-  fs.writeFileSync(journalFile, JSON.stringify(journal));
-  const [{ drizzle }, { migrate }] = await Promise.all([
-    import("drizzle-orm/postgres-js"),
-    import("drizzle-orm/postgres-js/migrator"),
-  ]);
-  const sql = postgres(db.url, { max: 1, onnotice: () => {} });
-  try {
-    await migrate(drizzle(sql), { migrationsFolder: folder });
-  } finally {
-    await sql.end({ timeout: 5 });
-  }
-  return db;
-}
+const databaseBefore = (tag: string) => createTestDatabaseBefore(tag, scratch);
 
 /** A transaction that has read api_tokens (ACCESS SHARE) and stays open until release() or `ms`. */
 async function holdTokensTable(url: string, ms: number) {
