@@ -16,8 +16,9 @@ import type { ObjectStore } from "../storage/store.ts";
 import type { TaskCache } from "../tasks/task-cache.ts";
 import { requireBearer } from "./auth.ts";
 import { errorHandler } from "./error-handler.ts";
-import { ApiError, validationFailed } from "./errors.ts";
+import { ApiError } from "./errors.ts";
 import { headRefused } from "./no-head.ts";
+import { integerFields } from "./query-check.ts";
 import { analysisTypeRoutes } from "./routes/analysis-types.ts";
 import { dashboardRoutes, meRoutes } from "./routes/dashboard.ts";
 import { downloadRoutes, viewRoutes } from "./routes/downloads.ts";
@@ -145,33 +146,6 @@ function allowedMethods(fastify: FastifyInstance, url: string): string[] {
   );
 }
 
-/** The query fields of a route's querystring schema that are integers. */
-function integerFields(schema: unknown): string[] {
-  const properties = (schema as { properties?: Record<string, { type?: unknown }> } | undefined)?.properties;
-  if (properties === undefined) return [];
-  return Object.keys(properties).filter((name) => properties[name]?.type === "integer");
-}
-
-const DECIMAL = /^[0-9]+$/;
-
-/**
- * The integer query fields must be written in decimal digits: Ajv's coercion took any number
- * JavaScript reads (`limit=1e1` was 10, `0x10` 16, `+5`, ` 5` and `5.0` were 5). Checked before the
- * schema (which still checks the range), on the text as sent; a field given twice is left to the
- * schema, whose answer says so (error-handler.ts).
- */
-function decimalQuery(fields: string[]) {
-  return (request: FastifyRequest, _reply: FastifyReply, done: (err?: Error) => void) => {
-    const query = request.query as Record<string, unknown>;
-    for (const field of fields) {
-      const value = query[field];
-      if (typeof value === "string" && !DECIMAL.test(value))
-        return done(validationFailed(`querystring/${field} must be an integer in decimal digits.`));
-    }
-    done();
-  };
-}
-
 export async function app(fastify: FastifyInstance, opts: { services: Services }) {
   fastify.decorate("services", opts.services);
   fastify.addHook("onRequest", (request, _reply, done) => {
@@ -247,14 +221,9 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
     async (api) => {
       api.addHook("onRoute", (route) => {
         if (route.schema?.querystring === undefined) route.schema = { ...route.schema, querystring: NoQuery };
+        // Checked by the scope's onRequest hook (auth.ts, checkDecimalQuery), not a hook of its own.
         const integers = integerFields(route.schema.querystring);
-        if (integers.length > 0) {
-          const given = route.preValidation;
-          route.preValidation = [
-            decimalQuery(integers),
-            ...(given === undefined ? [] : Array.isArray(given) ? given : [given]),
-          ];
-        }
+        if (integers.length > 0) route.config = { ...route.config, integerQuery: integers };
       });
       requireBearer(api);
       await api.register(meRoutes);

@@ -3,6 +3,7 @@
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import { type Authenticated, hashToken, tokenAuthenticate } from "../auth/tokens.ts";
 import { ApiError } from "./errors.ts";
+import { checkDecimalQuery } from "./query-check.ts";
 
 declare module "fastify" {
   interface FastifyRequest {
@@ -55,6 +56,7 @@ export function requireBearer(scope: FastifyInstance) {
       : undefined;
     if (!principal) throw new ApiError(401, "UNAUTHORIZED");
     request.principal = principal;
+    checkDecimalQuery(request);
   });
 }
 
