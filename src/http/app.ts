@@ -223,6 +223,13 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
         if (route.schema?.querystring === undefined) route.schema = { ...route.schema, querystring: NoQuery };
         // Checked by the scope's onRequest hook (auth.ts, checkDecimalQuery), not a hook of its own.
         const integers = integerFields(route.schema.querystring);
+        // Only a property whose own type is "integer" is checked: one inside a union or a $ref would
+        // be coerced by Ajv unchecked. Refused at start-up rather than left unchecked.
+        const declared = JSON.stringify(route.schema.querystring).split('"integer"').length - 1;
+        if (declared !== integers.length)
+          throw new Error(
+            `${route.url}: an integer query field must be a plain { type: "integer" } property (query-check.ts)`,
+          );
         if (integers.length > 0) route.config = { ...route.config, integerQuery: integers };
       });
       requireBearer(api);

@@ -1,6 +1,7 @@
 // Turns anything thrown in a request into the error envelope. Public text comes only from
 // PUBLIC_MESSAGES or an ApiError's deliberate detail; the cause goes to the log.
 import type { FastifyError, FastifyReply, FastifyRequest } from "fastify";
+import type { Sql } from "../db/client.ts";
 import { appliedMigrationCount } from "../db/migrate.ts";
 import { PayloadTooLargeError } from "../storage/store.ts";
 import { BEARER_CHALLENGE } from "./auth.ts";
@@ -105,12 +106,62 @@ export function errorHandler(err: FastifyError, request: FastifyRequest, reply: 
   // it is a bug's 500 (a mistyped column must not pass for "not migrated"). Logged as a 5xx, whole.
   if (namesMissingSchema(err)) {
     const { database, expectedMigrations } = request.server.services;
-    return appliedMigrationCount(database.sql).then(
-      (applied) => answer(err, request, reply, applied < expectedMigrations ? NOT_MIGRATED : undefined),
-      () => answer(err, request, reply),
+    return schemaBehind(database.sql, expectedMigrations).then(
+      (behind) => answer(err, request, reply, behind ? NOT_MIGRATED : undefined),
+      (lookup: unknown) => {
+        request.log.warn({ err: lookup }, "could not tell whether the database is migrated");
+        return answer(err, request, reply);
+      },
     );
   }
   return answer(err, request, reply);
+}
+
+/** How long an answer "behind" is reused; "migrated" is kept for good (migrations only add). */
+const BEHIND_REUSED_MS = 1000;
+/** The lookup's bound: a pool too busy to answer does not hold the error's answer longer. */
+const SCHEMA_LOOKUP_MS = 2000;
+
+const schemaLookups = new WeakMap<
+  Sql,
+  { migrated: boolean; at: number; pending?: Promise<boolean> | undefined }
+>();
+
+/**
+ * Whether fewer migrations are applied than this release's: one lookup shared by every failing request
+ * at a time, bounded, an answer "behind" reused for BEHIND_REUSED_MS and "migrated" for good (a
+ * release's migrations only add, and never go away under a running process). Without this, each
+ * request that failed on a missing column during an upgrade made two more statements of its own.
+ */
+function schemaBehind(sql: Sql, expected: number): Promise<boolean> {
+  let state = schemaLookups.get(sql);
+  if (state?.migrated) return Promise.resolve(false);
+  if (state && performance.now() - state.at < BEHIND_REUSED_MS) return Promise.resolve(true);
+  if (state?.pending) return state.pending;
+  state ??= { migrated: false, at: Number.NEGATIVE_INFINITY };
+  schemaLookups.set(sql, state);
+  const current = state;
+  let timer: NodeJS.Timeout | undefined;
+  const pending = Promise.race([
+    appliedMigrationCount(sql),
+    new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () => reject(new Error(`no answer within ${SCHEMA_LOOKUP_MS} ms`)),
+        SCHEMA_LOOKUP_MS,
+      );
+    }),
+  ])
+    .then((applied) => {
+      current.migrated = applied >= expected;
+      current.at = performance.now();
+      return !current.migrated;
+    })
+    .finally(() => {
+      clearTimeout(timer);
+      current.pending = undefined;
+    });
+  current.pending = pending;
+  return pending;
 }
 
 const NOT_MIGRATED = {
