@@ -17,7 +17,6 @@
 // other and with the rest of the file, which runs one test at a time: one after another they held a
 // slot of `make test` for 80 s. Nothing they do touches another test's processes or database rows.
 import assert from "node:assert/strict";
-import type { ChildProcess } from "node:child_process";
 import { once } from "node:events";
 import fs from "node:fs";
 import net from "node:net";
@@ -29,7 +28,7 @@ import postgres from "postgres";
 import { databaseMayComeUp, rejectionHandler } from "../../src/cli/serve.ts";
 import { NoAnswerError } from "../../src/db/client.ts";
 import { createLogger } from "../../src/log.ts";
-import { type CliResult, cleanEnv, collect, runCli, spawnCli, watch } from "../helpers/cli.ts";
+import { type CliResult, cleanEnv, collect, exitWithin, runCli, spawnCli, watch } from "../helpers/cli.ts";
 import { within } from "../helpers/client.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import { waitFor } from "../helpers/queue.ts";
@@ -106,23 +105,6 @@ async function deafDatabase(dbUrl: string) {
       await proxy.close();
     },
   };
-}
-
-/** The process's exit, or a failure (and SIGKILL) when it is still running after `ms`. */
-async function exitWithin(child: ChildProcess, ms: number, what: string): Promise<CliResult> {
-  const done = collect(child);
-  let timer: NodeJS.Timeout | undefined;
-  const bound = new Promise<"hung">((resolve) => {
-    timer = setTimeout(() => resolve("hung"), ms);
-  });
-  const result = await Promise.race([done, bound]);
-  clearTimeout(timer);
-  if (result === "hung") {
-    child.kill("SIGKILL");
-    const { stdout, stderr } = await done;
-    assert.fail(`${what} still running ${ms} ms after start:\n${stdout.slice(-2000)}\n${stderr}`);
-  }
-  return result;
 }
 
 /** The HTTP status of GET `url`, or 0 when nothing answers. */

@@ -10,7 +10,7 @@ import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
 import postgres from "postgres";
-import { type CliResult, cleanEnv, collect, spawnCli, watch } from "../helpers/cli.ts";
+import { cleanEnv, exitWithin as exitWithinMs, spawnCli, watch } from "../helpers/cli.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import { runnerEnv } from "../helpers/runner.ts";
 
@@ -31,22 +31,7 @@ after(async () => {
   fs.rmSync(home, { recursive: true, force: true });
 });
 
-/** The process's exit, or a failure (and SIGKILL) when it is still running after EXIT_BOUND_MS. */
-async function exitWithin(child: ChildProcess, what: string): Promise<CliResult> {
-  const done = collect(child);
-  let timer: NodeJS.Timeout | undefined;
-  const bound = new Promise<"hung">((resolve) => {
-    timer = setTimeout(() => resolve("hung"), EXIT_BOUND_MS);
-  });
-  const result = await Promise.race([done, bound]);
-  clearTimeout(timer);
-  if (result === "hung") {
-    child.kill("SIGKILL");
-    const { stdout, stderr } = await done;
-    assert.fail(`${what} still running ${EXIT_BOUND_MS} ms after start:\n${stdout.slice(-2000)}\n${stderr}`);
-  }
-  return result;
-}
+const exitWithin = (child: ChildProcess, what: string) => exitWithinMs(child, EXIT_BOUND_MS, what);
 
 /** An empty database (no migrations applied), dropped after the test. */
 async function unmigratedDatabase(): Promise<{ url: string; drop(): Promise<void> }> {

@@ -8,7 +8,7 @@ import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
 import postgres from "postgres";
-import { type CliResult, cleanEnv, collect, runCli, spawnCli, watch } from "../helpers/cli.ts";
+import { cleanEnv, collect, exitWithin as exitWithinMs, runCli, spawnCli, watch } from "../helpers/cli.ts";
 import { createTestDatabase, createTestDatabaseBefore, type TestDatabase } from "../helpers/db.ts";
 
 /** The migration left pending: an ALTER TABLE on api_tokens, which every token check reads. */
@@ -34,21 +34,7 @@ function serverEnv(db: TestDatabase, extra: Record<string, string> = {}) {
   });
 }
 
-async function exitWithin(child: ChildProcess, what: string): Promise<CliResult> {
-  const done = collect(child);
-  let timer: NodeJS.Timeout | undefined;
-  const bound = new Promise<"hung">((resolve) => {
-    timer = setTimeout(() => resolve("hung"), EXIT_BOUND_MS);
-  });
-  const result = await Promise.race([done, bound]);
-  clearTimeout(timer);
-  if (result === "hung") {
-    child.kill("SIGKILL");
-    const { stdout, stderr } = await done;
-    assert.fail(`${what} still running ${EXIT_BOUND_MS} ms after start:\n${stdout.slice(-2000)}\n${stderr}`);
-  }
-  return result;
-}
+const exitWithin = (child: ChildProcess, what: string) => exitWithinMs(child, EXIT_BOUND_MS, what);
 
 const notMigrated = new RegExp(
   `the database is not migrated to this version: it lacks \\d+ of this release's migrations \\(${PENDING}[^)]*\\): run \`assay migrate\``,

@@ -46,6 +46,23 @@ export function collect(child: ChildProcess): Promise<CliResult> {
 }
 
 /** Everything `child` printed on stdout so far, and a way to wait for a pattern in it. */
+/** The process's exit, or a failure (and SIGKILL) when it is still running after `ms`. */
+export async function exitWithin(child: ChildProcess, ms: number, what: string): Promise<CliResult> {
+  const done = collect(child);
+  let timer: NodeJS.Timeout | undefined;
+  const bound = new Promise<"hung">((resolve) => {
+    timer = setTimeout(() => resolve("hung"), ms);
+  });
+  const result = await Promise.race([done, bound]);
+  clearTimeout(timer);
+  if (result === "hung") {
+    child.kill("SIGKILL");
+    const { stdout, stderr } = await done;
+    throw new Error(`${what} still running ${ms} ms after start:\n${stdout.slice(-2000)}\n${stderr}`);
+  }
+  return result;
+}
+
 export interface Watched {
   readonly stdout: () => string;
   /**
