@@ -27,8 +27,11 @@ export type DownloadPlan =
   | { kind: "not-found" }
   | { kind: "not-ready" }
   | { kind: "single"; taskId: string; output: RunOutput }
-  /** Read page by page when it is sent: see zipPages. */
-  | { kind: "zip"; taskId: string };
+  /**
+   * Read page by page when it is sent: see zipPages. `finishedAt`, the task's end, is every entry's
+   * time: the same task's zip is the same bytes whenever it is downloaded.
+   */
+  | { kind: "zip"; taskId: string; finishedAt: Date };
 
 /** What an output key may look like (see runner/outputs.ts): never anything that leaves `outputs/`. */
 const OUTPUT_KEY = /^[0-9]+\/[0-9]+(\.[0-9]+\.[0-9a-f-]+)?$/;
@@ -74,13 +77,16 @@ async function succeededOutputs(sql: Sql, taskId: string, runId?: string): Promi
 
 /** Owner or admin; terminal with at least one success (DESIGN §7). */
 export async function taskDownloadPlan(sql: Sql, p: Principal, taskId: string): Promise<DownloadPlan> {
-  const [task] = await sql<{ status: string; total: number }[]>`
-    select t.status, t.total_count as total from tasks t where t.id = ${taskId} and ${visible(sql, p)}`;
+  const [task] = await sql<{ status: string; total: number; finishedAt: Date | null }[]>`
+    select t.status, t.total_count as total, t.finished_at as "finishedAt"
+    from tasks t where t.id = ${taskId} and ${visible(sql, p)}`;
   if (!task) return { kind: "not-found" };
   if (!(TERMINAL_TASK_STATUSES as readonly string[]).includes(task.status)) return { kind: "not-ready" };
   const [first] = await succeededOutputs(sql, taskId);
   if (!first) return { kind: "not-ready" };
-  return task.total === 1 ? { kind: "single", taskId, output: first } : { kind: "zip", taskId };
+  return task.total === 1
+    ? { kind: "single", taskId, output: first }
+    : { kind: "zip", taskId, finishedAt: task.finishedAt ?? new Date() };
 }
 
 /** Whether the task still exists (retention may delete it while its outputs are read). */

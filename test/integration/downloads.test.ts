@@ -14,7 +14,7 @@ import { LocalStore } from "../../src/storage/local.ts";
 import { taskOutputsPrefix } from "../../src/storage/store.ts";
 import { ZIP_PAGE } from "../../src/tasks/outputs.ts";
 import { bearer } from "../helpers/app.ts";
-import { waitForTerminal } from "../helpers/queue.ts";
+import { waitFor, waitForTerminal } from "../helpers/queue.ts";
 import { fixtureProgram, type RunnerEnv, runnerEnv, writeProgram } from "../helpers/runner.ts";
 import { scratchDir } from "../helpers/tmp.ts";
 import { zipNames, zipRead } from "../helpers/zip.ts";
@@ -548,4 +548,44 @@ test("HEAD on an output, a view link, a zip or results.csv is 405 and reads noth
   } finally {
     await heads.close();
   }
+});
+
+test("a task's zip is the same bytes whenever it is downloaded: every entry dated at the task's end", async () => {
+  const taskId = await finishedTask("dl-same", ["a\n1\n", "bb\n22\n"], { mode: "ok" });
+  // An end long ago: an entry dated when the zip was made would differ from it (and between two
+  // downloads a DOS time's two seconds apart: a link's and the route's zips differed by that).
+  const ended = new Date("2026-03-04T05:06:08.000Z");
+  await env.db.sql`update tasks set finished_at = ${ended} where id = ${taskId}`;
+  const first = (await get(`/api/analysis-tasks/${taskId}/download`)).rawPayload;
+  const dates = JSON.parse(
+    execFileSync("python3", [
+      "-c",
+      "import json,sys,zipfile; print(json.dumps([list(i.date_time) for i in zipfile.ZipFile(sys.argv[1]).infolist()]))",
+      (() => {
+        const file = path.join(env.dataDir, "same.zip");
+        fs.writeFileSync(file, first);
+        return file;
+      })(),
+    ]).toString(),
+  ) as number[][];
+  // DOS times are local times of the server's zone, to the even second.
+  const local = [
+    ended.getFullYear(),
+    ended.getMonth() + 1,
+    ended.getDate(),
+    ended.getHours(),
+    ended.getMinutes(),
+    ended.getSeconds() - (ended.getSeconds() % 2),
+  ];
+  assert.ok(dates.length >= 3, JSON.stringify(dates));
+  for (const d of dates) assert.deepEqual(d, local);
+  // Past the next even second: a zip dated when it is made would differ now.
+  const made = Date.now();
+  await waitFor(
+    async () => Math.floor(Date.now() / 2000) > Math.floor(made / 2000),
+    5_000,
+    "the next even second",
+  );
+  const again = (await get(`/api/analysis-tasks/${taskId}/download`)).rawPayload;
+  assert.ok(first.equals(again), "the same bytes");
 });

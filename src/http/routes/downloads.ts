@@ -224,7 +224,7 @@ async function send(
   reply.header("content-type", "application/zip");
   reply.header("content-disposition", contentDisposition(`task-${taskId}.zip`));
   guard(reply);
-  return reply.send(zipStream(entries(), reply));
+  return reply.send(zipStream(entries(), reply, plan.finishedAt));
 }
 
 /**
@@ -381,8 +381,8 @@ interface ZipEntry {
  * - a client that goes away (Fastify destroys the returned stream) ends the generator, which releases
  *   the object being read.
  */
-function zipStream(entries: AsyncGenerator<ZipEntry>, reply: FastifyReply): Readable {
-  const zip = new ZipWriter();
+function zipStream(entries: AsyncGenerator<ZipEntry>, reply: FastifyReply, mtime: Date): Readable {
+  const zip = new ZipWriter({ mtime });
   // The object being read. A client that leaves while it is stalled (an S3 body on a half-dead
   // connection) must release it at once: the generator's return() would only be seen at its next
   // yield, which a stalled read never reaches.
