@@ -6,6 +6,7 @@ import { appliedMigrationCount } from "../db/migrate.ts";
 import { PayloadTooLargeError } from "../storage/store.ts";
 import { BEARER_CHALLENGE } from "./auth.ts";
 import { ApiError, type ErrorCode, PUBLIC_MESSAGES } from "./errors.ts";
+import { singleFlight, withTimeout } from "./routes/health.ts";
 
 const TOO_LARGE = new Set(["FST_ERR_CTP_BODY_TOO_LARGE", "FST_REQ_FILE_TOO_LARGE", "FST_FILES_LIMIT"]);
 const BAD_JSON = new Set(["FST_ERR_CTP_INVALID_JSON_BODY", "FST_ERR_CTP_EMPTY_JSON_BODY"]);
@@ -119,49 +120,34 @@ export function errorHandler(err: FastifyError, request: FastifyRequest, reply: 
 
 /** How long an answer "behind" is reused; "migrated" is kept for good (migrations only add). */
 const BEHIND_REUSED_MS = 1000;
-/** The lookup's bound: a pool too busy to answer does not hold the error's answer longer. */
-const SCHEMA_LOOKUP_MS = 2000;
 
-const schemaLookups = new WeakMap<
-  Sql,
-  { migrated: boolean; at: number; pending?: Promise<boolean> | undefined }
->();
+const schemaLookups = new WeakMap<Sql, { migrated: boolean; at: number; count: () => Promise<number> }>();
 
 /**
- * Whether fewer migrations are applied than this release's: one lookup shared by every failing request
- * at a time, bounded, an answer "behind" reused for BEHIND_REUSED_MS and "migrated" for good (a
- * release's migrations only add, and never go away under a running process). Without this, each
- * request that failed on a missing column during an upgrade made two more statements of its own.
+ * Whether fewer migrations are applied than this release's: the count /readyz makes, shared by every
+ * failing request at a time (singleFlight) and bounded (withTimeout), an answer "behind" reused for
+ * BEHIND_REUSED_MS and "migrated" for good (a release's migrations only add, and never go away under
+ * a running process). Without this, each request that failed on a missing column during an upgrade
+ * made two more statements of its own.
  */
 function schemaBehind(sql: Sql, expected: number): Promise<boolean> {
   let state = schemaLookups.get(sql);
-  if (state?.migrated) return Promise.resolve(false);
-  if (state && performance.now() - state.at < BEHIND_REUSED_MS) return Promise.resolve(true);
-  if (state?.pending) return state.pending;
-  state ??= { migrated: false, at: Number.NEGATIVE_INFINITY };
-  schemaLookups.set(sql, state);
+  if (state === undefined) {
+    state = {
+      migrated: false,
+      at: Number.NEGATIVE_INFINITY,
+      count: singleFlight(() => appliedMigrationCount(sql)),
+    };
+    schemaLookups.set(sql, state);
+  }
+  if (state.migrated) return Promise.resolve(false);
+  if (performance.now() - state.at < BEHIND_REUSED_MS) return Promise.resolve(true);
   const current = state;
-  let timer: NodeJS.Timeout | undefined;
-  const pending = Promise.race([
-    appliedMigrationCount(sql),
-    new Promise<never>((_, reject) => {
-      timer = setTimeout(
-        () => reject(new Error(`no answer within ${SCHEMA_LOOKUP_MS} ms`)),
-        SCHEMA_LOOKUP_MS,
-      );
-    }),
-  ])
-    .then((applied) => {
-      current.migrated = applied >= expected;
-      current.at = performance.now();
-      return !current.migrated;
-    })
-    .finally(() => {
-      clearTimeout(timer);
-      current.pending = undefined;
-    });
-  current.pending = pending;
-  return pending;
+  return withTimeout(current.count(), "migration count").then((applied) => {
+    current.migrated = applied >= expected;
+    current.at = performance.now();
+    return !current.migrated;
+  });
 }
 
 const NOT_MIGRATED = {

@@ -24,7 +24,8 @@ const READY_FLIGHTS_MAX = 2;
  */
 const READY_FLIGHT_FORGET_MS = 120_000;
 
-function withTimeout<T>(work: Promise<T>, what: string): Promise<T> {
+/** `work`, or a rejection after READY_QUERY_TIMEOUT_MS (2 s). */
+export function withTimeout<T>(work: Promise<T>, what: string): Promise<T> {
   return Promise.race([
     work,
     new Promise<never>((_, reject) =>
