@@ -94,6 +94,14 @@ async function syncUp(root: string, dir: string, made: boolean): Promise<void> {
   }
 }
 
+/**
+ * A recursive mkdir's ENOENT: Node's, finding a folder made already (EEXIST) — by another worker a
+ * moment ago — looks at it (stat) and fails ENOENT when a prune removed it in between (271 of 32,143
+ * mkdirs against a loop making and removing the folder). Gone again, as after a prune that follows
+ * the mkdir: the rename's next try makes it again. (Not EEXIST on a file in the way: that throws.)
+ */
+const foldersRaced = missing;
+
 /** Renames tried when the target's folder keeps vanishing (see renameInto). */
 const RENAME_TRIES = 5;
 
@@ -114,8 +122,12 @@ export function renameInto(from: string, to: string): boolean {
     } catch (err) {
       if (!missing(err) || tries === RENAME_TRIES || !fs.existsSync(from)) throw err;
     }
-    fs.mkdirSync(path.dirname(to), { recursive: true });
     made = true;
+    try {
+      fs.mkdirSync(path.dirname(to), { recursive: true });
+    } catch (err) {
+      if (!foldersRaced(err) || tries === RENAME_TRIES) throw err;
+    }
   }
 }
 
@@ -212,8 +224,12 @@ export class LocalStore implements ObjectStore {
       } catch (err) {
         if (!missing(err) || tries === RENAME_TRIES || !fs.existsSync(tmp)) throw err;
       }
-      await fsp.mkdir(path.dirname(target), { recursive: true });
       made = true;
+      try {
+        await fsp.mkdir(path.dirname(target), { recursive: true });
+      } catch (err) {
+        if (!foldersRaced(err) || tries === RENAME_TRIES) throw err;
+      }
     }
     await syncUp(this.root, path.dirname(target), made);
   }

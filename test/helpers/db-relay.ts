@@ -30,6 +30,14 @@ export class DbRelay {
   /** Connections accepted so far, whatever the mode. */
   accepted = 0;
 
+  /**
+   * Sockets open now (either side). `set` cuts them: a client cut during its TLS handshake fails its
+   * waiting query (postgres.js takes a TLS error as the query's), where one closed after it waits on.
+   */
+  get open(): number {
+    return this.sockets.size;
+  }
+
   private readonly tls: { key: Buffer; cert: Buffer } | undefined;
 
   constructor(target: { host: string; port: number }, mode: RelayMode, options: { tls?: boolean } = {}) {
@@ -62,7 +70,8 @@ export class DbRelay {
     if (this.mode === "close") return void client.resume().end();
     if (this.mode === "refuse") return void client.destroy();
     if (this.mode === "hold") return; // accepted, never answered
-    if (this.mode === "tls-close") return void this.secure(client, (secure) => secure.end());
+    // (Read to the end as well, or the client's FIN is never seen and the socket never closes.)
+    if (this.mode === "tls-close") return void this.secure(client, (secure) => secure.resume().end());
     const upstream = net.connect(this.target.port, this.target.host);
     this.track(upstream);
     client.on("close", () => upstream.destroy());
@@ -73,6 +82,8 @@ export class DbRelay {
       return;
     }
     this.secure(client, (secure) => {
+      secure.on("close", () => upstream.destroy());
+      upstream.on("close", () => secure.destroy());
       secure.pipe(upstream);
       upstream.pipe(secure);
     });
@@ -87,7 +98,9 @@ export class DbRelay {
       if (request === null) return void client.once("readable", onReadable);
       client.write("S");
       const secure = new tls.TLSSocket(client, { isServer: true, ...keys });
-      secure.on("error", () => {});
+      // The TLS socket takes the plain one's handle: that one emits no `close` any more.
+      this.sockets.delete(client);
+      this.track(secure);
       secure.once("secure", () => then(secure));
     };
     client.once("readable", onReadable);

@@ -225,6 +225,67 @@ describe("deleting outputs from a local store leaves no empty folders", () => {
       discarding.kill("SIGKILL");
     }
   });
+  test("a folder another process makes and removes as fast as it can: a rename into it or a put under it fails only for want of the folder, never in the mkdir", async () => {
+    // Node's recursive mkdir, finding the folder made (EEXIST), looks at it and failed ENOENT when it
+    // was removed in between — an error the keep took for a failure of its own (once in a whole run of
+    // the test above, which keeps and discards as workers do). This other process makes the race
+    // common: a fifth of the renames' mkdirs and three quarters of the puts' failed before the fix. It also empties the folder faster than any worker, so
+    // some renames use up their tries (the folder gone each time): those are ENOENT from the rename.
+    const taskKey = "outputs/999999991";
+    const task = env.storage.localPath?.(taskKey) as string;
+    const scratch = fs.mkdtempSync(path.join(env.dataDir, "mkdirs-"));
+    const other = path.join(scratch, "other.mjs");
+    fs.writeFileSync(
+      other,
+      `import fs from "node:fs";
+      process.send("ready");
+      for (;;) {
+        try { fs.mkdirSync(${JSON.stringify(task)}); } catch {}
+        try { fs.rmdirSync(${JSON.stringify(task)}); } catch {}
+      }`,
+    );
+    const toggling = spawn(process.execPath, [other], { stdio: ["ignore", "ignore", "inherit", "ipc"] });
+    const failures = new Map<string, number>();
+    const failed = (err: unknown) => {
+      const e = err as NodeJS.ErrnoException;
+      const key = `${e.code} ${e.syscall}`;
+      failures.set(key, (failures.get(key) ?? 0) + 1);
+    };
+    let landed = 0;
+    try {
+      const died = new Promise<never>((_, reject) =>
+        toggling.once("exit", (code, sig) => reject(new Error(`the other process ended: ${code ?? sig}`))),
+      );
+      died.catch(() => {});
+      await Promise.race([new Promise((resolve) => toggling.once("message", resolve)), died]);
+      for (let i = 0; i < 600; i++) {
+        if (toggling.exitCode !== null || toggling.signalCode !== null) await died;
+        const from = path.join(scratch, `a${i}`);
+        fs.mkdirSync(from);
+        try {
+          renameInto(from, path.join(task, `${i}.1.x`));
+          fs.rmdirSync(path.join(task, `${i}.1.x`));
+          landed++;
+        } catch (err) {
+          failed(err);
+          fs.rmSync(from, { recursive: true, force: true });
+        }
+        // A put flushes its file and folders: one in six.
+        if (i % 6 !== 0) continue;
+        try {
+          await env.storage.put(`${taskKey}/p${i}`, Readable.from([Buffer.from("x")]));
+          fs.rmSync(path.join(task, `p${i}`));
+          landed++;
+        } catch (err) {
+          failed(err);
+        }
+      }
+    } finally {
+      toggling.kill("SIGKILL");
+    }
+    for (const key of failures.keys()) assert.equal(key, "ENOENT rename", JSON.stringify([...failures]));
+    assert.ok(landed > 350, `${landed} of 700 landed (${JSON.stringify([...failures])})`);
+  });
 });
 
 describe("how a program ended", () => {
