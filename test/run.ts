@@ -20,31 +20,36 @@ const TEST_TIMEOUT_MS = 180_000;
 const SUITE_DEADLINE_MS = 30 * 60_000;
 
 /**
- * The slowest files (25 s or more each on 2 cores, slowest first; see the summary at the end of a
+ * The slowest files (about 20 s or more each on 2 cores, slowest first; see the summary at the end of a
  * run), started before the others. node:test starts files in the order given, and a slow file started
  * late runs on alone at the end while the other slots stand idle: test/unit/zip.test.ts, last in
  * sorted order, held the run's last half minute. Kept by hand: only the files given run, and a given
  * file not named here keeps its place among the others.
  */
 const SLOW_FILES = [
+  "test/e2e/programs-locale.test.ts",
+  "test/e2e/programs.test.ts",
   "test/e2e/embedded.test.ts",
   "test/e2e/bench-smoke.test.ts",
+  "test/e2e/memory.test.ts",
   "test/e2e/client-retry.test.ts",
   "test/e2e/many-hosts.test.ts",
-  "test/e2e/memory.test.ts",
-  "test/e2e/programs.test.ts",
-  "test/e2e/programs-locale.test.ts",
-  "test/e2e/programs-hostile.test.ts",
   "test/e2e/runner-processes.test.ts",
-  "test/e2e/db-connect-faults.test.ts",
-  "test/e2e/dashboard-navigation.test.ts",
-  "test/unit/zip.test.ts",
-  "test/integration/metrics-queue-read.test.ts",
-  "test/integration/upload-faults.test.ts",
   "test/e2e/client-resume.test.ts",
-  "test/e2e/dashboard-results-refresh.test.ts",
-  "test/integration/worker-faults.test.ts",
+  "test/e2e/db-connect-faults.test.ts",
+  "test/e2e/downloads.test.ts",
   "test/integration/downloads-token-cutoff.test.ts",
+  "test/e2e/dashboard-results-refresh.test.ts",
+  "test/e2e/dashboard-fixes.test.ts",
+  "test/e2e/outage.test.ts",
+  "test/e2e/dashboard.test.ts",
+  "test/integration/metrics-queue-read.test.ts",
+  "test/e2e/dashboard-navigation.test.ts",
+  "test/e2e/programs-hostile.test.ts",
+  "test/e2e/queue-processes.test.ts",
+  "test/unit/zip.test.ts",
+  "test/integration/upload-faults.test.ts",
+  "test/integration/worker-faults.test.ts",
 ];
 
 const given = process.argv.slice(2);
@@ -166,7 +171,11 @@ try {
 
   const tapFile = path.join(scratch, "results.tap");
   const timesFile = path.join(scratch, "file-times.tsv");
-  const concurrency = Math.max(2, os.availableParallelism());
+  // One file more than cores: most files spend much of their time waiting (on processes, timeouts, the
+  // database), and with one per core two cores stood idle a third of the run (`vmstat`). On 2 cores,
+  // 2 files at a time took 684–756 s, 3 took 609 s (2026-12-06). ASSAY_TEST_CONCURRENCY overrides it.
+  const concurrency =
+    Number(process.env.ASSAY_TEST_CONCURRENCY) || Math.max(2, os.availableParallelism() + 1);
   if (interrupted) throw new Error(`test/run.ts: ${interrupted} before the tests started`);
   const child = spawn(
     process.execPath,

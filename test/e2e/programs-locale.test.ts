@@ -1,5 +1,5 @@
 // The three production programs under the locale and time zone of whatever host runs them: each is run
-// over the same inputs with LANG set to German, Turkish, Japanese, French, C, POSIX, a Latin-1 locale, a
+// over the same inputs with LANG set to Turkish, Japanese, French, C, a Latin-1 German locale, a
 // locale that is not installed, or none, and TZ to zones around the world — the environment a runner
 // that passed on the worker's own would give — and every output file, the result's metrics, the error
 // message, the progress and stderr must be byte for byte those of the run under C.UTF-8 and UTC. The
@@ -201,14 +201,15 @@ function differences(ref: Map<string, Seen>, got: Map<string, Seen>): string[] {
 
 // The inputs above under every locale; the shared corpus of hostile CSVs under the Turkish one, which
 // found most (R takes half a second a run: 23 files under every locale would take minutes).
+// (POSIX is glibc's C, and de_DE.UTF-8 reads numbers as fr_FR.UTF-8 does and text as the other UTF-8
+// locales: both were dropped to keep the file's two minutes of R under `make test` shorter; the
+// strace tests below run under de_DE.UTF-8.)
 const ENVIRONMENTS: { lang: string | undefined; tz: string | undefined; corpus: boolean }[] = [
   { lang: "tr_TR.UTF-8", tz: "Asia/Kolkata", corpus: true },
-  { lang: "C", tz: "America/New_York", corpus: false },
-  { lang: "de_DE.UTF-8", tz: "Europe/Berlin", corpus: false },
+  { lang: "C", tz: "America/St_Johns", corpus: false },
   { lang: "ja_JP.UTF-8", tz: "Asia/Tokyo", corpus: false },
   { lang: "fr_FR.UTF-8", tz: "Pacific/Chatham", corpus: false },
-  { lang: "de_DE.ISO-8859-1", tz: "UTC", corpus: false },
-  { lang: "POSIX", tz: "America/St_Johns", corpus: false },
+  { lang: "de_DE.ISO-8859-1", tz: "Europe/Berlin", corpus: false },
   { lang: undefined, tz: undefined, corpus: false },
   { lang: "xx_YY.UTF-8", tz: "Australia/Lord_Howe", corpus: false },
 ];
