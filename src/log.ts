@@ -5,6 +5,26 @@ import pino, { type Logger } from "pino";
 export type { Logger };
 
 /**
+ * Fields of an error that hold secrets, under any top-level key (`err`, `reason`). Node's HTTP parser
+ * errors carry the bytes it refused (`rawPacket`): the request's head, with its Authorization header
+ * and its path (a /view/ link); server.ts's clientErrorHandler logs them (trace). The AWS SDK copies
+ * every field of S3's error body onto the error, and when S3 refuses credentials it echoes them: the
+ * access key id (InvalidAccessKeyId, SignatureDoesNotMatch), the signature and what was signed
+ * (SignatureDoesNotMatch: its canonical request holds the x-amz-security-token header, a session
+ * token), and the session token itself (ExpiredToken, InvalidToken: `Token-0`).
+ */
+const ERROR_SECRET_FIELDS = [
+  "rawPacket",
+  "AWSAccessKeyId",
+  "SignatureProvided",
+  "StringToSign",
+  "StringToSignBytes",
+  "CanonicalRequest",
+  "CanonicalRequestBytes",
+  "Token-0",
+];
+
+/**
  * Fields that hold secrets wherever they sit inside a logged error (see REDACT_PATHS for why each):
  * the `err` serializer censors them at any depth — an AggregateError's list (`aggregateErrors`), an
  * error or a plain object kept on an error's property — where the redact paths reach one level only.
@@ -15,14 +35,7 @@ const SECRET_ERROR_FIELDS = new Set([
   "databaseUrl",
   "authorization",
   "input",
-  "rawPacket",
-  "AWSAccessKeyId",
-  "SignatureProvided",
-  "StringToSign",
-  "StringToSignBytes",
-  "CanonicalRequest",
-  "CanonicalRequestBytes",
-  "Token-0",
+  ...ERROR_SECRET_FIELDS,
 ]);
 
 const CENSOR = "[redacted]";
@@ -84,23 +97,8 @@ export const REDACT_PATHS = [
   // Node's URL errors carry the URL they could not parse: a DATABASE_URL with its password.
   "err.input",
   "err.cause.input",
-  // Node's HTTP parser errors carry the bytes it refused (`rawPacket`): the request's head, with its
-  // Authorization header and its path (a /view/ link). server.ts's clientErrorHandler logs them (trace).
-  // The AWS SDK copies every field of S3's error body onto the error, and when S3 refuses credentials
-  // it echoes them: the access key id (InvalidAccessKeyId, SignatureDoesNotMatch), the signature and
-  // what was signed (SignatureDoesNotMatch: its canonical request holds the x-amz-security-token
-  // header, a session token), and the session token itself (ExpiredToken, InvalidToken: `Token-0`).
-  // Under any top-level key (`err`, `reason`).
-  ...[
-    ".rawPacket",
-    ".AWSAccessKeyId",
-    ".SignatureProvided",
-    ".StringToSign",
-    ".StringToSignBytes",
-    ".CanonicalRequest",
-    ".CanonicalRequestBytes",
-    '["Token-0"]',
-  ].map((field) => `*${field}`),
+  // ERROR_SECRET_FIELDS under any top-level key; a name that is no identifier in brackets.
+  ...ERROR_SECRET_FIELDS.map((field) => (/^[A-Za-z_$][\w$]*$/.test(field) ? `*.${field}` : `*["${field}"]`)),
 ];
 
 /**
