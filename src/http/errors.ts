@@ -20,6 +20,7 @@ export const PUBLIC_MESSAGES = {
   UNSUPPORTED_MEDIA_TYPE: "The content type is not supported.",
   NOT_READY: "The service is not ready.",
   STORAGE_FULL: "The server has no room to store this file.",
+  ANALYSIS_OUTPUT_MISSING: "This run's output is missing from the store; an administrator must restore it.",
   INTERNAL_ERROR: "An internal error occurred.",
 } as const;
 

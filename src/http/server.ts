@@ -66,9 +66,17 @@ function clientErrorHandler(this: FastifyInstance, err: Error & { code?: string 
  * A URL the router cannot decode (`%zz`) is refused before any route or hook: Fastify's own answer was
  * not an envelope and echoed the path. The path stays out of the log too (a /view/ link is a
  * capability). No `onSend` hook runs here: the headers every answer carries (app.ts) are set here, and
- * `no-store` whatever the path (until 2026-12-06 this answer went without either).
+ * `no-store` whatever the path (until 2026-12-06 this answer went without either). No `onResponse`
+ * hook runs either: the answer is counted in the request durations here, as an unmatched request
+ * (metrics/api.ts; until 2026-12-06 it was not counted at all), timed from this handler's start —
+ * the router refuses a URL as soon as the request's head is read.
  */
 function frameworkError(err: FastifyError, request: FastifyRequest, reply: FastifyReply) {
+  const started = performance.now();
+  const { server } = request;
+  reply.raw.once("finish", () =>
+    server.observeUnrouted?.(request.method, reply.statusCode, (performance.now() - started) / 1000),
+  );
   reply.header("x-content-type-options", "nosniff").header("cache-control", "no-store");
   const status = err.statusCode ?? 500;
   if (status >= 500) {
@@ -104,7 +112,12 @@ function deferContinue(fastify: FastifyInstance, maxUploadBytes: number): void {
     fastify.server.emit("request", req, res);
   });
   // Another expectation than 100-continue: Node's own 417 had no body; the same answer in the envelope.
-  fastify.server.on("checkExpectation", (_req: http.IncomingMessage, res: http.ServerResponse) => {
+  // Fastify never sees the request, so no hook counts it: counted here as an unmatched request.
+  fastify.server.on("checkExpectation", (req: http.IncomingMessage, res: http.ServerResponse) => {
+    const started = performance.now();
+    res.once("finish", () =>
+      fastify.observeUnrouted?.(req.method ?? "", 417, (performance.now() - started) / 1000),
+    );
     res.writeHead(417, {
       "content-type": "application/json; charset=utf-8",
       "content-length": Buffer.byteLength(BAD_REQUEST),

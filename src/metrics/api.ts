@@ -40,6 +40,24 @@ interface QueueRead {
   finished: FinishedRow[];
 }
 
+declare module "fastify" {
+  interface FastifyInstance {
+    /**
+     * Counts in assay_http_request_duration_seconds an answer that no `onResponse` hook sees, under the
+     * route label of a request no route matched (UNMATCHED): the router's own refusals (a URL it cannot
+     * decode, answered by http/server.ts's frameworkError) and Node's 417 for an unknown `Expect`. Set
+     * by apiMetrics; absent without it.
+     */
+    observeUnrouted?: (method: string, statusCode: number, seconds: number) => void;
+  }
+}
+
+/**
+ * The route label of a request no route matched (a 404, a 405, a URL the router refused): one value,
+ * never the path, which is the client's to vary without bound (and a /view/ link's is a capability).
+ */
+export const UNMATCHED = "unmatched";
+
 /** Registers the collectors in `registry` and the hooks; `/metrics` itself is a route in http/app.ts. */
 export function apiMetrics(
   app: FastifyInstance,
@@ -56,14 +74,18 @@ export function apiMetrics(
     buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
     registers: [registry],
   });
+  // The method is as the request gave it: Node's parser takes only the methods it knows (a few dozen),
+  // so the label stays bounded as the route's does.
+  const observe = (method: string, route: string, statusCode: number, seconds: number) =>
+    duration.observe({ method, route, status_code: String(statusCode) }, seconds);
   app.addHook("onResponse", async (request, reply) => {
-    const route = request.routeOptions.url ?? "unmatched";
+    const route = request.routeOptions.url ?? UNMATCHED;
     if (route === "/metrics") return;
-    duration.observe(
-      { method: request.method, route, status_code: String(reply.statusCode) },
-      reply.elapsedTime / 1000,
-    );
+    observe(request.method, route, reply.statusCode, reply.elapsedTime / 1000);
   });
+  app.decorate("observeUnrouted", (method: string, statusCode: number, seconds: number) =>
+    observe(method, UNMATCHED, statusCode, seconds),
+  );
   new Gauge({
     name: "assay_sse_subscribers",
     help: "Server-Sent Events streams attached to this process",

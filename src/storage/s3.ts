@@ -151,18 +151,19 @@ export class S3Store implements ObjectStore {
   }
 
   /**
-   * A bucket whose server has no room — MinIO's XMinioStorageFull (its drives past their free-space
-   * threshold), or any server's 507 Insufficient Storage — as a full disk's error (code ENOSPC, the
-   * server's answer its cause), so that it is answered as a full local store is: an upload's 507
-   * STORAGE_FULL (http/routes/files.ts), a run's ANALYSIS_STORAGE_FULL (queue/outcomes.ts). Until
-   * 2026-12-06 an upload got a 500 for it, as for a bug. Any other error is returned as it is.
+   * A bucket whose server has no room — its disks are full, or a quota set on it (or on its user) is
+   * reached — as a full disk's error (code ENOSPC, the server's answer its cause), so that it is
+   * answered as a full local store is: an upload's 507 STORAGE_FULL (http/routes/files.ts), a run's
+   * ANALYSIS_STORAGE_FULL (queue/outcomes.ts). Until 2026-12-06 an upload got a 500 for it, as for a
+   * bug, and a quota's refusal (NO_ROOM_CODES: Ceph's QuotaExceeded, MinIO's bucket quota) too until
+   * later that day. Any other error is returned as it is.
    */
   private noRoomAs(err: unknown): unknown {
     if (!(err instanceof S3ServiceException)) return err;
     const code = (err as { Code?: unknown }).Code;
     if (
-      err.name !== "XMinioStorageFull" &&
-      code !== "XMinioStorageFull" &&
+      !NO_ROOM_CODES.has(err.name) &&
+      !(typeof code === "string" && NO_ROOM_CODES.has(code)) &&
       err.$metadata?.httpStatusCode !== 507
     )
       return err;
@@ -488,6 +489,31 @@ function isMissing(err: unknown): boolean {
     (err.name === "NoSuchKey" || (err as { Code?: string }).Code === "NoSuchKey")
   );
 }
+
+/**
+ * The error codes with which S3-compatible servers refuse a write for want of room, whatever their HTTP
+ * status (any 507 is taken for one too), each as its server's source documents it:
+ * - `XMinioStorageFull` (507): MinIO's drives past their free-space threshold (minio cmd/api-errors.go,
+ *   ErrStorageFull).
+ * - `XMinioAdminBucketQuotaExceeded` (400): a MinIO bucket's hard quota reached (minio
+ *   cmd/api-errors.go, ErrAdminBucketQuotaExceeded, "Bucket quota exceeded").
+ * - `QuotaExceeded` (403): a Ceph RGW user or bucket quota reached, of size or of object count (ceph
+ *   src/rgw/rgw_common.cc, ERR_QUOTA_EXCEEDED → 403 "QuotaExceeded").
+ * - `InsufficientStorageSpace` (403): a Huawei Cloud OBS bucket's storage quota reached (OBS API
+ *   reference, "Configuring Bucket Storage Quota" and the error code InsufficientStorageSpace).
+ * Looked for and not found documented (2026-12-06): a code of its own for this in SeaweedFS (a bucket
+ * over its quota is made read-only by an admin script, and its wiki documents only that writes are then
+ * denied), Garage (a quota's refusal is its generic "forbidden", a 403 AccessDenied with a message),
+ * Wasabi (its error table has none), Backblaze B2's S3 API (`cap_exceeded` is its native API's) and
+ * Cloudflare R2 (no per-bucket storage limit). Those stay 500s: a 403 AccessDenied is not told from a
+ * key without the right by its code, and a message is no contract.
+ */
+const NO_ROOM_CODES = new Set([
+  "XMinioStorageFull",
+  "XMinioAdminBucketQuotaExceeded",
+  "QuotaExceeded",
+  "InsufficientStorageSpace",
+]);
 
 /** S3's answer to a range that selects no byte of the object. */
 function isInvalidRange(err: unknown): boolean {

@@ -148,7 +148,7 @@ test("an output deleted mid-download breaks the zip off; the error is logged; th
   // Before any byte: a recorded output that is gone is a logged 500, for a zip and for one run.
   const again = await download(zipUrl(taskId), { keep: true });
   assert.equal(again.status, 500);
-  assert.equal(JSON.parse(again.body.toString()).code, "INTERNAL_ERROR");
+  assert.equal(JSON.parse(again.body.toString()).code, "ANALYSIS_OUTPUT_MISSING");
   const single = await download(`${zipUrl(taskId).replace("/download", "")}/runs/${runs[2]?.id}/download`, {
     keep: true,
   });

@@ -170,7 +170,7 @@ say({ type: "result", outputFileName: "stats.json", metrics: { rows: 1 } });`,
   const logged = await env.app(logs);
   const res = await logged.inject({ url: `/api/analysis-tasks/${taskId}/download`, headers: bearer(token) });
   assert.equal(res.statusCode, 500, "not a zip that leaves stats.csv out");
-  assert.equal(res.json().code, "INTERNAL_ERROR");
+  assert.equal(res.json().code, "ANALYSIS_OUTPUT_MISSING");
   assert.ok(
     logs.some(
       (l) => l.msg === "a succeeded run's output is missing" && l.runId === run?.id && l.file === "stats.csv",
@@ -180,6 +180,7 @@ say({ type: "result", outputFileName: "stats.json", metrics: { rows: 1 } });`,
   // As the run's own outputs say: the file is listed, and fetching it is the same 500.
   const one = await get(`/api/analysis-tasks/${taskId}/runs/${run?.id}/outputs/stats.csv`);
   assert.equal(one.statusCode, 500);
+  assert.equal(one.json().code, "ANALYSIS_OUTPUT_MISSING");
 });
 
 test("retention deleting the task between the plan and the read → 404, not a logged 500", async () => {
@@ -403,13 +404,23 @@ test("an output missing from a later page breaks the zip off (logged); from the 
   await env.storage.delete([`outputs/${taskId}/${late}.1.ab/result.json`]);
   // The response is broken off: the client sees a failed transfer, not a zip without the output.
   await assert.rejects(fetch(), /destroyed before completion/);
+  // Logged with what an operator needs to restore it: the task, the run, its output key and the file.
   assert.ok(
-    logs.some((l) => l.msg === "zip download broken off: an output could not be read" && l.level === 50),
+    logs.some(
+      (l) =>
+        l.msg === "zip download broken off: an output could not be read" &&
+        l.level === 50 &&
+        l.taskId === taskId &&
+        l.runId === late &&
+        l.outputKey === `${taskId}/${late}.1.ab` &&
+        l.file === "result.json",
+    ),
   );
   const early = byKey[3] as string;
   await env.storage.delete([`outputs/${taskId}/${early}.1.ab/result.json`]);
   const refused = await fetch();
   assert.equal(refused.statusCode, 500);
+  assert.equal(refused.json().code, "ANALYSIS_OUTPUT_MISSING");
   assert.ok(logs.some((l) => l.msg === "a succeeded run's output is missing" && l.runId === early));
 });
 

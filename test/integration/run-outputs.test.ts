@@ -195,12 +195,15 @@ test("an output recorded before device names were refused (aux.json) is still li
   }
 });
 
-test("a recorded output missing from the store is a logged 500", async () => {
+test("a recorded output missing from the store is a logged 500 ANALYSIS_OUTPUT_MISSING", async () => {
   const [row] = await env.db.sql<{ key: string }[]>`select output_key as key from runs where id = ${okRun}`;
   await env.storage.delete([`outputs/${row?.key}/data.csv`]);
   const res = await get(`${base()}/data.csv`);
   assert.equal(res.statusCode, 500);
-  assert.deepEqual(res.json(), { code: "INTERNAL_ERROR", message: "An internal error occurred." });
+  assert.deepEqual(res.json(), {
+    code: "ANALYSIS_OUTPUT_MISSING",
+    message: "This run's output is missing from the store; an administrator must restore it.",
+  });
   assert.ok(logs.some((l) => l.msg === "a succeeded run's output is missing" && l.runId === okRun));
   // The listing still names what the completion recorded.
   assert.equal((await get(base())).statusCode, 200);

@@ -1,6 +1,8 @@
-// A bucket whose server has no room (MinIO's XMinioStorageFull, HTTP 507) when an upload is stored:
-// 507 STORAGE_FULL, as for a full local disk, not a bug's 500. s3rver never answers so, so the bucket
-// here is a tiny HTTP server that answers every request with MinIO's error.
+// A bucket whose server has no room (MinIO's XMinioStorageFull, HTTP 507) or whose quota is reached
+// (Ceph RGW's 403 QuotaExceeded, MinIO's 400 XMinioAdminBucketQuotaExceeded, Huawei OBS's 403
+// InsufficientStorageSpace) when an upload is stored: 507 STORAGE_FULL, as for a full local disk, not a
+// bug's 500. s3rver never answers so, so the bucket here is a tiny HTTP server that answers every
+// request with the error set in `answer`.
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import http from "node:http";
@@ -87,6 +89,35 @@ test("an upload the bucket has no room for → 507 STORAGE_FULL, no file recorde
   assert.equal(row?.n, 0);
 });
 
+/** Every refusal for want of room, as its server sends it (see NO_ROOM_CODES in storage/s3.ts). */
+const NO_ROOM = [
+  { status: 507, code: "XMinioStorageFull" },
+  { status: 403, code: "QuotaExceeded" },
+  { status: 400, code: "XMinioAdminBucketQuotaExceeded" },
+  { status: 403, code: "InsufficientStorageSpace" },
+];
+
+test("an upload over the bucket's quota (Ceph's 403 QuotaExceeded, MinIO's bucket quota) → 507 STORAGE_FULL", async () => {
+  for (const refusal of NO_ROOM.slice(1)) {
+    answer = refusal;
+    // One PutObject, and a multipart upload (over lib-storage's 5 MiB part).
+    for (const size of [1024, 6 * 1024 * 1024]) {
+      const logsBefore = t.logs.length;
+      const res = await upload(Buffer.alloc(size, "1,2\n"));
+      assert.equal(res.statusCode, 507, `${refusal.code} ${size}: ${res.body}`);
+      assert.equal(res.json().code, "STORAGE_FULL");
+      assert.ok(
+        t.logs
+          .slice(logsBefore)
+          .some((l) => (l.level as number) >= 50 && JSON.stringify(l).includes(refusal.code)),
+        `${refusal.code}: the bucket's answer is logged at error level`,
+      );
+    }
+  }
+  const [row] = await t.db.sql<{ n: number }[]>`select count(*)::int as n from files`;
+  assert.equal(row?.n, 0);
+});
+
 test("another error of the bucket's stays a 500", async () => {
   answer = { status: 403, code: "AccessDenied" };
   const res = await upload(Buffer.from("1,2\n"));
@@ -94,19 +125,28 @@ test("another error of the bucket's stays a 500", async () => {
   assert.equal(res.json().code, "INTERNAL_ERROR");
 });
 
-test("a worker's output put into a full bucket fails as a full disk (ANALYSIS_STORAGE_FULL)", async () => {
-  answer = { status: 507, code: "XMinioStorageFull" };
+test("a worker's output put into a full bucket, or one over its quota, fails as a full disk (ANALYSIS_STORAGE_FULL)", async () => {
   const store = new S3Store({ bucket: "full-bucket", endpoint, forcePathStyle: true });
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-full-"));
   try {
     const file = path.join(dir, "out.json");
     fs.writeFileSync(file, "{}");
-    const err = await store.putFile("outputs/1/1.1.x/out.json", file).then(
+    for (const refusal of NO_ROOM) {
+      answer = refusal;
+      const err = await store.putFile("outputs/1/1.1.x/out.json", file).then(
+        () => assert.fail("the put succeeded"),
+        (e: unknown) => e,
+      );
+      assert.ok(isNoSpace(err), `${refusal.code}: ${String(err)}`);
+      assert.ok(String((err as Error).cause).includes(refusal.code), String((err as Error).cause));
+    }
+    // Any other refusal is the store's own error, not a full disk (a misconfigured key is no lack of room).
+    answer = { status: 403, code: "AccessDenied" };
+    const denied = await store.putFile("outputs/1/1.1.x/out.json", file).then(
       () => assert.fail("the put succeeded"),
       (e: unknown) => e,
     );
-    assert.ok(isNoSpace(err), String(err));
-    assert.match(String((err as Error).cause), /XMinioStorageFull/);
+    assert.ok(!isNoSpace(denied), String(denied));
   } finally {
     store.client.destroy();
     fs.rmSync(dir, { recursive: true, force: true });

@@ -153,8 +153,11 @@ function cutOffWhenStalled(reply: FastifyReply): void {
 
 /**
  * A recorded output that is not there. When its task is gone too, retention deleted both between the
- * plan and the read: a 404, as if the request had come a moment later. Otherwise the store lost it: a
- * logged 500, before any byte is sent.
+ * plan and the read: a 404, as if the request had come a moment later. Otherwise the store lost it (a
+ * restore from an older backup, an object deleted by hand): a 500 ANALYSIS_OUTPUT_MISSING, logged at
+ * error level with the run and the key, before any byte is sent — the server's fault, but one the
+ * client is told (until 2026-12-06 it was a bare INTERNAL_ERROR). A run row that names no servable
+ * output at all (not `usable`: a bug or a hand edit, never written so) stays an INTERNAL_ERROR.
  */
 async function outputMissing(
   reply: FastifyReply,
@@ -163,16 +166,18 @@ async function outputMissing(
   o: { err?: unknown; file?: string | undefined } = {},
 ): Promise<ApiError> {
   if (!(await taskExists())) return notFound("ANALYSIS_TASK_NOT_FOUND");
-  reply.log.error(
-    {
-      err: o.err,
-      runId: output.runId,
-      outputKey: output.outputKey,
-      ...(o.file === undefined ? {} : { file: o.file }),
-    },
-    "a succeeded run's output is missing",
-  );
-  return new ApiError(500, "INTERNAL_ERROR");
+  const fields = {
+    err: o.err,
+    runId: output.runId,
+    outputKey: output.outputKey,
+    ...(o.file === undefined ? {} : { file: o.file }),
+  };
+  if (!output.usable) {
+    reply.log.error(fields, "a succeeded run's output record names no output that can be served");
+    return new ApiError(500, "INTERNAL_ERROR");
+  }
+  reply.log.error(fields, "a succeeded run's output is missing");
+  return new ApiError(500, "ANALYSIS_OUTPUT_MISSING");
 }
 
 async function send(
@@ -209,13 +214,16 @@ async function send(
     for (let page = first; !page.done; page = await pages.next()) {
       for (const run of page.value) {
         // A later page's missing output: the zip is broken off (logged), never ended without it.
-        if (run.names === null)
-          throw new ObjectMissingError(outputKeyOf(run.output, run.missing ?? run.output.outputFileName));
+        if (run.names === null) {
+          const file = run.missing ?? run.output.outputFileName;
+          throw new ZipOutputMissing(outputKeyOf(run.output, file), runOf(run.output, file));
+        }
         for (const [i, name] of run.names.entries()) {
           const key = outputKeyOf(run.output, name);
           yield {
             name: `${run.folder}/${run.entries[i] as string}`,
             open: async () => (await store.open(key)).stream,
+            from: runOf(run.output, name),
           };
         }
       }
@@ -224,7 +232,30 @@ async function send(
   reply.header("content-type", "application/zip");
   reply.header("content-disposition", contentDisposition(`task-${taskId}.zip`));
   guard(reply);
-  return reply.send(zipStream(entries(), reply, plan.finishedAt));
+  return reply.send(zipStream(entries(), reply, plan.finishedAt, taskId));
+}
+
+/** Where a zip entry is read from, for the log: its run, the run's output key and the file. */
+interface EntryOrigin {
+  runId: string;
+  outputKey: string;
+  file: string;
+}
+
+const runOf = (output: RunOutput, file: string): EntryOrigin => ({
+  runId: output.runId,
+  outputKey: output.outputKey,
+  file,
+});
+
+/** A run on a later page of a zip whose recorded output the store does not hold. */
+class ZipOutputMissing extends ObjectMissingError {
+  readonly origin: EntryOrigin;
+
+  constructor(key: string, origin: EntryOrigin) {
+    super(key);
+    this.origin = origin;
+  }
 }
 
 /**
@@ -368,6 +399,8 @@ interface ZipEntry {
   name: string;
   /** Opens its content (an object of the store, or the results table), when its turn comes. */
   open: () => Promise<Readable>;
+  /** The run output it is read from (not the results table's), named in the log if it cannot be. */
+  from?: EntryOrigin;
 }
 
 /**
@@ -375,14 +408,22 @@ interface ZipEntry {
  * and the entries themselves are made page by page as the zip is read (see tasks/outputs.ts zipPages),
  * so a zip of any size holds one page of runs, one object stream, a few chunks, and the central
  * directory's ~80 bytes per entry. Every way it can end is handled here:
- * - an entry that cannot be read (an output deleted by retention mid-download, say) breaks the response
- *   off — the client sees a failed transfer, never a complete-looking truncated zip — and is logged; it
- *   never becomes an uncaught exception;
+ * - an entry that cannot be read (an output deleted by retention mid-download, say, or missing from a
+ *   later page of runs) breaks the response off — the client sees a failed transfer, never a
+ *   complete-looking truncated zip — and is logged at error level with the task, and the run, its
+ *   output key and the file when an output was being read; it never becomes an uncaught exception;
  * - a client that goes away (Fastify destroys the returned stream) ends the generator, which releases
  *   the object being read.
  */
-function zipStream(entries: AsyncGenerator<ZipEntry>, reply: FastifyReply, mtime: Date): Readable {
+function zipStream(
+  entries: AsyncGenerator<ZipEntry>,
+  reply: FastifyReply,
+  mtime: Date,
+  taskId: string,
+): Readable {
   const zip = new ZipWriter({ mtime });
+  // The output being opened or read, for the log should it fail (none between entries).
+  let from: EntryOrigin | undefined;
   // The object being read. A client that leaves while it is stalled (an S3 body on a half-dead
   // connection) must release it at once: the generator's return() would only be seen at its next
   // yield, which a stalled read never reaches.
@@ -398,6 +439,7 @@ function zipStream(entries: AsyncGenerator<ZipEntry>, reply: FastifyReply, mtime
     try {
       for await (const entry of entries) {
         if (clientGone) return;
+        from = entry.from;
         reading = await entry.open();
         if (clientGone) {
           reading.destroy();
@@ -405,11 +447,15 @@ function zipStream(entries: AsyncGenerator<ZipEntry>, reply: FastifyReply, mtime
         }
         yield* zip.entry(entry.name, reading);
         reading = undefined;
+        from = undefined;
       }
       yield* zip.end();
       ended = true;
     } catch (err) {
-      if (!clientGone) reply.log.error({ err }, "zip download broken off: an output could not be read");
+      if (!clientGone) {
+        const at = err instanceof ZipOutputMissing ? err.origin : from;
+        reply.log.error({ err, taskId, ...at }, "zip download broken off: an output could not be read");
+      }
       throw err;
     } finally {
       reading?.destroy();
