@@ -49,29 +49,71 @@ interface SortedFolder {
 /** Folders and files a listing reads at once. */
 const LIST_BATCH = 16;
 
-/** A folder's files and folders (nothing else) in key order; undefined when it is not a folder. */
-async function sortedFolder(dir: string): Promise<SortedFolder | undefined> {
-  let entries: fs.Dirent[];
+const missing = (err: unknown) => (err as NodeJS.ErrnoException).code === "ENOENT";
+
+/** A missing file or folder, or a path through a file (what a folder replaced by a file gives). */
+const gone = (err: unknown) => missing(err) || (err as NodeJS.ErrnoException).code === "ENOTDIR";
+
+/**
+ * A folder's entries with their types; undefined when the folder is gone. Where the filesystem does not
+ * say an entry's type in the listing (NFS over READDIR, ext2/3/4 without `filetype`, XFS without
+ * `ftype`, some FUSE ones), Node looks at each such entry (lstat) and fails the whole readdir ENOENT
+ * when one is gone by then — a run's folder discarded or pruned by another worker a moment after the
+ * read — and that read as the folder missing: a listing of a task's outputs left out every run (about one read
+ * in three of a task's folder while another process kept and discarded attempts there). An entry
+ * gone is left out; the folder is read again and its entries looked at here, one each.
+ */
+async function folderEntries(
+  dir: string,
+): Promise<{ name: string; dir: boolean; file: boolean }[] | undefined> {
   try {
-    entries = await fsp.readdir(dir, { withFileTypes: true });
+    const entries = await fsp.readdir(dir, { withFileTypes: true });
+    return entries.map((e) => ({ name: e.name, dir: e.isDirectory(), file: e.isFile() }));
   } catch (err) {
-    if (missing(err) || (err as NodeJS.ErrnoException).code === "ENOTDIR") return undefined;
+    if (!gone(err)) throw err;
+    // The folder's own failure names the folder; an entry's names the entry.
+    if ((err as NodeJS.ErrnoException).path === dir) return undefined;
+  }
+  let names: string[];
+  try {
+    names = await fsp.readdir(dir);
+  } catch (err) {
+    if (gone(err)) return undefined;
     throw err;
   }
+  const found: { name: string; dir: boolean; file: boolean }[] = [];
+  for (let i = 0; i < names.length; i += LIST_BATCH) {
+    const stats = await Promise.all(
+      names.slice(i, i + LIST_BATCH).map((name) =>
+        fsp.lstat(path.join(dir, name)).then(
+          (st) => ({ name, dir: st.isDirectory(), file: st.isFile() }),
+          (err: unknown) => {
+            if (gone(err)) return undefined;
+            throw err;
+          },
+        ),
+      ),
+    );
+    for (const e of stats) if (e) found.push(e);
+  }
+  return found;
+}
+
+/** A folder's files and folders (nothing else) in key order; undefined when it is not a folder. */
+async function sortedFolder(dir: string): Promise<SortedFolder | undefined> {
+  const entries = await folderEntries(dir);
+  if (!entries) return undefined;
   const items: { sortName: string; dir: boolean }[] = [];
   let plain = true;
   for (const e of entries) {
-    const dir = e.isDirectory();
-    if (!dir && !e.isFile()) continue;
+    if (!e.dir && !e.file) continue;
     if (plain && HIGH.test(e.name)) plain = false;
-    items.push({ sortName: dir ? `${e.name}/` : e.name, dir });
+    items.push({ sortName: e.dir ? `${e.name}/` : e.name, dir: e.dir });
   }
   const compare = byteOrder(plain);
   items.sort((a, b) => compare(a.sortName, b.sortName));
   return { sortNames: items.map((x) => x.sortName), dirs: items.map((x) => x.dir), compare };
 }
-
-const missing = (err: unknown) => (err as NodeJS.ErrnoException).code === "ENOENT";
 
 /** Flushes a file's bytes to the disk. */
 async function syncFile(file: string): Promise<void> {
@@ -104,6 +146,9 @@ const foldersRaced = missing;
 
 /** Renames tried when the target's folder keeps vanishing (see renameInto). */
 const RENAME_TRIES = 5;
+
+/** Recursive removals tried when something keeps arriving in the folder (see deletePrefix). */
+const REMOVE_TRIES = 5;
 
 /**
  * Renames `from` to `to`, making `to`'s folder when it is missing (the first rename into a folder fails
@@ -326,10 +371,27 @@ export class LocalStore implements ObjectStore {
     for (const folder of folders) await this.prune(folder);
   }
 
+  /**
+   * Removes the prefix's folder whole. A recursive rm reads a folder, removes what it read and then the
+   * folder, which fails ENOTEMPTY when something was renamed into it in between: a keep into a task
+   * whose outputs are being deleted (a stale attempt of a task retention removes, publishing late; its
+   * completion is fenced off). That is a reason to remove the folder again, the arrival with it: no
+   * row will name it (S3's listing-then-delete leaves such an arrival to the store sweep instead). Each
+   * retry needs another arrival during the rm — against a process keeping and discarding attempts there
+   * as fast as it could, the first rm failed one time in two and a second never — so a few tries are
+   * plenty. Anything else throws.
+   */
   async deletePrefix(prefix: string): Promise<number> {
     const n = await this.count(checkPrefix(prefix));
     const folder = this.localPath(prefix.slice(0, -1));
-    await fsp.rm(folder, { recursive: true, force: true });
+    for (let tries = 1; ; tries++) {
+      try {
+        await fsp.rm(folder, { recursive: true, force: true });
+        break;
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== "ENOTEMPTY" || tries === REMOVE_TRIES) throw err;
+      }
+    }
     await this.prune(path.dirname(folder));
     return n;
   }
