@@ -8,7 +8,7 @@ import { html, render, useEffect, useRef, useState } from "./lib.js";
 import { NewTaskView } from "./new-task.js";
 import { TaskView } from "./task.js";
 import { TasksView } from "./tasks.js";
-import { addressPaging, addressValue, ErrorNote } from "./widgets.js";
+import { addressPaging, addressValue, ErrorNote, focusLost } from "./widgets.js";
 
 /** Stores the token of a sign-in link; what is wrong with the link (an error) when it holds none. */
 function takeTokenFromFragment() {
@@ -74,7 +74,7 @@ function focusHeading() {
     const heading = document.querySelector("#app h1");
     if (!heading) return false;
     const at = document.activeElement;
-    if (!at || at === document.body || !at.isConnected || at.closest("header.top")) {
+    if (focusLost() || at.closest("header.top, .skip-link")) {
       heading.tabIndex = -1;
       heading.focus();
     }
@@ -84,6 +84,24 @@ function focusHeading() {
   const watcher = new MutationObserver(() => put() && watcher.disconnect());
   watcher.observe(document.getElementById("app"), { childList: true, subtree: true });
   return () => watcher.disconnect();
+}
+
+/**
+ * "Skip to main content": the first stop of the keyboard in every view, seen only while it has the
+ * focus, which it moves to the view's <main> (past the header's links). A button, not a link to
+ * `#main`: the hash router reads every address, and would take that one for a page that is not there.
+ * The main region takes the focus only from it (tabindex set then, and dropped once the focus leaves),
+ * so a click on its text does not focus it.
+ */
+function SkipLink() {
+  const skip = () => {
+    const main = document.getElementById("main");
+    if (!main) return;
+    main.tabIndex = -1;
+    main.addEventListener("blur", () => main.removeAttribute("tabindex"), { once: true });
+    main.focus();
+  };
+  return html`<button type="button" class="skip-link" onClick=${skip}>Skip to main content</button>`;
 }
 
 function SignIn({ onSignedIn, problem }) {
@@ -103,7 +121,8 @@ function SignIn({ onSignedIn, problem }) {
       );
     }
   }
-  return html`<main class="signin">
+  return html`<${SkipLink} />
+  <main class="signin" id="main">
     <h1>Assay</h1>
     <form onSubmit=${submit}>
       <label for="token">API token</label>
@@ -211,6 +230,7 @@ function App({ linkProblem }) {
     view = html`<${TasksView} me=${me} types=${types} path=${where.path} filter=${where.filter} paging=${where.paging} />`;
   else view = html`<section><h1>Not found</h1><p><a href="#/">All tasks</a></p></section>`;
   return html`<div class="layout">
+    <${SkipLink} />
     <header class="top">
       <a class="brand" href="#/">Assay</a>
       <nav aria-label="Main">
@@ -219,7 +239,7 @@ function App({ linkProblem }) {
       <span class="who"><span class="name">${shownName(me.name)}</span>${me.role === "admin" ? " (admin)" : ""}</span>
       <button type="button" class="link" onClick=${() => session.signOut()}>Sign out</button>
     </header>
-    <main key=${me.userId}>${view}</main>
+    <main key=${me.userId} id="main">${view}</main>
   </div>`;
 }
 

@@ -79,16 +79,27 @@ export function FilesView({ me, paging }) {
     setFocusTo("said");
     if (failure) setError(failure);
   }
+  // Why the two buttons above the list are disabled, shown by them (until 2026-12-06 nothing said it).
+  const why =
+    chosen.size > 0
+      ? null
+      : page?.items.length === 0
+        ? "No files to select."
+        : "Select files in the list first.";
   return html`<section>
     <header class="row">
       <h1>Files</h1>
-      <a class=${`button primary ${chosen.size === 0 ? "disabled" : ""}`} aria-disabled=${chosen.size === 0}
-        href=${chosen.size === 0 ? undefined : `#/new?files=${[...chosen].join(",")}`}>New task with ${chosen.size} selected</a>
-      <button type="button" class="danger" disabled=${chosen.size === 0 || deleting} onClick=${() => {
-        setConfirming(true);
-        setDeleted(null);
-        setFocusTo("keep");
-      }} ref=${ask}>Delete ${chosen.size} selected</button>
+      <div class="row actions">
+        <a class=${`button primary ${chosen.size === 0 ? "disabled" : ""}`} aria-disabled=${chosen.size === 0}
+          aria-describedby=${why ? "selected-why" : undefined}
+          href=${chosen.size === 0 ? undefined : `#/new?files=${[...chosen].join(",")}`}>New task with ${chosen.size} selected</a>
+        <button type="button" class="danger" disabled=${chosen.size === 0 || deleting} onClick=${() => {
+          setConfirming(true);
+          setDeleted(null);
+          setFocusTo("keep");
+        }} ref=${ask} aria-describedby=${why ? "selected-why" : undefined}>Delete ${chosen.size} selected</button>
+        ${why ? html`<small class="why" id="selected-why">${why}</small>` : null}
+      </div>
     </header>
     ${
       confirming && chosen.size > 0

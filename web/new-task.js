@@ -160,6 +160,19 @@ export function NewTaskView({ types, preselected }) {
   const pending = uploads.some((u) => u.state === "waiting" || u.state === "uploading");
   const fileIds = [...uploads.filter((u) => u.state === "done").map((u) => u.record.fileId), ...chosen];
   const uniqueIds = [...new Set(fileIds)];
+  // Why "Start" is disabled, shown next to it (a disabled button is no stop of the keyboard's, and
+  // until 2026-12-06 nothing said why).
+  const startWhy = !spec
+    ? types === null
+      ? "Loading the analysis types…"
+      : types.length === 0
+        ? "No analysis type could be read."
+        : "Choose an analysis type."
+    : pending
+      ? "Waiting for the uploads to finish."
+      : uniqueIds.length === 0
+        ? "Add files, or choose uploaded ones."
+        : null;
 
   /** Shows `problems` (name → message) at their fields, and moves to the first. */
   function atFields(problems) {
@@ -322,10 +335,12 @@ export function NewTaskView({ types, preselected }) {
       </fieldset>
 
       <${ErrorNote} error=${error} />
-      <div class="row">
-        <button type="submit" class="primary" disabled=${pending || uniqueIds.length === 0 || !spec} aria-disabled=${busy || undefined}>
+      <div class="row actions">
+        <button type="submit" class="primary" disabled=${startWhy !== null} aria-disabled=${busy || undefined}
+          aria-describedby=${startWhy ? "start-why" : undefined}>
           ${pending ? "Uploading…" : `Start ${type || "task"} over ${uniqueIds.length} file${uniqueIds.length === 1 ? "" : "s"}`}
         </button>
+        ${startWhy ? html`<small class="why" id="start-why">${startWhy}</small>` : null}
       </div>
     </form>
   </section>`;

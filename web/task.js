@@ -332,11 +332,28 @@ export function TaskView({ taskId }) {
     loadRuns();
   }, [taskId, paging, runFilter]);
 
+  // "Cancel task" goes when the task ends. When it had the keyboard's focus (its end came while the
+  // user was on it, not by their cancel, whose note takes the focus), the focus goes on to "Download
+  // all", or to the heading when there is nothing to download; it fell to <body> (until 2026-12-06).
+  // Whether it had the focus is read as the page is drawn, before the button is taken away.
+  const cancelButton = useRef(null);
+  const downloadButton = useRef(null);
+  const cancelFocused = useRef(false);
+  cancelFocused.current = cancelButton.current !== null && document.activeElement === cancelButton.current;
   useEffect(() => {
     const status = task?.status;
     if (!status) return;
     const before = statusShown.current;
     statusShown.current = status;
+    if (before && !isTerminal(before) && isTerminal(status) && cancelFocused.current && !busy) {
+      const download = downloadButton.current;
+      const heading = document.querySelector("#app h1");
+      if (download && !download.disabled) focusIfLost(download);
+      else if (heading) {
+        heading.tabIndex = -1;
+        focusIfLost(heading);
+      }
+    }
     if (before && !isTerminal(before) && isTerminal(status))
       setEnding(
         `Task #${task.taskId} ${STATUS_LABEL[status] ?? status}: ${task.succeededCount} of ${task.totalCount} runs succeeded` +
@@ -414,6 +431,15 @@ export function TaskView({ taskId }) {
     return html`<section><${ErrorNote} error=${error ?? loadProblem} /><p class="muted">Loading task…</p></section>`;
   const done = task.succeededCount + task.failedCount + task.timedOutCount + task.cancelledCount;
   const finished = isTerminal(task.status);
+  // Why a button is disabled, said next to it and tied to it (aria-describedby): until 2026-12-06
+  // "Download all" said it only in a tooltip (its title, which the keyboard, a touch screen and most
+  // screen readers never show), and not at all when no run had succeeded.
+  const cancelWhy = task.status === "cancelling" ? "The task is being cancelled." : null;
+  const downloadWhy = !finished
+    ? "Available when the task has finished."
+    : task.succeededCount === 0
+      ? "No run succeeded: there is nothing to download."
+      : null;
   return html`<section class="task">
     <header class="row">
       <h1>Task #${task.taskId} <small>${task.analysisType}</small></h1>
@@ -443,11 +469,13 @@ export function TaskView({ taskId }) {
       ${
         finished
           ? null
-          : html`<button type="button" class="danger" disabled=${task.status === "cancelling"} aria-disabled=${busy || undefined}
-              onClick=${cancel}>Cancel task</button>`
+          : html`<button type="button" class="danger" disabled=${cancelWhy !== null} aria-disabled=${busy || undefined}
+              aria-describedby=${cancelWhy ? "cancel-why" : undefined} onClick=${cancel} ref=${cancelButton}>Cancel task</button>
+            ${cancelWhy ? html`<small class="why" id="cancel-why">${cancelWhy}</small>` : null}`
       }
-      <button type="button" disabled=${task.succeededCount === 0 || !finished} aria-disabled=${busy || undefined} onClick=${downloadAll}
-        title=${finished ? "" : "available when the task has finished"}>Download all${task.totalCount > 1 ? " (zip)" : ""}</button>
+      <button type="button" disabled=${downloadWhy !== null} aria-disabled=${busy || undefined} onClick=${downloadAll} ref=${downloadButton}
+        aria-describedby=${downloadWhy ? "download-all-why" : undefined}>Download all${task.totalCount > 1 ? " (zip)" : ""}</button>
+      ${downloadWhy ? html`<small class="why" id="download-all-why">${downloadWhy}</small>` : null}
     </div>
     ${notice ? html`<p class="notice" role="status" tabindex="-1" ref=${noticeRef}>${notice}</p>` : null}
     <${ErrorNote} error=${error ?? loadProblem} />

@@ -2,10 +2,13 @@
 import { STATUS_LABEL, shownName } from "./format.js";
 import { html, useEffect, useRef } from "./lib.js";
 
-/** Whether the keyboard's focus is lost: on <body>, or on an element no longer in the page. */
+/**
+ * Whether the keyboard's focus is lost: on <body>, on an element no longer in the page, or on the main
+ * region itself (where the skip link put it: no control of its own).
+ */
 export function focusLost() {
   const at = document.activeElement;
-  return !at || at === document.body || !at.isConnected;
+  return !at || at === document.body || !at.isConnected || at.id === "main";
 }
 
 /**

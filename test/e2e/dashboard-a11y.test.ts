@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import fs from "node:fs";
 import path from "node:path";
 import { test } from "node:test";
-import type { Page } from "playwright-core";
+import type { Locator, Page } from "playwright-core";
 import { tokenCreate } from "../../src/auth/tokens.ts";
 import { browserSkip, dashboardSuite, uploadFile } from "../helpers/browser.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
@@ -55,6 +55,17 @@ async function focusIs(page: Page, want: string | RegExp): Promise<void> {
   ).catch(() => assert.fail(`the focus is on ${last}, not ${want}`));
 }
 
+/** The focused element's outline, and the background it is drawn on (the first ancestor's that has one). */
+const ring = (page: Page): Promise<{ what: string; outline: string; color: string; bg: string }> =>
+  page.evaluate(`(() => {
+    const at = document.activeElement;
+    const style = getComputedStyle(at);
+    let bg = "rgba(0, 0, 0, 0)";
+    for (let el = at.parentElement; el && /rgba\\(0, 0, 0, 0\\)|transparent/.test(bg); el = el.parentElement)
+      bg = getComputedStyle(el).backgroundColor;
+    return { what: at.tagName, outline: style.outlineStyle, color: style.outlineColor, bg };
+  })()`);
+
 /** Computed style `property` of a `tag` of class `className` put in the page's main. */
 const styleOf = (page: Page, tag: string, className: string, property: string): Promise<string> =>
   page.evaluate(`(() => {
@@ -87,6 +98,8 @@ test("keyboard only: signing in and out and moving between views put the focus o
   await page.getByLabel("API token").waitFor();
   assert.equal(await page.evaluate("document.documentElement.lang"), "en");
   assert.equal(await page.title(), "Sign in — Assay");
+  await page.keyboard.press("Tab");
+  await focusIs(page, "BUTTON Skip to main content");
   await page.keyboard.press("Tab");
   await focusIs(page, "INPUT");
   // A refused token: the error is the field's (announced, and tied to it).
@@ -324,22 +337,12 @@ test("seen: the focus ring stands out on the page and in the header, warning tex
   await page.getByRole("button", { name: "Sign out" }).focus();
   await page.keyboard.press("Tab");
   await focusIs(page, "A Upload some.");
-  // The focused element's outline, and the background it is drawn on (the first ancestor's that has one).
-  const ring = (): Promise<{ what: string; outline: string; color: string; bg: string }> =>
-    page.evaluate(`(() => {
-      const at = document.activeElement;
-      const style = getComputedStyle(at);
-      let bg = "rgba(0, 0, 0, 0)";
-      for (let el = at.parentElement; el && /rgba\\(0, 0, 0, 0\\)|transparent/.test(bg); el = el.parentElement)
-        bg = getComputedStyle(el).backgroundColor;
-      return { what: at.tagName, outline: style.outlineStyle, color: style.outlineColor, bg };
-    })()`);
-  const onPage = await ring();
+  const onPage = await ring(page);
   assert.equal(onPage.outline, "solid", JSON.stringify(onPage));
   assert.ok(contrast(onPage.color, onPage.bg) >= 3, JSON.stringify(onPage));
   // In the dark header.
   await page.keyboard.press("Shift+Tab");
-  const inHeader = await ring();
+  const inHeader = await ring(page);
   assert.equal(inHeader.what, "BUTTON");
   assert.ok(contrast(inHeader.color, inHeader.bg) >= 3, JSON.stringify(inHeader));
   // Warning text (a task's "Timed out" count) against white: 4.5:1 at least.
@@ -350,5 +353,208 @@ test("seen: the focus ring stands out on the page and in the header, warning tex
   assert.equal(await transition(), "0.3s");
   await page.emulateMedia({ reducedMotion: "reduce" });
   assert.equal(await transition(), "0s");
+  assert.deepEqual(problems, []);
+});
+
+/** The width of `locator`'s box: 1 or less for what is out of sight (visually hidden). */
+const widthOf = async (locator: Locator): Promise<number> => (await locator.boundingBox())?.width ?? 0;
+
+test("a skip link is every view's first Tab stop, seen only while focused, with the focus ring; it moves the focus to the main region and leaves the address alone", {
+  skip,
+}, async () => {
+  const token = await newUser();
+  const fileId = (await uploadFile(s.base, token, "skipped.csv", "a,b\n1,2\n")).fileId;
+  const taskId = await createTask(token, [fileId]);
+  await waitForTerminal(s.env.db.sql, taskId, 60_000);
+  const page = await s.open("#/");
+  // Each view (reloaded: the focus starts from the top of the page), and what the first Tab after the
+  // skip reaches: the view's first control, past the header's.
+  const views: [string, string, string | RegExp][] = [
+    ["#/", "Assay", "INPUT"],
+    ["#/", "Tasks", "A New task"],
+    ["#/files", "Files", "INPUT"],
+    ["#/new", "New task", /^INPUT/],
+    [`#/tasks/${taskId}`, `Task #${taskId}`, /^BUTTON Download all/],
+    ["#/nowhere", "Not found", "A All tasks"],
+  ];
+  for (const [i, [hash, heading, first]] of views.entries()) {
+    if (i === 1) await s.signIn(page, token);
+    await page.goto(`${s.base}/${hash}`);
+    await page.reload();
+    await page.getByRole("heading", { name: heading }).first().waitFor();
+    const link = page.getByRole("button", { name: "Skip to main content" });
+    assert.ok((await widthOf(link)) <= 1, `${hash}: the skip link is out of sight until focused`);
+    const title = await page.title();
+    await page.keyboard.press("Tab");
+    await focusIs(page, "BUTTON Skip to main content");
+    assert.ok((await widthOf(link)) > 20, `${hash}: the focused skip link is seen`);
+    const seen = await ring(page);
+    assert.equal(seen.outline, "solid", JSON.stringify(seen));
+    assert.ok(contrast(seen.color, seen.bg) >= 3, JSON.stringify(seen));
+    await page.keyboard.press("Enter");
+    assert.equal(await page.evaluate("document.activeElement.id"), "main", hash);
+    // Not a move of the hash router's: the same address, view and title.
+    assert.equal(new URL(page.url()).hash, hash === "#/" && i === 0 ? "#/" : hash);
+    assert.equal(await page.title(), title);
+    await page.getByRole("heading", { name: heading }).first().waitFor();
+    assert.ok((await widthOf(link)) <= 1, `${hash}: out of sight again`);
+    await page.keyboard.press("Tab");
+    await focusIs(page, first);
+    // The main region takes the focus from the skip link only: a click on its text does not.
+    assert.equal(await page.locator("main").getAttribute("tabindex"), null);
+  }
+  // Back from a view whose main region has the focus: the focus goes to the heading of the view shown.
+  await page.goto(`${s.base}/#/`);
+  await page.getByRole("heading", { name: "Tasks" }).waitFor();
+  await page.getByRole("navigation", { name: "Main" }).getByRole("link", { name: "Files" }).focus();
+  await page.keyboard.press("Enter");
+  await focusIs(page, "H1 Files");
+  await page.getByRole("button", { name: "Skip to main content" }).focus();
+  await page.keyboard.press("Enter");
+  assert.equal(await page.evaluate("document.activeElement.id"), "main");
+  await page.goBack();
+  await focusIs(page, "H1 Tasks");
+  assert.deepEqual(problems, []);
+});
+
+/**
+ * Why `control` is disabled, as a keyboard or screen-reader user gets it: the text of the elements its
+ * aria-describedby names, each one seen on the page ("" when none). A `title` (a tooltip, which the
+ * keyboard and touch never show) fails.
+ */
+async function whyDisabled(control: Locator): Promise<string> {
+  assert.equal(await control.getAttribute("title"), null, "a reason only in a tooltip");
+  return control.evaluate((el) =>
+    (el.getAttribute("aria-describedby") ?? "")
+      .split(" ")
+      .filter(Boolean)
+      .map((id: string) => {
+        const note = el.ownerDocument.getElementById(id);
+        if (!note?.checkVisibility() || note.getBoundingClientRect().width <= 1) return `(${id}: not seen)`;
+        return (note.textContent ?? "").trim();
+      })
+      .join(" "),
+  );
+}
+
+test("a disabled control says why, in text seen next to it and tied to it (aria-describedby), not in a tooltip", {
+  skip,
+}, async () => {
+  const token = await newUser();
+  const fileId = (await uploadFile(s.base, token, "why.csv", "a,b\n1,2\n")).fileId;
+  const page = await s.signedIn(token);
+
+  // New task: "Start" without files.
+  await page.goto(`${s.base}/#/new`);
+  await page.getByRole("radio", { name: /^summary/ }).waitFor();
+  const start = page.getByRole("button", { name: /^Start summary over/ });
+  assert.equal(await start.isDisabled(), true);
+  assert.equal(await whyDisabled(start), "Add files, or choose uploaded ones.");
+  await page.locator("summary").click();
+  await page.getByRole("checkbox", { name: /why\.csv/ }).check();
+  assert.equal(await start.isDisabled(), false);
+  assert.equal(await whyDisabled(start), "");
+
+  // Files: the two buttons over the list with nothing selected.
+  await page.goto(`${s.base}/#/files`);
+  await page.locator("tr[data-file]").first().waitFor();
+  const del = page.getByRole("button", { name: "Delete 0 selected" });
+  assert.equal(await del.isDisabled(), true);
+  assert.equal(await whyDisabled(del), "Select files in the list first.");
+  const newTask = page.locator("a.button", { hasText: "New task with 0 selected" });
+  assert.equal(await newTask.getAttribute("aria-disabled"), "true");
+  assert.equal(await whyDisabled(newTask), "Select files in the list first.");
+  await page.getByRole("checkbox", { name: "why.csv" }).check();
+  assert.equal(await whyDisabled(page.getByRole("button", { name: "Delete 1 selected" })), "");
+
+  // A task: "Download all" while it waits, then once it ended with nothing to download.
+  s.worker?.kill("SIGSTOP");
+  try {
+    const taskId = await createTask(token, [fileId]);
+    await page.goto(`${s.base}/#/tasks/${taskId}`);
+    await page.locator(".task header .badge", { hasText: "queued" }).waitFor();
+    const all = page.getByRole("button", { name: "Download all" });
+    assert.equal(await all.isDisabled(), true);
+    assert.equal(await whyDisabled(all), "Available when the task has finished.");
+    const cancelled = await fetch(`${s.base}/api/analysis-tasks/${taskId}/cancel`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${token}` },
+    });
+    assert.equal(cancelled.status, 202);
+    await page.locator(".task header .badge", { hasText: "cancelled" }).waitFor();
+    assert.equal(await all.isDisabled(), true);
+    assert.equal(await whyDisabled(all), "No run succeeded: there is nothing to download.");
+  } finally {
+    s.worker?.kill("SIGCONT");
+  }
+
+  // "Cancel task" while the task is being cancelled: a run under way (python-stats' median over
+  // 300,000 rows takes seconds) whose worker is paused, so the cancel cannot end it yet.
+  const rows = Array.from({ length: 300_000 }, (_, i) => `${i % 977},${i % 13}`).join("\n");
+  const bigId = (await uploadFile(s.base, token, "long.csv", `a,b\n${rows}\n`)).fileId;
+  const res = await fetch(`${s.base}/api/analysis-tasks`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+    body: JSON.stringify({
+      analysisType: "python-stats",
+      inputFileIds: [bigId],
+      parameters: { method: "median" },
+    }),
+  });
+  assert.equal(res.status, 201);
+  const longTask = ((await res.json()) as { data: { taskId: string } }).data.taskId;
+  await waitFor(
+    async () =>
+      (
+        await s.env.db
+          .sql`select 1 from runs where task_id = ${longTask} and status in ('starting', 'running')`
+      ).length > 0,
+    60_000,
+    "the run under way",
+  );
+  s.worker?.kill("SIGSTOP");
+  try {
+    const asked = await fetch(`${s.base}/api/analysis-tasks/${longTask}/cancel`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${token}` },
+    });
+    assert.equal(asked.status, 202);
+    await page.goto(`${s.base}/#/tasks/${longTask}`);
+    await page.locator(".task header .badge", { hasText: "cancelling" }).waitFor();
+    const cancel = page.getByRole("button", { name: "Cancel task" });
+    assert.equal(await cancel.isDisabled(), true);
+    assert.equal(await whyDisabled(cancel), "The task is being cancelled.");
+    assert.equal(
+      await whyDisabled(page.getByRole("button", { name: "Download all" })),
+      "Available when the task has finished.",
+    );
+  } finally {
+    s.worker?.kill("SIGCONT");
+  }
+  await waitForTerminal(s.env.db.sql, longTask, 60_000);
+  assert.deepEqual(problems, []);
+});
+
+test("a task that ends while the keyboard is on its Cancel button (which goes) moves the focus to Download all", {
+  skip,
+}, async () => {
+  const token = await newUser();
+  const fileId = (await uploadFile(s.base, token, "ends.csv", "a,b\n1,2\n")).fileId;
+  let page: Page;
+  let taskId: string;
+  s.worker?.kill("SIGSTOP");
+  try {
+    taskId = await createTask(token, [fileId]);
+    page = await s.signedIn(token);
+    await page.goto(`${s.base}/#/tasks/${taskId}`);
+    await page.locator(".task header .badge", { hasText: "queued" }).waitFor();
+    await page.getByRole("button", { name: "Cancel task" }).focus();
+    await focusIs(page, "BUTTON Cancel task");
+  } finally {
+    s.worker?.kill("SIGCONT");
+  }
+  await page.locator(".task header .badge", { hasText: "succeeded" }).waitFor({ timeout: 60_000 });
+  assert.equal(await page.getByRole("button", { name: "Cancel task" }).count(), 0);
+  await focusIs(page, "BUTTON Download all");
   assert.deepEqual(problems, []);
 });
