@@ -33,25 +33,36 @@ async function relay(mode: RelayMode, options: { tls?: boolean } = {}): Promise<
 }
 
 /**
- * How long the relays took to accept `more` connections past the burst: without pacing, a storm makes
- * them within milliseconds; paced, at two a second, in well over a second.
+ * Waits until the relays have accepted `more` connections past the burst, checking at every look that
+ * they never accepted more than the burst, two a second since `since`, and one for the look's lateness:
+ * without pacing, a storm makes hundreds within milliseconds. (An upper bound only: a loaded machine
+ * makes the connections slower, never faster. Timing the ones past the burst instead failed under
+ * load, where a slow burst let the bucket refill meanwhile: 3 past it in 737 ms.)
  */
-async function stormMs(relays: DbRelay[], more: number): Promise<number> {
+async function paced(relays: DbRelay[], more: number, since: number): Promise<void> {
   const accepted = () => relays.reduce((n, r) => n + r.accepted, 0);
-  await waitFor(async () => accepted() >= BURST, 20_000, "the burst");
-  const started = performance.now();
-  await waitFor(async () => accepted() >= BURST + more, 20_000, `${more} connections past the burst`);
-  return performance.now() - started;
+  let most = 0;
+  await waitFor(
+    async () => {
+      const n = accepted();
+      const allowed = BURST + Math.ceil((2 * (performance.now() - since)) / 1000) + 1;
+      most = Math.max(most, n);
+      assert.ok(n <= allowed, `${n} connections within ${Math.round(performance.now() - since)} ms`);
+      return n >= BURST + more;
+    },
+    20_000,
+    `${more} connections past the burst (${most} so far)`,
+  );
 }
 
 test("connections closed before a word: a burst, then two a second, and the waiting queries run when the database is back", async () => {
   const r = await relay("close");
+  const since = performance.now();
   const database = createDatabase(throughRelay(db.url, r), { max: 3 });
   closers.push(() => database.close());
   const waiting = [1, 2, 3].map((n) => database.sql<{ n: number }[]>`select ${n}::int as n`);
   for (const q of waiting) q.catch(() => {});
-  const ms = await stormMs([r], 3);
-  assert.ok(ms > 1000, `3 connections past the burst in ${Math.round(ms)} ms`);
+  await paced([r], 3, since);
   r.set("forward");
   const back = performance.now();
   assert.deepEqual(
@@ -63,12 +74,12 @@ test("connections closed before a word: a burst, then two a second, and the wait
 
 test("a TLS proxy that closes after its handshake is paced too", async () => {
   const r = await relay("tls-close", { tls: true });
+  const since = performance.now();
   const database = createDatabase(`${throughRelay(db.url, r)}?sslmode=require`, { max: 1 });
   closers.push(() => database.close());
   const q = database.sql<{ n: number }[]>`select 1::int as n`;
   q.catch(() => {});
-  const ms = await stormMs([r], 3);
-  assert.ok(ms > 1000, `3 connections past the burst in ${Math.round(ms)} ms`);
+  await paced([r], 3, since);
   // The database comes back between two paced connections: one cut in its handshake by the switch
   // would fail the query (see DbRelay.open), which is not what this test is about.
   await waitFor(async () => r.open === 0, 10_000, "a moment between two connections");
@@ -81,12 +92,12 @@ test("several hosts that refuse: paced, and every host is tried", async () => {
   const relays = [await relay("refuse"), await relay("refuse")];
   const u = new URL(db.url);
   const url = `postgres://${u.username}:${u.password}@127.0.0.1:${relays[0]?.port},127.0.0.1:${relays[1]?.port}${u.pathname}`;
+  const since = performance.now();
   const database = createDatabase(url, { max: 1 });
   closers.push(() => database.close());
   const q = database.sql`select 1`;
   q.catch(() => {});
-  const ms = await stormMs(relays, 3);
-  assert.ok(ms > 1000, `3 connections past the burst in ${Math.round(ms)} ms`);
+  await paced(relays, 3, since);
   assert.ok(
     relays.every((r) => r.accepted > 1),
     `connections per host: ${relays.map((r) => r.accepted)}`,
@@ -98,12 +109,12 @@ test("a pool's first connections are not held back: its maximum at once", async 
   const database = createDatabase(throughRelay(db.url, r), { max: 10 });
   closers.push(() => database.close());
   const started = performance.now();
-  // Ten queries of 0.3 s side by side: 0.3 s on ten connections, 1.5 s or more if they were held to
-  // two a second.
+  // Ten queries of 0.3 s side by side: 0.3 s on ten connections (1.8 s once on a machine loaded twice
+  // over), 4.5 s or more if they were held to two a second.
   await Promise.all(Array.from({ length: 10 }, () => database.sql`select pg_sleep(0.3)`));
   const ms = performance.now() - started;
   assert.equal(r.accepted, 10);
-  assert.ok(ms < 1_400, `ten queries of 0.3 s on a fresh pool took ${Math.round(ms)} ms`);
+  assert.ok(ms < 3_500, `ten queries of 0.3 s on a fresh pool took ${Math.round(ms)} ms`);
 });
 
 test("a pool ended during a wait makes no connection afterwards, and ends at once", async () => {
