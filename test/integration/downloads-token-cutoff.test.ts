@@ -86,9 +86,11 @@ async function pausedDownload(url: string, headers: Record<string, string> = {})
   const [res] = (await once(req, "response")) as [http.IncomingMessage];
   assert.equal(res.statusCode, 200, url);
   res.pause();
+  // (results.csv's 300,000 columns take seconds to fill the buffers; over 10 s once on a machine
+  // loaded twice over.)
   await waitFor(
     async () => (serverSockets[known]?.writableLength ?? 0) > 0,
-    10_000,
+    30_000,
     "the response to wait for its reader",
   );
   return {
