@@ -13,6 +13,7 @@ import {
   firstAnswer,
   NoAnswerError,
 } from "../db/client.ts";
+import { databaseNow } from "../db/clock.ts";
 import { startSignal } from "../db/embedded.ts";
 import { expectedMigrationCount, type SchemaState, schemaState, schemaTooOld } from "../db/migrate.ts";
 import { type OpenedDatabase, openDatabase } from "../db/open.ts";
@@ -48,6 +49,33 @@ API and worker in one process, for development (\`make dev\`).
 const FINAL_WRITES_MS = 10_000;
 /** Partial uploads older than this are what a killed process left behind. */
 const PARTIAL_UPLOAD_MAX_AGE_MS = 60 * 60 * 1000;
+/** How long start-up waits for the database's clock before it leaves partial uploads be. */
+const PARTIAL_SWEEP_CLOCK_WAIT_MS = 2_000;
+
+/**
+ * Removes a local store's partial uploads older than PARTIAL_UPLOAD_MAX_AGE_MS, at start: what a
+ * process killed mid-upload left. Old by the database's clock and by this host's alike, as the store
+ * sweep judges (queue/store-sweep.ts): on a data directory several hosts share, one whose clock ran an
+ * hour ahead removed the others' uploads under way (their files' times are written by their own
+ * clocks). Without the database's time within PARTIAL_SWEEP_CLOCK_WAIT_MS (`assay api` starts whatever
+ * the database does) nothing is removed, and undefined returned: the store sweep's next pass ends them.
+ */
+export async function removeStalePartialUploads(
+  storage: LocalStore,
+  databaseTime: Promise<number>,
+  hostNow = Date.now(),
+): Promise<number | undefined> {
+  let timer: NodeJS.Timeout | undefined;
+  const now = await Promise.race([
+    databaseTime.catch(() => undefined),
+    new Promise<undefined>((resolve) => {
+      timer = setTimeout(() => resolve(undefined), PARTIAL_SWEEP_CLOCK_WAIT_MS);
+    }),
+  ]);
+  clearTimeout(timer);
+  if (now === undefined) return undefined;
+  return storage.abortIncompleteUploads(new Date(Math.min(now, hostNow) - PARTIAL_UPLOAD_MAX_AGE_MS));
+}
 /**
  * Errors of the local store's folder that no wait will fix: a path through a regular file, no
  * permission, a read-only file system. Start-up fails on them at once, saying which folder.
@@ -362,8 +390,9 @@ export async function serveCommand(
     database.sql`select 1`.catch(() => {});
     const storage = await openStore(cfg);
     if (storage instanceof LocalStore) {
-      const swept = await storage.abortIncompleteUploads(new Date(Date.now() - PARTIAL_UPLOAD_MAX_AGE_MS));
-      if (swept > 0) logger.info({ swept }, "removed partial uploads left by an earlier process");
+      const swept = await removeStalePartialUploads(storage, databaseNow(database.sql));
+      if (swept !== undefined && swept > 0)
+        logger.info({ swept }, "removed partial uploads left by an earlier process");
     }
     await waitForStore(storage, logger, shutdown.signal);
 
