@@ -11,11 +11,18 @@ import { scratchDir } from "../helpers/tmp.ts";
 
 const LOCAL_TS = path.resolve("src/storage/local.ts");
 
-/** Another process that runs `body` with `store` (a LocalStore on `root`) and `scratch` in scope. */
-async function otherProcess(
-  root: string,
-  body: string,
-): Promise<{ died: Promise<never>; child: ChildProcess }> {
+interface Other {
+  died: Promise<never>;
+  child: ChildProcess;
+  /** Keeps it has landed so far, as it last said (`process.send({ landed })`). */
+  landed: number;
+}
+
+/**
+ * Another process that runs `body` with `store` (a LocalStore on `root`), `scratch` and a `landed`
+ * counter in scope; it says how many keeps it has landed every so often.
+ */
+async function otherProcess(root: string, body: string): Promise<Other> {
   const scratch = fs.mkdtempSync(path.join(root, "other-"));
   const file = path.join(scratch, "other.mts");
   fs.writeFileSync(
@@ -25,6 +32,8 @@ async function otherProcess(
     import { LocalStore, renameInto } from ${JSON.stringify(LOCAL_TS)};
     const store = new LocalStore(${JSON.stringify(root)});
     const scratch = ${JSON.stringify(scratch)};
+    let landed = 0;
+    setInterval(() => process.send?.({ landed }), 100);
     process.send?.("ready");
     ${body}`,
   );
@@ -37,7 +46,11 @@ async function otherProcess(
   );
   died.catch(() => {});
   await Promise.race([new Promise((resolve) => child.once("message", resolve)), died]);
-  return { died, child };
+  const other: Other = { died, child, landed: 0 };
+  child.on("message", (m: { landed?: number }) => {
+    if (typeof m.landed === "number") other.landed = m.landed;
+  });
+  return other;
 }
 
 /** A stale worker's life in `taskKey`: keeps an attempt (one rename), and discards it (its completion fenced off). */
@@ -48,19 +61,18 @@ const keepAndDiscard = (taskKey: string) => `
     fs.writeFileSync(path.join(from, "out.json"), "{}");
     try {
       renameInto(from, store.localPath(${JSON.stringify(taskKey)} + "/9." + i + ".y"));
+      landed++;
     } catch {
       fs.rmSync(from, { recursive: true, force: true });
     }
     await store.deletePrefix(${JSON.stringify(taskKey)} + "/9." + i + ".y/").catch(() => {});
   }`;
 
-/** Runs `step` for `ms` (at most `max` times) while `other` lives; returns how many times it ran. */
-async function during(
-  other: { died: Promise<never>; child: ChildProcess },
-  ms: number,
-  max: number,
-  step: (i: number) => Promise<void>,
-) {
+/**
+ * Runs `step` for `ms` (at most `max` times) while `other` lives, which must have landed keeps
+ * meanwhile; returns how many times `step` ran.
+ */
+async function during(other: Other, ms: number, max: number, step: (i: number) => Promise<void>) {
   const until = Date.now() + ms;
   let i = 0;
   try {
@@ -68,6 +80,8 @@ async function during(
       if (other.child.exitCode !== null || other.child.signalCode !== null) await other.died;
       await step(i);
     }
+    // A race needs both sides: the other process must have been keeping all along, not failing.
+    assert.ok(other.landed > 0, "the other process landed no keep");
   } finally {
     other.child.kill("SIGKILL");
   }
