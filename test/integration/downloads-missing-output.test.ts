@@ -78,7 +78,8 @@ test("every route serving a lost output answers 500 ANALYSIS_OUTPUT_MISSING, log
   for (const r of lost) await env.storage.delete([`outputs/${r.key}/result.json`]);
   const [single, first] = lost as [{ id: string; key: string }, { id: string; key: string }];
 
-  // Links are made from the record (they do not read the store); what they lead to is refused alike.
+  // A link to one output is refused as it is made (the dashboard's buttons send the browser to a link,
+  // which cannot show the message); a zip's link is refused when it is used.
   const link = async (url: string) => {
     const res = await post(url);
     assert.equal(res.statusCode, 200, `${url}: ${res.body}`);
@@ -110,23 +111,23 @@ test("every route serving a lost output answers 500 ANALYSIS_OUTPUT_MISSING, log
     [
       "a view link",
       first.id,
-      viaLink(`/api/analysis-tasks/${many.taskId}/runs/${first.id}/outputs/result.json/link`),
+      () => post(`/api/analysis-tasks/${many.taskId}/runs/${first.id}/outputs/result.json/link`),
     ],
     [
       "a download link to a one-file task",
       single.id,
-      viaLink(`/api/analysis-tasks/${one.taskId}/download/link`),
+      () => post(`/api/analysis-tasks/${one.taskId}/download/link`),
     ],
     ["a download link to a zip", first.id, viaLink(`/api/analysis-tasks/${many.taskId}/download/link`)],
     [
       "a download link to a run",
       single.id,
-      viaLink(`/api/analysis-tasks/${one.taskId}/runs/${single.id}/download/link`),
+      () => post(`/api/analysis-tasks/${one.taskId}/runs/${single.id}/download/link`),
     ],
     [
       "a download link to an output",
       first.id,
-      viaLink(`/api/analysis-tasks/${many.taskId}/runs/${first.id}/outputs/result.json/download-link`),
+      () => post(`/api/analysis-tasks/${many.taskId}/runs/${first.id}/outputs/result.json/download-link`),
     ],
   ];
   for (const [what, runId, request] of cases) {
@@ -145,6 +146,22 @@ test("every route serving a lost output answers 500 ANALYSIS_OUTPUT_MISSING, log
   const other = many.runs[1] as { id: string };
   const ok = await get(`/api/analysis-tasks/${many.taskId}/runs/${other.id}/download`);
   assert.equal(ok.statusCode, 200, ok.body);
+});
+
+test("a run from before its files were recorded: its lost result file is missing too, not a 404", async () => {
+  const { taskId, runs } = await succeededTask(1);
+  const run = runs[0] as { id: string; key: string };
+  await env.db.sql`update runs set result = result - 'files' where id = ${run.id}`;
+  const url = `/api/analysis-tasks/${taskId}/runs/${run.id}/outputs/result.json`;
+  const served = await get(url);
+  assert.equal(served.statusCode, 200, served.body);
+  await env.storage.delete([`outputs/${run.key}/result.json`]);
+  for (const res of [await get(url), await post(`${url}/link`), await post(`${url}/download-link`)]) {
+    assert.equal(res.statusCode, 500, res.body);
+    assert.deepEqual(res.json(), MISSING);
+  }
+  // Another name of such a run is still looked for in the store's listing.
+  assert.equal((await get(url.replace("result.json", "other.json"))).statusCode, 404);
 });
 
 test("a run row that names no servable output stays a bug's 500 INTERNAL_ERROR", async () => {

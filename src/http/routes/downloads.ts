@@ -275,6 +275,29 @@ async function plannedName(
 }
 
 /**
+ * Refuses a link to one output the store does not hold with the 500 ANALYSIS_OUTPUT_MISSING its
+ * download would get, before the link is made: the dashboard's buttons make a link and send the
+ * browser to it, which shows a failed download without the message (until 2026-12-06 the link was
+ * made from the record alone). One stat (a HEAD on S3). A zip's link is not checked: its runs are
+ * checked a page at a time as it is sent.
+ */
+async function heldOrMissing(
+  store: ObjectStore,
+  output: RunOutput,
+  name: string,
+  reply: FastifyReply,
+  taskExists: () => Promise<boolean>,
+): Promise<void> {
+  try {
+    await store.stat(outputKeyOf(output, name));
+  } catch (err) {
+    if (err instanceof ObjectMissingError)
+      throw await outputMissing(reply, output, taskExists, { err, file: name });
+    throw err;
+  }
+}
+
+/**
  * One output, opened before the headers are sent: an object that is gone is a logged 500. The stream
  * is released when it ends or when Fastify destroys it because the client left. Resumable: a strong
  * ETag, `If-None-Match` (304), one `Range` (206, or 416 when it selects no byte), `If-Range`. A request
@@ -617,7 +640,8 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
     async (request, reply) => {
       const { taskId, runId, name } = request.params;
       const principal = principalOf(request);
-      await findOutput(app, principal, { taskId, runId, name }, reply);
+      const found = await findOutput(app, principal, { taskId, runId, name }, reply);
+      await heldOrMissing(app.services.storage, found.output, name, reply, found.exists);
       // On the database's clock: the link is checked by whichever instance answers (view-links.ts).
       const now = await databaseNow(app.services.database.sql);
       const { path, expiresAt } = viewLinkPath(
@@ -673,7 +697,10 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
       if (!isId(taskId)) throw notFound("ANALYSIS_TASK_NOT_FOUND");
       const { sql } = app.services.database;
       const plan = await taskDownloadPlan(sql, principalOf(request), taskId);
-      const name = await plannedName(plan, reply, () => taskExists(sql, taskId));
+      const exists = () => taskExists(sql, taskId);
+      const name = await plannedName(plan, reply, exists);
+      if (plan.kind === "single" && name !== undefined)
+        await heldOrMissing(app.services.storage, plan.output, name, reply, exists);
       return made(request, { kind: "task", taskId, name: name ?? `task-${taskId}.zip` });
     },
   );
@@ -711,7 +738,9 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
       if (!isId(taskId) || !isId(runId)) throw notFound("ANALYSIS_TASK_NOT_FOUND");
       const { sql } = app.services.database;
       const plan = await runDownloadPlan(sql, principalOf(request), taskId, runId);
-      const name = (await plannedName(plan, reply, () => taskExists(sql, taskId))) as string;
+      const exists = () => taskExists(sql, taskId);
+      const name = (await plannedName(plan, reply, exists)) as string;
+      if (plan.kind === "single") await heldOrMissing(app.services.storage, plan.output, name, reply, exists);
       return made(request, { kind: "run", taskId, runId, name });
     },
   );
@@ -727,7 +756,8 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request, reply) => {
       const { taskId, runId, name } = request.params;
-      await findOutput(app, principalOf(request), { taskId, runId, name }, reply);
+      const found = await findOutput(app, principalOf(request), { taskId, runId, name }, reply);
+      await heldOrMissing(app.services.storage, found.output, name, reply, found.exists);
       return made(request, { kind: "output", taskId, runId, name });
     },
   );
@@ -859,6 +889,10 @@ async function findOutput(
   if (plan.kind === "none" || !SAFE_NAME.test(t.name)) throw notFound("OUTPUT_NOT_FOUND");
   const exists = () => taskExists(sql, t.taskId);
   if (!plan.output.usable) throw await outputMissing(reply, plan.output, exists);
+  // A run from before its files were recorded names only its result file: that one is not looked for
+  // in the store's listing, where a lost one was a 404 (its read then says it is missing, a 500).
+  if (plan.output.files === null && t.name === plan.output.outputFileName)
+    return { output: plan.output, exists };
   const files = await runOutputFiles(app.services.storage, plan.output);
   if (!files.some((f) => f.name === t.name)) throw notFound("OUTPUT_NOT_FOUND");
   return { output: plan.output, exists };
