@@ -12,7 +12,7 @@ import { StoreSweep } from "../../src/queue/store-sweep.ts";
 import type { HandlerContext } from "../../src/queue/worker.ts";
 import { discardAttempt, processHandler } from "../../src/runner/handler.ts";
 import { renameInto } from "../../src/storage/local.ts";
-import { waitForTerminal } from "../helpers/queue.ts";
+import { waitFor, waitForTerminal } from "../helpers/queue.ts";
 import {
   fixtureProgram,
   outputTree,
@@ -311,6 +311,41 @@ describe("how a program ended", () => {
     );
     assert.equal(run.attempt, 2, "exit 4 is transient: retried");
     assert.equal(run.error_code, "ANALYSIS_DEPENDENCY_FAILED");
+  });
+
+  test("an input deleted after the worker's check, before the program reads it → said as a missing input, not in the program's words", async () => {
+    // A local store's input is read in place: the worker checks it, then the program opens it. Deleted in
+    // between (its file removed through the API), the program could not read it and exited 2, and the
+    // run said "the analysis rejected its parameters: cannot read the input".
+    const own = await env.file("a,b\n1,2\n");
+    const type = `fault-${++typeSeq}`;
+    const prog = program(
+      "input-vanishes",
+      `const input = arg("--input");
+      say({ type: "progress", percent: 1, message: "checked" });
+      while (fs.existsSync(input)) await new Promise((r) => setTimeout(r, 10));
+      say({ type: "error", message: "cannot read the input" });
+      process.exit(2);`,
+    );
+    const w = env.worker([{ ...fixtureProgram(type), ...prog }]);
+    const taskId = await env.task(type, [own], {}, 1);
+    await w.start();
+    try {
+      await waitFor(async () => {
+        const [r] = await env.db.sql`select 1 from runs where task_id = ${taskId} and status = 'running'`;
+        return r;
+      });
+      fs.rmSync(env.storage.localPath?.(`files/${own}`) as string);
+      await waitForTerminal(env.db.sql, taskId, 30_000);
+    } finally {
+      await w.stop();
+    }
+    const [run] = await env.db.sql<{ error_code: string; error_message: string }[]>`
+      select error_code, error_message from runs where task_id = ${taskId}`;
+    assert.deepEqual(run, {
+      error_code: "ANALYSIS_INPUT_INVALID",
+      error_message: "the input file is not in storage",
+    });
   });
 
   test("exit 0 with an unfinished last line is still a protocol breach", async () => {
