@@ -18,7 +18,7 @@ import { requireBearer } from "./auth.ts";
 import { errorHandler } from "./error-handler.ts";
 import { ApiError } from "./errors.ts";
 import { headRefused } from "./no-head.ts";
-import { integerFields } from "./query-check.ts";
+import { integerQueryFields } from "./query-check.ts";
 import { analysisTypeRoutes } from "./routes/analysis-types.ts";
 import { dashboardRoutes, meRoutes } from "./routes/dashboard.ts";
 import { downloadRoutes, viewRoutes } from "./routes/downloads.ts";
@@ -222,14 +222,7 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
       api.addHook("onRoute", (route) => {
         if (route.schema?.querystring === undefined) route.schema = { ...route.schema, querystring: NoQuery };
         // Checked by the scope's onRequest hook (auth.ts, checkDecimalQuery), not a hook of its own.
-        const integers = integerFields(route.schema.querystring);
-        // Only a property whose own type is "integer" is checked: one inside a union or a $ref would
-        // be coerced by Ajv unchecked. Refused at start-up rather than left unchecked.
-        const declared = JSON.stringify(route.schema.querystring).split('"integer"').length - 1;
-        if (declared !== integers.length)
-          throw new Error(
-            `${route.url}: an integer query field must be a plain { type: "integer" } property (query-check.ts)`,
-          );
+        const integers = integerQueryFields(route.url, route.schema.querystring);
         if (integers.length > 0) route.config = { ...route.config, integerQuery: integers };
       });
       requireBearer(api);

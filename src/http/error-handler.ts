@@ -25,6 +25,9 @@ function repeatedQueryField(err: FastifyError, query: unknown): string | undefin
   return undefined;
 }
 
+/** A field name an answer may repeat: letters, digits, `_`, `-`, `.` and `[]` (`status[]`), up to 64. */
+const PLAIN_FIELD = /^[A-Za-z0-9_.[\]-]{1,64}$/;
+
 /** SQLSTATEs of a schema older than the code: undefined_table, undefined_column. */
 const UNMIGRATED = new Set(["42P01", "42703"]);
 
@@ -54,8 +57,11 @@ function classify(
     const field = unknown?.params?.additionalProperty;
     if (typeof field === "string") {
       const at = `${err.validationContext ?? "body"}${unknown?.instancePath ?? ""}`;
-      const name = field.length > 64 ? `${field.slice(0, 64)}…` : field;
-      return { status: 400, code: "VALIDATION_FAILED", message: `${at}/${name} is not a known field.` };
+      // Named only when the name is a plain one: any other text the client chose (markup, control
+      // characters, a lone surrogate, 64 characters of it) was sent back in the message.
+      if (!PLAIN_FIELD.test(field))
+        return { status: 400, code: "VALIDATION_FAILED", message: `${at} has a field that is not known.` };
+      return { status: 400, code: "VALIDATION_FAILED", message: `${at}/${field} is not a known field.` };
     }
     // An enumeration (a union of literals) fails once per member, and Fastify's message repeated
     // "querystring/status must be equal to constant" for each: this one says it once, with the values.

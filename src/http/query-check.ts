@@ -17,6 +17,33 @@ export function integerFields(schema: unknown): string[] {
   return Object.keys(properties).filter((name) => properties[name]?.type === "integer");
 }
 
+/**
+ * The integer fields of a route's query schema, for checkDecimalQuery; throws (at start-up, from the
+ * `/api` scope's onRoute hook) on one it could not check rightly:
+ * - declared otherwise than as a plain `{ type: "integer" }` property (inside a union or a $ref, Ajv
+ *   would coerce it unchecked);
+ * - without a `maximum` below 2^53 - 1 (a value of over 15 digits is replaced by that for the schema
+ *   to refuse: right only where the maximum is below it).
+ */
+export function integerQueryFields(url: string, schema: unknown): string[] {
+  const integers = integerFields(schema);
+  const declared = JSON.stringify(schema ?? {}).split('"integer"').length - 1;
+  if (declared !== integers.length)
+    throw new Error(
+      `${url}: an integer query field must be a plain { type: "integer" } property (query-check.ts)`,
+    );
+  const properties = (schema as { properties: Record<string, { maximum?: unknown }> } | undefined)
+    ?.properties;
+  for (const field of integers) {
+    const maximum = properties?.[field]?.maximum;
+    if (typeof maximum !== "number" || maximum >= Number.MAX_SAFE_INTEGER)
+      throw new Error(
+        `${url}: the integer query field ${field} must declare a maximum below 2^53 - 1 (query-check.ts)`,
+      );
+  }
+  return integers;
+}
+
 const DECIMAL = /^[0-9]+$/;
 
 /**
@@ -31,7 +58,13 @@ export function checkDecimalQuery(request: FastifyRequest): void {
   const query = request.query as Record<string, unknown>;
   for (const field of fields) {
     const value = query[field];
-    if (typeof value === "string" && !DECIMAL.test(value))
+    if (typeof value !== "string") continue;
+    if (!DECIMAL.test(value))
       throw validationFailed(`querystring/${field} must be an integer in decimal digits.`);
+    // Past 15 significant digits the number is beyond any bound a field has (every integer query field
+    // declares a maximum below 2^53 - 1: integerQueryFields), and past 308
+    // Ajv's coercion made it Infinity, which passed `maximum` and reached the database (a 500): the
+    // largest exact integer instead, which the schema refuses naming the bound.
+    if (value.replace(/^0+/, "").length > 15) query[field] = String(Number.MAX_SAFE_INTEGER);
   }
 }
