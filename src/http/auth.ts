@@ -57,7 +57,27 @@ export function requireBearer(scope: FastifyInstance) {
     if (!principal) throw new ApiError(401, "UNAUTHORIZED");
     request.principal = principal;
     checkDecimalQuery(request);
+    refuseEncodedBody(request);
   });
+}
+
+/**
+ * A body in a Content-Encoding (gzip, br, …) is refused: the server decodes none, so a compressed JSON
+ * body was a 400 INVALID_JSON, and an uncompressed one labelled gzip was taken as it was (a 201).
+ * `identity` is no encoding. A request without a body is let through whatever it says.
+ */
+function refuseEncodedBody(request: FastifyRequest): void {
+  const encoding = request.headers["content-encoding"];
+  if (encoding === undefined || /^\s*(identity\s*)?$/i.test(encoding)) return;
+  const hasBody =
+    request.headers["transfer-encoding"] !== undefined ||
+    (request.headers["content-length"] !== undefined && request.headers["content-length"] !== "0");
+  if (hasBody)
+    throw new ApiError(
+      415,
+      "UNSUPPORTED_MEDIA_TYPE",
+      "A Content-Encoding is not supported: send the body as it is.",
+    );
 }
 
 /** The authenticated principal; only for handlers behind `requireBearer`. */

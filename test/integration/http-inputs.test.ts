@@ -200,6 +200,45 @@ describe("the Authorization header", () => {
   });
 });
 
+describe("Content-Encoding", () => {
+  test("a body in an encoding is 415 UNSUPPORTED_MEDIA_TYPE and makes nothing; identity, or none on a GET, is as ever", async () => {
+    const create = JSON.stringify({ analysisType: "summary", inputFileId: aliceFile });
+    const gzipped = (await import("node:zlib")).gzipSync(create);
+    const before = await counts();
+    for (const [encoding, body] of [
+      ["gzip", gzipped],
+      ["gzip", Buffer.from(create)], // labelled gzip, sent as it is: it was taken (a 201)
+      ["br, gzip", gzipped],
+      ["x-unknown", Buffer.from(create)],
+    ] as const) {
+      const res = await t.app.inject({
+        method: "POST",
+        url: "/api/analysis-tasks",
+        payload: body,
+        headers: { ...bearer(alice), "content-type": "application/json", "content-encoding": encoding },
+      });
+      assert.equal(res.statusCode, 415, `${encoding}: ${res.body}`);
+      assert.deepEqual(res.json(), {
+        code: "UNSUPPORTED_MEDIA_TYPE",
+        message: "A Content-Encoding is not supported: send the body as it is.",
+      });
+    }
+    assert.deepEqual(await counts(), before);
+    const identity = await t.app.inject({
+      method: "POST",
+      url: "/api/analysis-tasks",
+      payload: create,
+      headers: { ...bearer(alice), "content-type": "application/json", "content-encoding": "identity" },
+    });
+    assert.equal(identity.statusCode, 201, identity.body);
+    const get = await t.app.inject({
+      url: "/api/files",
+      headers: { ...bearer(alice), "content-encoding": "gzip" },
+    });
+    assert.equal(get.statusCode, 200, get.body);
+  });
+});
+
 describe("validation messages", () => {
   test("a value outside an enumeration is named once, with what is allowed", async () => {
     const list = await t.app.inject({ url: "/api/analysis-tasks?status=bogus", headers: bearer(alice) });
