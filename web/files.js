@@ -28,6 +28,16 @@ export function FilesView({ me, paging }) {
     );
     return () => ctrl.abort();
   }, [paging.key, again]);
+  // The files whose whole SHA-256 is shown. The list shows its first 12 digits, a button that shows
+  // it whole (until 2026-12-06 it was only in a tooltip, which the keyboard and screen readers never
+  // reach), in a read-only field the keyboard can select and copy. The button is described by the
+  // file's name, not named by it: a name holding the file's would answer for "Keep" or "Delete".
+  const [hashes, setHashes] = useState(() => new Set());
+  const showHash = (id, shown) => {
+    const next = new Set(hashes);
+    shown ? next.add(id) : next.delete(id);
+    setHashes(next);
+  };
   const toggle = (id) => {
     const next = new Set(chosen);
     next.has(id) ? next.delete(id) : next.add(id);
@@ -128,10 +138,25 @@ export function FilesView({ me, paging }) {
             <tbody>${page.items.map(
               (f) => html`<tr key=${f.fileId} data-file=${f.fileId}>
                 <td><input type="checkbox" id=${`file-${f.fileId}`} checked=${chosen.has(f.fileId)} onChange=${() => toggle(f.fileId)} /></td>
-                <td class="name"><label for=${`file-${f.fileId}`}>${shownName(f.name)}</label></td>
+                <td class="name"><label for=${`file-${f.fileId}`} id=${`file-name-${f.fileId}`}>${shownName(f.name)}</label></td>
                 ${me?.role === "admin" ? html`<td><span class="name">${shownName(f.owner)}</span></td>` : null}
                 <td class="num">${bytes(f.sizeBytes)}</td>
-                <td><code title=${f.sha256}>${f.sha256.slice(0, 12)}</code></td>
+                <td class="sha">
+                  <button type="button" class="link" aria-expanded=${hashes.has(f.fileId)} id=${`sha-${f.fileId}`}
+                    aria-label=${`${f.sha256.slice(0, 12)}…, SHA-256`} aria-describedby=${`file-name-${f.fileId}`}
+                    onClick=${() => showHash(f.fileId, !hashes.has(f.fileId))}><code>${f.sha256.slice(0, 12)}…</code></button>
+                  ${
+                    hashes.has(f.fileId)
+                      ? html`<input class="sha-full" readonly value=${f.sha256} spellcheck="false"
+                        aria-label=${`SHA-256 of ${shownName(f.name)}`} onFocus=${(e) => e.currentTarget.select()}
+                        onKeyDown=${(e) => {
+                          if (e.key !== "Escape") return;
+                          showHash(f.fileId, false);
+                          document.getElementById(`sha-${f.fileId}`)?.focus();
+                        }} />`
+                      : null
+                  }
+                </td>
                 <td>${when(f.createdAt)}</td>
               </tr>`,
             )}</tbody>

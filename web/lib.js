@@ -4,7 +4,7 @@
 
 import { useCallback, useEffect, useMemo, useReducer, useRef, useState } from "/ui/vendor/hooks.js";
 import htm from "/ui/vendor/htm.js";
-import { h, render } from "/ui/vendor/preact.js";
+import { Fragment, h, render } from "/ui/vendor/preact.js";
 
 export const html = htm.bind(h);
-export { render, useCallback, useEffect, useMemo, useReducer, useRef, useState };
+export { Fragment, render, useCallback, useEffect, useMemo, useReducer, useRef, useState };

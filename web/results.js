@@ -168,7 +168,7 @@ export function ResultsTable({ taskId, version, changes = 0, live = false }) {
   return html`<div>
     <${ErrorNote} error=${error} />
     <div class="row">
-      <p class="muted">${rows.length} input file${rows.length === 1 ? "" : "s"}. Click a column to sort${head.length > 9 ? "; a metric column is also charted" : ""}.</p>
+      <p class="muted">${rows.length} input file${rows.length === 1 ? "" : "s"}. Choose a column's heading to sort by it (again to reverse)${head.length > 9 ? "; a metric column is also charted" : ""}.</p>
       <button type="button" onClick=${download}>Download results.csv</button>
     </div>
     ${chartable ? html`<${Chart} rows=${sorted} column=${sort.column} label=${shownName(head[sort.column])} />` : null}

@@ -7,10 +7,19 @@
 import { api, POLL_MS, saveVia } from "./api.js";
 import { followTask, isTerminal } from "./events.js";
 import { duration, RUN_STATUSES, STATUS_LABEL, shownName, when } from "./format.js";
-import { html, useEffect, useRef, useState } from "./lib.js";
+import { Fragment, html, useEffect, useRef, useState } from "./lib.js";
 import { RunOutputs } from "./outputs.js";
 import { ResultsTable } from "./results.js";
-import { ErrorNote, focusIfLost, Pager, QueuePlace, RunBar, Status, TaskBar } from "./widgets.js";
+import {
+  ErrorNote,
+  focusIfLost,
+  Pager,
+  QueuePlace,
+  RunBar,
+  Status,
+  TaskBar,
+  useRowFocus,
+} from "./widgets.js";
 
 const RUNS_PAGE = 100;
 const LOG_KEPT = 1000;
@@ -425,6 +434,10 @@ export function TaskView({ taskId }) {
     document.getElementById(`tab-${id}`)?.focus();
   };
 
+  // A run's row that a re-read takes away (a status filter, and the run's status changed) while the
+  // keyboard is on it: the focus goes to the next row, or to the "Runs" tab, which names the list.
+  useRowFocus("data-run", () => document.getElementById("tab-runs"));
+
   if (error?.status === 404)
     return html`<section><h1>Task not found</h1><p>There is no task #${taskId} you can see. <a href="#/">All tasks</a></p></section>`;
   if (task === null)
@@ -511,7 +524,9 @@ export function TaskView({ taskId }) {
                   ${runs.items.map((base) => {
                     const r = { ...base, ...(live[base.runId] ?? {}) };
                     const open = expanded === r.runId;
-                    return html`<tr key=${r.runId} data-run=${r.runId} class=${`s-${r.status}`}>
+                    // Keyed as one (the row and its detail row): unkeyed, the rows after one that
+                    // went were drawn anew, and the keyboard's focus on them was lost.
+                    return html`<${Fragment} key=${r.runId}><tr data-run=${r.runId} class=${`s-${r.status}`}>
                         <td class="name">${shownName(r.fileName)}</td>
                         <td><${Status} status=${r.status} /></td>
                         <td class="wide"><${RunBar} percent=${r.status === "succeeded" ? 100 : r.progressPercent} status=${r.status}
@@ -533,10 +548,10 @@ export function TaskView({ taskId }) {
                       </tr>
                       ${
                         open
-                          ? html`<tr class="detail" key=${`${r.runId}-detail`}><td colspan="7">
+                          ? html`<tr class="detail"><td colspan="7">
                             <${RunOutputs} key=${`${r.runId}-${r.status}`} taskId=${taskId} run=${r} /></td></tr>`
                           : null
-                      }`;
+                      }</${Fragment}>`;
                   })}
                 </tbody>
               </table></div>

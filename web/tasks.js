@@ -4,8 +4,8 @@
 import { api, POLL_MS } from "./api.js";
 import { isTerminal } from "./events.js";
 import { duration, STATUS_LABEL, shownName, TASK_STATUSES, when } from "./format.js";
-import { html, useEffect, useState } from "./lib.js";
-import { ErrorNote, goTo, listAddress, Pager, QueuePlace, Status, TaskBar } from "./widgets.js";
+import { html, useEffect, useRef, useState } from "./lib.js";
+import { ErrorNote, goTo, listAddress, Pager, QueuePlace, Status, TaskBar, useRowFocus } from "./widgets.js";
 
 export function TasksView({ me, types, path, filter, paging }) {
   const [page, setPage] = useState(null);
@@ -36,6 +36,11 @@ export function TasksView({ me, types, path, filter, paging }) {
     return () => clearInterval(timer);
   }, [live]);
 
+  // A row that a re-read takes away (a status filter, and its task's status changed) while the keyboard
+  // is on it: the focus goes to the next row, or to the heading when none is left.
+  const heading = useRef(null);
+  useRowFocus("data-task", () => heading.current);
+
   const admin = me?.role === "admin";
   // The address already shown (a page whose read failed, asked for again) is read again.
   const again = () => setTick((n) => n + 1);
@@ -43,7 +48,7 @@ export function TasksView({ me, types, path, filter, paging }) {
     goTo(listAddress(path, { ...filter, [key]: e.currentTarget.value }, []), again);
   return html`<section>
     <header class="row">
-      <h1>Tasks</h1>
+      <h1 ref=${heading}>Tasks</h1>
       <a class="button primary" href="#/new">New task</a>
     </header>
     <form class="filters" onSubmit=${(e) => e.preventDefault()}>
@@ -80,7 +85,7 @@ export function TasksView({ me, types, path, filter, paging }) {
                   <td><a href=${`#/tasks/${t.taskId}`}>#${t.taskId}</a></td>
                   <td>${t.analysisType}</td>
                   ${admin ? html`<td><span class="name">${shownName(t.owner)}</span></td>` : null}
-                  <td><${Status} status=${t.status} /> <${QueuePlace} queue=${t.queue} /></td>
+                  <td><${Status} status=${t.status} /> <${QueuePlace} queue=${t.queue} brief /></td>
                   <td class="wide"><${TaskBar} task=${t} /></td>
                   <td class="num">${t.succeededCount + t.failedCount + t.timedOutCount + t.cancelledCount}/${t.totalCount}
                     ${t.failedCount + t.timedOutCount > 0 ? html` <span class="bad">(${t.failedCount + t.timedOutCount} failed)</span>` : null}</td>

@@ -133,8 +133,14 @@ export function Pager({ cursors, next, onPage, labels = ["Newer", "Older"] }) {
   </nav>`;
 }
 
-/** Where a queued task stands: the API's estimate of the runs ahead of it, labelled as one. */
-export function QueuePlace({ queue }) {
+/**
+ * Where a queued task stands: the API's estimate of the runs ahead of it, labelled as one, and why
+ * (runs of a higher priority, other users served in turn). On the task page (`brief` unset) the why is
+ * text seen under the number; in a row of the task list, where there is no room, it is a disclosure the
+ * keyboard opens (Enter or Space on the number). Until 2026-12-06 the why was only the number's `title`,
+ * a tooltip the keyboard, a touch screen and most screen readers never show.
+ */
+export function QueuePlace({ queue, brief = false }) {
   if (!queue) return null;
   const why = [
     queue.higherPriority > 0 ? `${queue.higherPriority} of a higher priority` : null,
@@ -142,6 +148,91 @@ export function QueuePlace({ queue }) {
       ? `${queue.usersWaiting} other user${queue.usersWaiting === 1 ? "" : "s"} served in turn`
       : null,
   ].filter(Boolean);
-  const title = `An estimate${why.length > 0 ? `: ${why.join("; ")}` : ""}. What arrives or finishes meanwhile changes it.`;
-  return html`<span class="queue-place" title=${title}>≈ ${queue.runsAhead} run${queue.runsAhead === 1 ? "" : "s"} ahead (estimate)</span>`;
+  const place = `≈ ${queue.runsAhead} run${queue.runsAhead === 1 ? "" : "s"} ahead (estimate)`;
+  const reasons = `An estimate${why.length > 0 ? `: ${why.join("; ")}` : ""}. What arrives or finishes meanwhile changes it.`;
+  if (brief)
+    return html`<details class="queue-place"><summary>${place}</summary><span class="queue-why">${reasons}</span></details>`;
+  return html`<span class="queue-place">${place}<span class="queue-why">${reasons}</span></span>`;
+}
+
+/** What the keyboard reaches in `row`, in order. */
+const controls = (row) => [
+  ...row.querySelectorAll(
+    'a[href], button:not([disabled]), input:not([disabled]), select, summary, [tabindex]:not([tabindex="-1"])',
+  ),
+];
+
+/**
+ * Keeps the keyboard's focus in a list whose rows a live re-read may take away (a filter on the task
+ * list or the runs, a row whose status changed): rows are the elements with attribute `rowAttr`, its
+ * value the row's key. When the element with the focus goes with its row, the focus goes to the same
+ * control of the row when it is shown again (drawn anew), else to the first control of the next row
+ * that is still there (else the one before it, else the row now at its place), else to `fallback()`
+ * (the list's heading). Not when the user has moved the focus meanwhile. Until 2026-12-06 it fell to
+ * <body>, and a keyboard user started again from the top of the page.
+ */
+export function useRowFocus(rowAttr, fallback) {
+  const was = useRef(null);
+  useEffect(() => {
+    // The row an element is in: a run's detail row counts as its run's.
+    const rowOf = (el) => {
+      const tr = el.closest?.("tr");
+      if (tr?.hasAttribute(rowAttr)) return tr;
+      const before = tr?.previousElementSibling;
+      return tr?.classList.contains("detail") && before?.hasAttribute(rowAttr) ? before : null;
+    };
+    const onFocusIn = (e) => {
+      const row = rowOf(e.target);
+      if (!row) {
+        was.current = null;
+        return;
+      }
+      const rows = [...document.querySelectorAll(`[${rowAttr}]`)];
+      was.current = {
+        el: e.target,
+        key: row.getAttribute(rowAttr),
+        slot: controls(row).indexOf(e.target),
+        at: rows.indexOf(row),
+        keys: rows.map((r) => r.getAttribute(rowAttr)),
+      };
+    };
+    // Left for nothing (a click on the page's text, which focuses <body>) while its row stays: the
+    // user has left the list. Removed with its row (a blur some browsers fire then): still in it.
+    const onFocusOut = (e) => {
+      const el = e.target;
+      setTimeout(() => {
+        if (was.current?.el === el && el.isConnected && focusLost()) was.current = null;
+      });
+    };
+    document.addEventListener("focusin", onFocusIn);
+    document.addEventListener("focusout", onFocusOut);
+    return () => {
+      document.removeEventListener("focusin", onFocusIn);
+      document.removeEventListener("focusout", onFocusOut);
+    };
+  }, [rowAttr]);
+  useEffect(() => {
+    const r = was.current;
+    if (!r) return;
+    const rows = [...document.querySelectorAll(`[${rowAttr}]`)];
+    if (r.el.isConnected) {
+      // The rows as they are now, for the next render that may take the focused one away.
+      r.keys = rows.map((row) => row.getAttribute(rowAttr));
+      r.at = r.keys.indexOf(r.key);
+      return;
+    }
+    was.current = null;
+    if (!focusLost()) return;
+    const byKey = new Map(rows.map((row) => [row.getAttribute(rowAttr), row]));
+    const i = r.keys.indexOf(r.key);
+    const order = [r.key, ...r.keys.slice(i + 1), ...r.keys.slice(0, i).reverse()];
+    const key = order.find((k) => byKey.has(k));
+    const row = key !== undefined ? byKey.get(key) : rows[Math.min(r.at, rows.length - 1)];
+    const there = row ? controls(row) : [];
+    const to = (key === r.key ? there[r.slot] : null) ?? there[0] ?? fallback();
+    if (!to) return;
+    // A heading takes the focus only with a tabindex (as the view's heading does, app.js).
+    if (!to.hasAttribute("tabindex") && to.tabIndex < 0) to.tabIndex = -1;
+    to.focus();
+  });
 }

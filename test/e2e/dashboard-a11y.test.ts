@@ -5,6 +5,7 @@
 // colours and motion as the user needs them. Real API and worker processes, Debian's chromium. Waits
 // on conditions, never on time.
 import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { test } from "node:test";
@@ -275,6 +276,11 @@ test("a task by the keyboard: the tabs are one stop moved by the arrows, the run
   await focusIs(page, "BUTTON Results");
   assert.equal(await page.getByRole("tab", { name: "Results" }).getAttribute("aria-selected"), "true");
   await page.getByRole("tabpanel", { name: "Results" }).locator("table.results").waitFor();
+  // How to sort, said for every user (it said "Click a column to sort" until 2026-12-06).
+  const how =
+    (await page.getByRole("tabpanel", { name: "Results" }).locator("p.muted").first().textContent()) ?? "";
+  assert.match(how, /Choose a column's heading to sort by it \(again to reverse\)/);
+  assert.doesNotMatch(how, /click|mouse|hover/i);
   // The sort's arrow is not part of the column's name.
   const sorted = page.locator("table.results thead th").first();
   assert.equal(await sorted.getAttribute("aria-sort"), "ascending");
@@ -556,5 +562,177 @@ test("a task that ends while the keyboard is on its Cancel button (which goes) m
   await page.locator(".task header .badge", { hasText: "succeeded" }).waitFor({ timeout: 60_000 });
   assert.equal(await page.getByRole("button", { name: "Cancel task" }).count(), 0);
   await focusIs(page, "BUTTON Download all");
+  assert.deepEqual(problems, []);
+});
+
+/** Whether `locator` is seen: rendered, and wider than a visually hidden element's 1 px. */
+const seen = (locator: Locator): Promise<boolean> =>
+  locator.evaluate((el) => el.checkVisibility() && el.getBoundingClientRect().width > 1);
+
+test("a queued task's place says why in text: seen under it on the task page, in a disclosure the keyboard opens in the list", {
+  skip,
+}, async () => {
+  const token = await newUser();
+  const other = await newUser();
+  const mine = (await uploadFile(s.base, token, "waits.csv", "a,b\n1,2\n")).fileId;
+  const theirs = (await uploadFile(s.base, other, "theirs.csv", "a,b\n1,2\n")).fileId;
+  const urgent = (await uploadFile(s.base, s.adminToken, "urgent.csv", "a,b\n1,2\n")).fileId;
+  s.worker?.kill("SIGSTOP");
+  try {
+    // A run of a higher priority (only an admin may set one) and another user's at the same: both
+    // are reasons the estimate gives.
+    const first = await fetch(`${s.base}/api/analysis-tasks`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${s.adminToken}`, "content-type": "application/json" },
+      body: JSON.stringify({ analysisType: "summary", inputFileIds: [urgent], priority: 0 }),
+    });
+    assert.equal(first.status, 201);
+    await createTask(other, [theirs]);
+    const taskId = await createTask(token, [mine]);
+    const why =
+      /An estimate: \d+ of a higher priority; \d+ other users? served in turn\. What arrives or finishes meanwhile changes it\./;
+
+    // The task page: the why is text seen under the number, not a tooltip.
+    const page = await s.signedIn(token);
+    await page.goto(`${s.base}/#/tasks/${taskId}`);
+    const place = page.locator(".counts .queue-place");
+    await place.filter({ hasText: /runs? ahead \(estimate\)/ }).waitFor();
+    assert.equal(await place.getAttribute("title"), null, "the why only in a tooltip");
+    const reasons = place.locator(".queue-why");
+    await reasons.filter({ hasText: why }).waitFor();
+    assert.equal(await seen(reasons), true, "the why is seen");
+
+    // The task list: a disclosure, closed, that the keyboard opens.
+    await page.goto(`${s.base}/#/?status=queued`);
+    const row = page.locator(`tr[data-task="${taskId}"]`);
+    const listed = row.locator(".queue-place");
+    await listed.waitFor();
+    assert.equal(await listed.getAttribute("title"), null, "the why only in a tooltip");
+    const listedWhy = listed.locator(".queue-why");
+    assert.match((await listedWhy.textContent()) ?? "", why);
+    assert.equal(await seen(listedWhy), false, "closed at first");
+    await row.getByRole("link").focus();
+    await page.keyboard.press("Tab");
+    await focusIs(page, /^SUMMARY ≈ \d+ runs? ahead \(estimate\)/);
+    await page.keyboard.press("Enter");
+    await waitFor(() => seen(listedWhy), 10_000, "the why seen once opened");
+    // Still open after the list's next re-reads (every 2 s while a task on it is going).
+    await page.waitForResponse((r) => r.url().includes("/api/analysis-tasks?"));
+    await page.waitForResponse((r) => r.url().includes("/api/analysis-tasks?"));
+    assert.equal(await seen(listedWhy), true, "still open");
+  } finally {
+    s.worker?.kill("SIGCONT");
+  }
+  assert.deepEqual(problems, []);
+});
+
+test("a file's whole SHA-256: a button shows it in a field the keyboard selects and copies, Escape hides it again", {
+  skip,
+}, async () => {
+  const token = await newUser();
+  const content = "a,b\n1,2\n";
+  const sha = createHash("sha256").update(content).digest("hex");
+  await uploadFile(s.base, token, "hashed.csv", content);
+  const page = await s.signedIn(token);
+  await page.goto(`${s.base}/#/files`);
+  const row = page.locator("tr[data-file]", { hasText: "hashed.csv" });
+  await row.waitFor();
+  // Its start is seen, and the button that shows it whole says which file's it is (its description:
+  // a name holding the file's would answer a search for another button, "Keep" for "keep.csv").
+  const button = row.getByRole("button", { name: `${sha.slice(0, 12)}…, SHA-256`, exact: true });
+  assert.equal(await button.getAttribute("aria-expanded"), "false");
+  assert.equal(
+    await button.evaluate(
+      (el) => el.ownerDocument.getElementById(el.getAttribute("aria-describedby") ?? "")?.textContent,
+    ),
+    "hashed.csv",
+  );
+  assert.equal(await row.locator("[title]").count(), 0, "the whole value only in a tooltip");
+  await button.focus();
+  await page.keyboard.press("Enter");
+  assert.equal(await button.getAttribute("aria-expanded"), "true");
+  await page.keyboard.press("Tab");
+  await focusIs(page, "INPUT SHA-256 of hashed.csv");
+  const field = row.getByRole("textbox", { name: "SHA-256 of hashed.csv" });
+  assert.equal(await field.inputValue(), sha);
+  assert.equal(await seen(field), true);
+  // Selected whole: Ctrl+C copies it.
+  assert.deepEqual(
+    await field.evaluate((el) => {
+      const input = el as unknown as { selectionStart: number; selectionEnd: number };
+      return [input.selectionStart, input.selectionEnd];
+    }),
+    [0, 64],
+  );
+  // Escape hides it, and the focus goes back to the button.
+  await page.keyboard.press("Escape");
+  await focusIs(page, `BUTTON ${sha.slice(0, 12)}…, SHA-256`);
+  await field.waitFor({ state: "detached" });
+  assert.equal(await button.getAttribute("aria-expanded"), "false");
+  assert.deepEqual(problems, []);
+});
+
+test("a task's row that a re-read takes away (a status filter) while the keyboard is on it passes the focus to the next row, then to the heading", {
+  skip,
+}, async () => {
+  const token = await newUser();
+  const fileId = (await uploadFile(s.base, token, "filtered.csv", "a,b\n1,2\n")).fileId;
+  const cancel = async (taskId: string) => {
+    const res = await fetch(`${s.base}/api/analysis-tasks/${taskId}/cancel`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${token}` },
+    });
+    assert.equal(res.status, 202);
+  };
+  s.worker?.kill("SIGSTOP");
+  try {
+    const older = await createTask(token, [fileId]);
+    const newer = await createTask(token, [fileId]);
+    const page = await s.signedIn(token);
+    await page.goto(`${s.base}/#/?status=queued`);
+    await page.locator(`tr[data-task="${older}"]`).waitFor();
+    // Newest first: the keyboard on the first row's link.
+    await page.locator(`tr[data-task="${newer}"]`).getByRole("link").focus();
+    await focusIs(page, `A #${newer}`);
+    await cancel(newer);
+    await page.locator(`tr[data-task="${newer}"]`).waitFor({ state: "detached", timeout: 15_000 });
+    await focusIs(page, `A #${older}`);
+    // The last row goes: the list's heading.
+    await cancel(older);
+    await page.getByText("No tasks match these filters").waitFor({ timeout: 15_000 });
+    await focusIs(page, "H1 Tasks");
+  } finally {
+    s.worker?.kill("SIGCONT");
+  }
+  assert.deepEqual(problems, []);
+});
+
+test("a run's row that a re-read takes away (a status filter) while the keyboard is on it passes the focus to the Runs tab", {
+  skip,
+}, async () => {
+  const token = await newUser();
+  const ids = [
+    (await uploadFile(s.base, token, "run-1.csv", "a,b\n1,2\n")).fileId,
+    (await uploadFile(s.base, token, "run-2.csv", "a,b\n1,2\n")).fileId,
+  ];
+  let page: Page;
+  s.worker?.kill("SIGSTOP");
+  try {
+    const taskId = await createTask(token, ids);
+    page = await s.signedIn(token);
+    await page.goto(`${s.base}/#/tasks/${taskId}`);
+    await page.locator(".task header .badge", { hasText: "queued" }).waitFor();
+    await page.getByLabel("Run status").selectOption("queued");
+    await page.locator("tr[data-run]").nth(1).waitFor();
+    const results = page.getByRole("button", { name: "results of run-2.csv", exact: true });
+    await results.focus();
+    await focusIs(page, "BUTTON results of run-2.csv");
+  } finally {
+    s.worker?.kill("SIGCONT");
+  }
+  // The runs start and end: neither is queued any more, and the re-read after their end shows none.
+  await page.locator(".task header .badge", { hasText: "succeeded" }).waitFor({ timeout: 60_000 });
+  await page.locator("tr[data-run]").first().waitFor({ state: "detached", timeout: 15_000 });
+  await focusIs(page, "BUTTON Runs");
   assert.deepEqual(problems, []);
 });
