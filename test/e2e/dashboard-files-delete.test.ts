@@ -25,7 +25,7 @@ test("deleting chosen files from the Files page: asked first, then gone; one del
   for (const id of ids.slice(1)) await row(id).getByRole("checkbox").check();
   await page.getByRole("button", { name: "Delete 3 selected" }).click();
   // Kept: nothing deleted.
-  await page.getByRole("button", { name: "Keep" }).click();
+  await page.getByRole("button", { name: "Keep", exact: true }).click();
   assert.equal(await row(ids[1] as string).count(), 1);
   // One of them deleted by another client meanwhile.
   const gone = await fetch(`${s.base}/api/files/${ids[2]}`, {
