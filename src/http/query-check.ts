@@ -22,8 +22,8 @@ export function integerFields(schema: unknown): string[] {
  * `/api` scope's onRoute hook) on one it could not check rightly:
  * - declared otherwise than as a plain `{ type: "integer" }` property (inside a union or a $ref, Ajv
  *   would coerce it unchecked);
- * - without a `maximum` below 2^53 - 1 (a value of over 15 digits is replaced by that for the schema
- *   to refuse: right only where the maximum is below it).
+ * - without a `maximum` below 2^53 - 1 (a value past that is replaced by it for the schema to refuse:
+ *   right only where the maximum is below it).
  */
 export function integerQueryFields(url: string, schema: unknown): string[] {
   const integers = integerFields(schema);
@@ -45,6 +45,8 @@ export function integerQueryFields(url: string, schema: unknown): string[] {
 }
 
 const DECIMAL = /^[0-9]+$/;
+/** 2^53 - 1 in decimal digits: 16 of them. */
+const MAX_EXACT = String(Number.MAX_SAFE_INTEGER);
 
 /**
  * Throws VALIDATION_FAILED when an integer query field of the request's route is not decimal digits.
@@ -61,10 +63,11 @@ export function checkDecimalQuery(request: FastifyRequest): void {
     if (typeof value !== "string") continue;
     if (!DECIMAL.test(value))
       throw validationFailed(`querystring/${field} must be an integer in decimal digits.`);
-    // Past 15 significant digits the number is beyond any bound a field has (every integer query field
-    // declares a maximum below 2^53 - 1: integerQueryFields), and past 308
-    // Ajv's coercion made it Infinity, which passed `maximum` and reached the database (a 500): the
-    // largest exact integer instead, which the schema refuses naming the bound.
-    if (value.replace(/^0+/, "").length > 15) query[field] = String(Number.MAX_SAFE_INTEGER);
+    // Past 2^53 - 1 a number is no longer exact, and past 308 digits Ajv's coercion made it Infinity,
+    // which passed `maximum` and reached the database (a 500). Such a value is replaced by 2^53 - 1,
+    // which the schema refuses naming the bound: every integer query field declares a maximum below
+    // it (integerQueryFields). Exact values are left to the schema.
+    const digits = value.replace(/^0+/, "");
+    if (digits.length > 16 || (digits.length === 16 && digits > MAX_EXACT)) query[field] = MAX_EXACT;
   }
 }

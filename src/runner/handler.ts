@@ -431,18 +431,17 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
           ? checkOutputs(place.outputDir, result.result.outputFileName)
           : undefined;
       const outcome = outcomeOf(result, check);
-      // A local store's input is read in place: deleted between the check above and the program's open
-      // (through the API), the program says it cannot read it. Said as the check would have said it.
+      // A local store's input is read in place: deleted while the program ran (through the API), the
+      // program says it cannot read it, or whatever it says on exit 2. Said as the check above says it,
+      // with the program's words after them (its stderr is kept). A remote store's input is the
+      // attempt's own copy: not this.
       if (
+        store.localPath &&
         outcome.status === "failed" &&
         outcome.errorCode === "ANALYSIS_INPUT_INVALID" &&
         !fs.existsSync(place.inputPath)
       )
-        return {
-          status: "failed",
-          errorCode: "ANALYSIS_INPUT_INVALID",
-          errorMessage: "the input file is not in storage",
-        };
+        return { ...outcome, errorMessage: `the input file is not in storage (${outcome.errorMessage})` };
       if (outcome.status !== "succeeded" || !check?.ok) return outcome;
       // Kept under the attempt's own key: the completion records it only if it wins the fence; if it
       // loses, the worker discards it (onDiscard).

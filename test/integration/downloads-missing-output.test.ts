@@ -12,6 +12,7 @@ import { LocalStore } from "../../src/storage/local.ts";
 import { ObjectMissingError, type ObjectStore } from "../../src/storage/store.ts";
 import { bearer } from "../helpers/app.ts";
 import { type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
+import { createTestBucket } from "../helpers/s3.ts";
 import { scratchDir } from "../helpers/tmp.ts";
 
 const MISSING = {
@@ -193,5 +194,42 @@ test("an output gone once the zip has begun breaks it off, logged with the task,
     assert.equal(line.file, "result.json");
   } finally {
     goneOnOpen.clear();
+  }
+});
+
+test("a bucket that is gone: a link to one file is the store's failure (500 INTERNAL_ERROR), not a lost output", async () => {
+  // S3 answers a HEAD in a missing bucket with a bare 404, as for a missing object.
+  const bucket = await createTestBucket();
+  let dropped = false;
+  const s3env = await runnerEnv({ store: bucket.store() });
+  try {
+    const s3logs: Record<string, unknown>[] = [];
+    const s3app = await s3env.app(s3logs);
+    const s3token = (await tokenCreate(s3env.db.sql, "runner")).token;
+    const { sql } = s3env.db;
+    const taskId = await s3env.task("dl-missing", [await s3env.file("a\n1\n")], {});
+    await sql`update runs set status = 'starting' where task_id = ${taskId}`;
+    const [run] = await sql<{ id: string; key: string }[]>`
+      update runs set status = 'succeeded', output_key = task_id::text || '/' || id::text || '.1.ab',
+        result = jsonb_build_object('outputFileName', 'result.json',
+                                    'files', jsonb_build_array(jsonb_build_object('name', 'result.json', 'size', 12)))
+      where task_id = ${taskId} returning id::text, output_key as key`;
+    await sql`update tasks set status = 'succeeded', succeeded_count = total_count where id = ${taskId}`;
+    await s3env.storage.put(`outputs/${run?.key}/result.json`, Readable.from([Buffer.from(`{"run":"ok"}`)]));
+    const url = `/api/analysis-tasks/${taskId}/runs/${run?.id}/download/link`;
+    const made = await s3app.inject({ method: "POST", url, headers: bearer(s3token) });
+    assert.equal(made.statusCode, 200, made.body);
+    await bucket.drop();
+    dropped = true;
+    const res = await s3app.inject({ method: "POST", url, headers: bearer(s3token) });
+    assert.equal(res.statusCode, 500, res.body);
+    assert.equal(res.json().code, "INTERNAL_ERROR");
+    assert.ok(
+      !s3logs.some((l) => l.msg === "a succeeded run's output is missing"),
+      "not logged as a lost output",
+    );
+  } finally {
+    await s3env.close();
+    if (!dropped) await bucket.drop();
   }
 });

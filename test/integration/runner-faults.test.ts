@@ -313,7 +313,7 @@ describe("how a program ended", () => {
     assert.equal(run.error_code, "ANALYSIS_DEPENDENCY_FAILED");
   });
 
-  test("an input deleted after the worker's check, before the program reads it → said as a missing input, not in the program's words", async () => {
+  test("an input deleted after the worker's check, before the program reads it → said as a missing input, the program's words after", async () => {
     // A local store's input is read in place: the worker checks it, then the program opens it. Deleted in
     // between (its file removed through the API), the program could not read it and exited 2, and the
     // run said "the analysis rejected its parameters: cannot read the input".
@@ -344,7 +344,8 @@ describe("how a program ended", () => {
       select error_code, error_message from runs where task_id = ${taskId}`;
     assert.deepEqual(run, {
       error_code: "ANALYSIS_INPUT_INVALID",
-      error_message: "the input file is not in storage",
+      error_message:
+        "the input file is not in storage (the analysis rejected its parameters: cannot read the input)",
     });
   });
 
