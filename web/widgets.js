@@ -155,12 +155,15 @@ export function QueuePlace({ queue, brief = false }) {
   return html`<span class="queue-place">${place}<span class="queue-why">${reasons}</span></span>`;
 }
 
-/** What the keyboard reaches in `row`, in order. */
-const controls = (row) => [
-  ...row.querySelectorAll(
-    'a[href], button:not([disabled]), input:not([disabled]), select, summary, [tabindex]:not([tabindex="-1"])',
-  ),
-];
+/** What the keyboard reaches in `row` and in its detail row (a run's), in order. */
+const controls = (row) => {
+  const detail = row.nextElementSibling?.classList.contains("detail") ? [row.nextElementSibling] : [];
+  return [row, ...detail].flatMap((r) => [
+    ...r.querySelectorAll(
+      'a[href], button:not([disabled]), input:not([disabled]), select, summary, [tabindex]:not([tabindex="-1"])',
+    ),
+  ]);
+};
 
 /**
  * Keeps the keyboard's focus in a list whose rows a live re-read may take away (a filter on the task
@@ -192,6 +195,9 @@ export function useRowFocus(rowAttr, fallback) {
         el: e.target,
         key: row.getAttribute(rowAttr),
         slot: controls(row).indexOf(e.target),
+        // Focused by the keyboard (or a script after it): a mouse user's click leaves no ring, and the
+        // page is not to be scrolled back to where they clicked when the row goes.
+        keyboard: e.target.matches(":focus-visible"),
         at: rows.indexOf(row),
         keys: rows.map((r) => r.getAttribute(rowAttr)),
       };
@@ -233,6 +239,6 @@ export function useRowFocus(rowAttr, fallback) {
     if (!to) return;
     // A heading takes the focus only with a tabindex (as the view's heading does, app.js).
     if (!to.hasAttribute("tabindex") && to.tabIndex < 0) to.tabIndex = -1;
-    to.focus();
+    to.focus({ preventScroll: !r.keyboard });
   });
 }

@@ -664,6 +664,23 @@ test("a file's whole SHA-256: a button shows it in a field the keyboard selects 
     }),
     [0, 64],
   );
+  // Selected by the field itself, not only by Tab's own habit: focused again with the caret at its start.
+  assert.deepEqual(
+    await field.evaluate((el) => {
+      const input = el as unknown as {
+        selectionStart: number;
+        selectionEnd: number;
+        setSelectionRange(a: number, b: number): void;
+        blur(): void;
+        focus(): void;
+      };
+      input.setSelectionRange(0, 0);
+      input.blur();
+      input.focus();
+      return [input.selectionStart, input.selectionEnd];
+    }),
+    [0, 64],
+  );
   // Escape hides it, and the focus goes back to the button.
   await page.keyboard.press("Escape");
   await focusIs(page, `BUTTON ${sha.slice(0, 12)}…, SHA-256`);
