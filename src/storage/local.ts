@@ -171,7 +171,7 @@ export function renameInto(from: string, to: string): boolean {
     try {
       fs.mkdirSync(path.dirname(to), { recursive: true });
     } catch (err) {
-      if (!foldersRaced(err) || tries === RENAME_TRIES) throw err;
+      if (!foldersRaced(err)) throw err;
     }
   }
 }
@@ -273,7 +273,7 @@ export class LocalStore implements ObjectStore {
       try {
         await fsp.mkdir(path.dirname(target), { recursive: true });
       } catch (err) {
-        if (!foldersRaced(err) || tries === RENAME_TRIES) throw err;
+        if (!foldersRaced(err)) throw err;
       }
     }
     await syncUp(this.root, path.dirname(target), made);

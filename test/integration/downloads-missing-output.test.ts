@@ -46,12 +46,18 @@ before(async () => {
 });
 after(() => env.close());
 
-/** A finished task of `n` succeeded runs, each with its result.json stored under its output key. */
-async function succeededTask(n: number): Promise<{ taskId: string; runs: { id: string; key: string }[] }> {
-  const { sql } = env.db;
+/**
+ * A finished task of `n` succeeded runs in `on` (the file's own environment by default), each with its
+ * result.json stored under its output key.
+ */
+async function succeededTask(
+  n: number,
+  on: RunnerEnv = env,
+): Promise<{ taskId: string; runs: { id: string; key: string }[] }> {
+  const { sql } = on.db;
   const files: string[] = [];
-  for (let i = 0; i < n; i++) files.push(await env.file(`a\n${i}\n`));
-  const taskId = await env.task("dl-missing", files, {});
+  for (let i = 0; i < n; i++) files.push(await on.file(`a\n${i}\n`));
+  const taskId = await on.task("dl-missing", files, {});
   await sql`update runs set status = 'starting' where task_id = ${taskId}`;
   const runs = await sql<{ id: string; key: string }[]>`
     update runs set status = 'succeeded', output_key = task_id::text || '/' || id::text || '.1.ab',
@@ -61,7 +67,7 @@ async function succeededTask(n: number): Promise<{ taskId: string; runs: { id: s
   await sql`update tasks set status = 'succeeded', succeeded_count = total_count where id = ${taskId}`;
   runs.sort((a, b) => Number(a.id) - Number(b.id));
   for (const r of runs)
-    await env.storage.put(`outputs/${r.key}/result.json`, Readable.from([Buffer.from(`{"run":"ok"}`)]));
+    await on.storage.put(`outputs/${r.key}/result.json`, Readable.from([Buffer.from(`{"run":"ok"}`)]));
   return { taskId, runs };
 }
 
@@ -206,16 +212,10 @@ test("a bucket that is gone: a link to one file is the store's failure (500 INTE
     const s3logs: Record<string, unknown>[] = [];
     const s3app = await s3env.app(s3logs);
     const s3token = (await tokenCreate(s3env.db.sql, "runner")).token;
-    const { sql } = s3env.db;
-    const taskId = await s3env.task("dl-missing", [await s3env.file("a\n1\n")], {});
-    await sql`update runs set status = 'starting' where task_id = ${taskId}`;
-    const [run] = await sql<{ id: string; key: string }[]>`
-      update runs set status = 'succeeded', output_key = task_id::text || '/' || id::text || '.1.ab',
-        result = jsonb_build_object('outputFileName', 'result.json',
-                                    'files', jsonb_build_array(jsonb_build_object('name', 'result.json', 'size', 12)))
-      where task_id = ${taskId} returning id::text, output_key as key`;
-    await sql`update tasks set status = 'succeeded', succeeded_count = total_count where id = ${taskId}`;
-    await s3env.storage.put(`outputs/${run?.key}/result.json`, Readable.from([Buffer.from(`{"run":"ok"}`)]));
+    const {
+      taskId,
+      runs: [run],
+    } = await succeededTask(1, s3env);
     const url = `/api/analysis-tasks/${taskId}/runs/${run?.id}/download/link`;
     const made = await s3app.inject({ method: "POST", url, headers: bearer(s3token) });
     assert.equal(made.statusCode, 200, made.body);
