@@ -252,7 +252,8 @@ export class S3Store implements ObjectStore {
       return { key, size: res.ContentLength, modified: res.LastModified ?? new Date(0) };
     } catch (err) {
       // A HEAD's 404 has no body to say whose (NoSuchKey or NoSuchBucket): taken for the object's, as
-      // a missing bucket is what check() (readiness, start-up) reports.
+      // a missing bucket is what check() reports (readiness, start-up, and a download link's maker
+      // before it reports a lost output: heldOrMissing in http/routes/downloads.ts).
       throw (err as { name?: string }).name === "NotFound" || isMissing(err)
         ? new ObjectMissingError(key)
         : err;

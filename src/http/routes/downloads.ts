@@ -294,8 +294,9 @@ async function heldOrMissing(
     if (!(err instanceof ObjectMissingError)) throw err;
     // S3 answers a HEAD in a bucket that is not there with a bare 404, as for a missing object: an
     // outage is not to be reported as a lost output. The store's own check tells them apart (one
-    // listing of a key, on this path only); it throws its cause, a logged 500 INTERNAL_ERROR.
-    await store.check();
+    // listing of a key, on this path only); it throws its cause, a logged 500 INTERNAL_ERROR. Not a
+    // local store's: its check makes the data folder when it is missing.
+    if (!store.localPath) await store.check();
     throw await outputMissing(reply, output, taskExists, { err, file: name });
   }
 }
