@@ -27,8 +27,14 @@ import { EVENTS_CHANNEL } from "../queue/sql.ts";
 export const TASK_CACHE_TTL_MS = 1_000;
 /** Tasks kept; the oldest go first. */
 const MAX_TASKS = 10_000;
-/** Runs pages kept, over all tasks (a page is up to 200 runs); the oldest task's go first. */
+/** Runs pages kept, over all tasks; the oldest task's go first. */
 const MAX_PAGES = 1_000;
+/**
+ * Runs in the pages kept, over all tasks; the oldest task's go first. A run's view is ~450 bytes of
+ * heap, so this keeps the pages under ~10 MiB: bounded by pages alone, a client paging through a
+ * 100,000-run task 100 at a time left 1,000 pages (~45 MiB) in the heap.
+ */
+const MAX_PAGE_RUNS = 20_000;
 /** Invalidations remembered for in-flight reads; past this the record is dropped as a whole. */
 const MAX_INVALIDATIONS = 10_000;
 
@@ -39,6 +45,8 @@ interface Answer {
   ownerId: number;
   value: unknown;
   expires: number;
+  /** A page's runs (counted against MAX_PAGE_RUNS); 0 for a task's view. */
+  runs: number;
 }
 
 /** The task id a notification on EVENTS_CHANNEL is about (`{"taskId" : "12", ...}`), if readable. */
@@ -59,6 +67,10 @@ export class TaskCache {
   /** Per task, its runs pages by query (see pageKey). */
   private readonly pages = new Map<string, Map<string, Answer>>();
   private pageCount = 0;
+  /** Runs in the pages kept. */
+  private pageRuns = 0;
+  /** Sweeps expired answers while the listener is up (see sweep()). */
+  private sweeper: NodeJS.Timeout | undefined;
   /** Per task, the generation of its latest invalidation (pruned: see MAX_INVALIDATIONS). */
   private readonly invalidated = new Map<string, number>();
   private generation = 0;
@@ -105,41 +117,67 @@ export class TaskCache {
     return { value: answer.value as T, ownerId: answer.ownerId };
   }
 
-  /** Stores a runs page a read begun at `ticket` found, unless its task was invalidated since. */
+  /**
+   * Stores a runs page (of `runs` runs) a read begun at `ticket` found, unless its task was
+   * invalidated since.
+   */
   setPage(
     taskId: string,
     key: string,
     ownerId: number,
     value: unknown,
+    runs: number,
     ticket: ReadTicket,
     now = performance.now(),
   ) {
     if (!this.storable(taskId, ticket)) return;
-    let pages = this.pages.get(taskId);
-    if (!pages?.has(key)) {
-      while (this.pageCount >= MAX_PAGES) {
-        const oldest = this.pages.keys().next().value;
-        if (oldest === undefined) break;
-        this.dropPages(oldest);
-      }
-      // The oldest task dropped may have been this one: its map is gone from the cache, and a page
-      // stored in it would be counted and never found (the count then drifted up until nothing was
-      // cached at all).
-      pages = this.pages.get(taskId);
-      if (!pages) {
-        pages = new Map();
-        this.pages.set(taskId, pages);
-      }
-      this.pageCount++;
+    // A page stored again under its key replaces the one there (and its count).
+    const replaced = this.pages.get(taskId)?.get(key);
+    if (replaced) this.dropPage(taskId, key, replaced);
+    while (this.pageCount >= MAX_PAGES || (this.pageCount > 0 && this.pageRuns + runs > MAX_PAGE_RUNS)) {
+      const oldest = this.pages.keys().next().value;
+      if (oldest === undefined) break;
+      this.dropPages(oldest);
     }
-    pages.set(key, { ownerId, value, expires: now + this.ttlMs });
+    // The oldest task dropped may have been this one: its map is gone from the cache, and a page
+    // stored in it would be counted and never found (the count then drifted up until nothing was
+    // cached at all).
+    let pages = this.pages.get(taskId);
+    if (!pages) {
+      pages = new Map();
+      this.pages.set(taskId, pages);
+    }
+    pages.set(key, { ownerId, value, expires: now + this.ttlMs, runs });
+    this.pageCount++;
+    this.pageRuns += runs;
   }
 
   private dropPages(taskId: string): void {
     const pages = this.pages.get(taskId);
     if (!pages) return;
+    for (const answer of pages.values()) this.pageRuns -= answer.runs;
     this.pageCount -= pages.size;
     this.pages.delete(taskId);
+  }
+
+  private dropPage(taskId: string, key: string, answer: Answer): void {
+    const pages = this.pages.get(taskId);
+    if (!pages?.delete(key)) return;
+    this.pageCount--;
+    this.pageRuns -= answer.runs;
+    if (pages.size === 0) this.pages.delete(taskId);
+  }
+
+  /**
+   * Drops every expired answer. Expiry is otherwise seen only by a read of the same answer, so a burst
+   * of reads nobody repeats (a client paging through a large task once) stayed in the heap until
+   * other answers pushed it out. Run every TASK_CACHE_TTL_MS (at least a second) while listening.
+   */
+  sweep(now = performance.now()): void {
+    for (const [taskId, answer] of this.tasks) if (answer.expires <= now) this.tasks.delete(taskId);
+    for (const [taskId, pages] of this.pages) {
+      for (const [key, answer] of pages) if (answer.expires <= now) this.dropPage(taskId, key, answer);
+    }
   }
 
   private storable(taskId: string, ticket: ReadTicket): boolean {
@@ -159,7 +197,7 @@ export class TaskCache {
       const oldest = this.tasks.keys().next().value;
       if (oldest !== undefined) this.tasks.delete(oldest);
     }
-    this.tasks.set(taskId, { ownerId, value, expires: now + this.ttlMs });
+    this.tasks.set(taskId, { ownerId, value, expires: now + this.ttlMs, runs: 0 });
   }
 
   /** Drops a task's answers, and those of reads of it still in flight. */
@@ -178,6 +216,7 @@ export class TaskCache {
     this.tasks.clear();
     this.pages.clear();
     this.pageCount = 0;
+    this.pageRuns = 0;
     this.invalidated.clear();
     this.floor = ++this.generation;
   }
@@ -192,12 +231,20 @@ export class TaskCache {
     return this.pageCount;
   }
 
+  /** Runs in the pages kept. */
+  get pageRunsSize(): number {
+    return this.pageRuns;
+  }
+
   /**
    * Listens for task events (postgres.js's LISTEN connection, shared with the token cache and the
    * event hub). Start it before the hub, so answers are gone before a stream delivers the event.
    */
   async start(sql: Sql, logger: Logger): Promise<void> {
     this.stopped = new AbortController();
+    clearInterval(this.sweeper);
+    this.sweeper = setInterval(() => this.sweep(), Math.max(this.ttlMs, 1_000));
+    this.sweeper.unref();
     try {
       const { unlisten } = await listenUntilStopped(
         sql,
@@ -226,6 +273,8 @@ export class TaskCache {
 
   async stop(): Promise<void> {
     this.stopped.abort();
+    clearInterval(this.sweeper);
+    this.sweeper = undefined;
     this.listening = false;
     this.clear();
     await this.unlisten?.().catch(() => {});

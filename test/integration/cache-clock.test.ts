@@ -56,7 +56,7 @@ test("a task's cached answer expires on time, though the wall clock stepped back
   const wallClock = Date.now;
   try {
     cache.set("100000000", 98, { status: "queued" }, cache.begin());
-    cache.setPage("100000000", "limit=20", 98, { items: [] }, cache.begin());
+    cache.setPage("100000000", "limit=20", 98, { items: [] }, 0, cache.begin());
     assert.ok(cache.get("100000000"));
     Date.now = () => wallClock() - 3_600_000;
     const storedAt = performance.now();

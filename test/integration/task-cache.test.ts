@@ -203,28 +203,73 @@ describe("task cache", () => {
       // Expired answers are not served.
       cache.set("7", 1, {}, cache.begin(), performance.now() - 60_001);
       assert.equal(cache.get("7"), undefined);
-      cache.setPage("7", "a", 1, {}, cache.begin(), performance.now() - 60_001);
+      cache.setPage("7", "a", 1, {}, 0, cache.begin(), performance.now() - 60_001);
       assert.equal(cache.getPage("7", "a"), undefined);
       // Pages follow the same generation rule, and are bounded over all tasks (oldest task first).
       const early = cache.begin();
       cache.invalidate("7");
-      cache.setPage("7", "a", 1, { stale: true }, early);
+      cache.setPage("7", "a", 1, { stale: true }, 0, early);
       assert.equal(cache.getPage("7", "a"), undefined);
-      for (let i = 0; i < 1_001; i++) cache.setPage(String(1_000 + i), "a", 1, { i }, cache.begin());
+      for (let i = 0; i < 1_001; i++) cache.setPage(String(1_000 + i), "a", 1, { i }, 1, cache.begin());
       assert.equal(cache.pagesSize, 1_000);
       assert.equal(cache.getPage("1000", "a"), undefined, "the oldest task's page went first");
       assert.deepEqual(cache.getPage("2000", "a")?.value, { i: 1_000 });
       // One task paged past the bound (a client reading 100,000 runs 100 at a time): its own pages
       // go to make room, and the next page is kept and counted once.
       cache.invalidate("3000");
-      for (let i = 0; i < 1_001; i++) cache.setPage("3000", `p${i}`, 1, { i }, cache.begin());
+      for (let i = 0; i < 1_001; i++) cache.setPage("3000", `p${i}`, 1, { i }, 1, cache.begin());
       assert.equal(cache.pagesSize, 1);
       assert.deepEqual(cache.getPage("3000", "p1000")?.value, { i: 1_000 });
-      for (let i = 0; i < 50; i++) cache.setPage("3001", `p${i}`, 1, { i }, cache.begin());
+      for (let i = 0; i < 50; i++) cache.setPage("3001", `p${i}`, 1, { i }, 1, cache.begin());
       assert.equal(cache.pagesSize, 51, "the count is the pages kept");
       for (let i = 0; i < 50; i++) assert.ok(cache.getPage("3001", `p${i}`), `page ${i} of the next task`);
+      // Bounded by runs too: pages of 200 runs (the largest a client may ask for) keep 20,000 runs at
+      // most, the oldest task's going first; a page stored again under its key is counted once.
+      cache.clear();
+      for (let i = 0; i < 150; i++) cache.setPage(String(5_000 + i), "a", 1, { i }, 200, cache.begin());
+      assert.equal(cache.pageRunsSize, 20_000);
+      assert.equal(cache.pagesSize, 100);
+      assert.equal(cache.getPage("5049", "a"), undefined, "the oldest tasks' pages went first");
+      assert.deepEqual(cache.getPage("5050", "a")?.value, { i: 50 });
+      cache.setPage("5149", "a", 1, { again: true }, 100, cache.begin());
+      assert.equal(cache.pagesSize, 100);
+      assert.equal(cache.pageRunsSize, 19_900);
+      assert.deepEqual(cache.getPage("5149", "a")?.value, { again: true });
+      // Expired answers nobody reads again are swept: a client that paged through a large task once
+      // left its pages (up to 45 MiB of runs) in the heap until other answers pushed them out.
+      const past = performance.now() - 60_001;
+      cache.setPage("6000", "a", 1, {}, 100, cache.begin(), past);
+      cache.setPage("6000", "b", 1, {}, 100, cache.begin());
+      cache.set("6000", 1, {}, cache.begin(), past);
+      cache.set("6001", 1, {}, cache.begin());
+      // The second page pushed the oldest task's page (200 runs) out: 19,900 + 100 + 100 - 200 runs.
+      assert.equal(cache.pagesSize, 101);
+      assert.equal(cache.pageRunsSize, 19_900);
+      cache.sweep();
+      assert.equal(cache.pagesSize, 100);
+      assert.equal(cache.pageRunsSize, 19_800);
+      assert.equal(cache.size, 1);
+      assert.equal(cache.get("6000"), undefined);
+      assert.ok(cache.get("6001"), "a fresh view stays");
+      assert.ok(cache.getPage("6000", "b"), "a fresh page of the same task stays");
+      cache.sweep(performance.now() + 60_001);
+      assert.equal(cache.pagesSize, 0);
+      assert.equal(cache.pageRunsSize, 0);
+      assert.equal(cache.size, 0);
     } finally {
       await cache.stop();
+    }
+    // A listening cache sweeps by itself: pages no one reads again go within a second or so.
+    const swept = new TaskCache(300);
+    await swept.start(t.db.sql, logger);
+    try {
+      swept.setPage("7", "a", 1, {}, 100, swept.begin());
+      swept.set("7", 1, {}, swept.begin());
+      assert.equal(swept.pageRunsSize, 100);
+      await until(async () => swept.pagesSize === 0 && swept.size === 0, 5_000);
+      assert.equal(swept.pageRunsSize, 0);
+    } finally {
+      await swept.stop();
     }
     // Until it listens, nothing is cached.
     const idle = new TaskCache();

@@ -225,7 +225,8 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const ticket = cache?.begin();
       const found = await runList(app.services.database.sql, principal, taskId, query);
       if (!found) throw notFound("ANALYSIS_TASK_NOT_FOUND");
-      if (ticket !== undefined) cache?.setPage(taskId, key, found.ownerId, found.page, ticket);
+      if (ticket !== undefined)
+        cache?.setPage(taskId, key, found.ownerId, found.page, found.page.items.length, ticket);
       return ok(found.page);
     },
   );
