@@ -41,8 +41,8 @@ const env = {
 };
 const children: ChildProcess[] = [];
 // The workers are bench/lib/sleep-worker.ts, not `assay worker`: they get the Node flags a server
-// command gets from bin/assay.js (ASSAY_NODE_FLAGS chooses them here too); the API gets them by itself.
-const nodeFlags = serverNodeFlags();
+// worker gets from bin/assay.js (ASSAY_NODE_FLAGS chooses them here too); the API gets its own by itself.
+const nodeFlags = serverNodeFlags(process.env, "worker");
 
 /**
  * Starts a process. Without `ready` (the API), its stdout — its log — goes to this process's stderr:
@@ -285,6 +285,7 @@ try {
     workerPeakMiB: Math.round(peaks.workers),
     target_mib: 200,
     nodeFlags: nodeFlags.join(" "),
+    apiNodeFlags: serverNodeFlags(process.env, "api").join(" "),
     byPhase,
     note: "peak RSS (MiB) overall and per phase, sampled every 50 ms",
   });

@@ -43,7 +43,10 @@ const env = {
   ...(process.env.ASSAY_BUNDLE === undefined ? {} : { ASSAY_BUNDLE: process.env.ASSAY_BUNDLE }),
   ...(process.env.ASSAY_BUNDLE_DIR === undefined ? {} : { ASSAY_BUNDLE_DIR: process.env.ASSAY_BUNDLE_DIR }),
 };
-const nodeFlags = serverNodeFlags(env).join(" ");
+const nodeFlags = {
+  worker: serverNodeFlags(env, "worker").join(" "),
+  api: serverNodeFlags(env, "api").join(" "),
+};
 const bundled = bundleEntry(env) !== undefined;
 
 function rssMib(pid: number): number {
@@ -110,7 +113,7 @@ try {
     idle_rss_mib: idleRss,
     target_first_claim_400ms: claimP50 <= 400,
     target_idle_rss_90mib: idleRss <= 90,
-    nodeFlags,
+    nodeFlags: nodeFlags.worker,
     bundled,
     note: "latencies: exec → first claim",
   });
@@ -145,7 +148,7 @@ try {
   report("startup:api", N, 1, ready.reduce((a, b) => a + b, 0) / 1000, ready, true, {
     rss_mib: apiRss,
     target_ready_600ms: readyP50 <= 600,
-    nodeFlags,
+    nodeFlags: nodeFlags.api,
     bundled,
     note: "latencies: exec → /readyz 200",
   });
