@@ -29,7 +29,8 @@ export const API_NODE_FLAGS = ["--max-semi-space-size=8", "--heap-growing-percen
 const SERVER_COMMANDS = new Set(["api", "worker", "all"]);
 
 /** The flags server command `command` should run with, from ASSAY_NODE_FLAGS (or its default). */
-export function serverNodeFlags(env = process.env, command = "worker") {
+export function serverNodeFlags(env, command) {
+  if (!SERVER_COMMANDS.has(command)) throw new Error(`not a server command: ${command}`);
   const value = env.ASSAY_NODE_FLAGS?.trim();
   if (value === undefined || value === "") return command === "worker" ? WORKER_NODE_FLAGS : API_NODE_FLAGS;
   if (value === "0") return [];
@@ -60,7 +61,8 @@ export function execWithServerFlags(argv = process.argv, env = process.env) {
   if (!SERVER_COMMANDS.has(argv[2] ?? "") || typeof process.execve !== "function") return;
   // Started with an IPC channel (a process manager's fork mode, `node --watch`): a new image would lose
   // it (Node has already taken NODE_CHANNEL_FD out of the environment). Such a manager passes Node
-  // flags itself (PM2's node_args, NODE_OPTIONS).
+  // flags itself, on the command line (PM2's node_args): NODE_OPTIONS refuses --optimize-for-size and
+  // --heap-growing-percent.
   if (process.channel) return;
   // Re-executed already (execve keeps the pid): never twice, whatever the flags look like to this image.
   if (env.ASSAY_REEXECUTED === String(process.pid)) return;

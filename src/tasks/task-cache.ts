@@ -27,11 +27,12 @@ import { EVENTS_CHANNEL } from "../queue/sql.ts";
 export const TASK_CACHE_TTL_MS = 1_000;
 /** Tasks kept; the oldest go first. */
 const MAX_TASKS = 10_000;
-/** Runs pages kept, over all tasks; the oldest task's go first. */
+/** Runs pages kept, over all tasks (a page is up to 100 runs); the oldest task's go first. */
 const MAX_PAGES = 1_000;
 /**
- * Runs in the pages kept, over all tasks; the oldest task's go first. A run's view is ~450 bytes of
- * heap, so this keeps the pages under ~10 MiB: bounded by pages alone, a client paging through a
+ * Runs in the pages kept, over all tasks; the oldest task's go first. A run's view with metrics of
+ * usual size is ~450 bytes of heap, so this keeps the pages near 10 MiB (a program may write metrics of
+ * up to a 64 KiB line, so runs are not bytes): bounded by pages alone, a client paging through a
  * 100,000-run task 100 at a time left 1,000 pages (~45 MiB) in the heap.
  */
 const MAX_PAGE_RUNS = 20_000;
@@ -111,7 +112,7 @@ export class TaskCache {
     const answer = this.pages.get(taskId)?.get(key);
     if (!answer) return undefined;
     if (answer.expires <= now) {
-      this.dropPages(taskId);
+      this.dropPage(taskId, key, answer);
       return undefined;
     }
     return { value: answer.value as T, ownerId: answer.ownerId };
@@ -171,7 +172,7 @@ export class TaskCache {
   /**
    * Drops every expired answer. Expiry is otherwise seen only by a read of the same answer, so a burst
    * of reads nobody repeats (a client paging through a large task once) stayed in the heap until
-   * other answers pushed it out. Run every TASK_CACHE_TTL_MS (at least a second) while listening.
+   * other answers pushed it out. Run every TASK_CACHE_TTL_MS (at least a second) from start() to stop().
    */
   sweep(now = performance.now()): void {
     for (const [taskId, answer] of this.tasks) if (answer.expires <= now) this.tasks.delete(taskId);

@@ -223,7 +223,7 @@ describe("task cache", () => {
       for (let i = 0; i < 50; i++) cache.setPage("3001", `p${i}`, 1, { i }, 1, cache.begin());
       assert.equal(cache.pagesSize, 51, "the count is the pages kept");
       for (let i = 0; i < 50; i++) assert.ok(cache.getPage("3001", `p${i}`), `page ${i} of the next task`);
-      // Bounded by runs too: pages of 200 runs (the largest a client may ask for) keep 20,000 runs at
+      // Bounded by runs too: pages of 200 runs (twice the largest a client may ask for) keep 20,000 runs at
       // most, the oldest task's going first; a page stored again under its key is counted once.
       cache.clear();
       for (let i = 0; i < 150; i++) cache.setPage(String(5_000 + i), "a", 1, { i }, 200, cache.begin());

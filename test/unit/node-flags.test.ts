@@ -26,18 +26,18 @@ function tryReexec(env: NodeJS.ProcessEnv, nodeArgs: string[] = [], command = "a
 }
 
 test("ASSAY_NODE_FLAGS: unset → the defaults, 0 → none, else those flags; a word that is not a flag exits 2", () => {
-  assert.deepEqual(serverNodeFlags({}), WORKER_NODE_FLAGS);
   assert.deepEqual(serverNodeFlags({}, "worker"), WORKER_NODE_FLAGS);
   assert.deepEqual(serverNodeFlags({}, "api"), API_NODE_FLAGS);
   assert.deepEqual(serverNodeFlags({}, "all"), API_NODE_FLAGS);
   // The API's keep the young generation they set: --optimize-for-size holds it at ~1 MiB.
   assert.ok(!API_NODE_FLAGS.includes("--optimize-for-size"));
-  assert.deepEqual(serverNodeFlags({ ASSAY_NODE_FLAGS: "0" }), []);
+  assert.deepEqual(serverNodeFlags({ ASSAY_NODE_FLAGS: "0" }, "worker"), []);
   assert.deepEqual(serverNodeFlags({ ASSAY_NODE_FLAGS: "0" }, "api"), []);
-  assert.deepEqual(serverNodeFlags({ ASSAY_NODE_FLAGS: " --max-semi-space-size=4  --stack-size=2000 " }), [
-    "--max-semi-space-size=4",
-    "--stack-size=2000",
-  ]);
+  assert.throws(() => serverNodeFlags({}, "migrate" as "api"), /not a server command: migrate/);
+  assert.deepEqual(
+    serverNodeFlags({ ASSAY_NODE_FLAGS: " --max-semi-space-size=4  --stack-size=2000 " }, "all"),
+    ["--max-semi-space-size=4", "--stack-size=2000"],
+  );
   const bad = tryReexec({ ASSAY_NODE_FLAGS: "--stack-size 2000" });
   assert.equal(bad.status, 2);
   assert.match(bad.stderr, /ASSAY_NODE_FLAGS: "2000" is not a flag/);
