@@ -262,6 +262,13 @@ const DEFAULT_TIMEOUT_MS = 600_000;
 /** Each successful attempt's weight in its type's running mean of durations (Worker.attemptSeconds). */
 const ATTEMPT_MEAN_WEIGHT = 0.2;
 
+/**
+ * Heartbeats the timer lets run at once. More than one: a beat stuck on a connection that died without
+ * a word (until TCP gives up on it) must not stop the next one, over another connection, from keeping
+ * the leases.
+ */
+const MAX_BEATS_IN_FLIGHT = 2;
+
 export class Worker {
   readonly id: string;
   private readonly o: WorkerOptions;
@@ -423,7 +430,13 @@ export class Worker {
       throw err;
     });
     const heartbeatEvery = Math.max(100, Math.floor(this.o.leaseTtlMs / 3));
-    this.timers.push(setInterval(() => void this.heartbeat(), heartbeatEvery));
+    this.timers.push(
+      setInterval(() => {
+        // At most MAX_BEATS_IN_FLIGHT: a database that does not answer piled up one per tick for as
+        // long as it lasted, all sent at once when it came back.
+        if (this.beating.size < MAX_BEATS_IN_FLIGHT) void this.heartbeat();
+      }, heartbeatEvery),
+    );
     this.timers.push(setInterval(() => void this.progressOnce(), this.progressFlushMs()));
     this.timers.push(
       setInterval(() => {

@@ -147,8 +147,11 @@ const foldersRaced = missing;
 /** Renames tried when the target's folder keeps vanishing (see renameInto). */
 const RENAME_TRIES = 5;
 
-/** Recursive removals tried when something keeps arriving in the folder (see deletePrefix). */
-const REMOVE_TRIES = 5;
+/**
+ * Recursive removals tried when something keeps arriving in the folder (see deletePrefix), the n-th
+ * retry after n ms: at most ~190 ms in all, spent only while arrivals keep coming.
+ */
+const REMOVE_TRIES = 20;
 
 /**
  * Renames `from` to `to`, making `to`'s folder when it is missing (the first rename into a folder fails
@@ -378,8 +381,8 @@ export class LocalStore implements ObjectStore {
    * completion is fenced off). That is a reason to remove the folder again, the arrival with it: no
    * row will name it (S3's listing-then-delete leaves such an arrival to the store sweep instead). Each
    * retry needs another arrival during the rm — against a process keeping and discarding attempts there
-   * as fast as it could, the first rm failed one time in two and a second never — so a few tries are
-   * plenty. Anything else throws.
+   * as fast as it could, the first rm failed one time in two, and on a loaded machine five in a row
+   * failed once in 249 deletes — so the tries are many and spaced out. Anything else throws.
    */
   async deletePrefix(prefix: string): Promise<number> {
     const n = await this.count(checkPrefix(prefix));
@@ -391,6 +394,7 @@ export class LocalStore implements ObjectStore {
       } catch (err) {
         if ((err as NodeJS.ErrnoException).code !== "ENOTEMPTY" || tries === REMOVE_TRIES) throw err;
       }
+      await new Promise((resolve) => setTimeout(resolve, tries));
     }
     await this.prune(path.dirname(folder));
     return n;
