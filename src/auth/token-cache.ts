@@ -29,6 +29,8 @@ export class TokenCache {
    * flight must not see the lookup's older answer stored after it.
    */
   private generation = 0;
+  /** Sweeps expired entries from start() to stop() (see sweep()). */
+  private sweeper: NodeJS.Timeout | undefined;
   readonly ttlMs: number;
 
   constructor(ttlMs = TOKEN_CACHE_TTL_MS) {
@@ -75,6 +77,15 @@ export class TokenCache {
     this.entries.clear();
   }
 
+  /**
+   * Drops every expired entry. Expiry is otherwise seen only by a lookup of the same token, so tokens
+   * used once (a burst of short-lived clients) stayed until newer entries pushed them out. Run every
+   * TOKEN_CACHE_TTL_MS (at least a second) from start() to stop().
+   */
+  sweep(now = performance.now()): void {
+    for (const [hash, entry] of this.entries) if (entry.expires <= now) this.entries.delete(hash);
+  }
+
   get size(): number {
     return this.entries.size;
   }
@@ -103,6 +114,9 @@ export class TokenCache {
    */
   async start(sql: Sql, logger: Logger): Promise<void> {
     this.stopped = new AbortController();
+    clearInterval(this.sweeper);
+    this.sweeper = setInterval(() => this.sweep(), Math.max(this.ttlMs, 1_000));
+    this.sweeper.unref();
     try {
       const { unlisten } = await listenUntilStopped(
         sql,
@@ -134,6 +148,8 @@ export class TokenCache {
 
   async stop(): Promise<void> {
     this.stopped.abort();
+    clearInterval(this.sweeper);
+    this.sweeper = undefined;
     this.listening = false;
     this.clear();
     await this.unlisten?.().catch(() => {});

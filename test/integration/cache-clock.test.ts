@@ -72,3 +72,27 @@ test("a task's cached answer expires on time, though the wall clock stepped back
     await cache.stop();
   }
 });
+
+test("the token cache sweeps expired entries by itself, none read again", async () => {
+  const cache = new TokenCache(300);
+  await cache.start(db.sql, createLogger({ level: "silent" }));
+  try {
+    const principal = { userId: 100000, tokenId: 100001, name: "Zoë", role: "user" as const };
+    for (let i = 0; i < 100; i++) cache.set(`hash-${i}`, principal, cache.begin());
+    // Stored a minute ago: expired since.
+    cache.set("stale", principal, cache.begin(), performance.now() - 60_000);
+    assert.equal(cache.size, 101);
+    // A sweep keeps what is fresh and drops what expired.
+    cache.sweep();
+    assert.equal(cache.size, 100);
+    assert.equal(cache.get("stale"), undefined);
+    assert.ok(cache.get("hash-0"));
+    cache.sweep(performance.now() + 301);
+    assert.equal(cache.size, 0);
+    // Started, it sweeps by itself: no lookup of these entries happens again.
+    for (let i = 0; i < 100; i++) cache.set(`hash-${i}`, principal, cache.begin());
+    await waitFor(async () => cache.size === 0, 5_000, "the expired entries to be swept");
+  } finally {
+    await cache.stop();
+  }
+});
