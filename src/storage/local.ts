@@ -396,6 +396,10 @@ export class LocalStore implements ObjectStore {
       }
       await new Promise((resolve) => setTimeout(resolve, tries));
     }
+    // Its listing, kept from the count above or an earlier read, lists what is gone.
+    if (this.top && (this.top.dir === folder || this.top.dir.startsWith(`${folder}${path.sep}`))) {
+      this.keep(undefined);
+    }
     await this.prune(path.dirname(folder));
     return n;
   }
@@ -508,6 +512,28 @@ export class LocalStore implements ObjectStore {
    * sorts the task's folder once, not once per page. Small folders are not kept.
    */
   private top: { dir: string; stamp: string; folder: SortedFolder } | undefined;
+  /**
+   * Drops the kept listing once it has gone unused for keptIdleMs: a paging reads it again within
+   * milliseconds, while a listing left by the last zip or store sweep (~40 bytes an entry: 3.8 MiB for a
+   * 100,000-run task) was otherwise kept until another large folder replaced it.
+   */
+  private topTimer: NodeJS.Timeout | undefined;
+  protected keptIdleMs = 10_000;
+
+  private keep(top: { dir: string; stamp: string; folder: SortedFolder } | undefined): void {
+    this.top = top;
+    if (!top) {
+      clearTimeout(this.topTimer);
+      this.topTimer = undefined;
+    } else if (this.topTimer) this.topTimer.refresh();
+    else {
+      this.topTimer = setTimeout(() => {
+        this.top = undefined;
+        this.topTimer = undefined;
+      }, this.keptIdleMs);
+      this.topTimer.unref();
+    }
+  }
 
   private async sortedTop(dir: string): Promise<SortedFolder | undefined> {
     // The clock before the folder is read: the read must begin a full second after its last change.
@@ -518,14 +544,17 @@ export class LocalStore implements ObjectStore {
     });
     if (!stat?.isDirectory()) return undefined;
     const stamp = `${stat.dev}:${stat.ino}:${stat.mtimeNs}:${stat.ctimeNs}`;
-    if (this.top?.dir === dir && this.top.stamp === stamp) return this.top.folder;
+    if (this.top?.dir === dir && this.top.stamp === stamp) {
+      this.keep(this.top);
+      return this.top.folder;
+    }
     const folder = await sortedFolder(dir);
     // A folder changed within the last second is not kept: where timestamps advance once per clock
     // tick (older kernels, NFS), a change in the same tick as the one read would leave the stamp as it
     // was and the kept listing stale (git's "racy" rule). A small folder does not evict a kept one.
     const settled = readAt - stat.mtimeNs > 1_000_000_000n;
-    if (folder && folder.sortNames.length >= 1000 && settled) this.top = { dir, stamp, folder };
-    else if (this.top?.dir === dir) this.top = undefined;
+    if (folder && folder.sortNames.length >= 1000 && settled) this.keep({ dir, stamp, folder });
+    else if (this.top?.dir === dir) this.keep(undefined);
     return folder;
   }
 

@@ -105,3 +105,43 @@ test("the local store lists in S3's order, by UTF-8 bytes, in pages that start a
     keys.slice(2, 4),
   );
 });
+
+test("a large folder's kept listing goes with the folder, and once it has gone unused a while", async () => {
+  // Kept so that paging through a task's 100,000 run folders reads and sorts them once; it was kept
+  // after the task's deletion, and after the last page, until another large folder replaced it.
+  class QuickStore extends LocalStore {
+    protected override keptIdleMs = 200;
+  }
+  const store = new QuickStore(fs.mkdtempSync(path.join(root, "kept-")));
+  const kept = () => (store as unknown as { top?: { dir: string } }).top;
+  const task = async (id: string) => {
+    const dir = store.localPath(`outputs/${id}`);
+    for (let i = 0; i < 1_000; i++) {
+      fs.mkdirSync(path.join(dir, `${100_000 + i}.1.z`), { recursive: true });
+      fs.writeFileSync(path.join(dir, `${100_000 + i}.1.z`, "r.json"), "{}");
+    }
+    // Only a folder unchanged for a second is kept (a change in the same clock tick must not be missed).
+    const past = new Date(Date.now() - 60_000);
+    fs.utimesSync(dir, past, past);
+    return dir;
+  };
+  const first = await task("900000001");
+  assert.equal((await store.list("outputs/900000001/", { limit: 10 })).length, 10);
+  assert.equal(kept()?.dir, first);
+  assert.equal(await store.deletePrefix("outputs/900000001/"), 1_000);
+  assert.equal(kept(), undefined, "the deleted folder's listing is not kept");
+  const second = await task("900000002");
+  assert.equal((await store.list("outputs/900000002/", { limit: 10 })).length, 10);
+  assert.equal(kept()?.dir, second);
+  // Used again, it stays; unused for keptIdleMs, it goes.
+  const started = performance.now();
+  while (performance.now() - started < 400) {
+    assert.equal((await store.list("outputs/900000002/", { limit: 1 })).length, 1);
+    assert.equal(kept()?.dir, second, "a listing in use is kept");
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  const idleFrom = performance.now();
+  while (kept() !== undefined && performance.now() - idleFrom < 5_000)
+    await new Promise((r) => setTimeout(r, 20));
+  assert.equal(kept(), undefined, "an unused listing goes");
+});
