@@ -263,11 +263,14 @@ const DEFAULT_TIMEOUT_MS = 600_000;
 const ATTEMPT_MEAN_WEIGHT = 0.2;
 
 /**
- * Heartbeats the timer lets run at once. More than one: a beat stuck on a connection that died without
- * a word (until TCP gives up on it) must not stop the next one, over another connection, from keeping
- * the leases.
+ * Heartbeats the timer lets run at once, beyond the pool's connections: one more than the pool holds.
+ * A beat stuck on a connection that went silent (until TCP gives up on it, ~15 min with a query out)
+ * must not stop the next one, over another connection, from keeping the leases — and a network fault
+ * silences every connection open at the time, so a small fixed number was not enough (a review: two
+ * stuck beats, a third connection working, the leases expired). A database that does not answer at
+ * all still piles up no more than that.
  */
-const MAX_BEATS_IN_FLIGHT = 2;
+const BEATS_OVER_POOL = 1;
 
 export class Worker {
   readonly id: string;
@@ -430,11 +433,12 @@ export class Worker {
       throw err;
     });
     const heartbeatEvery = Math.max(100, Math.floor(this.o.leaseTtlMs / 3));
+    const maxBeats = ((this.o.sql.options as { max?: number }).max ?? 10) + BEATS_OVER_POOL;
     this.timers.push(
       setInterval(() => {
-        // At most MAX_BEATS_IN_FLIGHT: a database that does not answer piled up one per tick for as
-        // long as it lasted, all sent at once when it came back.
-        if (this.beating.size < MAX_BEATS_IN_FLIGHT) void this.heartbeat();
+        // At most maxBeats: a database that does not answer piled up one per tick for as long as it
+        // lasted, all sent at once when it came back.
+        if (this.beating.size < maxBeats) void this.heartbeat();
       }, heartbeatEvery),
     );
     this.timers.push(setInterval(() => void this.progressOnce(), this.progressFlushMs()));

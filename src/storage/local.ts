@@ -387,18 +387,22 @@ export class LocalStore implements ObjectStore {
   async deletePrefix(prefix: string): Promise<number> {
     const n = await this.count(checkPrefix(prefix));
     const folder = this.localPath(prefix.slice(0, -1));
-    for (let tries = 1; ; tries++) {
-      try {
-        await fsp.rm(folder, { recursive: true, force: true });
-        break;
-      } catch (err) {
-        if ((err as NodeJS.ErrnoException).code !== "ENOTEMPTY" || tries === REMOVE_TRIES) throw err;
+    try {
+      for (let tries = 1; ; tries++) {
+        try {
+          await fsp.rm(folder, { recursive: true, force: true });
+          break;
+        } catch (err) {
+          if ((err as NodeJS.ErrnoException).code !== "ENOTEMPTY" || tries === REMOVE_TRIES) throw err;
+        }
+        await new Promise((resolve) => setTimeout(resolve, tries));
       }
-      await new Promise((resolve) => setTimeout(resolve, tries));
-    }
-    // Its listing, kept from the count above or an earlier read, lists what is gone.
-    if (this.top && (this.top.dir === folder || this.top.dir.startsWith(`${folder}${path.sep}`))) {
-      this.keep(undefined);
+    } finally {
+      // Its listing, kept from the count above or an earlier read, lists what is (being) removed.
+      this.deletions++;
+      if (this.top && (this.top.dir === folder || this.top.dir.startsWith(`${folder}${path.sep}`))) {
+        this.keep(undefined);
+      }
     }
     await this.prune(path.dirname(folder));
     return n;
@@ -519,6 +523,8 @@ export class LocalStore implements ObjectStore {
    */
   private topTimer: NodeJS.Timeout | undefined;
   protected keptIdleMs = 10_000;
+  /** Moved by every deletePrefix: a listing read across one is not kept (it may list what is gone). */
+  private deletions = 0;
 
   private keep(top: { dir: string; stamp: string; folder: SortedFolder } | undefined): void {
     this.top = top;
@@ -548,13 +554,15 @@ export class LocalStore implements ObjectStore {
       this.keep(this.top);
       return this.top.folder;
     }
+    const deletions = this.deletions;
     const folder = await sortedFolder(dir);
     // A folder changed within the last second is not kept: where timestamps advance once per clock
     // tick (older kernels, NFS), a change in the same tick as the one read would leave the stamp as it
     // was and the kept listing stale (git's "racy" rule). A small folder does not evict a kept one.
     const settled = readAt - stat.mtimeNs > 1_000_000_000n;
-    if (folder && folder.sortNames.length >= 1000 && settled) this.keep({ dir, stamp, folder });
-    else if (this.top?.dir === dir) this.keep(undefined);
+    if (folder && folder.sortNames.length >= 1000 && settled && deletions === this.deletions) {
+      this.keep({ dir, stamp, folder });
+    } else if (this.top?.dir === dir) this.keep(undefined);
     return folder;
   }
 
