@@ -77,3 +77,20 @@ export function multipart(
 }
 
 export const bearer = (token: string) => ({ authorization: `Bearer ${token}` });
+
+/** Uploads `content` as `data.csv` through `app` for `token`'s user; the new file's id (a 201 asserted). */
+export async function uploadedFileId(
+  app: FastifyInstance,
+  token: string,
+  content = "a,b\n1,2\n",
+): Promise<string> {
+  const { payload, headers } = multipart("file", content);
+  const res = await app.inject({
+    method: "POST",
+    url: "/api/files",
+    payload,
+    headers: { ...headers, ...bearer(token) },
+  });
+  if (res.statusCode !== 201) throw new Error(`upload: ${res.statusCode} ${res.body}`);
+  return res.json().data.fileId;
+}

@@ -12,7 +12,7 @@ import path from "node:path";
 import { Readable } from "node:stream";
 import { after, before, describe, test } from "node:test";
 import { outputObjectKey } from "../../src/storage/store.ts";
-import { bearer, multipart, startTestApp, type TestApp } from "../helpers/app.ts";
+import { bearer, startTestApp, type TestApp, uploadedFileId } from "../helpers/app.ts";
 
 let t: TestApp;
 let port: number;
@@ -297,17 +297,7 @@ async function probe(req: Req, o: { mutates?: boolean; echo?: string[] } = {}): 
 
 // ---- fixtures ------------------------------------------------------------------------------------
 
-async function upload(token: string, content = "a,b\n1,2\n"): Promise<string> {
-  const { payload, headers } = multipart("file", content);
-  const res = await t.app.inject({
-    method: "POST",
-    url: "/api/files",
-    payload,
-    headers: { ...headers, ...bearer(token) },
-  });
-  assert.equal(res.statusCode, 201, res.body);
-  return res.json().data.fileId;
-}
+const upload = (token: string, content?: string) => uploadedFileId(t.app, token, content);
 
 async function queuedTask(token: string, fileId: string): Promise<string> {
   const res = await t.app.inject({

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
-import { bearer, multipart, startTestApp, type TestApp } from "../helpers/app.ts";
+import { bearer, startTestApp, type TestApp, uploadedFileId } from "../helpers/app.ts";
 
 let t: TestApp;
 let alice: string;
@@ -18,16 +18,7 @@ before(async () => {
 });
 after(() => t.close());
 
-async function upload(token: string, content: string): Promise<string> {
-  const { payload, headers } = multipart("file", content);
-  const res = await t.app.inject({
-    method: "POST",
-    url: "/api/files",
-    payload,
-    headers: { ...headers, ...bearer(token) },
-  });
-  return res.json().data.fileId;
-}
+const upload = (token: string, content: string) => uploadedFileId(t.app, token, content);
 
 const create = (token: string, body: unknown, headers: Record<string, string> = {}) =>
   t.app.inject({
