@@ -12,6 +12,12 @@ export type Sql = postgres.Sql;
 export interface Database {
   readonly sql: Sql;
   close(): Promise<void>;
+  /**
+   * Resolves when the database answers a query on a connection of its own within `ms`, opened
+   * whatever the pool is doing (a pool whose connections are all busy is no sign of an outage); rejects
+   * with the failure, or NoAnswerError. The connection is closed either way. (DatabaseGate's probe.)
+   */
+  answers?(ms: number): Promise<void>;
 }
 
 export interface PoolOptions {
@@ -55,6 +61,16 @@ export interface PacedSocket {
   (o: { host: string[]; port: number[]; path?: string | false }): Promise<net.Socket>;
   /** Cancels a wait in progress and refuses later connections: the pool is ending. */
   stop(): void;
+  /**
+   * When the oldest connection asked for since the last confirm() was asked for (performance.now()),
+   * or null: none since. A pool asks for connections when it grows, renews one, or loses one — and, in
+   * an outage, over and over. (DatabaseGate reads it on every API request: it must stay this cheap.)
+   */
+  unconfirmedSince(): number | null;
+  /** The database answered something that started at `at`: connections asked for before then are confirmed. */
+  confirm(at: number): void;
+  /** Connections waiting for their turn now. */
+  readonly waiting: number;
 }
 
 /** The error of a connection asked for after the pool's end (postgres.js's own code for it). */
@@ -84,8 +100,12 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
   let refilledAt = performance.now();
   let next = 0;
   let stopped = false;
+  let firstAsked: number | null = null;
+  let lastAsked = 0;
   const waits = new Set<{ timer: NodeJS.Timeout; cancel: () => void }>();
   const paced = async (o: { host: string[]; port: number[]; path?: string | false }) => {
+    lastAsked = performance.now();
+    firstAsked ??= lastAsked;
     await null;
     for (;;) {
       if (stopped) throw new PoolEndedError("the pool is ending: no new connection");
@@ -114,7 +134,12 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
     // host and port: postgres.js's errors name them.
     return Object.assign(net.connect(port, host), { host, port });
   };
-  return Object.assign(paced, {
+  const pacer = Object.assign(paced, {
+    unconfirmedSince: () => firstAsked,
+    confirm: (at: number) => {
+      // Those asked for after `at` stay unconfirmed; the latest of them stands for them all.
+      firstAsked = lastAsked > at ? lastAsked : null;
+    },
     stop: () => {
       stopped = true;
       for (const w of waits) {
@@ -124,6 +149,7 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
       waits.clear();
     },
   });
+  return Object.defineProperty(pacer, "waiting", { get: () => waits.size }) as PacedSocket;
 }
 
 /**
@@ -149,7 +175,25 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
     connection: { application_name: options.applicationName ?? "assay" },
     ...(options.keepConnections ? { max_lifetime: null } : {}),
   });
-  return { sql, close: () => endPool(sql, 5) };
+  return {
+    sql,
+    close: () => endPool(sql, 5),
+    answers: async (ms) => {
+      const probe = postgres(url, {
+        ...{ socket: pacedSocket(1) },
+        max: 1,
+        onnotice: () => {},
+        fetch_types: false,
+        connect_timeout: (ms + 1000) / 1000,
+        connection: { application_name: options.applicationName ?? "assay" },
+      });
+      try {
+        await firstAnswer(probe, ms);
+      } finally {
+        await endPool(probe, 0);
+      }
+    },
+  };
 }
 
 /** firstAnswer's failure when the database gave no answer in time. */

@@ -9,6 +9,7 @@ import type { Registry } from "prom-client";
 import type { TokenCache } from "../auth/token-cache.ts";
 import type { Config } from "../config.ts";
 import type { Database } from "../db/client.ts";
+import { DatabaseGate, type GateOptions } from "../db/gate.ts";
 import type { EventHub } from "../events/hub.ts";
 import { apiMetrics } from "../metrics/api.ts";
 import { processRegistry } from "../metrics/registry.ts";
@@ -42,11 +43,15 @@ export interface Services {
   expectedMigrations: number;
   /** Served at /metrics; `assay all` shares it with the worker. Default: a new one. */
   metrics?: Registry;
+  /** The database gate's timings (tests shorten them). Default: src/db/gate.ts's constants. */
+  databaseGate?: GateOptions;
 }
 
 declare module "fastify" {
   interface FastifyInstance {
     services: Services;
+    /** Whether requests that need the database are refused now (the database does not answer). */
+    databaseGate: DatabaseGate;
   }
 }
 
@@ -148,6 +153,9 @@ function allowedMethods(fastify: FastifyInstance, url: string): string[] {
 
 export async function app(fastify: FastifyInstance, opts: { services: Services }) {
   fastify.decorate("services", opts.services);
+  const gate = new DatabaseGate(opts.services.database, fastify.log, opts.services.databaseGate);
+  fastify.decorate("databaseGate", gate);
+  fastify.addHook("onClose", async () => gate.stop());
   fastify.addHook("onRequest", (request, _reply, done) => {
     const malformed = malformedRequest(request.raw);
     if (malformed !== undefined)

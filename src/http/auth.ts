@@ -2,7 +2,7 @@
 // tokens all get the same 401: a caller learns nothing about which it was.
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import { type Authenticated, hashToken, tokenAuthenticate } from "../auth/tokens.ts";
-import { ApiError } from "./errors.ts";
+import { ApiError, databaseUnavailable } from "./errors.ts";
 import { checkDecimalQuery } from "./query-check.ts";
 
 declare module "fastify" {
@@ -47,7 +47,9 @@ export const BEARER_CHALLENGE = 'Bearer realm="assay"';
 /** Adds the onRequest hook to `scope` (the /api plugin). Its 401s carry BEARER_CHALLENGE (error-handler.ts). */
 export function requireBearer(scope: FastifyInstance) {
   scope.decorateRequest("tokenTicket", undefined);
-  scope.addHook("onRequest", async (request) => {
+  scope.addHook("onRequest", async (request, reply) => {
+    // First: a token the cache lacks would wait for the database too.
+    if (scope.databaseGate.refuses()) throw databaseUnavailable(reply);
     if (repeatedAuthorization(request)) throw new ApiError(401, "UNAUTHORIZED");
     const match = BEARER.exec(request.headers.authorization ?? "");
     request.tokenTicket = scope.services.tokens?.begin();

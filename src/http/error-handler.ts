@@ -169,7 +169,9 @@ function answer(
   as?: { status: number; code: ErrorCode; message: string },
 ) {
   const { status, code, message } = as ?? classify(err, request);
-  if (status >= 500) request.log.error({ err }, "request failed");
+  // The database gate's 503 is no failure of this request's: the gate logged the outage once.
+  if (status >= 500 && !(err instanceof ApiError && err.code === "NOT_READY"))
+    request.log.error({ err }, "request failed");
   else
     request.log.info(
       { code, cause: err.cause instanceof Error ? err.cause.message : err.message },

@@ -50,6 +50,14 @@ export class ApiError extends Error {
 export const notFound = (
   code: "FILE_NOT_FOUND" | "NOT_FOUND" | "ANALYSIS_TASK_NOT_FOUND" | "OUTPUT_NOT_FOUND",
 ) => new ApiError(404, code);
+/**
+ * A request refused because the database does not answer (DatabaseGate): 503 NOT_READY, and
+ * `Retry-After` on `reply`.
+ */
+export function databaseUnavailable(reply: { header(name: string, value: string): unknown }): ApiError {
+  reply.header("retry-after", "2");
+  return new ApiError(503, "NOT_READY", "The database is not answering; try again shortly.");
+}
 export const validationFailed = (detail: string) => new ApiError(400, "VALIDATION_FAILED", detail);
 
 /**

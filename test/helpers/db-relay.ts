@@ -16,9 +16,21 @@ const TLS_FILES = path.join(import.meta.dirname, "../fixtures/tls");
  * close: accepted and closed in order before a byte; refuse: accepted and destroyed (a reset: the
  * client's query fails at once); hold: accepted, never answered; forward: passed through;
  * tls-close (with `tls`): the SSLRequest answered and the TLS handshake made, then closed — a TLS
- * proxy with nothing behind it.
+ * proxy with nothing behind it; too-many: the start-up answered with PostgreSQL's FATAL 53300 (too many
+ * connections), as a database at its `max_connections` answers a new connection; slow: passed through
+ * after `slowMs` (a pooler queueing new clients). Assigning `mode` instead of calling set() changes
+ * what new connections meet and leaves the open ones be.
  */
-export type RelayMode = "close" | "refuse" | "hold" | "forward" | "tls-close";
+export type RelayMode = "close" | "refuse" | "hold" | "forward" | "tls-close" | "too-many" | "slow";
+
+/** An ErrorResponse: FATAL 53300, "sorry, too many clients already". */
+function tooManyClients(): Buffer {
+  const fields = Buffer.from("SFATAL\0VFATAL\0C53300\0Msorry, too many clients already\0\0");
+  const head = Buffer.alloc(5);
+  head.write("E", 0);
+  head.writeInt32BE(4 + fields.length, 1);
+  return Buffer.concat([head, fields]);
+}
 
 /** A TCP relay in front of PostgreSQL. Changing the mode cuts every connection it carries or holds. */
 export class DbRelay {
@@ -29,6 +41,8 @@ export class DbRelay {
   port = 0;
   /** Connections accepted so far, whatever the mode. */
   accepted = 0;
+  /** How long `slow` holds a new connection before passing it through. */
+  slowMs = 1_000;
 
   /**
    * Sockets open now (either side). `set` cuts them: a client cut during its TLS handshake fails its
@@ -70,8 +84,18 @@ export class DbRelay {
     if (this.mode === "close") return void client.resume().end();
     if (this.mode === "refuse") return void client.destroy();
     if (this.mode === "hold") return; // accepted, never answered
+    if (this.mode === "too-many") return void client.once("data", () => client.end(tooManyClients()));
     // (Read to the end as well, or the client's FIN is never seen and the socket never closes.)
     if (this.mode === "tls-close") return void this.secure(client, (secure) => secure.resume().end());
+    if (this.mode === "slow") {
+      const timer = setTimeout(() => this.forward(client), this.slowMs);
+      client.once("close", () => clearTimeout(timer));
+      return;
+    }
+    this.forward(client);
+  }
+
+  private forward(client: net.Socket): void {
     const upstream = net.connect(this.target.port, this.target.host);
     this.track(upstream);
     client.on("close", () => upstream.destroy());

@@ -40,7 +40,7 @@ import {
 import { taskVisible } from "../../tasks/read.ts";
 import { RESULTS_FILE_NAME, resultMetricKeys, resultsCsv } from "../../tasks/results.ts";
 import { bearerHashOf, principalOf } from "../auth.ts";
-import { ApiError, notFound } from "../errors.ts";
+import { ApiError, databaseUnavailable, notFound } from "../errors.ts";
 import { noHead } from "../no-head.ts";
 import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok } from "../schemas.ts";
 import { ZipWriter } from "../zip.ts";
@@ -784,6 +784,7 @@ export const viewRoutes: FastifyPluginAsyncTypebox = async (app) => {
       logLevel: "warn",
     },
     async (request, reply) => {
+      if (app.databaseGate.refuses()) throw databaseUnavailable(reply);
       const ticket = app.services.tokens?.begin();
       const checked = await viewLinkCheck(
         app.services.database.sql,
@@ -826,6 +827,7 @@ const downloadLinkRoutes: FastifyPluginAsyncTypebox = async (app) => {
       logLevel: "warn",
     },
     async (request, reply) => {
+      if (app.databaseGate.refuses()) throw databaseUnavailable(reply);
       const { sql } = app.services.database;
       const ticket = app.services.tokens?.begin();
       const checked = await downloadLinkCheck(sql, request.params.link, request.params.name);

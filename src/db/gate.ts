@@ -1,0 +1,192 @@
+// Tells the API when its database has stopped answering, so requests are answered 503 at once
+// instead of waiting in the pool for as long as the outage lasts.
+//
+// postgres.js keeps a query waiting while its connection cannot be made, and makes a connection the
+// other end closes before the database answers (a proxy or port forward with nothing behind it) again
+// at once, for ever, with the query still waiting (3.4.9, connection.js `closed`); Fastify sets no
+// bound on a handler. Each API request then stayed in the heap until the database came back (~10 KB
+// each; 2,000 requests held 19.4 MiB), bounded only by the outage's length.
+//
+// The gate costs a request two reads while all is well: it looks at when the pool last asked for a
+// connection that nothing has confirmed since (pacedSocket). Only when one is SUSPECT_MS old does it
+// probe (runOnce): `select 1` on a connection of its own and on the pool at once, either answering
+// within PROBE_ANSWER_MS being an answer that confirms the pool's connections — any answer: a
+// PostgreSQL error such as too many connections is the database answering. No answer, or connections
+// that fail (refused, reset, cut), close the gate: requests are refused until a probe, every
+// PROBE_EVERY_MS, is answered, or the pool's `select 1` is, whenever it is.
+import type { Logger } from "../log.ts";
+import { type Database, NoAnswerError, type PacedSocket, type Sql } from "./client.ts";
+
+/** How old a connection the pool asked for may get unconfirmed before the gate probes. */
+export const SUSPECT_MS = 1_000;
+/** How long a probe waits for the database's answer. */
+export const PROBE_ANSWER_MS = 2_000;
+/** How often a closed gate probes. */
+export const PROBE_EVERY_MS = 1_000;
+
+export interface GateOptions {
+  suspectMs?: number;
+  probeAnswerMs?: number;
+  probeEveryMs?: number;
+}
+
+/**
+ * Failures that say the database did not answer: no answer in time, or a connection refused, reset,
+ * cut or never made. Anything else is an answer of sorts — a PostgreSQL error (too many connections, a
+ * wrong password), a certificate that does not verify: the pool's queries fail fast then, and nothing
+ * waits, so the gate has nothing to bound.
+ */
+const NO_ANSWER_CODES = new Set([
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "ETIMEDOUT",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "EHOSTDOWN",
+  "ENETDOWN",
+  "EPIPE",
+  "EAI_AGAIN",
+  "ENOTFOUND",
+  "CONNECTION_CLOSED",
+  "CONNECTION_DESTROYED",
+  "CONNECTION_ENDED",
+  "CONNECT_TIMEOUT",
+]);
+function unanswered(err: unknown): boolean {
+  if (err instanceof NoAnswerError) return true;
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === "string" && NO_ANSWER_CODES.has(code);
+}
+
+export class DatabaseGate {
+  private readonly paced: Partial<PacedSocket> | undefined;
+  private readonly answers: ((ms: number) => Promise<void>) | undefined;
+  private readonly suspectMs: number;
+  private readonly probeAnswerMs: number;
+  private readonly probeEveryMs: number;
+  private closed = false;
+  private probing: Promise<void> | undefined;
+  private pooled: Promise<unknown> | undefined;
+  private readonly sql: Sql;
+  private timer: NodeJS.Timeout | undefined;
+  private stopped = false;
+  /** Probes made, answered or not (tests read it). */
+  probes = 0;
+
+  private readonly log: Pick<Logger, "warn" | "info">;
+
+  constructor(database: Database, log: Pick<Logger, "warn" | "info">, options: GateOptions = {}) {
+    this.log = log;
+    this.paced = (database.sql.options as { socket?: Partial<PacedSocket> }).socket;
+    this.answers = database.answers?.bind(database);
+    this.sql = database.sql;
+    this.suspectMs = options.suspectMs ?? SUSPECT_MS;
+    this.probeAnswerMs = options.probeAnswerMs ?? PROBE_ANSWER_MS;
+    this.probeEveryMs = options.probeEveryMs ?? PROBE_EVERY_MS;
+  }
+
+  /** Whether a request that needs the database is refused now. Never throws, never waits. */
+  refuses(): boolean {
+    if (this.closed) return true;
+    const since = this.paced?.unconfirmedSince?.();
+    if (since === undefined || since === null || performance.now() - since < this.suspectMs) return false;
+    // Suspect: the request goes on (the database may well answer it), and a probe tells.
+    if (this.probing === undefined && !this.stopped) void this.runOnce();
+    return false;
+  }
+
+  /**
+   * One probe (or the one in flight): opens or closes the gate on its outcome. Never rejects. Two
+   * opinions are asked at once, and either answer within PROBE_ANSWER_MS is an answer: a connection of
+   * the probe's own (a pool whose connections are all busy is no outage) and the pool itself (new
+   * connections that are slow to open — a pooler queueing them, a multi-host URL whose first host does
+   * not answer — are no outage either while the pool's connections serve).
+   */
+  runOnce(): Promise<void> {
+    if (this.probing !== undefined) return this.probing;
+    const answers = this.answers;
+    if (answers === undefined) return Promise.resolve();
+    this.probes++;
+    let failure: unknown;
+    this.probing = new Promise<boolean>((resolve) => {
+      let pending = 2;
+      const timer = setTimeout(() => resolve(false), this.probeAnswerMs);
+      const settle = (answered: boolean, err?: unknown) => {
+        if (answered) {
+          clearTimeout(timer);
+          return resolve(true);
+        }
+        failure ??= err;
+        if (--pending === 0) {
+          clearTimeout(timer);
+          resolve(false);
+        }
+      };
+      const judge = (work: Promise<unknown>) =>
+        work.then(
+          () => settle(true),
+          (err: unknown) => settle(!unanswered(err), err),
+        );
+      judge(answers(this.probeAnswerMs));
+      judge(this.poolAnswer());
+    }).then((answered) => {
+      this.probing = undefined;
+      if (answered) return this.opened();
+      if (!this.closed)
+        this.log.warn(
+          { err: failure ?? new NoAnswerError(`no answer within ${this.probeAnswerMs} ms`) },
+          "the database does not answer: API requests are answered 503 until it does",
+        );
+      this.closed = true;
+      if (!this.stopped) {
+        this.timer = setTimeout(() => void this.runOnce(), this.probeEveryMs);
+        this.timer.unref();
+      }
+    });
+    return this.probing;
+  }
+
+  /**
+   * `select 1` on the pool, one at a time: one that outlives its probe stays queued in the pool (a
+   * query there cannot be taken back) and is the next probe's too; its answer, whenever it comes,
+   * opens the gate.
+   */
+  private poolAnswer(): Promise<unknown> {
+    if (this.pooled !== undefined) return this.pooled;
+    const pooled = this.sql`select 1`.then(
+      () => this.opened(),
+      (err: unknown) => {
+        if (!unanswered(err)) this.opened();
+        throw err;
+      },
+    );
+    this.pooled = pooled.finally(() => {
+      this.pooled = undefined;
+    });
+    this.pooled.catch(() => {});
+    return this.pooled;
+  }
+
+  /**
+   * The database answered: every connection the pool asked for so far is confirmed — one still
+   * opening included (the pool serves meanwhile, or it would not have answered; if it fails, the
+   * pool asks again, and that ask is suspect in its turn).
+   */
+  private opened(): void {
+    this.paced?.confirm?.(performance.now());
+    if (this.closed) this.log.info("the database answers again: API requests are served");
+    this.closed = false;
+    clearTimeout(this.timer);
+  }
+
+  /** Resolves when no probe is in flight (tests wait on it). */
+  async settled(): Promise<void> {
+    while (this.probing !== undefined) await this.probing;
+  }
+
+  /** Stops probing (the app is closing); a probe in flight ends by its own bound. */
+  stop(): void {
+    this.stopped = true;
+    clearTimeout(this.timer);
+  }
+}

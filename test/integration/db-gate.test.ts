@@ -1,0 +1,213 @@
+// The database gate (src/db/gate.ts): while the database does not answer, API requests are answered
+// 503 at once instead of waiting in the pool for as long as the outage lasts. The API reaches the real
+// PostgreSQL through a TCP relay this file controls: it closes every connection it accepts (a proxy
+// with nothing behind it, where postgres.js waits for ever), resets them, answers them with FATAL
+// 53300 (too many connections: the database answering), or passes them through.
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { Writable } from "node:stream";
+import { after, before, test } from "node:test";
+import type { FastifyInstance } from "fastify";
+import { tokenCreate } from "../../src/auth/tokens.ts";
+import { loadConfig } from "../../src/config.ts";
+import { createDatabase, type Database } from "../../src/db/client.ts";
+import { expectedMigrationCount } from "../../src/db/migrate.ts";
+import { buildServer } from "../../src/http/server.ts";
+import { createLogger } from "../../src/log.ts";
+import { LocalStore } from "../../src/storage/local.ts";
+import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
+import { type DbRelay, relayTo, throughRelay } from "../helpers/db-relay.ts";
+import { waitFor } from "../helpers/queue.ts";
+
+const GATE = { suspectMs: 300, probeAnswerMs: 400, probeEveryMs: 100 };
+let db: TestDatabase;
+let dataDir: string;
+let token: string;
+const closers: (() => Promise<void> | void)[] = [];
+
+before(async () => {
+  db = await createTestDatabase();
+  dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-gate-"));
+  token = (await tokenCreate(db.sql, "gate-user")).token;
+});
+
+after(async () => {
+  for (const close of closers.reverse()) await close();
+  await db.drop();
+  fs.rmSync(dataDir, { recursive: true, force: true });
+});
+
+interface Api {
+  app: FastifyInstance;
+  relay: DbRelay;
+  database: Database;
+  /** The app's log lines, parsed. */
+  logs: { level: number; msg: string }[];
+}
+
+/** An API on a pool of its own through a new relay (forwarding), the gate's timings shortened. */
+async function apiThroughRelay(): Promise<Api> {
+  const relay = await relayTo(db.url, "forward");
+  const url = throughRelay(db.url, relay);
+  const database = createDatabase(url, { max: 3 });
+  const config = loadConfig({ ASSAY_DATA_DIR: dataDir, DATABASE_URL: url });
+  const logs: Api["logs"] = [];
+  const destination = new Writable({
+    write(chunk: Buffer, _enc, done) {
+      for (const line of chunk.toString().split("\n")) if (line) logs.push(JSON.parse(line));
+      done();
+    },
+  });
+  const app = await buildServer(
+    {
+      config,
+      database,
+      storage: new LocalStore(dataDir),
+      expectedMigrations: expectedMigrationCount(),
+      databaseGate: GATE,
+    },
+    createLogger({ level: "info", destination }),
+  );
+  closers.push(
+    () => relay.close(),
+    () => database.close(),
+    async () => {
+      relay.set("forward");
+      await app.close();
+    },
+  );
+  return { app, relay, database, logs };
+}
+
+const logged = (logs: Api["logs"], level: number, msg: string) =>
+  logs.filter((l) => l.level === level && l.msg === msg).length;
+
+const list = (app: FastifyInstance) =>
+  app.inject({ url: "/api/analysis-tasks", headers: { authorization: `Bearer ${token}` } });
+
+/** Resolves with `work`'s value, or rejects when it takes longer than `ms`. */
+function within<T>(work: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  return Promise.race([
+    work,
+    new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`${what} took over ${ms} ms`)), ms);
+    }),
+  ]).finally(() => clearTimeout(timer));
+}
+
+const REFUSED = { code: "NOT_READY", message: "The database is not answering; try again shortly." };
+
+async function outage(mode: "close" | "refuse" | "hold") {
+  // Before the pool has made a connection (one cut under a query would fail that query).
+  const { app, relay, logs } = await apiThroughRelay();
+  relay.set(mode);
+  // A request while the pool has no connection it can make: with `close` it waits (postgres.js makes
+  // the connection again and again), with `hold` too (until its connect timeout), with `refuse` it fails.
+  const early = list(app);
+  await waitFor(async () => app.databaseGate.refuses(), 10_000, "the gate to close");
+
+  // Two hundred requests now: each answered 503 at once, none left waiting in the pool; and the
+  // links outside /api, which ask the database before anything else.
+  const failedBefore = logged(logs, 50, "request failed");
+  const started = performance.now();
+  const answers = await within(
+    Promise.all([
+      ...Array.from({ length: 200 }, () => list(app)),
+      app.inject({ url: "/view/1.1.1.9999999999.AAAA/x.csv" }),
+      app.inject({ url: "/view/download/1.task.1.9999999999.AAAA/x.zip" }),
+    ]),
+    3_000,
+    "200 requests while the database does not answer",
+  );
+  const ms = performance.now() - started;
+  for (const res of answers) {
+    assert.equal(res.statusCode, 503);
+    assert.deepEqual(res.json(), REFUSED);
+    assert.equal(res.headers["retry-after"], "2");
+  }
+  assert.ok(ms < 3_000, `${Math.round(ms)} ms`);
+  // The outage is logged once, not as a failure of each request.
+  assert.equal(
+    logged(logs, 40, "the database does not answer: API requests are answered 503 until it does"),
+    1,
+  );
+  assert.equal(logged(logs, 50, "request failed"), failedBefore);
+
+  // The database back: the waiting request is served, and so is every request once a probe answers.
+  relay.set("forward");
+  const first = await within(early, 10_000, "the request made before the gate closed");
+  // (A reset may come as a close: the request then waited too.)
+  if (mode !== "refuse") assert.equal(first.statusCode, 200);
+  await waitFor(async () => !app.databaseGate.refuses(), 10_000, "the gate to open again");
+  assert.equal((await list(app)).statusCode, 200);
+  assert.equal(logged(logs, 30, "the database answers again: API requests are served"), 1);
+}
+
+test("a database whose connections are closed unanswered: requests are 503 at once once a probe says so, not held; served again when it answers", async () => {
+  await outage("close");
+});
+
+test("a database whose connections are reset: the same, 503 at once and served again", async () => {
+  await outage("refuse");
+});
+
+test("a database whose connections are accepted and never answered: the same", async () => {
+  await outage("hold");
+});
+
+test("a database that answers: connections asked for long ago are confirmed by one probe, and no request is refused", async () => {
+  const { app, database } = await apiThroughRelay();
+  // The pool at its maximum (3), so nothing later asks for another connection.
+  await Promise.all(Array.from({ length: 3 }, () => database.sql`select pg_sleep(0.05)`));
+  assert.equal((await list(app)).statusCode, 200);
+  // Every connection the pool asked for is over suspectMs old now: the next request is served, and
+  // starts the one probe that confirms them.
+  await new Promise((r) => setTimeout(r, GATE.suspectMs + 50));
+  const before = app.databaseGate.probes;
+  assert.equal((await list(app)).statusCode, 200);
+  assert.equal(app.databaseGate.probes, before + 1, "the request started a probe");
+  await app.databaseGate.settled();
+  for (let i = 0; i < 20; i++) assert.equal((await list(app)).statusCode, 200);
+  assert.equal(app.databaseGate.refuses(), false);
+  assert.equal(app.databaseGate.probes, before + 1, "no probe after the confirmation");
+});
+
+test("new connections slow to open (a pooler queueing them) while the pool's connections serve: the gate stays open", async () => {
+  const { app, relay, database } = await apiThroughRelay();
+  assert.equal((await list(app)).statusCode, 200);
+  // New connections now take 1.5 s to reach the database (the open ones are left be), past the
+  // probe's own 400 ms; three queries at once make the pool ask for two.
+  relay.slowMs = 1_500;
+  relay.mode = "slow";
+  const growing = Promise.all(Array.from({ length: 3 }, () => database.sql`select pg_sleep(0.05)`));
+  await new Promise((r) => setTimeout(r, GATE.suspectMs + 50));
+  const before = app.databaseGate.probes;
+  for (let i = 0; i < 10; i++) {
+    const res = await list(app);
+    assert.equal(res.statusCode, 200);
+    await app.databaseGate.settled();
+    assert.equal(app.databaseGate.refuses(), false, "the pool's `select 1` answered");
+  }
+  assert.ok(app.databaseGate.probes > before, "probes were made");
+  await growing;
+});
+
+test("a database that answers new connections with an error (too many connections) is answering: the gate stays open", async () => {
+  const { app, relay } = await apiThroughRelay();
+  assert.equal((await list(app)).statusCode, 200);
+  relay.set("too-many");
+  // The pool's connections are cut and made again; each start-up is answered FATAL 53300.
+  const res = await within(list(app), 5_000, "a request while every new connection is refused");
+  assert.equal(res.statusCode, 500);
+  await new Promise((r) => setTimeout(r, GATE.suspectMs + 50));
+  const before = app.databaseGate.probes;
+  assert.equal((await within(list(app), 5_000, "a request")).statusCode, 500);
+  assert.equal(app.databaseGate.probes, before + 1, "the request started a probe");
+  await app.databaseGate.settled();
+  assert.equal(app.databaseGate.refuses(), false, "the probe's FATAL is an answer");
+  relay.set("forward");
+  await waitFor(async () => (await list(app)).statusCode === 200, 10_000, "a request served again");
+});
