@@ -67,8 +67,8 @@ export interface PacedSocket {
    * an outage, over and over. (DatabaseGate reads it on every API request: it must stay this cheap.)
    */
   unconfirmedSince(): number | null;
-  /** The database answered something that started at `at`: connections asked for before then are confirmed. */
-  confirm(at: number): void;
+  /** The database answered: every connection asked for so far is confirmed. */
+  confirm(): void;
   /** Connections waiting for their turn now. */
   readonly waiting: number;
 }
@@ -101,11 +101,9 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
   let next = 0;
   let stopped = false;
   let firstAsked: number | null = null;
-  let lastAsked = 0;
   const waits = new Set<{ timer: NodeJS.Timeout; cancel: () => void }>();
   const paced = async (o: { host: string[]; port: number[]; path?: string | false }) => {
-    lastAsked = performance.now();
-    firstAsked ??= lastAsked;
+    firstAsked ??= performance.now();
     await null;
     for (;;) {
       if (stopped) throw new PoolEndedError("the pool is ending: no new connection");
@@ -136,9 +134,8 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
   };
   const pacer = Object.assign(paced, {
     unconfirmedSince: () => firstAsked,
-    confirm: (at: number) => {
-      // Those asked for after `at` stay unconfirmed; the latest of them stands for them all.
-      firstAsked = lastAsked > at ? lastAsked : null;
+    confirm: () => {
+      firstAsked = null;
     },
     stop: () => {
       stopped = true;

@@ -7,13 +7,15 @@
 // bound on a handler. Each API request then stayed in the heap until the database came back (~10 KB
 // each; 2,000 requests held 19.4 MiB), bounded only by the outage's length.
 //
-// The gate costs a request two reads while all is well: it looks at when the pool last asked for a
-// connection that nothing has confirmed since (pacedSocket). Only when one is SUSPECT_MS old does it
-// probe (runOnce): `select 1` on a connection of its own and on the pool at once, either answering
-// within PROBE_ANSWER_MS being an answer that confirms the pool's connections — any answer: a
-// PostgreSQL error such as too many connections is the database answering. No answer, or connections
-// that fail (refused, reset, cut), close the gate: requests are refused until a probe, every
-// PROBE_EVERY_MS, is answered, or the pool's `select 1` is, whenever it is.
+// The gate costs a request a clock reading while all is well: it looks at when the pool last asked
+// for a connection that nothing has confirmed since (pacedSocket). Only when one is SUSPECT_MS old does
+// it probe (runOnce): `select 1` on a connection of its own and on the pool at once, either answering
+// within PROBE_ANSWER_MS being an answer that confirms the pool's connections. No answer — nothing in
+// time, connections refused, reset or cut, or refused at their start by PostgreSQL itself (too many
+// connections, starting up) — closes the gate: requests are refused until a probe is answered, or the
+// pool's `select 1` is, whenever it is. Connections that stop answering without closing make the pool
+// ask for nothing, so every PING_EVERY_MS a request also has the pool answer `select 1` (a ping), and a
+// ping unanswered in time starts a probe.
 import type { Logger } from "../log.ts";
 import { type Database, NoAnswerError, type PacedSocket, type Sql } from "./client.ts";
 
@@ -21,41 +23,36 @@ import { type Database, NoAnswerError, type PacedSocket, type Sql } from "./clie
 export const SUSPECT_MS = 1_000;
 /** How long a probe waits for the database's answer. */
 export const PROBE_ANSWER_MS = 2_000;
-/** How often a closed gate probes. */
+/** How long a closed gate waits after a probe before the next. */
 export const PROBE_EVERY_MS = 1_000;
+/**
+ * How often requests make an open gate ask the pool for `select 1` (its `PING`), so connections that
+ * stop answering without closing — a network partition, a database host gone without a word — are
+ * seen although the pool asks for no connection: a ping unanswered within PROBE_ANSWER_MS starts a
+ * probe.
+ */
+export const PING_EVERY_MS = 5_000;
 
 export interface GateOptions {
   suspectMs?: number;
   probeAnswerMs?: number;
   probeEveryMs?: number;
+  pingEveryMs?: number;
 }
 
 /**
- * Failures that say the database did not answer: no answer in time, or a connection refused, reset,
- * cut or never made. Anything else is an answer of sorts — a PostgreSQL error (too many connections, a
- * wrong password), a certificate that does not verify: the pool's queries fail fast then, and nothing
- * waits, so the gate has nothing to bound.
+ * Whether a query's failure is the database answering it: an ERROR of PostgreSQL's (a statement
+ * refused). Not: a FATAL at a connection's start (too many connections, starting up, a wrong
+ * password — postgres.js fails that connection's one query and keeps every other waiting while it
+ * makes the next, two a second: requests pile up as when nothing answers), a connection refused,
+ * reset or cut, no answer in time, a certificate that does not verify.
  */
-const NO_ANSWER_CODES = new Set([
-  "ECONNREFUSED",
-  "ECONNRESET",
-  "ETIMEDOUT",
-  "EHOSTUNREACH",
-  "ENETUNREACH",
-  "EHOSTDOWN",
-  "ENETDOWN",
-  "EPIPE",
-  "EAI_AGAIN",
-  "ENOTFOUND",
-  "CONNECTION_CLOSED",
-  "CONNECTION_DESTROYED",
-  "CONNECTION_ENDED",
-  "CONNECT_TIMEOUT",
-]);
-function unanswered(err: unknown): boolean {
-  if (err instanceof NoAnswerError) return true;
-  const code = (err as { code?: unknown } | null)?.code;
-  return typeof code === "string" && NO_ANSWER_CODES.has(code);
+function answeredWithError(err: unknown): boolean {
+  return (
+    err instanceof Error &&
+    err.name === "PostgresError" &&
+    (err as { severity?: unknown }).severity === "ERROR"
+  );
 }
 
 export class DatabaseGate {
@@ -70,6 +67,9 @@ export class DatabaseGate {
   private readonly sql: Sql;
   private timer: NodeJS.Timeout | undefined;
   private stopped = false;
+  private readonly pingEveryMs: number;
+  /** When the pool last answered, or was last pinged. */
+  private pingedAt = performance.now();
   /** Probes made, answered or not (tests read it). */
   probes = 0;
 
@@ -83,16 +83,38 @@ export class DatabaseGate {
     this.suspectMs = options.suspectMs ?? SUSPECT_MS;
     this.probeAnswerMs = options.probeAnswerMs ?? PROBE_ANSWER_MS;
     this.probeEveryMs = options.probeEveryMs ?? PROBE_EVERY_MS;
+    this.pingEveryMs = options.pingEveryMs ?? PING_EVERY_MS;
   }
 
   /** Whether a request that needs the database is refused now. Never throws, never waits. */
   refuses(): boolean {
     if (this.closed) return true;
     const since = this.paced?.unconfirmedSince?.();
-    if (since === undefined || since === null || performance.now() - since < this.suspectMs) return false;
-    // Suspect: the request goes on (the database may well answer it), and a probe tells.
-    if (this.probing === undefined && !this.stopped) void this.runOnce();
+    const now = performance.now();
+    if (since !== undefined && since !== null && now - since >= this.suspectMs) {
+      // Suspect: the request goes on (the database may well answer it), and a probe tells.
+      if (this.probing === undefined && !this.stopped) void this.runOnce();
+    } else if (now - this.pingedAt >= this.pingEveryMs && !this.stopped) {
+      this.ping(now);
+    }
     return false;
+  }
+
+  /** Asks the pool for `select 1`; no answer within PROBE_ANSWER_MS, or no connection, starts a probe. */
+  private ping(now: number): void {
+    this.pingedAt = now;
+    if (this.probing !== undefined) return;
+    let timer: NodeJS.Timeout | undefined;
+    const probe = () => {
+      clearTimeout(timer);
+      if (!this.stopped && !this.closed) void this.runOnce();
+    };
+    timer = setTimeout(probe, this.probeAnswerMs);
+    timer.unref();
+    this.poolAnswer().then(
+      () => clearTimeout(timer),
+      (err: unknown) => (answeredWithError(err) ? clearTimeout(timer) : probe()),
+    );
   }
 
   /**
@@ -125,7 +147,7 @@ export class DatabaseGate {
       const judge = (work: Promise<unknown>) =>
         work.then(
           () => settle(true),
-          (err: unknown) => settle(!unanswered(err), err),
+          (err: unknown) => settle(answeredWithError(err), err),
         );
       judge(answers(this.probeAnswerMs));
       judge(this.poolAnswer());
@@ -156,7 +178,7 @@ export class DatabaseGate {
     const pooled = this.sql`select 1`.then(
       () => this.opened(),
       (err: unknown) => {
-        if (!unanswered(err)) this.opened();
+        if (answeredWithError(err)) this.opened();
         throw err;
       },
     );
@@ -173,7 +195,8 @@ export class DatabaseGate {
    * pool asks again, and that ask is suspect in its turn).
    */
   private opened(): void {
-    this.paced?.confirm?.(performance.now());
+    this.paced?.confirm?.();
+    this.pingedAt = performance.now();
     if (this.closed) this.log.info("the database answers again: API requests are served");
     this.closed = false;
     clearTimeout(this.timer);

@@ -43,6 +43,9 @@ export class DbRelay {
   accepted = 0;
   /** How long `slow` holds a new connection before passing it through. */
   slowMs = 1_000;
+  /** Connections passed through (without `tls`), for freeze(). */
+  private readonly pairs = new Set<{ client: net.Socket; upstream: net.Socket }>();
+  private frozen = false;
 
   /**
    * Sockets open now (either side). `set` cuts them: a client cut during its TLS handshake fails its
@@ -101,8 +104,10 @@ export class DbRelay {
     client.on("close", () => upstream.destroy());
     upstream.on("close", () => client.destroy());
     if (!this.tls) {
-      client.pipe(upstream);
-      upstream.pipe(client);
+      const pair = { client, upstream };
+      this.pairs.add(pair);
+      client.on("close", () => this.pairs.delete(pair));
+      if (!this.frozen) this.join(pair);
       return;
     }
     this.secure(client, (secure) => {
@@ -111,6 +116,33 @@ export class DbRelay {
       secure.pipe(upstream);
       upstream.pipe(secure);
     });
+  }
+
+  private join({ client, upstream }: { client: net.Socket; upstream: net.Socket }): void {
+    client.pipe(upstream);
+    upstream.pipe(client);
+  }
+
+  /**
+   * A network partition: the connections passed through (without `tls`) stop carrying bytes either
+   * way without closing — what each side sends waits — and new connections are held unanswered.
+   */
+  freeze(): void {
+    this.frozen = true;
+    this.mode = "hold";
+    for (const { client, upstream } of this.pairs) {
+      client.unpipe(upstream);
+      upstream.unpipe(client);
+      client.pause();
+      upstream.pause();
+    }
+  }
+
+  /** The partition healed: what waited is delivered, and new connections are passed through. */
+  thaw(): void {
+    this.frozen = false;
+    this.mode = "forward";
+    for (const pair of this.pairs) this.join(pair);
   }
 
   /** Answers the client's SSLRequest (8 bytes) with 'S' and ends TLS here; `then` gets the TLS side. */

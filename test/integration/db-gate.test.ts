@@ -21,7 +21,7 @@ import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import { type DbRelay, relayTo, throughRelay } from "../helpers/db-relay.ts";
 import { waitFor } from "../helpers/queue.ts";
 
-const GATE = { suspectMs: 300, probeAnswerMs: 400, probeEveryMs: 100 };
+const GATE = { suspectMs: 300, probeAnswerMs: 400, probeEveryMs: 100, pingEveryMs: 300 };
 let db: TestDatabase;
 let dataDir: string;
 let token: string;
@@ -100,12 +100,13 @@ function within<T>(work: Promise<T>, ms: number, what: string): Promise<T> {
 
 const REFUSED = { code: "NOT_READY", message: "The database is not answering; try again shortly." };
 
-async function outage(mode: "close" | "refuse" | "hold") {
+async function outage(mode: "close" | "refuse" | "hold" | "too-many") {
   // Before the pool has made a connection (one cut under a query would fail that query).
   const { app, relay, logs } = await apiThroughRelay();
   relay.set(mode);
   // A request while the pool has no connection it can make: with `close` it waits (postgres.js makes
-  // the connection again and again), with `hold` too (until its connect timeout), with `refuse` it fails.
+  // the connection again and again), with `hold` too (until its connect timeout), with `refuse` and
+  // `too-many` it fails — and every other query waits while the pool makes its next connection.
   const early = list(app);
   await waitFor(async () => app.databaseGate.refuses(), 10_000, "the gate to close");
 
@@ -140,7 +141,8 @@ async function outage(mode: "close" | "refuse" | "hold") {
   relay.set("forward");
   const first = await within(early, 10_000, "the request made before the gate closed");
   // (A reset may come as a close: the request then waited too.)
-  if (mode !== "refuse") assert.equal(first.statusCode, 200);
+  if (mode === "close" || mode === "hold") assert.equal(first.statusCode, 200);
+  if (mode === "too-many") assert.equal(first.statusCode, 500);
   await waitFor(async () => !app.databaseGate.refuses(), 10_000, "the gate to open again");
   assert.equal((await list(app)).statusCode, 200);
   assert.equal(logged(logs, 30, "the database answers again: API requests are served"), 1);
@@ -158,21 +160,26 @@ test("a database whose connections are accepted and never answered: the same", a
   await outage("hold");
 });
 
+test("a database that refuses new connections with FATAL 53300 (too many connections): the same — the other queries would wait", async () => {
+  await outage("too-many");
+});
+
 test("a database that answers: connections asked for long ago are confirmed by one probe, and no request is refused", async () => {
   const { app, database } = await apiThroughRelay();
+  const before = app.databaseGate.probes;
   // The pool at its maximum (3), so nothing later asks for another connection.
   await Promise.all(Array.from({ length: 3 }, () => database.sql`select pg_sleep(0.05)`));
   assert.equal((await list(app)).statusCode, 200);
-  // Every connection the pool asked for is over suspectMs old now: the next request is served, and
-  // starts the one probe that confirms them.
+  // Every connection the pool asked for is over suspectMs old now: a request (this one, or the one
+  // before on a slow machine) has started the probe that confirms them all.
   await new Promise((r) => setTimeout(r, GATE.suspectMs + 50));
-  const before = app.databaseGate.probes;
   assert.equal((await list(app)).statusCode, 200);
-  assert.equal(app.databaseGate.probes, before + 1, "the request started a probe");
   await app.databaseGate.settled();
+  assert.equal(app.databaseGate.probes, before + 1, "one probe");
   for (let i = 0; i < 20; i++) assert.equal((await list(app)).statusCode, 200);
+  await app.databaseGate.settled();
   assert.equal(app.databaseGate.refuses(), false);
-  assert.equal(app.databaseGate.probes, before + 1, "no probe after the confirmation");
+  assert.equal(app.databaseGate.probes, before + 1, "no probe after the confirmation (pings answered)");
 });
 
 test("new connections slow to open (a pooler queueing them) while the pool's connections serve: the gate stays open", async () => {
@@ -195,19 +202,49 @@ test("new connections slow to open (a pooler queueing them) while the pool's con
   await growing;
 });
 
-test("a database that answers new connections with an error (too many connections) is answering: the gate stays open", async () => {
-  const { app, relay } = await apiThroughRelay();
+test("new connections refused with FATAL 53300 while a pool's connection serves: the probe's refusal is outweighed, the gate stays open", async () => {
+  const { app, relay, database } = await apiThroughRelay();
   assert.equal((await list(app)).statusCode, 200);
-  relay.set("too-many");
-  // The pool's connections are cut and made again; each start-up is answered FATAL 53300.
-  const res = await within(list(app), 5_000, "a request while every new connection is refused");
-  assert.equal(res.statusCode, 500);
+  // New connections are refused from now on (the open one is left be); three queries at once make
+  // the pool ask for two, which fail.
+  relay.mode = "too-many";
+  const grown = await Promise.allSettled(
+    Array.from({ length: 3 }, () => database.sql`select pg_sleep(0.05)`),
+  );
+  assert.ok(
+    grown.some((r) => r.status === "rejected"),
+    "a new connection was refused",
+  );
   await new Promise((r) => setTimeout(r, GATE.suspectMs + 50));
   const before = app.databaseGate.probes;
-  assert.equal((await within(list(app), 5_000, "a request")).statusCode, 500);
-  assert.equal(app.databaseGate.probes, before + 1, "the request started a probe");
+  // The refused asks are suspect: this starts a probe, whose own connection is refused too, while
+  // the pool's `select 1` runs on the connection that serves.
+  assert.equal(app.databaseGate.refuses(), false);
   await app.databaseGate.settled();
-  assert.equal(app.databaseGate.refuses(), false, "the probe's FATAL is an answer");
-  relay.set("forward");
-  await waitFor(async () => (await list(app)).statusCode === 200, 10_000, "a request served again");
+  assert.equal(app.databaseGate.probes, before + 1);
+  assert.equal(app.databaseGate.refuses(), false, "the pool's `select 1` answered");
+  relay.mode = "forward";
+});
+
+test("connections that stop answering without closing (a network partition): a ping finds it, requests are 503, served again when it heals", async () => {
+  const { app, relay, database } = await apiThroughRelay();
+  await Promise.all(Array.from({ length: 3 }, () => database.sql`select pg_sleep(0.05)`));
+  assert.equal((await list(app)).statusCode, 200);
+  await new Promise((r) => setTimeout(r, GATE.suspectMs + 50));
+  assert.equal((await list(app)).statusCode, 200);
+  await app.databaseGate.settled();
+  // The pool has every connection it may have and asks for none: only the ping can tell.
+  relay.freeze();
+  const held = list(app);
+  await waitFor(async () => app.databaseGate.refuses(), 10_000, "the gate to close");
+  const answers = await within(
+    Promise.all(Array.from({ length: 50 }, () => list(app))),
+    3_000,
+    "50 requests during the partition",
+  );
+  for (const res of answers) assert.deepEqual([res.statusCode, res.json()], [503, REFUSED]);
+  relay.thaw();
+  assert.equal((await within(held, 10_000, "the request held by the partition")).statusCode, 200);
+  await waitFor(async () => !app.databaseGate.refuses(), 10_000, "the gate to open again");
+  assert.equal((await list(app)).statusCode, 200);
 });
