@@ -69,6 +69,12 @@ export interface PacedSocket {
   unconfirmedSince(): number | null;
   /** The database answered: every connection asked for so far is confirmed. */
   confirm(): void;
+  /**
+   * Whether a connection made here has had the database say ReadyForQuery since `at`
+   * (performance.now()): a statement or a start-up answered. Seen on plain connections only. Such an
+   * answer confirms every connection asked for so far, as confirm() does.
+   */
+  readySince(at: number): boolean;
   /** Connections waiting for their turn now. */
   readonly waiting: number;
 }
@@ -101,6 +107,7 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
   let next = 0;
   let stopped = false;
   let firstAsked: number | null = null;
+  let readyAt = Number.NEGATIVE_INFINITY;
   const waits = new Set<{ timer: NodeJS.Timeout; cancel: () => void }>();
   const paced = async (o: { host: string[]; port: number[]; path?: string | false }) => {
     firstAsked ??= performance.now();
@@ -125,15 +132,27 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
       });
     }
     tokens -= 1;
-    if (o.path) return net.connect(o.path);
+    if (o.path) return watched(net.connect(o.path));
     const i = next++ % Math.max(1, o.host.length);
     const host = o.host[i] as string;
     const port = (o.port[i] ?? o.port[0]) as number;
     // host and port: postgres.js's errors name them.
-    return Object.assign(net.connect(port, host), { host, port });
+    return watched(Object.assign(net.connect(port, host), { host, port }));
   };
+  // A chunk that ends with ReadyForQuery ('Z', length 5, a status byte): the database answered on
+  // this connection — a start-up done, a statement done. Plain connections only (under TLS the
+  // plain socket sees no data once the TLS socket takes it over).
+  const onData = (chunk: Buffer) => {
+    const n = chunk.length;
+    if (n >= 6 && chunk[n - 6] === 0x5a && chunk[n - 2] === 5 && chunk[n - 3] === 0 && chunk[n - 4] === 0) {
+      readyAt = performance.now();
+      firstAsked = null;
+    }
+  };
+  const watched = (socket: net.Socket) => socket.on("data", onData);
   const pacer = Object.assign(paced, {
     unconfirmedSince: () => firstAsked,
+    readySince: (at: number) => readyAt > at,
     confirm: () => {
       firstAsked = null;
     },
@@ -221,7 +240,11 @@ export async function firstAnswer(sql: Sql, ms = DB_ANSWER_MS, signal?: AbortSig
       new Promise<never>((_, reject) => {
         timer = setTimeout(() => {
           // First: the query's own CONNECTION_DESTROYED, which follows, would say less.
-          reject(new NoAnswerError(`the database at ${where(sql)} gave no answer within ${ms / 1000} s`));
+          const err = new NoAnswerError(`the database at ${where(sql)} gave no answer within ${ms / 1000} s`);
+          // Its stack formatted now: unformatted, its call sites hold this timer's closure, `sql`
+          // and all, for as long as the error is kept (the database gate keeps a probe's).
+          void err.stack;
+          reject(err);
           end();
         }, ms);
       }),

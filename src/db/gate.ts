@@ -7,10 +7,11 @@
 // bound on a handler. Each API request then stayed in the heap until the database came back (~10 KB
 // each; 2,000 requests held 19.4 MiB), bounded only by the outage's length.
 //
-// The gate costs a request a clock reading while all is well: it looks at when the pool last asked
-// for a connection that nothing has confirmed since (pacedSocket). Only when one is SUSPECT_MS old does
-// it probe (runOnce): `select 1` on a connection of its own and on the pool at once, either answering
-// within PROBE_ANSWER_MS being an answer that confirms the pool's connections. No answer — nothing in
+// The gate costs a request a clock reading while all is well: it looks at when the pool asked for its
+// oldest connection that has not reached the database (pacedSocket: a ReadyForQuery on any of the
+// pool's plain connections confirms every ask). Only when one is SUSPECT_MS old does it probe
+// (runOnce): `select 1` on a connection of its own and on the pool at once, either answering within
+// PROBE_ANSWER_MS (or any statement the pool finishes meanwhile) being an answer. No answer — nothing in
 // time, connections refused, reset or cut, or refused at their start by PostgreSQL itself (too many
 // connections, starting up) — closes the gate: requests are refused until a probe is answered, or the
 // pool's `select 1` is, whenever it is. Connections that stop answering without closing make the pool
@@ -55,6 +56,17 @@ function answeredWithError(err: unknown): boolean {
   );
 }
 
+/**
+ * `then` after `ms`, once the I/O that came in meanwhile has been read: after a stalled event loop the
+ * timer would otherwise fire before an answer already waiting on a socket, and close the gate of a
+ * database that answered in time.
+ */
+function afterIo(ms: number, then: () => void): NodeJS.Timeout {
+  const timer = setTimeout(() => setImmediate(then), ms);
+  timer.unref();
+  return timer;
+}
+
 export class DatabaseGate {
   private readonly paced: Partial<PacedSocket> | undefined;
   private readonly answers: ((ms: number) => Promise<void>) | undefined;
@@ -63,7 +75,10 @@ export class DatabaseGate {
   private readonly probeEveryMs: number;
   private closed = false;
   private probing: Promise<void> | undefined;
-  private pooled: Promise<unknown> | undefined;
+  /** A `select 1` of the gate's is in the pool. */
+  private pooled = false;
+  /** Probes and pings waiting for the pool's `select 1` (each removes itself when it is done). */
+  private readonly poolWaiters = new Set<(answered: boolean, err?: unknown) => void>();
   private readonly sql: Sql;
   private timer: NodeJS.Timeout | undefined;
   private stopped = false;
@@ -100,21 +115,25 @@ export class DatabaseGate {
     return false;
   }
 
-  /** Asks the pool for `select 1`; no answer within PROBE_ANSWER_MS, or no connection, starts a probe. */
+  /**
+   * Asks the pool for `select 1`; no answer within PROBE_ANSWER_MS (and no ReadyForQuery on any of
+   * the pool's connections meanwhile), or no connection, starts a probe.
+   */
   private ping(now: number): void {
     this.pingedAt = now;
     if (this.probing !== undefined) return;
     let timer: NodeJS.Timeout | undefined;
-    const probe = () => {
+    let finished = false;
+    const done = (answered: boolean) => {
+      if (finished) return;
+      finished = true;
       clearTimeout(timer);
-      if (!this.stopped && !this.closed) void this.runOnce();
+      this.poolWaiters.delete(done);
+      if (!answered && !this.stopped && !this.closed) void this.runOnce();
     };
-    timer = setTimeout(probe, this.probeAnswerMs);
-    timer.unref();
-    this.poolAnswer().then(
-      () => clearTimeout(timer),
-      (err: unknown) => (answeredWithError(err) ? clearTimeout(timer) : probe()),
-    );
+    timer = afterIo(this.probeAnswerMs, () => done(this.paced?.readySince?.(now) ?? false));
+    this.poolWaiters.add(done);
+    this.poolAnswer();
   }
 
   /**
@@ -122,17 +141,21 @@ export class DatabaseGate {
    * opinions are asked at once, and either answer within PROBE_ANSWER_MS is an answer: a connection of
    * the probe's own (a pool whose connections are all busy is no outage) and the pool itself (new
    * connections that are slow to open — a pooler queueing them, a multi-host URL whose first host does
-   * not answer — are no outage either while the pool's connections serve).
+   * not answer — are no outage either while the pool's connections serve), where a ReadyForQuery on
+   * any of its connections meanwhile counts too: a pool whose connections are all busy sends the
+   * `select 1` to a new one (postgres.js), which may be the slow kind.
    */
   runOnce(): Promise<void> {
     if (this.probing !== undefined) return this.probing;
     const answers = this.answers;
     if (answers === undefined) return Promise.resolve();
     this.probes++;
+    const started = performance.now();
     let failure: unknown;
+    let fromPool: ((answered: boolean, err?: unknown) => void) | undefined;
     this.probing = new Promise<boolean>((resolve) => {
       let pending = 2;
-      const timer = setTimeout(() => resolve(false), this.probeAnswerMs);
+      const timer = afterIo(this.probeAnswerMs, () => resolve(this.paced?.readySince?.(started) ?? false));
       const settle = (answered: boolean, err?: unknown) => {
         if (answered) {
           clearTimeout(timer);
@@ -144,14 +167,17 @@ export class DatabaseGate {
           resolve(false);
         }
       };
-      const judge = (work: Promise<unknown>) =>
-        work.then(
-          () => settle(true),
-          (err: unknown) => settle(answeredWithError(err), err),
-        );
-      judge(answers(this.probeAnswerMs));
-      judge(this.poolAnswer());
+      answers(this.probeAnswerMs).then(
+        () => settle(true),
+        (err: unknown) => settle(answeredWithError(err), err),
+      );
+      fromPool = settle;
+      this.poolWaiters.add(settle);
+      this.poolAnswer();
     }).then((answered) => {
+      // The pool's answer, should it come later, is the gate's (poolAnswer), not this probe's: a
+      // probe kept waiting on it would stay in the heap, its failure and all, for the whole outage.
+      if (fromPool) this.poolWaiters.delete(fromPool);
       this.probing = undefined;
       if (answered) return this.opened();
       if (!this.closed)
@@ -171,28 +197,26 @@ export class DatabaseGate {
   /**
    * `select 1` on the pool, one at a time: one that outlives its probe stays queued in the pool (a
    * query there cannot be taken back) and is the next probe's too; its answer, whenever it comes,
-   * opens the gate.
+   * opens the gate, and is told to the probes and pings waiting on it then (poolWaiters).
    */
-  private poolAnswer(): Promise<unknown> {
-    if (this.pooled !== undefined) return this.pooled;
-    const pooled = this.sql`select 1`.then(
-      () => this.opened(),
-      (err: unknown) => {
-        if (answeredWithError(err)) this.opened();
-        throw err;
-      },
+  private poolAnswer(): void {
+    if (this.pooled) return;
+    this.pooled = true;
+    const tell = (answered: boolean, err?: unknown) => {
+      this.pooled = false;
+      if (answered) this.opened();
+      for (const waiter of [...this.poolWaiters]) waiter(answered, err);
+    };
+    this.sql`select 1`.then(
+      () => tell(true),
+      (err: unknown) => tell(answeredWithError(err), err),
     );
-    this.pooled = pooled.finally(() => {
-      this.pooled = undefined;
-    });
-    this.pooled.catch(() => {});
-    return this.pooled;
   }
 
   /**
    * The database answered: every connection the pool asked for so far is confirmed — one still
    * opening included (the pool serves meanwhile, or it would not have answered; if it fails, the
-   * pool asks again, and that ask is suspect in its turn).
+   * pool asks again, and that ask is suspect in its turn; if it hangs, the ping finds it).
    */
   private opened(): void {
     this.paced?.confirm?.();

@@ -157,7 +157,13 @@ export function dashboardSuite(
     await s.startApi();
     s.adminToken = linkToken(s.link);
     if (o.worker) {
-      s.worker = spawnCli(["worker", "--concurrency", "2"], { ...serverEnv, LOG_LEVEL: "info" });
+      // No claims ahead of free slots: a type's runs learned short on small files (an earlier test's)
+      // made it claim a later task's long runs all at once, and the cancel test found none queued.
+      s.worker = spawnCli(["worker", "--concurrency", "2"], {
+        ...serverEnv,
+        LOG_LEVEL: "info",
+        ASSAY_PREFETCH_WINDOW_MS: "0",
+      });
       workerDone = collect(s.worker);
       await watch(s.worker).waitFor(/worker started/);
     }

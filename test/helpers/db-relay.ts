@@ -44,7 +44,7 @@ export class DbRelay {
   /** How long `slow` holds a new connection before passing it through. */
   slowMs = 1_000;
   /** Connections passed through (without `tls`), for freeze(). */
-  private readonly pairs = new Set<{ client: net.Socket; upstream: net.Socket }>();
+  private readonly pairs = new Set<{ client: net.Socket; upstream: net.Socket; joined?: boolean }>();
   private frozen = false;
 
   /**
@@ -118,9 +118,11 @@ export class DbRelay {
     });
   }
 
-  private join({ client, upstream }: { client: net.Socket; upstream: net.Socket }): void {
-    client.pipe(upstream);
-    upstream.pipe(client);
+  private join(pair: { client: net.Socket; upstream: net.Socket; joined?: boolean }): void {
+    if (pair.joined) return;
+    pair.joined = true;
+    pair.client.pipe(pair.upstream);
+    pair.upstream.pipe(pair.client);
   }
 
   /**
@@ -130,11 +132,12 @@ export class DbRelay {
   freeze(): void {
     this.frozen = true;
     this.mode = "hold";
-    for (const { client, upstream } of this.pairs) {
-      client.unpipe(upstream);
-      upstream.unpipe(client);
-      client.pause();
-      upstream.pause();
+    for (const pair of this.pairs) {
+      pair.client.unpipe(pair.upstream);
+      pair.upstream.unpipe(pair.client);
+      pair.client.pause();
+      pair.upstream.pause();
+      pair.joined = false;
     }
   }
 
