@@ -57,6 +57,9 @@ const CONNECT_BURST = 12;
 const CONNECTS_PER_SECOND = 2;
 
 /** pacedSocket's factory, with what ends it. */
+/** pacedSocket's mark(): each confirmed open connection and what it had read. */
+export type ReadMark = ReadonlyMap<net.Socket, number>;
+
 export interface PacedSocket {
   (o: { host: string[]; port: number[]; path?: string | false }): Promise<net.Socket>;
   /** Cancels a wait in progress and refuses later connections: the pool is ending. */
@@ -67,14 +70,19 @@ export interface PacedSocket {
    * an outage, over and over. (DatabaseGate reads it on every API request: it must stay this cheap.)
    */
   unconfirmedSince(): number | null;
-  /** The database answered: every connection asked for so far is confirmed. */
+  /** The database answered: every connection asked for so far, and every one open, is confirmed. */
   confirm(): void;
   /**
-   * Whether a connection made here has had the database say ReadyForQuery since `at`
-   * (performance.now()): a statement or a start-up answered. Seen on plain connections only. Such an
-   * answer confirms every connection asked for so far, as confirm() does.
+   * What the confirmed connections open now have read (answeredSince's mark). A connection still
+   * opening is left out: its TLS handshake, or a FATAL refusing it, is no answer.
    */
-  readySince(at: number): boolean;
+  mark(): ReadMark;
+  /**
+   * Whether the database has answered on a connection of `mark` since: a byte read, on a connection
+   * that had reached it (a statement's rows or end, a notification). Counts under TLS too (the plain
+   * socket's `bytesRead` counts what the TLS socket reads through it).
+   */
+  answeredSince(mark: ReadMark): boolean;
   /** Connections waiting for their turn now. */
   readonly waiting: number;
 }
@@ -107,7 +115,6 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
   let next = 0;
   let stopped = false;
   let firstAsked: number | null = null;
-  let readyAt = Number.NEGATIVE_INFINITY;
   const waits = new Set<{ timer: NodeJS.Timeout; cancel: () => void }>();
   const paced = async (o: { host: string[]; port: number[]; path?: string | false }) => {
     firstAsked ??= performance.now();
@@ -139,22 +146,53 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
     // host and port: postgres.js's errors name them.
     return watched(Object.assign(net.connect(port, host), { host, port }));
   };
-  // A chunk that ends with ReadyForQuery ('Z', length 5, a status byte): the database answered on
-  // this connection — a start-up done, a statement done. Plain connections only (under TLS the
-  // plain socket sees no data once the TLS socket takes it over).
+  // Connections made here and not yet seen destroyed (pruned on each ask and look), and those of them
+  // that have reached the database (`confirmed`). A Set and a flag: postgres.js removes every listener
+  // of a socket it hands to TLS, so a `close` listener cannot be relied on.
+  const open = new Set<net.Socket>();
+  const confirmed = new WeakSet<net.Socket>();
+  const prune = () => {
+    for (const socket of open) if (socket.destroyed) open.delete(socket);
+  };
+  const confirm = () => {
+    firstAsked = null;
+    for (const socket of open) confirmed.add(socket);
+  };
+  // A chunk that ends with ReadyForQuery ('Z', length 5, status I, T or E): the database answered on
+  // this connection — a start-up done, a statement done. Plain connections only (under TLS the plain
+  // socket's listeners are removed when the TLS socket takes it over; confirm() comes from the gate's
+  // probe there).
   const onData = (chunk: Buffer) => {
     const n = chunk.length;
-    if (n >= 6 && chunk[n - 6] === 0x5a && chunk[n - 2] === 5 && chunk[n - 3] === 0 && chunk[n - 4] === 0) {
-      readyAt = performance.now();
-      firstAsked = null;
-    }
+    const status = chunk[n - 1];
+    if (
+      n >= 6 &&
+      chunk[n - 6] === 0x5a &&
+      chunk[n - 5] === 0 &&
+      chunk[n - 4] === 0 &&
+      chunk[n - 3] === 0 &&
+      chunk[n - 2] === 5 &&
+      (status === 0x49 || status === 0x54 || status === 0x45)
+    )
+      confirm();
   };
-  const watched = (socket: net.Socket) => socket.on("data", onData);
+  const watched = (socket: net.Socket) => {
+    prune();
+    open.add(socket);
+    return socket.on("data", onData);
+  };
   const pacer = Object.assign(paced, {
     unconfirmedSince: () => firstAsked,
-    readySince: (at: number) => readyAt > at,
-    confirm: () => {
-      firstAsked = null;
+    confirm,
+    mark: (): ReadMark => {
+      prune();
+      const mark = new Map<net.Socket, number>();
+      for (const socket of open) if (confirmed.has(socket)) mark.set(socket, socket.bytesRead);
+      return mark;
+    },
+    answeredSince: (mark: ReadMark) => {
+      for (const [socket, read] of mark) if (socket.bytesRead > read) return true;
+      return false;
     },
     stop: () => {
       stopped = true;

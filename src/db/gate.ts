@@ -9,7 +9,7 @@
 //
 // The gate costs a request a clock reading while all is well: it looks at when the pool asked for its
 // oldest connection that has not reached the database (pacedSocket: a ReadyForQuery on any of the
-// pool's plain connections confirms every ask). Only when one is SUSPECT_MS old does it probe
+// pool's plain connections, or an answered probe, confirms every ask). Only when one is SUSPECT_MS old does it probe
 // (runOnce): `select 1` on a connection of its own and on the pool at once, either answering within
 // PROBE_ANSWER_MS (or any statement the pool finishes meanwhile) being an answer. No answer — nothing in
 // time, connections refused, reset or cut, or refused at their start by PostgreSQL itself (too many
@@ -18,7 +18,7 @@
 // ask for nothing, so every PING_EVERY_MS a request also has the pool answer `select 1` (a ping), and a
 // ping unanswered in time starts a probe.
 import type { Logger } from "../log.ts";
-import { type Database, NoAnswerError, type PacedSocket, type Sql } from "./client.ts";
+import { type Database, NoAnswerError, type PacedSocket, type ReadMark, type Sql } from "./client.ts";
 
 /** How old a connection the pool asked for may get unconfirmed before the gate probes. */
 export const SUSPECT_MS = 1_000;
@@ -116,7 +116,7 @@ export class DatabaseGate {
   }
 
   /**
-   * Asks the pool for `select 1`; no answer within PROBE_ANSWER_MS (and no ReadyForQuery on any of
+   * Asks the pool for `select 1`; no answer within PROBE_ANSWER_MS (and no byte read on any of
    * the pool's connections meanwhile), or no connection, starts a probe.
    */
   private ping(now: number): void {
@@ -131,7 +131,8 @@ export class DatabaseGate {
       this.poolWaiters.delete(done);
       if (!answered && !this.stopped && !this.closed) void this.runOnce();
     };
-    timer = afterIo(this.probeAnswerMs, () => done(this.paced?.readySince?.(now) ?? false));
+    const mark = this.paced?.mark?.();
+    timer = afterIo(this.probeAnswerMs, () => done(this.answeredSince(mark)));
     this.poolWaiters.add(done);
     this.poolAnswer();
   }
@@ -141,7 +142,7 @@ export class DatabaseGate {
    * opinions are asked at once, and either answer within PROBE_ANSWER_MS is an answer: a connection of
    * the probe's own (a pool whose connections are all busy is no outage) and the pool itself (new
    * connections that are slow to open — a pooler queueing them, a multi-host URL whose first host does
-   * not answer — are no outage either while the pool's connections serve), where a ReadyForQuery on
+   * not answer — are no outage either while the pool's connections serve), where a byte read on
    * any of its connections meanwhile counts too: a pool whose connections are all busy sends the
    * `select 1` to a new one (postgres.js), which may be the slow kind.
    */
@@ -150,12 +151,12 @@ export class DatabaseGate {
     const answers = this.answers;
     if (answers === undefined) return Promise.resolve();
     this.probes++;
-    const started = performance.now();
+    const mark = this.paced?.mark?.();
     let failure: unknown;
     let fromPool: ((answered: boolean, err?: unknown) => void) | undefined;
     this.probing = new Promise<boolean>((resolve) => {
       let pending = 2;
-      const timer = afterIo(this.probeAnswerMs, () => resolve(this.paced?.readySince?.(started) ?? false));
+      const timer = afterIo(this.probeAnswerMs, () => resolve(this.answeredSince(mark)));
       const settle = (answered: boolean, err?: unknown) => {
         if (answered) {
           clearTimeout(timer);
@@ -164,7 +165,7 @@ export class DatabaseGate {
         failure ??= err;
         if (--pending === 0) {
           clearTimeout(timer);
-          resolve(false);
+          resolve(this.answeredSince(mark));
         }
       };
       answers(this.probeAnswerMs).then(
@@ -224,6 +225,11 @@ export class DatabaseGate {
     if (this.closed) this.log.info("the database answers again: API requests are served");
     this.closed = false;
     clearTimeout(this.timer);
+  }
+
+  /** Whether a connection the pool had open at `mark` has read something since (pacedSocket). */
+  private answeredSince(mark: ReadMark | undefined): boolean {
+    return mark !== undefined && (this.paced?.answeredSince?.(mark) ?? false);
   }
 
   /** Resolves when no probe is in flight (tests wait on it). */
