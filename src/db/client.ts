@@ -70,8 +70,11 @@ export interface PacedSocket {
    * an outage, over and over. (DatabaseGate reads it on every API request: it must stay this cheap.)
    */
   unconfirmedSince(): number | null;
-  /** The database answered: every connection asked for so far, and every one open, is confirmed. */
-  confirm(): void;
+  /**
+   * The database answered something asked at `before` (performance.now(); default now): every
+   * connection asked for so far is confirmed, and every one open that was made before `before`.
+   */
+  confirm(before?: number): void;
   /**
    * What the confirmed connections open now have read (answeredSince's mark). A connection still
    * opening is left out: its TLS handshake, or a FATAL refusing it, is no answer.
@@ -146,26 +149,28 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
     // host and port: postgres.js's errors name them.
     return watched(Object.assign(net.connect(port, host), { host, port }));
   };
-  // Connections made here and not yet seen destroyed (pruned on each ask and look), and those of them
-  // that have reached the database (`confirmed`). A Set and a flag: postgres.js removes every listener
-  // of a socket it hands to TLS, so a `close` listener cannot be relied on.
-  const open = new Set<net.Socket>();
+  // Connections made here and not yet seen destroyed (pruned on each ask and look), when each was
+  // made, and those that have reached the database (`confirmed`). A Set and a flag: postgres.js
+  // removes every listener of a socket it hands to TLS, so a `close` listener cannot be relied on.
+  const open = new Map<net.Socket, number>();
   const confirmed = new WeakSet<net.Socket>();
   const prune = () => {
-    for (const socket of open) if (socket.destroyed) open.delete(socket);
+    for (const socket of open.keys()) if (socket.destroyed) open.delete(socket);
   };
-  const confirm = () => {
+  // The database answered something asked at `before` or later: every ask is confirmed, and the
+  // connections made before then (one still opening at the time may be among them: a pooler holding it).
+  const confirm = (before = performance.now()) => {
     firstAsked = null;
-    for (const socket of open) confirmed.add(socket);
+    for (const [socket, madeAt] of open) if (madeAt < before) confirmed.add(socket);
   };
   // A chunk that ends with ReadyForQuery ('Z', length 5, status I, T or E): the database answered on
-  // this connection — a start-up done, a statement done. Plain connections only (under TLS the plain
-  // socket's listeners are removed when the TLS socket takes it over; confirm() comes from the gate's
-  // probe there).
-  const onData = (chunk: Buffer) => {
+  // this connection — a start-up done, a statement done — and it is confirmed, it alone. Plain
+  // connections only (under TLS the plain socket's listeners are removed when the TLS socket takes it
+  // over; confirm() comes from the gate's answered probe there).
+  const ready = (chunk: Buffer) => {
     const n = chunk.length;
     const status = chunk[n - 1];
-    if (
+    return (
       n >= 6 &&
       chunk[n - 6] === 0x5a &&
       chunk[n - 5] === 0 &&
@@ -173,13 +178,16 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
       chunk[n - 3] === 0 &&
       chunk[n - 2] === 5 &&
       (status === 0x49 || status === 0x54 || status === 0x45)
-    )
-      confirm();
+    );
   };
   const watched = (socket: net.Socket) => {
     prune();
-    open.add(socket);
-    return socket.on("data", onData);
+    open.set(socket, performance.now());
+    return socket.on("data", (chunk: Buffer) => {
+      if (!ready(chunk)) return;
+      firstAsked = null;
+      confirmed.add(socket);
+    });
   };
   const pacer = Object.assign(paced, {
     unconfirmedSince: () => firstAsked,
@@ -187,7 +195,7 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
     mark: (): ReadMark => {
       prune();
       const mark = new Map<net.Socket, number>();
-      for (const socket of open) if (confirmed.has(socket)) mark.set(socket, socket.bytesRead);
+      for (const socket of open.keys()) if (confirmed.has(socket)) mark.set(socket, socket.bytesRead);
       return mark;
     },
     answeredSince: (mark: ReadMark) => {

@@ -128,12 +128,17 @@ export class DatabaseGate {
       if (finished) return;
       finished = true;
       clearTimeout(timer);
-      this.poolWaiters.delete(done);
+      this.poolWaiters.delete(told);
       if (!answered && !this.stopped && !this.closed) void this.runOnce();
     };
     const mark = this.paced?.mark?.();
     timer = afterIo(this.probeAnswerMs, () => done(this.answeredSince(mark)));
-    this.poolWaiters.add(done);
+    // A failed `select 1` (a new connection refused) waits for the deadline while pool connections
+    // are watched: a busy one may yet answer.
+    const told = (answered: boolean) => {
+      if (answered || mark === undefined || mark.size === 0) done(answered);
+    };
+    this.poolWaiters.add(told);
     this.poolAnswer();
   }
 
@@ -151,6 +156,7 @@ export class DatabaseGate {
     const answers = this.answers;
     if (answers === undefined) return Promise.resolve();
     this.probes++;
+    const started = performance.now();
     const mark = this.paced?.mark?.();
     let failure: unknown;
     let fromPool: ((answered: boolean, err?: unknown) => void) | undefined;
@@ -163,9 +169,11 @@ export class DatabaseGate {
           return resolve(true);
         }
         failure ??= err;
-        if (--pending === 0) {
+        // Both failed: with pool connections to watch, the deadline decides (a busy one may yet
+        // answer — both fail at once when new connections are refused); without, no answer now.
+        if (--pending === 0 && (mark === undefined || mark.size === 0)) {
           clearTimeout(timer);
-          resolve(this.answeredSince(mark));
+          resolve(false);
         }
       };
       answers(this.probeAnswerMs).then(
@@ -180,7 +188,7 @@ export class DatabaseGate {
       // probe kept waiting on it would stay in the heap, its failure and all, for the whole outage.
       if (fromPool) this.poolWaiters.delete(fromPool);
       this.probing = undefined;
-      if (answered) return this.opened();
+      if (answered) return this.opened(started);
       if (!this.closed)
         this.log.warn(
           { err: failure ?? new NoAnswerError(`no answer within ${this.probeAnswerMs} ms`) },
@@ -203,9 +211,10 @@ export class DatabaseGate {
   private poolAnswer(): void {
     if (this.pooled) return;
     this.pooled = true;
+    const started = performance.now();
     const tell = (answered: boolean, err?: unknown) => {
       this.pooled = false;
-      if (answered) this.opened();
+      if (answered) this.opened(started);
       for (const waiter of [...this.poolWaiters]) waiter(answered, err);
     };
     this.sql`select 1`.then(
@@ -219,8 +228,8 @@ export class DatabaseGate {
    * opening included (the pool serves meanwhile, or it would not have answered; if it fails, the
    * pool asks again, and that ask is suspect in its turn; if it hangs, the ping finds it).
    */
-  private opened(): void {
-    this.paced?.confirm?.();
+  private opened(askedAt: number): void {
+    this.paced?.confirm?.(askedAt);
     this.pingedAt = performance.now();
     if (this.closed) this.log.info("the database answers again: API requests are served");
     this.closed = false;

@@ -5,6 +5,7 @@
 // 53300 (too many connections: the database answering), or passes them through.
 import assert from "node:assert/strict";
 import fs from "node:fs";
+import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { Writable } from "node:stream";
@@ -14,7 +15,7 @@ import vm from "node:vm";
 import type { FastifyInstance } from "fastify";
 import { tokenCreate } from "../../src/auth/tokens.ts";
 import { loadConfig } from "../../src/config.ts";
-import { createDatabase, type Database } from "../../src/db/client.ts";
+import { createDatabase, type Database, pacedSocket } from "../../src/db/client.ts";
 import { expectedMigrationCount } from "../../src/db/migrate.ts";
 import { buildServer } from "../../src/http/server.ts";
 import { createLogger } from "../../src/log.ts";
@@ -196,18 +197,22 @@ test("a probe while new connections are slow to open (a pooler queueing them) an
   await database.sql`select 1`;
 });
 
-for (const tls of [false, true]) {
-  test(`a probe while every pool connection is busy and new connections are slow: bytes read on the pool are an answer${tls ? " (TLS)" : ""}`, async () => {
+for (const [tls, mode] of [
+  [false, "slow"],
+  [true, "slow"],
+  [false, "too-many"],
+] as const) {
+  test(`a probe while every pool connection is busy and new connections are ${mode === "slow" ? "slow" : "refused (FATAL 53300)"}: bytes read on the pool are an answer${tls ? " (TLS)" : ""}`, async () => {
     const { app, relay, database } = await apiThroughRelay(GATE, { tls });
     // The pool's one connection, confirmed (under TLS no ReadyForQuery is seen: a probe's answer does it).
     await database.sql`select 1`;
     await app.databaseGate.runOnce();
     assert.equal(app.databaseGate.refuses(), false);
     relay.slowMs = 1_500;
-    relay.mode = "slow";
+    relay.mode = mode;
     // That connection busy for 0.2 s: the probe's `select 1` goes to a new connection (postgres.js
-    // makes one before it queues behind a busy one while under its maximum), as slow as the probe's
-    // own.
+    // makes one before it queues behind a busy one while under its maximum), which fares as the
+    // probe's own: slow past the bound, or refused at once.
     const busy = database.sql`select pg_sleep(0.2)`.execute();
     await app.databaseGate.runOnce();
     assert.equal(app.databaseGate.refuses(), false, "the busy connection's answer counted");
@@ -268,4 +273,37 @@ test("connections that stop answering without closing (a network partition): a p
   assert.equal((await within(held, 10_000, "the request held by the partition")).statusCode, 200);
   await waitFor(async () => !app.databaseGate.refuses(), 10_000, "the gate to open again");
   assert.equal((await list(app)).statusCode, 200);
+});
+
+test("the pacer confirms only connections made before what was answered, and one that said ReadyForQuery itself", async () => {
+  // A server that answers a connection with ReadyForQuery once it has a byte, and holds the others.
+  const readyFor = new Set<number>();
+  const server = net.createServer((socket) => {
+    socket.once("data", () => {
+      if (readyFor.has(socket.remotePort ?? 0)) socket.write(Buffer.from([0x5a, 0, 0, 0, 5, 0x49]));
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  closers.push(() => new Promise<void>((resolve) => server.close(() => resolve())));
+  const { port } = server.address() as net.AddressInfo;
+  const pacer = pacedSocket();
+  const connect = async () => {
+    const socket = await pacer({ host: ["127.0.0.1"], port: [port] });
+    await new Promise((resolve) => socket.once("connect", resolve));
+    closers.push(() => void socket.destroy());
+    return socket;
+  };
+  const early = await connect();
+  const before = performance.now();
+  const late = await connect();
+  pacer.confirm(before);
+  assert.deepEqual([...pacer.mark().keys()], [early], "the one made after `before` is left out");
+  // A third connection that says ReadyForQuery is confirmed by it, and it alone.
+  const ready = await connect();
+  readyFor.add(ready.localPort ?? 0);
+  ready.write("x");
+  late.write("x");
+  await waitFor(async () => pacer.mark().has(ready), 5_000, "the ready connection to be confirmed");
+  assert.equal(pacer.mark().has(late), false);
+  assert.equal(pacer.unconfirmedSince(), null);
 });
