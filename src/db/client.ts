@@ -56,10 +56,10 @@ const CONNECT_BURST = 12;
 /** Connections a pool makes a second at most, once its burst is spent. */
 const CONNECTS_PER_SECOND = 2;
 
-/** pacedSocket's factory, with what ends it. */
 /** pacedSocket's mark(): each confirmed open connection and what it had read. */
 export type ReadMark = ReadonlyMap<net.Socket, number>;
 
+/** pacedSocket's factory, with what ends it and what it has seen of its connections. */
 export interface PacedSocket {
   (o: { host: string[]; port: number[]; path?: string | false }): Promise<net.Socket>;
   /** Cancels a wait in progress and refuses later connections: the pool is ending. */
@@ -150,7 +150,7 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
     return watched(Object.assign(net.connect(port, host), { host, port }));
   };
   // Connections made here and not yet seen destroyed (pruned on each ask and look), when each was
-  // made, and those that have reached the database (`confirmed`). A Set and a flag: postgres.js
+  // made, and those that have reached the database (`confirmed`). Pruned by `destroyed`: postgres.js
   // removes every listener of a socket it hands to TLS, so a `close` listener cannot be relied on.
   const open = new Map<net.Socket, number>();
   const confirmed = new WeakSet<net.Socket>();
