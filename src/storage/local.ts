@@ -144,7 +144,7 @@ async function syncUp(root: string, dir: string, made: boolean): Promise<void> {
  */
 const foldersRaced = missing;
 
-/** Renames tried when the target's folder keeps vanishing (see renameInto). */
+/** Renames tried when the target's folder keeps vanishing and coming back (see renameInto). */
 const RENAME_TRIES = 5;
 
 /**
@@ -153,15 +153,29 @@ const RENAME_TRIES = 5;
  */
 const REMOVE_TRIES = 20;
 
+/** A rename onto a folder that holds something: Linux says ENOTEMPTY, POSIX allows EEXIST. */
+const occupied = (err: unknown) =>
+  ["ENOTEMPTY", "EEXIST"].includes((err as NodeJS.ErrnoException).code ?? "");
+
 /**
- * Renames `from` to `to`, making `to`'s folder when it is missing (the first rename into a folder fails
- * ENOENT, so a rename into one that exists costs no mkdir). A delete that empties a folder removes it
- * (see LocalStore.prune), and one may land between the mkdir here and the rename — a sweep, or another
- * worker discarding its attempt of the same task: the folder is made again and the rename tried again.
- * Each retry needs another delete in that gap, so a few tries are plenty. Synchronous, for the runner's
- * success path (local metadata calls cost less than their thread-pool round trips).
+ * Renames `from` to `to`, making `to`'s folder when it is missing, and says whether it made folders
+ * (their entries are to be flushed). A rename into a folder that exists costs nothing more. A missing
+ * folder is not made empty and then renamed into: a delete that empties a folder removes it (see
+ * LocalStore.prune) — a sweep, or another worker discarding its attempt of the same task — and such a
+ * removal landing between the mkdir and the rename failed the rename again on each of five tries once
+ * in a full test run (the test keeping and discarding as workers do). Instead `from` moves into a
+ * staging folder beside it under `to`'s name, and the staging folder is renamed to `to`'s folder: the
+ * folder appears with its content in one step, and a prune (rmdir) never removes a folder with
+ * something in it. A folder that is there and empty — made a moment ago by another worker for its
+ * own rename, which then lands in this one — is replaced by that rename. One that came back with
+ * something in it since the first rename failed (ENOTEMPTY) is renamed into after all, `from` put
+ * back first; a folder above that is missing too is made (folders above a task's are never pruned).
+ * Each round needs the folder to vanish and come back full in two windows microseconds wide.
+ * Synchronous, for the runner's success path (local metadata calls cost less than their thread-pool
+ * round trips).
  */
 export function renameInto(from: string, to: string): boolean {
+  const dir = path.dirname(to);
   let made = false;
   for (let tries = 1; ; tries++) {
     try {
@@ -170,9 +184,23 @@ export function renameInto(from: string, to: string): boolean {
     } catch (err) {
       if (!missing(err) || tries === RENAME_TRIES || !fs.existsSync(from)) throw err;
     }
+    // Unique as `from` is (an attempt's folder, a partial upload): no other rename stages here.
+    const stage = `${from}.stage`;
+    const staged = path.join(stage, path.basename(to));
+    fs.mkdirSync(stage);
+    fs.renameSync(from, staged);
+    try {
+      fs.renameSync(stage, dir);
+      return true;
+    } catch (err) {
+      fs.renameSync(staged, from);
+      fs.rmdirSync(stage);
+      if (occupied(err)) continue;
+      if (!missing(err)) throw err;
+    }
     made = true;
     try {
-      fs.mkdirSync(path.dirname(to), { recursive: true });
+      fs.mkdirSync(path.dirname(dir), { recursive: true });
     } catch (err) {
       if (!foldersRaced(err)) throw err;
     }
@@ -256,29 +284,15 @@ export class LocalStore implements ObjectStore {
   }
 
   /**
-   * One rename; the target's folder is made only when it is missing (a put costs no mkdir), and made
-   * again if a delete that emptied it removes it before the rename (as renameInto). The caller has
-   * flushed `tmp`'s bytes to disk; the rename is flushed here, with the folders it made: the row that
-   * names the key is committed next, and a power loss after that commit must not leave the key missing
-   * or empty (a new file's bytes and a rename sit in the page cache for seconds otherwise).
+   * One rename (renameInto): the target's folder is made only when it is missing (a put costs no
+   * mkdir), with the file in it, so that a delete emptying it cannot remove it before the rename. The
+   * caller has flushed `tmp`'s bytes to disk; the rename is flushed here, with the folders it made: the
+   * row that names the key is committed next, and a power loss after that commit must not leave the key
+   * missing or empty (a new file's bytes and a rename sit in the page cache for seconds otherwise).
    */
   private async publish(tmp: string, key: string): Promise<void> {
     const target = this.localPath(key);
-    let made = false;
-    for (let tries = 1; ; tries++) {
-      try {
-        await fsp.rename(tmp, target);
-        break;
-      } catch (err) {
-        if (!missing(err) || tries === RENAME_TRIES || !fs.existsSync(tmp)) throw err;
-      }
-      made = true;
-      try {
-        await fsp.mkdir(path.dirname(target), { recursive: true });
-      } catch (err) {
-        if (!foldersRaced(err)) throw err;
-      }
-    }
+    const made = renameInto(tmp, target);
     await syncUp(this.root, path.dirname(target), made);
   }
 
@@ -583,7 +597,8 @@ export class LocalStore implements ObjectStore {
       const full = path.join(dir, name);
       const stat = await fsp.stat(full).catch(() => undefined);
       if (stat && stat.mtimeMs < olderThan.getTime()) {
-        await fsp.rm(full, { force: true });
+        // A folder is a put's staging folder (renameInto), its process killed in the middle.
+        await fsp.rm(full, { recursive: true, force: true });
         removed++;
       }
     }

@@ -225,12 +225,15 @@ describe("deleting outputs from a local store leaves no empty folders", () => {
       discarding.kill("SIGKILL");
     }
   });
-  test("a folder another process makes and removes as fast as it can: a rename into it or a put under it fails only for want of the folder, never in the mkdir", async () => {
+  test("a folder another process makes and removes as fast as it can: every rename into it and every put under it lands", async () => {
     // Node's recursive mkdir, finding the folder made (EEXIST), looks at it and failed ENOENT when it
     // was removed in between — an error the keep took for a failure of its own (once in a whole run of
     // the test above, which keeps and discards as workers do). This other process makes the race
-    // common: a fifth of the renames' mkdirs and three quarters of the puts' failed before the fix. It also empties the folder faster than any worker, so
-    // some renames use up their tries (the folder gone each time): those are ENOENT from the rename.
+    // common: a fifth of the renames' mkdirs and three quarters of the puts' failed before that fix.
+    // And while a rename made the folder empty and then renamed into it, 73 and 154 of the 700 renames
+    // and puts used up their tries here in two runs, the folder removed between the mkdir and the
+    // rename each time (and five in a row once in a full run of the test above): now a missing folder
+    // is made with the rename's content in it, in one rename, and an empty one there is replaced.
     const taskKey = "outputs/999999991";
     const task = env.storage.localPath?.(taskKey) as string;
     const scratch = fs.mkdtempSync(path.join(env.dataDir, "mkdirs-"));
@@ -283,8 +286,8 @@ describe("deleting outputs from a local store leaves no empty folders", () => {
     } finally {
       toggling.kill("SIGKILL");
     }
-    for (const key of failures.keys()) assert.equal(key, "ENOENT rename", JSON.stringify([...failures]));
-    assert.ok(landed > 350, `${landed} of 700 landed (${JSON.stringify([...failures])})`);
+    assert.deepEqual([...failures], []);
+    assert.equal(landed, 700);
   });
 });
 

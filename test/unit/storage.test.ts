@@ -32,6 +32,33 @@ test("abortIncompleteUploads removes only old partial uploads", async () => {
   fs.rmSync(path.join(dir, "new"));
 });
 
+test("abortIncompleteUploads removes an old put's staging folder (its process killed while it made the key's folder)", async () => {
+  const dir = path.join(root, ".partial");
+  const stage = path.join(dir, "1700000000000-00112233aabbccdd.stage");
+  fs.mkdirSync(stage, { recursive: true });
+  fs.writeFileSync(path.join(stage, "9"), "x");
+  const past = new Date(Date.now() - 2 * 3600_000);
+  fs.utimesSync(stage, past, past);
+  assert.equal(await storage.abortIncompleteUploads(new Date(Date.now() - 3600_000)), 1);
+  assert.deepEqual(fs.readdirSync(dir), []);
+});
+
+test("a put into a missing folder makes it with the object in it; one into a folder there renames into it", async () => {
+  await storage.put("outputs/1000000/a.json", Readable.from([Buffer.from("a")]));
+  assert.equal(fs.readFileSync(path.join(root, "outputs/1000000/a.json"), "utf8"), "a");
+  fs.mkdirSync(path.join(root, "outputs/1000001"));
+  const empty = fs.statSync(path.join(root, "outputs/1000001")).ino;
+  await storage.put("outputs/1000001/b.json", Readable.from([Buffer.from("b")]));
+  assert.equal(fs.readFileSync(path.join(root, "outputs/1000001/b.json"), "utf8"), "b");
+  // A folder that is there is renamed into: only a missing one is staged.
+  assert.equal(fs.statSync(path.join(root, "outputs/1000001")).ino, empty);
+  await storage.put("outputs/1000001/c.json", Readable.from([Buffer.from("c")]));
+  assert.deepEqual(fs.readdirSync(path.join(root, "outputs/1000001")).sort(), ["b.json", "c.json"]);
+  assert.deepEqual(fs.readdirSync(path.join(root, ".partial")), [], "no staging folder left");
+  await storage.deletePrefix("outputs/1000000/");
+  await storage.deletePrefix("outputs/1000001/");
+});
+
 test("storedFileName keeps only a safe base name", () => {
   assert.equal(storedFileName("../../etc/passwd"), "passwd");
   assert.equal(storedFileName("C:\\data\\x.csv"), "x.csv");
