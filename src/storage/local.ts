@@ -169,7 +169,8 @@ const occupied = (err: unknown) =>
  * something in it. A folder that is there and empty — made a moment ago by another worker for its
  * own rename, which then lands in this one — is replaced by that rename. One that came back with
  * something in it since the first rename failed (ENOTEMPTY) is renamed into after all, `from` put
- * back first; a folder above that is missing too is made (folders above a task's are never pruned).
+ * back first; a folder above that is missing too is made (folders above a task's are never pruned),
+ * and the staging folder renamed again.
  * Each round needs the folder to vanish and come back full in two windows microseconds wide.
  * Synchronous, for the runner's success path (local metadata calls cost less than their thread-pool
  * round trips).
@@ -189,21 +190,30 @@ export function renameInto(from: string, to: string): boolean {
     const staged = path.join(stage, path.basename(to));
     fs.mkdirSync(stage);
     fs.renameSync(from, staged);
-    try {
-      fs.renameSync(stage, dir);
-      return true;
-    } catch (err) {
-      fs.renameSync(staged, from);
-      fs.rmdirSync(stage);
-      if (occupied(err)) continue;
-      if (!missing(err)) throw err;
+    let failure = renameOrError(stage, dir);
+    if (failure !== undefined && missing(failure)) {
+      // The folder above is missing too (the store's first output, a key two folders deep).
+      made = true;
+      try {
+        fs.mkdirSync(path.dirname(dir), { recursive: true });
+      } catch (err) {
+        if (!foldersRaced(err)) failure = err;
+      }
+      if (missing(failure)) failure = renameOrError(stage, dir);
     }
-    made = true;
-    try {
-      fs.mkdirSync(path.dirname(dir), { recursive: true });
-    } catch (err) {
-      if (!foldersRaced(err)) throw err;
-    }
+    if (failure === undefined) return true;
+    fs.renameSync(staged, from);
+    fs.rmdirSync(stage);
+    if (!occupied(failure) && !missing(failure)) throw failure;
+  }
+}
+
+function renameOrError(from: string, to: string): unknown {
+  try {
+    fs.renameSync(from, to);
+    return undefined;
+  } catch (err) {
+    return err;
   }
 }
 

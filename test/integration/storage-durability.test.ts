@@ -65,6 +65,15 @@ function find(calls: string[], pattern: RegExp, from = 0, what = String(pattern)
 
 const literal = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
 
+/**
+ * The rename that publishes `target` from a source matching `source` (a pattern): a rename to it, or,
+ * when its folder was missing, the rename of the source's staging folder to that folder (renameInto).
+ */
+const publishing = (source: string, target: string) =>
+  new RegExp(
+    `rename\\w*\\(.*"(?:${source}", .*"${literal(target)}|${source}\\.stage", .*"${literal(path.dirname(target))})"`,
+  );
+
 test("local put and putFile flush the bytes before the rename, and the folder after it", {
   // Under CI (.ci/run installs strace) a missing strace fails the test instead of skipping it.
   skip: strace || process.env.CI === "true" ? false : "strace is not installed",
@@ -84,15 +93,9 @@ await store.putFile(${JSON.stringify(`${attempt}/report.csv`)}, ${JSON.stringify
     // A folder made for it: each new folder's own entry is flushed too, up to the root.
     [`${attempt}/report.csv`, [attempt, "outputs/100000007", "outputs"]],
   ] as const) {
-    const target = literal(path.join(root, key));
-    const renamed = find(
-      calls,
-      new RegExp(`rename\\w*\\(.*"${partial}/[^"]+", .*"${target}"`),
-      0,
-      `${key}'s rename`,
-    );
+    const renamed = find(calls, publishing(`${partial}/[^"/]+?`, path.join(root, key)), 0, `${key}'s rename`);
     const tmp = (
-      /"([^"]+\/\.partial\/[^"]+)"/.exec(calls[renamed] as string) as RegExpExecArray
+      /"([^"]+\/\.partial\/[^"/]+?)(?:\.stage)?"/.exec(calls[renamed] as string) as RegExpExecArray
     )[1] as string;
     const flushed = calls.findIndex((c) => new RegExp(`f(data)?sync\\(\\d+<${literal(tmp)}>`).test(c));
     assert.ok(flushed >= 0 && flushed < renamed, `${key} is flushed before its rename:\n${calls.join("\n")}`);
@@ -139,12 +142,7 @@ await publishFolder(store.root, ${JSON.stringify(out(3))}, store.localPath(${JSO
   let at = 0;
   for (const n of [1, 2]) {
     const target = path.join(root, key(n));
-    const renamed = find(
-      calls,
-      new RegExp(`rename\\w*\\(.*"${literal(out(n))}", .*"${literal(target)}"`),
-      at,
-      `run ${n}'s rename`,
-    );
+    const renamed = find(calls, publishing(literal(out(n)), target), at, `run ${n}'s rename`);
     // Its files and its folder, where they now are; then the task's folder; and for the first run,
     // whose rename made the task's folder and outputs/, those up to the root.
     at = renamed;
