@@ -229,6 +229,16 @@ export const NEWCOMER_CLAIM = CLAIM_QUANTUM + 1;
 /** Runs of a new task go ahead of buffered runs younger than the prefetch window, or this (Worker.place). */
 export const OVERTAKE_MIN_MS = 200;
 /**
+ * A run claimed ahead by the automatic prefetch that has waited in the buffer this many windows (and
+ * at least STALE_BUFFER_MIN_MS) is given back, with the rest of its type's buffer (giveBackStale()):
+ * the type's mean said its runs were short, and they are not. A worker of 2 slots that had learned
+ * python-stats short on small files took all 6 runs of a task of 5 s runs, 4 of them waiting out of
+ * other workers' reach until a slot freed.
+ */
+export const STALE_BUFFER_WINDOWS = 5;
+/** See STALE_BUFFER_WINDOWS. */
+export const STALE_BUFFER_MIN_MS = 1000;
+/**
  * Runs a worker claims ahead of its free slots automatically (ASSAY_PREFETCH_WINDOW_MS): while a
  * type's attempts are short, as many runs as keep the slots busy for the window, from the type's
  * running mean of successful attempts, at most AUTO_PREFETCH_PER_SLOT per slot (under
@@ -599,6 +609,7 @@ export class Worker {
   async runOnce(): Promise<number> {
     if (this.orphanLookDue()) await this.adoptOrphans();
     this.drainBuffer();
+    this.giveBackStale();
     // The disk was full a moment ago (holdClaims()): runs claimed now would fail as that attempt did.
     if (performance.now() < this.claimsHeldUntil) return 0;
     // A newcomer's claim in flight takes a slot too (roomForNewcomer()).
@@ -1047,6 +1058,59 @@ export class Worker {
     this.bufferedAt.clear();
   }
 
+  /** How long a buffered run waits before it is given back (STALE_BUFFER_WINDOWS); none: never. */
+  private staleAfterMs(): number {
+    const windowMs = this.o.prefetchWindowMs ?? 0;
+    // A fixed prefetch holds its runs whatever their length, as its setting says.
+    if (windowMs <= 0 || (this.o.prefetch ?? 0) > 0) return Number.POSITIVE_INFINITY;
+    return Math.max(STALE_BUFFER_WINDOWS * windowMs, STALE_BUFFER_MIN_MS);
+  }
+
+  /**
+   * Gives back every buffered run of a type one of whose buffered runs has waited staleAfterMs():
+   * claimed ahead on a mean that the type's runs no longer keep to (a slot took a minute, not a
+   * hundred milliseconds), they would wait here while another worker may have a slot free. The whole
+   * type's buffer, so that a task's later runs do not start here before its earlier ones, given back,
+   * are claimed again (each task starts its runs in file order). The attempt is refunded, and the
+   * retry's wake-up tells the other workers; this one claims no run ahead of its slots again while
+   * the long runs are live (autoPrefetch()). When it is due (staleDueInMs()) the claim loop looks.
+   */
+  private giveBackStale(): void {
+    const afterMs = this.staleAfterMs();
+    if (this.buffer.length === 0 || afterMs === Number.POSITIVE_INFINITY) return;
+    const now = performance.now();
+    const stale = new Set<string>();
+    for (const r of this.buffer)
+      if (now - (this.bufferedAt.get(r.id) ?? now) >= afterMs) stale.add(r.analysisType);
+    if (stale.size === 0) return;
+    const back = this.buffer.filter((r) => stale.has(r.analysisType));
+    this.buffer = this.buffer.filter((r) => !stale.has(r.analysisType));
+    this.o.logger.info(
+      { workerId: this.id, analysisTypes: [...stale], runs: back.length },
+      "runs claimed ahead waited too long for a slot; given back to the queue",
+    );
+    for (const run of back) {
+      this.bufferedAt.delete(run.id);
+      this.queueRetry(run, null, {
+        id: run.id,
+        token: run.leaseToken,
+        delayMs: 0,
+        refund: true,
+        errorCode: null,
+        errorMessage: null,
+      });
+    }
+  }
+
+  /** Milliseconds until giveBackStale() has a run to give back; infinite when none will. */
+  private staleDueInMs(): number {
+    const afterMs = this.staleAfterMs();
+    if (afterMs === Number.POSITIVE_INFINITY) return afterMs;
+    let oldest = Number.POSITIVE_INFINITY;
+    for (const at of this.bufferedAt.values()) oldest = Math.min(oldest, at);
+    return Math.max(0, oldest + afterMs - performance.now());
+  }
+
   private drainBuffer(): void {
     // The disk was full a moment ago (holdClaims()): they would fail as that attempt did; other
     // workers may have room. A claim in flight when the hold began brings its runs here too.
@@ -1095,12 +1159,15 @@ export class Worker {
       await new Promise<void>((resolve) => {
         // The poll: work that came without a wake-up (a run another worker or the reaper put back,
         // one whose backoff ran out) is found by claiming every type again. A look for runs a failed
-        // claim took (adoptOrphans()) that is due sooner ends the wait without that.
+        // claim took (adoptOrphans()) that is due sooner ends the wait without that, as does a
+        // buffered run's give-back (giveBackStale()).
         const poll = jitter(this.o.pollIntervalMs);
-        const look =
+        const look = Math.min(
           performance.now() < this.orphanWatchUntil
             ? Math.max(0, this.orphanLookedAt + this.orphanRelookMs() - performance.now())
-            : Number.POSITIVE_INFINITY;
+            : Number.POSITIVE_INFINITY,
+          this.staleDueInMs(),
+        );
         const timer = setTimeout(
           () => {
             if (poll <= look) this.clearDrained();

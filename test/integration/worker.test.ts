@@ -12,6 +12,7 @@ import {
   AUTO_PREFETCH_PER_SLOT_INSTANT,
   autoPrefetchRuns,
   type Handler,
+  STALE_BUFFER_MIN_MS,
   Worker,
   type WorkerOptions,
 } from "../../src/queue/worker.ts";
@@ -1192,6 +1193,64 @@ describe("automatic prefetch (ASSAY_PREFETCH_WINDOW_MS)", () => {
       limited.every((n) => n <= 2),
       `claims: ${limited}`,
     );
+  });
+
+  test("runs claimed ahead on a mean their runs no longer keep to are given back after STALE_BUFFER_MIN_MS, and another worker runs them", async () => {
+    // As the dashboard's cancel test found: a worker that has learned a type short (runs of a few
+    // ms) claims a task of long runs ahead of its slots — 2 run, 4 wait in its buffer, out of other
+    // workers' reach until a slot frees.
+    const type = "t-auto-stale";
+    let long = "";
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const handler: Handler = async (run) => {
+      if (String(run.taskId) === long) await gate;
+      else await pause(2);
+      return { status: "succeeded" };
+    };
+    const a = worker({ [type]: handler }, { concurrency: 2, prefetchWindowMs: 200 });
+    const ranOnB: number[] = [];
+    const b = worker(
+      {
+        [type]: async (run) => {
+          ranOnB.push(run.id);
+          return { status: "succeeded" };
+        },
+      },
+      { concurrency: 2, prefetchWindowMs: 200 },
+    );
+    const buffered = () => (a as unknown as { buffer: ClaimedRun[] }).buffer;
+    await a.start();
+    try {
+      await waitForTerminal(db.sql, await createTask(db.sql, owner, type, 10), 20_000);
+      long = await createTask(db.sql, owner, type, 6);
+      await waitFor(async () => buffered().length === 4, 10_000, "four runs claimed ahead of A's slots");
+      const ahead = buffered().map((r) => r.id);
+      const bufferedAt = (a as unknown as { bufferedAt: Map<number, number> }).bufferedAt;
+      const claimedAt = Math.min(...ahead.map((id) => bufferedAt.get(id) as number));
+      await b.start();
+      // Given back (their attempt refunded), claimed by B and run there, while A's two hold its slots.
+      await waitFor(async () => ranOnB.length === 4, 20_000, "B runs the runs A had claimed ahead");
+      assert.ok(
+        performance.now() - claimedAt >= STALE_BUFFER_MIN_MS,
+        "not given back before they were stale",
+      );
+      assert.deepEqual(ranOnB, ahead, "B ran them in file order");
+      assert.equal(buffered().length, 0);
+      const attempts = await db.sql<{ attempt: number }[]>`
+        select attempt from runs where id = any(${db.sql.array(ahead)}::bigint[])`;
+      assert.deepEqual(
+        attempts.map((r) => r.attempt),
+        [1, 1, 1, 1],
+        "the attempts A never started are refunded",
+      );
+      release();
+      const row = await waitForTerminal(db.sql, long, 20_000);
+      assert.equal(row.succeeded, 6);
+    } finally {
+      release();
+      await Promise.all([a.stop(), b.stop()]);
+    }
   });
 
   /**
