@@ -101,8 +101,8 @@ function localPlace(
     outputDir,
     home,
     tmp,
-    // Into the task's folder, made when missing — and made again when a delete that emptied it (the
-    // store prunes empty folders) removes it before the rename; on disk before the completion commits.
+    // Into the task's folder, made when missing with the outputs in it (a delete that empties a folder
+    // prunes it: see renameInto); on disk before the completion commits.
     keep: async (files) =>
       publishFolder(
         store.root,

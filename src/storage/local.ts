@@ -136,16 +136,10 @@ async function syncUp(root: string, dir: string, made: boolean): Promise<void> {
   }
 }
 
-/**
- * A recursive mkdir's ENOENT: Node's, finding a folder made already (EEXIST) — by another worker a
- * moment ago — looks at it (stat) and fails ENOENT when a prune removed it in between (271 of 32,143
- * mkdirs against a loop making and removing the folder). Gone again, as after a prune that follows
- * the mkdir: the rename's next try makes it again. (Not EEXIST on a file in the way: that throws.)
- */
-const foldersRaced = missing;
-
-/** Renames tried when the target's folder keeps vanishing and coming back (see renameInto). */
+/** Rounds of renameInto when the target's folder keeps vanishing and coming back. */
 const RENAME_TRIES = 5;
+/** Missing folders renameInto makes above a target, at most (a key is at most four deep). */
+const RENAME_DEPTH = 8;
 
 /**
  * Recursive removals tried when something keeps arriving in the folder (see deletePrefix), the n-th
@@ -157,64 +151,110 @@ const REMOVE_TRIES = 20;
 const occupied = (err: unknown) =>
   ["ENOTEMPTY", "EEXIST"].includes((err as NodeJS.ErrnoException).code ?? "");
 
+/** The file system calls renameInto makes: synchronous ones, or the thread pool's. */
+interface RenameCalls {
+  rename(from: string, to: string): unknown;
+  mkdir(dir: string): unknown;
+  rmdir(dir: string): unknown;
+  exists(p: string): boolean | Promise<boolean>;
+}
+
+/** Local metadata calls cost less than their thread-pool round trips: the runner's success path. */
+const SYNC_CALLS: RenameCalls = {
+  rename: fs.renameSync,
+  mkdir: fs.mkdirSync,
+  rmdir: fs.rmdirSync,
+  exists: fs.existsSync,
+};
+
+/** The API's uploads: a slow or hung file system holds up the upload, not every request. */
+const POOL_CALLS: RenameCalls = {
+  rename: fsp.rename,
+  mkdir: fsp.mkdir,
+  rmdir: fsp.rmdir,
+  exists: (p) =>
+    fsp.access(p).then(
+      () => true,
+      () => false,
+    ),
+};
+
 /**
- * Renames `from` to `to`, making `to`'s folder when it is missing, and says whether it made folders
- * (their entries are to be flushed). A rename into a folder that exists costs nothing more. A missing
- * folder is not made empty and then renamed into: a delete that empties a folder removes it (see
- * LocalStore.prune) — a sweep, or another worker discarding its attempt of the same task — and such a
- * removal landing between the mkdir and the rename failed the rename again on each of five tries once
- * in a full test run (the test keeping and discarding as workers do). Instead `from` moves into a
- * staging folder beside it under `to`'s name, and the staging folder is renamed to `to`'s folder: the
- * folder appears with its content in one step, and a prune (rmdir) never removes a folder with
- * something in it. A folder that is there and empty — made a moment ago by another worker for its
- * own rename, which then lands in this one — is replaced by that rename. One that came back with
- * something in it since the first rename failed (ENOTEMPTY) is renamed into after all, `from` put
- * back first; a folder above that is missing too is made (folders above a task's are never pruned),
- * and the staging folder renamed again.
- * Each round needs the folder to vanish and come back full in two windows microseconds wide.
- * Synchronous, for the runner's success path (local metadata calls cost less than their thread-pool
- * round trips).
+ * Renames `from` to `to`, making `to`'s missing folders, and says whether it made any (their entries
+ * are to be flushed). A rename into a folder that exists costs nothing more. A missing folder is not
+ * made empty and then renamed into: a delete that empties a folder removes it (see LocalStore.prune)
+ * — a sweep, or another worker discarding its attempt of the same task — and such a removal landing
+ * between the mkdir and the rename failed the rename again on each of five tries once in a full test
+ * run (the test keeping and discarding as workers do). Instead `from` moves into a staging folder
+ * beside it under `to`'s name, and the staging folder is renamed to `to`'s folder: the folder appears
+ * with its content in one step, and a prune (rmdir) never removes a folder with something in it. When
+ * the folder above is missing too, the staging folder goes into another under that folder's name, and
+ * so on up. A folder that is there and empty (made by a process of an earlier version, which made
+ * folders empty) is replaced by the rename; one that came back with something in it since the first
+ * rename failed is renamed into after all, `from` put back first. Each round needs a folder to vanish
+ * and come back full in two windows microseconds wide. Synchronous calls by default (the runner).
  */
-export function renameInto(from: string, to: string): boolean {
-  const dir = path.dirname(to);
-  let made = false;
+export async function renameInto(from: string, to: string, calls = SYNC_CALLS): Promise<boolean> {
   for (let tries = 1; ; tries++) {
     try {
-      fs.renameSync(from, to);
-      return made;
+      await calls.rename(from, to);
+      return false;
     } catch (err) {
-      if (!missing(err) || tries === RENAME_TRIES || !fs.existsSync(from)) throw err;
+      if (!missing(err) || !(await calls.exists(from))) throw err;
+      if (tries > RENAME_TRIES) throw err;
     }
-    // Unique as `from` is (an attempt's folder, a partial upload): no other rename stages here.
-    const stage = `${from}.stage`;
-    const staged = path.join(stage, path.basename(to));
-    fs.mkdirSync(stage);
-    fs.renameSync(from, staged);
-    let failure = renameOrError(stage, dir);
-    if (failure !== undefined && missing(failure)) {
-      // The folder above is missing too (the store's first output, a key two folders deep).
-      made = true;
-      try {
-        fs.mkdirSync(path.dirname(dir), { recursive: true });
-      } catch (err) {
-        if (!foldersRaced(err)) failure = err;
-      }
-      if (missing(failure)) failure = renameOrError(stage, dir);
-    }
-    if (failure === undefined) return true;
-    fs.renameSync(staged, from);
-    fs.rmdirSync(stage);
-    if (!occupied(failure) && !missing(failure)) throw failure;
+    if (await stagedInto(calls, from, to)) return true;
   }
 }
 
-function renameOrError(from: string, to: string): unknown {
+/**
+ * renameInto's staged rename; false when a folder on the way came back occupied (`from` is in its
+ * place again). Each stage is named after `from`, which is unique (an attempt's folder, a partial
+ * upload): no other rename stages there.
+ */
+async function stagedInto(calls: RenameCalls, from: string, to: string): Promise<boolean> {
+  // Each move made, undone in reverse order when the rename cannot land.
+  const moves: { from: string; to: string; stage: string }[] = [];
+  let item = from;
+  let target = to;
+  let failure: unknown;
   try {
-    fs.renameSync(from, to);
-    return undefined;
+    for (let depth = 1; ; depth++) {
+      const stage = `${from}.stage${depth}`;
+      await calls.mkdir(stage);
+      const staged = path.join(stage, path.basename(target));
+      try {
+        await calls.rename(item, staged);
+      } catch (err) {
+        await calls.rmdir(stage);
+        throw err;
+      }
+      moves.push({ from: item, to: staged, stage });
+      item = stage;
+      target = path.dirname(target);
+      try {
+        await calls.rename(item, target);
+        return true;
+      } catch (err) {
+        // Missing: the folder above is missing too, and is staged in turn.
+        if (!missing(err) || depth === RENAME_DEPTH || path.dirname(target) === target) throw err;
+      }
+    }
   } catch (err) {
-    return err;
+    failure = err;
   }
+  // `from` back in its place; a failure of that is the caller's (its thing is in a stage, which the
+  // sweeps remove with the attempt's folder or the partial uploads), with the first cause.
+  try {
+    for (const m of moves.reverse()) {
+      await calls.rename(m.to, m.from);
+      await calls.rmdir(m.stage);
+    }
+  } catch (err) {
+    throw new AggregateError([failure, err], "a staged rename failed and could not be undone");
+  }
+  if (occupied(failure)) return false;
+  throw failure;
 }
 
 /**
@@ -245,7 +285,7 @@ function folderIdentity(dir: string): string {
  * yet), not for every run. One flush at a time, through the thread pool (each may wait for the disk).
  */
 export async function publishFolder(root: string, from: string, to: string, names: readonly string[]) {
-  const made = renameInto(from, to);
+  const made = await renameInto(from, to);
   const task = path.dirname(to);
   try {
     for (const n of names) await syncFile(path.join(to, n));
@@ -294,15 +334,16 @@ export class LocalStore implements ObjectStore {
   }
 
   /**
-   * One rename (renameInto): the target's folder is made only when it is missing (a put costs no
-   * mkdir), with the file in it, so that a delete emptying it cannot remove it before the rename. The
+   * One rename (renameInto, through the thread pool): the target's folders are made only when they are
+   * missing (a put costs no mkdir), with the file in them, so that a delete emptying one cannot remove
+   * it before the rename. The
    * caller has flushed `tmp`'s bytes to disk; the rename is flushed here, with the folders it made: the
    * row that names the key is committed next, and a power loss after that commit must not leave the key
    * missing or empty (a new file's bytes and a rename sit in the page cache for seconds otherwise).
    */
   private async publish(tmp: string, key: string): Promise<void> {
     const target = this.localPath(key);
-    const made = renameInto(tmp, target);
+    const made = await renameInto(tmp, target, POOL_CALLS);
     await syncUp(this.root, path.dirname(target), made);
   }
 
@@ -438,8 +479,8 @@ export class LocalStore implements ObjectStore {
    * (the store sweep's orphans, a fenced-off attempt's discard, an earlier attempt's leftovers) was
    * otherwise left behind for good, and every later listing walked it — a task whose deletion was
    * interrupted left a folder per run. rmdir removes only an empty folder, so nothing stored is at
-   * risk; a folder made for a rename just now may go before the rename, which then makes it again
-   * (renameInto, publish). Best effort: the delete has happened whatever this finds.
+   * risk, and a rename makes a missing folder with its content in it (renameInto), so none is pruned
+   * between its making and the rename. Best effort: the delete has happened whatever this finds.
    */
   private async prune(dir: string): Promise<void> {
     for (let d = dir; path.dirname(path.relative(this.root, d)) !== "."; d = path.dirname(d)) {

@@ -60,7 +60,7 @@ const keepAndDiscard = (taskKey: string) => `
     fs.mkdirSync(from);
     fs.writeFileSync(path.join(from, "out.json"), "{}");
     try {
-      renameInto(from, store.localPath(${JSON.stringify(taskKey)} + "/9." + i + ".y"));
+      await renameInto(from, store.localPath(${JSON.stringify(taskKey)} + "/9." + i + ".y"));
       landed++;
     } catch {
       fs.rmSync(from, { recursive: true, force: true });

@@ -199,7 +199,7 @@ describe("deleting outputs from a local store leaves no empty folders", () => {
       for (let i = 0; ; i++) {
         const from = path.join(${JSON.stringify(scratch)}, "o" + i);
         fs.mkdirSync(from);
-        renameInto(from, store.localPath(${JSON.stringify(taskKey)} + "/9." + i + ".y"));
+        await renameInto(from, store.localPath(${JSON.stringify(taskKey)} + "/9." + i + ".y"));
         await store.deletePrefix(${JSON.stringify(taskKey)} + "/9." + i + ".y/");
       }`,
     );
@@ -218,14 +218,14 @@ describe("deleting outputs from a local store leaves no empty folders", () => {
         const from = path.join(scratch, `a${i}`);
         fs.mkdirSync(from);
         const to = path.join(task, `${i}.1.x`);
-        renameInto(from, to);
+        await renameInto(from, to);
         await env.storage.deletePrefix(`${taskKey}/${i}.1.x/`);
       }
     } finally {
       discarding.kill("SIGKILL");
     }
   });
-  test("a folder another process makes and removes as fast as it can: every rename into it and every put under it lands", async () => {
+  test("a folder another process makes and removes as fast as it can: every rename into it and every put under it lands, a folder deeper too", async () => {
     // Node's recursive mkdir, finding the folder made (EEXIST), looks at it and failed ENOENT when it
     // was removed in between — an error the keep took for a failure of its own (once in a whole run of
     // the test above, which keeps and discards as workers do). This other process makes the race
@@ -233,7 +233,9 @@ describe("deleting outputs from a local store leaves no empty folders", () => {
     // And while a rename made the folder empty and then renamed into it, 73 and 154 of the 700 renames
     // and puts used up their tries here in two runs, the folder removed between the mkdir and the
     // rename each time (and five in a row once in a full run of the test above): now a missing folder
-    // is made with the rename's content in it, in one rename, and an empty one there is replaced.
+    // is made with the rename's content in it, in one rename, and an empty one there is replaced. A
+    // put two folders under the task's made the task's folder empty still (a review: 140 of 700 such
+    // puts failed against a loop removing it): now the missing folders are staged one in the other.
     const taskKey = "outputs/999999991";
     const task = env.storage.localPath?.(taskKey) as string;
     const scratch = fs.mkdtempSync(path.join(env.dataDir, "mkdirs-"));
@@ -266,18 +268,26 @@ describe("deleting outputs from a local store leaves no empty folders", () => {
         const from = path.join(scratch, `a${i}`);
         fs.mkdirSync(from);
         try {
-          renameInto(from, path.join(task, `${i}.1.x`));
+          await renameInto(from, path.join(task, `${i}.1.x`));
           fs.rmdirSync(path.join(task, `${i}.1.x`));
           landed++;
         } catch (err) {
           failed(err);
           fs.rmSync(from, { recursive: true, force: true });
         }
-        // A put flushes its file and folders: one in six.
+        // A put flushes its file and folders: one in six; and one in six a key a folder deeper, whose
+        // folder and the task's may both be missing (both are made by staging).
         if (i % 6 !== 0) continue;
         try {
           await env.storage.put(`${taskKey}/p${i}`, Readable.from([Buffer.from("x")]));
           fs.rmSync(path.join(task, `p${i}`));
+          landed++;
+        } catch (err) {
+          failed(err);
+        }
+        try {
+          await env.storage.put(`${taskKey}/d${i}/p.json`, Readable.from([Buffer.from("{}")]));
+          fs.rmSync(path.join(task, `d${i}`), { recursive: true });
           landed++;
         } catch (err) {
           failed(err);
@@ -287,7 +297,7 @@ describe("deleting outputs from a local store leaves no empty folders", () => {
       toggling.kill("SIGKILL");
     }
     assert.deepEqual([...failures], []);
-    assert.equal(landed, 700);
+    assert.equal(landed, 800);
   });
 });
 

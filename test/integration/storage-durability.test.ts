@@ -67,12 +67,16 @@ const literal = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
 
 /**
  * The rename that publishes `target` from a source matching `source` (a pattern): a rename to it, or,
- * when its folder was missing, the rename of the source's staging folder to that folder (renameInto).
+ * when its folders were missing, the rename of a staging folder of the source's to the highest
+ * missing one (renameInto).
  */
-const publishing = (source: string, target: string) =>
-  new RegExp(
-    `rename\\w*\\(.*"(?:${source}", .*"${literal(target)}|${source}\\.stage", .*"${literal(path.dirname(target))})"`,
+const publishing = (source: string, target: string) => {
+  const above: string[] = [];
+  for (let d = path.dirname(target); d !== path.dirname(d); d = path.dirname(d)) above.push(literal(d));
+  return new RegExp(
+    `rename\\w*\\(.*"(?:${source}", .*"${literal(target)}|${source}\\.stage\\d+", .*"(?:${above.join("|")}))"`,
   );
+};
 
 test("local put and putFile flush the bytes before the rename, and the folder after it", {
   // Under CI (.ci/run installs strace) a missing strace fails the test instead of skipping it.
@@ -95,7 +99,7 @@ await store.putFile(${JSON.stringify(`${attempt}/report.csv`)}, ${JSON.stringify
   ] as const) {
     const renamed = find(calls, publishing(`${partial}/[^"/]+?`, path.join(root, key)), 0, `${key}'s rename`);
     const tmp = (
-      /"([^"]+\/\.partial\/[^"/]+?)(?:\.stage)?"/.exec(calls[renamed] as string) as RegExpExecArray
+      /"([^"]+\/\.partial\/[^"/]+?)(?:\.stage\d+)?"/.exec(calls[renamed] as string) as RegExpExecArray
     )[1] as string;
     const flushed = calls.findIndex((c) => new RegExp(`f(data)?sync\\(\\d+<${literal(tmp)}>`).test(c));
     assert.ok(flushed >= 0 && flushed < renamed, `${key} is flushed before its rename:\n${calls.join("\n")}`);

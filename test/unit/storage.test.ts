@@ -6,7 +6,7 @@ import { Readable } from "node:stream";
 import { after, test } from "node:test";
 import { storedFileName } from "../../src/files/file-name.ts";
 import { SAFE_NAME } from "../../src/runner/outputs.ts";
-import { LocalStore } from "../../src/storage/local.ts";
+import { LocalStore, renameInto } from "../../src/storage/local.ts";
 import { checkKey, outputObjectKey } from "../../src/storage/store.ts";
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), "assay-storage-"));
@@ -57,6 +57,25 @@ test("a put into a missing folder makes it with the object in it; one into a fol
   assert.deepEqual(fs.readdirSync(path.join(root, ".partial")), [], "no staging folder left");
   await storage.deletePrefix("outputs/1000000/");
   await storage.deletePrefix("outputs/1000001/");
+});
+
+test("a rename whose folders cannot be made fails with the cause, its source back in place and no stage left", async () => {
+  const base = fs.mkdtempSync(path.join(root, "dangling-"));
+  // `outputs` a link to nothing: each missing folder is staged up to it, whose rename fails ENOTDIR.
+  fs.symlinkSync(path.join(base, "nowhere"), path.join(base, "outputs"));
+  const from = path.join(base, "out");
+  fs.mkdirSync(from);
+  fs.writeFileSync(path.join(from, "stats.json"), "{}");
+  await assert.rejects(renameInto(from, path.join(base, "outputs", "1000000", "10000001.1.x")), {
+    code: "ENOTDIR",
+  });
+  assert.equal(fs.readFileSync(path.join(from, "stats.json"), "utf8"), "{}");
+  assert.deepEqual(fs.readdirSync(base).sort(), ["out", "outputs"]);
+  // Made three folders deep at once where nothing was: the new folders hold the source.
+  const to = path.join(base, "made", "1000000", "10000001.1.x");
+  assert.equal(await renameInto(from, to), true);
+  assert.equal(fs.readFileSync(path.join(to, "stats.json"), "utf8"), "{}");
+  assert.deepEqual(fs.readdirSync(base).sort(), ["made", "outputs"]);
 });
 
 test("storedFileName keeps only a safe base name", () => {
