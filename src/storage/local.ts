@@ -152,7 +152,7 @@ const occupied = (err: unknown) =>
   ["ENOTEMPTY", "EEXIST"].includes((err as NodeJS.ErrnoException).code ?? "");
 
 /** The file system calls renameInto makes: synchronous ones, or the thread pool's. */
-interface RenameCalls {
+export interface RenameCalls {
   rename(from: string, to: string): unknown;
   mkdir(dir: string): unknown;
   rmdir(dir: string): unknown;
@@ -160,7 +160,7 @@ interface RenameCalls {
 }
 
 /** Local metadata calls cost less than their thread-pool round trips: the runner's success path. */
-const SYNC_CALLS: RenameCalls = {
+export const SYNC_CALLS: RenameCalls = {
   rename: fs.renameSync,
   mkdir: fs.mkdirSync,
   rmdir: fs.rmdirSync,
@@ -180,25 +180,26 @@ const POOL_CALLS: RenameCalls = {
 };
 
 /**
- * Renames `from` to `to`, making `to`'s missing folders, and says whether it made any (their entries
- * are to be flushed). A rename into a folder that exists costs nothing more. A missing folder is not
- * made empty and then renamed into: a delete that empties a folder removes it (see LocalStore.prune)
- * — a sweep, or another worker discarding its attempt of the same task — and such a removal landing
- * between the mkdir and the rename failed the rename again on each of five tries once in a full test
- * run (the test keeping and discarding as workers do). Instead `from` moves into a staging folder
- * beside it under `to`'s name, and the staging folder is renamed to `to`'s folder: the folder appears
- * with its content in one step, and a prune (rmdir) never removes a folder with something in it. When
- * the folder above is missing too, the staging folder goes into another under that folder's name, and
- * so on up. A folder that is there and empty (made by a process of an earlier version, which made
- * folders empty) is replaced by the rename; one that came back with something in it since the first
- * rename failed is renamed into after all, `from` put back first. Each round needs a folder to vanish
- * and come back full in two windows microseconds wide. Synchronous calls by default (the runner).
+ * Renames `from` to `to`, making `to`'s missing folders, and says whether it may have made any (their
+ * entries are to be flushed). A rename into a folder that exists costs nothing more. A missing folder
+ * is not made empty and then renamed into: a delete that empties a folder removes it (see
+ * LocalStore.prune) — a sweep, or another worker discarding its attempt of the same task — and such a
+ * removal landing between the mkdir and the rename failed the rename again on each of five tries once
+ * in a full test run (the test keeping and discarding as workers do). Instead `from` moves into a
+ * staging folder beside it under `to`'s name, and the staging folder is renamed to `to`'s folder: the
+ * folder appears with its content in one step, and a prune (rmdir) never removes a folder with
+ * something in it. When the folder above is missing too, the staging folder goes into another under
+ * that folder's name, and so on up. A folder missing at the first rename and back empty at the staged
+ * one (a process of an earlier version made folders empty) is replaced by it; one back with something
+ * in it is renamed into after all, `from` put back first — and its entry flushed all the same, as the
+ * process that made it may not have yet. Each round needs a folder to vanish and come back full in two
+ * windows microseconds wide. Synchronous calls by default (the runner).
  */
 export async function renameInto(from: string, to: string, calls = SYNC_CALLS): Promise<boolean> {
   for (let tries = 1; ; tries++) {
     try {
       await calls.rename(from, to);
-      return false;
+      return tries > 1;
     } catch (err) {
       if (!missing(err) || !(await calls.exists(from))) throw err;
       if (tries > RENAME_TRIES) throw err;
@@ -210,7 +211,9 @@ export async function renameInto(from: string, to: string, calls = SYNC_CALLS): 
 /**
  * renameInto's staged rename; false when a folder on the way came back occupied (`from` is in its
  * place again). Each stage is named after `from`, which is unique (an attempt's folder, a partial
- * upload): no other rename stages there.
+ * upload): no other rename stages there. Any other failure is thrown as it was, once `from` is back
+ * (or, when that fails too, left in a stage, which the sweeps remove with the attempt's folder or
+ * the partial uploads): its code tells a full disk (isNoSpace).
  */
 async function stagedInto(calls: RenameCalls, from: string, to: string): Promise<boolean> {
   // Each move made, undone in reverse order when the rename cannot land.
@@ -218,6 +221,7 @@ async function stagedInto(calls: RenameCalls, from: string, to: string): Promise
   let item = from;
   let target = to;
   let failure: unknown;
+  let cameBack = false;
   try {
     for (let depth = 1; ; depth++) {
       const stage = `${from}.stage${depth}`;
@@ -226,7 +230,7 @@ async function stagedInto(calls: RenameCalls, from: string, to: string): Promise
       try {
         await calls.rename(item, staged);
       } catch (err) {
-        await calls.rmdir(stage);
+        await quietly(() => calls.rmdir(stage));
         throw err;
       }
       moves.push({ from: item, to: staged, stage });
@@ -236,6 +240,7 @@ async function stagedInto(calls: RenameCalls, from: string, to: string): Promise
         await calls.rename(item, target);
         return true;
       } catch (err) {
+        cameBack = occupied(err);
         // Missing: the folder above is missing too, and is staged in turn.
         if (!missing(err) || depth === RENAME_DEPTH || path.dirname(target) === target) throw err;
       }
@@ -243,18 +248,22 @@ async function stagedInto(calls: RenameCalls, from: string, to: string): Promise
   } catch (err) {
     failure = err;
   }
-  // `from` back in its place; a failure of that is the caller's (its thing is in a stage, which the
-  // sweeps remove with the attempt's folder or the partial uploads), with the first cause.
-  try {
-    for (const m of moves.reverse()) {
-      await calls.rename(m.to, m.from);
-      await calls.rmdir(m.stage);
-    }
-  } catch (err) {
-    throw new AggregateError([failure, err], "a staged rename failed and could not be undone");
+  for (const m of moves.reverse()) {
+    if (!(await quietly(() => calls.rename(m.to, m.from)))) throw failure;
+    await quietly(() => calls.rmdir(m.stage));
   }
-  if (occupied(failure)) return false;
+  if (cameBack) return false;
   throw failure;
+}
+
+/** Whether `call` succeeded; its failure is not the caller's to report (a cleanup's). */
+async function quietly(call: () => unknown): Promise<boolean> {
+  try {
+    await call();
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /**

@@ -6,7 +6,7 @@ import { Readable } from "node:stream";
 import { after, test } from "node:test";
 import { storedFileName } from "../../src/files/file-name.ts";
 import { SAFE_NAME } from "../../src/runner/outputs.ts";
-import { LocalStore, renameInto } from "../../src/storage/local.ts";
+import { LocalStore, type RenameCalls, renameInto, SYNC_CALLS } from "../../src/storage/local.ts";
 import { checkKey, outputObjectKey } from "../../src/storage/store.ts";
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), "assay-storage-"));
@@ -34,7 +34,7 @@ test("abortIncompleteUploads removes only old partial uploads", async () => {
 
 test("abortIncompleteUploads removes an old put's staging folder (its process killed while it made the key's folder)", async () => {
   const dir = path.join(root, ".partial");
-  const stage = path.join(dir, "1700000000000-00112233aabbccdd.stage");
+  const stage = path.join(dir, "1700000000000-00112233aabbccdd.stage1");
   fs.mkdirSync(stage, { recursive: true });
   fs.writeFileSync(path.join(stage, "9"), "x");
   const past = new Date(Date.now() - 2 * 3600_000);
@@ -76,6 +76,47 @@ test("a rename whose folders cannot be made fails with the cause, its source bac
   assert.equal(await renameInto(from, to), true);
   assert.equal(fs.readFileSync(path.join(to, "stats.json"), "utf8"), "{}");
   assert.deepEqual(fs.readdirSync(base).sort(), ["made", "outputs"]);
+});
+
+test("a folder back with something in it at the staged rename is renamed into, and flushed; a staged rename's failure keeps its code", async () => {
+  const base = fs.mkdtempSync(path.join(root, "raced-"));
+  const from = path.join(base, "out");
+  fs.mkdirSync(from);
+  fs.writeFileSync(path.join(from, "stats.json"), "{}");
+  const task = path.join(base, "outputs", "1000000");
+  fs.mkdirSync(path.dirname(task));
+  // Another worker makes the task's folder with its own attempt in it just before the staged rename.
+  let raced = false;
+  const racing: RenameCalls = {
+    ...SYNC_CALLS,
+    rename: (a, b) => {
+      if (b === task && !raced) {
+        raced = true;
+        fs.mkdirSync(path.join(task, "10000002.1.y"), { recursive: true });
+      }
+      return SYNC_CALLS.rename(a, b);
+    },
+  };
+  const to = path.join(task, "10000001.1.x");
+  assert.equal(await renameInto(from, to, racing), true, "its folder's entry is flushed");
+  assert.ok(raced);
+  assert.deepEqual(fs.readdirSync(task).sort(), ["10000001.1.x", "10000002.1.y"]);
+  assert.deepEqual(fs.readdirSync(base).sort(), ["outputs"], "no stage left");
+  // A full disk at the staged rename: ENOSPC as it was (a 507, not a 500), the source back in place.
+  const again = path.join(base, "again");
+  fs.mkdirSync(again);
+  const full: RenameCalls = {
+    ...SYNC_CALLS,
+    rename: (a, b) => {
+      if (a.endsWith(".stage1"))
+        throw Object.assign(new Error("no space left on device"), { code: "ENOSPC" });
+      return SYNC_CALLS.rename(a, b);
+    },
+  };
+  await assert.rejects(renameInto(again, path.join(base, "outputs", "1000001", "x"), full), {
+    code: "ENOSPC",
+  });
+  assert.deepEqual(fs.readdirSync(base).sort(), ["again", "outputs"]);
 });
 
 test("storedFileName keeps only a safe base name", () => {
