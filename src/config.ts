@@ -232,7 +232,7 @@ const FIELDS = {
     env: "ASSAY_PREFETCH_WINDOW_MS",
     ...durationMs(0, 200),
     description:
-      "While a type's runs are shorter than this on average, a worker claims ahead as many runs as keep its slots busy for this long (at most 4 per slot; 8 for runs under 1 ms), so one claim serves several runs. None under a global or per-user limit, nor while another type's runs share the worker's slots, nor for runs under 1 ms (in-process handlers) within a second of a task of their type being created. A newly arrived task's runs go ahead of the runs of its type claimed ahead (those that have waited less than this long, and at least 200 ms). Runs claimed ahead that have waited 5 times this long (at least 1 s) go back to the queue for other workers (their runs were not short after all). 0: only ASSAY_PREFETCH.",
+      "While a type's runs are shorter than this on average, a worker claims ahead as many runs as keep its slots busy for this long (at most 4 per slot; 8 for runs under 1 ms), so one claim serves several runs. None under a global or per-user limit, nor while another type's runs share the worker's slots, nor for runs under 1 ms (in-process handlers) within a second of a task of their type being created. A newly arrived task's runs go ahead of the runs of its type claimed ahead (those that have waited less than this long, and at least 200 ms). Runs claimed ahead that have waited 5 times this long (at least 1 s) go back to the queue for other workers (their runs were not short after all), and nothing more of their type is claimed ahead until its runs are short again. 0: only ASSAY_PREFETCH.",
   },
   completionDelayMs: {
     env: "ASSAY_COMPLETION_DELAY_MS",

@@ -229,8 +229,8 @@ export const NEWCOMER_CLAIM = CLAIM_QUANTUM + 1;
 /** Runs of a new task go ahead of buffered runs younger than the prefetch window, or this (Worker.place). */
 export const OVERTAKE_MIN_MS = 200;
 /**
- * A run claimed ahead by the automatic prefetch that has waited in the buffer this many windows (and
- * at least STALE_BUFFER_MIN_MS) is given back, with the rest of its type's buffer (giveBackStale()):
+ * A run claimed ahead of the slots that has waited in the buffer this many windows (and at least
+ * STALE_BUFFER_MIN_MS) is given back, with its type's other runs claimed ahead (giveBackStale()):
  * the type's mean said its runs were short, and they are not. A worker of 2 slots that had learned
  * python-stats short on small files took all 6 runs of a task of 5 s runs, 4 of them waiting out of
  * other workers' reach until a slot freed.
@@ -1061,32 +1061,49 @@ export class Worker {
   /** How long a buffered run waits before it is given back (STALE_BUFFER_WINDOWS); none: never. */
   private staleAfterMs(): number {
     const windowMs = this.o.prefetchWindowMs ?? 0;
-    // A fixed prefetch holds its runs whatever their length, as its setting says.
-    if (windowMs <= 0 || (this.o.prefetch ?? 0) > 0) return Number.POSITIVE_INFINITY;
+    if (windowMs <= 0) return Number.POSITIVE_INFINITY;
     return Math.max(STALE_BUFFER_WINDOWS * windowMs, STALE_BUFFER_MIN_MS);
   }
 
   /**
-   * Gives back every buffered run of a type one of whose buffered runs has waited staleAfterMs():
-   * claimed ahead on a mean that the type's runs no longer keep to (a slot took a minute, not a
-   * hundred milliseconds), they would wait here while another worker may have a slot free. The whole
-   * type's buffer, so that a task's later runs do not start here before its earlier ones, given back,
-   * are claimed again (each task starts its runs in file order). The attempt is refunded, and the
-   * retry's wake-up tells the other workers; this one claims no run ahead of its slots again while
-   * the long runs are live (autoPrefetch()). When it is due (staleDueInMs()) the claim loop looks.
+   * The buffered runs that may be given back: those behind the runs that start next (one per
+   * claimable slot: a slot free, or one whose program has said its result and is exiting) and
+   * behind a fixed prefetch's runs, which it holds whatever their length, as its setting says.
+   */
+  private aheadOfSlots(): ClaimedRun[] {
+    return this.buffer.slice(this.claimableSlots() + (this.o.prefetch ?? 0));
+  }
+
+  /**
+   * Gives back the runs claimed ahead (aheadOfSlots()) of a type one of which has waited
+   * staleAfterMs(): claimed on a mean that the type's runs no longer keep to (slots busy for
+   * seconds, not a hundred milliseconds), they would wait here while another worker may have a
+   * slot free. All of that type's, so that a task's later runs do not start here before its earlier
+   * ones, given back, are claimed again (each task starts its runs in file order). The attempts are
+   * refunded, and the retry's wake-up tells the other workers. The type's mean becomes at least the
+   * longest wait: nothing of it is claimed ahead again until short runs bring the mean back down — or
+   * this claim loop's next claim (before the retry has even committed) would take the task's later
+   * runs, and start them here first, and the given-back runs would come back to this buffer (a
+   * review). When a give-back is due (staleDueInMs()) the claim loop looks.
    */
   private giveBackStale(): void {
     const afterMs = this.staleAfterMs();
-    if (this.buffer.length === 0 || afterMs === Number.POSITIVE_INFINITY) return;
+    const candidates = this.aheadOfSlots();
+    if (candidates.length === 0 || afterMs === Number.POSITIVE_INFINITY) return;
     const now = performance.now();
-    const stale = new Set<string>();
-    for (const r of this.buffer)
-      if (now - (this.bufferedAt.get(r.id) ?? now) >= afterMs) stale.add(r.analysisType);
+    const stale = new Map<string, number>();
+    for (const r of candidates) {
+      const waited = now - (this.bufferedAt.get(r.id) ?? now);
+      if (waited >= afterMs) stale.set(r.analysisType, Math.max(stale.get(r.analysisType) ?? 0, waited));
+    }
     if (stale.size === 0) return;
-    const back = this.buffer.filter((r) => stale.has(r.analysisType));
-    this.buffer = this.buffer.filter((r) => !stale.has(r.analysisType));
+    const back = candidates.filter((r) => stale.has(r.analysisType));
+    const gone = new Set(back.map((r) => r.id));
+    this.buffer = this.buffer.filter((r) => !gone.has(r.id));
+    for (const [type, waited] of stale)
+      this.attemptSeconds.set(type, Math.max(this.attemptSeconds.get(type) ?? 0, waited / 1000));
     this.o.logger.info(
-      { workerId: this.id, analysisTypes: [...stale], runs: back.length },
+      { workerId: this.id, analysisTypes: [...stale.keys()], runs: back.length },
       "runs claimed ahead waited too long for a slot; given back to the queue",
     );
     for (const run of back) {
@@ -1107,7 +1124,7 @@ export class Worker {
     const afterMs = this.staleAfterMs();
     if (afterMs === Number.POSITIVE_INFINITY) return afterMs;
     let oldest = Number.POSITIVE_INFINITY;
-    for (const at of this.bufferedAt.values()) oldest = Math.min(oldest, at);
+    for (const r of this.aheadOfSlots()) oldest = Math.min(oldest, this.bufferedAt.get(r.id) ?? oldest);
     return Math.max(0, oldest + afterMs - performance.now());
   }
 

@@ -1253,6 +1253,96 @@ describe("automatic prefetch (ASSAY_PREFETCH_WINDOW_MS)", () => {
     }
   });
 
+  /** A worker of one slot and a 200 ms window whose log lines are kept (to count give-backs). */
+  function loggedWorker(type: string, handler: Handler, lines: string[], claimed: number[]): Worker {
+    return worker(
+      { [type]: handler },
+      {
+        concurrency: 1,
+        prefetchWindowMs: 200,
+        logger: createLogger({ level: "info", destination: { write: (l: string) => lines.push(l) } }),
+        observer: { ...NO_OBSERVER, claimed: (_t, _s, waited) => claimed.push(waited.length) },
+      },
+    );
+  }
+  const gaveBack = (lines: string[]) => lines.filter((l) => l.includes("given back to the queue"));
+
+  test("after a give-back, nothing more is claimed ahead on the old mean: a task's runs start in file order, each claimed once more at most", async () => {
+    // Runs a little longer than the window after a short mean: the slot turns over, so a young live
+    // attempt made the prefetch claim the task's later runs before the given-back ones (a review:
+    // runs started …3,6,4,5…, 15 runs claimed for 10).
+    const type = "t-auto-stale-order";
+    let slow = "";
+    const started: number[] = [];
+    const lines: string[] = [];
+    const claimed: number[] = [];
+    const w = loggedWorker(
+      type,
+      async (run) => {
+        if (String(run.taskId) === slow) started.push(run.id);
+        await pause(String(run.taskId) === slow ? 300 : 20);
+        return { status: "succeeded" };
+      },
+      lines,
+      claimed,
+    );
+    await w.start();
+    try {
+      await waitForTerminal(db.sql, await createTask(db.sql, owner, type, 10), 20_000);
+      claimed.length = 0;
+      slow = await createTask(db.sql, owner, type, 10);
+      await waitForTerminal(db.sql, slow, 30_000);
+      assert.deepEqual(
+        started,
+        [...started].sort((a, b) => a - b),
+        "file order",
+      );
+      const back = gaveBack(lines).reduce((n, l) => n + (JSON.parse(l) as { runs: number }).runs, 0);
+      assert.equal(
+        claimed.reduce((a, b) => a + b, 0),
+        10 + back,
+        `claims ${claimed}, ${back} given back`,
+      );
+      assert.ok(gaveBack(lines).length <= 1, `${gaveBack(lines).length} give-backs`);
+    } finally {
+      await w.stop();
+    }
+  });
+
+  test("a run claimed for a slot whose program is exiting is not given back, however long the exit takes", async () => {
+    const type = "t-auto-stale-finishing";
+    const lines: string[] = [];
+    const claimed: number[] = [];
+    let first = true;
+    const w = loggedWorker(
+      type,
+      async (_run, ctx) => {
+        if (first) {
+          first = false;
+          // Said its result, and takes 2 s to exit: the next run is claimed for its slot meanwhile.
+          ctx.finishing();
+          await pause(2 * STALE_BUFFER_MIN_MS);
+        }
+        return { status: "succeeded" };
+      },
+      lines,
+      claimed,
+    );
+    await w.start();
+    try {
+      const t = await createTask(db.sql, owner, type, 2);
+      await waitForTerminal(db.sql, t, 30_000);
+      assert.deepEqual(gaveBack(lines), []);
+      assert.equal(
+        claimed.reduce((a, b) => a + b, 0),
+        2,
+        `claims ${claimed}`,
+      );
+    } finally {
+      await w.stop();
+    }
+  });
+
   /**
    * One slot: `big`'s first five runs end at once (the type's mean becomes short), its sixth holds the
    * slot until released while the worker fills its buffer. Resolves `held` once the sixth is held.
