@@ -293,6 +293,8 @@ export class Worker {
   /** Active attempts whose process reported its result (HandlerContext.finishing), not yet released. */
   private readonly finishing = new Set<number>();
   private buffer: ClaimedRun[] = [];
+  /** Runs given back by giveBackStale() whose retry is not written yet, and their types. */
+  private readonly givingBack = new Map<number, string>();
   /** When each buffered run was claimed (performance.now(); see place()). */
   private readonly bufferedAt = new Map<number, number>();
   /**
@@ -643,6 +645,10 @@ export class Worker {
       // It is not made when it could take the buffer past two quanta over the prefetch, or wake-ups
       // arriving faster than the buffer drains would grow it without end.
       const woken = this.notified.has(type);
+      // Runs given back moments ago are still leased until their retry commits (giveBackStale()):
+      // a claim now would take the task's later runs, which would start first. The retry's
+      // wake-up claims again.
+      if (this.givingBackType(type)) continue;
       // Runs of other types claimed ahead fill the buffer, and so every slot that frees: this type
       // would wait until they stop coming. After a wake-up (work) it says so, and no type is
       // prefetched automatically for a while (autoPrefetch()): the buffer drains within about a
@@ -662,20 +668,28 @@ export class Worker {
       // bigger (fewer statements per run); a fixed prefetch, for runs of any length, at half.
       const refillAt = prefetch > (this.o.prefetch ?? 0) ? prefetch / 4 : prefetch / 2;
       const full = prefetch > 0 && this.buffer.length > refillAt;
-      if (!probe && full && !(woken && this.buffer.length + NEWCOMER_CLAIM <= prefetch + 2 * CLAIM_QUANTUM))
+      // Not for a type whose runs are known to be long (its mean at the window or over, as a
+      // give-back leaves it): its runs claimed so would wait here for slots, be given back, and the
+      // give-back's wake-up would claim them again (a review: with a fixed prefetch, every second).
+      const newcomerClaim = woken && prefetch > 0 && !this.runsLong(type);
+      if (
+        !probe &&
+        full &&
+        !(newcomerClaim && this.buffer.length + NEWCOMER_CLAIM <= prefetch + 2 * CLAIM_QUANTUM)
+      )
         continue;
       // A claim after a wake-up takes at least NEWCOMER_CLAIM whatever the buffer holds, or with a few
       // runs buffered it would be the owner in turn's alone.
       const want = probe
         ? 1
-        : woken && prefetch > 0
+        : newcomerClaim
           ? Math.max(full ? 0 : base + prefetch - claimed, NEWCOMER_CLAIM)
           : base + prefetch - claimed;
       if (want <= 0) continue;
       const began = performance.now();
       // With a prefetch, a claim after a wake-up spreads over owners (a quantum of CLAIM_QUANTUM each),
       // so it reaches the newcomer.
-      const quantum = woken && prefetch > 0 ? CLAIM_QUANTUM : this.quantumFor(type, want);
+      const quantum = newcomerClaim ? CLAIM_QUANTUM : this.quantumFor(type, want);
       this.claiming = want;
       const epoch = this.drainEpoch;
       let runs: ClaimedRun[];
@@ -1058,6 +1072,20 @@ export class Worker {
     this.bufferedAt.clear();
   }
 
+  /** Whether `type`'s mean says its runs are as long as the prefetch window or longer. */
+  private runsLong(type: string): boolean {
+    const windowMs = this.o.prefetchWindowMs ?? 0;
+    const mean = this.attemptSeconds.get(type);
+    return windowMs > 0 && mean !== undefined && mean * 1000 >= windowMs;
+  }
+
+  /** Whether runs of `type` given back (giveBackStale()) wait for their retry to be written. */
+  private givingBackType(type: string): boolean {
+    if (this.givingBack.size === 0) return false;
+    for (const t of this.givingBack.values()) if (t === type) return true;
+    return false;
+  }
+
   /** How long a buffered run waits before it is given back (STALE_BUFFER_WINDOWS); none: never. */
   private staleAfterMs(): number {
     const windowMs = this.o.prefetchWindowMs ?? 0;
@@ -1108,6 +1136,7 @@ export class Worker {
     );
     for (const run of back) {
       this.bufferedAt.delete(run.id);
+      this.givingBack.set(run.id, run.analysisType);
       this.queueRetry(run, null, {
         id: run.id,
         token: run.leaseToken,
@@ -1712,6 +1741,7 @@ export class Worker {
         );
       } else if (lookup !== undefined && unsure.includes(p)) this.retries.push(p);
       else this.fenced(p);
+      if (!this.retries.includes(p)) this.givingBack.delete(run.id);
     }
     for (const t of result.finishedTasks) {
       this.o.logger.info({ taskId: t.taskId, status: t.status }, "task finished");

@@ -138,8 +138,11 @@ async function syncUp(root: string, dir: string, made: boolean): Promise<void> {
 
 /** Rounds of renameInto when the target's folder keeps vanishing and coming back. */
 const RENAME_TRIES = 5;
-/** Missing folders renameInto makes above a target, at most (a key is at most four deep). */
-const RENAME_DEPTH = 8;
+/**
+ * Missing folders renameInto makes above a target, at most: the service's keys are at most four deep,
+ * and a copied store's may be deeper (checkKey bounds none); a bound all the same.
+ */
+const RENAME_DEPTH = 64;
 
 /**
  * Recursive removals tried when something keeps arriving in the folder (see deletePrefix), the n-th
@@ -343,12 +346,12 @@ export class LocalStore implements ObjectStore {
   }
 
   /**
-   * One rename (renameInto, through the thread pool): the target's folders are made only when they are
-   * missing (a put costs no mkdir), with the file in them, so that a delete emptying one cannot remove
-   * it before the rename. The
-   * caller has flushed `tmp`'s bytes to disk; the rename is flushed here, with the folders it made: the
-   * row that names the key is committed next, and a power loss after that commit must not leave the key
-   * missing or empty (a new file's bytes and a rename sit in the page cache for seconds otherwise).
+   * Published by renameInto, through the thread pool: one rename, or when the key's folders are
+   * missing, renames of staging folders that make them with the file in them, so that a delete
+   * emptying one cannot remove it before the rename (a put costs no mkdir). The caller has flushed
+   * `tmp`'s bytes to disk; the rename is flushed here, with the folders it made: the row that names
+   * the key is committed next, and a power loss after that commit must not leave the key missing or
+   * empty (a new file's bytes and a rename sit in the page cache for seconds otherwise).
    */
   private async publish(tmp: string, key: string): Promise<void> {
     const target = this.localPath(key);
