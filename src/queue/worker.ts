@@ -1058,18 +1058,11 @@ export class Worker {
 
   /** Gives the runs claimed ahead back to the queue, their attempt refunded (a stop; a full disk). */
   private releaseBuffered(): void {
-    for (const run of this.buffer) {
-      this.queueRetry(run, null, {
-        id: run.id,
-        token: run.leaseToken,
-        delayMs: 0,
-        refund: true,
-        errorCode: null,
-        errorMessage: null,
-      });
-    }
+    if (this.buffer.length === 0) return;
+    for (const run of this.buffer) this.giveBack(run);
     this.buffer = [];
     this.bufferedAt.clear();
+    void this.flush();
   }
 
   /** Whether `type`'s mean says its runs are as long as the prefetch window or longer. */
@@ -1137,15 +1130,29 @@ export class Worker {
     for (const run of back) {
       this.bufferedAt.delete(run.id);
       this.givingBack.set(run.id, run.analysisType);
-      this.queueRetry(run, null, {
+      this.giveBack(run);
+    }
+    void this.flush();
+  }
+
+  /**
+   * Queues a buffered run (never started) back, due at once, its attempt refunded; the caller flushes
+   * once it has queued them all (one statement, not one for the first run and one for the rest).
+   */
+  private giveBack(run: ClaimedRun): void {
+    this.retries.push({
+      run,
+      seconds: null,
+      value: {
         id: run.id,
         token: run.leaseToken,
         delayMs: 0,
         refund: true,
         errorCode: null,
         errorMessage: null,
-      });
-    }
+      },
+      endedAt: performance.now(),
+    });
   }
 
   /** Milliseconds until giveBackStale() has a run to give back; infinite when none will. */
@@ -1603,6 +1610,8 @@ export class Worker {
       `${w.kind} of this run could not be written at all: given up, the reaper takes it back after its lease`,
     );
     this.abandoned.add(p.run.leaseToken);
+    // A give-back given up: its type may be claimed again (the reaper frees the run).
+    this.givingBack.delete(p.run.id);
     this.ended(p, "lost");
     void this.discard(p.run);
     return { released: [], errors: [] };
@@ -1708,40 +1717,48 @@ export class Worker {
     const cancelled = new Set([...result.cancelled, ...earlier.cancelled]);
     const lostAnswer = new Set([...earlier.requeued, ...earlier.cancelled]);
     const released: ClaimedRun[] = [];
-    for (const p of retries) {
-      const { run, value: retry } = p;
-      const answerLost = lostAnswer.has(run.id) ? { answerLost: true } : {};
-      if (cancelled.has(run.id)) {
-        // Cancelled while it failed or was shut down: it ended, it is not retried.
-        this.o.logger.info(
-          {
-            ...this.fields(run),
-            status: "cancelled",
-            errorCode: "ANALYSIS_PROCESS_CANCELLED",
-            ...answerLost,
-          },
-          "run finished",
-        );
-        this.ended(p, "cancelled");
-        void this.recorded(run, null);
-        released.push(run);
-      } else if (back.has(run.id)) {
-        this.ended(p, retry.refund ? "requeued" : "retried");
-        released.push(run);
-        this.o.logger.info(
-          {
-            ...this.fields(run),
-            status: "queued",
-            delayMs: retry.delayMs,
-            refunded: retry.refund,
-            errorCode: retry.errorCode,
-            ...answerLost,
-          },
-          "run re-queued",
-        );
-      } else if (lookup !== undefined && unsure.includes(p)) this.retries.push(p);
-      else this.fenced(p);
-      if (!this.retries.includes(p)) this.givingBack.delete(run.id);
+    try {
+      for (const p of retries) {
+        const { run, value: retry } = p;
+        const answerLost = lostAnswer.has(run.id) ? { answerLost: true } : {};
+        if (cancelled.has(run.id)) {
+          // Cancelled while it failed or was shut down: it ended, it is not retried.
+          this.o.logger.info(
+            {
+              ...this.fields(run),
+              status: "cancelled",
+              errorCode: "ANALYSIS_PROCESS_CANCELLED",
+              ...answerLost,
+            },
+            "run finished",
+          );
+          this.ended(p, "cancelled");
+          void this.recorded(run, null);
+          released.push(run);
+        } else if (back.has(run.id)) {
+          this.ended(p, retry.refund ? "requeued" : "retried");
+          released.push(run);
+          this.o.logger.info(
+            {
+              ...this.fields(run),
+              status: "queued",
+              delayMs: retry.delayMs,
+              refunded: retry.refund,
+              errorCode: retry.errorCode,
+              ...answerLost,
+            },
+            "run re-queued",
+          );
+        } else if (lookup !== undefined && unsure.includes(p)) this.retries.push(p);
+        else this.fenced(p);
+      }
+    } finally {
+      // The types of give-backs settled here may be claimed again (see givingBackType()), whatever
+      // the loop above threw; one whose run went back into the queue of retries waits for it.
+      let cleared = false;
+      for (const p of retries)
+        if (!this.retries.includes(p) && this.givingBack.delete(p.run.id)) cleared = true;
+      if (cleared) this.wake();
     }
     for (const t of result.finishedTasks) {
       this.o.logger.info({ taskId: t.taskId, status: t.status }, "task finished");

@@ -1370,6 +1370,47 @@ describe("automatic prefetch (ASSAY_PREFETCH_WINDOW_MS)", () => {
     }
   });
 
+  test("a give-back the database refuses even as its stand-in is given up, and no longer holds its type's claims back", async () => {
+    // Its retry never reaches retried(): the mark that holds the type's claims back stayed, and the
+    // worker never claimed the type again (a review).
+    const lines: string[] = [];
+    const w = worker(
+      { "t-auto-stale-refused": quick },
+      {
+        concurrency: 1,
+        prefetchWindowMs: 200,
+        logger: createLogger({ level: "info", destination: { write: (l: string) => lines.push(l) } }),
+      },
+    );
+    const internals = w as unknown as {
+      buffer: Partial<ClaimedRun>[];
+      bufferedAt: Map<number, number>;
+      requeues: { write: (batch: unknown) => Promise<unknown> };
+      giveBackStale(): void;
+      givingBackType(type: string): boolean;
+      flushing: Promise<void> | undefined;
+    };
+    const run = (id: number) => ({
+      id,
+      taskId: 1_000_000_001,
+      analysisType: "t-auto-stale-refused",
+      leaseToken: `0e0e0e0e-0000-4000-8000-00000000000${id}`,
+      attempt: 1,
+      priority: 5,
+    });
+    // The first is the free slot's (kept); the other two were claimed ahead.
+    internals.buffer = [run(1), run(2), run(3)];
+    for (const id of [1, 2, 3]) internals.bufferedAt.set(id, performance.now() - 10 * STALE_BUFFER_MIN_MS);
+    internals.requeues.write = async () => {
+      throw Object.assign(new Error("invalid input syntax"), { name: "PostgresError", code: "22P02" });
+    };
+    internals.giveBackStale();
+    assert.ok(internals.givingBackType("t-auto-stale-refused"), "held back while the give-back is written");
+    await internals.flushing;
+    assert.equal(lines.filter((l) => l.includes("could not be written at all")).length, 2, lines.join("\n"));
+    assert.equal(internals.givingBackType("t-auto-stale-refused"), false);
+  });
+
   test("a run claimed for a slot whose program is exiting is not given back, however long the exit takes", async () => {
     const type = "t-auto-stale-finishing";
     const lines: string[] = [];
