@@ -71,10 +71,10 @@ export interface PacedSocket {
    */
   unconfirmedSince(): number | null;
   /**
-   * The database answered something asked at `before` (performance.now(); default now): every
+   * The database answered something asked at `before` (performance.now()): every
    * connection asked for so far is confirmed, and every one open that was made before `before`.
    */
-  confirm(before?: number): void;
+  confirm(before: number): void;
   /**
    * What the confirmed connections open now have read (answeredSince's mark). A connection still
    * opening is left out: its TLS handshake, or a FATAL refusing it, is no answer.
@@ -159,7 +159,7 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
   };
   // The database answered something asked at `before` or later: every ask is confirmed, and the
   // connections made before then (one still opening at the time may be among them: a pooler holding it).
-  const confirm = (before = performance.now()) => {
+  const confirm = (before: number) => {
     firstAsked = null;
     for (const [socket, madeAt] of open) if (madeAt < before) confirmed.add(socket);
   };

@@ -9,9 +9,9 @@
 //
 // The gate costs a request a clock reading while all is well: it looks at when the pool asked for its
 // oldest connection that has not reached the database (pacedSocket: a ReadyForQuery on any of the
-// pool's plain connections, or an answered probe, confirms every ask). Only when one is SUSPECT_MS old does it probe
-// (runOnce): `select 1` on a connection of its own and on the pool at once, either answering within
-// PROBE_ANSWER_MS (or any statement the pool finishes meanwhile) being an answer. No answer — nothing in
+// pool's plain connections, or an answered probe, confirms every ask). Only when one is SUSPECT_MS old
+// does it probe (runOnce): `select 1` on a connection of its own and on the pool at once, either
+// answering within PROBE_ANSWER_MS (or any statement the pool finishes meanwhile) being an answer. No answer — nothing in
 // time, connections refused, reset or cut, or refused at their start by PostgreSQL itself (too many
 // connections, starting up) — closes the gate: requests are refused until a probe is answered, or the
 // pool's `select 1` is, whenever it is. Connections that stop answering without closing make the pool
@@ -67,6 +67,9 @@ function afterIo(ms: number, then: () => void): NodeJS.Timeout {
   return timer;
 }
 
+/** A probe or ping told the pool's `select 1` outcome (DatabaseGate.poolAnswer). */
+type PoolWaiter = (answered: boolean, err?: unknown) => void;
+
 export class DatabaseGate {
   private readonly paced: Partial<PacedSocket> | undefined;
   private readonly answers: ((ms: number) => Promise<void>) | undefined;
@@ -78,7 +81,7 @@ export class DatabaseGate {
   /** A `select 1` of the gate's is in the pool. */
   private pooled = false;
   /** Probes and pings waiting for the pool's `select 1` (each removes itself when it is done). */
-  private readonly poolWaiters = new Set<(answered: boolean, err?: unknown) => void>();
+  private readonly poolWaiters = new Set<PoolWaiter>();
   private readonly sql: Sql;
   private timer: NodeJS.Timeout | undefined;
   private stopped = false;
@@ -159,7 +162,7 @@ export class DatabaseGate {
     const started = performance.now();
     const mark = this.paced?.mark?.();
     let failure: unknown;
-    let fromPool: ((answered: boolean, err?: unknown) => void) | undefined;
+    let fromPool: PoolWaiter | undefined;
     this.probing = new Promise<boolean>((resolve) => {
       let pending = 2;
       const timer = afterIo(this.probeAnswerMs, () => resolve(this.answeredSince(mark)));

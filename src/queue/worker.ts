@@ -1109,9 +1109,13 @@ export class Worker {
    */
   private giveBackStale(): void {
     const afterMs = this.staleAfterMs();
-    const candidates = this.aheadOfSlots();
-    if (candidates.length === 0 || afterMs === Number.POSITIVE_INFINITY) return;
+    if (afterMs === Number.POSITIVE_INFINITY) return;
     const now = performance.now();
+    // The first entry is the oldest (set when claimed, only deleted since): while it has not waited
+    // that long, no buffered run has — the common case, on every claim cycle.
+    const oldest = this.bufferedAt.values().next().value;
+    if (oldest === undefined || now - oldest < afterMs) return;
+    const candidates = this.aheadOfSlots();
     const stale = new Map<string, number>();
     for (const r of candidates) {
       const waited = now - (this.bufferedAt.get(r.id) ?? now);
@@ -1140,19 +1144,15 @@ export class Worker {
    * once it has queued them all (one statement, not one for the first run and one for the rest).
    */
   private giveBack(run: ClaimedRun): void {
-    this.retries.push({
-      run,
-      seconds: null,
-      value: {
-        id: run.id,
-        token: run.leaseToken,
-        delayMs: 0,
-        refund: true,
-        errorCode: null,
-        errorMessage: null,
-      },
-      endedAt: performance.now(),
-    });
+    const retry = {
+      id: run.id,
+      token: run.leaseToken,
+      delayMs: 0,
+      refund: true,
+      errorCode: null,
+      errorMessage: null,
+    };
+    this.queueRetry(run, null, retry, false);
   }
 
   /** Milliseconds until giveBackStale() has a run to give back; infinite when none will. */
@@ -1429,9 +1429,9 @@ export class Worker {
     void this.flush();
   }
 
-  private queueRetry(run: ClaimedRun, seconds: number | null, retry: Retry): void {
+  private queueRetry(run: ClaimedRun, seconds: number | null, retry: Retry, flushNow = true): void {
     this.retries.push({ run, seconds, value: retry, endedAt: performance.now() });
-    this.flush();
+    if (flushNow) this.flush();
   }
 
   /** Tells the observer how a started attempt ended (runs that never started are not attempts). */
