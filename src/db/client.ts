@@ -59,9 +59,21 @@ const CONNECTS_PER_SECOND = 2;
 /** pacedSocket's mark(): each confirmed open connection and what it had read. */
 export type ReadMark = ReadonlyMap<net.Socket, number>;
 
+/**
+ * What pacedSocket reads of the options postgres.js hands a `socket` factory (connection.js
+ * createSocket): where to connect, and `onnotify`, set only on the client postgres.js makes for
+ * `sql.listen` (with the pool's options, `socket` included).
+ */
+interface ConnectOptions {
+  host: string[];
+  port: number[];
+  path?: string | false;
+  onnotify?: unknown;
+}
+
 /** pacedSocket's factory, with what ends it and what it has seen of its connections. */
 export interface PacedSocket {
-  (o: { host: string[]; port: number[]; path?: string | false }): Promise<net.Socket>;
+  (o: ConnectOptions): Promise<net.Socket>;
   /** Cancels a wait in progress and refuses later connections: the pool is ending. */
   stop(): void;
   /**
@@ -76,13 +88,14 @@ export interface PacedSocket {
    */
   confirm(before: number): void;
   /**
-   * What the confirmed connections open now have read (answeredSince's mark). A connection still
-   * opening is left out: its TLS handshake, or a FATAL refusing it, is no answer.
+   * What the pool's confirmed connections open now have read (answeredSince's mark). A connection
+   * still opening is left out (its TLS handshake, or a FATAL refusing it, is no answer), and so is the
+   * LISTEN client's (only paced here).
    */
   mark(): ReadMark;
   /**
    * Whether the database has answered on a connection of `mark` since: a byte read, on a connection
-   * that had reached it (a statement's rows or end, a notification). Counts under TLS too (the plain
+   * that had reached it (a statement's rows or end). Counts under TLS too (the plain
    * socket's `bytesRead` counts what the TLS socket reads through it).
    */
   answeredSince(mark: ReadMark): boolean;
@@ -119,8 +132,12 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
   let stopped = false;
   let firstAsked: number | null = null;
   const waits = new Set<{ timer: NodeJS.Timeout; cancel: () => void }>();
-  const paced = async (o: { host: string[]; port: number[]; path?: string | false }) => {
-    firstAsked ??= performance.now();
+  const paced = async (o: ConnectOptions) => {
+    // The LISTEN client's connection is paced with the pool's and otherwise left out: it is not the
+    // pool (a notification arriving on it, or its start-up answered, says nothing of whether the
+    // pool's connections can be made or answer).
+    const pooled = !o.onnotify;
+    if (pooled) firstAsked ??= performance.now();
     await null;
     for (;;) {
       if (stopped) throw new PoolEndedError("the pool is ending: no new connection");
@@ -142,12 +159,13 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
       });
     }
     tokens -= 1;
-    if (o.path) return watched(net.connect(o.path));
+    const keep = (socket: net.Socket) => (pooled ? watched(socket) : socket);
+    if (o.path) return keep(net.connect(o.path));
     const i = next++ % Math.max(1, o.host.length);
     const host = o.host[i] as string;
     const port = (o.port[i] ?? o.port[0]) as number;
     // host and port: postgres.js's errors name them.
-    return watched(Object.assign(net.connect(port, host), { host, port }));
+    return keep(Object.assign(net.connect(port, host), { host, port }));
   };
   // Connections made here and not yet seen destroyed (pruned on each ask and look), when each was
   // made, and those that have reached the database (`confirmed`). Pruned by `destroyed`: postgres.js

@@ -55,6 +55,14 @@ export class DbRelay {
     return this.sockets.size;
   }
 
+  /**
+   * The local ports of the connections passed through to PostgreSQL now (without `tls`): their
+   * `client_port` in pg_stat_activity.
+   */
+  get upstreamPorts(): number[] {
+    return [...this.pairs].flatMap(({ upstream }) => (upstream.localPort ? [upstream.localPort] : []));
+  }
+
   private readonly tls: { key: Buffer; cert: Buffer } | undefined;
 
   constructor(target: { host: string; port: number }, mode: RelayMode, options: { tls?: boolean } = {}) {

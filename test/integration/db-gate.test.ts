@@ -230,6 +230,38 @@ test("a probe while new connections are refused with FATAL 53300 and a pool's co
   relay.mode = "forward";
 });
 
+test("a notification on the LISTEN connection is not the pool answering: with the pool's connections gone and new ones refused (FATAL 53300), NOTIFYs meanwhile, the gate closes", async () => {
+  const { app, relay, database } = await apiThroughRelay();
+  let heard = 0;
+  // postgres.js's LISTEN client: made with the pool's options, its pacedSocket included.
+  await database.sql.listen("gate_listen", () => void heard++);
+  assert.equal((await list(app)).statusCode, 200);
+  relay.mode = "too-many";
+  // Every pool connection ended by the database (as `max_lifetime` renews them), the LISTEN one kept.
+  const pooled = await db.sql<{ pid: number }[]>`
+    select pid from pg_stat_activity
+    where client_port = any(${relay.upstreamPorts}) and query not ilike 'listen %'`;
+  assert.ok(pooled.length > 0, "the pool had a connection");
+  await db.sql`select pg_terminate_backend(pid) from unnest(${pooled.map((r) => r.pid)}::int[]) as pid`;
+  await waitFor(async () => relay.upstreamPorts.length === 1, 10_000, "the pool's connections to end");
+  // Notifications arrive on the LISTEN connection all through the probe.
+  let probing = true;
+  const notifying = (async () => {
+    while (probing) {
+      await db.sql`select pg_notify('gate_listen', 'x')`;
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  })();
+  await app.databaseGate.runOnce();
+  probing = false;
+  await notifying;
+  assert.equal(app.databaseGate.refuses(), true, "the gate closed: the pool did not answer");
+  await waitFor(async () => heard > 0, 10_000, "a notification on the LISTEN connection");
+  relay.mode = "forward";
+  await waitFor(async () => !app.databaseGate.refuses(), 10_000, "the gate to open again");
+  assert.equal((await list(app)).statusCode, 200);
+});
+
 test("a closed gate's probes leave nothing behind while the pool's `select 1` waits for the whole outage", async () => {
   const { app, relay } = await apiThroughRelay({ ...GATE, probeAnswerMs: 100, probeEveryMs: 10 });
   v8.setFlagsFromString("--expose-gc");
