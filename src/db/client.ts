@@ -6,6 +6,7 @@
 // strings, sql.json() stops encoding), which would break every raw statement sharing that client.
 import net from "node:net";
 import postgres from "postgres";
+import { Conversation } from "./wire.ts";
 
 export type Sql = postgres.Sql;
 
@@ -16,9 +17,17 @@ export interface Database {
    * Resolves when the database answers a query on a connection of its own within `ms`, opened
    * whatever the pool is doing (a pool whose connections are all busy is no sign of an outage); rejects
    * with the failure, or NoAnswerError. The connection is closed either way. (DatabaseGate's probe.)
+   * With `pids`, the answer is pg_stat_activity's of those backends (the probe of silent pool
+   * connections), else empty.
    */
-  answers?(ms: number): Promise<void>;
+  answers?(ms: number, pids?: readonly number[]): Promise<BackendStates>;
 }
+
+/**
+ * What pg_stat_activity says of some backends, by process id: `state` (null for another role's) and
+ * `waitEvent`. A backend missing there has ended, or is another server's.
+ */
+export type BackendStates = ReadonlyMap<number, { state: string | null; waitEvent: string | null }>;
 
 export interface PoolOptions {
   max?: number;
@@ -71,6 +80,15 @@ interface ConnectOptions {
   onnotify?: unknown;
 }
 
+/** A pool connection that silent() found owed an answer and reading nothing. */
+export interface SilentConnection {
+  /** Its backend's process id. */
+  readonly pid: number;
+  readonly socket: net.Socket;
+  /** Its socket's bytesRead when found. */
+  readonly read: number;
+}
+
 /** pacedSocket's factory, with what ends it and what it has seen of its connections. */
 export interface PacedSocket {
   (o: ConnectOptions): Promise<net.Socket>;
@@ -99,6 +117,18 @@ export interface PacedSocket {
    * socket's `bytesRead` counts what the TLS socket reads through it).
    */
   answeredSince(mark: ReadMark): boolean;
+  /**
+   * The pool's plain connections owed an answer (a statement written, its ReadyForQuery not read)
+   * that have read nothing for `ms` or longer, with their backends' process ids: a long statement, or
+   * a connection that stopped answering without closing (DatabaseGate looks their backends up).
+   */
+  silent(ms: number): SilentConnection[];
+  /**
+   * Destroys `c`'s socket if it has still read nothing since silent() found it (postgres.js then
+   * fails its queries at once, CONNECTION_CLOSED, and makes another connection when asked). Whether
+   * it did.
+   */
+  drop(c: SilentConnection): boolean;
   /** Connections waiting for their turn now. */
   readonly waiting: number;
 }
@@ -181,31 +211,28 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
     firstAsked = null;
     for (const [socket, madeAt] of open) if (madeAt < before) confirmed.add(socket);
   };
-  // A chunk that ends with ReadyForQuery ('Z', length 5, status I, T or E): the database answered on
-  // this connection — a start-up done, a statement done — and it is confirmed, it alone. Plain
+  // Each pool connection's conversation (src/db/wire.ts): a ReadyForQuery read means the database
+  // answered on this connection — a start-up done, a statement done — and it is confirmed, it alone;
+  // its backend's pid and the answers it is owed tell silent() which have stopped answering. Plain
   // connections only (under TLS the plain socket's listeners are removed when the TLS socket takes it
-  // over; confirm() comes from the gate's answered probe there).
-  const ready = (chunk: Buffer) => {
-    const n = chunk.length;
-    const status = chunk[n - 1];
-    return (
-      n >= 6 &&
-      chunk[n - 6] === 0x5a &&
-      chunk[n - 5] === 0 &&
-      chunk[n - 4] === 0 &&
-      chunk[n - 3] === 0 &&
-      chunk[n - 2] === 5 &&
-      (status === 0x49 || status === 0x54 || status === 0x45)
-    );
-  };
+  // over, and it carries ciphertext; confirm() comes from the gate's answered probe there).
+  const talks = new WeakMap<net.Socket, Conversation>();
   const watched = (socket: net.Socket) => {
     prune();
     open.set(socket, performance.now());
-    return socket.on("data", (chunk: Buffer) => {
-      if (!ready(chunk)) return;
+    const talk = new Conversation(() => {
       firstAsked = null;
       confirmed.add(socket);
     });
+    talks.set(socket, talk);
+    // postgres.js writes Buffers (a string would be the caller's encoding: not followed).
+    const write = socket.write;
+    socket.write = function (this: net.Socket, chunk: unknown, ...rest: unknown[]) {
+      if (Buffer.isBuffer(chunk)) talk.wrote(chunk);
+      else talk.lose();
+      return (write as (...args: unknown[]) => boolean).call(this, chunk, ...rest);
+    } as typeof socket.write;
+    return socket.on("data", (chunk: Buffer) => talk.got(chunk));
   };
   const pacer = Object.assign(paced, {
     unconfirmedSince: () => firstAsked,
@@ -215,6 +242,22 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
       const mark = new Map<net.Socket, number>();
       for (const socket of open.keys()) if (confirmed.has(socket)) mark.set(socket, socket.bytesRead);
       return mark;
+    },
+    silent: (ms: number): SilentConnection[] => {
+      prune();
+      const now = performance.now();
+      const found: SilentConnection[] = [];
+      for (const socket of open.keys()) {
+        const talk = talks.get(socket);
+        if (talk?.pid === undefined || talk.lost || talk.owed === 0 || now - talk.movedAt < ms) continue;
+        found.push({ pid: talk.pid, socket, read: socket.bytesRead });
+      }
+      return found;
+    },
+    drop: (c: SilentConnection) => {
+      if (c.socket.destroyed || c.socket.bytesRead !== c.read) return false;
+      c.socket.destroy();
+      return true;
     },
     answeredSince: (mark: ReadMark) => {
       for (const [socket, read] of mark) if (socket.bytesRead > read) return true;
@@ -258,7 +301,7 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
   return {
     sql,
     close: () => endPool(sql, 5),
-    answers: async (ms) => {
+    answers: async (ms, pids) => {
       const probe = postgres(url, {
         ...{ socket: pacedSocket(1) },
         max: 1,
@@ -268,7 +311,19 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
         connection: { application_name: options.applicationName ?? "assay" },
       });
       try {
-        await firstAnswer(probe, ms);
+        if (pids === undefined || pids.length === 0) {
+          await firstAnswer(probe, ms);
+          return new Map();
+        }
+        // (As text: the probe fetches no types, so postgres.js cannot send an int4 array.)
+        const rows = await answerWithin(
+          probe,
+          ms,
+          () => probe<{ pid: number; state: string | null; waitEvent: string | null }[]>`
+            select pid, state, wait_event as "waitEvent" from pg_stat_activity
+            where pid = any(string_to_array(${pids.join(",")}, ',')::int[])`,
+        );
+        return new Map(rows.map(({ pid, ...rest }) => [pid, rest]));
       } finally {
         await endPool(probe, 0);
       }
@@ -295,12 +350,22 @@ export const BOUNDED_CONNECT_MS = DB_ANSWER_MS + 1_000;
  * connection.js `closed`). `signal` ends `sql` too, and the wait with it.
  */
 export async function firstAnswer(sql: Sql, ms = DB_ANSWER_MS, signal?: AbortSignal): Promise<void> {
+  await answerWithin(sql, ms, () => sql`select 1`, signal);
+}
+
+/** firstAnswer() with a query of the caller's instead of `select 1`: its answer. */
+async function answerWithin<T>(
+  sql: Sql,
+  ms: number,
+  query: () => Promise<T>,
+  signal?: AbortSignal,
+): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   const end = () => void endPool(sql, 0);
   signal?.addEventListener("abort", end, { once: true });
   try {
-    await Promise.race([
-      sql`select 1`,
+    return await Promise.race([
+      query(),
       new Promise<never>((_, reject) => {
         timer = setTimeout(() => {
           // First: the query's own CONNECTION_DESTROYED, which follows, would say less.

@@ -16,9 +16,20 @@
 // connections, starting up) — closes the gate: requests are refused until a probe is answered, or the
 // pool's `select 1` is, whenever it is. Connections that stop answering without closing make the pool
 // ask for nothing, so every PING_EVERY_MS a request also has the pool answer `select 1` (a ping), and a
-// ping unanswered in time starts a probe.
+// ping unanswered in time starts a probe. When only the pool's connections went silent (a failover
+// that left them open without a word) the probe's own connection answers: it looks up the backends of
+// the pool's connections that owe an answer and have read nothing for PROBE_ANSWER_MS, and those the
+// database is not working on are closed (dropSilent), so their queries fail instead of waiting.
 import type { Logger } from "../log.ts";
-import { type Database, NoAnswerError, type PacedSocket, type ReadMark, type Sql } from "./client.ts";
+import {
+  type BackendStates,
+  type Database,
+  NoAnswerError,
+  type PacedSocket,
+  type ReadMark,
+  type SilentConnection,
+  type Sql,
+} from "./client.ts";
 
 /** How old a connection the pool asked for may get unconfirmed before the gate probes. */
 export const SUSPECT_MS = 1_000;
@@ -72,7 +83,7 @@ type PoolWaiter = (answered: boolean, err?: unknown) => void;
 
 export class DatabaseGate {
   private readonly paced: Partial<PacedSocket> | undefined;
-  private readonly answers: ((ms: number) => Promise<void>) | undefined;
+  private readonly answers: ((ms: number, pids?: readonly number[]) => Promise<BackendStates>) | undefined;
   private readonly suspectMs: number;
   private readonly probeAnswerMs: number;
   private readonly probeEveryMs: number;
@@ -120,11 +131,15 @@ export class DatabaseGate {
 
   /**
    * Asks the pool for `select 1`; no answer within PROBE_ANSWER_MS (and no byte read on any of
-   * the pool's connections meanwhile), or no connection, starts a probe.
+   * the pool's connections meanwhile), or no connection, starts a probe — as do pool connections
+   * silent now (pacedSocket.silent), at once.
    */
   private ping(now: number): void {
     this.pingedAt = now;
     if (this.probing !== undefined) return;
+    // Pool connections owed an answer and silent past a probe's bound: a probe looks them up at once
+    // (the pool's `select 1` could be answered by another connection, and find nothing).
+    if ((this.paced?.silent?.(this.probeAnswerMs).length ?? 0) > 0) return void this.runOnce();
     let timer: NodeJS.Timeout | undefined;
     let finished = false;
     const done = (answered: boolean) => {
@@ -161,6 +176,9 @@ export class DatabaseGate {
     this.probes++;
     const started = performance.now();
     const mark = this.paced?.mark?.();
+    // Pool connections owed an answer and silent for as long as a probe may take: the probe's own
+    // connection asks the database what their backends are doing (dropSilent).
+    const silent = this.paced?.silent?.(this.probeAnswerMs) ?? [];
     let failure: unknown;
     let fromPool: PoolWaiter | undefined;
     this.probing = new Promise<boolean>((resolve) => {
@@ -179,8 +197,14 @@ export class DatabaseGate {
           resolve(false);
         }
       };
-      answers(this.probeAnswerMs).then(
-        () => settle(true),
+      answers(
+        this.probeAnswerMs,
+        silent.map((c) => c.pid),
+      ).then(
+        (states) => {
+          if (silent.length > 0) this.dropSilent(silent, states);
+          settle(true);
+        },
         (err: unknown) => settle(answeredWithError(err), err),
       );
       fromPool = settle;
@@ -237,6 +261,29 @@ export class DatabaseGate {
     if (this.closed) this.log.info("the database answers again: API requests are served");
     this.closed = false;
     clearTimeout(this.timer);
+  }
+
+  /**
+   * Closes the silent pool connections (pacedSocket.silent) whose backends are not working on what
+   * they were asked: a backend missing from pg_stat_activity (ended, or another server's — a failover
+   * that left the old primary's connections open without a word), or one that is not `active` (the
+   * statement never arrived, or its answer was lost on the way), or one blocked writing its answer to
+   * this client (`ClientWrite`, while the socket has read nothing). postgres.js then fails their
+   * queries at once instead of letting them wait until TCP gives up (~15 minutes with data
+   * unacknowledged), and makes new connections. A long statement (`active`) is left alone.
+   */
+  private dropSilent(silent: readonly SilentConnection[], states: BackendStates): void {
+    const dropped: number[] = [];
+    for (const c of silent) {
+      const backend = states.get(c.pid);
+      if (backend?.state === "active" && backend.waitEvent !== "ClientWrite") continue;
+      if (this.paced?.drop?.(c)) dropped.push(c.pid);
+    }
+    if (dropped.length > 0)
+      this.log.warn(
+        { pids: dropped },
+        "pool connections that stopped answering were closed: their queries fail, new connections serve",
+      );
   }
 
   /** Whether a connection the pool had open at `mark` has read something since (pacedSocket). */

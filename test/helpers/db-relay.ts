@@ -32,6 +32,15 @@ function tooManyClients(): Buffer {
   return Buffer.concat([head, fields]);
 }
 
+/** A connection passed through: the client's side and PostgreSQL's. */
+interface Pair {
+  client: net.Socket;
+  upstream: net.Socket;
+  joined?: boolean;
+  /** strand(): carries nothing for good, and PostgreSQL's side closing leaves the client's open. */
+  stranded?: boolean;
+}
+
 /** A TCP relay in front of PostgreSQL. Changing the mode cuts every connection it carries or holds. */
 export class DbRelay {
   mode: RelayMode;
@@ -44,7 +53,7 @@ export class DbRelay {
   /** How long `slow` holds a new connection before passing it through. */
   slowMs = 1_000;
   /** Connections passed through (without `tls`), for freeze(). */
-  private readonly pairs = new Set<{ client: net.Socket; upstream: net.Socket; joined?: boolean }>();
+  private readonly pairs = new Set<Pair>();
   private frozen = false;
 
   /**
@@ -110,14 +119,17 @@ export class DbRelay {
     const upstream = net.connect(this.target.port, this.target.host);
     this.track(upstream);
     client.on("close", () => upstream.destroy());
-    upstream.on("close", () => client.destroy());
     if (!this.tls) {
-      const pair = { client, upstream };
+      const pair: Pair = { client, upstream };
+      upstream.on("close", () => {
+        if (!pair.stranded) client.destroy();
+      });
       this.pairs.add(pair);
       client.on("close", () => this.pairs.delete(pair));
       if (!this.frozen) this.join(pair);
       return;
     }
+    upstream.on("close", () => client.destroy());
     this.secure(client, (secure) => {
       secure.on("close", () => upstream.destroy());
       upstream.on("close", () => secure.destroy());
@@ -126,8 +138,8 @@ export class DbRelay {
     });
   }
 
-  private join(pair: { client: net.Socket; upstream: net.Socket; joined?: boolean }): void {
-    if (pair.joined) return;
+  private join(pair: Pair): void {
+    if (pair.joined || pair.stranded) return;
     pair.joined = true;
     pair.client.pipe(pair.upstream);
     pair.upstream.pipe(pair.client);
@@ -140,13 +152,38 @@ export class DbRelay {
   freeze(): void {
     this.frozen = true;
     this.mode = "hold";
-    for (const pair of this.pairs) {
+    this.pause([...this.pairs]);
+  }
+
+  /** `pairs` stop carrying bytes either way; what each side sends waits. */
+  private pause(pairs: Pair[]): void {
+    for (const pair of pairs) {
       pair.client.unpipe(pair.upstream);
       pair.upstream.unpipe(pair.client);
       pair.client.pause();
       pair.upstream.pause();
       pair.joined = false;
     }
+  }
+
+  /**
+   * The connections passed through now (without `tls`) stop carrying bytes either way for good,
+   * without closing — not even when PostgreSQL ends their backends: a path to a database host that
+   * went away without a word, as a failover leaves its clients' old connections. New connections are
+   * passed through as before. With "answers", only PostgreSQL's side stops (what the clients send
+   * still arrives; the answers wait: a backend writing a large one blocks). Returns the stranded
+   * connections' local ports on PostgreSQL's side (their backends' `client_port`).
+   */
+  strand(which: "both" | "answers" = "both"): number[] {
+    const ports = this.upstreamPorts;
+    for (const pair of this.pairs) pair.stranded = true;
+    if (which === "both") this.pause([...this.pairs]);
+    else
+      for (const pair of this.pairs) {
+        pair.upstream.unpipe(pair.client);
+        pair.upstream.pause();
+      }
+    return ports;
   }
 
   /** The partition healed: what waited is delivered, and new connections are passed through. */

@@ -15,7 +15,7 @@ import vm from "node:vm";
 import type { FastifyInstance } from "fastify";
 import { tokenCreate } from "../../src/auth/tokens.ts";
 import { loadConfig } from "../../src/config.ts";
-import { createDatabase, type Database, pacedSocket } from "../../src/db/client.ts";
+import { createDatabase, type Database, type PacedSocket, pacedSocket } from "../../src/db/client.ts";
 import { expectedMigrationCount } from "../../src/db/migrate.ts";
 import { buildServer } from "../../src/http/server.ts";
 import { createLogger } from "../../src/log.ts";
@@ -51,10 +51,13 @@ interface Api {
 }
 
 /** An API on a pool of its own through a new relay (forwarding), the gate's timings shortened. */
-async function apiThroughRelay(gate: typeof GATE = GATE, o: { tls?: boolean } = {}): Promise<Api> {
+async function apiThroughRelay(
+  gate: typeof GATE = GATE,
+  o: { tls?: boolean; max?: number } = {},
+): Promise<Api> {
   const relay = await relayTo(db.url, "forward", o);
   const url = `${throughRelay(db.url, relay)}${o.tls ? "?sslmode=require" : ""}`;
-  const database = createDatabase(url, { max: 3 });
+  const database = createDatabase(url, { max: o.max ?? 3 });
   const config = loadConfig({ ASSAY_DATA_DIR: dataDir, DATABASE_URL: url });
   const logs: Api["logs"] = [];
   const destination = new Writable({
@@ -305,6 +308,120 @@ test("connections that stop answering without closing (a network partition): a p
   assert.equal((await within(held, 10_000, "the request held by the partition")).statusCode, 200);
   await waitFor(async () => !app.databaseGate.refuses(), 10_000, "the gate to open again");
   assert.equal((await list(app)).statusCode, 200);
+});
+
+const SILENT_WARN =
+  "pool connections that stopped answering were closed: their queries fail, new connections serve";
+
+/** The pool's pacedSocket (silent() and friends). */
+const pacer = (database: Database) => (database.sql.options as unknown as { socket: PacedSocket }).socket;
+
+for (const [which, backends] of [
+  ["both", "idle"],
+  ["both", "gone"],
+  ["answers", "writing"],
+] as const) {
+  test(`pool connections that go silent while new connections work (${backends === "idle" ? "their statements never arrived" : backends === "gone" ? "their backends gone: another server's now" : "their answers held, a large one blocking its backend"}): a probe closes them, their queries fail at once, new connections serve`, async () => {
+    const { app, relay, database, logs } = await apiThroughRelay();
+    // The pool's three connections made and confirmed.
+    await Promise.all(Array.from({ length: 3 }, () => database.sql`select pg_sleep(0.05)`));
+    assert.equal((await list(app)).statusCode, 200);
+    const pids = new Set(
+      (
+        await db.sql<{ pid: number }[]>`
+          select pid from pg_stat_activity
+          where client_port = any(${relay.upstreamPorts}) and query not ilike 'listen %'`
+      ).map((r) => r.pid),
+    );
+    assert.equal(pids.size, 3);
+    relay.strand(which);
+    if (backends === "gone")
+      await db.sql`select pg_terminate_backend(pid) from unnest(${[...pids]}::int[]) as pid`;
+    // A statement on each connection (a large answer with `writing`), and a request.
+    const waiting = Array.from({ length: 3 }, () =>
+      (backends === "writing"
+        ? database.sql`select repeat('x', 10000) from generate_series(1, 20000)`
+        : database.sql`select 1`
+      ).then(
+        () => "answered",
+        (err: { code?: string }) => err.code,
+      ),
+    );
+    const held = list(app);
+    let settled = 0;
+    for (const w of waiting) void w.then(() => settled++);
+    // Requests' look at the gate pings the pool, and the unanswered ping starts a probe.
+    await waitFor(
+      async () => {
+        app.databaseGate.refuses();
+        return settled === waiting.length;
+      },
+      15_000,
+      "the silent connections' statements to fail",
+    );
+    assert.deepEqual(await Promise.all(waiting), [
+      "CONNECTION_CLOSED",
+      "CONNECTION_CLOSED",
+      "CONNECTION_CLOSED",
+    ]);
+    assert.equal((await within(held, 10_000, "the request on a silent connection")).statusCode, 500);
+    const warned = logs.filter((l) => l.level === 40 && l.msg === SILENT_WARN) as unknown as {
+      pids: number[];
+    }[];
+    assert.deepEqual(new Set(warned.flatMap((l) => l.pids)), pids);
+    // Served on new connections, the gate open all along.
+    assert.equal((await list(app)).statusCode, 200);
+    assert.equal(app.databaseGate.refuses(), false);
+    assert.equal(
+      logged(logs, 40, "the database does not answer: API requests are answered 503 until it does"),
+      0,
+    );
+  });
+}
+
+test("silent pool connections are found while another pool connection answers the pings", async () => {
+  const { app, relay, database, logs } = await apiThroughRelay(GATE, { max: 4 });
+  await Promise.all(Array.from({ length: 3 }, () => database.sql`select pg_sleep(0.05)`));
+  relay.strand();
+  const waiting = Array.from({ length: 3 }, () =>
+    database.sql`select 1`.then(
+      () => "answered",
+      (err: { code?: string }) => err.code,
+    ),
+  );
+  // The pool's fourth connection, made now through the relay: it answers, and takes the pings.
+  await database.sql`select 2`;
+  let settled = 0;
+  for (const w of waiting) void w.then(() => settled++);
+  await waitFor(
+    async () => {
+      app.databaseGate.refuses();
+      return settled === waiting.length;
+    },
+    15_000,
+    "the silent connections' statements to fail",
+  );
+  assert.deepEqual(await Promise.all(waiting), [
+    "CONNECTION_CLOSED",
+    "CONNECTION_CLOSED",
+    "CONNECTION_CLOSED",
+  ]);
+  assert.equal(logged(logs, 40, SILENT_WARN), 1);
+  assert.equal((await list(app)).statusCode, 200);
+});
+
+test("a pool connection silent through a long statement is left alone: its backend is active", async () => {
+  const { app, database, logs } = await apiThroughRelay();
+  await database.sql`select 1`;
+  const long = database.sql`select pg_sleep(1.5)`.then(() => "answered");
+  await waitFor(
+    async () => pacer(database).silent(GATE.probeAnswerMs).length === 1,
+    10_000,
+    "the long statement's connection to be silent",
+  );
+  await app.databaseGate.runOnce();
+  assert.equal(await long, "answered");
+  assert.equal(logged(logs, 40, SILENT_WARN), 0);
 });
 
 test("the pacer confirms only connections made before what was answered, and one that said ReadyForQuery itself", async () => {
