@@ -452,7 +452,7 @@ export async function serveCommand(
       // A signal meanwhile: the worker is not started, or stopped by the shutdown before anything else.
       worker = await startWorkerRuntime(
         cfg,
-        database.sql,
+        database,
         storage,
         logger,
         concurrency,

@@ -1,10 +1,11 @@
 // The production worker of `assay worker` / `assay all`: the programs this machine can run, their
-// process handlers, the queue worker and the reaper.
+// process handlers, the queue worker, the reaper and the other background passes.
 import type { Registry } from "prom-client";
 import type { AnalysisType } from "../analyses/names.ts";
 import { findPrograms } from "../analyses/programs.ts";
 import { type Config, typeSettings } from "../config.ts";
-import type { Sql } from "../db/client.ts";
+import type { Database } from "../db/client.ts";
+import { SilentSweep } from "../db/silent.ts";
 import type { Logger } from "../log.ts";
 import { NO_OBSERVER } from "../queue/observer.ts";
 import { Reaper } from "../queue/reaper.ts";
@@ -25,7 +26,7 @@ export interface WorkerRuntime {
 
 export async function startWorkerRuntime(
   config: Config,
-  sql: Sql,
+  database: Database,
   store: ObjectStore,
   logger: Logger,
   concurrency: number,
@@ -34,6 +35,7 @@ export async function startWorkerRuntime(
   /** A shutdown that began while this was starting: the worker is not started (nothing is claimed). */
   signal?: AbortSignal,
 ): Promise<WorkerRuntime> {
+  const sql = database.sql;
   const found = findPrograms({
     ...(config.python ? { python: config.python } : {}),
     ...(config.rscript ? { rscript: config.rscript } : {}),
@@ -110,12 +112,16 @@ export async function startWorkerRuntime(
     });
     // Objects no row references (a crash between storing and recording): as often as retention runs.
     const sweep = new StoreSweep({ sql, logger, store, intervalMs: config.retentionIntervalMs });
+    // Pool connections that stop answering without closing (a failover): closed when the database
+    // says it is not working on them, or claims, heartbeats and completions wait ~15 minutes on them.
+    const silent = new SilentSweep({ database, logger });
     // Opening the scratch folder can take a while (it removes what dead workers left there).
     signal?.throwIfAborted();
     await worker.start();
     reaper.start();
     retention.start();
     sweep.start();
+    silent.start();
     return {
       worker,
       reaper,
@@ -128,6 +134,7 @@ export async function startWorkerRuntime(
           reaper.stop(),
           retention.stop(),
           sweep.stop(),
+          silent.stop(),
         ]);
         await guard.close();
         await work.close();

@@ -18,9 +18,10 @@ export interface Database {
    * whatever the pool is doing (a pool whose connections are all busy is no sign of an outage); rejects
    * with the failure, or NoAnswerError. The connection is closed either way. (DatabaseGate's probe.)
    * With `pids`, the answer is pg_stat_activity's of those backends (the probe of silent pool
-   * connections), else empty.
+   * connections), or null when the pids BackendKeyData names are not pg_stat_activity's (the probe's
+   * own is not: a pooler in between, or TLS, where no pid is read); else empty.
    */
-  answers?(ms: number, pids?: readonly number[]): Promise<BackendStates>;
+  answers?(ms: number, pids?: readonly number[]): Promise<BackendStates | null>;
 }
 
 /**
@@ -87,6 +88,10 @@ export interface SilentConnection {
   readonly socket: net.Socket;
   /** Its socket's bytesRead when found. */
   readonly read: number;
+  /** Since when it has been owed an answer and read nothing (performance.now()). */
+  readonly since: number;
+  /** Node still holds bytes written to it (a large statement still going out, or a path that takes none). */
+  readonly sending: boolean;
 }
 
 /** pacedSocket's factory, with what ends it and what it has seen of its connections. */
@@ -118,8 +123,8 @@ export interface PacedSocket {
    */
   answeredSince(mark: ReadMark): boolean;
   /**
-   * The pool's plain connections owed an answer (a statement written, its ReadyForQuery not read)
-   * that have read nothing for `ms` or longer, with their backends' process ids: a long statement, or
+   * The pool's plain connections owed an answer (a statement written, its ReadyForQuery not read; or
+   * a Flush written, nothing read since) that have read nothing for `ms` or longer, with their backends' process ids: a long statement, or
    * a connection that stopped answering without closing (DatabaseGate looks their backends up).
    */
   silent(ms: number): SilentConnection[];
@@ -129,6 +134,8 @@ export interface PacedSocket {
    * it did.
    */
   drop(c: SilentConnection): boolean;
+  /** The backend process ids of the plain connections open now, as their BackendKeyData named them. */
+  pids(): number[];
   /** Connections waiting for their turn now. */
   readonly waiting: number;
 }
@@ -249,10 +256,25 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
       const found: SilentConnection[] = [];
       for (const socket of open.keys()) {
         const talk = talks.get(socket);
-        if (talk?.pid === undefined || talk.lost || talk.owed === 0 || now - talk.movedAt < ms) continue;
-        found.push({ pid: talk.pid, socket, read: socket.bytesRead });
+        if (talk?.pid === undefined || talk.lost || !talk.waiting || now - talk.movedAt < ms) continue;
+        found.push({
+          pid: talk.pid,
+          socket,
+          read: socket.bytesRead,
+          since: talk.movedAt,
+          sending: socket.writableLength > 0,
+        });
       }
       return found;
+    },
+    pids: () => {
+      prune();
+      const pids: number[] = [];
+      for (const socket of open.keys()) {
+        const pid = talks.get(socket)?.pid;
+        if (pid !== undefined) pids.push(pid);
+      }
+      return pids;
     },
     drop: (c: SilentConnection) => {
       if (c.socket.destroyed || c.socket.bytesRead !== c.read) return false;
@@ -302,8 +324,9 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
     sql,
     close: () => endPool(sql, 5),
     answers: async (ms, pids) => {
+      const own = pacedSocket(1);
       const probe = postgres(url, {
-        ...{ socket: pacedSocket(1) },
+        ...{ socket: own },
         max: 1,
         onnotice: () => {},
         fetch_types: false,
@@ -319,11 +342,18 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
         const rows = await answerWithin(
           probe,
           ms,
-          () => probe<{ pid: number; state: string | null; waitEvent: string | null }[]>`
-            select pid, state, wait_event as "waitEvent" from pg_stat_activity
-            where pid = any(string_to_array(${pids.join(",")}, ',')::int[])`,
+          () => probe<{ pid: number | null; state: string | null; waitEvent: string | null; self: number }[]>`
+            select pid, state, wait_event as "waitEvent", pg_backend_pid() as self from pg_stat_activity
+            where pid = any(string_to_array(${pids.join(",")}, ',')::int[])
+            union all select null, null, null, pg_backend_pid()`,
         );
-        return new Map(rows.map(({ pid, ...rest }) => [pid, rest]));
+        // The pids BackendKeyData names are pg_stat_activity's only when nothing stands between: a
+        // pooler (PgBouncer) sends a key of its own, and nothing can be judged by them then.
+        const self = rows.find((r) => r.pid === null)?.self;
+        if (self === undefined || !own.pids().includes(self)) return null;
+        return new Map(
+          rows.flatMap(({ pid, state, waitEvent }) => (pid === null ? [] : [[pid, { state, waitEvent }]])),
+        );
       } finally {
         await endPool(probe, 0);
       }

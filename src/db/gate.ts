@@ -19,7 +19,7 @@
 // ping unanswered in time starts a probe. When only the pool's connections went silent (a failover
 // that left them open without a word) the probe's own connection answers: it looks up the backends of
 // the pool's connections that owe an answer and have read nothing for PROBE_ANSWER_MS, and those the
-// database is not working on are closed (dropSilent), so their queries fail instead of waiting.
+// database is not working on are closed (src/db/silent.ts), so their queries fail instead of waiting.
 import type { Logger } from "../log.ts";
 import {
   type BackendStates,
@@ -27,9 +27,9 @@ import {
   NoAnswerError,
   type PacedSocket,
   type ReadMark,
-  type SilentConnection,
   type Sql,
 } from "./client.ts";
+import { pacerOf, SilentJudge } from "./silent.ts";
 
 /** How old a connection the pool asked for may get unconfirmed before the gate probes. */
 export const SUSPECT_MS = 1_000;
@@ -50,6 +50,8 @@ export interface GateOptions {
   probeAnswerMs?: number;
   probeEveryMs?: number;
   pingEveryMs?: number;
+  /** SILENT_STUCK_MS (src/db/silent.ts), for tests. */
+  silentStuckMs?: number;
 }
 
 /**
@@ -83,7 +85,9 @@ type PoolWaiter = (answered: boolean, err?: unknown) => void;
 
 export class DatabaseGate {
   private readonly paced: Partial<PacedSocket> | undefined;
-  private readonly answers: ((ms: number, pids?: readonly number[]) => Promise<BackendStates>) | undefined;
+  private readonly answers:
+    | ((ms: number, pids?: readonly number[]) => Promise<BackendStates | null>)
+    | undefined;
   private readonly suspectMs: number;
   private readonly probeAnswerMs: number;
   private readonly probeEveryMs: number;
@@ -99,6 +103,8 @@ export class DatabaseGate {
   private readonly pingEveryMs: number;
   /** When the pool last answered, or was last pinged. */
   private pingedAt = performance.now();
+  /** Judges the pool's silent connections by what a probe's look-up says of their backends. */
+  private readonly silentJudge: SilentJudge;
   /** Probes made, answered or not (tests read it). */
   probes = 0;
 
@@ -106,13 +112,14 @@ export class DatabaseGate {
 
   constructor(database: Database, log: Pick<Logger, "warn" | "info">, options: GateOptions = {}) {
     this.log = log;
-    this.paced = (database.sql.options as { socket?: Partial<PacedSocket> }).socket;
+    this.paced = pacerOf(database);
     this.answers = database.answers?.bind(database);
     this.sql = database.sql;
     this.suspectMs = options.suspectMs ?? SUSPECT_MS;
     this.probeAnswerMs = options.probeAnswerMs ?? PROBE_ANSWER_MS;
     this.probeEveryMs = options.probeEveryMs ?? PROBE_EVERY_MS;
     this.pingEveryMs = options.pingEveryMs ?? PING_EVERY_MS;
+    this.silentJudge = new SilentJudge(log, options.silentStuckMs);
   }
 
   /** Whether a request that needs the database is refused now. Never throws, never waits. */
@@ -139,7 +146,7 @@ export class DatabaseGate {
     if (this.probing !== undefined) return;
     // Pool connections owed an answer and silent past a probe's bound: a probe looks them up at once
     // (the pool's `select 1` could be answered by another connection, and find nothing).
-    if ((this.paced?.silent?.(this.probeAnswerMs).length ?? 0) > 0) return void this.runOnce();
+    if (this.silentJudge.due(this.paced?.silent?.(this.probeAnswerMs) ?? [])) return void this.runOnce();
     let timer: NodeJS.Timeout | undefined;
     let finished = false;
     const done = (answered: boolean) => {
@@ -202,7 +209,7 @@ export class DatabaseGate {
         silent.map((c) => c.pid),
       ).then(
         (states) => {
-          if (silent.length > 0) this.dropSilent(silent, states);
+          if (silent.length > 0) this.silentJudge.judge(this.paced, silent, states);
           settle(true);
         },
         (err: unknown) => settle(answeredWithError(err), err),
@@ -261,29 +268,6 @@ export class DatabaseGate {
     if (this.closed) this.log.info("the database answers again: API requests are served");
     this.closed = false;
     clearTimeout(this.timer);
-  }
-
-  /**
-   * Closes the silent pool connections (pacedSocket.silent) whose backends are not working on what
-   * they were asked: a backend missing from pg_stat_activity (ended, or another server's — a failover
-   * that left the old primary's connections open without a word), or one that is not `active` (the
-   * statement never arrived, or its answer was lost on the way), or one blocked writing its answer to
-   * this client (`ClientWrite`, while the socket has read nothing). postgres.js then fails their
-   * queries at once instead of letting them wait until TCP gives up (~15 minutes with data
-   * unacknowledged), and makes new connections. A long statement (`active`) is left alone.
-   */
-  private dropSilent(silent: readonly SilentConnection[], states: BackendStates): void {
-    const dropped: number[] = [];
-    for (const c of silent) {
-      const backend = states.get(c.pid);
-      if (backend?.state === "active" && backend.waitEvent !== "ClientWrite") continue;
-      if (this.paced?.drop?.(c)) dropped.push(c.pid);
-    }
-    if (dropped.length > 0)
-      this.log.warn(
-        { pids: dropped },
-        "pool connections that stopped answering were closed: their queries fail, new connections serve",
-      );
   }
 
   /** Whether a connection the pool had open at `mark` has read something since (pacedSocket). */

@@ -46,7 +46,7 @@ export async function listenUntilStopped(
       state,
       unlisten: async () => {
         callbacks = undefined;
-        await unlisten();
+        await withinUnlistenWait(unlisten());
       },
     };
   } catch (err) {
@@ -95,6 +95,29 @@ async function withinMs<T extends { unlisten(): Promise<void> }>(
   }
 }
 
+/**
+ * How long a stop waits for its UNLISTEN: on a LISTEN connection that went silent without closing (a
+ * failover that left it open) the UNLISTEN is never answered, and a worker's or API's shutdown waited
+ * for it for good. The callbacks are muted before it is sent; an UNLISTEN not made in time is made by
+ * the connection's end (the pool's, at shutdown).
+ */
+export const UNLISTEN_WAIT_MS = 2_000;
+
+async function withinUnlistenWait(unlistening: Promise<void>): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  unlistening.catch(() => {});
+  try {
+    await Promise.race([
+      unlistening,
+      new Promise<void>((resolve) => {
+        timer = setTimeout(resolve, UNLISTEN_WAIT_MS);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 /** Listens on every channel; retries a few times, as the shared connection may be reconnecting. */
 export async function listenAll(
   sql: Sql,
@@ -107,7 +130,7 @@ export async function listenAll(
       for (const s of subscriptions)
         done.push(await listenUntilStopped(sql, s.channel, s.onNotify, s.onListen));
       return async () => {
-        for (const d of done) await d.unlisten();
+        await Promise.all(done.map((d) => d.unlisten()));
       };
     } catch (err) {
       for (const d of done) await d.unlisten().catch(() => {});

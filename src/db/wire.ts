@@ -13,6 +13,7 @@ const READY_FOR_QUERY = 0x5a; // 'Z'
 const BACKEND_KEY_DATA = 0x4b; // 'K'
 const QUERY = 0x51; // 'Q'
 const SYNC = 0x53; // 'S'
+const FLUSH = 0x48; // 'H'
 
 /**
  * Splits a byte stream into messages (a type byte and an int32 length that counts itself, or — the
@@ -95,6 +96,12 @@ export class Conversation {
   pid: number | undefined;
   /** ReadyForQuery messages owed: start-ups, simple queries and Syncs written, less those read. */
   owed = 0;
+  /** A Flush written and no message read since (a statement's first Parse/Describe, a cursor's Execute). */
+  flushed = false;
+  /** Whether an answer is owed. */
+  get waiting(): boolean {
+    return this.owed > 0 || this.flushed;
+  }
   /** When the conversation last moved while answers were owed: a byte read, or an ask after none. */
   movedAt = 0;
   /** Whether the stream stopped making sense on either side (then it is never judged silent). */
@@ -132,17 +139,22 @@ export class Conversation {
 
   /** Bytes the client read. */
   got(chunk: Buffer): void {
-    if (this.owed > 0) this.movedAt = performance.now();
+    if (this.waiting) this.movedAt = performance.now();
     this.read.feed(chunk);
   }
 
   private ask(): void {
-    if (this.owed++ === 0) this.movedAt = performance.now();
+    if (!this.waiting) this.movedAt = performance.now();
+    this.owed++;
   }
 
   private sent(type: number, bytes: Buffer, at: number): void {
     if (type !== -1) {
       if (type === QUERY || type === SYNC) this.ask();
+      else if (type === FLUSH) {
+        if (!this.waiting) this.movedAt = performance.now();
+        this.flushed = true;
+      }
       return;
     }
     const code = bytes.readUInt32BE(at + 4);
@@ -159,6 +171,7 @@ export class Conversation {
   }
 
   private received(type: number, bytes: Buffer, at: number): void {
+    this.flushed = false;
     if (type === BACKEND_KEY_DATA) this.pid = bytes.readInt32BE(at + 5);
     else if (type === READY_FOR_QUERY) {
       if (this.owed > 0) this.owed--;

@@ -183,7 +183,7 @@ test("on stop the worker stops claiming at once, not after a background pass in 
   });
   const runtime = await startWorkerRuntime(
     config,
-    own.db.sql,
+    own.db,
     slow,
     createLogger({ level: "silent" }),
     2,

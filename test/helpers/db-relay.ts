@@ -240,3 +240,52 @@ export async function relayTo(
   await relay.listen();
   return relay;
 }
+
+/**
+ * A TCP proxy to the server of `url` that passes everything through but the backend's BackendKeyData
+ * in each connection's start-up, whose pid it replaces with one of its own — as a pooler (PgBouncer)
+ * answers with a key of its own. Returns its port and how to close it.
+ */
+export async function keyFakingProxy(url: string): Promise<{ port: number; close(): Promise<void> }> {
+  const u = new URL(url);
+  const sockets = new Set<net.Socket>();
+  let fake = 1_000_000;
+  const server = net.createServer((client) => {
+    const upstream = net.connect(Number(u.port), u.hostname);
+    for (const s of [client, upstream]) {
+      sockets.add(s);
+      s.on("error", () => {});
+      s.on("close", () => sockets.delete(s));
+    }
+    client.on("close", () => upstream.destroy());
+    upstream.on("close", () => client.destroy());
+    client.pipe(upstream);
+    // The start-up's messages, one by one, until its ReadyForQuery; then everything as it comes.
+    let head = Buffer.alloc(0);
+    const onData = (chunk: Buffer) => {
+      head = Buffer.concat([head, chunk]);
+      while (head.length >= 5 && head.length >= head.readUInt32BE(1) + 1) {
+        const message = Buffer.from(head.subarray(0, head.readUInt32BE(1) + 1));
+        head = head.subarray(message.length);
+        if (message[0] === 0x4b) message.writeInt32BE(fake++, 5);
+        client.write(message);
+        if (message[0] === 0x5a) {
+          upstream.off("data", onData);
+          if (head.length > 0) client.write(head);
+          upstream.pipe(client);
+          return;
+        }
+      }
+    };
+    upstream.on("data", onData);
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return {
+    port: (server.address() as net.AddressInfo).port,
+    close: () =>
+      new Promise<void>((resolve) => {
+        for (const s of sockets) s.destroy();
+        server.close(() => resolve());
+      }),
+  };
+}

@@ -128,7 +128,7 @@ test("the production worker stores why it will not claim a type, and its row goe
   const config = { ...t.config, rscript: "/nonexistent/bin/Rscript" };
   const runtime = await startWorkerRuntime(
     config,
-    t.db.sql,
+    t.db,
     t.storage,
     createLogger({ level: "silent" }),
     1,

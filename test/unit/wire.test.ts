@@ -147,3 +147,19 @@ test("movedAt: set by the first ask after none was owed, and by each byte read w
   talk.got(msg("1"));
   assert.ok(talk.movedAt > asked);
 });
+
+test("a Flush without a Sync (a statement's first Parse and Describe, a cursor's next page) waits until a message is read", () => {
+  const talk = new Conversation(() => {});
+  talk.wrote(STARTUP);
+  talk.got(STARTED);
+  talk.wrote(
+    Buffer.concat([msg("P", Buffer.from("s2\0select $1\0\0\0")), msg("D", Buffer.from("Ss2\0")), msg("H")]),
+  );
+  assert.deepEqual([talk.owed, talk.waiting], [0, true]);
+  talk.got(msg("1"));
+  assert.equal(talk.waiting, false, "answered: ParseComplete");
+  talk.wrote(Buffer.concat([msg("E", Buffer.from("\0\0\0\0\x64")), msg("H")]));
+  assert.equal(talk.waiting, true);
+  talk.got(msg("s"));
+  assert.deepEqual([talk.owed, talk.waiting], [0, false]);
+});

@@ -1,0 +1,148 @@
+// Pool connections that stopped answering without closing — a failover that left the old primary's
+// connections open without a word, a path cut with nothing to say so — hold their queries until TCP
+// gives up on them (~15 minutes with data unacknowledged). pacedSocket follows each plain pool
+// connection's conversation (src/db/wire.ts) and tells which are owed an answer and have read nothing
+// for a while (`silent`); a connection of its own asks pg_stat_activity about their backends, and
+// those the database is not working on are closed: postgres.js fails their queries at once and makes
+// new connections. The API's database gate does this in its probes; workers run SilentSweep.
+import type { Logger } from "../log.ts";
+import { IntervalService } from "../queue/service.ts";
+import type { BackendStates, Database, PacedSocket, SilentConnection } from "./client.ts";
+
+export const SILENT_DROPPED =
+  "pool connections that stopped answering were closed: their queries fail, new connections serve";
+
+/** How often a worker looks for silent pool connections (a look without any costs no statement). */
+export const SILENT_SWEEP_EVERY_MS = 5_000;
+/** How long a connection owed an answer may read nothing before its backend is looked up. */
+export const SILENT_AFTER_MS = 5_000;
+/** How long the look-up waits for the database's answer. */
+export const SILENT_LOOKUP_MS = 2_000;
+
+/** A pool's pacedSocket, when it has one (createDatabase's pools do). */
+export function pacerOf(database: Pick<Database, "sql">): Partial<PacedSocket> | undefined {
+  return (database.sql.options as { socket?: Partial<PacedSocket> }).socket;
+}
+
+/**
+ * How long a connection whose backend is there but not working on its statement — `idle` (the
+ * statement never arrived, or is still arriving), `active` waiting for the client's next message
+ * (`ClientRead`: a cursor's next page asked for and never arrived), or blocked writing its answer to
+ * a client that reads nothing (`ClientWrite`) — may read nothing before it is closed. Longer than a
+ * backend gone (the probe's bound): a statement that takes this long to arrive, or an answer this long
+ * to leave, is no working connection either, but a slow one is not closed for being slow.
+ */
+export const SILENT_STUCK_MS = 10_000;
+
+type Verdict = "dead" | "working" | "undecided";
+
+/**
+ * What a silent connection is, by its backend's row (`undefined`: none): dead when the backend is
+ * gone (ended, or another server's: a failover) or not this role's (another session took its pid), or
+ * stuck past `stuckMs` as SILENT_STUCK_MS says; working when it runs a statement (`active`, on a lock
+ * or a sleep or the CPU; any state pg_stat_activity reports without `track_activities`, `disabled`,
+ * counts as that); undecided otherwise (stuck, not yet for long). A connection Node is still writing
+ * to is dead only when its backend is gone.
+ */
+function verdict(
+  c: SilentConnection,
+  backend: { state: string | null; waitEvent: string | null } | undefined,
+  now: number,
+  stuckMs: number,
+): Verdict {
+  if (backend === undefined || backend.state === null) return "dead";
+  const stuck =
+    backend.state.startsWith("idle") ||
+    backend.waitEvent === "ClientWrite" ||
+    (backend.state === "active" && backend.waitEvent === "ClientRead");
+  if (!stuck) return "working";
+  return !c.sending && now - c.since >= stuckMs ? "dead" : "undecided";
+}
+
+/**
+ * Judges a pool's silent connections by what pg_stat_activity says of their backends, closes the dead
+ * ones (postgres.js fails their queries at once, and makes new connections), and remembers the ones
+ * found working so that a look is not asked for again while they stay as they are (`due`).
+ */
+export class SilentJudge {
+  /** Connections found working: pid → their `since` then. */
+  private working = new Map<number, number>();
+  private readonly stuckMs: number;
+  private readonly log: Pick<Logger, "warn">;
+
+  constructor(log: Pick<Logger, "warn">, stuckMs = SILENT_STUCK_MS) {
+    this.log = log;
+    this.stuckMs = stuckMs;
+  }
+
+  /** Whether any of `silent` wants a look: not found working at its current silence. */
+  due(silent: readonly SilentConnection[]): boolean {
+    return silent.some((c) => this.working.get(c.pid) !== c.since);
+  }
+
+  /**
+   * Closes those of `silent` that are dead by `states` (null: the pids cannot be judged; nothing is
+   * closed), logs them once, and returns their backends' pids.
+   */
+  judge(
+    paced: Partial<PacedSocket> | undefined,
+    silent: readonly SilentConnection[],
+    states: BackendStates | null,
+  ): number[] {
+    if (states === null) return [];
+    const now = performance.now();
+    const dropped: number[] = [];
+    const working = new Map<number, number>();
+    for (const c of silent) {
+      const v = verdict(c, states.get(c.pid), now, this.stuckMs);
+      if (v === "working") working.set(c.pid, c.since);
+      else if (v === "dead" && paced?.drop?.(c)) dropped.push(c.pid);
+    }
+    this.working = working;
+    if (dropped.length > 0) this.log.warn({ pids: dropped }, SILENT_DROPPED);
+    return dropped;
+  }
+}
+
+export interface SilentSweepOptions {
+  database: Database;
+  logger: Logger;
+  intervalMs?: number;
+  silentAfterMs?: number;
+  lookupMs?: number;
+  stuckMs?: number;
+}
+
+/**
+ * A worker's look for silent pool connections, every SILENT_SWEEP_EVERY_MS: its claims, heartbeats
+ * and completions would otherwise wait on them until TCP gives up, and its leases run out meanwhile.
+ * runOnce() returns how many it closed. A look-up the database does not answer closes nothing (an
+ * outage is no silent connection: those come back, or fail, with it).
+ */
+export class SilentSweep extends IntervalService<number> {
+  private readonly o: SilentSweepOptions;
+  private readonly judge: SilentJudge;
+
+  constructor(o: SilentSweepOptions) {
+    super("silent connection sweep", o.intervalMs ?? SILENT_SWEEP_EVERY_MS, o.logger);
+    this.o = o;
+    this.judge = new SilentJudge(o.logger, o.stuckMs);
+  }
+
+  async runOnce(): Promise<number> {
+    const paced = pacerOf(this.o.database);
+    const silent = paced?.silent?.(this.o.silentAfterMs ?? SILENT_AFTER_MS) ?? [];
+    if (!this.judge.due(silent) || this.o.database.answers === undefined) return 0;
+    let states: BackendStates | null;
+    try {
+      states = await this.o.database.answers(
+        this.o.lookupMs ?? SILENT_LOOKUP_MS,
+        silent.map((c) => c.pid),
+      );
+    } catch (err) {
+      this.logger.debug({ err }, "silent pool connections not looked up: the database did not answer");
+      return 0;
+    }
+    return this.judge.judge(paced, silent, states).length;
+  }
+}

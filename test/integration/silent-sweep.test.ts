@@ -1,0 +1,113 @@
+// The worker's sweep of silent pool connections (src/db/silent.ts): connections that stop answering
+// without closing — a failover that left the old primary's connections open — are closed once the
+// database says it is not working on them, so the worker's claims go to new connections instead of
+// waiting until TCP gives up. The worker reaches the real PostgreSQL through a relay this file strands.
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import { createDatabase, type Database } from "../../src/db/client.ts";
+import { pacerOf, SilentSweep } from "../../src/db/silent.ts";
+import { createLogger } from "../../src/log.ts";
+import { Worker } from "../../src/queue/worker.ts";
+import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
+import { type DbRelay, relayTo, throughRelay } from "../helpers/db-relay.ts";
+import { createTask, seedUser, waitFor, waitForTerminal } from "../helpers/queue.ts";
+
+let db: TestDatabase;
+const closers: (() => Promise<void> | void)[] = [];
+const logger = createLogger({ level: "silent" });
+
+before(async () => {
+  db = await createTestDatabase();
+});
+
+after(async () => {
+  for (const close of closers.reverse()) await close();
+  await db.drop();
+});
+
+async function poolThroughRelay(max: number): Promise<{ relay: DbRelay; database: Database }> {
+  const relay = await relayTo(db.url, "forward");
+  const database = createDatabase(throughRelay(db.url, relay), { max });
+  closers.push(
+    () => relay.close(),
+    () => database.close(),
+  );
+  return { relay, database };
+}
+
+const sweepOf = (database: Database) =>
+  new SilentSweep({ database, logger, intervalMs: 100, silentAfterMs: 300, lookupMs: 1_000, stuckMs: 800 });
+
+test("a worker whose pool connections go silent claims on new ones: a task created then runs within seconds", async () => {
+  const { relay, database } = await poolThroughRelay(2);
+  const owner = await seedUser(db.sql, "silent-worker");
+  const worker = new Worker({
+    sql: database.sql,
+    logger,
+    types: { "silent-noop": { handler: async () => ({ status: "succeeded" }) } },
+    concurrency: 1,
+    leaseTtlMs: 60_000,
+    // Its LISTEN connection is stranded too: the poll is what claims.
+    pollIntervalMs: 200,
+    retryBaseMs: 10,
+  });
+  await worker.start();
+  closers.push(() => worker.stop(0));
+  const warm = await createTask(db.sql, owner, "silent-noop", 2);
+  assert.equal((await waitForTerminal(db.sql, warm, 20_000)).status, "succeeded");
+
+  relay.strand();
+  const taskId = await createTask(db.sql, owner, "silent-noop", 3);
+  const sweep = sweepOf(database);
+  let closed = 0;
+  const row = await waitFor(
+    async () => {
+      closed += await sweep.runOnce();
+      const [t] = await db.sql<{ status: string }[]>`select status from tasks where id = ${taskId}`;
+      return t?.status === "succeeded" ? t : undefined;
+    },
+    20_000,
+    "the task to succeed on new connections",
+  );
+  assert.equal(row.status, "succeeded");
+  assert.ok(closed >= 1, `${closed} connections closed`);
+  // Its LISTEN connection is still stranded: the stop's UNLISTEN goes unanswered, and is not waited
+  // for beyond UNLISTEN_WAIT_MS (it waited for good).
+  let timer: NodeJS.Timeout | undefined;
+  const stopped = await Promise.race([
+    worker.stop(0).then(() => true),
+    new Promise<false>((resolve) => {
+      timer = setTimeout(resolve, 10_000, false);
+    }),
+  ]);
+  clearTimeout(timer);
+  assert.equal(stopped, true, "the worker stopped within 10 s");
+});
+
+test("a look-up the database does not answer closes nothing; the next one that is answered does", async () => {
+  const { relay, database } = await poolThroughRelay(1);
+  await database.sql`select 1`;
+  relay.strand();
+  let failed: string | undefined;
+  const waiting = database.sql`select 1`.then(
+    () => "answered",
+    (err: { code?: string }) => {
+      failed = err.code;
+      return failed;
+    },
+  );
+  const sweep = sweepOf(database);
+  // New connections held unanswered: the look-up's own among them.
+  relay.mode = "hold";
+  await waitFor(
+    async () => (pacerOf(database)?.silent?.(900).length ?? 0) === 1,
+    10_000,
+    "the connection to be silent past the stuck bound",
+  );
+  assert.equal(await sweep.runOnce(), 0);
+  assert.equal(failed, undefined);
+  relay.mode = "forward";
+  assert.equal(await sweep.runOnce(), 1);
+  assert.equal(await waiting, "CONNECTION_CLOSED");
+  assert.equal((await database.sql<{ n: number }[]>`select 1 as n`)[0]?.n, 1);
+});
