@@ -17,6 +17,7 @@ import { databaseNow } from "../db/clock.ts";
 import { startSignal } from "../db/embedded.ts";
 import { expectedMigrationCount, type SchemaState, schemaState, schemaTooOld } from "../db/migrate.ts";
 import { type OpenedDatabase, openDatabase } from "../db/open.ts";
+import { SilentSweep } from "../db/silent.ts";
 import { createLogger, type Logger } from "../log.ts";
 import { MIN_DRAIN_MS } from "../runner/run-process.ts";
 import { LocalStore } from "../storage/local.ts";
@@ -319,6 +320,12 @@ export async function serveCommand(
   let database: OpenedDatabase | undefined;
   let server: Awaited<ReturnType<typeof import("../http/server.ts").buildServer>> | undefined;
   let worker: WorkerRuntime | undefined;
+  /**
+   * `assay api`'s look for silent pool connections (the worker runtime has its own, which `assay all`'s
+   * shared pool uses): the gate looks only when a request comes, and a quiet API's requests would wait
+   * on such a connection until the next one.
+   */
+  let silentSweep: SilentSweep | undefined;
   /** `assay worker`'s own /metrics endpoint (the API serves its registry itself). */
   let metricsServer: { close(): Promise<void> } | undefined;
   let closing: Promise<void> | undefined;
@@ -326,7 +333,12 @@ export async function serveCommand(
     closing ??= (async () => {
       // Each is closed whatever the others do; the first failure is reported after the database is
       // closed too (with Promise.all a failing worker stop skipped it, and left an embedded PostgreSQL).
-      const closed = await Promise.allSettled([server?.close(), worker?.stop(), metricsServer?.close()]);
+      const closed = await Promise.allSettled([
+        server?.close(),
+        worker?.stop(),
+        metricsServer?.close(),
+        silentSweep?.stop(),
+      ]);
       // Last: the pool, and an embedded database this process started.
       await database?.close();
       const failed = closed.find((c) => c.status === "rejected");
@@ -436,6 +448,10 @@ export async function serveCommand(
       );
     }
     listening = server !== undefined;
+    if (mode === "api" && database) {
+      silentSweep = new SilentSweep({ database, logger });
+      silentSweep.start();
+    }
     if (!needsDatabase && server) {
       // Not awaited: a database that does not answer yet is /readyz's to report, not start-up's.
       schemaState(database.sql).then(

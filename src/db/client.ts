@@ -25,10 +25,14 @@ export interface Database {
 }
 
 /**
- * What pg_stat_activity says of some backends, by process id: `state` (null for another role's) and
- * `waitEvent`. A backend missing there has ended, or is another server's.
+ * What pg_stat_activity says of some backends, by process id: `state` (null for another role's),
+ * `waitEvent`, and how long ago the backend started (`ageMs`, on the server's clock). A backend
+ * missing there has ended, or is another server's.
  */
-export type BackendStates = ReadonlyMap<number, { state: string | null; waitEvent: string | null }>;
+export type BackendStates = ReadonlyMap<
+  number,
+  { state: string | null; waitEvent: string | null; ageMs: number | null }
+>;
 
 export interface PoolOptions {
   max?: number;
@@ -92,6 +96,8 @@ export interface SilentConnection {
   readonly since: number;
   /** Node still holds bytes written to it (a large statement still going out, or a path that takes none). */
   readonly sending: boolean;
+  /** How long ago its socket was made (ms): its backend cannot be much younger. */
+  readonly age: number;
 }
 
 /** pacedSocket's factory, with what ends it and what it has seen of its connections. */
@@ -254,7 +260,7 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
       prune();
       const now = performance.now();
       const found: SilentConnection[] = [];
-      for (const socket of open.keys()) {
+      for (const [socket, madeAt] of open) {
         const talk = talks.get(socket);
         if (talk?.pid === undefined || talk.lost || !talk.waiting || now - talk.movedAt < ms) continue;
         found.push({
@@ -263,6 +269,7 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
           read: socket.bytesRead,
           since: talk.movedAt,
           sending: socket.writableLength > 0,
+          age: now - madeAt,
         });
       }
       return found;
@@ -338,21 +345,32 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
           await firstAnswer(probe, ms);
           return new Map();
         }
-        // (As text: the probe fetches no types, so postgres.js cannot send an int4 array.)
-        const rows = await answerWithin(
-          probe,
-          ms,
-          () => probe<{ pid: number | null; state: string | null; waitEvent: string | null; self: number }[]>`
-            select pid, state, wait_event as "waitEvent", pg_backend_pid() as self from pg_stat_activity
-            where pid = any(string_to_array(${pids.join(",")}, ',')::int[])
-            union all select null, null, null, pg_backend_pid()`,
+        // The pids inline (int32s read from BackendKeyData; anything else is left out): with a
+        // parameter, postgres.js would Describe the statement first, a round trip more.
+        const list = pids.filter((pid) => Number.isSafeInteger(pid)).join(",") || "null";
+        const rows = await answerWithin(probe, ms, () =>
+          probe.unsafe<
+            {
+              pid: number | null;
+              state: string | null;
+              waitEvent: string | null;
+              ageMs: number | null;
+              self: number;
+            }[]
+          >(`select pid, state, wait_event as "waitEvent",
+                    (extract(epoch from clock_timestamp() - backend_start) * 1000)::float8 as "ageMs",
+                    pg_backend_pid() as self
+             from pg_stat_activity where pid in (${list})
+             union all select null, null, null, null, pg_backend_pid()`),
         );
         // The pids BackendKeyData names are pg_stat_activity's only when nothing stands between: a
         // pooler (PgBouncer) sends a key of its own, and nothing can be judged by them then.
         const self = rows.find((r) => r.pid === null)?.self;
         if (self === undefined || !own.pids().includes(self)) return null;
         return new Map(
-          rows.flatMap(({ pid, state, waitEvent }) => (pid === null ? [] : [[pid, { state, waitEvent }]])),
+          rows.flatMap(({ pid, state, waitEvent, ageMs }) =>
+            pid === null ? [] : [[pid, { state, waitEvent, ageMs }]],
+          ),
         );
       } finally {
         await endPool(probe, 0);

@@ -34,23 +34,30 @@ export function pacerOf(database: Pick<Database, "sql">): Partial<PacedSocket> |
  */
 export const SILENT_STUCK_MS = 10_000;
 
+/** How long a connection found at work is not looked up again while it stays silent. */
+export const SILENT_RECHECK_MS = 30_000;
+/** How much younger than its connection a backend may seem before it is another session's. */
+const AGE_SLACK_MS = 1_000;
+
 type Verdict = "dead" | "working" | "undecided";
 
 /**
  * What a silent connection is, by its backend's row (`undefined`: none): dead when the backend is
- * gone (ended, or another server's: a failover) or not this role's (another session took its pid), or
- * stuck past `stuckMs` as SILENT_STUCK_MS says; working when it runs a statement (`active`, on a lock
+ * gone (ended, or another server's: a failover) or another session's (not this role's; or younger than
+ * the connection: its pid taken again, on the server the probe reaches now), or stuck past `stuckMs`
+ * as SILENT_STUCK_MS says; working when it runs a statement (`active`, on a lock
  * or a sleep or the CPU; any state pg_stat_activity reports without `track_activities`, `disabled`,
  * counts as that); undecided otherwise (stuck, not yet for long). A connection Node is still writing
  * to is dead only when its backend is gone.
  */
 function verdict(
   c: SilentConnection,
-  backend: { state: string | null; waitEvent: string | null } | undefined,
+  backend: { state: string | null; waitEvent: string | null; ageMs: number | null } | undefined,
   now: number,
   stuckMs: number,
 ): Verdict {
   if (backend === undefined || backend.state === null) return "dead";
+  if (backend.ageMs !== null && backend.ageMs < c.age - AGE_SLACK_MS) return "dead";
   const stuck =
     backend.state.startsWith("idle") ||
     backend.waitEvent === "ClientWrite" ||
@@ -62,22 +69,29 @@ function verdict(
 /**
  * Judges a pool's silent connections by what pg_stat_activity says of their backends, closes the dead
  * ones (postgres.js fails their queries at once, and makes new connections), and remembers the ones
- * found working so that a look is not asked for again while they stay as they are (`due`).
+ * found working — or all of them, when no pid could be judged (a pooler) — so that a look is not
+ * asked for again while they stay as they are, for SILENT_RECHECK_MS (`due`): a connection at work
+ * may die later without a byte, and a long statement costs a look-up every so often, not every ping.
  */
 export class SilentJudge {
-  /** Connections found working: pid → their `since` then. */
-  private working = new Map<number, number>();
+  /** Connections not to look up again for a while: pid → their `since` then, and when. */
+  private working = new Map<number, { since: number; at: number }>();
   private readonly stuckMs: number;
+  private readonly recheckMs: number;
   private readonly log: Pick<Logger, "warn">;
 
-  constructor(log: Pick<Logger, "warn">, stuckMs = SILENT_STUCK_MS) {
+  constructor(log: Pick<Logger, "warn">, stuckMs = SILENT_STUCK_MS, recheckMs = SILENT_RECHECK_MS) {
     this.log = log;
     this.stuckMs = stuckMs;
+    this.recheckMs = recheckMs;
   }
 
-  /** Whether any of `silent` wants a look: not found working at its current silence. */
-  due(silent: readonly SilentConnection[]): boolean {
-    return silent.some((c) => this.working.get(c.pid) !== c.since);
+  /** Whether any of `silent` wants a look: not found at work at its current silence, or not lately. */
+  due(silent: readonly SilentConnection[], now = performance.now()): boolean {
+    return silent.some((c) => {
+      const w = this.working.get(c.pid);
+      return w === undefined || w.since !== c.since || now - w.at >= this.recheckMs;
+    });
   }
 
   /**
@@ -89,13 +103,16 @@ export class SilentJudge {
     silent: readonly SilentConnection[],
     states: BackendStates | null,
   ): number[] {
-    if (states === null) return [];
     const now = performance.now();
+    if (states === null) {
+      this.working = new Map(silent.map((c) => [c.pid, { since: c.since, at: now }]));
+      return [];
+    }
     const dropped: number[] = [];
-    const working = new Map<number, number>();
+    const working = new Map<number, { since: number; at: number }>();
     for (const c of silent) {
       const v = verdict(c, states.get(c.pid), now, this.stuckMs);
-      if (v === "working") working.set(c.pid, c.since);
+      if (v === "working") working.set(c.pid, { since: c.since, at: now });
       else if (v === "dead" && paced?.drop?.(c)) dropped.push(c.pid);
     }
     this.working = working;
@@ -111,6 +128,7 @@ export interface SilentSweepOptions {
   silentAfterMs?: number;
   lookupMs?: number;
   stuckMs?: number;
+  recheckMs?: number;
 }
 
 /**
@@ -126,7 +144,7 @@ export class SilentSweep extends IntervalService<number> {
   constructor(o: SilentSweepOptions) {
     super("silent connection sweep", o.intervalMs ?? SILENT_SWEEP_EVERY_MS, o.logger);
     this.o = o;
-    this.judge = new SilentJudge(o.logger, o.stuckMs);
+    this.judge = new SilentJudge(o.logger, o.stuckMs, o.recheckMs);
   }
 
   async runOnce(): Promise<number> {

@@ -111,3 +111,48 @@ test("a look-up the database does not answer closes nothing; the next one that i
   assert.equal(await waiting, "CONNECTION_CLOSED");
   assert.equal((await database.sql<{ n: number }[]>`select 1 as n`)[0]?.n, 1);
 });
+
+test("a connection found at work and lost later without a byte is looked up again after the recheck, and closed", async () => {
+  const { relay, database } = await poolThroughRelay(1);
+  await database.sql`select 1`;
+  let failed: string | undefined;
+  const long = database.sql`select pg_sleep(60)`.then(
+    () => "answered",
+    (err: { code?: string }) => {
+      failed = err.code;
+      return failed;
+    },
+  );
+  const sweep = new SilentSweep({
+    database,
+    logger,
+    silentAfterMs: 300,
+    lookupMs: 1_000,
+    stuckMs: 800,
+    recheckMs: 1_000,
+  });
+  // Found at work: nothing closed.
+  await waitFor(
+    async () => (pacerOf(database)?.silent?.(300).length ?? 0) === 1,
+    10_000,
+    "the statement to be silent",
+  );
+  assert.equal(await sweep.runOnce(), 0);
+  // Its backend ended, and not a byte from it: a connection cut where nobody says so.
+  const [backend] = await db.sql<{ pid: number }[]>`
+    select pid from pg_stat_activity where query = 'select pg_sleep(60)' and state = 'active'`;
+  assert.ok(backend, "the statement's backend");
+  relay.strand();
+  await db.sql`select pg_terminate_backend(${backend.pid})`;
+  let closed = 0;
+  await waitFor(
+    async () => {
+      closed += await sweep.runOnce();
+      return failed !== undefined;
+    },
+    10_000,
+    "the lost connection to be closed",
+  );
+  assert.equal(closed, 1);
+  assert.equal(await long, "CONNECTION_CLOSED");
+});
