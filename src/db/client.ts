@@ -96,7 +96,10 @@ export interface SilentConnection {
   readonly since: number;
   /** Node still holds bytes written to it (a large statement still going out, or a path that takes none). */
   readonly sending: boolean;
-  /** How long ago its socket was made (ms): its backend cannot be much younger. */
+  /**
+   * How long ago its start-up named its backend (BackendKeyData read, ms): the backend is at least
+   * this old (the connect before — DNS, handshake, a proxy's own dial — is left out).
+   */
   readonly age: number;
 }
 
@@ -260,7 +263,7 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
       prune();
       const now = performance.now();
       const found: SilentConnection[] = [];
-      for (const [socket, madeAt] of open) {
+      for (const socket of open.keys()) {
         const talk = talks.get(socket);
         if (talk?.pid === undefined || talk.lost || !talk.waiting || now - talk.movedAt < ms) continue;
         found.push({
@@ -269,7 +272,7 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
           read: socket.bytesRead,
           since: talk.movedAt,
           sending: socket.writableLength > 0,
-          age: now - madeAt,
+          age: now - talk.keyAt,
         });
       }
       return found;

@@ -36,15 +36,19 @@ export const SILENT_STUCK_MS = 10_000;
 
 /** How long a connection found at work is not looked up again while it stays silent. */
 export const SILENT_RECHECK_MS = 30_000;
-/** How much younger than its connection a backend may seem before it is another session's. */
-const AGE_SLACK_MS = 1_000;
+/**
+ * How much younger than its connection's BackendKeyData a backend may seem before it is another
+ * session's: `backend_start` is on the server's wall clock, which a step (NTP, a VM resumed) moves. A
+ * pid taken again after a failover belongs to a connection made before it, most often far older.
+ */
+const AGE_SLACK_MS = 10_000;
 
 type Verdict = "dead" | "working" | "undecided";
 
 /**
  * What a silent connection is, by its backend's row (`undefined`: none): dead when the backend is
  * gone (ended, or another server's: a failover) or another session's (not this role's; or younger than
- * the connection: its pid taken again, on the server the probe reaches now), or stuck past `stuckMs`
+ * the connection's BackendKeyData: its pid taken again, on the server the probe reaches now), or stuck past `stuckMs`
  * as SILENT_STUCK_MS says; working when it runs a statement (`active`, on a lock
  * or a sleep or the CPU; any state pg_stat_activity reports without `track_activities`, `disabled`,
  * counts as that); undecided otherwise (stuck, not yet for long). A connection Node is still writing

@@ -94,6 +94,8 @@ class Frames {
 export class Conversation {
   /** The backend's process id (BackendKeyData, at the end of the start-up), once known. */
   pid: number | undefined;
+  /** When BackendKeyData was read (performance.now()): its backend had started by then. */
+  keyAt = 0;
   /** ReadyForQuery messages owed: start-ups, simple queries and Syncs written, less those read. */
   owed = 0;
   /** A Flush written and no message read since (a statement's first Parse/Describe, a cursor's Execute). */
@@ -172,8 +174,10 @@ export class Conversation {
 
   private received(type: number, bytes: Buffer, at: number): void {
     this.flushed = false;
-    if (type === BACKEND_KEY_DATA) this.pid = bytes.readInt32BE(at + 5);
-    else if (type === READY_FOR_QUERY) {
+    if (type === BACKEND_KEY_DATA) {
+      this.pid = bytes.readInt32BE(at + 5);
+      this.keyAt = performance.now();
+    } else if (type === READY_FOR_QUERY) {
       if (this.owed > 0) this.owed--;
       this.onReady();
     }

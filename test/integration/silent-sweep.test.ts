@@ -3,6 +3,7 @@
 // database says it is not working on them, so the worker's claims go to new connections instead of
 // waiting until TCP gives up. The worker reaches the real PostgreSQL through a relay this file strands.
 import assert from "node:assert/strict";
+import net from "node:net";
 import { after, before, test } from "node:test";
 import { createDatabase, type Database } from "../../src/db/client.ts";
 import { pacerOf, SilentSweep } from "../../src/db/silent.ts";
@@ -35,6 +36,21 @@ async function poolThroughRelay(max: number): Promise<{ relay: DbRelay; database
   return { relay, database };
 }
 
+/** `work`, or a failure naming `what` when it takes over 10 s (a hang says where it is). */
+async function bounded<T>(work: Promise<T>, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      work,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`${what} took over 10 s`)), 10_000);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 const sweepOf = (database: Database) =>
   new SilentSweep({ database, logger, intervalMs: 100, silentAfterMs: 300, lookupMs: 1_000, stuckMs: 800 });
 
@@ -51,7 +67,7 @@ test("a worker whose pool connections go silent claims on new ones: a task creat
     pollIntervalMs: 200,
     retryBaseMs: 10,
   });
-  await worker.start();
+  await bounded(worker.start(), "the worker's start");
   closers.push(() => worker.stop(0));
   const warm = await createTask(db.sql, owner, "silent-noop", 2);
   assert.equal((await waitForTerminal(db.sql, warm, 20_000)).status, "succeeded");
@@ -62,8 +78,11 @@ test("a worker whose pool connections go silent claims on new ones: a task creat
   let closed = 0;
   const row = await waitFor(
     async () => {
-      closed += await sweep.runOnce();
-      const [t] = await db.sql<{ status: string }[]>`select status from tasks where id = ${taskId}`;
+      closed += await bounded(sweep.runOnce(), "a sweep pass");
+      const [t] = await bounded(
+        db.sql<{ status: string }[]>`select status from tasks where id = ${taskId}`,
+        "the task's read",
+      );
       return t?.status === "succeeded" ? t : undefined;
     },
     20_000,
@@ -139,9 +158,8 @@ test("a connection found at work and lost later without a byte is looked up agai
   );
   assert.equal(await sweep.runOnce(), 0);
   // Its backend ended, and not a byte from it: a connection cut where nobody says so.
-  const [backend] = await db.sql<{ pid: number }[]>`
-    select pid from pg_stat_activity where query = 'select pg_sleep(60)' and state = 'active'`;
-  assert.ok(backend, "the statement's backend");
+  const [backend] = pacerOf(database)?.silent?.(300) ?? [];
+  assert.ok(backend, "the statement's connection");
   relay.strand();
   await db.sql`select pg_terminate_backend(${backend.pid})`;
   let closed = 0;
@@ -155,4 +173,60 @@ test("a connection found at work and lost later without a byte is looked up agai
   );
   assert.equal(closed, 1);
   assert.equal(await long, "CONNECTION_CLOSED");
+});
+
+/**
+ * A TCP proxy to the server of `url` that dials it `delayMs` after its first client connects (a proxy
+ * that dials on accept, a SYN retransmitted, a slow DNS answer), and at once for the others.
+ */
+async function slowFirstDial(url: string, delayMs: number): Promise<string> {
+  const u = new URL(url);
+  const sockets = new Set<net.Socket>();
+  let accepted = 0;
+  const server = net.createServer((client) => {
+    const delay = accepted++ === 0 ? delayMs : 0;
+    sockets.add(client);
+    client.on("error", () => {});
+    client.pause();
+    setTimeout(() => {
+      const upstream = net.connect(Number(u.port), u.hostname);
+      sockets.add(upstream);
+      upstream.on("error", () => {});
+      client.on("close", () => upstream.destroy());
+      upstream.on("close", () => client.destroy());
+      client.pipe(upstream);
+      upstream.pipe(client);
+      client.resume();
+    }, delay);
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  closers.push(
+    () =>
+      new Promise<void>((resolve) => {
+        for (const s of sockets) s.destroy();
+        server.close(() => resolve());
+      }),
+  );
+  const proxied = new URL(url);
+  proxied.hostname = "127.0.0.1";
+  proxied.port = String((server.address() as net.AddressInfo).port);
+  return proxied.toString();
+}
+
+test("a statement at work on a connection whose dial took 1.5 s is left alone: its backend is younger than the connect, not than its start-up", async () => {
+  const database = createDatabase(await slowFirstDial(db.url, 1_500), { max: 1 });
+  closers.push(() => database.close());
+  await database.sql`select 1`;
+  const long = database.sql`select pg_sleep(2)`.then(
+    () => "answered",
+    (err: { code?: string }) => err.code,
+  );
+  const sweep = new SilentSweep({ database, logger, silentAfterMs: 300, lookupMs: 3_000, stuckMs: 800 });
+  await waitFor(
+    async () => (pacerOf(database)?.silent?.(300).length ?? 0) === 1,
+    10_000,
+    "the statement to be silent",
+  );
+  assert.equal(await sweep.runOnce(), 0);
+  assert.equal(await long, "answered");
 });
