@@ -133,7 +133,8 @@ export interface PacedSocket {
   answeredSince(mark: ReadMark): boolean;
   /**
    * The pool's plain connections owed an answer (a statement written, its ReadyForQuery not read; or
-   * a Flush written, nothing read since) that have read nothing for `ms` or longer, with their backends' process ids: a long statement, or
+   * a Flush written, nothing read since), outside a transaction, that have read nothing for `ms` or
+   * longer, with their backends' process ids: a long statement, or
    * a connection that stopped answering without closing (DatabaseGate looks their backends up).
    */
   silent(ms: number): SilentConnection[];
@@ -265,7 +266,11 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
       const found: SilentConnection[] = [];
       for (const socket of open.keys()) {
         const talk = talks.get(socket);
-        if (talk?.pid === undefined || talk.lost || !talk.waiting || now - talk.movedAt < ms) continue;
+        // Not inside a transaction: postgres.js (3.4.9) ends the process when a transaction's
+        // connection closes under a statement (its ROLLBACK is written to the closed socket from a
+        // setImmediate: porsager/postgres#1208), so such a connection is left to TCP, as before.
+        if (talk?.pid === undefined || talk.lost || !talk.waiting || talk.inTransaction) continue;
+        if (now - talk.movedAt < ms) continue;
         found.push({
           pid: talk.pid,
           socket,

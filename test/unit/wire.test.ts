@@ -163,3 +163,55 @@ test("a Flush without a Sync (a statement's first Parse and Describe, a cursor's
   talk.got(msg("s"));
   assert.deepEqual([talk.owed, talk.waiting], [0, false]);
 });
+
+test("a ReadyForQuery's status tells whether a transaction is open", () => {
+  const talk = new Conversation(() => {});
+  talk.wrote(STARTUP);
+  talk.got(STARTED);
+  assert.equal(talk.inTransaction, false);
+  for (const [status, open] of [
+    ["T", true],
+    ["E", true],
+    ["I", false],
+  ] as const) {
+    talk.wrote(msg("Q", Buffer.from("begin\0")));
+    talk.got(Buffer.concat([msg("C", Buffer.from("BEGIN\0")), msg("Z", Buffer.from(status))]));
+    assert.equal(talk.inTransaction, open, status);
+  }
+});
+
+test("pacedSocket.silent: a connection waiting inside a transaction is never listed (postgres.js#1208), one outside is", async () => {
+  const { pacedSocket } = await import("../../src/db/client.ts");
+  const net = await import("node:net");
+  // A server that answers a start-up with its key and ReadyForQuery (status by the connection), then
+  // reads what comes and answers nothing more.
+  const statuses = ["T", "I"];
+  const server = net.createServer((socket) => {
+    const status = statuses.shift() ?? "I";
+    socket.once("data", () =>
+      socket.write(Buffer.concat([msg("K", int32s(PID, 1)), msg("Z", Buffer.from(status))])),
+    );
+    socket.on("error", () => {});
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as import("node:net").AddressInfo;
+  const pacer = pacedSocket();
+  const sockets: import("node:net").Socket[] = [];
+  try {
+    for (let i = 0; i < 2; i++) {
+      const socket = await pacer({ host: ["127.0.0.1"], port: [port] });
+      sockets.push(socket);
+      await new Promise((resolve) => socket.once("connect", resolve));
+      const ready = new Promise((resolve) => socket.once("data", resolve));
+      socket.write(STARTUP);
+      await ready;
+      socket.write(msg("Q", Buffer.from("select 1\0")));
+    }
+    const silent = pacer.silent(0);
+    assert.equal(silent.length, 1);
+    assert.equal(silent[0]?.socket, sockets[1], "the one outside a transaction");
+  } finally {
+    for (const s of sockets) s.destroy();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  }
+});
