@@ -4,7 +4,10 @@
 // connection's conversation (src/db/wire.ts) and tells which are owed an answer and have read nothing
 // for a while (`silent`); a connection of its own asks pg_stat_activity about their backends, and
 // those the database is not working on are closed: postgres.js fails their queries at once and makes
-// new connections. The API's database gate does this in its probes; workers run SilentSweep.
+// new connections. Not a connection inside a transaction (pacedSocket.silent leaves it out:
+// postgres.js 3.4.9 ends the process when one closes under a statement, porsager/postgres#1208): a
+// transaction's statements still wait for TCP. The API's database gate does this in its probes, and
+// `assay api` and workers run SilentSweep.
 import type { Logger } from "../log.ts";
 import { IntervalService } from "../queue/service.ts";
 import type { BackendStates, Database, PacedSocket, SilentConnection } from "./client.ts";
@@ -136,8 +139,9 @@ export interface SilentSweepOptions {
 }
 
 /**
- * A worker's look for silent pool connections, every SILENT_SWEEP_EVERY_MS: its claims, heartbeats
- * and completions would otherwise wait on them until TCP gives up, and its leases run out meanwhile.
+ * A process's look for silent pool connections, every SILENT_SWEEP_EVERY_MS: a worker's claims,
+ * heartbeats and completions (outside transactions) would otherwise wait on them until TCP gives up,
+ * and its leases run out meanwhile; a quiet API's requests would wait for the next request's ping.
  * runOnce() returns how many it closed. A look-up the database does not answer closes nothing (an
  * outage is no silent connection: those come back, or fail, with it).
  */

@@ -320,6 +320,47 @@ test("connections that stop answering without closing (a network partition): a p
 /** The pool's pacedSocket (silent() and friends). */
 const pacer = (database: Database) => (database.sql.options as unknown as { socket: PacedSocket }).socket;
 
+/**
+ * Waits while requests look at the gate (each may ping the pool; an unanswered ping, or a silent
+ * connection, starts a probe) until every one of `waiting` has settled, and checks each failed as its
+ * connection was closed.
+ */
+async function closedByPings(app: FastifyInstance, waiting: Promise<unknown>[]): Promise<void> {
+  let settled = 0;
+  for (const w of waiting) void w.then(() => settled++);
+  await waitFor(
+    async () => {
+      app.databaseGate.refuses();
+      return settled === waiting.length;
+    },
+    15_000,
+    "the silent connections' statements to fail",
+  );
+  assert.deepEqual(
+    await Promise.all(waiting),
+    waiting.map(() => "CONNECTION_CLOSED"),
+  );
+}
+
+/**
+ * A `pg_sleep` on an API's pool (through a relay to `o.target`) silent past the probe's bound: a probe
+ * leaves it alone (the gate open, the statement answered, nothing closed).
+ */
+async function longStatementLeftAlone(o: { target?: string } = {}): Promise<void> {
+  const { app, database, logs } = await apiThroughRelay(GATE, o);
+  await database.sql`select 1`;
+  const long = database.sql`select pg_sleep(1.5)`.then(() => "answered");
+  await waitFor(
+    async () => pacer(database).silent(GATE.probeAnswerMs).length === 1,
+    10_000,
+    "the long statement's connection to be silent",
+  );
+  await app.databaseGate.runOnce();
+  assert.equal(app.databaseGate.refuses(), false, "the probe was answered");
+  assert.equal(await long, "answered");
+  assert.equal(logged(logs, 40, SILENT_DROPPED), 0);
+}
+
 const SILENT_CASES = {
   idle: "their statements never arrived",
   gone: "their backends gone: another server's now",
@@ -362,22 +403,7 @@ for (const [which, backends] of [
       ),
     );
     const held = list(app);
-    let settled = 0;
-    for (const w of waiting) void w.then(() => settled++);
-    // Requests' look at the gate pings the pool, and the unanswered ping starts a probe.
-    await waitFor(
-      async () => {
-        app.databaseGate.refuses();
-        return settled === waiting.length;
-      },
-      15_000,
-      "the silent connections' statements to fail",
-    );
-    assert.deepEqual(await Promise.all(waiting), [
-      "CONNECTION_CLOSED",
-      "CONNECTION_CLOSED",
-      "CONNECTION_CLOSED",
-    ]);
+    await closedByPings(app, waiting);
     // Failed with its connection, or (a query postgres.js had not yet written anywhere) served on a new one.
     const answer = await within(held, 10_000, "the request made while the connections were silent");
     assert.ok([500, 200].includes(answer.statusCode), `${answer.statusCode}`);
@@ -407,21 +433,7 @@ test("silent pool connections are found while another pool connection answers th
   );
   // The pool's fourth connection, made now through the relay: it answers, and takes the pings.
   await database.sql`select 2`;
-  let settled = 0;
-  for (const w of waiting) void w.then(() => settled++);
-  await waitFor(
-    async () => {
-      app.databaseGate.refuses();
-      return settled === waiting.length;
-    },
-    15_000,
-    "the silent connections' statements to fail",
-  );
-  assert.deepEqual(await Promise.all(waiting), [
-    "CONNECTION_CLOSED",
-    "CONNECTION_CLOSED",
-    "CONNECTION_CLOSED",
-  ]);
+  await closedByPings(app, waiting);
   assert.equal(logged(logs, 40, SILENT_DROPPED), 1);
   assert.equal((await list(app)).statusCode, 200);
 });
@@ -470,18 +482,7 @@ test("behind a pooler that answers with a key of its own, no pid is judged: a lo
   const target = new URL(db.url);
   target.hostname = "127.0.0.1";
   target.port = String(proxy.port);
-  const { app, database, logs } = await apiThroughRelay(GATE, { target: target.toString() });
-  await database.sql`select 1`;
-  const long = database.sql`select pg_sleep(1.5)`.then(() => "answered");
-  await waitFor(
-    async () => pacer(database).silent(GATE.probeAnswerMs).length === 1,
-    10_000,
-    "the long statement's connection to be silent",
-  );
-  await app.databaseGate.runOnce();
-  assert.equal(app.databaseGate.refuses(), false, "the probe was answered");
-  assert.equal(await long, "answered");
-  assert.equal(logged(logs, 40, SILENT_DROPPED), 0);
+  await longStatementLeftAlone({ target: target.toString() });
 });
 
 test("with track_activities off (every state `disabled`), a long statement silent past the bound is answered", async () => {
@@ -489,35 +490,14 @@ test("with track_activities off (every state `disabled`), a long statement silen
   const name = row?.name as string;
   await db.sql.unsafe(`alter database "${name}" set track_activities = off`);
   try {
-    const { app, database, logs } = await apiThroughRelay();
-    await database.sql`select 1`;
-    const long = database.sql`select pg_sleep(1.5)`.then(() => "answered");
-    await waitFor(
-      async () => pacer(database).silent(GATE.probeAnswerMs).length === 1,
-      10_000,
-      "the long statement's connection to be silent",
-    );
-    await app.databaseGate.runOnce();
-    assert.equal(await long, "answered");
-    assert.equal(logged(logs, 40, SILENT_DROPPED), 0);
+    await longStatementLeftAlone();
   } finally {
     await db.sql.unsafe(`alter database "${name}" reset track_activities`);
   }
 });
 
-test("a pool connection silent through a long statement is left alone: its backend is active", async () => {
-  const { app, database, logs } = await apiThroughRelay();
-  await database.sql`select 1`;
-  const long = database.sql`select pg_sleep(1.5)`.then(() => "answered");
-  await waitFor(
-    async () => pacer(database).silent(GATE.probeAnswerMs).length === 1,
-    10_000,
-    "the long statement's connection to be silent",
-  );
-  await app.databaseGate.runOnce();
-  assert.equal(await long, "answered");
-  assert.equal(logged(logs, 40, SILENT_DROPPED), 0);
-});
+test("a pool connection silent through a long statement is left alone: its backend is active", () =>
+  longStatementLeftAlone());
 
 test("the pacer confirms only connections made before what was answered, and one that said ReadyForQuery itself", async () => {
   // A server that answers a connection with ReadyForQuery once it has a byte, and holds the others.
