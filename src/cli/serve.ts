@@ -449,6 +449,8 @@ export async function serveCommand(
     }
     listening = server !== undefined;
     if (mode === "api" && database) {
+      // (After a signal during the listen, the shutdown's close has run: nothing is started then.)
+      step();
       silentSweep = new SilentSweep({ database, logger });
       silentSweep.start();
     }

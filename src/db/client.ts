@@ -134,8 +134,9 @@ export interface PacedSocket {
   /**
    * The pool's plain connections owed an answer (a statement written, its ReadyForQuery not read; or
    * a Flush written, nothing read since), outside a transaction, that have read nothing for `ms` or
-   * longer, with their backends' process ids: a long statement, or
-   * a connection that stopped answering without closing (DatabaseGate looks their backends up).
+   * longer, with their backends' process ids: a long statement, or a connection that stopped
+   * answering without closing (DatabaseGate's probes and SilentSweep, src/db/silent.ts, look their
+   * backends up).
    */
   silent(ms: number): SilentConnection[];
   /**

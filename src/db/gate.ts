@@ -11,24 +11,17 @@
 // oldest connection that has not reached the database (pacedSocket: a ReadyForQuery on any of the
 // pool's plain connections, or an answered probe, confirms every ask). Only when one is SUSPECT_MS old
 // does it probe (runOnce): `select 1` on a connection of its own and on the pool at once, either
-// answering within PROBE_ANSWER_MS (or any statement the pool finishes meanwhile) being an answer. No answer — nothing in
-// time, connections refused, reset or cut, or refused at their start by PostgreSQL itself (too many
-// connections, starting up) — closes the gate: requests are refused until a probe is answered, or the
-// pool's `select 1` is, whenever it is. Connections that stop answering without closing make the pool
-// ask for nothing, so every PING_EVERY_MS a request also has the pool answer `select 1` (a ping), and a
-// ping unanswered in time starts a probe. When only the pool's connections went silent (a failover
+// answering within PROBE_ANSWER_MS (or any statement the pool finishes meanwhile) being an answer. No
+// answer — nothing in time, connections refused, reset or cut, or refused at their start by PostgreSQL
+// itself (too many connections, starting up) — closes the gate: requests are refused until a probe is
+// answered, or the pool's `select 1` is, whenever it is. Connections that stop answering without
+// closing make the pool ask for nothing, so every PING_EVERY_MS a request also has the pool answer
+// `select 1` (a ping), and a ping unanswered in time starts a probe. When only the pool's connections went silent (a failover
 // that left them open without a word) the probe's own connection answers: it looks up the backends of
 // the pool's connections that owe an answer and have read nothing for PROBE_ANSWER_MS, and those the
 // database is not working on are closed (src/db/silent.ts), so their queries fail instead of waiting.
 import type { Logger } from "../log.ts";
-import {
-  type BackendStates,
-  type Database,
-  NoAnswerError,
-  type PacedSocket,
-  type ReadMark,
-  type Sql,
-} from "./client.ts";
+import { type Database, NoAnswerError, type PacedSocket, type ReadMark, type Sql } from "./client.ts";
 import { pacerOf, SilentJudge } from "./silent.ts";
 
 /** How old a connection the pool asked for may get unconfirmed before the gate probes. */
@@ -85,9 +78,7 @@ type PoolWaiter = (answered: boolean, err?: unknown) => void;
 
 export class DatabaseGate {
   private readonly paced: Partial<PacedSocket> | undefined;
-  private readonly answers:
-    | ((ms: number, pids?: readonly number[]) => Promise<BackendStates | null>)
-    | undefined;
+  private readonly answers: Database["answers"];
   private readonly suspectMs: number;
   private readonly probeAnswerMs: number;
   private readonly probeEveryMs: number;
@@ -184,7 +175,7 @@ export class DatabaseGate {
     const started = performance.now();
     const mark = this.paced?.mark?.();
     // Pool connections owed an answer and silent for as long as a probe may take: the probe's own
-    // connection asks the database what their backends are doing (dropSilent).
+    // connection asks the database what their backends are doing (SilentJudge).
     const silent = this.paced?.silent?.(this.probeAnswerMs) ?? [];
     let failure: unknown;
     let fromPool: PoolWaiter | undefined;

@@ -51,8 +51,8 @@ type Verdict = "dead" | "working" | "undecided";
 /**
  * What a silent connection is, by its backend's row (`undefined`: none): dead when the backend is
  * gone (ended, or another server's: a failover) or another session's (not this role's; or younger than
- * the connection's BackendKeyData: its pid taken again, on the server the probe reaches now), or stuck past `stuckMs`
- * as SILENT_STUCK_MS says; working when it runs a statement (`active`, on a lock
+ * the connection's BackendKeyData: its pid taken again, on the server the probe reaches now), or
+ * stuck past `stuckMs` as SILENT_STUCK_MS says; working when it runs a statement (`active`, on a lock
  * or a sleep or the CPU; any state pg_stat_activity reports without `track_activities`, `disabled`,
  * counts as that); undecided otherwise (stuck, not yet for long). A connection Node is still writing
  * to is dead only when its backend is gone.

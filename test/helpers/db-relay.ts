@@ -8,6 +8,7 @@ import fs from "node:fs";
 import net from "node:net";
 import path from "node:path";
 import tls from "node:tls";
+import { tcpRelay } from "./client.ts";
 
 /** The relay's TLS key and certificate (self-signed, localhost, valid until 2126). */
 const TLS_FILES = path.join(import.meta.dirname, "../fixtures/tls");
@@ -246,19 +247,9 @@ export async function relayTo(
  * in each connection's start-up, whose pid it replaces with one of its own — as a pooler (PgBouncer)
  * answers with a key of its own. Returns its port and how to close it.
  */
-export async function keyFakingProxy(url: string): Promise<{ port: number; close(): Promise<void> }> {
-  const u = new URL(url);
-  const sockets = new Set<net.Socket>();
+export async function keyFakingProxy(url: string): Promise<{ port: number; close(): void }> {
   let fake = 1_000_000;
-  const server = net.createServer((client) => {
-    const upstream = net.connect(Number(u.port), u.hostname);
-    for (const s of [client, upstream]) {
-      sockets.add(s);
-      s.on("error", () => {});
-      s.on("close", () => sockets.delete(s));
-    }
-    client.on("close", () => upstream.destroy());
-    upstream.on("close", () => client.destroy());
+  return tcpRelay(new URL(url), (client, upstream) => {
     client.pipe(upstream);
     // The start-up's messages, one by one, until its ReadyForQuery; then everything as it comes.
     let head = Buffer.alloc(0);
@@ -279,13 +270,4 @@ export async function keyFakingProxy(url: string): Promise<{ port: number; close
     };
     upstream.on("data", onData);
   });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  return {
-    port: (server.address() as net.AddressInfo).port,
-    close: () =>
-      new Promise<void>((resolve) => {
-        for (const s of sockets) s.destroy();
-        server.close(() => resolve());
-      }),
-  };
 }
