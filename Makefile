@@ -4,8 +4,9 @@ SHELL := /bin/bash
 BIN := node_modules/.bin
 # The runtime is Node 24, installed by npm (the `node` package) so every machine runs the same one.
 NODE := $(BIN)/node
-# node_modules is (re)installed when missing or older than package-lock.json: npm writes
-# node_modules/.package-lock.json on every install, so a plain `npm ci` counts (no second install).
+# node_modules is (re)installed when missing or older than package-lock.json or the patches to it
+# (bin/patch-deps.js, npm's postinstall): npm writes node_modules/.package-lock.json on every install,
+# so a plain `npm ci` counts (no second install).
 DEPS := node_modules/.package-lock.json
 
 .PHONY: help dev test typecheck lint format migrate db/generate verify bench bundle
@@ -13,7 +14,7 @@ DEPS := node_modules/.package-lock.json
 help: ## list the targets
 	@grep -E '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-$(DEPS): package-lock.json
+$(DEPS): package-lock.json bin/patch-deps.js
 	npm ci
 	@touch $@
 

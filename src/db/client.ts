@@ -267,10 +267,10 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
       const found: SilentConnection[] = [];
       for (const socket of open.keys()) {
         const talk = talks.get(socket);
-        // Not inside a transaction: postgres.js (3.4.9) ends the process when a transaction's
-        // connection closes under a statement (its ROLLBACK is written to the closed socket from a
-        // setImmediate: porsager/postgres#1208), so such a connection is left to TCP, as before.
-        if (talk?.pid === undefined || talk.lost || !talk.waiting || talk.inTransaction) continue;
+        // Inside a transaction too: with bin/patch-deps.js's patches, a transaction whose connection
+        // closes fails its statements (CONNECTION_CLOSED) and sends none of them elsewhere; unpatched,
+        // postgres.js 3.4.9 ended the process (porsager/postgres#1208).
+        if (talk?.pid === undefined || talk.lost || !talk.waiting) continue;
         if (now - talk.movedAt < ms) continue;
         found.push({
           pid: talk.pid,
@@ -324,7 +324,25 @@ export async function endPool(sql: Sql, timeoutSeconds: number): Promise<void> {
   await sql.end({ timeout: timeoutSeconds });
 }
 
+/**
+ * What bin/patch-deps.js marks postgres.js with: without its patches, a transaction whose connection
+ * closes under a statement ends the process (porsager/postgres#1208) or strands its pool slot.
+ */
+export const POSTGRES_PATCH = "assay-transaction-close-1";
+
+/** Refuses an unpatched postgres.js (installed with --ignore-scripts, or by hand). */
+export function assertPostgresPatched(): void {
+  const mark = (postgres as unknown as { assayPatch?: unknown }).assayPatch;
+  if (mark !== POSTGRES_PATCH) {
+    throw new Error(
+      `postgres.js is not patched (${mark === undefined ? "no mark" : `mark ${String(mark)}`}, want ${POSTGRES_PATCH}): ` +
+        "run `node bin/patch-deps.js` (npm ci runs it), then rebuild (`make bundle`)",
+    );
+  }
+}
+
 export function createDatabase(url: string, options: PoolOptions = {}): Database {
+  assertPostgresPatched();
   // postgres.js reads `socket` (connection.js createSocket) but its types do not declare it.
   const max = options.max ?? 10;
   const paced = { socket: pacedSocket(Math.max(CONNECT_BURST, max + 2)) };

@@ -72,8 +72,8 @@ test("a worker whose pool connections go silent claims on new ones: a task creat
   const warm = await createTask(db.sql, owner, "silent-noop", 2);
   assert.equal((await waitForTerminal(db.sql, warm, 20_000)).status, "succeeded");
 
-  // The worker's tidy of the owner's queue row (a transaction) done first: a connection stranded
-  // inside a transaction is not closed (see pacedSocket.silent), and the tidy would hold the row.
+  // The worker's tidy of the owner's queue row (a transaction) done first: stranded inside it, its
+  // connection is closed only after the stuck bound, and the create below would wait on the row.
   await waitFor(
     async () => {
       const [r] = await db.sql<{ n: number }[]>`
@@ -123,6 +123,52 @@ test("a worker whose pool connections go silent claims on new ones: a task creat
   ]);
   clearTimeout(timer);
   assert.equal(stopped, true, "the worker stopped within 10 s");
+});
+
+test("a connection stranded inside a transaction is closed: the transaction fails, the process lives, the pool serves", async () => {
+  // Safe since bin/patch-deps.js: unpatched, postgres.js ended the process here (porsager/postgres#1208).
+  const { relay, database } = await poolThroughRelay(1);
+  let pid = 0;
+  let inside!: () => void;
+  const entered = new Promise<void>((resolve) => {
+    inside = resolve;
+  });
+  let go!: () => void;
+  const carryOn = new Promise<void>((resolve) => {
+    go = resolve;
+  });
+  const tx = database.sql.begin(async (t) => {
+    const [row] = await t<{ pid: number }[]>`select pg_backend_pid() as pid`;
+    pid = row?.pid ?? 0;
+    inside();
+    await carryOn;
+    await t`select 2`; // never arrives: its backend stays idle in transaction
+  });
+  const outcome = tx.then(
+    () => "committed",
+    (err: { code?: string }) => err.code ?? String(err),
+  );
+  await bounded(entered, "the transaction's first statement");
+  relay.strand();
+  go();
+  const sweep = sweepOf(database);
+  let closed = 0;
+  await waitFor(
+    async () => {
+      closed += await bounded(sweep.runOnce(), "a sweep pass");
+      return closed > 0;
+    },
+    10_000,
+    "the sweep to close the transaction's connection",
+  );
+  assert.equal(closed, 1);
+  assert.equal(await bounded(outcome, "the transaction"), "CONNECTION_CLOSED");
+  const [row] = await bounded(
+    database.sql<{ pid: number }[]>`select pg_backend_pid() as pid`,
+    "the next statement",
+  );
+  assert.ok(row && row.pid !== pid, "served on a new connection");
+  await db.sql`select pg_terminate_backend(${pid})`; // the stranded backend, idle in transaction
 });
 
 test("a look-up the database does not answer closes nothing; the next one that is answered does", async () => {
