@@ -25,14 +25,12 @@
 // the close's cause, and clears the pending error; a write with no socket fails its queries instead
 // of throwing; a transaction whose connection closed fails every statement it issues from then on
 // (its ROLLBACK included) and the ones it had queued, without sending them.
+import crypto from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
-
-/** What postgres.js's default export carries once patched (checked by src/db/client.ts). */
-export const POSTGRES_PATCH = "assay-transaction-close-1";
 
 const CONNECTION = [
   {
@@ -46,7 +44,8 @@ const CONNECTION = [
   },
   {
     find: `  function connectTimedOut() {`,
-    replace: `  // assay patch: a write after the close fails what was sent with it
+    replace: `  // assay patch: a write after the close fails what was sent with it (true: "not full", so that a
+  // pool does not move the closed connection out of its queue of closed ones for this)
   function closedWrite(fn) {
     nextWriteTimer !== null && clearImmediate(nextWriteTimer)
     chunk = nextWriteTimer = null
@@ -55,10 +54,27 @@ const CONNECTION = [
     while (sent.length)
       queryError(sent.shift(), err)
     fn && fn(err)
-    return true // (false would move a closed connection out of the pool's closed queue: never reconnected)
+    return true
   }
 
   function connectTimedOut() {`,
+  },
+  {
+    // A connection's error (a reset's 'error', a turn before its 'close') leaves no query current: one
+    // left so kept sql.end() waiting for good for a connection that was going (porsager/postgres#1142).
+    find: `    errored(err)
+    while (sent.length)
+      queryError(sent.shift(), err)
+  }
+
+  function errored(err) {`,
+    replace: `    errored(err)
+    query = null // assay patch
+    while (sent.length)
+      queryError(sent.shift(), err)
+  }
+
+  function errored(err) {`,
   },
   {
     // A close forgets the write it had pending (a cleared timer left non-null kept every later write
@@ -77,7 +93,10 @@ const CONNECTION = [
     find: `    if (initial)
       return reconnect()
 `,
-    replace: `    if (initial) { // assay patch
+    replace: `    rows = 0 // assay patch: a result cut short is not the next statement's
+    result = new Result()
+    results = null
+    if (initial) { // assay patch
       const err = errorResponse || Errors.connection('CONNECTION_CLOSED', options)
       query && queryError(query, err)
       while (sent.length)
@@ -90,20 +109,26 @@ const CONNECTION = [
   {
     // Every query in flight fails, whatever the close's cause (a reset's 'error' came earlier, and
     // statements issued in between were never answered), and none stays the connection's current one.
+    // Not through error(): with a URL of several hosts it does nothing while the connection is still
+    // in the pool's connecting queue (until its first statement's ReadyForQuery).
     find: `    !hadError && (query || sent.length) && error(Errors.connection('CONNECTION_CLOSED', options, socket))`,
-    replace: `    if (query || sent.length) // assay patch
-      error(Errors.connection('CONNECTION_CLOSED', options, socket))
+    replace: `    if (query || sent.length) { // assay patch
+      const err = Errors.connection('CONNECTION_CLOSED', options, socket)
+      errored(err)
+      while (sent.length)
+        queryError(sent.shift(), err)
+    }
     query = errorResponse = null`,
   },
 ];
 
-const INDEX = (exportLine) => [
+const INDEX = (exportLine, mark) => [
   {
     find: `${exportLine}
 
 function Postgres(a, b) {`,
     replace: `${exportLine}
-Postgres.assayPatch = '${POSTGRES_PATCH}'
+Postgres.assayPatch = '${mark}'
 
 function Postgres(a, b) {`,
   },
@@ -111,7 +136,7 @@ function Postgres(a, b) {`,
     // The transaction learns that its connection closed.
     find: `        new Promise((_, reject) => connection.onclose = reject)`,
     replace: `        new Promise((_, reject) => connection.onclose = e => { // assay patch
-          gone = e || Errors.connection('CONNECTION_CLOSED', options)
+          gone = e
           while (queries.length)
             queries.shift().reject(gone)
           reject(e)
@@ -139,6 +164,17 @@ function Postgres(a, b) {`,
   },
 ];
 
+/**
+ * What postgres.js's default export carries once patched: a hash of the patches, so that a
+ * node_modules (or a bundle) patched by another version of this file is told apart. Checked by
+ * src/db/client.ts, which imports it from here.
+ */
+export const POSTGRES_PATCH = `assay-${crypto
+  .createHash("sha256")
+  .update(JSON.stringify([CONNECTION, INDEX("", "")]))
+  .digest("hex")
+  .slice(0, 16)}`;
+
 export const PATCHES = [
   {
     name: "postgres",
@@ -146,8 +182,8 @@ export const PATCHES = [
     files: {
       "src/connection.js": CONNECTION,
       "cjs/src/connection.js": CONNECTION,
-      "src/index.js": INDEX("export default Postgres"),
-      "cjs/src/index.js": INDEX("module.exports = Postgres"),
+      "src/index.js": INDEX("export default Postgres", POSTGRES_PATCH),
+      "cjs/src/index.js": INDEX("module.exports = Postgres", POSTGRES_PATCH),
     },
   },
 ];

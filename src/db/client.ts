@@ -6,6 +6,7 @@
 // strings, sql.json() stops encoding), which would break every raw statement sharing that client.
 import net from "node:net";
 import postgres from "postgres";
+import { POSTGRES_PATCH } from "../../bin/patch-deps.js";
 import { Conversation } from "./wire.ts";
 
 export type Sql = postgres.Sql;
@@ -22,6 +23,13 @@ export interface Database {
    * own is not: a pooler in between, or TLS, where no pid is read); else empty.
    */
   answers?(ms: number, pids?: readonly number[]): Promise<BackendStates | null>;
+  /**
+   * Ends the backends named (`pg_terminate_backend`), each only while its `backend_start` is still the
+   * one named (its pid not taken again), on a connection of its own within `ms`; how many it ended.
+   * For a silent pool connection closed while its backend lives on (idle in a transaction, holding
+   * its locks, until the server's keepalive ends it: two hours by default).
+   */
+  endBackends?(ms: number, backends: readonly { pid: number; start: string }[]): Promise<number>;
 }
 
 /**
@@ -29,10 +37,15 @@ export interface Database {
  * `waitEvent`, and how long ago the backend started (`ageMs`, on the server's clock). A backend
  * missing there has ended, or is another server's.
  */
-export type BackendStates = ReadonlyMap<
-  number,
-  { state: string | null; waitEvent: string | null; ageMs: number | null }
->;
+export type BackendStates = ReadonlyMap<number, BackendState>;
+
+export interface BackendState {
+  state: string | null;
+  waitEvent: string | null;
+  ageMs: number | null;
+  /** `backend_start` as PostgreSQL prints it (null for another role's): the session's identity. */
+  start: string | null;
+}
 
 export interface PoolOptions {
   max?: number;
@@ -133,7 +146,7 @@ export interface PacedSocket {
   answeredSince(mark: ReadMark): boolean;
   /**
    * The pool's plain connections owed an answer (a statement written, its ReadyForQuery not read; or
-   * a Flush written, nothing read since), outside a transaction, that have read nothing for `ms` or
+   * a Flush written, nothing read since), inside a transaction or not, that have read nothing for `ms` or
    * longer, with their backends' process ids: a long statement, or a connection that stopped
    * answering without closing (DatabaseGate's probes and SilentSweep, src/db/silent.ts, look their
    * backends up).
@@ -294,7 +307,9 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
     },
     drop: (c: SilentConnection) => {
       if (c.socket.destroyed || c.socket.bytesRead !== c.read) return false;
-      c.socket.destroy();
+      // A reset, not a FIN: what the kernel still holds unsent (a statement, a COMMIT) is dropped with
+      // it, and cannot reach the database later, when the path heals.
+      c.socket.resetAndDestroy();
       return true;
     },
     answeredSince: (mark: ReadMark) => {
@@ -325,12 +340,10 @@ export async function endPool(sql: Sql, timeoutSeconds: number): Promise<void> {
 }
 
 /**
- * What bin/patch-deps.js marks postgres.js with: without its patches, a transaction whose connection
+ * Refuses a postgres.js that bin/patch-deps.js did not patch (installed with --ignore-scripts, by hand,
+ * or patched by another version of that file): without its patches, a transaction whose connection
  * closes under a statement ends the process (porsager/postgres#1208) or strands its pool slot.
  */
-export const POSTGRES_PATCH = "assay-transaction-close-1";
-
-/** Refuses an unpatched postgres.js (installed with --ignore-scripts, or by hand). */
 export function assertPostgresPatched(): void {
   const mark = (postgres as unknown as { assayPatch?: unknown }).assayPatch;
   if (mark !== POSTGRES_PATCH) {
@@ -382,23 +395,54 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
               state: string | null;
               waitEvent: string | null;
               ageMs: number | null;
+              start: string | null;
               self: number;
             }[]
           >(`select pid, state, wait_event as "waitEvent",
                     (extract(epoch from clock_timestamp() - backend_start) * 1000)::float8 as "ageMs",
-                    pg_backend_pid() as self
+                    backend_start::text as start, pg_backend_pid() as self
              from pg_stat_activity where pid in (${list})
-             union all select null, null, null, null, pg_backend_pid()`),
+             union all select null, null, null, null, null, pg_backend_pid()`),
         );
         // The pids BackendKeyData names are pg_stat_activity's only when nothing stands between: a
         // pooler (PgBouncer) sends a key of its own, and nothing can be judged by them then.
         const self = rows.find((r) => r.pid === null)?.self;
         if (self === undefined || !own.pids().includes(self)) return null;
         return new Map(
-          rows.flatMap(({ pid, state, waitEvent, ageMs }) =>
-            pid === null ? [] : [[pid, { state, waitEvent, ageMs }]],
+          rows.flatMap(({ pid, state, waitEvent, ageMs, start }) =>
+            pid === null ? [] : [[pid, { state, waitEvent, ageMs, start }]],
           ),
         );
+      } finally {
+        await endPool(probe, 0);
+      }
+    },
+    endBackends: async (ms, backends) => {
+      if (backends.length === 0) return 0;
+      const probe = postgres(url, {
+        ...{ socket: pacedSocket(1) },
+        max: 1,
+        onnotice: () => {},
+        fetch_types: false,
+        connect_timeout: (ms + 1000) / 1000,
+        connection: { application_name: options.applicationName ?? "assay" },
+      });
+      try {
+        // Materialized: pg_terminate_backend runs only for the rows the join kept (a condition on
+        // pg_stat_activity alone could be evaluated while scanning it, for every backend).
+        const [row] = await answerWithin(
+          probe,
+          ms,
+          () => probe<{ ended: number }[]>`
+            with named as materialized (
+              select a.pid from pg_stat_activity a
+              join jsonb_to_recordset(${probe.json(backends.map(({ pid, start }) => ({ pid, start })))})
+                as t(pid int4, start text)
+                on a.pid = t.pid and a.backend_start::text = t.start
+            )
+            select (count(*) filter (where pg_terminate_backend(pid)))::int as ended from named`,
+        );
+        return row?.ended ?? 0;
       } finally {
         await endPool(probe, 0);
       }
@@ -474,5 +518,10 @@ function where(sql: Sql): string {
  */
 export function droppedTypeRead(err: unknown): boolean {
   const query = typeof err === "object" && err !== null ? (err as { query?: unknown }).query : undefined;
-  return typeof query === "string" && query.includes("pg_catalog.pg_type") && query.includes("typarray");
+  if (typeof query !== "string") return false;
+  // Its read of the session's state (with `target_session_attrs`), made the same way and dropped too.
+  return (
+    (query.includes("pg_catalog.pg_type") && query.includes("typarray")) ||
+    (query.includes("show transaction_read_only") && query.includes("pg_is_in_recovery"))
+  );
 }

@@ -22,7 +22,7 @@
 // database is not working on are closed (src/db/silent.ts), so their queries fail instead of waiting.
 import type { Logger } from "../log.ts";
 import { type Database, NoAnswerError, type PacedSocket, type ReadMark, type Sql } from "./client.ts";
-import { pacerOf, SilentJudge } from "./silent.ts";
+import { backendEnder, pacerOf, SilentJudge } from "./silent.ts";
 
 /** How old a connection the pool asked for may get unconfirmed before the gate probes. */
 export const SUSPECT_MS = 1_000;
@@ -110,7 +110,12 @@ export class DatabaseGate {
     this.probeAnswerMs = options.probeAnswerMs ?? PROBE_ANSWER_MS;
     this.probeEveryMs = options.probeEveryMs ?? PROBE_EVERY_MS;
     this.pingEveryMs = options.pingEveryMs ?? PING_EVERY_MS;
-    this.silentJudge = new SilentJudge(log, options.silentStuckMs);
+    this.silentJudge = new SilentJudge(
+      log,
+      options.silentStuckMs,
+      undefined,
+      backendEnder(database, this.probeAnswerMs),
+    );
   }
 
   /** Whether a request that needs the database is refused now. Never throws, never waits. */

@@ -4,13 +4,13 @@
 // connection's conversation (src/db/wire.ts) and tells which are owed an answer and have read nothing
 // for a while (`silent`); a connection of its own asks pg_stat_activity about their backends, and
 // those the database is not working on are closed: postgres.js fails their queries at once and makes
-// new connections. Not a connection inside a transaction (pacedSocket.silent leaves it out:
-// postgres.js 3.4.9 ends the process when one closes under a statement, porsager/postgres#1208): a
-// transaction's statements still wait for TCP. The API's database gate does this in its probes, and
-// `assay api` and workers run SilentSweep.
+// new connections, and a backend still there is ended (it would hold a transaction's locks until the
+// server's keepalive gave up on it). Inside a transaction too, since bin/patch-deps.js (unpatched,
+// postgres.js 3.4.9 ended the process when such a connection closed: porsager/postgres#1208). The API's
+// database gate does this in its probes, and `assay api` and workers run SilentSweep.
 import type { Logger } from "../log.ts";
 import { IntervalService } from "../queue/service.ts";
-import type { BackendStates, Database, PacedSocket, SilentConnection } from "./client.ts";
+import type { BackendState, BackendStates, Database, PacedSocket, SilentConnection } from "./client.ts";
 
 export const SILENT_DROPPED =
   "pool connections that stopped answering were closed: their queries fail, new connections serve";
@@ -46,31 +46,32 @@ export const SILENT_RECHECK_MS = 30_000;
  */
 const AGE_SLACK_MS = 10_000;
 
-type Verdict = "dead" | "working" | "undecided";
+type Verdict = "gone" | "stuck" | "working" | "undecided";
 
 /**
- * What a silent connection is, by its backend's row (`undefined`: none): dead when the backend is
- * gone (ended, or another server's: a failover) or another session's (not this role's; or younger than
- * the connection's BackendKeyData: its pid taken again, on the server the probe reaches now), or
- * stuck past `stuckMs` as SILENT_STUCK_MS says; working when it runs a statement (`active`, on a lock
- * or a sleep or the CPU; any state pg_stat_activity reports without `track_activities`, `disabled`,
- * counts as that); undecided otherwise (stuck, not yet for long). A connection Node is still writing
- * to is dead only when its backend is gone.
+ * What a silent connection is, by its backend's row (`undefined`: none): gone when the backend is
+ * (ended, or another server's: a failover) or is another session's (not this role's; or younger than
+ * the connection's BackendKeyData: its pid taken again, on the server the probe reaches now); stuck
+ * past `stuckMs` as SILENT_STUCK_MS says (its backend is this session's); working when it runs a
+ * statement (`active`, on a lock or a sleep or the CPU; any state pg_stat_activity reports without
+ * `track_activities`, `disabled`, counts as that); undecided otherwise (stuck, not yet for long). A
+ * connection Node is still writing to is closed only when its backend is gone. Gone and stuck ones
+ * are closed; a stuck one's backend is ended too.
  */
 function verdict(
   c: SilentConnection,
-  backend: { state: string | null; waitEvent: string | null; ageMs: number | null } | undefined,
+  backend: BackendState | undefined,
   now: number,
   stuckMs: number,
 ): Verdict {
-  if (backend === undefined || backend.state === null) return "dead";
-  if (backend.ageMs !== null && backend.ageMs < c.age - AGE_SLACK_MS) return "dead";
+  if (backend === undefined || backend.state === null) return "gone";
+  if (backend.ageMs !== null && backend.ageMs < c.age - AGE_SLACK_MS) return "gone";
   const stuck =
     backend.state.startsWith("idle") ||
     backend.waitEvent === "ClientWrite" ||
     (backend.state === "active" && backend.waitEvent === "ClientRead");
   if (!stuck) return "working";
-  return !c.sending && now - c.since >= stuckMs ? "dead" : "undecided";
+  return !c.sending && now - c.since >= stuckMs ? "stuck" : "undecided";
 }
 
 /**
@@ -86,11 +87,25 @@ export class SilentJudge {
   private readonly stuckMs: number;
   private readonly recheckMs: number;
   private readonly log: Pick<Logger, "warn">;
+  private readonly end: EndBackends | undefined;
+  /** The last judgement's ending of backends (never rejects). */
+  private ending: Promise<void> = Promise.resolve();
 
-  constructor(log: Pick<Logger, "warn">, stuckMs = SILENT_STUCK_MS, recheckMs = SILENT_RECHECK_MS) {
+  constructor(
+    log: Pick<Logger, "warn">,
+    stuckMs = SILENT_STUCK_MS,
+    recheckMs = SILENT_RECHECK_MS,
+    end?: EndBackends,
+  ) {
     this.log = log;
     this.stuckMs = stuckMs;
     this.recheckMs = recheckMs;
+    this.end = end;
+  }
+
+  /** Resolves when the backends the last judge() closed connections of have been ended (or not). */
+  ended(): Promise<void> {
+    return this.ending;
   }
 
   /** Whether any of `silent` wants a look: not found at work at its current silence, or not lately. */
@@ -116,16 +131,42 @@ export class SilentJudge {
       return [];
     }
     const dropped: number[] = [];
+    const backends: { pid: number; start: string }[] = [];
     const working = new Map<number, { since: number; at: number }>();
     for (const c of silent) {
-      const v = verdict(c, states.get(c.pid), now, this.stuckMs);
+      const backend = states.get(c.pid);
+      const v = verdict(c, backend, now, this.stuckMs);
       if (v === "working") working.set(c.pid, { since: c.since, at: now });
-      else if (v === "dead" && paced?.drop?.(c)) dropped.push(c.pid);
+      else if ((v === "gone" || v === "stuck") && paced?.drop?.(c)) {
+        dropped.push(c.pid);
+        if (v === "stuck" && backend?.start) backends.push({ pid: c.pid, start: backend.start });
+      }
     }
     this.working = working;
-    if (dropped.length > 0) this.log.warn({ pids: dropped }, SILENT_DROPPED);
+    if (dropped.length > 0)
+      this.log.warn({ pids: dropped, ending: backends.map((b) => b.pid) }, SILENT_DROPPED);
+    const end = this.end;
+    if (end !== undefined && backends.length > 0) {
+      this.ending = end(backends).then(
+        () => {},
+        (err: unknown) => this.log.warn({ err, pids: backends.map((b) => b.pid) }, SILENT_NOT_ENDED),
+      );
+    }
     return dropped;
   }
+}
+
+/** Database.endBackends with its bound (the look-up's). */
+export type EndBackends = (backends: readonly { pid: number; start: string }[]) => Promise<unknown>;
+
+/** The backends of closed silent connections, left running: they end when the server's keepalive does. */
+export const SILENT_NOT_ENDED =
+  "the backends of closed silent pool connections were not ended: their sessions (and any locks) last until the server notices";
+
+/** `database`'s endBackends bounded by `ms`, for SilentJudge (undefined without one). */
+export function backendEnder(database: Pick<Database, "endBackends">, ms: number): EndBackends | undefined {
+  const endBackends = database.endBackends?.bind(database);
+  return endBackends === undefined ? undefined : (backends) => endBackends(ms, backends);
 }
 
 export interface SilentSweepOptions {
@@ -140,7 +181,7 @@ export interface SilentSweepOptions {
 
 /**
  * A process's look for silent pool connections, every SILENT_SWEEP_EVERY_MS: a worker's claims,
- * heartbeats and completions (outside transactions) would otherwise wait on them until TCP gives up,
+ * heartbeats and completions would otherwise wait on them until TCP gives up,
  * and its leases run out meanwhile; a quiet API's requests would wait for the next request's ping.
  * runOnce() returns how many it closed. A look-up the database does not answer closes nothing (an
  * outage is no silent connection: those come back, or fail, with it).
@@ -152,7 +193,12 @@ export class SilentSweep extends IntervalService<number> {
   constructor(o: SilentSweepOptions) {
     super("silent connection sweep", o.intervalMs ?? SILENT_SWEEP_EVERY_MS, o.logger);
     this.o = o;
-    this.judge = new SilentJudge(o.logger, o.stuckMs, o.recheckMs);
+    this.judge = new SilentJudge(
+      o.logger,
+      o.stuckMs,
+      o.recheckMs,
+      backendEnder(o.database, o.lookupMs ?? SILENT_LOOKUP_MS),
+    );
   }
 
   async runOnce(): Promise<number> {
@@ -169,6 +215,8 @@ export class SilentSweep extends IntervalService<number> {
       this.logger.debug({ err }, "silent pool connections not looked up: the database did not answer");
       return 0;
     }
-    return this.judge.judge(paced, silent, states).length;
+    const closed = this.judge.judge(paced, silent, states).length;
+    await this.judge.ended();
+    return closed;
   }
 }

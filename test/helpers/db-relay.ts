@@ -38,7 +38,7 @@ interface Pair {
   client: net.Socket;
   upstream: net.Socket;
   joined?: boolean;
-  /** strand(): carries nothing for good, and PostgreSQL's side closing leaves the client's open. */
+  /** strand(): carries nothing for good, and neither side closing closes the other. */
   stranded?: boolean;
 }
 
@@ -119,9 +119,13 @@ export class DbRelay {
   private forward(client: net.Socket): void {
     const upstream = net.connect(this.target.port, this.target.host);
     this.track(upstream);
-    client.on("close", () => upstream.destroy());
     if (!this.tls) {
       const pair: Pair = { client, upstream };
+      // A stranded pair's client closing says nothing to PostgreSQL either: its backend lives on (as
+      // across a cut path), until close() or the backend's end.
+      client.on("close", () => {
+        if (!pair.stranded) upstream.destroy();
+      });
       upstream.on("close", () => {
         if (!pair.stranded) client.destroy();
       });
@@ -130,6 +134,7 @@ export class DbRelay {
       if (!this.frozen) this.join(pair);
       return;
     }
+    client.on("close", () => upstream.destroy());
     upstream.on("close", () => client.destroy());
     this.secure(client, (secure) => {
       secure.on("close", () => upstream.destroy());

@@ -39,7 +39,9 @@ after(async () => {
 type Cut = "terminate" | "end" | "reset";
 
 /** A pool of one connection (the same connection object is reused) through a relay the test cuts. */
-async function cuttablePool(): Promise<{ database: Database; cut(how: Cut, pid: number): Promise<void> }> {
+async function cuttablePool(
+  hosts = 1,
+): Promise<{ database: Database; cut(how: Cut, pid: number): Promise<void> }> {
   const pairs = new Set<{ client: net.Socket; upstream: net.Socket }>();
   const relay = await tcpRelay(new URL(db.url), (client, upstream) => {
     const pair = { client, upstream };
@@ -50,7 +52,10 @@ async function cuttablePool(): Promise<{ database: Database; cut(how: Cut, pid: 
   });
   const url = new URL(db.url);
   url.port = String(relay.port);
-  const database = createDatabase(url.toString(), { max: 1, connectTimeoutMs: 5_000 });
+  // With several hosts (a failover's URL: `host1:port,host2:port`), the relay's address each time.
+  const address = `${url.hostname}:${relay.port}`;
+  const target = url.toString().replace(`@${address}/`, `@${Array(hosts).fill(address).join(",")}/`);
+  const database = createDatabase(target, { max: 1, connectTimeoutMs: 5_000 });
   closers.push(
     () => relay.close(),
     () => database.close(),
@@ -125,12 +130,21 @@ let nextId = 9_999_999_990n;
  * not a CONNECT_TIMEOUT), a new transaction commits, and no row of the dead transaction was committed.
  */
 async function poolRecovered(database: Database, deadIds: bigint[], oldPid: number): Promise<void> {
-  const [row] = await database.sql<{ pid: number }[]>`select pg_backend_pid() as pid`;
+  const next = await settled(
+    database.sql<{ pid: number }[]>`select pg_backend_pid() as pid`,
+    "the next statement",
+  );
+  assert.equal(next.status, "fulfilled", String((next as PromiseRejectedResult).reason));
+  const [row] = (next as PromiseFulfilledResult<{ pid: number }[]>).value;
   assert.ok(row && row.pid !== oldPid, "the next statement runs on a new backend");
   const id = nextId++;
-  await database.sql.begin(async (t) => {
-    await t`insert into tx_probe (id, note) values (${id.toString()}, 'after')`;
-  });
+  const tx = await settled(
+    database.sql.begin(async (t) => {
+      await t`insert into tx_probe (id, note) values (${id.toString()}, 'after')`;
+    }),
+    "a new transaction",
+  );
+  assert.equal(tx.status, "fulfilled", String((tx as PromiseRejectedResult).reason));
   const found = await db.sql<{ id: string }[]>`
     select id::text from tx_probe where id = any(${[...deadIds, id].map(String)}::bigint[])`;
   assert.deepEqual(
@@ -271,8 +285,8 @@ for (const how of ["terminate", "end", "reset"] as const) {
       const outcomes: PromiseSettledResult<unknown>[][] = [];
       const { tx, scope } = begin(database, async (t) => {
         pid = await pidOf(t);
-        // A statement's first run waits for its Describe (the connection full): the inserts after the
-        // sleep wait in the transaction's own queue, not on the connection.
+        // A statement's first run waits for its Describe (the connection full): the first insert waits
+        // on the connection behind the sleep, the two after it in the transaction's own queue.
         const all = [
           t`select pg_sleep(30)`,
           ...ids.map((id) => t`insert into tx_probe (id, note) values (${id.toString()}, ${`dead-${id}`})`),
@@ -314,6 +328,46 @@ for (const how of ["terminate", "end", "reset"] as const) {
         String((next as PromiseRejectedResult).reason),
       );
       await poolRecovered(database, [], row.pid);
+    });
+
+    test("a new connection's first statement, the URL naming two hosts: it rejects, the pool serves", async () => {
+      // Until its first statement's ReadyForQuery a connection is in the pool's connecting queue, where
+      // postgres.js's error() does nothing when the URL has another host to try.
+      const { database, cut } = await cuttablePool(2);
+      const first = database.sql`select pg_sleep(30), 'first statement' as tag`;
+      first.catch(() => {});
+      const pid = await waitFor(
+        async () => {
+          const [r] = await db.sql<{ pid: number }[]>`
+            select pid from pg_stat_activity where query like '%''first statement''%' and pid <> pg_backend_pid()
+              and state = 'active'`;
+          return r?.pid;
+        },
+        10_000,
+        "the first statement running",
+      );
+      await cut(how, pid);
+      const result = await settled(first, "the first statement");
+      assert.equal(result.status, "rejected");
+      assert.ok(
+        closedError((result as PromiseRejectedResult).reason),
+        String((result as PromiseRejectedResult).reason),
+      );
+      await poolRecovered(database, [], pid);
+    });
+
+    test("after the cut, the pool ends without a timeout", async () => {
+      // A query that stayed the connection's current one after its close kept sql.end() waiting for
+      // good (porsager/postgres#1142).
+      const { database, cut } = await cuttablePool();
+      const [row] = await database.sql<{ pid: number }[]>`select pg_backend_pid() as pid`;
+      assert.ok(row);
+      const sleeping = database.sql`select pg_sleep(30)`;
+      sleeping.catch(() => {});
+      await running(row.pid, "select pg_sleep%");
+      await cut(how, row.pid);
+      assert.equal((await settled(sleeping, "the statement cut")).status, "rejected");
+      assert.equal((await settled(database.sql.end(), "sql.end()")).status, "fulfilled");
     });
 
     test("under its commit: the transaction rejects, the pool serves", async () => {

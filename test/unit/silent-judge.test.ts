@@ -29,14 +29,20 @@ function pacer(): { paced: Partial<PacedSocket>; closed: number[] } {
   };
 }
 
+let started = 0;
+/** A backend's row; its `backend_start` is one of its own (null for another role's, as there). */
 const row = (state: string | null, waitEvent: string | null = null, ageMs: number | null = 60_000) => ({
   state,
   waitEvent,
   ageMs,
+  start: state === null ? null : `2026-12-07 10:00:${String(10 + started++).padStart(2, "0")}.123456+00`,
 });
 
-test("what is closed: backends gone, another role's, younger than their connection, stuck past the bound", () => {
-  const judge = new SilentJudge(log, 10_000);
+test("what is closed: backends gone, another role's, younger than their connection, stuck past the bound; only the stuck ones' backends are ended", async () => {
+  const ended: { pid: number; start: string }[][] = [];
+  const judge = new SilentJudge(log, 10_000, undefined, async (backends) => {
+    ended.push([...backends]);
+  });
   const { paced, closed } = pacer();
   const silent = [
     conn(100_001, 3_000), // gone
@@ -68,6 +74,30 @@ test("what is closed: backends gone, another role's, younger than their connecti
   const dropped = judge.judge(paced, silent, states);
   assert.deepEqual(dropped, [100_001, 100_002, 100_003, 100_004, 100_006, 100_007]);
   assert.deepEqual(closed, dropped);
+  await judge.ended();
+  // Not a backend gone, another role's or another session's (its pid taken again): only this
+  // session's own, named with their backend_start.
+  assert.deepEqual(ended, [
+    [100_004, 100_006, 100_007].map((pid) => ({ pid, start: states.get(pid)?.start ?? "" })),
+  ]);
+});
+
+test("a failure to end the backends is logged, not thrown", async () => {
+  const warned: string[] = [];
+  const judge = new SilentJudge(
+    { warn: (_o: object, msg?: string) => void warned.push(msg ?? "") },
+    10_000,
+    undefined,
+    () => Promise.reject(new Error("permission denied to terminate process")),
+  );
+  const { paced } = pacer();
+  assert.deepEqual(
+    judge.judge(paced, [conn(150_001, 12_000)], new Map([[150_001, row("idle", "ClientRead")]])),
+    [150_001],
+  );
+  await judge.ended();
+  assert.equal(warned.length, 2);
+  assert.match(warned[1] ?? "", /were not ended/);
 });
 
 test("nothing is closed when the pids cannot be judged (a pooler's), and they are not asked about again until the recheck", () => {
