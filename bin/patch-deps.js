@@ -118,7 +118,8 @@ const CONNECTION = [
       while (sent.length)
         queryError(sent.shift(), err)
     }
-    query = errorResponse = null`,
+    query = errorResponse = null
+    ended && (ended(), ending = ended = null) // an end waiting for this connection's work is done`,
   },
 ];
 

@@ -45,6 +45,11 @@ export interface BackendState {
   ageMs: number | null;
   /** `backend_start` as PostgreSQL prints it (null for another role's): the session's identity. */
   start: string | null;
+  /**
+   * A client backend of this role (a superuser, or a member of pg_read_all_stats, sees other roles'
+   * sessions' states too).
+   */
+  own: boolean;
 }
 
 export interface PoolOptions {
@@ -309,7 +314,11 @@ export function pacedSocket(burst = CONNECT_BURST): PacedSocket {
       if (c.socket.destroyed || c.socket.bytesRead !== c.read) return false;
       // A reset, not a FIN: what the kernel still holds unsent (a statement, a COMMIT) is dropped with
       // it, and cannot reach the database later, when the path heals.
-      c.socket.resetAndDestroy();
+      try {
+        c.socket.resetAndDestroy();
+      } catch {
+        c.socket.destroy(); // not TCP (a Unix socket): no reset to send
+      }
       return true;
     },
     answeredSince: (mark: ReadMark) => {
@@ -396,21 +405,24 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
               waitEvent: string | null;
               ageMs: number | null;
               start: string | null;
+              own: boolean | null;
               self: number;
             }[]
           >(`select pid, state, wait_event as "waitEvent",
                     (extract(epoch from clock_timestamp() - backend_start) * 1000)::float8 as "ageMs",
-                    backend_start::text as start, pg_backend_pid() as self
+                    backend_start::text as start,
+                    (usename = session_user and backend_type = 'client backend') as own,
+                    pg_backend_pid() as self
              from pg_stat_activity where pid in (${list})
-             union all select null, null, null, null, null, pg_backend_pid()`),
+             union all select null, null, null, null, null, null, pg_backend_pid()`),
         );
         // The pids BackendKeyData names are pg_stat_activity's only when nothing stands between: a
         // pooler (PgBouncer) sends a key of its own, and nothing can be judged by them then.
         const self = rows.find((r) => r.pid === null)?.self;
         if (self === undefined || !own.pids().includes(self)) return null;
         return new Map(
-          rows.flatMap(({ pid, state, waitEvent, ageMs, start }) =>
-            pid === null ? [] : [[pid, { state, waitEvent, ageMs, start }]],
+          rows.flatMap(({ pid, state, waitEvent, ageMs, start, own }) =>
+            pid === null ? [] : [[pid, { state, waitEvent, ageMs, start, own: own === true }]],
           ),
         );
       } finally {
@@ -439,6 +451,7 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
               join jsonb_to_recordset(${probe.json(backends.map(({ pid, start }) => ({ pid, start })))})
                 as t(pid int4, start text)
                 on a.pid = t.pid and a.backend_start::text = t.start
+              where a.usename = session_user and a.backend_type = 'client backend'
             )
             select (count(*) filter (where pg_terminate_backend(pid)))::int as ended from named`,
         );

@@ -50,8 +50,9 @@ type Verdict = "gone" | "stuck" | "working" | "undecided";
 
 /**
  * What a silent connection is, by its backend's row (`undefined`: none): gone when the backend is
- * (ended, or another server's: a failover) or is another session's (not this role's; or younger than
- * the connection's BackendKeyData: its pid taken again, on the server the probe reaches now); stuck
+ * (ended, or another server's: a failover) or is another session's (not a client backend of this
+ * role; or started well before or after the connection's BackendKeyData: its pid taken again, on the
+ * server the probe reaches now); stuck
  * past `stuckMs` as SILENT_STUCK_MS says (its backend is this session's); working when it runs a
  * statement (`active`, on a lock or a sleep or the CPU; any state pg_stat_activity reports without
  * `track_activities`, `disabled`, counts as that); undecided otherwise (stuck, not yet for long). A
@@ -64,8 +65,10 @@ function verdict(
   now: number,
   stuckMs: number,
 ): Verdict {
-  if (backend === undefined || backend.state === null) return "gone";
-  if (backend.ageMs !== null && backend.ageMs < c.age - AGE_SLACK_MS) return "gone";
+  if (backend === undefined || backend.state === null || !backend.own) return "gone";
+  // Its backend started just before its BackendKeyData came (the authentication between): one
+  // started well before or after is another session's, its pid taken again.
+  if (backend.ageMs !== null && Math.abs(backend.ageMs - c.age) > AGE_SLACK_MS) return "gone";
   const stuck =
     backend.state.startsWith("idle") ||
     backend.waitEvent === "ClientWrite" ||

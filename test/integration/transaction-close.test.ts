@@ -370,6 +370,20 @@ for (const how of ["terminate", "end", "reset"] as const) {
       assert.equal((await settled(database.sql.end(), "sql.end()")).status, "fulfilled");
     });
 
+    test("a pool ending while a statement runs ends when the connection is cut", async () => {
+      // sql.end() without a timeout waits for the statement; the close that fails it ends the wait.
+      const { database, cut } = await cuttablePool();
+      const [row] = await database.sql<{ pid: number }[]>`select pg_backend_pid() as pid`;
+      assert.ok(row);
+      const sleeping = database.sql`select pg_sleep(30)`;
+      sleeping.catch(() => {});
+      await running(row.pid, "select pg_sleep%");
+      const ending = database.sql.end();
+      await cut(how, row.pid);
+      assert.equal((await settled(sleeping, "the statement cut")).status, "rejected");
+      assert.equal((await settled(ending, "sql.end()")).status, "fulfilled");
+    });
+
     test("under its commit: the transaction rejects, the pool serves", async () => {
       const { database, cut } = await cuttablePool();
       const id = nextId++;

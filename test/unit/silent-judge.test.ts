@@ -36,6 +36,7 @@ const row = (state: string | null, waitEvent: string | null = null, ageMs: numbe
   waitEvent,
   ageMs,
   start: state === null ? null : `2026-12-07 10:00:${String(10 + started++).padStart(2, "0")}.123456+00`,
+  own: state !== null,
 });
 
 test("what is closed: backends gone, another role's, younger than their connection, stuck past the bound; only the stuck ones' backends are ended", async () => {
@@ -57,6 +58,8 @@ test("what is closed: backends gone, another role's, younger than their connecti
     conn(100_010, 30_000), // a statement on a lock
     conn(100_011, 30_000), // track_activities off
     conn(100_012, 3_000, 60_000), // a backend as old as its connection, at work
+    conn(100_013, 12_000, 60_000), // idle past the bound, but another role's (seen by a superuser)
+    conn(100_014, 12_000, 5_000), // idle past the bound, its pid taken by a session far older
   ];
   const states: BackendStates = new Map([
     [100_002, row(null)],
@@ -70,9 +73,11 @@ test("what is closed: backends gone, another role's, younger than their connecti
     [100_010, row("active", "transactionid")],
     [100_011, row("disabled", null, null)],
     [100_012, row("active", "PgSleep", 59_500)],
+    [100_013, { ...row("idle", "ClientRead"), own: false }],
+    [100_014, row("idle", "ClientRead", 3_600_000)],
   ]);
   const dropped = judge.judge(paced, silent, states);
-  assert.deepEqual(dropped, [100_001, 100_002, 100_003, 100_004, 100_006, 100_007]);
+  assert.deepEqual(dropped, [100_001, 100_002, 100_003, 100_004, 100_006, 100_007, 100_013, 100_014]);
   assert.deepEqual(closed, dropped);
   await judge.ended();
   // Not a backend gone, another role's or another session's (its pid taken again): only this
