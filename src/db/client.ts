@@ -376,19 +376,22 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
     connection: { application_name: options.applicationName ?? "assay" },
     ...(options.keepConnections ? { max_lifetime: null } : {}),
   });
+  /** A client of one connection of its own (`socket`), opened within about `ms`: the probes'. */
+  const probeClient = (socket: PacedSocket, ms: number): Sql =>
+    postgres(url, {
+      ...{ socket },
+      max: 1,
+      onnotice: () => {},
+      fetch_types: false,
+      connect_timeout: (ms + 1000) / 1000,
+      connection: { application_name: options.applicationName ?? "assay" },
+    });
   return {
     sql,
     close: () => endPool(sql, 5),
     answers: async (ms, pids) => {
       const own = pacedSocket(1);
-      const probe = postgres(url, {
-        ...{ socket: own },
-        max: 1,
-        onnotice: () => {},
-        fetch_types: false,
-        connect_timeout: (ms + 1000) / 1000,
-        connection: { application_name: options.applicationName ?? "assay" },
-      });
+      const probe = probeClient(own, ms);
       try {
         if (pids === undefined || pids.length === 0) {
           await firstAnswer(probe, ms);
@@ -431,14 +434,7 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
     },
     endBackends: async (ms, backends) => {
       if (backends.length === 0) return 0;
-      const probe = postgres(url, {
-        ...{ socket: pacedSocket(1) },
-        max: 1,
-        onnotice: () => {},
-        fetch_types: false,
-        connect_timeout: (ms + 1000) / 1000,
-        connection: { application_name: options.applicationName ?? "assay" },
-      });
+      const probe = probeClient(pacedSocket(1), ms);
       try {
         // Materialized: pg_terminate_backend runs only for the rows the join kept (a condition on
         // pg_stat_activity alone could be evaluated while scanning it, for every backend).
