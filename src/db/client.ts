@@ -25,7 +25,8 @@ export interface Database {
   answers?(ms: number, pids?: readonly number[]): Promise<BackendStates | null>;
   /**
    * Ends the backends named (`pg_terminate_backend`), each only while its `backend_start` is still the
-   * one named (its pid not taken again), on a connection of its own within `ms`; how many it ended.
+   * one named (its pid not taken again) and it is a client backend of this role, on a connection of
+   * its own within `ms`; how many it ended.
    * For a silent pool connection closed while its backend lives on (idle in a transaction, holding
    * its locks, until the server's keepalive ends it: two hours by default).
    */
@@ -390,8 +391,8 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
     sql,
     close: () => endPool(sql, 5),
     answers: async (ms, pids) => {
-      const own = pacedSocket(1);
-      const probe = probeClient(own, ms);
+      const probeSocket = pacedSocket(1);
+      const probe = probeClient(probeSocket, ms);
       try {
         if (pids === undefined || pids.length === 0) {
           await firstAnswer(probe, ms);
@@ -422,7 +423,7 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
         // The pids BackendKeyData names are pg_stat_activity's only when nothing stands between: a
         // pooler (PgBouncer) sends a key of its own, and nothing can be judged by them then.
         const self = rows.find((r) => r.pid === null)?.self;
-        if (self === undefined || !own.pids().includes(self)) return null;
+        if (self === undefined || !probeSocket.pids().includes(self)) return null;
         return new Map(
           rows.flatMap(({ pid, state, waitEvent, ageMs, start, own }) =>
             pid === null ? [] : [[pid, { state, waitEvent, ageMs, start, own: own === true }]],

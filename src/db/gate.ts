@@ -16,10 +16,11 @@
 // itself (too many connections, starting up) — closes the gate: requests are refused until a probe is
 // answered, or the pool's `select 1` is, whenever it is. Connections that stop answering without
 // closing make the pool ask for nothing, so every PING_EVERY_MS a request also has the pool answer
-// `select 1` (a ping), and a ping unanswered in time starts a probe. When only the pool's connections went silent (a failover
-// that left them open without a word) the probe's own connection answers: it looks up the backends of
-// the pool's connections that owe an answer and have read nothing for PROBE_ANSWER_MS, and those the
-// database is not working on are closed (src/db/silent.ts), so their queries fail instead of waiting.
+// `select 1` (a ping), and a ping unanswered in time starts a probe. When only the pool's connections
+// went silent (a failover that left them open without a word) the probe's own connection answers: it
+// looks up the backends of the pool's connections that owe an answer and have read nothing for
+// PROBE_ANSWER_MS, and those the database is not working on are closed (src/db/silent.ts), so their
+// queries fail instead of waiting.
 import type { Logger } from "../log.ts";
 import { type Database, NoAnswerError, type PacedSocket, type ReadMark, type Sql } from "./client.ts";
 import { backendEnder, pacerOf, SilentJudge } from "./silent.ts";

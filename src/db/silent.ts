@@ -40,9 +40,9 @@ export const SILENT_STUCK_MS = 10_000;
 /** How long a connection found at work is not looked up again while it stays silent. */
 export const SILENT_RECHECK_MS = 30_000;
 /**
- * How much younger than its connection's BackendKeyData a backend may seem before it is another
- * session's: `backend_start` is on the server's wall clock, which a step (NTP, a VM resumed) moves. A
- * pid taken again after a failover belongs to a connection made before it, most often far older.
+ * How far from its connection's BackendKeyData a backend's start may seem, either way, before it is
+ * another session's: `backend_start` is on the server's wall clock, which a step (NTP, a VM resumed)
+ * moves. A pid taken again after a failover names a session started well before or after it.
  */
 const AGE_SLACK_MS = 10_000;
 
@@ -52,8 +52,8 @@ type Verdict = "gone" | "stuck" | "working" | "undecided";
  * What a silent connection is, by its backend's row (`undefined`: none): gone when the backend is
  * (ended, or another server's: a failover) or is another session's (not a client backend of this
  * role; or started well before or after the connection's BackendKeyData: its pid taken again, on the
- * server the probe reaches now); stuck
- * past `stuckMs` as SILENT_STUCK_MS says (its backend is this session's); working when it runs a
+ * server the probe reaches now); stuck past `stuckMs` as SILENT_STUCK_MS says (its backend is this
+ * session's); working when it runs a
  * statement (`active`, on a lock or a sleep or the CPU; any state pg_stat_activity reports without
  * `track_activities`, `disabled`, counts as that); undecided otherwise (stuck, not yet for long). A
  * connection Node is still writing to is closed only when its backend is gone. Gone and stuck ones
@@ -184,8 +184,8 @@ export interface SilentSweepOptions {
 
 /**
  * A process's look for silent pool connections, every SILENT_SWEEP_EVERY_MS: a worker's claims,
- * heartbeats and completions would otherwise wait on them until TCP gives up,
- * and its leases run out meanwhile; a quiet API's requests would wait for the next request's ping.
+ * heartbeats and completions would otherwise wait on them until TCP gives up, and its leases run
+ * out meanwhile; a quiet API's requests would wait for the next request's ping.
  * runOnce() returns how many it closed. A look-up the database does not answer closes nothing (an
  * outage is no silent connection: those come back, or fail, with it).
  */

@@ -126,3 +126,14 @@ export async function progressFlushesWaiting(sql: Sql): Promise<number> {
       and wait_event_type = 'Lock' and query like '%progress int%'`;
   return rows.length;
 }
+
+/** A promise with its resolve and reject at hand (Promise.withResolvers is ES2024; the lib is ES2023). */
+export function deferred(): { promise: Promise<void>; resolve(): void; reject(e: unknown): void } {
+  let resolve!: () => void;
+  let reject!: (e: unknown) => void;
+  const promise = new Promise<void>((res, rej) => {
+    resolve = res;
+    reject = rej;
+  });
+  return { promise, resolve, reject };
+}

@@ -9,9 +9,10 @@ import { createDatabase, type Database } from "../../src/db/client.ts";
 import { pacerOf, SilentSweep } from "../../src/db/silent.ts";
 import { createLogger } from "../../src/log.ts";
 import { Worker } from "../../src/queue/worker.ts";
+import { within } from "../helpers/client.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import { type DbRelay, relayTo, throughRelay } from "../helpers/db-relay.ts";
-import { createTask, seedUser, waitFor, waitForTerminal } from "../helpers/queue.ts";
+import { createTask, deferred, seedUser, waitFor, waitForTerminal } from "../helpers/queue.ts";
 
 let db: TestDatabase;
 const closers: (() => Promise<void> | void)[] = [];
@@ -37,19 +38,7 @@ async function poolThroughRelay(max: number): Promise<{ relay: DbRelay; database
 }
 
 /** `work`, or a failure naming `what` when it takes over 10 s (a hang says where it is). */
-async function bounded<T>(work: Promise<T>, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  try {
-    return await Promise.race([
-      work,
-      new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(new Error(`${what} took over 10 s`)), 10_000);
-      }),
-    ]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
+const bounded = <T>(work: Promise<T>, what: string): Promise<T> => within(work, 10_000, what);
 
 const sweepOf = (database: Database) =>
   new SilentSweep({ database, logger, intervalMs: 100, silentAfterMs: 300, lookupMs: 1_000, stuckMs: 800 });
@@ -129,28 +118,22 @@ test("a connection stranded inside a transaction is closed: the transaction fail
   // Safe since bin/patch-deps.js: unpatched, postgres.js ended the process here (porsager/postgres#1208).
   const { relay, database } = await poolThroughRelay(1);
   let pid = 0;
-  let inside!: () => void;
-  const entered = new Promise<void>((resolve) => {
-    inside = resolve;
-  });
-  let go!: () => void;
-  const carryOn = new Promise<void>((resolve) => {
-    go = resolve;
-  });
+  const entered = deferred();
+  const carryOn = deferred();
   const tx = database.sql.begin(async (t) => {
     const [row] = await t<{ pid: number }[]>`select pg_backend_pid() as pid`;
     pid = row?.pid ?? 0;
-    inside();
-    await carryOn;
+    entered.resolve();
+    await carryOn.promise;
     await t`select 2`; // never arrives: its backend stays idle in transaction
   });
   const outcome = tx.then(
     () => "committed",
     (err: { code?: string }) => err.code ?? String(err),
   );
-  await bounded(entered, "the transaction's first statement");
+  await bounded(entered.promise, "the transaction's first statement");
   relay.strand();
-  go();
+  carryOn.resolve();
   const sweep = sweepOf(database);
   let closed = 0;
   await waitFor(

@@ -12,9 +12,9 @@ import type net from "node:net";
 import { after, before, describe, test } from "node:test";
 import type { TransactionSql } from "postgres";
 import { createDatabase, type Database } from "../../src/db/client.ts";
-import { tcpRelay } from "../helpers/client.ts";
+import { tcpRelay, within } from "../helpers/client.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
-import { waitFor } from "../helpers/queue.ts";
+import { deferred, waitFor } from "../helpers/queue.ts";
 
 let db: TestDatabase;
 const closers: (() => Promise<void> | void)[] = [];
@@ -95,32 +95,14 @@ async function running(pid: number, like: string): Promise<void> {
 
 /** `work` settled within 10 s (a hang fails the test naming `what`, instead of the whole file). */
 async function settled<T>(work: Promise<T>, what: string): Promise<PromiseSettledResult<T>> {
-  let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`${what} did not settle within 10 s`)), 10_000);
-  });
-  try {
-    const [result] = await Promise.race([Promise.allSettled([work]), late]);
-    return result;
-  } finally {
-    clearTimeout(timer);
-  }
+  const [result] = await within(Promise.allSettled([work]), 10_000, `${what} to settle`);
+  return result;
 }
 
 async function pidOf(t: TransactionSql): Promise<number> {
   const [row] = await t<{ pid: number }[]>`select pg_backend_pid() as pid`;
   assert.ok(row);
   return row.pid;
-}
-
-function deferred(): { promise: Promise<void>; resolve(): void; reject(e: unknown): void } {
-  let resolve!: () => void;
-  let reject!: (e: unknown) => void;
-  const promise = new Promise<void>((res, rej) => {
-    resolve = res;
-    reject = rej;
-  });
-  return { promise, resolve, reject };
 }
 
 let nextId = 9_999_999_990n;
