@@ -115,13 +115,17 @@ async function sortedFolder(dir: string): Promise<SortedFolder | undefined> {
   return { sortNames: items.map((x) => x.sortName), dirs: items.map((x) => x.dir), compare };
 }
 
-/** Flushes a file's bytes to the disk. */
+/**
+ * Flushes a file's bytes to the disk. Opened and closed synchronously (metadata calls, microseconds),
+ * flushed through the thread pool (it waits for the disk): one round trip instead of three, paid by
+ * each of a run's flushes.
+ */
 async function syncFile(file: string): Promise<void> {
-  const handle = await fsp.open(file, "r");
+  const fd = fs.openSync(file, "r");
   try {
-    await handle.sync();
+    await new Promise<void>((resolve, reject) => fs.fsync(fd, (err) => (err ? reject(err) : resolve())));
   } finally {
-    await handle.close();
+    fs.closeSync(fd);
   }
 }
 

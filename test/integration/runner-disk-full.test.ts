@@ -156,8 +156,8 @@ describe("a full scratch disk", { skip: tmpfsSkip }, () => {
       `fs.writeFileSync(path.join(out, "r.json"), "{}");
       say({ type: "result", outputFileName: "r.json", metrics: {} });`,
     );
-    // The attempt's folder, out, home, tmp and r.json fit; the task's folder under outputs/ does not.
-    const undo = leaveInodes(5);
+    // The attempt's folder, out, home and r.json fit; the task's folder under outputs/ does not.
+    const undo = leaveInodes(4);
     try {
       const { run, taskId } = await runOne(prog, 2);
       fullDiskFailure(run);

@@ -424,10 +424,10 @@ describe("ending early", () => {
       });
       const tmp = String(event?.data.message).replace(/^tmp /, "");
       const [running] = await env.db.sql`select id::float8 from runs where task_id = ${taskId}`;
-      // <workDir>/<runId>.<attempt>.<leaseToken>/tmp/<tag>XXXXXX
+      // <workDir>/<runId>.<attempt>.<leaseToken>/home/<tag>XXXXXX: TMPDIR is the attempt's HOME.
       assert.match(
         path.relative(path.join(env.dataDir, "work"), tmp),
-        new RegExp(`^${running?.id}\\.1\\.[^/]+/tmp/${tag}[^/]+$`),
+        new RegExp(`^${running?.id}\\.1\\.[^/]+/home/${tag}[^/]+$`),
         `the program's tmp folder is in its attempt's folder: ${tmp}`,
       );
       assert.ok(fs.existsSync(path.join(tmp, "scratch")));
