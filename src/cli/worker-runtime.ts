@@ -64,6 +64,7 @@ export async function startWorkerRuntime(
         handler: processHandler(program, {
           store,
           workDir: work.dir,
+          spares: work.spares,
           killGraceMs: config.killGraceMs,
           guard,
           nice: config.childNice,

@@ -14,7 +14,7 @@ import { isStoreKey, ObjectMissingError, type ObjectStore, outputObjectKey } fro
 import type { GroupRegistry } from "./group-guard.ts";
 import { attemptOutputKey, checkOutputs, type OutputFile } from "./outputs.ts";
 import { type ProcessResult, runProcess } from "./run-process.ts";
-import { removeAttemptDir } from "./workdir.ts";
+import { removeAttemptDir, type SpareFolders } from "./workdir.ts";
 
 export interface ProcessHandlerDeps {
   /** Where inputs are read from and outputs go. */
@@ -27,6 +27,8 @@ export interface ProcessHandlerDeps {
    * outcome; a killed worker's is removed by the next worker that starts on the machine.
    */
   workDir: string;
+  /** Attempt folders made ahead in workDir (openWorkDir's); without, each attempt makes its own. */
+  spares?: SpareFolders;
   killGraceMs: number;
   /** Kills this worker's process groups if it dies (see group-guard.ts). */
   guard?: GroupRegistry;
@@ -61,28 +63,26 @@ const attemptDir = (workDir: string, run: ClaimedRun) =>
   path.join(workDir, `${run.id}.${run.attempt}.${run.leaseToken}`);
 
 /**
- * The attempt's place on a local store: programs read the stored input in place, and write into the
- * `out` folder of the attempt's scratch folder, which becomes the stored output folder with one rename
- * when it is kept (the scratch folder is under the data directory: one filesystem).
+ * Makes the attempt's folder `dir` with its `out/` and `home/`: a spare made ahead when one is ready
+ * (one rename; see SpareFolders), else three mkdirs. Synchronous: a local metadata call is cheaper
+ * than a thread-pool round trip, and it sits on the path from a slot's release to its next spawn. Not
+ * `recursive`, which tries `out/` first and fails (one call more per run); the worker's folder is made
+ * again when it is gone (removed by hand, or by a cleaner of old files), as `recursive` did, or every
+ * attempt would fail. A folder this made goes again if a later mkdir fails (a full disk may make the
+ * folder and refuse its `out/`); one that was there already (EEXIST) is not this attempt's to remove.
  */
-function localPlace(
-  store: ObjectStore & { localPath(key: string): string; root: string },
-  workDir: string,
-  run: ClaimedRun,
-  outputKey: string,
-): AttemptPlace {
-  const inputPath = store.localPath(run.inputStorageKey);
-  const dir = attemptDir(workDir, run);
-  const outputDir = path.join(dir, "out");
-  const home = path.join(dir, "home");
-  // Synchronous: a local metadata call is cheaper than a thread-pool round trip, and it sits on the
-  // path from claim to spawn. Not `recursive`, which tries `out` first and fails (one more call). The
-  // attempt's folder goes again if any of these fails (a full disk may make the folder and refuse its
-  // `out`).
+function makeAttemptFolders(workDir: string, dir: string, spares: SpareFolders | undefined): void {
+  if (spares?.take(dir)) return;
   try {
     fs.mkdirSync(dir);
-    fs.mkdirSync(outputDir);
-    fs.mkdirSync(home);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== "ENOENT") throw err;
+    fs.mkdirSync(workDir, { recursive: true, mode: 0o700 });
+    fs.mkdirSync(dir);
+  }
+  try {
+    fs.mkdirSync(path.join(dir, "out"));
+    fs.mkdirSync(path.join(dir, "home"));
   } catch (err) {
     // The mkdir's error decides the run's fate (a full disk is retried): a folder that cannot be
     // removed now (EMFILE) must not replace it, and is tried again later.
@@ -93,6 +93,25 @@ function localPlace(
     }
     throw err;
   }
+}
+
+/**
+ * The attempt's place on a local store: programs read the stored input in place, and write into the
+ * `out` folder of the attempt's scratch folder, which becomes the stored output folder with one rename
+ * when it is kept (the scratch folder is under the data directory: one filesystem).
+ */
+function localPlace(
+  store: ObjectStore & { localPath(key: string): string; root: string },
+  workDir: string,
+  spares: SpareFolders | undefined,
+  run: ClaimedRun,
+  outputKey: string,
+): AttemptPlace {
+  const inputPath = store.localPath(run.inputStorageKey);
+  const dir = attemptDir(workDir, run);
+  const outputDir = path.join(dir, "out");
+  const home = path.join(dir, "home");
+  makeAttemptFolders(workDir, dir, spares);
   return {
     inputPath,
     outputDir,
@@ -130,6 +149,7 @@ async function closeAttemptDir(dir: string, home: string): Promise<void> {
 async function remotePlace(
   store: ObjectStore,
   workDir: string,
+  spares: SpareFolders | undefined,
   run: ClaimedRun,
   outputKey: string,
   signal: AbortSignal,
@@ -138,14 +158,7 @@ async function remotePlace(
   const inputPath = path.join(dir, "input");
   const outputDir = path.join(dir, "out");
   const home = path.join(dir, "home");
-  try {
-    await fsp.mkdir(dir);
-    await fsp.mkdir(outputDir);
-    await fsp.mkdir(home);
-  } catch (err) {
-    await removeAttemptDir(dir).catch(() => {});
-    throw err;
-  }
+  makeAttemptFolders(workDir, dir, spares);
   const place: AttemptPlace = {
     inputPath,
     outputDir,
@@ -364,10 +377,11 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
         ? localPlace(
             store as ObjectStore & { localPath(key: string): string; root: string },
             deps.workDir,
+            deps.spares,
             run,
             outputKey,
           )
-        : await remotePlace(store, deps.workDir, run, outputKey, signal);
+        : await remotePlace(store, deps.workDir, deps.spares, run, outputKey, signal);
     } catch (err) {
       if (err instanceof InputMismatchError) {
         return {

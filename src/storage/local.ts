@@ -116,26 +116,49 @@ async function sortedFolder(dir: string): Promise<SortedFolder | undefined> {
 }
 
 /**
- * Flushes a file's bytes to the disk. Opened and closed synchronously (metadata calls, microseconds),
- * flushed through the thread pool (it waits for the disk): one round trip instead of three, paid by
- * each of a run's flushes.
+ * Flushes a file's bytes to the disk, every call in the thread pool: an upload's flushes, where a slow
+ * or hung file system must hold up the upload and not every request of the API.
  */
 async function syncFile(file: string): Promise<void> {
+  const handle = await fsp.open(file, "r");
+  try {
+    await handle.sync();
+  } finally {
+    await handle.close();
+  }
+}
+
+/**
+ * syncFile for the runner (publishFolder), which makes its attempt's folders synchronously already:
+ * opened and closed synchronously (metadata calls), flushed through the thread pool (it waits for the
+ * disk) — one round trip instead of three, paid by each of a run's flushes. The flush's error is the
+ * one thrown; a close's only when the flush succeeded (NFS reports a failed write back at close).
+ */
+async function syncFileInline(file: string): Promise<void> {
   const fd = fs.openSync(file, "r");
   try {
     await new Promise<void>((resolve, reject) => fs.fsync(fd, (err) => (err ? reject(err) : resolve())));
-  } finally {
-    fs.closeSync(fd);
+  } catch (err) {
+    try {
+      fs.closeSync(fd);
+    } catch {
+      // The flush's error says what went wrong.
+    }
+    throw err;
   }
+  fs.closeSync(fd);
 }
 
 /** Flushes a folder's entries (a rename into it, a folder made in it) to the disk. */
 const syncFolder = syncFile;
 
-/** Flushes `dir`, and when `made` (a rename made the folders), each folder above it up to `root`. */
-async function syncUp(root: string, dir: string, made: boolean): Promise<void> {
+/**
+ * Flushes `dir`, and when `made` (a rename made the folders), each folder above it up to `root`;
+ * with `sync`, syncFile or syncFileInline.
+ */
+async function syncUp(root: string, dir: string, made: boolean, sync = syncFolder): Promise<void> {
   for (; ; dir = path.dirname(dir)) {
-    await syncFolder(dir);
+    await sync(dir);
     if (!made || dir === root || !dir.startsWith(root + path.sep)) return;
   }
 }
@@ -304,9 +327,9 @@ export async function publishFolder(root: string, from: string, to: string, name
   const made = await renameInto(from, to);
   const task = path.dirname(to);
   try {
-    for (const n of names) await syncFile(path.join(to, n));
-    await syncFolder(to);
-    await syncFolder(task);
+    for (const n of names) await syncFileInline(path.join(to, n));
+    await syncFileInline(to);
+    await syncFileInline(task);
   } catch (err) {
     // Not published after all (the attempt fails, and is retried): nothing of it stays in the store
     // for the sweep to find a day later.
@@ -315,7 +338,7 @@ export async function publishFolder(root: string, from: string, to: string, name
   }
   const identity = folderIdentity(task);
   if (!made && flushedTaskFolders.get(task) === identity) return;
-  await syncUp(root, path.dirname(task), made);
+  await syncUp(root, path.dirname(task), made, syncFileInline);
   flushedTaskFolders.delete(task);
   flushedTaskFolders.set(task, identity);
   if (flushedTaskFolders.size > FLUSHED_TASK_FOLDERS_KEPT)

@@ -189,3 +189,91 @@ test("one pass of failed removals at a time: a pass stuck on a hung mount is not
   await first;
   assert.notEqual(removeFailedAttemptDirs(), first, "once it ended, a new pass");
 });
+
+/** The folders in `dir`, sorted, each with its own entries sorted. */
+const tree = (dir: string) =>
+  fs
+    .readdirSync(dir)
+    .sort()
+    .map((name) => ({
+      name,
+      entries: fs.statSync(path.join(dir, name)).isDirectory()
+        ? fs.readdirSync(path.join(dir, name)).sort()
+        : null,
+    }));
+
+test("spares: a take renames a spare made ahead (empty out/ and home/) to the attempt's name; with none ready it says so and refills", async () => {
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), "assay-spares-"));
+  const work = await openWorkDir(root);
+  try {
+    const attempt = (n: number) => path.join(work.dir, `${1_000 + n}.1.tok`);
+    // None made yet: the attempt makes its own folders; the take starts the refill.
+    assert.equal(work.spares.take(attempt(1)), false);
+    assert.equal(fs.existsSync(attempt(1)), false, "nothing made under the attempt's name");
+    await work.spares.filled();
+    assert.equal(work.spares.size, 2);
+    assert.deepEqual(tree(work.dir), [
+      { name: "spare.1", entries: ["home", "out"] },
+      { name: "spare.2", entries: ["home", "out"] },
+    ]);
+    // Two takes at once (two slots freed together) get one each; the third makes its own.
+    assert.equal(work.spares.take(attempt(2)), true);
+    assert.equal(work.spares.take(attempt(3)), true);
+    assert.equal(work.spares.take(attempt(4)), false);
+    for (const n of [2, 3]) assert.deepEqual(fs.readdirSync(attempt(n)).sort(), ["home", "out"]);
+    for (const n of [2, 3])
+      for (const sub of ["home", "out"])
+        assert.deepEqual(fs.readdirSync(path.join(attempt(n), sub)), [], "empty");
+    await work.spares.filled();
+    assert.deepEqual(
+      tree(work.dir).map((e) => e.name),
+      ["1002.1.tok", "1003.1.tok", "spare.3", "spare.4"],
+    );
+  } finally {
+    await work.close();
+  }
+  assert.deepEqual(fs.readdirSync(path.join(root, "work")), [], "the spares go with the worker's folder");
+  fs.rmSync(root, { recursive: true, force: true });
+});
+
+test("spares: one removed by hand is skipped; a refill that cannot make any fails quietly, and takes say none is ready", async () => {
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), "assay-spares-"));
+  const work = await openWorkDir(root);
+  try {
+    work.spares.take(path.join(work.dir, "unused"));
+    await work.spares.filled();
+    fs.rmSync(path.join(work.dir, "spare.2"), { recursive: true });
+    // The newest (spare.2) is gone: the take goes on to spare.1.
+    const target = path.join(work.dir, "1000.1.tok");
+    assert.equal(work.spares.take(target), true);
+    assert.deepEqual(fs.readdirSync(target).sort(), ["home", "out"]);
+    await work.spares.filled();
+    // The spares taken, then the worker's folder gone (a cleaner of old files): none can be made.
+    for (const spare of fs.readdirSync(work.dir).filter((n) => n.startsWith("spare.")))
+      assert.equal(work.spares.take(path.join(work.dir, `taken-${spare}`)), true);
+    fs.renameSync(work.dir, `${work.dir}.away`);
+    try {
+      assert.equal(work.spares.take(path.join(work.dir, "1001.1.tok")), false);
+      await work.spares.filled();
+      assert.equal(work.spares.size, 0);
+      assert.equal(fs.existsSync(work.dir), false, "no folder made in the missing one's place");
+    } finally {
+      fs.renameSync(`${work.dir}.away`, work.dir);
+    }
+  } finally {
+    await work.close();
+  }
+  assert.deepEqual(fs.readdirSync(path.join(root, "work")), []);
+  fs.rmSync(root, { recursive: true, force: true });
+});
+
+test("spares: closing the worker's folder while a refill runs leaves nothing behind", async () => {
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), "assay-spares-"));
+  for (let i = 0; i < 20; i++) {
+    const work = await openWorkDir(root);
+    work.spares.take(path.join(work.dir, "unused"));
+    await work.close();
+    assert.deepEqual(fs.readdirSync(path.join(root, "work")), [], `round ${i}`);
+  }
+  fs.rmSync(root, { recursive: true, force: true });
+});
