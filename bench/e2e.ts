@@ -100,7 +100,6 @@ try {
   // The worker as `assay worker` runs it: kill grace, the analysis processes' CPU priority,
   // prefetch and the completion delay from the configuration (its defaults, or ASSAY_* from the environment).
   const config = loadConfig();
-  const work = await openWorkDir(dataDir);
   const worker = new Worker({
     sql,
     logger: createLogger({ level: "warn", destination: process.stderr }),
@@ -108,8 +107,7 @@ try {
       summary: {
         handler: processHandler(summary, {
           store: storage,
-          workDir: work.dir,
-          spares: work.spares,
+          workDir: (await openWorkDir(dataDir)).dir,
           killGraceMs: config.killGraceMs,
           nice: config.childNice,
         }),
@@ -187,7 +185,6 @@ try {
     }
   }
   await worker.stop();
-  await work.close();
   const p = sum(plainRounds);
   const a = sum(assayRounds);
   const plain = report("e2e:plain-spawn", N * ROUNDS, C, p.seconds, p.latencies, p.ok, {

@@ -64,7 +64,6 @@ export async function startWorkerRuntime(
         handler: processHandler(program, {
           store,
           workDir: work.dir,
-          spares: work.spares,
           killGraceMs: config.killGraceMs,
           guard,
           nice: config.childNice,

@@ -14,7 +14,7 @@ import { isStoreKey, ObjectMissingError, type ObjectStore, outputObjectKey } fro
 import type { GroupRegistry } from "./group-guard.ts";
 import { attemptOutputKey, checkOutputs, type OutputFile } from "./outputs.ts";
 import { type ProcessResult, runProcess } from "./run-process.ts";
-import { removeAttemptDir, type SpareFolders } from "./workdir.ts";
+import { removeAttemptDir } from "./workdir.ts";
 
 export interface ProcessHandlerDeps {
   /** Where inputs are read from and outputs go. */
@@ -27,8 +27,6 @@ export interface ProcessHandlerDeps {
    * outcome; a killed worker's is removed by the next worker that starts on the machine.
    */
   workDir: string;
-  /** Attempt folders made ahead in workDir (openWorkDir's); without, each attempt makes its own. */
-  spares?: SpareFolders;
   killGraceMs: number;
   /** Kills this worker's process groups if it dies (see group-guard.ts). */
   guard?: GroupRegistry;
@@ -63,16 +61,14 @@ const attemptDir = (workDir: string, run: ClaimedRun) =>
   path.join(workDir, `${run.id}.${run.attempt}.${run.leaseToken}`);
 
 /**
- * Makes the attempt's folder `dir` with its `out/` and `home/`: a spare made ahead when one is ready
- * (one rename; see SpareFolders), else three mkdirs. Synchronous: a local metadata call is cheaper
+ * Makes the attempt's folder `dir` with its `out/` and `home/`. Synchronous: a local metadata call is cheaper
  * than a thread-pool round trip, and it sits on the path from a slot's release to its next spawn. Not
  * `recursive`, which tries `out/` first and fails (one call more per run); the worker's folder is made
  * again when it is gone (removed by hand, or by a cleaner of old files), as `recursive` did, or every
  * attempt would fail. A folder this made goes again if a later mkdir fails (a full disk may make the
  * folder and refuse its `out/`); one that was there already (EEXIST) is not this attempt's to remove.
  */
-function makeAttemptFolders(workDir: string, dir: string, spares: SpareFolders | undefined): void {
-  if (spares?.take(dir)) return;
+function makeAttemptFolders(workDir: string, dir: string): void {
   try {
     fs.mkdirSync(dir);
   } catch (err) {
@@ -103,7 +99,6 @@ function makeAttemptFolders(workDir: string, dir: string, spares: SpareFolders |
 function localPlace(
   store: ObjectStore & { localPath(key: string): string; root: string },
   workDir: string,
-  spares: SpareFolders | undefined,
   run: ClaimedRun,
   outputKey: string,
 ): AttemptPlace {
@@ -111,7 +106,7 @@ function localPlace(
   const dir = attemptDir(workDir, run);
   const outputDir = path.join(dir, "out");
   const home = path.join(dir, "home");
-  makeAttemptFolders(workDir, dir, spares);
+  makeAttemptFolders(workDir, dir);
   return {
     inputPath,
     outputDir,
@@ -149,7 +144,6 @@ async function closeAttemptDir(dir: string, home: string): Promise<void> {
 async function remotePlace(
   store: ObjectStore,
   workDir: string,
-  spares: SpareFolders | undefined,
   run: ClaimedRun,
   outputKey: string,
   signal: AbortSignal,
@@ -158,7 +152,7 @@ async function remotePlace(
   const inputPath = path.join(dir, "input");
   const outputDir = path.join(dir, "out");
   const home = path.join(dir, "home");
-  makeAttemptFolders(workDir, dir, spares);
+  makeAttemptFolders(workDir, dir);
   const place: AttemptPlace = {
     inputPath,
     outputDir,
@@ -377,11 +371,10 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
         ? localPlace(
             store as ObjectStore & { localPath(key: string): string; root: string },
             deps.workDir,
-            deps.spares,
             run,
             outputKey,
           )
-        : await remotePlace(store, deps.workDir, deps.spares, run, outputKey, signal);
+        : await remotePlace(store, deps.workDir, run, outputKey, signal);
     } catch (err) {
       if (err instanceof InputMismatchError) {
         return {

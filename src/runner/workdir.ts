@@ -30,99 +30,8 @@ const OWN_FOLDERS = new Set<string>();
 
 export interface WorkDir {
   readonly dir: string;
-  /** Attempt folders made ahead in `dir` (see SpareFolders), for processHandler. */
-  readonly spares: SpareFolders;
   /** Stops touching the folder and removes it and whatever is left in it. */
   close(): Promise<void>;
-}
-
-/** How many attempt folders a worker keeps made ahead (see SpareFolders). */
-export const SPARE_FOLDERS = 2;
-
-/**
- * Attempt folders made ahead in a worker's folder, each with its `out/` and `home/`: a slot whose
- * program ended starts the next one after one rename (a spare to the attempt's name) instead of three
- * mkdirs. On ext4 a mkdir costs 0.05–0.4 ms and waits while the journal commits (which the previous
- * run's output flushes start), and it sat on the path from a program's end to the next one's spawn,
- * the only time a busy slot idles (docs/architecture.md, "Scratch folders"). Spares are made in the
- * thread pool, one at a time, after a take; when none is ready (more slots freed at once than there
- * are spares, a refill that failed) an attempt makes its own folders, so a full disk is still met, and
- * said, by the attempt. Named `spare.<n>`, never an attempt's name; they go with the worker's folder
- * (its close, or the sweep of a killed worker's).
- */
-export class SpareFolders {
-  private readonly ready: string[] = [];
-  private refilling: Promise<void> | undefined;
-  private seq = 0;
-  private closed = false;
-  /** Takes that got a spare. */
-  taken = 0;
-  private readonly dir: string;
-  private readonly keep: number;
-
-  constructor(dir: string, keep = SPARE_FOLDERS) {
-    this.dir = dir;
-    this.keep = keep;
-  }
-
-  /**
-   * Renames a spare to `target`, which must not exist; false when none is ready or none could be
-   * renamed (the caller makes the folders). Starts a refill either way.
-   */
-  take(target: string): boolean {
-    let taken = false;
-    while (!taken && this.ready.length > 0) {
-      const spare = this.ready.pop() as string;
-      try {
-        fs.renameSync(spare, target);
-        taken = true;
-        this.taken++;
-      } catch {
-        // Removed by hand, or `target` is there (not this spare's to replace): left to the worker's
-        // folder's removal.
-      }
-    }
-    this.refill();
-    return taken;
-  }
-
-  /** The spares ready now. */
-  get size(): number {
-    return this.ready.length;
-  }
-
-  /** Resolves once the refill under way (if any) has made what it could: for tests. */
-  filled(): Promise<void> {
-    return this.refilling ?? Promise.resolve();
-  }
-
-  /** Stops refilling, and waits for a mkdir in flight (the worker's folder is removed next). */
-  async close(): Promise<void> {
-    this.closed = true;
-    await this.refilling;
-  }
-
-  private refill(): void {
-    if (this.refilling || this.closed || this.ready.length >= this.keep) return;
-    this.refilling = (async () => {
-      while (!this.closed && this.ready.length < this.keep) {
-        const spare = path.join(this.dir, `spare.${++this.seq}`);
-        try {
-          await fsp.mkdir(spare);
-          await fsp.mkdir(path.join(spare, "out"));
-          await fsp.mkdir(path.join(spare, "home"));
-        } catch {
-          // A full disk, the worker's folder gone: no spares for now (the next take tries again); the
-          // attempts make their folders themselves meanwhile, and meet the error themselves.
-          await fsp.rm(spare, { recursive: true, force: true }).catch(() => {});
-          return;
-        }
-        this.ready.push(spare);
-      }
-    })().finally(() => {
-      this.refilling = undefined;
-    });
-  }
 }
 
 function readOr(file: string, fallback: string): string {
@@ -274,13 +183,10 @@ export async function openWorkDir(dataDir: string, o: { touchMs?: number } = {})
     if (++touches % SWEEP_EVERY_TOUCHES === 0) sweepWorkDirs(root, tag).catch(() => {});
   }, o.touchMs ?? WORKDIR_TOUCH_MS);
   timer.unref();
-  const spares = new SpareFolders(dir);
   return {
     dir,
-    spares,
     close: async () => {
       clearInterval(timer);
-      await spares.close();
       try {
         await removeTree(dir);
         for (const later of REMOVE_LATER)

@@ -15,7 +15,6 @@ import { type TypeOptions, Worker } from "../../src/queue/worker.ts";
 import { childEnv, discardAttempt, processHandler, removeLeftovers } from "../../src/runner/handler.ts";
 import type { ProgressEvent } from "../../src/runner/jsonl.ts";
 import { type ProcessResult, runProcess } from "../../src/runner/run-process.ts";
-import type { SpareFolders } from "../../src/runner/workdir.ts";
 import { LocalStore } from "../../src/storage/local.ts";
 import type { ObjectStore } from "../../src/storage/store.ts";
 import { taskCreate } from "../../src/tasks/create.ts";
@@ -103,8 +102,6 @@ export interface RunnerEnv {
       nice?: number;
       /** The claims' hold after a full disk (Worker's storageFullHoldMs): 100 ms here. */
       storageFullHoldMs?: number;
-      /** Attempt folders made ahead in the env's work folder, as `assay worker` has (openWorkDir's). */
-      spares?: SpareFolders;
     },
   ): Worker;
   /** The HTTP app over this database and data directory (closed with the env); logs into `logs` if given. */
@@ -157,7 +154,6 @@ export async function runnerEnv(
             workDir,
             killGraceMs: o.killGraceMs ?? 500,
             ...(o.nice === undefined ? {} : { nice: o.nice }),
-            ...(o.spares ? { spares: o.spares } : {}),
           }),
           ...(p.timeoutMs === undefined ? {} : { timeoutMs: p.timeoutMs }),
         };

@@ -10,7 +10,6 @@ import { decide } from "../../src/queue/outcomes.ts";
 import { type ClaimedRun, type Outcome, runClaim, runComplete, runReapExpired } from "../../src/queue/sql.ts";
 import type { HandlerContext, HandlerOutcome } from "../../src/queue/worker.ts";
 import { discardAttempt, processHandler } from "../../src/runner/handler.ts";
-import { SpareFolders } from "../../src/runner/workdir.ts";
 import { bearer } from "../helpers/app.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
 import {
@@ -159,53 +158,6 @@ describe("starting", () => {
       [],
       "no home left in the system's tmp folder",
     );
-  });
-
-  test("attempt folders made ahead: an attempt runs in a spare renamed to its name, spares are made again, the attempts' folders go (local and S3 stores)", async () => {
-    const bucket = await createTestBucket();
-    const remote = await runnerEnv({ store: bucket.store() });
-    try {
-      for (const e of [env, remote]) {
-        const work = path.join(e.dataDir, "work");
-        const spares = new SpareFolders(work);
-        const type = `fx-${++typeSeq}`;
-        const w = e.worker([fixtureProgram(type)], { spares, concurrency: 2 });
-        const files = await Promise.all(
-          ["a,b\n1,2\n", "a,b\n3,4\n", "a,b\n5,6\n", "a,b\n7,8\n"].map((c) => e.file(c)),
-        );
-        // Two spares ready before the first claims, as a worker's are after its first attempts.
-        spares.take(path.join(work, "warm-up"));
-        await spares.filled();
-        const taskId = await e.task(type, files, { mode: "home" });
-        await w.start();
-        const task = await waitForTerminal(e.db.sql, taskId, 30_000);
-        await w.stop();
-        assert.equal(task.status, "succeeded", e.storage.kind);
-        assert.ok(spares.taken >= 2, `${e.storage.kind}: ${spares.taken} spares taken`);
-        const runs = await e.db.sql<{ key: string }[]>`
-          select output_key as key from runs where task_id = ${taskId} order by id`;
-        for (const { key } of runs) {
-          const { stream } = await e.storage.open(`outputs/${key}/home.json`);
-          const { home } = JSON.parse((await buffer(stream)).toString());
-          assert.equal(home, path.join(work, path.basename(key), "home"), e.storage.kind);
-        }
-        await spares.close();
-        // Only the spares are left, each empty: every attempt's folder went.
-        const left = fs.readdirSync(work);
-        assert.ok(
-          left.length > 0 && left.every((n) => /^spare\.\d+$/.test(n)),
-          `${e.storage.kind}: ${left.join(", ")}`,
-        );
-        for (const n of left) {
-          assert.deepEqual(fs.readdirSync(path.join(work, n)).sort(), ["home", "out"]);
-          for (const sub of ["home", "out"]) assert.deepEqual(fs.readdirSync(path.join(work, n, sub)), []);
-          fs.rmSync(path.join(work, n), { recursive: true });
-        }
-      }
-    } finally {
-      await remote.close();
-      await bucket.drop();
-    }
   });
 
   test("the program and what it starts run at the configured CPU priority, never above the worker's", async () => {
