@@ -45,7 +45,7 @@ interface AttemptPlace {
    * sweep. R's session folder (`RtmpXXXX`), Python's `tempfile` and Node's `os.tmpdir()` go there too:
    * a program killed on timeout or cancel cannot clean up after itself, and its leftovers go with the
    * attempt's folder. One folder for both: each folder made and removed is a journalled metadata write
-   * (~0.1–0.25 ms of CPU on ext4 here), paid by every run.
+   * (~0.1–0.26 ms of CPU on ext4 here), paid by every run.
    */
   home: string;
   /** Makes the checked outputs the store's, under the attempt's key (a remote store: uploads them). */
@@ -65,7 +65,7 @@ const attemptDir = (workDir: string, run: ClaimedRun) =>
  * than a thread-pool round trip, and it sits on the path from a slot's release to its next spawn. Not
  * `recursive`, which tries `out/` first and fails (one call more per run); the worker's folder is made
  * again when it is gone (removed by hand, or by a cleaner of old files), as `recursive` did, or every
- * attempt would fail. A folder this made goes again if a later mkdir fails (a full disk may make the
+ * attempt would fail — but not the data directory above it: a mount gone is said, not written under. A folder this made goes again if a later mkdir fails (a full disk may make the
  * folder and refuse its `out/`); one that was there already (EEXIST) is not this attempt's to remove.
  */
 function makeAttemptFolders(workDir: string, dir: string): void {
@@ -73,7 +73,7 @@ function makeAttemptFolders(workDir: string, dir: string): void {
     fs.mkdirSync(dir);
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== "ENOENT") throw err;
-    fs.mkdirSync(workDir, { recursive: true, mode: 0o700 });
+    fs.mkdirSync(workDir, { mode: 0o700 });
     fs.mkdirSync(dir);
   }
   try {

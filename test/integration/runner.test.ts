@@ -185,6 +185,17 @@ describe("stdout protocol", () => {
     await noStrayOutputs();
   });
 
+  test("a worker's scratch folder removed under it (by hand, a cleaner of old files) is made again: the next run succeeds", async () => {
+    const work = path.join(env.dataDir, "work");
+    fs.rmSync(work, { recursive: true });
+    const { run } = await runOne({ mode: "ok" });
+    assert.equal(run.status, "succeeded", run.error_message ?? "");
+    assert.equal(run.attempt, 1);
+    assert.deepEqual(fs.readdirSync(work), [], "made again, and the attempt's folder gone");
+    assert.equal(fs.statSync(work).mode & 0o777, 0o700);
+    await noStrayOutputs();
+  });
+
   test("an invalid JSON line → ANALYSIS_OUTPUT_INVALID, the process is killed", async () => {
     const t0 = Date.now();
     const { run } = await runOne({ mode: "invalid-json" });
