@@ -249,7 +249,19 @@ export function patchDeps({ root = ROOT, check = false } = {}) {
   return report;
 }
 
-if (process.argv[1] && fs.realpathSync(process.argv[1]) === fileURLToPath(import.meta.url)) {
+/** Whether this file is the script node was started with (not imported: src/db/client.ts reads the mark). */
+function runAsScript() {
+  try {
+    return (
+      process.argv[1] !== undefined && fs.realpathSync(process.argv[1]) === fileURLToPath(import.meta.url)
+    );
+  } catch {
+    // argv[1] is no file (`node -e`, a script on standard input, a worker thread's eval): imported.
+    return false;
+  }
+}
+
+if (runAsScript()) {
   try {
     const report = patchDeps({ check: process.argv.includes("--check") });
     if (!process.argv.includes("--quiet")) for (const line of report) console.log(`patch-deps: ${line}`);

@@ -446,8 +446,8 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
             with named as materialized (
               select a.pid from pg_stat_activity a
               join jsonb_to_recordset(${probe.json(backends.map(({ pid, start }) => ({ pid, start })))})
-                as t(pid int4, start text)
-                on a.pid = t.pid and a.backend_start::text = t.start
+                as t(pid int4, start timestamptz)
+                on a.pid = t.pid and a.backend_start = t.start
               where a.usename = session_user and a.backend_type = 'client backend'
             )
             select (count(*) filter (where pg_terminate_backend(pid)))::int as ended from named`,

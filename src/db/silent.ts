@@ -142,7 +142,7 @@ export class SilentJudge {
       if (v === "working") working.set(c.pid, { since: c.since, at: now });
       else if ((v === "gone" || v === "stuck") && paced?.drop?.(c)) {
         dropped.push(c.pid);
-        if (v === "stuck" && backend?.start) backends.push({ pid: c.pid, start: backend.start });
+        if (v === "stuck" && backend?.start && this.end) backends.push({ pid: c.pid, start: backend.start });
       }
     }
     this.working = working;

@@ -61,12 +61,13 @@ const attemptDir = (workDir: string, run: ClaimedRun) =>
   path.join(workDir, `${run.id}.${run.attempt}.${run.leaseToken}`);
 
 /**
- * Makes the attempt's folder `dir` with its `out/` and `home/`. Synchronous: a local metadata call is cheaper
- * than a thread-pool round trip, and it sits on the path from a slot's release to its next spawn. Not
- * `recursive`, which tries `out/` first and fails (one call more per run); the worker's folder is made
- * again when it is gone (removed by hand, or by a cleaner of old files), as `recursive` did, or every
- * attempt would fail — but not the data directory above it: a mount gone is said, not written under. A folder this made goes again if a later mkdir fails (a full disk may make the
- * folder and refuse its `out/`); one that was there already (EEXIST) is not this attempt's to remove.
+ * Makes the attempt's folder `dir` with its `out/` and `home/`. Synchronous: a local metadata call is
+ * cheaper than a thread-pool round trip, and it sits on the path from a slot's release to its next
+ * spawn. Not `recursive`, which tries `out/` first and fails (one call more per run); the worker's
+ * folder is made again when it is gone (removed by hand, or by a cleaner of old files), as `recursive`
+ * did, or every attempt would fail — but not the data directory above it: a mount gone is said, not
+ * written under. A folder this made goes again if a later mkdir fails (a full disk may make the folder
+ * and refuse its `out/`); one that was there already (EEXIST) is not this attempt's to remove.
  */
 function makeAttemptFolders(workDir: string, dir: string): void {
   try {
@@ -120,7 +121,7 @@ function localPlace(
         store.localPath(`outputs/${outputKey}`),
         files.map((f) => f.name),
       ),
-    close: () => closeAttemptDir(dir, home),
+    close: () => closeAttemptDir(dir),
   };
 }
 
@@ -129,13 +130,13 @@ function localPlace(
  * program left nothing), with two synchronous `rmdir`s — the common case, and a recursive removal
  * costs a dozen thread-pool round trips; otherwise (or when one fails) with removeAttemptDir.
  */
-async function closeAttemptDir(dir: string, home: string): Promise<void> {
+async function closeAttemptDir(dir: string): Promise<void> {
   try {
-    fs.rmdirSync(home);
+    fs.rmdirSync(path.join(dir, "home"));
     fs.rmdirSync(dir);
     return;
   } catch {
-    // Not empty (the outputs unpublished, something left in home, an input fetched), or already gone.
+    // Not empty (the outputs unpublished, something left in home), or already gone.
   }
   await removeAttemptDir(dir);
 }
