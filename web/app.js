@@ -129,7 +129,7 @@ function SignIn({ onSignedIn, problem }) {
       <input id="token" type="password" autocomplete="off" spellcheck="false" required value=${token}
         onInput=${(e) => setToken(e.currentTarget.value)} placeholder="assay_…"
         aria-invalid=${error ? "true" : undefined} aria-describedby=${error ? "token-problem token-help" : "token-help"} />
-      <small id="token-help">Kept in this browser only. Create one with <code>assay token create &lt;name&gt;</code>.</small>
+      <small id="token-help">Kept in this browser only. Create one with <code>assay token create --user ${"<name>"}</code>.</small>
       <${ErrorNote} id="token-problem" error=${error} />
       <button type="submit" class="primary">Sign in</button>
     </form>

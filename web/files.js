@@ -11,8 +11,11 @@ export function FilesView({ me, paging }) {
   // Bumped to read the page shown again (its address asked for again: no hashchange follows).
   const [again, setAgain] = useState(0);
   const [chosen, setChosen] = useState(() => new Set());
+  // Reads failed in a row (the retry's backoff).
+  const failed = useRef(0);
   useEffect(() => {
     const ctrl = new AbortController();
+    let retry = null;
     const q = new URLSearchParams({ limit: "50" });
     if (paging.cursor) q.set("cursor", paging.cursor);
     // The page keeps the cursors that reached it: the pager goes on from the page shown, which is
@@ -23,10 +26,20 @@ export function FilesView({ me, paging }) {
       (p) => {
         setPage({ ...p, cursors: paging.cursors });
         setError(null);
+        failed.current = 0;
       },
-      (err) => ctrl.signal.aborted || setError(err),
+      (err) => {
+        if (ctrl.signal.aborted) return;
+        setError(err);
+        // Not reached, or failed by the server: read again, 1 s, 2 s … 15 s apart (as the task list).
+        if (err.status === 0 || err.status >= 500)
+          retry = setTimeout(() => setAgain((n) => n + 1), Math.min(1000 * 2 ** failed.current++, 15_000));
+      },
     );
-    return () => ctrl.abort();
+    return () => {
+      ctrl.abort();
+      clearTimeout(retry);
+    };
   }, [paging.key, again]);
   // The files whose whole SHA-256 is shown. The list shows its first 12 digits, a button that shows
   // it whole (until 2026-12-06 it was only in a tooltip, which the keyboard and screen readers never

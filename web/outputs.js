@@ -116,7 +116,7 @@ export function RunOutputs({ taskId, run }) {
       list === null
         ? html`<p class="muted">Loading outputs…</p>`
         : list.length === 0
-          ? html`<p class="muted">No outputs${run.status === "succeeded" ? "" : ": the run did not succeed"}.</p>`
+          ? html`<p class="muted">No outputs${noOutputsWhy(run.status)}.</p>`
           : html`<ul class="outputs">
             ${list.map(
               (o) => html`<li key=${o.name}>
@@ -134,4 +134,12 @@ export function RunOutputs({ taskId, run }) {
         : null
     }
   </div>`;
+}
+
+/** Why a run has no outputs to list: it has not finished yet, or it did not succeed. */
+function noOutputsWhy(status) {
+  if (status === "succeeded") return "";
+  if (["queued", "starting", "running", "cancelling"].includes(status))
+    return " yet: the run has not finished";
+  return ": the run did not succeed";
 }

@@ -19,6 +19,7 @@ import {
   Status,
   TaskBar,
   useRowFocus,
+  useTick,
 } from "./widgets.js";
 
 const RUNS_PAGE = 100;
@@ -437,6 +438,8 @@ export function TaskView({ taskId }) {
   // A run's row that a re-read takes away (a status filter, and the run's status changed) while the
   // keyboard is on it: the focus goes to the next row, or to the "Runs" tab, which names the list.
   useRowFocus("data-run", () => document.getElementById("tab-runs"));
+  // The task's duration and its running runs' count on while it has started and not finished.
+  useTick(Boolean(task?.startedAt && !task.finishedAt));
 
   if (error?.status === 404)
     return html`<section><h1>Task not found</h1><p>There is no task #${taskId} you can see. <a href="#/">All tasks</a></p></section>`;

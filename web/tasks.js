@@ -11,9 +11,14 @@ export function TasksView({ me, types, path, filter, paging }) {
   const [page, setPage] = useState(null);
   const [error, setError] = useState(null);
   const [tick, setTick] = useState(0);
+  // Reads failed in a row (the retry's backoff).
+  const failed = useRef(0);
+  // The filters a page was read with: a page read under other filters is not shown under these.
+  const filterKey = `${filter.status}\n${filter.type}`;
 
   useEffect(() => {
     const ctrl = new AbortController();
+    let retry = null;
     const q = new URLSearchParams({ limit: "20" });
     if (filter.status) q.set("status", filter.status);
     if (filter.type) q.set("analysisType", filter.type);
@@ -21,12 +26,24 @@ export function TasksView({ me, types, path, filter, paging }) {
     api(`/analysis-tasks?${q}`, { signal: ctrl.signal }).then(
       (p) => {
         // With the cursors that reached it: the pager goes on from the page shown (see files.js).
-        setPage({ ...p, cursors: paging.cursors });
+        setPage({ ...p, cursors: paging.cursors, filterKey });
         setError(null);
+        failed.current = 0;
       },
-      (err) => ctrl.signal.aborted || setError(err),
+      (err) => {
+        if (ctrl.signal.aborted) return;
+        setError(err);
+        // A read that did not reach the server, or that it failed (the API restarting), is tried
+        // again, 1 s, 2 s, 4 s … 15 s apart: until 2026-12-07 only a reload read the list again when no
+        // task on it was running. A request refused (400: a filter or cursor not known) is not.
+        if (err.status === 0 || err.status >= 500)
+          retry = setTimeout(() => setTick((n) => n + 1), Math.min(1000 * 2 ** failed.current++, 15_000));
+      },
     );
-    return () => ctrl.abort();
+    return () => {
+      ctrl.abort();
+      clearTimeout(retry);
+    };
   }, [filter.status, filter.type, paging.key, tick]);
 
   const live = page?.items.some((t) => !isTerminal(t.status));
@@ -41,6 +58,9 @@ export function TasksView({ me, types, path, filter, paging }) {
   const heading = useRef(null);
   useRowFocus("data-task", () => heading.current);
 
+  // A page of other filters (the read under these failed) is not shown as theirs: until 2026-12-07 a
+  // failed read left the rows of the filters before under the ones chosen.
+  const shown = page?.filterKey === filterKey ? page : null;
   const admin = me?.role === "admin";
   // The address already shown (a page whose read failed, asked for again) is read again.
   const again = () => setTick((n) => n + 1);
@@ -56,22 +76,27 @@ export function TasksView({ me, types, path, filter, paging }) {
         <select value=${filter.status} onChange=${change("status")}>
           <option value="">any</option>
           ${TASK_STATUSES.map((s) => html`<option value=${s}>${STATUS_LABEL[s]}</option>`)}
+          ${unknownOption(filter.status, TASK_STATUSES)}
         </select>
       </label>
       <label>Type
         <select value=${filter.type} onChange=${change("type")}>
           <option value="">any</option>
           ${(types ?? []).map((t) => html`<option value=${t.name}>${t.name}</option>`)}
+          ${unknownOption(
+            filter.type,
+            types?.map((t) => t.name),
+          )}
         </select>
       </label>
     </form>
     <${ErrorNote} error=${error} />
     ${
-      page === null
+      shown === null
         ? error
           ? null
           : html`<p class="muted">Loading…</p>`
-        : page.items.length === 0
+        : shown.items.length === 0
           ? html`<p class="muted">No tasks${filter.status || filter.type ? " match these filters" : " yet"}. <a href="#/new">Start one.</a></p>`
           : html`<div class="scroll"><table class="tasks">
             <thead><tr>
@@ -80,7 +105,7 @@ export function TasksView({ me, types, path, filter, paging }) {
               <th scope="col">Created</th><th scope="col">Duration</th>
             </tr></thead>
             <tbody>
-              ${page.items.map(
+              ${shown.items.map(
                 (t) => html`<tr key=${t.taskId} data-task=${t.taskId}>
                   <td><a href=${`#/tasks/${t.taskId}`}>#${t.taskId}</a></td>
                   <td>${t.analysisType}</td>
@@ -95,8 +120,21 @@ export function TasksView({ me, types, path, filter, paging }) {
               )}
             </tbody>
           </table></div>
-          <${Pager} cursors=${page.cursors} next=${page.nextCursor}
+          <${Pager} cursors=${shown.cursors} next=${shown.nextCursor}
             onPage=${(cursors) => goTo(listAddress(path, filter, cursors), again)} />`
     }
   </section>`;
+}
+
+/**
+ * An option for a filter's value from the address that is none of `known` (`#/?status=bogus`, which the
+ * API refuses): the select shows it, not a blank, and leaving it sets the select again. Without one the
+ * select had nothing selected, and going back to "any" left it blank (Preact compares the new value
+ * with the element's, which reads "" then). None while `known` is not loaded yet.
+ */
+function unknownOption(value, known) {
+  if (!value || !known || known.includes(value)) return null;
+  // Cut: a select is as wide as its longest option, and the address may hold anything.
+  const name = shownName(value);
+  return html`<option value=${value}>${name.length > 40 ? `${name.slice(0, 39)}…` : name} (not known)</option>`;
 }

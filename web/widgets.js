@@ -1,6 +1,6 @@
 // Small shared pieces: status badges, progress bars, pagers, errors.
 import { STATUS_LABEL, shownName } from "./format.js";
-import { html, useEffect, useRef } from "./lib.js";
+import { html, useEffect, useRef, useState } from "./lib.js";
 
 /**
  * Whether the keyboard's focus is lost: on <body>, on an element no longer in the page, or on the main
@@ -241,4 +241,18 @@ export function useRowFocus(rowAttr, fallback) {
     if (!to.hasAttribute("tabindex") && to.tabIndex < 0) to.tabIndex = -1;
     to.focus({ preventScroll: !r.keyboard });
   });
+}
+
+/**
+ * Re-renders the component every `ms` while `on`: a running duration counts on between the reads and
+ * events that re-render it otherwise (a program that writes no progress for a minute left the task
+ * page's "Duration" standing still for that minute, until 2026-12-07).
+ */
+export function useTick(on, ms = 1000) {
+  const [, setTicks] = useState(0);
+  useEffect(() => {
+    if (!on) return undefined;
+    const timer = setInterval(() => setTicks((n) => n + 1), ms);
+    return () => clearInterval(timer);
+  }, [on, ms]);
 }

@@ -6,6 +6,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { browserSkip, dashboardSuite, uploadFile } from "../helpers/browser.ts";
+import { waitFor } from "../helpers/queue.ts";
 
 const skip = browserSkip;
 
@@ -82,6 +83,59 @@ test("a run that starts while the runs are re-read shows running, not the read's
   await row(second).getByText("no such columns: ö").waitFor();
   // …and the first run is still shown running: the answer is older than its event.
   assert.equal(await row(first).locator(".badge").textContent(), "running");
+  await page.context().close();
+  assert.deepEqual(problems, []);
+});
+
+test("a running task's duration and its running run's count on while no event comes", { skip }, async () => {
+  const fileId = (await uploadFile(s.base, s.adminToken, "quiet ✓.csv", "a,b\n1,2\n")).fileId;
+  const res = await fetch(`${s.base}/api/analysis-tasks`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${s.adminToken}`, "content-type": "application/json" },
+    body: JSON.stringify({ analysisType: "summary", inputFileId: fileId }),
+  });
+  const taskId = ((await res.json()) as { data: { taskId: string } }).data.taskId;
+  const [run] = await s.env.db.sql<{ id: string }[]>`select id::text from runs where task_id = ${taskId}`;
+  assert.ok(run);
+  // Started two seconds ago, as a program that has written no progress since (its next write a minute
+  // away): nothing more reaches the page.
+  await runBecomes(run.id, "running", null);
+  await s.env.db.sql`update runs set started_at = now() - interval '2 s' where id = ${run.id}`;
+  // (The page takes a run's start from its run.running event too.)
+  await s.env.db.sql`update task_events set created_at = now() - interval '2 s' where run_id = ${run.id}`;
+  await s.env.db
+    .sql`update tasks set status = 'running', started_at = now() - interval '2 s' where id = ${taskId}`;
+
+  const page = await s.signedIn(s.adminToken);
+  await page.goto(`${s.base}/#/tasks/${taskId}`);
+  await page.locator(`tr[data-run="${run.id}"] .badge`, { hasText: "running" }).waitFor();
+  // Read once the stream is live (its going live draws the page again).
+  await page.locator(".task header .stream", { hasText: "live" }).waitFor();
+  const taskDuration = page.locator("dl.counts div", { hasText: "Duration" }).locator("dd");
+  const runDuration = page.locator(`tr[data-run="${run.id}"] td`).nth(5);
+  const first = { task: await taskDuration.textContent(), run: await runDuration.textContent() };
+  assert.match(first.task ?? "", /^\d+(\.\d)? s$/);
+  assert.match(first.run ?? "", /^\d+(\.\d)? s$/);
+  // Until 2026-12-07 both stood still until the next event or read (none comes here, but for one
+  // read early on): they must count on by two seconds and more.
+  const seconds = (text: string | null) => Number(/^(\d+(?:\.\d)?) s$/.exec(text ?? "")?.[1] ?? Number.NaN);
+  await waitFor(
+    async () => {
+      const now = {
+        task: seconds(await taskDuration.textContent()),
+        run: seconds(await runDuration.textContent()),
+      };
+      return now.task >= seconds(first.task) + 2 && now.run >= seconds(first.run) + 2 ? now : null;
+    },
+    15_000,
+    "the durations counting on",
+  );
+  // Its outputs, asked for while it runs: none yet, not "did not succeed" (as until 2026-12-07).
+  await page
+    .locator(`tr[data-run="${run.id}"]`)
+    .getByRole("button", { name: /^results of/ })
+    .click();
+  await page.getByText("No outputs yet: the run has not finished.").waitFor();
   await page.context().close();
   assert.deepEqual(problems, []);
 });

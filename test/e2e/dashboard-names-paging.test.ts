@@ -141,6 +141,25 @@ test("a 255-character name does not push the page sideways", { skip }, async () 
   await page.goto(`${s.base}/#/files`);
   await page.locator(`tr[data-file="${id}"]`).waitFor();
   assert.ok((await sideways()) <= 1, `the files page scrolls sideways by ${await sideways()}px`);
+  // A task's Results table (a row per input file, its name in a cell): wrapped, not scrolled
+  // sideways in its box (until 2026-12-07 the table was ~5,000 px wide, its status column out of sight).
+  const task = await fetch(`${s.base}/api/analysis-tasks`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${s.adminToken}`, "content-type": "application/json" },
+    body: JSON.stringify({ analysisType: "summary", inputFileId: id }),
+  });
+  assert.equal(task.status, 201);
+  const { taskId } = ((await task.json()) as { data: { taskId: string } }).data;
+  await page.goto(`${s.base}/#/tasks/${taskId}`);
+  await page.getByRole("tab", { name: "Results" }).click();
+  const table = page.locator("table.results");
+  await table.getByText(long.slice(0, 20)).waitFor();
+  const inBox = await table.evaluate((el) => {
+    const box = (el as unknown as { parentElement: { scrollWidth: number; clientWidth: number } })
+      .parentElement;
+    return box.scrollWidth - box.clientWidth;
+  });
+  assert.ok(inBox <= 1, `the results table scrolls sideways by ${inBox}px`);
   await page.context().close();
   assert.deepEqual(problems, []);
 });
