@@ -99,6 +99,12 @@ test("keyboard only: signing in and out and moving between views put the focus o
   await page.getByLabel("API token").waitFor();
   assert.equal(await page.evaluate("document.documentElement.lang"), "en");
   assert.equal(await page.title(), "Sign in — Assay");
+  // The field's hint names a command that works (until 2026-12-07: `assay token create &lt;name&gt;`,
+  // the entities shown as they were, and a command that exits 2 without --user).
+  assert.equal(
+    await page.locator("#token-help").textContent(),
+    "Kept in this browser only. Create one with assay token create --user <name>.",
+  );
   await page.keyboard.press("Tab");
   await focusIs(page, "BUTTON Skip to main content");
   await page.keyboard.press("Tab");
