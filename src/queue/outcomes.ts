@@ -1,6 +1,6 @@
 // How an attempt's ending becomes what the queue records: an outcome to complete, a retry, or
 // nothing (a lost lease). Pure; the worker applies the decision.
-import { isNoSpace } from "../storage/store.ts";
+import { isNoSpace, StoreUnavailableError } from "../storage/store.ts";
 import { backoffMs } from "./backoff.ts";
 import type { ClaimedRun, Outcome, Retry } from "./sql.ts";
 
@@ -79,8 +79,9 @@ export type Decision =
  * abort: a cancel, timeout or shutdown that arrived after the program had finished its work (while its
  * outputs were checked) changes nothing about that work. Otherwise the worker's abort reason wins over
  * what the handler returned: a shutdown goes back to the queue with the attempt refunded, a cancel ends
- * cancelled, a timeout ends timed out. Then: transient failures (and thrown errors) retry with backoff
- * while attempts are left — a thrown ENOSPC or EDQUOT as ANALYSIS_STORAGE_FULL, any other thrown
+ * cancelled, a timeout ends timed out. Then: a store that could not be used (StoreUnavailableError)
+ * puts the run back with its attempt refunded, as ANALYSIS_STORAGE_UNAVAILABLE; transient failures (and
+ * other thrown errors) retry with backoff while attempts are left — a thrown ENOSPC or EDQUOT as ANALYSIS_STORAGE_FULL, any other thrown
  * error as ANALYSIS_PROCESS_FAILED; anything else fails (a "cancelled" nobody asked for included: only a run
  * marked cancelling may end cancelled).
  */
@@ -127,6 +128,20 @@ export function decide(
     });
   }
   const thrown = ending.status === "error";
+  // The store could not be used (storeFault asked it): the run waits for it, its attempt refunded —
+  // however many it has used, since none of them was its own fault — and the worker holds its claims.
+  if (thrown && ending.error instanceof StoreUnavailableError) {
+    return {
+      kind: "retry",
+      retry: {
+        ...lease,
+        delayMs: backoffMs(run.attempt, retryBaseMs),
+        refund: true,
+        errorCode: "ANALYSIS_STORAGE_UNAVAILABLE",
+        errorMessage: "the object store could not be reached: the run waits for it",
+      },
+    };
+  }
   // A full disk (the worker's scratch space, or a local store's) is no fault of the run's: it is said
   // so, and retried like any thrown error — another worker, or this one once space is freed, may run it.
   const noSpace = thrown && isNoSpace(ending.error);

@@ -109,6 +109,12 @@ export interface WorkerOptions {
    * doubled at each such attempt in a row up to STORAGE_FULL_HOLD_MAX_MS; default STORAGE_FULL_HOLD_MS.
    */
   storageFullHoldMs?: number;
+  /**
+   * How long the worker claims nothing after an attempt found the object store unusable
+   * (ANALYSIS_STORAGE_UNAVAILABLE), doubled at each such attempt in a row up to STORE_DOWN_HOLD_MAX_MS;
+   * default STORE_DOWN_HOLD_MS.
+   */
+  storeDownHoldMs?: number;
 }
 
 /**
@@ -121,6 +127,15 @@ export interface WorkerOptions {
  */
 export const STORAGE_FULL_HOLD_MS = 5_000;
 export const STORAGE_FULL_HOLD_MAX_MS = 120_000;
+
+/**
+ * The same for an object store that could not be used (ANALYSIS_STORAGE_UNAVAILABLE: an input's fetch
+ * or an output's put failed and the store's own check failed too): shorter, so that work resumes
+ * within STORE_DOWN_HOLD_MAX_MS of the store's return. The runs are put back with their attempts
+ * refunded, so a hold that ends while the store is still down costs one try per slot, nothing more.
+ */
+export const STORE_DOWN_HOLD_MS = 1_000;
+export const STORE_DOWN_HOLD_MAX_MS = 15_000;
 
 interface Attempt {
   run: ClaimedRun;
@@ -1317,7 +1332,18 @@ export class Worker {
         : decision.kind === "complete"
           ? decision.outcome.errorCode
           : null;
-    if (code === "ANALYSIS_STORAGE_FULL") this.holdClaims();
+    if (code === "ANALYSIS_STORAGE_FULL")
+      this.holdClaims(
+        this.o.storageFullHoldMs ?? STORAGE_FULL_HOLD_MS,
+        STORAGE_FULL_HOLD_MAX_MS,
+        "an attempt found this worker's disk full: claiming nothing for a while",
+      );
+    else if (code === "ANALYSIS_STORAGE_UNAVAILABLE")
+      this.holdClaims(
+        this.o.storeDownHoldMs ?? STORE_DOWN_HOLD_MS,
+        STORE_DOWN_HOLD_MAX_MS,
+        "an attempt found the object store unusable: claiming nothing for a while",
+      );
     else if (decision.kind === "complete" && decision.outcome.status === "succeeded") this.storageHoldMs = 0;
     switch (decision.kind) {
       case "discard":
@@ -1335,23 +1361,22 @@ export class Worker {
     }
   }
 
-  /** An attempt found the disk full: no claims for a while (STORAGE_FULL_HOLD_MS), then a wake-up. */
-  private holdClaims(): void {
+  /**
+   * An attempt found the disk full (STORAGE_FULL_HOLD_MS) or the object store unusable
+   * (STORE_DOWN_HOLD_MS): no claims for `first` ms, twice as long at each hold in a row up to `max`,
+   * then a wake-up. Logs `message`.
+   */
+  private holdClaims(first: number, max: number, message: string): void {
     const now = performance.now();
-    // Attempts that were under way when the disk filled end during the hold: the same full disk.
+    // Attempts that were under way when the disk filled (the store went) end during the hold: the
+    // same cause.
     if (this.stopping || now < this.claimsHeldUntil) return;
-    const first = this.o.storageFullHoldMs ?? STORAGE_FULL_HOLD_MS;
     // In a row: no success since the last hold, and that hold not long over (a full disk a day later
     // starts over, whatever failed in between).
-    const inARow = this.storageHoldMs > 0 && now - this.claimsHeldUntil < STORAGE_FULL_HOLD_MAX_MS;
-    this.storageHoldMs = inARow
-      ? Math.min(Math.max(first, STORAGE_FULL_HOLD_MAX_MS), this.storageHoldMs * 2)
-      : first;
+    const inARow = this.storageHoldMs > 0 && now - this.claimsHeldUntil < max;
+    this.storageHoldMs = inARow ? Math.min(Math.max(first, max), this.storageHoldMs * 2) : first;
     this.claimsHeldUntil = now + this.storageHoldMs;
-    this.o.logger.warn(
-      { workerId: this.id, holdMs: this.storageHoldMs },
-      "an attempt found this worker's disk full: claiming nothing for a while",
-    );
+    this.o.logger.warn({ workerId: this.id, holdMs: this.storageHoldMs }, message);
     this.releaseBuffered();
     clearTimeout(this.storageHoldTimer);
     this.storageHoldTimer = setTimeout(() => {

@@ -10,7 +10,13 @@ import { pipeline } from "node:stream/promises";
 import type { Program } from "../analyses/programs.ts";
 import type { ClaimedRun, Handler, HandlerOutcome } from "../queue/worker.ts";
 import { publishFolder } from "../storage/local.ts";
-import { isStoreKey, ObjectMissingError, type ObjectStore, outputObjectKey } from "../storage/store.ts";
+import {
+  isStoreKey,
+  ObjectMissingError,
+  type ObjectStore,
+  outputObjectKey,
+  storeFault,
+} from "../storage/store.ts";
 import type { GroupRegistry } from "./group-guard.ts";
 import { attemptOutputKey, checkOutputs, type OutputFile } from "./outputs.ts";
 import { type ProcessResult, runProcess } from "./run-process.ts";
@@ -391,7 +397,9 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
           errorMessage: "the input file is not in storage",
         };
       }
-      throw err; // the store cannot be reached: retried with backoff
+      // The store failed: asked whether it can be used at all (storeFault) — if not, the run waits for
+      // it, its attempt refunded; if so, retried with backoff like any thrown error.
+      throw await storeFault(store, err, signal);
     }
     try {
       if (!inputReadable(place.inputPath)) {
@@ -463,7 +471,11 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
       if (outcome.status !== "succeeded" || !check?.ok) return outcome;
       // Kept under the attempt's own key: the completion records it only if it wins the fence; if it
       // loses, the worker discards it (onDiscard).
-      await place.keep(check.files);
+      try {
+        await place.keep(check.files);
+      } catch (err) {
+        throw await storeFault(store, err, signal);
+      }
       return { ...outcome, result: { ...outcome.result, files: check.files }, outputKey };
     } finally {
       // Must not replace the outcome (the outputs may be the store's already): a folder that cannot be

@@ -75,6 +75,44 @@ export class StoreConfigError extends Error {
   }
 }
 
+/**
+ * The store could not be used when an attempt needed it (not answering, refusing connections, its
+ * bucket gone): no fault of the run's, and it passes when the store is back. The worker puts the run
+ * back with its attempt refunded and holds its claims (queue/outcomes.ts, Worker.holdClaims). Made
+ * only by storeFault(), which has asked the store itself first.
+ */
+export class StoreUnavailableError extends Error {
+  constructor(cause: unknown) {
+    super(`the object store cannot be used: ${cause instanceof Error ? cause.message : String(cause)}`, {
+      cause,
+    });
+    this.name = "StoreUnavailableError";
+  }
+}
+
+/**
+ * What an attempt's failed store operation (an input's fetch, an output's put) throws: a
+ * StoreUnavailableError when the store, asked at once (its check(): one listing, bounded by its own
+ * timeout), cannot be used either; else `err` as it is — the store answers, so the failure is this
+ * object's or this request's (retried as any thrown error, its attempt counted). Without the check a
+ * store down for 15 s failed every queued run within seconds: each claim failed at once, its three
+ * attempts used up 1 s and 2 s apart (a user's trial, 2026-12-07). `err` as it is too when `signal` has
+ * aborted (a cancel or timeout decides then) and for a full store (isNoSpace: a hold of its own).
+ */
+export async function storeFault(
+  store: Pick<ObjectStore, "check">,
+  err: unknown,
+  signal?: AbortSignal,
+): Promise<unknown> {
+  if (signal?.aborted || isNoSpace(err) || err instanceof StoreUnavailableError) return err;
+  try {
+    await store.check();
+    return err;
+  } catch {
+    return signal?.aborted ? err : new StoreUnavailableError(err);
+  }
+}
+
 /** The key names no object. */
 export class ObjectMissingError extends Error {
   readonly key: string;

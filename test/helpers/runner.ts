@@ -102,6 +102,8 @@ export interface RunnerEnv {
       nice?: number;
       /** The claims' hold after a full disk (Worker's storageFullHoldMs): 100 ms here. */
       storageFullHoldMs?: number;
+      /** The claims' hold after the store could not be used (Worker's storeDownHoldMs): 100 ms here. */
+      storeDownHoldMs?: number;
     },
   ): Worker;
   /** The HTTP app over this database and data directory (closed with the env); logs into `logs` if given. */
@@ -167,6 +169,7 @@ export async function runnerEnv(
         pollIntervalMs: 100,
         retryBaseMs: 50,
         storageFullHoldMs: o.storageFullHoldMs ?? 100,
+        storeDownHoldMs: o.storeDownHoldMs ?? 100,
         onDiscard: discardAttempt(storage),
         onRecorded: removeLeftovers(storage),
       });

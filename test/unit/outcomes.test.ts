@@ -3,6 +3,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { decide, type Ending } from "../../src/queue/outcomes.ts";
 import type { ClaimedRun } from "../../src/queue/sql.ts";
+import { StoreUnavailableError } from "../../src/storage/store.ts";
 
 const run = (attempt: number, maxAttempts = 3) =>
   ({ id: 7, taskId: 1, leaseToken: "t", attempt, maxAttempts }) as unknown as ClaimedRun;
@@ -60,4 +61,28 @@ test("outcomes without an abort", () => {
   assert.ok(thrown.kind === "retry" && thrown.retry.errorCode === "ANALYSIS_PROCESS_FAILED");
   const unasked = decide(run(1), undefined, { status: "cancelled" }, 100);
   assert.ok(unasked.kind === "complete" && unasked.outcome.status === "failed");
+});
+
+test("a store that could not be used puts the run back refunded, on its last attempt too; a cancel or timeout still wins", () => {
+  const down: Ending = {
+    status: "error",
+    error: new StoreUnavailableError(
+      Object.assign(new Error("connect ECONNREFUSED 127.0.0.1:9"), { code: "ECONNREFUSED" }),
+    ),
+  };
+  for (const attempt of [1, 3]) {
+    const d = decide(run(attempt, 3), undefined, down, 100);
+    assert.equal(d.kind, "retry", `attempt ${attempt}`);
+    assert.ok(d.kind === "retry" && d.retry.refund, "refunded");
+    assert.ok(d.kind === "retry" && d.retry.delayMs > 0, "after a delay");
+    assert.ok(d.kind === "retry" && d.retry.errorCode === "ANALYSIS_STORAGE_UNAVAILABLE");
+  }
+  const cancel = decide(run(1), "cancel", down, 100);
+  assert.ok(cancel.kind === "complete" && cancel.outcome.status === "cancelled");
+  const timeout = decide(run(1), "timeout", down, 100);
+  assert.ok(timeout.kind === "complete" && timeout.outcome.status === "timed_out");
+  // The same failure of the store, which then answered its check (a thrown error as it was): counted.
+  const answered: Ending = { status: "error", error: new Error("socket hang up") };
+  const last = decide(run(3, 3), undefined, answered, 100);
+  assert.ok(last.kind === "complete" && last.outcome.errorCode === "ANALYSIS_PROCESS_FAILED");
 });
