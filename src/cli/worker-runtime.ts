@@ -102,6 +102,8 @@ export async function startWorkerRuntime(
       retryBaseMs: config.retryBaseMs,
       workerWaitMs: config.workerWaitMs,
       observer,
+      // It cannot know whether the database was away just before it started (see graceAtStart).
+      graceAtStart: true,
     });
     const retention = new Retention({
       sql,

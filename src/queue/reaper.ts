@@ -24,6 +24,17 @@ export interface ReaperOptions {
   batchSize?: number;
   /** Told about every pass (metrics). */
   observer?: QueueObserver;
+  /**
+   * Takes its own start for the end of an outage (see `outage`): nothing is reaped until a lease TTL
+   * after its first answer, no type judged unserved until ASSAY_WORKER_WAIT_MS after it. What a
+   * reaper knows of an outage is its own memory, and one started during or just after an outage (a
+   * worker restarted by its supervisor meanwhile) saw none: its first pass took back the live runs
+   * of workers whose heartbeats had not yet resumed — attempts used, minutes of work thrown away (a
+   * trial, 2026-12-07). The worker's (`assay worker`) does; other workers' reapers cover what a
+   * crashed installation left meanwhile, and a lone worker restarted after its own crash recovers its
+   * dead attempts one TTL later than before.
+   */
+  graceAtStart?: boolean;
 }
 
 export interface ReapPass extends ReapResult {
@@ -48,6 +59,7 @@ export class Reaper extends IntervalService<ReapPass> {
   constructor(o: ReaperOptions) {
     super("reaper", o.intervalMs, o.logger);
     this.o = o;
+    if (o.graceAtStart) this.outage = {};
   }
 
   /** One full pass: expired leases, unserved types, stale workers. */

@@ -204,3 +204,46 @@ test("a pass whose first statement the database answers with an error (a missing
   assert.equal((await reaper.runOnce()).requeued, 1, "reaped at once");
   assert.deepEqual(await runCounts(db.sql, taskId), { queued: 1 });
 });
+
+test("a reaper started during or just after an outage (it saw none) leaves a lease that expired meanwhile a lease's time to be heartbeated", async () => {
+  const type = "outage-restarted";
+  const taskId = await createTask(db.sql, owner, type, 1);
+  await workerRegister(db.sql, worker([type]));
+  const [run] = await runClaim(db.sql, {
+    workerId: "w-outage",
+    analysisType: type,
+    limit: 1,
+    globalLimit: 0,
+    leaseTtlMs: 1000,
+  });
+  assert.ok(run);
+  // The healthy worker's lease ran out while the database was away (nothing could renew it)…
+  await db.sql`update runs set lease_expires_at = now() - interval '5 s' where id = ${run.id}`;
+  // …and a worker restarted meanwhile starts its reaper as the database comes back.
+  const options = {
+    sql: db.sql,
+    logger,
+    intervalMs: 60_000,
+    leaseTtlMs: 1000,
+    retryBaseMs: 10,
+    workerWaitMs: 60_000,
+  };
+  const restarted = new Reaper({ ...options, graceAtStart: true });
+  const started = performance.now();
+  assert.equal((await restarted.runOnce()).requeued, 0, "its first pass takes back nothing");
+  // The healthy worker's heartbeat, within the lease's time, finds the lease still its own.
+  const beat = await runHeartbeat(db.sql, [{ id: run.id, token: run.leaseToken }], 1000);
+  assert.deepEqual(
+    beat.map((r) => ({ ...r })),
+    [{ id: run.id, status: "starting" }],
+  );
+  // Expired again, and no heartbeat comes this time: taken back, but not before a lease's time after
+  // the reaper's first answer.
+  await db.sql`update runs set lease_expires_at = now() - interval '5 s' where id = ${run.id}`;
+  if (performance.now() - started < 1000) {
+    assert.equal((await restarted.runOnce()).requeued, 0, "still within the grace");
+  }
+  await waitFor(async () => (await restarted.runOnce()).requeued === 1, 10_000, "the reap after the grace");
+  assert.ok(performance.now() - started >= 1000, "not before a lease's time after its first answer");
+  assert.deepEqual(await runCounts(db.sql, taskId), { queued: 1 });
+});
