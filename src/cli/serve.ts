@@ -6,6 +6,7 @@ import { tokenCreate } from "../auth/tokens.ts";
 import { type Config, unknownVariables } from "../config.ts";
 import {
   BOUNDED_CONNECT_MS,
+  CONNECTION_LOST,
   createDatabase,
   DB_ANSWER_MS,
   droppedTypeRead,
@@ -135,14 +136,6 @@ async function waitForStore(store: ObjectStore, logger: Logger, signal: AbortSig
     }
   }
 }
-
-/** postgres.js's own codes for a connection that timed out, or was closed or cut. */
-const CONNECTION_LOST = new Set([
-  "CONNECT_TIMEOUT",
-  "CONNECTION_CLOSED",
-  "CONNECTION_DESTROYED",
-  "CONNECTION_ENDED",
-]);
 
 /**
  * Whether waitForDatabase waits out this failure of a first query: time may mend it. No answer

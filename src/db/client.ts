@@ -464,6 +464,30 @@ export function createDatabase(url: string, options: PoolOptions = {}): Database
 export class NoAnswerError extends Error {
   override name = "NoAnswerError";
 }
+
+/** postgres.js's own codes for a connection that timed out, or was closed or cut. */
+export const CONNECTION_LOST: ReadonlySet<string> = new Set([
+  "CONNECT_TIMEOUT",
+  "CONNECTION_CLOSED",
+  "CONNECTION_DESTROYED",
+  "CONNECTION_ENDED",
+]);
+
+/**
+ * Whether a query failed because its connection did, not because the database refused the statement:
+ * postgres.js's error for a query (it names the query, `query`) that is an errno (`ECONNREFUSED`,
+ * `ECONNRESET`, `ETIMEDOUT`…) or one of CONNECTION_LOST, or a FATAL or PANIC of PostgreSQL's (its
+ * shutdown, too many connections: a connection ended) or a class 08 error; or no answer in time
+ * (NoAnswerError). An ERROR of PostgreSQL's is its answer to the statement: not this.
+ */
+export function connectionFailed(err: unknown): boolean {
+  if (err instanceof NoAnswerError) return true;
+  if (!(err instanceof Error) || !("query" in err)) return false;
+  const { name, code, severity } = err as { name: string; code?: unknown; severity?: unknown };
+  if (typeof code !== "string") return false;
+  if (name === "PostgresError") return severity === "FATAL" || severity === "PANIC" || code.startsWith("08");
+  return /^E[A-Z]+$/.test(code) || CONNECTION_LOST.has(code);
+}
 /** How long a first query waits for the database to answer before it counts as not answering. */
 export const DB_ANSWER_MS = 10_000;
 /** The connect timeout of a client that firstAnswer() bounds: just after it, so its message wins. */

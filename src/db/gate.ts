@@ -134,6 +134,15 @@ export class DatabaseGate {
   }
 
   /**
+   * A request's query failed because its connection did (connectionFailed): a probe now, unless one
+   * is under way, so the requests after it are refused at once if the database is gone, rather than
+   * each failing on its own connection until the pool's asks are old enough to be suspect.
+   */
+  suspect(): void {
+    if (this.probing === undefined && !this.stopped) void this.runOnce();
+  }
+
+  /**
    * Asks the pool for `select 1`; no answer within PROBE_ANSWER_MS (and no byte read on any of
    * the pool's connections meanwhile), or no connection, starts a probe — as do pool connections
    * silent now (pacedSocket.silent), at once.

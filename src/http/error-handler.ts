@@ -1,11 +1,11 @@
 // Turns anything thrown in a request into the error envelope. Public text comes only from
 // PUBLIC_MESSAGES or an ApiError's deliberate detail; the cause goes to the log.
 import type { FastifyError, FastifyReply, FastifyRequest } from "fastify";
-import type { Sql } from "../db/client.ts";
+import { connectionFailed, type Sql } from "../db/client.ts";
 import { appliedMigrationCount } from "../db/migrate.ts";
 import { PayloadTooLargeError } from "../storage/store.ts";
 import { BEARER_CHALLENGE } from "./auth.ts";
-import { ApiError, type ErrorCode, PUBLIC_MESSAGES } from "./errors.ts";
+import { ApiError, databaseUnavailable, type ErrorCode, PUBLIC_MESSAGES } from "./errors.ts";
 import { singleFlight, withTimeout } from "./routes/health.ts";
 
 const TOO_LARGE = new Set(["FST_ERR_CTP_BODY_TOO_LARGE", "FST_REQ_FILE_TOO_LARGE", "FST_FILES_LIMIT"]);
@@ -107,6 +107,15 @@ const namesMissingSchema = (err: FastifyError) =>
   err.name === "PostgresError" && UNMIGRATED.has((err as { code?: string }).code ?? "");
 
 export function errorHandler(err: FastifyError, request: FastifyRequest, reply: FastifyReply) {
+  // The request's query failed because its connection to the database did (refused, cut, timed out,
+  // the server shutting down): the 503 the gate gives once it has seen the outage, not a 500 — each
+  // request in the first second or so of an outage, before the gate closed, was an INTERNAL_ERROR
+  // (found by a trial, 2026-12-07). The gate probes at once.
+  if (!(err instanceof ApiError) && connectionFailed(err)) {
+    request.server.databaseGate.suspect();
+    const refused = databaseUnavailable(reply);
+    return answer(Object.assign(refused, { cause: err }) as unknown as FastifyError, request, reply);
+  }
   // A table or column the code names and the database lacks: a database not migrated for this release
   // (behind a balancer that sends requests before /readyz says 200) is a 503 the client may retry, as
   // /readyz says — told by the migrations applied, as /readyz tells it; with every migration applied

@@ -155,7 +155,9 @@ async function outage(mode: "close" | "refuse" | "hold" | "too-many") {
   const first = await within(early, 10_000, "the request made before the gate closed");
   // (A reset may come as a close: the request then waited too.)
   if (mode === "close" || mode === "hold") assert.equal(first.statusCode, 200);
-  if (mode === "too-many") assert.equal(first.statusCode, 500);
+  // Refused by PostgreSQL at the connection's start (a FATAL): its connection failed, so 503 as the
+  // gate's (until 2026-12-07 a 500 INTERNAL_ERROR).
+  if (mode === "too-many") assert.equal(first.statusCode, 503);
   await waitFor(async () => !app.databaseGate.refuses(), 10_000, "the gate to open again");
   assert.equal((await list(app)).statusCode, 200);
   assert.equal(logged(logs, 30, "the database answers again: API requests are served"), 1);
@@ -175,6 +177,27 @@ test("a database whose connections are accepted and never answered: the same", a
 
 test("a database that refuses new connections with FATAL 53300 (too many connections): the same — the other queries would wait", async () => {
   await outage("too-many");
+});
+
+test("requests whose queries fail on their connections (nothing listens; the pool's cut) before the gate has closed are 503, not 500, and the gate probes at once", async () => {
+  // The gate's own timing would not probe for a minute: only the failed requests can make it.
+  const { app, relay, logs } = await apiThroughRelay({ ...GATE, suspectMs: 60_000, pingEveryMs: 60_000 });
+  assert.equal((await list(app)).statusCode, 200);
+  // PostgreSQL gone (stopped at once, its host still up): the pool's connections are cut and new ones
+  // are refused (ECONNREFUSED), as a trial saw with `pg_ctl stop -m immediate`.
+  await relay.close();
+  const answers = await within(
+    Promise.all(Array.from({ length: 5 }, () => list(app))),
+    10_000,
+    "requests as the database goes",
+  );
+  for (const res of answers) {
+    assert.equal(res.statusCode, 503, res.body);
+    assert.deepEqual(res.json(), REFUSED);
+    assert.equal(res.headers["retry-after"], "2");
+  }
+  assert.equal(logged(logs, 50, "request failed"), 0, "none logged as a failure of its own");
+  await waitFor(async () => app.databaseGate.refuses(), 5_000, "the gate to close");
 });
 
 test("a database that answers: its connections' start-ups confirm them, so no probe is made and no request refused", async () => {
@@ -404,9 +427,10 @@ for (const [which, backends] of [
     );
     const held = list(app);
     await closedByPings(app, waiting);
-    // Failed with its connection, or (a query postgres.js had not yet written anywhere) served on a new one.
+    // Failed with its connection (503, to be tried again: a 500 until 2026-12-07), or (a query
+    // postgres.js had not yet written anywhere) served on a new one.
     const answer = await within(held, 10_000, "the request made while the connections were silent");
-    assert.ok([500, 200].includes(answer.statusCode), `${answer.statusCode}`);
+    assert.ok([503, 200].includes(answer.statusCode), `${answer.statusCode}`);
     const warned = logs.filter((l) => l.level === 40 && l.msg === SILENT_DROPPED) as unknown as {
       pids: number[];
     }[];
