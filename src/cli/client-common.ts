@@ -54,12 +54,18 @@ function clientFrom(
   out: Output,
 ): ApiClient {
   const url = values.url ?? (process.env.ASSAY_URL || DEFAULT_URL);
+  let parsed: URL | undefined;
   try {
-    const parsed = new URL(url);
-    if (parsed.protocol !== "http:" && parsed.protocol !== "https:") throw new Error("not http");
-  } catch {
-    throw new ClientUsageError(`not an http(s) URL: ${url}`);
-  }
+    parsed = new URL(url);
+  } catch {}
+  if (parsed?.protocol !== "http:" && parsed?.protocol !== "https:")
+    throw new ClientUsageError(`not an http(s) URL: ${withoutCredentials(url)}`);
+  // fetch refuses such a URL, and its message printed the password (a CLIENT_ERROR, exit 3, until
+  // 2026-12-07): the API takes a token, never a user name and password.
+  if (parsed.username || parsed.password)
+    throw new ClientUsageError(
+      `the server's URL must not hold a user name or password (${withoutCredentials(url)}): the API takes a token (ASSAY_TOKEN or --token)`,
+    );
   // A token read from a file keeps its line end (`ASSAY_TOKEN=$(cat token.txt)` drops LF, not CR;
   // a mounted secret keeps both): white space around it is no part of any token.
   const token = (values.token ?? process.env.ASSAY_TOKEN)?.trim();
@@ -186,4 +192,9 @@ export function intOption(value: string | undefined, name: string, fallback: num
   if (!Number.isInteger(n) || n < 1 || n > max)
     throw new ClientUsageError(`--${name} must be an integer from 1 to ${max}`);
   return n;
+}
+
+/** `url` as it may be printed: what stands between `//` and `@` (a user name, a password) hidden. */
+function withoutCredentials(url: string): string {
+  return url.replace(/\/\/[^/?#]*@/, "//***@");
 }

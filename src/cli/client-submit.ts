@@ -7,7 +7,7 @@ import { randomUUID } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { analysisTypes, runsOf, taskCreate } from "../client/api.ts";
-import { checkDownloadPaths, folderNames, foldersFromLabels } from "../client/download.ts";
+import { checkDownloadPaths, folderNames, foldersFromLabels, makeFolders } from "../client/download.ts";
 import { ClientUsageError, EXIT, Interrupted, messageOf, PathConflict } from "../client/exit.ts";
 import { type ApiClient, ApiRequestError, ConnectionError, retryPause } from "../client/http.ts";
 import type { ListedInput, LocalInput } from "../client/inputs.ts";
@@ -135,7 +135,7 @@ function prepareOut(dir: string | undefined, listed: { label: string }[]): strin
   const full = path.resolve(dir);
   try {
     checkDownloadPaths(full, plannedFolders(listed));
-    fs.mkdirSync(full, { recursive: true });
+    makeFolders(full);
     fs.accessSync(full, fs.constants.W_OK);
   } catch (err) {
     // What the system says of a path it cannot look at (a loop of links, a name too long, no access)

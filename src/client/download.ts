@@ -11,6 +11,7 @@ import {
   distinctFileNames,
   folderKey,
   inputFolderKey,
+  needsRunSuffix,
   RESULTS_FILE,
   runFolder,
   safeSegment,
@@ -105,15 +106,25 @@ export function folderFromLabel(label: string, runId: string): string {
  * Folders for runs from their inputs' labels (folderFromLabel), made distinct: labels that differ
  * only in characters safeSegment replaces ("a:b.csv", "a_b.csv"), in case, or in Unicode
  * normalization would otherwise share a folder, and their downloads would overwrite each other; each
- * of them gets " (run <id>)".
+ * of them gets " (run <id>)", and so does a label that already ends like a folder made unique
+ * ("x.csv (run 5)"), as in the zip (needsRunSuffix): until 2026-12-07 such a label kept its name and a
+ * third run's folder became "x.csv (run 5) (2)" where the zip has "x.csv (run 5) (run 7)".
  */
 export function foldersFromLabels(runs: { runId: string; label: string }[]): Map<string, string> {
-  const wanted = runs.map((r) => ({ runId: r.runId, folder: folderFromLabel(r.label, r.runId) }));
+  const wanted = runs.map((r) => {
+    const plain = r.label.split("/").map(safeSegment).join("/");
+    const folder = folderFromLabel(r.label, r.runId);
+    // An input named like the results table has its run's id already (folderFromLabel).
+    return { runId: r.runId, folder, unique: !plain.includes("/") && folder !== plain };
+  });
   const counts = tally(wanted.map((w) => folderKey(w.folder)));
   return distinct(
-    wanted.map(({ runId, folder }) => ({
+    wanted.map(({ runId, folder, unique }) => ({
       runId,
-      folder: (counts.get(folderKey(folder)) ?? 0) > 1 ? withRunSuffix(folder, runId) : folder,
+      folder:
+        !unique && needsRunSuffix(folderKey(folder), (counts.get(folderKey(folder)) ?? 0) > 1)
+          ? withRunSuffix(folder, runId)
+          : folder,
     })),
   );
 }
@@ -157,9 +168,41 @@ function nearestThere(p: string): string {
  * same name, from the inputs themselves say, or a link to nothing) is a PathConflict naming it; the
  * system's EEXIST, ENOTDIR or ENOENT would name neither what nor why.
  */
+/**
+ * `mkdir -p`: each folder of `dir` that is not there made in turn, without Node's recursive mkdir —
+ * which, where mkdir answers ENOENT under a folder that exists (procfs, some FUSE mounts), tries again
+ * for ever, synchronously: `--out /proc/nope` spun a core and Ctrl-C could not stop it (Node 24; a
+ * trial, 2026-12-07). Fails as that would have: ENOENT, ENOTDIR or EEXIST (a link to nothing, a file in
+ * the way), EACCES…
+ */
+export function makeFolders(dir: string): void {
+  const missing: string[] = [];
+  let p = path.resolve(dir);
+  // Down from the nearest that is there (a link to nothing is not: its mkdir says EEXIST).
+  while (!fs.statSync(p, { throwIfNoEntry: false }) && path.dirname(p) !== p) {
+    missing.push(p);
+    p = path.dirname(p);
+  }
+  if (missing.length === 0 && !fs.statSync(p, { throwIfNoEntry: false })?.isDirectory())
+    throw Object.assign(new Error(`EEXIST: file already exists, mkdir '${p}'`), { code: "EEXIST" });
+  for (const folder of missing.reverse()) {
+    try {
+      fs.mkdirSync(folder);
+    } catch (err) {
+      // Made meanwhile (another download into the same folder): fine, as with recursive.
+      if (
+        (err as NodeJS.ErrnoException).code === "EEXIST" &&
+        fs.statSync(folder, { throwIfNoEntry: false })?.isDirectory()
+      )
+        continue;
+      throw err;
+    }
+  }
+}
+
 function makeFolder(dir: string, what: string): void {
   try {
-    fs.mkdirSync(dir, { recursive: true });
+    makeFolders(dir);
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
     // ENOENT: a link to nothing in the way.

@@ -149,12 +149,43 @@ const notUtf8 = (arg: string) =>
     ? " (a folder whose name is not UTF-8 cannot be named on the command line: give the folder that holds it)"
     : "";
 
-/** Two inputs with one label (a.csv from two directories) get " (2)", " (3)"… after the second. */
-function uniqueLabels<T extends { label: string }>(inputs: T[]): T[] {
+/**
+ * Inputs with one label (a.csv given from two folders, or data/a.csv from x/data and y/data) are
+ * labelled with as many of their folders above the label as make them differ (x/data/a.csv and
+ * y/data/a.csv): real paths, as the rest of a label is. Until 2026-12-07 the second got " (2)", a name
+ * it had nowhere, which the upload stored as its name ("a.csv (2)") and which depended on the
+ * order of the arguments. The stored name is the label's last part, so both are stored as a.csv, as
+ * they are named; the zip and `assay download` give each its run's id. Only paths that differ nowhere
+ * above the label (not seen: the inputs are distinct files) would still get " (2)".
+ */
+function uniqueLabels<T extends { path: string; label: string }>(inputs: T[]): T[] {
+  const count = (labels: string[]) => {
+    const n = new Map<string, number>();
+    for (const l of labels) n.set(l, (n.get(l) ?? 0) + 1);
+    return n;
+  };
+  const labels = inputs.map((i) => i.label);
+  const parents = inputs.map((i) =>
+    i.path.split(path.sep).filter(Boolean).slice(0, -i.label.split("/").length),
+  );
+  for (let above = 1; ; above++) {
+    const n = count(labels);
+    const clashing = labels.flatMap((l, i) => ((n.get(l) ?? 0) > 1 ? [i] : []));
+    if (clashing.length === 0) break;
+    let longer = false;
+    for (const i of clashing) {
+      const folders = parents[i] as string[];
+      if (above > folders.length) continue;
+      labels[i] = [...folders.slice(-above), (inputs[i] as T).label].join("/");
+      longer = true;
+    }
+    if (!longer) break;
+  }
   const used = new Set<string>();
-  return inputs.map((input) => {
-    let label = input.label;
-    for (let n = 2; used.has(label); n++) label = `${input.label} (${n})`;
+  return inputs.map((input, i) => {
+    const wanted = labels[i] as string;
+    let label = wanted;
+    for (let n = 2; used.has(label); n++) label = `${wanted} (${n})`;
     used.add(label);
     return { ...input, label };
   });

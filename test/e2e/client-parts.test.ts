@@ -337,7 +337,8 @@ test("folder names that one file system would take for one folder are made disti
   );
   const keys = [...folders.values()].map((f) => f.normalize("NFC").toLowerCase());
   assert.equal(new Set([...keys, "results.csv"]).size, labels.length + 1, "no two alike, none results.csv");
-  // A label that is literally another's suffixed name still gets a folder of its own.
+  // A label that is literally another's suffixed name gets a folder of its own, made unique as the
+  // zip makes it (until 2026-12-07 "x.csv (run 5) (2)": submit --out and the zip differed).
   assert.deepEqual(
     [
       ...foldersFromLabels([
@@ -346,8 +347,22 @@ test("folder names that one file system would take for one folder are made disti
         { runId: "7", label: "x.csv (run 5)" },
       ]).values(),
     ],
-    ["x.csv (run 5)", "X.csv (run 6)", "x.csv (run 5) (2)"],
+    ["x.csv (run 5)", "X.csv (run 6)", "x.csv (run 5) (run 7)"],
   );
+  // Alone too: a label ending like " (run <id>)" is never left as it is (another task's run 5 could
+  // be the same folder's).
+  assert.deepEqual(
+    [...foldersFromLabels([{ runId: "9", label: "y (run 5)" }]).values()],
+    ["y (run 5) (run 9)"],
+  );
+  // The same as the zip's (folderNames, from the names the server stores) for names alone.
+  const alike = [
+    { runId: "5", label: "x.csv", fileName: "x.csv" },
+    { runId: "6", label: "X.csv", fileName: "X.csv" },
+    { runId: "7", label: "x.csv (run 5)", fileName: "x.csv (run 5)" },
+    { runId: "8", label: "results.csv", fileName: "results.csv" },
+  ];
+  assert.deepEqual([...foldersFromLabels(alike).values()], [...folderNames(alike).values()]);
   // assay download: the server's names, folded the same way.
   assert.deepEqual(
     [

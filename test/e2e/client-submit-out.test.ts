@@ -216,3 +216,16 @@ test("an --out the system cannot look at (a loop of links) is exit 2 USAGE namin
   assert.match(errorOf(r.stdout)?.message ?? "", /cannot write to --out .*ELOOP/);
   assert.deepEqual(await holdings(), held, "nothing uploaded, no task created");
 });
+
+test("an --out where mkdir answers ENOENT under a folder that exists (procfs) is exit 2 USAGE naming --out, not a loop", async () => {
+  const input = path.join(suite.work, "proc «3».csv");
+  fs.writeFileSync(input, csv(5, 31));
+  const held = await holdings();
+  // Node's recursive mkdir tries such a folder again for ever, synchronously (Ctrl-C cannot stop it):
+  // until 2026-12-07 this never ended.
+  const r = await client(["submit", "--type", "summary", input, "--out", "/proc/assay-nope/x"], suite.env());
+  assert.equal(r.code, 2, r.stderr);
+  assert.equal(errorOf(r.stdout)?.code, "USAGE", r.stdout);
+  assert.match(errorOf(r.stdout)?.message ?? "", /cannot write to --out \/proc\/assay-nope\/x: ENOENT/);
+  assert.deepEqual(await holdings(), held, "nothing uploaded, no task created");
+});

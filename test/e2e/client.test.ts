@@ -342,6 +342,26 @@ test("bad parameters, an unknown type or bad arguments exit 2 before anything is
     assert.equal(error?.exitCode, 2);
     assert.match(r.stderr, message);
   }
+  // A server URL with a user name and password (fetch refuses it, and its message printed the
+  // password): exit 2 USAGE, the password never printed.
+  const credentials = server.url.replace("//", "//ann:s3cr3t-pw@");
+  for (const args of [
+    ["status", "1"],
+    ["submit", "--type", "summary", inputDir],
+  ]) {
+    const r = await client(args, server.env(bob, { ASSAY_URL: credentials }));
+    assert.equal(r.code, 2, r.stderr);
+    assert.equal(ofKind(jsonLines(r.stdout), "error")[0]?.code, "USAGE");
+    assert.match(r.stderr, /must not hold a user name or password \(http:\/\/\*\*\*@127/);
+    assert.ok(!`${r.stdout}${r.stderr}`.includes("s3cr3t-pw"), "the password is not printed");
+  }
+  const ftp = await client(
+    ["status", "1"],
+    server.env(bob, { ASSAY_URL: "ftp://ann:s3cr3t-pw@example.net/" }),
+  );
+  assert.equal(ftp.code, 2);
+  assert.match(ftp.stderr, /not an http\(s\) URL: ftp:\/\/\*\*\*@example\.net/);
+  assert.ok(!`${ftp.stdout}${ftp.stderr}`.includes("s3cr3t-pw"));
   const missing = await client(["submit", "--type", "summary", path.join(work, "nowhere")], server.env(bob));
   assert.equal(missing.code, 2);
   assert.match(missing.stderr, /no such file or directory/);
