@@ -1298,6 +1298,8 @@ export class Worker {
       this.active.delete(run.id);
       this.released.delete(run.id);
       this.finishing.delete(run.id);
+      // A report no flush has written yet: its message goes with the outcome (settle()).
+      const unwritten = this.progress.get(run.id)?.message ?? null;
       this.progress.delete(run.id);
       this.observer.attemptLive(run.analysisType, -1);
       const seconds = (performance.now() - began) / 1000;
@@ -1313,7 +1315,7 @@ export class Worker {
       }
       // Settled first: an attempt that found the disk full holds the claims (holdClaims()), and the
       // runs claimed ahead go back to the queue instead of starting on that disk.
-      this.settle(run, seconds, controller.signal.reason as AbortReason | undefined, outcome);
+      this.settle(run, seconds, controller.signal.reason as AbortReason | undefined, outcome, unwritten);
       // The slot is free: a run claimed ahead starts now, not when the claim loop is next free (it
       // may be waiting for a claim).
       this.drainBuffer();
@@ -1322,7 +1324,13 @@ export class Worker {
   }
 
   /** Turns a handler's ending into an outcome, a retry, or nothing (lost lease; see decide()). Must not throw. */
-  private settle(run: ClaimedRun, seconds: number, reason: AbortReason | undefined, ending: Ending): void {
+  private settle(
+    run: ClaimedRun,
+    seconds: number,
+    reason: AbortReason | undefined,
+    ending: Ending,
+    unwritten: string | null = null,
+  ): void {
     if (ending.status === "error")
       this.o.logger.error({ ...this.fields(run), err: ending.error }, "handler threw");
     const decision = decide(run, effectiveReason(reason, ending, this.stopping), ending, this.o.retryBaseMs);
@@ -1356,7 +1364,11 @@ export class Worker {
         this.queueRetry(run, seconds, decision.retry);
         return;
       case "complete":
-        this.queueOutcome(run, seconds, decision.outcome);
+        this.queueOutcome(
+          run,
+          seconds,
+          unwritten === null ? decision.outcome : { ...decision.outcome, message: unwritten },
+        );
         return;
     }
   }

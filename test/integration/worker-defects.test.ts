@@ -611,3 +611,34 @@ test("pgSafe() keeps what PostgreSQL can store, and copies nothing when there is
     n: 1,
   });
 });
+
+test("a success's last progress message, reported within a flush interval of its end, is the run's message", async () => {
+  const w = worker(
+    {
+      "last-words": async (_run, ctx) => {
+        ctx.reportProgress(50, "drawing histograms");
+        ctx.reportProgress(90, "report written ✓");
+        return { status: "succeeded", result: {} };
+      },
+      // A failure's too (its error says why; the message says how far it got).
+      "last-words-failed": async (_run, ctx) => {
+        ctx.reportProgress(30, "reading «input»");
+        return { status: "failed", errorCode: "ANALYSIS_DATA_INVALID", errorMessage: "no numeric column" };
+      },
+    },
+    // No flush comes before the end: until 2026-12-07 the run kept no message (or an earlier one's).
+    { concurrency: 1, progressFlushMs: 60_000 },
+  );
+  try {
+    const ok = await createTask(db.sql, owner, "last-words", 1);
+    const failed = await createTask(db.sql, owner, "last-words-failed", 1);
+    await w.start();
+    await waitForTerminal(db.sql, ok);
+    await waitForTerminal(db.sql, failed);
+    const [run] = await db.sql`select status, progress, message from runs where task_id = ${ok}`;
+    assert.deepEqual({ ...run }, { status: "succeeded", progress: 100, message: "report written ✓" });
+    assert.equal((await runsOf(failed))[0]?.message, "reading «input»");
+  } finally {
+    await stopWithin(w);
+  }
+});

@@ -26,6 +26,11 @@ export interface Outcome extends Lease {
    * see Worker.queueOutcome): the run's finished_at is backdated by it. Absent: finished now.
    */
   endedMsAgo?: number;
+  /**
+   * The attempt's last progress message that no progress flush wrote (it came within a flush
+   * interval of the end): the run's message becomes it. Absent or null: the run keeps its message.
+   */
+  message?: string | null;
 }
 
 export interface CompletionResult {
@@ -61,6 +66,7 @@ export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<Comple
     token: o.token,
     ...endingOf(o),
     ended_ago_ms: Math.max(0, Math.round(o.endedMsAgo ?? 0)),
+    message: o.message ?? null,
   }));
   const [row] = await sql<
     { completed: number[] | null; finished: CompletionResult["finishedTasks"] | null }[]
@@ -68,7 +74,7 @@ export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<Comple
     with i as (
       select * from jsonb_to_recordset(${sql.json(pgSafe(input) as unknown as Json)})
         as i(id bigint, token uuid, status text, error_code text, error_message text, result jsonb,
-             output_key text, ended_ago_ms bigint)
+             output_key text, ended_ago_ms bigint, message text)
     ),
     done as (
       update runs r set
@@ -81,6 +87,8 @@ export async function runComplete(sql: Sql, outcomes: Outcome[]): Promise<Comple
         -- The fence decides publication: only the attempt whose completion matches names the outputs.
         output_key = i.output_key,
         progress = case when i.status = 'succeeded' then 100 else r.progress end,
+        -- Its last report, when no flush wrote it: a success read "drawing histograms" for good.
+        message = coalesce(i.message, r.message),
         lease_token = null,
         lease_owner = null,
         lease_expires_at = null
