@@ -212,9 +212,9 @@ export async function hashFile(
 
 /**
  * The name the server will store for a local file (the server's own rule, files/file-name.ts), so a
- * copy already there under the same name can be recognised. A quote travels as %22 in the multipart
- * header (as browsers send it) and is stored so; the upload sends exactly this name.
+ * copy already there under the same name can be recognised; the upload sends exactly this name (a
+ * quote as %22 in the multipart header, as browsers send it, which the server reads back as a quote).
  */
 export function serverName(label: string): string {
-  return storedFileName(label.replace(/"/g, "%22"));
+  return storedFileName(label);
 }

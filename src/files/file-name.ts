@@ -52,7 +52,17 @@ function cutAt(s: string, max: number): number {
 }
 
 /**
- * The stored name of an upload named `raw`: its base name (either separator), a lone surrogate as
+ * A Windows path (`C:\…`, `\\server\…`), which old browsers sent whole: its name is after its last
+ * backslash. Elsewhere a backslash is part of a name (`back\slash.csv` on Linux was stored as
+ * `slash.csv` until 2026-12-07).
+ */
+const WINDOWS_PATH = /^([A-Za-z]:\\|\\\\)/;
+
+/**
+ * The stored name of an upload named `raw`: its base name (after the last `/`, or the last `\` of a
+ * Windows path), with `%22` as the quote it stands for (browsers, curl and the CLI send a quote in a
+ * multipart file name so, as HTML says; it was stored as `%22` until 2026-12-07 — a name that holds
+ * `%22` itself is taken for a quote too, which no client can tell apart), a lone surrogate as
  * U+FFFD (what its UTF-8 on the wire decodes to), without control characters, without white space
  * at either end, at most 255 UTF-16 code units — cut between grapheme clusters rather than inside
  * one (half a surrogate pair would be stored as U+FFFD; a family emoji would keep a trailing joiner,
@@ -64,8 +74,10 @@ function cutAt(s: string, max: number): number {
  * cut is trimmed too, which a second pass would otherwise remove).
  */
 export function storedFileName(raw: string | undefined): string {
-  const base = (raw ?? "").split(/[/\\]/).pop() ?? "";
-  const clean = base.replace(LONE_SURROGATE, "\ufffd").replace(CONTROL, "").trim();
+  const last = (raw ?? "").split("/").pop() ?? "";
+  let clean = last.replace(LONE_SURROGATE, "\ufffd").replace(CONTROL, "").replaceAll("%22", '"').trim();
+  // A Windows path's last part (decided on the name as cleaned, so a second pass decides alike).
+  if (WINDOWS_PATH.test(clean)) clean = clean.slice(clean.lastIndexOf("\\") + 1).trim();
   const end = clean.length > MAX_FILE_NAME_LENGTH ? cutAt(clean, MAX_FILE_NAME_LENGTH) : clean.length;
   const name = clean.slice(0, end).trimEnd();
   return name === "" || name === "." || name === ".." ? "upload" : name;

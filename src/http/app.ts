@@ -199,6 +199,9 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
     // One byte above ours: the store's meter rejects an upload past the limit first (413, nothing
     // stored); at exactly this limit @fastify/multipart would truncate the stream instead.
     limits: { fileSize: opts.services.config.maxUploadBytes + 1, files: 1, fields: 10, parts: 11 },
+    // The file name as sent: storedFileName() takes its base name (busboy's cut at a backslash too,
+    // and `back\slash.csv` was named `slash.csv`).
+    preservePath: true,
   });
 
   await fastify.register(fastifySSE, { heartbeatInterval: opts.services.config.sseHeartbeatMs });

@@ -277,7 +277,7 @@ test("folder names: one safe path segment each, repeats and results.csv made uni
   assert.equal(folderFromLabel("sub/dir/x.csv", "1"), "sub/dir/x.csv");
   assert.equal(folderFromLabel("results.csv", "7"), "results.csv (run 7)");
   assert.equal(folderFromLabel("results.csv/x.csv", "7"), "results.csv (folder)/x.csv");
-  assert.equal(serverName('dir/a "b"\u0007.csv'), "a %22b%22.csv");
+  assert.equal(serverName('dir/a "b"\u0007.csv'), 'a "b".csv');
   assert.equal(shown("evil\u001b[2J\u202e.csv"), "evil⟨U+001B⟩[2J⟨U+202E⟩.csv");
 });
 

@@ -100,6 +100,20 @@ test("what busboy keeps is a file as before", async () => {
     await upload1([`Content-Disposition: form-data; name="file"; filename="a%0Ab.csv"`]),
     "a%0Ab.csv",
   );
+  // But %22, a quote as browsers, curl and assay submit send it, is a quote (until 2026-12-07 the
+  // name kept %22); a backslash is a name's, but in a Windows path (it was a separator everywhere).
+  assert.equal(
+    await upload1([`Content-Disposition: form-data; name="file"; filename="report %22final%22 v2.csv"`]),
+    'report "final" v2.csv',
+  );
+  assert.equal(
+    await upload1([`Content-Disposition: form-data; name="file"; filename="back\\slash.csv"`]),
+    "back\\slash.csv",
+  );
+  assert.equal(
+    await upload1([`Content-Disposition: form-data; name="file"; filename="C:\\Users\\Ann\\data.csv"`]),
+    "data.csv",
+  );
   // Beside a plain filename, filename* is not read.
   assert.equal(
     await upload1([

@@ -10,9 +10,9 @@ import { MAX_FILE_NAME_LENGTH, storedFileName } from "../../src/files/file-name.
 /** What the server's multipart parser hands over for a filename the client sent: UTF-8 decoded. */
 const overTheWire = (name: string) => Buffer.from(name, "utf8").toString("utf8");
 
-/** What no stored name holds: control characters, a quote (sent as %22), a separator. */
+/** What no stored name holds: control characters, a slash. */
 // biome-ignore lint/suspicious/noControlCharactersInRegex: asserting no control characters
-const UNSAFE = /[\u0000-\u001f\u007f-\u009f"/\\]/;
+const UNSAFE = /[\u0000-\u001f\u007f-\u009f/]/;
 
 const LONE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
 
@@ -33,9 +33,19 @@ test("an emoji at the 255-character cut is dropped whole, never split", () => {
   // 253 + 2: the emoji fits exactly.
   assert.equal(serverName(`${"x".repeat(253)}😀.csv`), `${"x".repeat(253)}😀`);
   assert.equal(serverName(`${"x".repeat(253)}😀.csv`).length, MAX_FILE_NAME_LENGTH);
-  // Quotes travel as %22: a name within 255 characters on disk can pass the cut on the wire.
+  // Quotes travel as %22 and are stored as quotes (as %22 until 2026-12-07): the cut counts each as
+  // one character, as the name on disk does.
   const quoted = `${'"'.repeat(80)}${"x".repeat(14)}😀.csv`;
-  assert.equal(serverName(quoted), `${"%22".repeat(80)}${"x".repeat(14)}`);
+  assert.equal(serverName(quoted), quoted);
+  assert.equal(storedFileName(quoted.replaceAll('"', "%22")), quoted, "as the server reads it off the wire");
+});
+
+test("a backslash is part of a name but in a Windows path; %22 is a quote", () => {
+  assert.equal(storedFileName("back\\slash.csv"), "back\\slash.csv");
+  assert.equal(storedFileName("C:\\Users\\ann\\data.csv"), "data.csv");
+  assert.equal(storedFileName("\\\\server\\share\\data.csv"), "data.csv");
+  assert.equal(storedFileName("report %22final%22 v2.csv"), 'report "final" v2.csv');
+  assert.equal(serverName('dir/report "final" v2.csv'), 'report "final" v2.csv');
 });
 
 test("a character of several code points at the 255-character cut is dropped whole, never split", () => {
@@ -86,7 +96,9 @@ test("white space and dots left at the cut are handled as a second pass would", 
   assert.equal(storedFileName(`${"x".repeat(254)} y.csv`), "x".repeat(254));
   assert.equal(storedFileName(`.${" ".repeat(300)}x`), "upload");
   assert.equal(storedFileName(" .. "), "upload");
-  assert.equal(storedFileName("a\\b/..\\c.csv"), "c.csv");
+  // After the last slash; a backslash is a name's, but in a Windows path.
+  assert.equal(storedFileName("a\\b/..\\c.csv"), "..\\c.csv");
+  assert.equal(storedFileName("a/b/ \u0007\\\\server\\..\\ c.csv"), "c.csv");
   assert.equal(storedFileName("\ud800x.csv"), "\ufffdx.csv", "a lone surrogate is what UTF-8 makes of it");
 });
 
