@@ -466,8 +466,15 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
         outcome.status === "failed" &&
         outcome.errorCode === "ANALYSIS_INPUT_INVALID" &&
         !fs.existsSync(place.inputPath)
-      )
-        return { ...outcome, errorMessage: `the input file is not in storage (${outcome.errorMessage})` };
+      ) {
+        // The program's own words only: exit 2's "the analysis rejected its parameters" blamed the
+        // parameters for an input deleted under it (until 2026-12-07).
+        const words = (outcome.errorMessage ?? "").replace(/^the analysis rejected its parameters(: )?/, "");
+        return {
+          ...outcome,
+          errorMessage: `the input file is not in storage${words ? ` (the program said: ${words})` : ""}`,
+        };
+      }
       if (outcome.status !== "succeeded" || !check?.ok) return outcome;
       // Kept under the attempt's own key: the completion records it only if it wins the fence; if it
       // loses, the worker discards it (onDiscard).

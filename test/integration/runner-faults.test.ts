@@ -357,8 +357,7 @@ describe("how a program ended", () => {
       select error_code, error_message from runs where task_id = ${taskId}`;
     assert.deepEqual(run, {
       error_code: "ANALYSIS_INPUT_INVALID",
-      error_message:
-        "the input file is not in storage (the analysis rejected its parameters: cannot read the input)",
+      error_message: "the input file is not in storage (the program said: cannot read the input)",
     });
   });
 
