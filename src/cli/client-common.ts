@@ -196,5 +196,6 @@ export function intOption(value: string | undefined, name: string, fallback: num
 
 /** `url` as it may be printed: what stands between `//` and `@` (a user name, a password) hidden. */
 function withoutCredentials(url: string): string {
-  return url.replace(/\/\/[^/?#]*@/, "//***@");
+  // Up to the last @: a password may hold an unencoded / ? or # (then the URL does not even parse).
+  return url.replace(/\/\/.*@/s, "//***@");
 }

@@ -130,13 +130,20 @@ const CONTENT_TYPES: Record<string, string> = {
 };
 
 /**
+ * A name in a quoted `filename`: a backslash escaped (the server's multipart parser reads `\\` as one
+ * and `\"` as a quote: `a\\b.csv` was stored as `a\b.csv`, `x\` as `x"`), a quote as %22, as browsers
+ * send it.
+ */
+const quoted = (name: string) => name.replace(/\\/g, "\\\\").replace(/"/g, "%22");
+
+/**
  * The multipart head of a file part. The name goes as browsers send it: UTF-8 in the quoted
- * `filename`, a quote as %22 (control characters were dropped by serverName already).
+ * `filename` (quoted()); control characters were dropped by serverName already.
  */
 function partHead(boundary: string, name: string): Buffer {
   const type = CONTENT_TYPES[path.extname(name).toLowerCase()] ?? "application/octet-stream";
   return Buffer.from(
-    `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="${name.replace(/"/g, "%22")}"\r\n` +
+    `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="${quoted(name)}"\r\n` +
       `Content-Type: ${type}\r\n\r\n`,
   );
 }

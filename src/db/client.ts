@@ -475,18 +475,21 @@ export const CONNECTION_LOST: ReadonlySet<string> = new Set([
 
 /**
  * Whether a query failed because its connection did, not because the database refused the statement:
- * postgres.js's error for a query (it names the query, `query`) that is an errno (`ECONNREFUSED`,
- * `ECONNRESET`, `ETIMEDOUT`…) or one of CONNECTION_LOST, or a FATAL or PANIC of PostgreSQL's (its
- * shutdown, too many connections: a connection ended) or a class 08 error; or no answer in time
- * (NoAnswerError). An ERROR of PostgreSQL's is its answer to the statement: not this.
+ * one of postgres.js's CONNECTION_LOST (the pool's own, for a query or not), or its error for a query
+ * (it names the query, `query`) that is an errno (`ECONNREFUSED`, `ECONNRESET`, `ETIMEDOUT`…) or a
+ * FATAL or PANIC of PostgreSQL's (its shutdown, too many connections: a connection ended); or no
+ * answer in time (NoAnswerError). An ERROR of PostgreSQL's is its answer to the statement, class 08
+ * included (08P01, a protocol violation the server reports): not this.
  */
 export function connectionFailed(err: unknown): boolean {
   if (err instanceof NoAnswerError) return true;
-  if (!(err instanceof Error) || !("query" in err)) return false;
+  if (!(err instanceof Error)) return false;
   const { name, code, severity } = err as { name: string; code?: unknown; severity?: unknown };
   if (typeof code !== "string") return false;
-  if (name === "PostgresError") return severity === "FATAL" || severity === "PANIC" || code.startsWith("08");
-  return /^E[A-Z]+$/.test(code) || CONNECTION_LOST.has(code);
+  if (name !== "PostgresError" && CONNECTION_LOST.has(code)) return true;
+  if (!("query" in err)) return false;
+  if (name === "PostgresError") return severity === "FATAL" || severity === "PANIC";
+  return /^E[A-Z]+$/.test(code);
 }
 /** How long a first query waits for the database to answer before it counts as not answering. */
 export const DB_ANSWER_MS = 10_000;

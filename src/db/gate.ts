@@ -139,7 +139,10 @@ export class DatabaseGate {
    * each failing on its own connection until the pool's asks are old enough to be suspect.
    */
   suspect(): void {
-    if (this.probing === undefined && !this.stopped) void this.runOnce();
+    // A closed gate probes on its own timer; a probe started here beside it would start a second
+    // chain of probes for the rest of the outage (found by the review).
+    if (this.closed || this.probing !== undefined || this.stopped) return;
+    void this.runOnce();
   }
 
   /**
@@ -236,6 +239,8 @@ export class DatabaseGate {
         );
       this.closed = true;
       if (!this.stopped) {
+        // One probe timer at a time, whoever started this probe.
+        clearTimeout(this.timer);
         this.timer = setTimeout(() => void this.runOnce(), this.probeEveryMs);
         this.timer.unref();
       }

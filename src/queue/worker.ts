@@ -1264,12 +1264,16 @@ export class Worker {
       "run started",
     );
     this.progress.set(run.id, { token: run.leaseToken, progress: null, message: null });
+    // The attempt's last progress message, which its outcome carries (a flush in flight when the
+    // attempt ends may fail, or lose to the completion: the message would be lost).
+    let lastMessage: string | null = null;
     const ctx: HandlerContext = {
       signal: controller.signal,
       reportProgress: (percent, message) => {
         if (controller.signal.aborted) return;
         const p = Math.max(0, Math.min(100, Math.round(percent)));
         this.progress.set(run.id, { token: run.leaseToken, progress: p, message: message ?? null });
+        if (message) lastMessage = message;
       },
       releaseSlot: () => {
         if (this.released.has(run.id) || !this.active.has(run.id)) return;
@@ -1298,8 +1302,6 @@ export class Worker {
       this.active.delete(run.id);
       this.released.delete(run.id);
       this.finishing.delete(run.id);
-      // A report no flush has written yet: its message goes with the outcome (settle()).
-      const unwritten = this.progress.get(run.id)?.message ?? null;
       this.progress.delete(run.id);
       this.observer.attemptLive(run.analysisType, -1);
       const seconds = (performance.now() - began) / 1000;
@@ -1315,7 +1317,8 @@ export class Worker {
       }
       // Settled first: an attempt that found the disk full holds the claims (holdClaims()), and the
       // runs claimed ahead go back to the queue instead of starting on that disk.
-      this.settle(run, seconds, controller.signal.reason as AbortReason | undefined, outcome, unwritten);
+      // Its last message goes with the outcome, written or not (settle(); the same twice is harmless).
+      this.settle(run, seconds, controller.signal.reason as AbortReason | undefined, outcome, lastMessage);
       // The slot is free: a run claimed ahead starts now, not when the claim loop is next free (it
       // may be waiting for a claim).
       this.drainBuffer();
@@ -1329,7 +1332,7 @@ export class Worker {
     seconds: number,
     reason: AbortReason | undefined,
     ending: Ending,
-    unwritten: string | null = null,
+    lastMessage: string | null = null,
   ): void {
     if (ending.status === "error")
       this.o.logger.error({ ...this.fields(run), err: ending.error }, "handler threw");
@@ -1367,7 +1370,7 @@ export class Worker {
         this.queueOutcome(
           run,
           seconds,
-          unwritten === null ? decision.outcome : { ...decision.outcome, message: unwritten },
+          lastMessage === null ? decision.outcome : { ...decision.outcome, message: lastMessage },
         );
         return;
     }

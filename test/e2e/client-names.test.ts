@@ -61,6 +61,8 @@ const RAW_CONTROL = /[\u0000-\u0009\u000b-\u001f\u007f-\u009f]/;
 const C1_NAME = 'a\u009b2J\u0085 "quoted" 😀.csv';
 /** Within 255 bytes on disk; past 255 characters once its quotes travel as %22, stored as quotes. */
 const LONG_NAME = `${'"'.repeat(80)}${"x".repeat(14)}😀.csv`;
+/** Backslashes, two together and one before a quote, in a name (Linux allows them). */
+const BACKSLASH_NAME = 'back\\\\slash \\"q".csv';
 
 test("uploads are stored under the names the client predicts, and a re-submit reuses the copy of its name", async () => {
   const dir = path.join(work, "hostile");
@@ -68,6 +70,9 @@ test("uploads are stored under the names the client predicts, and a re-submit re
   const bytes = csv(50, 3);
   fs.writeFileSync(path.join(dir, C1_NAME), bytes);
   fs.writeFileSync(path.join(dir, LONG_NAME), csv(50, 4));
+  // Backslashes are a name's on Linux; the multipart header escapes them (until 2026-12-07 `a\\b`
+  // arrived as `a\b`, and the name was cut at a backslash).
+  fs.writeFileSync(path.join(dir, BACKSLASH_NAME), csv(50, 5));
   const first = await client(["submit", "--type", "summary", dir], server.env(token));
   assert.equal(first.code, 0, first.stderr);
   assert.ok(!RAW_CONTROL.test(first.stdout), "JSON lines carry no raw control character");
@@ -76,10 +81,11 @@ test("uploads are stored under the names the client predicts, and a re-submit re
     name: string;
     fileId: string;
   }[];
-  assert.equal(files.length, 2);
+  assert.equal(files.length, 3);
   for (const f of files) assert.equal(f.name, serverName(f.path), `stored name of ${JSON.stringify(f.path)}`);
   const c1Copy = files.find((f) => f.path === C1_NAME)?.fileId;
   assert.equal(files.find((f) => f.path === LONG_NAME)?.name, LONG_NAME);
+  assert.equal(files.find((f) => f.path === BACKSLASH_NAME)?.name, BACKSLASH_NAME);
 
   // A second copy of the same bytes under another name, newer than the first: two local files with
   // one content get a copy each (one reuses the first copy, the other is uploaded).

@@ -362,6 +362,13 @@ test("bad parameters, an unknown type or bad arguments exit 2 before anything is
   assert.equal(ftp.code, 2);
   assert.match(ftp.stderr, /not an http\(s\) URL: ftp:\/\/\*\*\*@example\.net/);
   assert.ok(!`${ftp.stdout}${ftp.stderr}`.includes("s3cr3t-pw"));
+  // A password with a slash (not encoded: the URL does not parse) is hidden too.
+  const slash = await client(
+    ["status", "1"],
+    server.env(bob, { ASSAY_URL: "http://ann:s3cr/t-pw@127.0.0.1:9/" }),
+  );
+  assert.equal(slash.code, 2);
+  assert.ok(!`${slash.stdout}${slash.stderr}`.includes("t-pw"), slash.stderr);
   const missing = await client(["submit", "--type", "summary", path.join(work, "nowhere")], server.env(bob));
   assert.equal(missing.code, 2);
   assert.match(missing.stderr, /no such file or directory/);

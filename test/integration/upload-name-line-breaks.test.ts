@@ -114,6 +114,16 @@ test("what busboy keeps is a file as before", async () => {
     await upload1([`Content-Disposition: form-data; name="file"; filename="C:\\Users\\Ann\\data.csv"`]),
     "data.csv",
   );
+  // A UNC path, as an old browser sent it (the parser reads its leading \\ as one backslash).
+  assert.equal(
+    await upload1([`Content-Disposition: form-data; name="file"; filename="\\\\server\\share\\data.csv"`]),
+    "data.csv",
+  );
+  // Escaped as assay submit sends them (quoted()): two backslashes and one, as they were.
+  assert.equal(
+    await upload1([`Content-Disposition: form-data; name="file"; filename="a\\\\\\\\b x\\\\.csv"`]),
+    "a\\\\b x\\.csv",
+  );
   // Beside a plain filename, filename* is not read.
   assert.equal(
     await upload1([

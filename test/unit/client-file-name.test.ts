@@ -44,6 +44,8 @@ test("a backslash is part of a name but in a Windows path; %22 is a quote", () =
   assert.equal(storedFileName("back\\slash.csv"), "back\\slash.csv");
   assert.equal(storedFileName("C:\\Users\\ann\\data.csv"), "data.csv");
   assert.equal(storedFileName("\\\\server\\share\\data.csv"), "data.csv");
+  // As the multipart parser hands a browser's UNC path over (its `\\` read as one backslash).
+  assert.equal(storedFileName("\\server\\share\\data.csv"), "data.csv");
   assert.equal(storedFileName("report %22final%22 v2.csv"), 'report "final" v2.csv');
   assert.equal(serverName('dir/report "final" v2.csv'), 'report "final" v2.csv');
 });

@@ -27,8 +27,9 @@ export interface Outcome extends Lease {
    */
   endedMsAgo?: number;
   /**
-   * The attempt's last progress message that no progress flush wrote (it came within a flush
-   * interval of the end): the run's message becomes it. Absent or null: the run keeps its message.
+   * The attempt's last progress message (a flush may not have written it: it came within a flush
+   * interval of the end, or its flush failed): the run's message becomes it. Absent or null: the run
+   * keeps its message.
    */
   message?: string | null;
 }
