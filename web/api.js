@@ -154,6 +154,18 @@ function lastSegment(name) {
 export const POLL_MS = 2000;
 
 /**
+ * How long a page waits before it reads again what it failed to read `failures` times in a row:
+ * 1 s, 2 s, 4 s … 15 s (the task page, the task and files lists).
+ */
+export const rereadDelayMs = (failures) => Math.min(1000 * 2 ** failures, 15_000);
+
+/**
+ * Whether a failed read is worth trying again by itself: it did not reach the server (NETWORK), or
+ * the server failed it (5xx: an API restarting, a database not answering). A 4xx will not change.
+ */
+export const mayPass = (err) => err.status === 0 || err.status >= 500;
+
+/**
  * The raw response of an authenticated GET (for streams). A 401 signs out, as any request's does: a
  * stream that reconnected after the network dropped, its token revoked meanwhile, showed the task
  * "unavailable", still signed in, until 2026-12-06.

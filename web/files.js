@@ -1,6 +1,6 @@
 // The user's uploads, newest first, paged; choose some to start a task over them. The page is in the
 // address (`#/files?cursor=…`, app.js reads it), so Back and a reload come back to it.
-import { api } from "./api.js";
+import { api, mayPass, rereadDelayMs } from "./api.js";
 import { bytes, shownName, when } from "./format.js";
 import { html, useEffect, useRef, useState } from "./lib.js";
 import { ErrorNote, focusIfLost, goTo, listAddress, Pager } from "./widgets.js";
@@ -32,8 +32,7 @@ export function FilesView({ me, paging }) {
         if (ctrl.signal.aborted) return;
         setError(err);
         // Not reached, or failed by the server: read again, 1 s, 2 s … 15 s apart (as the task list).
-        if (err.status === 0 || err.status >= 500)
-          retry = setTimeout(() => setAgain((n) => n + 1), Math.min(1000 * 2 ** failed.current++, 15_000));
+        if (mayPass(err)) retry = setTimeout(() => setAgain((n) => n + 1), rereadDelayMs(failed.current++));
       },
     );
     return () => {

@@ -4,7 +4,7 @@
 // or at once when PENDING_MAX are waiting — and the task and the visible runs are re-read (at most
 // twice a second) when a run or the task changes state. A queued task has no events while it waits:
 // it is re-read every POLL_MS for its place in the queue. Only the latest read's answer is shown.
-import { api, POLL_MS, saveVia } from "./api.js";
+import { api, POLL_MS, rereadDelayMs, saveVia } from "./api.js";
 import { followTask, isTerminal } from "./events.js";
 import { duration, RUN_STATUSES, STATUS_LABEL, shownName, when } from "./format.js";
 import { Fragment, html, useEffect, useRef, useState } from "./lib.js";
@@ -182,7 +182,7 @@ export function TaskView({ taskId }) {
   // it fails again (1 s doubling to 15 s). Before, the page waited for an event to re-read, which a
   // quiet task never sends: a first read that failed left it on "Loading task…" for good.
   function retryFailed(which) {
-    scheduleReread(which, Math.min(1000 * 2 ** failedReads.current[which]++, 15_000));
+    scheduleReread(which, rereadDelayMs(failedReads.current[which]++));
   }
 
   function scheduleFlush() {

@@ -1,7 +1,7 @@
 // The task list: newest first, paged, filtered by status and type; refreshed every two seconds
 // (POLL_MS) while any task on the page is still going (and the page is visible). Its filters and page
 // are in the address (app.js reads them): choosing one goes to a new address, so Back comes back.
-import { api, POLL_MS } from "./api.js";
+import { api, mayPass, POLL_MS, rereadDelayMs } from "./api.js";
 import { isTerminal } from "./events.js";
 import { duration, STATUS_LABEL, shownName, TASK_STATUSES, when } from "./format.js";
 import { html, useEffect, useRef, useState } from "./lib.js";
@@ -36,8 +36,7 @@ export function TasksView({ me, types, path, filter, paging }) {
         // A read that did not reach the server, or that it failed (the API restarting), is tried
         // again, 1 s, 2 s, 4 s … 15 s apart: until 2026-12-07 only a reload read the list again when no
         // task on it was running. A request refused (400: a filter or cursor not known) is not.
-        if (err.status === 0 || err.status >= 500)
-          retry = setTimeout(() => setTick((n) => n + 1), Math.min(1000 * 2 ** failed.current++, 15_000));
+        if (mayPass(err)) retry = setTimeout(() => setTick((n) => n + 1), rereadDelayMs(failed.current++));
       },
     );
     return () => {

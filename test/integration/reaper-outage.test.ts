@@ -49,8 +49,8 @@ const worker = (types: string[]) => ({
   concurrency: 1,
 });
 
-test("after an outage longer than a lease, the reaper leaves a lease that expired during it a lease's time to be heartbeated", async () => {
-  const type = "outage-lease";
+/** A one-run task of `type`, its run claimed by a registered worker with a lease of 1 s. */
+async function claimedRun(type: string) {
   const taskId = await createTask(db.sql, owner, type, 1);
   await workerRegister(db.sql, worker([type]));
   const [run] = await runClaim(db.sql, {
@@ -61,6 +61,12 @@ test("after an outage longer than a lease, the reaper leaves a lease that expire
     leaseTtlMs: 1000,
   });
   assert.ok(run);
+  return { taskId, run };
+}
+
+test("after an outage longer than a lease, the reaper leaves a lease that expired during it a lease's time to be heartbeated", async () => {
+  const type = "outage-lease";
+  const { taskId, run } = await claimedRun(type);
   const [lease] = await db.sql<
     { expires: Date }[]
   >`select lease_expires_at as expires from runs where id = ${run.id}`;
@@ -207,16 +213,7 @@ test("a pass whose first statement the database answers with an error (a missing
 
 test("a reaper started during or just after an outage (it saw none) leaves a lease that expired meanwhile a lease's time to be heartbeated", async () => {
   const type = "outage-restarted";
-  const taskId = await createTask(db.sql, owner, type, 1);
-  await workerRegister(db.sql, worker([type]));
-  const [run] = await runClaim(db.sql, {
-    workerId: "w-outage",
-    analysisType: type,
-    limit: 1,
-    globalLimit: 0,
-    leaseTtlMs: 1000,
-  });
-  assert.ok(run);
+  const { taskId, run } = await claimedRun(type);
   // The healthy worker's lease ran out while the database was away (nothing could renew it)…
   await db.sql`update runs set lease_expires_at = now() - interval '5 s' where id = ${run.id}`;
   // …and a worker restarted meanwhile starts its reaper as the database comes back.
