@@ -52,12 +52,12 @@ function cutAt(s: string, max: number): number {
 }
 
 /**
- * A Windows path (`C:\…`, or one that starts with a backslash: `\\server\…` arrives as `\server\…`,
+ * A Windows path (`C:\…`, `.\…`, `..\…`, or one that starts with a backslash: `\\server\…` arrives as `\server\…`,
  * a quoted `filename`'s `\\` being one backslash to the multipart parser), which old browsers sent
  * whole: its name is after its last backslash. Elsewhere a backslash is part of a name
  * (`back\slash.csv` on Linux was stored as `slash.csv` until 2026-12-07).
  */
-const WINDOWS_PATH = /^([A-Za-z]:)?\\/;
+const WINDOWS_PATH = /^([A-Za-z]:|\.\.?)?\\/;
 
 /**
  * The stored name of an upload named `raw`: its base name (after the last `/`, or the last `\` of a

@@ -43,6 +43,9 @@ test("an emoji at the 255-character cut is dropped whole, never split", () => {
 test("a backslash is part of a name but in a Windows path; %22 is a quote", () => {
   assert.equal(storedFileName("back\\slash.csv"), "back\\slash.csv");
   assert.equal(storedFileName("C:\\Users\\ann\\data.csv"), "data.csv");
+  assert.equal(storedFileName("..\\..\\windows\\win.ini"), "win.ini");
+  assert.equal(storedFileName(".\\data.csv"), "data.csv");
+  assert.equal(storedFileName("...\\x.csv"), "...\\x.csv");
   assert.equal(storedFileName("\\\\server\\share\\data.csv"), "data.csv");
   // As the multipart parser hands a browser's UNC path over (its `\\` read as one backslash).
   assert.equal(storedFileName("\\server\\share\\data.csv"), "data.csv");
@@ -99,7 +102,7 @@ test("white space and dots left at the cut are handled as a second pass would", 
   assert.equal(storedFileName(`.${" ".repeat(300)}x`), "upload");
   assert.equal(storedFileName(" .. "), "upload");
   // After the last slash; a backslash is a name's, but in a Windows path.
-  assert.equal(storedFileName("a\\b/..\\c.csv"), "..\\c.csv");
+  assert.equal(storedFileName("a\\b/..\\c.csv"), "c.csv");
   assert.equal(storedFileName("a/b/ \u0007\\\\server\\..\\ c.csv"), "c.csv");
   assert.equal(storedFileName("\ud800x.csv"), "\ufffdx.csv", "a lone surrogate is what UTF-8 makes of it");
 });
