@@ -49,6 +49,16 @@ const worker = (types: string[]) => ({
   concurrency: 1,
 });
 
+/** A reaper's options here: a lease of 1 s, passes only when the test runs one. */
+const reaperOptions = () => ({
+  sql: db.sql,
+  logger,
+  intervalMs: 60_000,
+  leaseTtlMs: 1000,
+  retryBaseMs: 10,
+  workerWaitMs: 60_000,
+});
+
 /** A one-run task of `type`, its run claimed by a registered worker with a lease of 1 s. */
 async function claimedRun(type: string) {
   const taskId = await createTask(db.sql, owner, type, 1);
@@ -70,14 +80,7 @@ test("after an outage longer than a lease, the reaper leaves a lease that expire
   const [lease] = await db.sql<
     { expires: Date }[]
   >`select lease_expires_at as expires from runs where id = ${run.id}`;
-  const reaper = new Reaper({
-    sql: db.sql,
-    logger,
-    intervalMs: 60_000,
-    leaseTtlMs: 1000,
-    retryBaseMs: 10,
-    workerWaitMs: 60_000,
-  });
+  const reaper = new Reaper(reaperOptions());
 
   const down = await outage();
   // The reaper's pass during the outage fails; so would the worker's heartbeats.
@@ -217,15 +220,7 @@ test("a reaper started during or just after an outage (it saw none) leaves a lea
   // The healthy worker's lease ran out while the database was away (nothing could renew it)…
   await db.sql`update runs set lease_expires_at = now() - interval '5 s' where id = ${run.id}`;
   // …and a worker restarted meanwhile starts its reaper as the database comes back.
-  const options = {
-    sql: db.sql,
-    logger,
-    intervalMs: 60_000,
-    leaseTtlMs: 1000,
-    retryBaseMs: 10,
-    workerWaitMs: 60_000,
-  };
-  const restarted = new Reaper({ ...options, graceAtStart: true });
+  const restarted = new Reaper({ ...reaperOptions(), graceAtStart: true });
   const started = performance.now();
   assert.equal((await restarted.runOnce()).requeued, 0, "its first pass takes back nothing");
   // The healthy worker's heartbeat, within the lease's time, finds the lease still its own.
