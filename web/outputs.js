@@ -7,6 +7,7 @@
 // this page.
 import { api, apiBlob, saveVia } from "./api.js";
 import { parseCsv } from "./csv.js";
+import { isTerminal } from "./events.js";
 import { bytes, shownName, shownText } from "./format.js";
 import { html, useEffect, useState } from "./lib.js";
 import { ErrorNote } from "./widgets.js";
@@ -139,7 +140,6 @@ export function RunOutputs({ taskId, run }) {
 /** Why a run has no outputs to list: it has not finished yet, or it did not succeed. */
 function noOutputsWhy(status) {
   if (status === "succeeded") return "";
-  if (["queued", "starting", "running", "cancelling"].includes(status))
-    return " yet: the run has not finished";
+  if (!isTerminal(status)) return " yet: the run has not finished";
   return ": the run did not succeed";
 }

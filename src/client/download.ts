@@ -15,6 +15,7 @@ import {
   RESULTS_FILE,
   runFolder,
   safeSegment,
+  tally,
   withRunSuffix,
   withSuffix,
 } from "../files/folder-names.ts";
@@ -44,13 +45,6 @@ export interface Downloaded {
   folder: string;
   files: string[];
   bytes: number;
-}
-
-/** How many of `keys` are each key. */
-function tally(keys: string[]): Map<string, number> {
-  const counts = new Map<string, number>();
-  for (const k of keys) counts.set(k, (counts.get(k) ?? 0) + 1);
-  return counts;
 }
 
 /**
@@ -164,11 +158,6 @@ function nearestThere(p: string): string {
 }
 
 /**
- * `dir` and its parents made, for `what`. Something other than a folder in the way (a file of the
- * same name, from the inputs themselves say, or a link to nothing) is a PathConflict naming it; the
- * system's EEXIST, ENOTDIR or ENOENT would name neither what nor why.
- */
-/**
  * `mkdir -p`: each folder of `dir` that is not there made in turn, without Node's recursive mkdir —
  * which, where mkdir answers ENOENT under a folder that exists (procfs, some FUSE mounts), tries again
  * for ever, synchronously: `--out /proc/nope` spun a core and Ctrl-C could not stop it (Node 24; a
@@ -200,6 +189,11 @@ export function makeFolders(dir: string): void {
   }
 }
 
+/**
+ * `dir` and its parents made, for `what`. Something other than a folder in the way (a file of the
+ * same name, from the inputs themselves say, or a link to nothing) is a PathConflict naming it; the
+ * system's EEXIST, ENOTDIR or ENOENT would name neither what nor why.
+ */
 function makeFolder(dir: string, what: string): void {
   try {
     makeFolders(dir);

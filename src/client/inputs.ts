@@ -9,6 +9,7 @@ import { createHash } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { storedFileName } from "../files/file-name.ts";
+import { tally } from "../files/folder-names.ts";
 import { ClientUsageError } from "./exit.ts";
 
 /** A local file found for a submit. */
@@ -159,17 +160,12 @@ const notUtf8 = (arg: string) =>
  * above the label (not seen: the inputs are distinct files) would still get " (2)".
  */
 function uniqueLabels<T extends { path: string; label: string }>(inputs: T[]): T[] {
-  const count = (labels: string[]) => {
-    const n = new Map<string, number>();
-    for (const l of labels) n.set(l, (n.get(l) ?? 0) + 1);
-    return n;
-  };
   const labels = inputs.map((i) => i.label);
   const parents = inputs.map((i) =>
     i.path.split(path.sep).filter(Boolean).slice(0, -i.label.split("/").length),
   );
   for (let above = 1; ; above++) {
-    const n = count(labels);
+    const n = tally(labels);
     const clashing = labels.flatMap((l, i) => ((n.get(l) ?? 0) > 1 ? [i] : []));
     if (clashing.length === 0) break;
     let longer = false;

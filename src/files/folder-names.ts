@@ -169,3 +169,10 @@ export function distinctFileNames(names: readonly string[]): string[] {
   }
   return out;
 }
+
+/** How many of `keys` are each key. */
+export function tally(keys: readonly string[]): Map<string, number> {
+  const counts = new Map<string, number>();
+  for (const k of keys) counts.set(k, (counts.get(k) ?? 0) + 1);
+  return counts;
+}
