@@ -6,11 +6,12 @@
 // it is re-read every POLL_MS for its place in the queue. Only the latest read's answer is shown.
 import { api, POLL_MS, rereadDelayMs, saveVia } from "./api.js";
 import { followTask, isTerminal } from "./events.js";
-import { duration, RUN_STATUSES, STATUS_LABEL, shownName, when } from "./format.js";
+import { RUN_STATUSES, STATUS_LABEL, shownName, when } from "./format.js";
 import { Fragment, html, useEffect, useRef, useState } from "./lib.js";
 import { RunOutputs } from "./outputs.js";
 import { ResultsTable } from "./results.js";
 import {
+  Elapsed,
   ErrorNote,
   focusIfLost,
   Pager,
@@ -19,7 +20,6 @@ import {
   Status,
   TaskBar,
   useRowFocus,
-  useTick,
 } from "./widgets.js";
 
 const RUNS_PAGE = 100;
@@ -438,8 +438,6 @@ export function TaskView({ taskId }) {
   // A run's row that a re-read takes away (a status filter, and the run's status changed) while the
   // keyboard is on it: the focus goes to the next row, or to the "Runs" tab, which names the list.
   useRowFocus("data-run", () => document.getElementById("tab-runs"));
-  // The task's duration and its running runs' count on while it has started and not finished.
-  useTick(Boolean(task?.startedAt && !task.finishedAt));
 
   if (error?.status === 404)
     return html`<section><h1>Task not found</h1><p>There is no task #${taskId} you can see. <a href="#/">All tasks</a></p></section>`;
@@ -471,7 +469,7 @@ export function TaskView({ taskId }) {
       <div><dt>Timed out</dt><dd class="warn">${task.timedOutCount}</dd></div>
       <div><dt>Cancelled</dt><dd>${task.cancelledCount}</dd></div>
       <div><dt>Created</dt><dd>${when(task.createdAt)}</dd></div>
-      <div><dt>Duration</dt><dd>${duration(task.startedAt, task.finishedAt)}</dd></div>
+      <div><dt>Duration</dt><dd><${Elapsed} from=${task.startedAt} to=${task.finishedAt} /></dd></div>
       ${task.owner ? html`<div><dt>Owner</dt><dd><span class="name">${shownName(task.owner)}</span></dd></div>` : null}
       ${task.priority !== 5 ? html`<div><dt>Priority</dt><dd>${task.priority}</dd></div>` : null}
       ${task.queue ? html`<div><dt>Queue</dt><dd><${QueuePlace} queue=${task.queue} /></dd></div>` : null}
@@ -537,7 +535,7 @@ export function TaskView({ taskId }) {
                           <span class="message">${shownName(r.message)}</span></td>
                         <td class="num">${r.attempt}</td>
                         <td>${r.errorCode ? html`<code>${r.errorCode}</code>` : null}${r.errorMessage ? html`<div class="bad">${shownName(r.errorMessage)}</div>` : null}</td>
-                        <td>${duration(r.startedAt, r.finishedAt)}</td>
+                        <td><${Elapsed} from=${r.startedAt} to=${r.finishedAt} /></td>
                         <td class="actions">
                           <button type="button" class="link" aria-expanded=${open} onClick=${() => setExpanded(open ? null : r.runId)}
                             aria-label=${`${open ? "hide results" : "results"} of ${shownName(r.fileName)}`}>${open ? "hide" : "results"}</button>

@@ -45,7 +45,12 @@ export function TasksView({ me, types, path, filter, paging }) {
     };
   }, [filter.status, filter.type, paging.key, tick]);
 
-  const live = page?.items.some((t) => !isTerminal(t.status));
+  // A page of other filters (the read under these failed) is not shown as theirs: until 2026-12-07 a
+  // failed read left the rows of the filters before under the ones chosen.
+  const shown = page?.filterKey === filterKey ? page : null;
+  // Re-read every POLL_MS while a task shown is going; not while a read's error is shown (a 400 would
+  // be asked again every 2 s, a 5xx beside the backoff's retry).
+  const live = !error && shown?.items.some((t) => !isTerminal(t.status));
   useEffect(() => {
     if (!live) return;
     const timer = setInterval(() => document.visibilityState === "visible" && setTick((n) => n + 1), POLL_MS);
@@ -57,9 +62,6 @@ export function TasksView({ me, types, path, filter, paging }) {
   const heading = useRef(null);
   useRowFocus("data-task", () => heading.current);
 
-  // A page of other filters (the read under these failed) is not shown as theirs: until 2026-12-07 a
-  // failed read left the rows of the filters before under the ones chosen.
-  const shown = page?.filterKey === filterKey ? page : null;
   const admin = me?.role === "admin";
   // The address already shown (a page whose read failed, asked for again) is read again.
   const again = () => setTick((n) => n + 1);

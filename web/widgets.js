@@ -1,5 +1,5 @@
 // Small shared pieces: status badges, progress bars, pagers, errors.
-import { STATUS_LABEL, shownName } from "./format.js";
+import { duration, STATUS_LABEL, shownName } from "./format.js";
 import { html, useEffect, useRef, useState } from "./lib.js";
 
 /**
@@ -255,4 +255,13 @@ export function useTick(on, ms = 1000) {
     const timer = setInterval(() => setTicks((n) => n + 1), ms);
     return () => clearInterval(timer);
   }, [on, ms]);
+}
+
+/**
+ * A duration from `from` to `to` (or now: format.js's duration), counting on every second while it
+ * runs (useTick): only this text is drawn again, not the page around it.
+ */
+export function Elapsed({ from, to }) {
+  useTick(Boolean(from && !to));
+  return duration(from, to);
 }

@@ -105,12 +105,12 @@ export function folderFromLabel(label: string, runId: string): string {
  * third run's folder became "x.csv (run 5) (2)" where the zip has "x.csv (run 5) (run 7)".
  */
 export function foldersFromLabels(runs: { runId: string; label: string }[]): Map<string, string> {
-  const wanted = runs.map((r) => {
-    const plain = r.label.split("/").map(safeSegment).join("/");
-    const folder = folderFromLabel(r.label, r.runId);
+  const wanted = runs.map((r) => ({
+    runId: r.runId,
+    folder: folderFromLabel(r.label, r.runId),
     // An input named like the results table has its run's id already (folderFromLabel).
-    return { runId: r.runId, folder, unique: !plain.includes("/") && folder !== plain };
-  });
+    unique: !r.label.includes("/") && folderKey(safeSegment(r.label)) === RESULTS_FILE,
+  }));
   const counts = tally(wanted.map((w) => folderKey(w.folder)));
   return distinct(
     wanted.map(({ runId, folder, unique }) => ({

@@ -30,7 +30,7 @@ export interface ReaperOptions {
    * reaper knows of an outage is its own memory, and one started during or just after an outage (a
    * worker restarted by its supervisor meanwhile) saw none: its first pass took back the live runs
    * of workers whose heartbeats had not yet resumed — attempts used, minutes of work thrown away (a
-   * trial, 2026-12-07). The worker's (`assay worker`) does; other workers' reapers cover what a
+   * trial, 2026-12-07). Every worker runtime's does (`assay worker`, and `assay all`); other workers' reapers cover what a
    * crashed installation left meanwhile, and a lone worker restarted after its own crash recovers its
    * dead attempts one TTL later than before.
    */

@@ -177,7 +177,12 @@ async function remotePlace(
   };
   try {
     // The run's signal ends the download too: a cancel or timeout must not wait for a large input.
-    await store.download(run.inputStorageKey, inputPath, signal);
+    // A failed download asks whether the store can be used at all (storeFault): if not, the run waits
+    // for it, its attempt refunded. A missing object is the run's (permanent), and the scratch
+    // folder's own failures above are the worker's disk's, not the store's.
+    await store.download(run.inputStorageKey, inputPath, signal).catch(async (err: unknown) => {
+      throw err instanceof ObjectMissingError ? err : await storeFault(store, err, signal);
+    });
     await checkFetched(inputPath, run, signal);
   } catch (err) {
     // The download's error decides what happens to the run (a missing input is permanent): a folder
@@ -397,9 +402,9 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
           errorMessage: "the input file is not in storage",
         };
       }
-      // The store failed: asked whether it can be used at all (storeFault) — if not, the run waits for
-      // it, its attempt refunded; if so, retried with backoff like any thrown error.
-      throw await storeFault(store, err, signal);
+      // The store cannot be used (StoreUnavailableError: the run waits for it), or the scratch disk
+      // failed: retried with backoff like any thrown error.
+      throw err;
     }
     try {
       if (!inputReadable(place.inputPath)) {

@@ -131,7 +131,8 @@ async function syncFile(file: string): Promise<void> {
 /**
  * syncFile for the runner (publishFolder), which makes its attempt's folders synchronously already:
  * opened and closed synchronously (metadata calls), flushed through the thread pool (it waits for the
- * disk) — one round trip instead of three, paid by each of a run's flushes. The flush's error is the
+ * disk) — one round trip instead of three, paid by each of a run's flushes. Under `assay all` (API and
+ * worker in one process, for development) a hung mount under the data directory stalls the API too. The flush's error is the
  * one thrown; a close's only when the flush succeeded (NFS reports a failed write back at close).
  */
 async function syncFileInline(file: string): Promise<void> {
