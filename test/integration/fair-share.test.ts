@@ -157,13 +157,17 @@ async function claimOwned(type: string, owner: Principal): Promise<number[]> {
   return rows.map((r) => r.id);
 }
 
-/** Until a claim statement waits for a lock of this kind (`advisory`, `tuple`, ...). */
-async function claimWaiting(waitEvent: string): Promise<void> {
+/**
+ * Until a claim statement waits for a lock of this kind (`advisory`, `tuple`, ...): the fair claim's
+ * (its walk), or with `turn` also the claim of the owner next in turn (runClaimTurn), which a worker's
+ * loop may send instead (not right after a wake-up): a worker's claim may be either.
+ */
+async function claimWaiting(waitEvent: string, turn = false): Promise<void> {
   await waitFor(async () => {
     const [w] = await db.sql<{ n: number }[]>`
       select count(*)::int as n from pg_stat_activity
       where datname = current_database() and wait_event_type = 'Lock' and wait_event = ${waitEvent}
-        and query like '%with walk as%'`;
+        and (query like '%with walk as%' or (${turn} and query like '%with nxt as materialized%'))`;
     return (w?.n ?? 0) > 0;
   }, 10_000);
 }
@@ -1777,7 +1781,7 @@ test("a newcomer's first run starts while the worker's claim waits (the newcomer
     await holder`begin`;
     await holder`select 1 from queue_owners where analysis_type = ${type} and owner_id = ${a.userId} for update`;
     await db.sql`update runs set run_after = now() where task_id in (${aTask}, ${cTask})`;
-    await claimWaiting("transactionid");
+    await claimWaiting("transactionid", true);
     const before = started.length;
     const small = await createTask(db.sql, b, type, 1);
     await waitFor(async () => started.includes(small), 10_000, "B's run to start");
