@@ -232,6 +232,14 @@ export async function app(fastify: FastifyInstance, opts: { services: Services }
     async (api) => {
       api.addHook("onRoute", (route) => {
         if (route.schema?.querystring === undefined) route.schema = { ...route.schema, querystring: NoQuery };
+        // What any route may answer besides its own (the route's entries win): 503 while the database
+        // does not answer (the gate), 415 for a body of a type no parser takes.
+        const methods = [route.method].flat();
+        route.schema.response = {
+          503: ErrorBody,
+          ...(methods.includes("POST") ? { 415: ErrorBody } : {}),
+          ...(route.schema.response as object | undefined),
+        };
         // Checked by the scope's onRequest hook (auth.ts, checkDecimalQuery), not a hook of its own.
         const integers = integerQueryFields(route.url, route.schema.querystring);
         if (integers.length > 0) route.config = { ...route.config, integerQuery: integers };

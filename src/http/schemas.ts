@@ -31,6 +31,23 @@ export const errorResponses = {
   500: ErrorBody,
 };
 
+/**
+ * The responses of a route that sends bytes, not an envelope: for the OpenAPI document only. Fastify
+ * serializes no stream, so these never shape what is sent; each media type's body is `binary`.
+ */
+export function byteResponses(ok: string, mediaTypes: readonly string[], resumable: boolean) {
+  const body = (description: string) => ({
+    description,
+    content: Object.fromEntries(mediaTypes.map((m) => [m, { schema: { type: "string", format: "binary" } }])),
+  });
+  if (!resumable) return { 200: body(ok) };
+  return {
+    200: body(`${ok}; with an ETag and Accept-Ranges: bytes`),
+    206: body("The bytes one `Range` selects (`Content-Range` says which)"),
+    304: { description: "Not modified: `If-None-Match` names the ETag (no body)", type: "null" },
+  };
+}
+
 /** Query fields of a paged list: the page size and the previous page's `nextCursor`. */
 export const PageQuery = {
   limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 100, default: 20 })),

@@ -211,6 +211,26 @@ describe("docs", () => {
     assert.ok(doc.paths["/api/files"].post);
     assert.ok(doc.paths["/api/files/{fileId}"].get);
     assert.ok(doc.paths["/readyz"].get);
+    // The routes that send bytes document them (a body, not an envelope), and what every route may
+    // answer besides its own: 503 while the database does not answer, 415 for a POST's body type.
+    const download = doc.paths["/api/analysis-tasks/{taskId}/runs/{runId}/download"].get.responses;
+    assert.deepEqual(Object.keys(download["200"].content), ["application/octet-stream"]);
+    assert.deepEqual(download["200"].content["application/octet-stream"].schema, {
+      type: "string",
+      format: "binary",
+    });
+    assert.ok(download["206"].content, "206 documented");
+    assert.equal(download["304"].content, undefined, "a 304 has no body");
+    assert.ok(download["416"]);
+    const zip = doc.paths["/api/analysis-tasks/{taskId}/download"].get.responses["200"].content;
+    assert.deepEqual(Object.keys(zip), ["application/octet-stream", "application/zip"]);
+    const table = doc.paths["/api/analysis-tasks/{taskId}/results.csv"].get.responses;
+    assert.deepEqual(Object.keys(table["200"].content), ["text/csv"]);
+    assert.equal(table["206"], undefined, "the table is not resumable");
+    const create = doc.paths["/api/analysis-tasks"].post.responses;
+    assert.ok(create["415"] && create["503"], "a POST's 415 and 503");
+    assert.equal(doc.paths["/api/analysis-tasks"].get.responses["415"], undefined, "no 415 on a GET");
+    assert.ok(doc.paths["/api/analysis-tasks"].get.responses["503"]);
     const ui = await t.app.inject({ url: "/docs" });
     assert.ok([200, 302].includes(ui.statusCode));
   });

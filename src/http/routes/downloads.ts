@@ -42,7 +42,7 @@ import { RESULTS_FILE_NAME, resultMetricKeys, resultsCsv } from "../../tasks/res
 import { bearerHashOf, principalOf } from "../auth.ts";
 import { ApiError, databaseUnavailable, notFound } from "../errors.ts";
 import { noHead } from "../no-head.ts";
-import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok } from "../schemas.ts";
+import { byteResponses, Envelope, ErrorBody, errorResponses, IdParam, isId, ok } from "../schemas.ts";
 import { ZipWriter } from "../zip.ts";
 
 const OutputBody = Type.Object({
@@ -506,7 +506,14 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ["tasks"],
         security: [{ bearer: [] }],
         params: Type.Object({ taskId: IdParam }),
-        response: responses,
+        response: {
+          ...byteResponses(
+            "The one run's output file (resumable), or a zip of every succeeded run's outputs (streamed, not resumable)",
+            ["application/octet-stream", "application/zip"],
+            true,
+          ),
+          ...responses,
+        },
       },
     },
     async (request, reply) => {
@@ -534,11 +541,10 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ["tasks"],
         security: [{ bearer: [] }],
         params: Type.Object({ taskId: IdParam }),
-        response: errorResponses,
+        response: { ...byteResponses("The table, streamed", ["text/csv"], false), ...errorResponses },
       },
     },
     async (request, reply) => {
-      // The response schema lists errors only: the body is a stream, not JSON.
       return sendResults(
         app.services.database.sql,
         principalOf(request),
@@ -559,7 +565,7 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ["tasks"],
         security: [{ bearer: [] }],
         params: Type.Object({ taskId: IdParam, runId: IdParam }),
-        response: responses,
+        response: { ...byteResponses("The output file", ["application/octet-stream"], true), ...responses },
       },
     },
     async (request, reply) => {
@@ -612,7 +618,11 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ["tasks"],
         security: [{ bearer: [] }],
         params: Type.Object({ taskId: IdParam, runId: IdParam, name: Type.String() }),
-        response: { 416: ErrorBody, ...errorResponses },
+        response: {
+          ...byteResponses("The file, its type told by its name", ["application/octet-stream"], true),
+          416: ErrorBody,
+          ...errorResponses,
+        },
       },
     },
     async (request, reply) => {
