@@ -13,6 +13,11 @@ export function FilesView({ me, paging }) {
   const [chosen, setChosen] = useState(() => new Set());
   // Reads failed in a row (the retry's backoff).
   const failed = useRef(0);
+  // Another address starts the backoff afresh: until 2026-12-07 the failures under the page or filters
+  // before made a new one's first retry wait up to 15 s. (Declared before the read: effects run in order.)
+  useEffect(() => {
+    failed.current = 0;
+  }, [paging.key]);
   useEffect(() => {
     const ctrl = new AbortController();
     let retry = null;

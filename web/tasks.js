@@ -13,6 +13,11 @@ export function TasksView({ me, types, path, filter, paging }) {
   const [tick, setTick] = useState(0);
   // Reads failed in a row (the retry's backoff).
   const failed = useRef(0);
+  // Another address starts the backoff afresh: until 2026-12-07 the failures under the page or filters
+  // before made a new one's first retry wait up to 15 s. (Declared before the read: effects run in order.)
+  useEffect(() => {
+    failed.current = 0;
+  }, [filter.status, filter.type, paging.key]);
   // The filters a page was read with: a page read under other filters is not shown under these.
   const filterKey = `${filter.status}\n${filter.type}`;
 

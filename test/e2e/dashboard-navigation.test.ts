@@ -313,6 +313,48 @@ test("a list whose read failed (the API restarting) is read again by itself, wit
   assert.deepEqual(problems, []);
 });
 
+test("a list's retries start afresh under new filters: the failures under the filters before do not delay them", {
+  skip,
+}, async () => {
+  const token = await newUser();
+  const page = await s.signedIn(token);
+  await page.getByRole("heading", { name: "Tasks" }).waitFor();
+  // Every read of the list fails (an API behind a proxy that answers 503); each read's time is kept
+  // by its filters.
+  const reads: { type: string; at: number }[] = [];
+  await page.route(/\/api\/analysis-tasks\?/, async (route) => {
+    reads.push({
+      type: new URL(route.request().url()).searchParams.get("analysisType") ?? "",
+      at: Date.now(),
+    });
+    await route.fulfill({
+      status: 503,
+      contentType: "application/json",
+      body: JSON.stringify({
+        code: "NOT_READY",
+        message: "The database is not answering; try again shortly.",
+      }),
+    });
+  });
+  const of = (type: string) => reads.filter((r) => r.type === type);
+  try {
+    // A new address of the same filters, so that its read fails: three failures in a row (the retries
+    // 1 s and 2 s apart).
+    await page.goto(`${s.base}/#/?status=cancelled`);
+    await waitFor(async () => of("").length >= 3, 15_000, "three failed reads of the list");
+    await page.getByLabel("Type").selectOption("summary");
+    // The new filters' first read fails at once; its retry comes 1 s later, as a first failure's
+    // (until 2026-12-07: 8 s, the fourth failure's delay).
+    await waitFor(async () => of("summary").length >= 2, 5_000, "the new filters' first retry");
+    const [first, second] = of("summary");
+    assert.ok(first && second);
+    assert.ok(second.at - first.at < 3_000, `retried after ${second.at - first.at} ms`);
+  } finally {
+    await page.unroute(/\/api\/analysis-tasks\?/);
+  }
+  await page.context().close();
+});
+
 test("the files list whose read failed (the API restarting) is read again by itself", { skip }, async () => {
   const token = await newUser();
   const fileId = (await uploadFile(s.base, token, NAME, "a,b\n1,2\n")).fileId;
