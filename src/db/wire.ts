@@ -94,8 +94,6 @@ class Frames {
 export class Conversation {
   /** The backend's process id (BackendKeyData, at the end of the start-up), once known. */
   pid: number | undefined;
-  /** The last ReadyForQuery said a transaction is open ('T' or 'E'). */
-  inTransaction = false;
   /** When BackendKeyData was read (performance.now()): its backend had started by then. */
   keyAt = 0;
   /** ReadyForQuery messages owed: start-ups, simple queries and Syncs written, less those read. */
@@ -180,8 +178,6 @@ export class Conversation {
       this.pid = bytes.readInt32BE(at + 5);
       this.keyAt = performance.now();
     } else if (type === READY_FOR_QUERY) {
-      // Its status: 'I' idle, 'T' in a transaction, 'E' in a failed one.
-      this.inTransaction = bytes[at + 5] !== 0x49;
       if (this.owed > 0) this.owed--;
       this.onReady();
     }

@@ -164,22 +164,6 @@ test("a Flush without a Sync (a statement's first Parse and Describe, a cursor's
   assert.deepEqual([talk.owed, talk.waiting], [0, false]);
 });
 
-test("a ReadyForQuery's status tells whether a transaction is open", () => {
-  const talk = new Conversation(() => {});
-  talk.wrote(STARTUP);
-  talk.got(STARTED);
-  assert.equal(talk.inTransaction, false);
-  for (const [status, open] of [
-    ["T", true],
-    ["E", true],
-    ["I", false],
-  ] as const) {
-    talk.wrote(msg("Q", Buffer.from("begin\0")));
-    talk.got(Buffer.concat([msg("C", Buffer.from("BEGIN\0")), msg("Z", Buffer.from(status))]));
-    assert.equal(talk.inTransaction, open, status);
-  }
-});
-
 test("pacedSocket.silent: a connection waiting inside a transaction is listed like one outside", async () => {
   const { pacedSocket } = await import("../../src/db/client.ts");
   const net = await import("node:net");
