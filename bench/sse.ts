@@ -25,6 +25,8 @@ const api = spawn(process.execPath, [path.join(root, "bin/assay.js"), "api"], {
     PORT: "0",
     LOG_LEVEL: "warn",
     ASSAY_SSE_HEARTBEAT_MS: "15000",
+    // Every subscriber is the one bench user's.
+    ASSAY_SSE_MAX_STREAMS_PER_USER: "0",
   },
   // Its stdout unread would fill the pipe and stall the server: the port comes from /proc instead.
   stdio: ["ignore", "ignore", "inherit"],

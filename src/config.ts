@@ -270,6 +270,18 @@ const FIELDS = {
     description:
       "A Server-Sent Events stream whose socket has taken nothing for this long (at least twice ASSAY_SSE_HEARTBEAT_MS: raised to that when unset, refused below it) while output waited for it is cut off; the client resumes by Last-Event-ID. Bounds what a client that stops reading holds: its socket, buffered events and its subscription. The kernel's socket buffers make a client reading a long log steadily below ~10 KB/s at 60 s look the same.",
   },
+  sseMaxStreams: {
+    env: "ASSAY_SSE_MAX_STREAMS",
+    schema: Type.Integer({ minimum: 0, maximum: 1_000_000, default: 10_000 }),
+    description:
+      "Most Server-Sent Events streams one API process serves at once (0: no limit); one more is refused with 429 TOO_MANY_STREAMS and Retry-After. Each holds a socket (a file descriptor: keep this well under the process's `ulimit -n`) and ~40 KB of memory.",
+  },
+  sseMaxStreamsPerUser: {
+    env: "ASSAY_SSE_MAX_STREAMS_PER_USER",
+    schema: Type.Integer({ minimum: 0, maximum: 1_000_000, default: 100 }),
+    description:
+      "Most Server-Sent Events streams one user (all their tokens) may hold open on one API process (0: no limit); one more is refused with 429 TOO_MANY_STREAMS and Retry-After, so that one user cannot take every socket of the process.",
+  },
   killGraceMs: {
     env: "ASSAY_KILL_GRACE_MS",
     ...durationMs(0, 5000),

@@ -165,7 +165,9 @@ async function* oneStream(
     });
     if (!res.ok || !res.body) {
       const err = await errorOf(res, c.shownUrl);
-      throw err instanceof ApiRequestError && err.status >= 500
+      // 429: the server holds as many of this user's streams as it takes (ASSAY_SSE_MAX_STREAMS_PER_USER)
+      // or as many as it serves; one ends sooner or later, so it is asked again, as after a drop.
+      throw err instanceof ApiRequestError && (err.status >= 500 || err.status === 429)
         ? new ConnectionError(`${err.message} (${err.code})`)
         : err;
     }

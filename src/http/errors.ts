@@ -17,6 +17,7 @@ export const PUBLIC_MESSAGES = {
   RANGE_NOT_SATISFIABLE: "The requested range is not satisfiable.",
   IDEMPOTENCY_KEY_REUSED: "The Idempotency-Key was already used for a different request.",
   PAYLOAD_TOO_LARGE: "The upload exceeds the size limit.",
+  TOO_MANY_STREAMS: "Too many event streams are open.",
   UNSUPPORTED_MEDIA_TYPE: "The content type is not supported.",
   NOT_READY: "The service is not ready.",
   STORAGE_FULL: "The server has no room to store this file.",

@@ -112,6 +112,37 @@ test("a stream that breaks off mid-frame resumes with Last-Event-ID; repeats are
   }
 });
 
+test("a 429 from the stream (too many of the user's streams on the server) is asked again, as after a drop", async () => {
+  const closing = event("12", "task.succeeded", null, { status: "succeeded" });
+  let asked = 0;
+  const server = http.createServer((_req, res) => {
+    asked++;
+    if (asked === 1) {
+      res.writeHead(429, { "content-type": "application/json", "retry-after": "10" });
+      res.end('{"code":"TOO_MANY_STREAMS","message":"You have too many event streams open on this server."}');
+    } else {
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      res.end(frame(closing));
+    }
+  });
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  try {
+    const c = new ApiClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, "assay_test");
+    const states: string[] = [];
+    const got: string[] = [];
+    for await (const e of taskEvents(c, "1", {
+      signal: new AbortController().signal,
+      onState: (s) => states.push(s),
+    }))
+      got.push(e.id);
+    assert.deepEqual(got, ["12"]);
+    assert.equal(asked, 2);
+    assert.deepEqual(states, ["reconnecting", "live"]);
+  } finally {
+    server.close();
+  }
+});
+
 test("a 401 or 404 from the stream ends following with the API's error; no server is a ConnectionError in time", async () => {
   const server = http.createServer((_req, res) => {
     res.writeHead(404, { "content-type": "application/json" });

@@ -1,6 +1,6 @@
 // Task events: JSON pages (/logs) and a live Server-Sent Events stream (/events).
 import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
-import type { FastifyRequest } from "fastify";
+import type { FastifyReply, FastifyRequest } from "fastify";
 import { Type } from "typebox";
 import { atDeadline } from "../../auth/token-watch.ts";
 import { type Role, tokenAuthenticate, tokenRoles } from "../../auth/tokens.ts";
@@ -12,7 +12,7 @@ import { LogsPageBody, LogsQuery } from "../api-types.ts";
 import { bearerOf, principalOf } from "../auth.ts";
 import { ApiError, notFound, validationFailed } from "../errors.ts";
 import { noHead } from "../no-head.ts";
-import { Envelope, errorResponses, IdParam, isId, ok } from "../schemas.ts";
+import { Envelope, ErrorBody, errorResponses, IdParam, isId, ok } from "../schemas.ts";
 
 const BACKLOG_PAGE = 500;
 
@@ -210,6 +210,7 @@ export async function serveTaskEvents(
 /** A live stream, as its token's revokes and role changes find it. */
 interface LiveStream {
   readonly tokenId: number;
+  readonly userId: number;
   /** The role the stream's right to its task was checked with. */
   role: Role;
   /** Its token's expiry (monotonic ms), as that check found it; absent when it has none. */
@@ -223,6 +224,44 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
   // been missed meanwhile), checks every stream's token again, and ends those revoked or whose role
   // changed. Their clients reconnect and are checked again (a revoked token gets 401).
   const live = new Set<LiveStream>();
+  // Streams per user, for ASSAY_SSE_MAX_STREAMS_PER_USER (kept with `live`).
+  const perUser = new Map<number, number>();
+  const enter = (stream: LiveStream) => {
+    live.add(stream);
+    perUser.set(stream.userId, (perUser.get(stream.userId) ?? 0) + 1);
+  };
+  const leave = (stream: LiveStream) => {
+    if (!live.delete(stream)) return;
+    const n = (perUser.get(stream.userId) ?? 1) - 1;
+    if (n > 0) perUser.set(stream.userId, n);
+    else perUser.delete(stream.userId);
+  };
+  // Until 2026-12-07 nothing bounded them: one user's 20,000 streams took every file descriptor of
+  // the process, and every other request (health checks too) failed. Refused before anything is
+  // asked of the database; logged at warn once a minute at most, with how many were refused.
+  let refused = 0;
+  let warnedAt = Number.NEGATIVE_INFINITY;
+  const refuse = (request: FastifyRequest, reply: FastifyReply, userId: number, whose: "user" | "server") => {
+    refused++;
+    if (performance.now() - warnedAt >= 60_000) {
+      request.log.warn(
+        { userId, streams: live.size, userStreams: perUser.get(userId) ?? 0, refused },
+        whose === "user"
+          ? "event streams refused: a user holds ASSAY_SSE_MAX_STREAMS_PER_USER of them"
+          : "event streams refused: this process serves ASSAY_SSE_MAX_STREAMS of them",
+      );
+      warnedAt = performance.now();
+      refused = 0;
+    }
+    reply.header("retry-after", "10");
+    return new ApiError(
+      429,
+      "TOO_MANY_STREAMS",
+      whose === "user"
+        ? "You have too many event streams open on this server; close some (each task page or `assay follow` holds one) and try again."
+        : "This server serves as many event streams as it can; try again shortly.",
+    );
+  };
   let checking = false;
   let checkAgain = false;
   const checkAll = async () => {
@@ -254,16 +293,25 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
    * role change announced from its registration on reaches it, and one announced since the request's
    * own check (which was before) is caught by this one. The stream leaves the register as `closed` aborts.
    */
-  const admit = async (request: FastifyRequest, taskId: string, closed: AbortSignal): Promise<LiveStream> => {
+  const admit = async (
+    request: FastifyRequest,
+    reply: FastifyReply,
+    taskId: string,
+    closed: AbortSignal,
+  ): Promise<LiveStream> => {
+    const { sseMaxStreams, sseMaxStreamsPerUser } = app.services.config;
     for (let tries = 1; ; tries++) {
-      const { tokenId, role } = principalOf(request);
-      const stream: LiveStream = { tokenId, role, revoked: new AbortController() };
+      const { tokenId, userId, role } = principalOf(request);
+      if (sseMaxStreamsPerUser > 0 && (perUser.get(userId) ?? 0) >= sseMaxStreamsPerUser)
+        throw refuse(request, reply, userId, "user");
+      if (sseMaxStreams > 0 && live.size >= sseMaxStreams) throw refuse(request, reply, userId, "server");
+      const stream: LiveStream = { tokenId, userId, role, revoked: new AbortController() };
       const forget = () => {
-        live.delete(stream);
+        leave(stream);
         closed.removeEventListener("abort", forget);
       };
       if (!closed.aborted) {
-        live.add(stream);
+        enter(stream);
         closed.addEventListener("abort", forget);
       }
       try {
@@ -336,6 +384,7 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
         security: [{ bearer: [] }],
         params: Type.Object({ taskId: IdParam }),
         headers: Type.Object({ "last-event-id": Type.Optional(Type.String()) }),
+        response: { 429: ErrorBody, ...errorResponses },
       },
     },
     async (request, reply) => {
@@ -347,7 +396,7 @@ export const eventRoutes: FastifyPluginAsyncTypebox<{ streams: AbortSignal }> = 
       const { taskId } = request.params;
       const sql = app.services.database.sql;
       if (!isId(taskId)) throw notFound("ANALYSIS_TASK_NOT_FOUND");
-      const { revoked, deadline } = await admit(request, taskId, closed.signal);
+      const { revoked, deadline } = await admit(request, reply, taskId, closed.signal);
       // A token that expires ends its streams then, as a revoke does (its clients' reconnects get 401).
       if (deadline !== undefined) {
         const stopTimer = atDeadline(deadline, () => {
