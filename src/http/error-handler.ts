@@ -5,10 +5,16 @@ import { connectionFailed, type Sql } from "../db/client.ts";
 import { appliedMigrationCount } from "../db/migrate.ts";
 import { PayloadTooLargeError } from "../storage/store.ts";
 import { BEARER_CHALLENGE } from "./auth.ts";
-import { ApiError, databaseUnavailable, type ErrorCode, PUBLIC_MESSAGES } from "./errors.ts";
+import {
+  ApiError,
+  bodyTooLarge,
+  databaseUnavailable,
+  type ErrorCode,
+  PUBLIC_MESSAGES,
+  uploadTooLarge,
+} from "./errors.ts";
 import { singleFlight, withTimeout } from "./routes/health.ts";
 
-const TOO_LARGE = new Set(["FST_ERR_CTP_BODY_TOO_LARGE", "FST_REQ_FILE_TOO_LARGE", "FST_FILES_LIMIT"]);
 const BAD_JSON = new Set(["FST_ERR_CTP_INVALID_JSON_BODY", "FST_ERR_CTP_EMPTY_JSON_BODY"]);
 
 /**
@@ -80,8 +86,16 @@ function classify(
     // Fastify's message names the field, e.g. "body/analysisType must be string".
     return { status: 400, code: "VALIDATION_FAILED", message: err.message };
   }
-  if (err instanceof PayloadTooLargeError || TOO_LARGE.has(err.code)) {
-    return { status: 413, code: "PAYLOAD_TOO_LARGE", message: PUBLIC_MESSAGES.PAYLOAD_TOO_LARGE };
+  if (err instanceof PayloadTooLargeError || err.code === "FST_REQ_FILE_TOO_LARGE") {
+    const refused = uploadTooLarge(request.server.services.config.maxUploadBytes);
+    return { status: 413, code: refused.code, message: refused.publicMessage };
+  }
+  if (err.code === "FST_ERR_CTP_BODY_TOO_LARGE") {
+    const refused = bodyTooLarge(request.routeOptions.bodyLimit);
+    return { status: 413, code: refused.code, message: refused.publicMessage };
+  }
+  if (err.code === "FST_FILES_LIMIT") {
+    return { status: 413, code: "PAYLOAD_TOO_LARGE", message: "An upload carries one file." };
   }
   if (err.code === "FST_INVALID_MULTIPART_CONTENT_TYPE") {
     return {

@@ -61,6 +61,33 @@ export function databaseUnavailable(reply: { header(name: string, value: string)
 }
 export const validationFailed = (detail: string) => new ApiError(400, "VALIDATION_FAILED", detail);
 
+/** A size limit as people read it: "100 MiB" for a whole number of MiB, "64 KiB" of KiB below 1 MiB, else bytes. */
+export const limitText = (bytes: number) =>
+  bytes % 1048576 === 0
+    ? `${bytes / 1048576} MiB`
+    : bytes < 1048576 && bytes % 1024 === 0
+      ? `${bytes / 1024} KiB`
+      : `${bytes} bytes`;
+
+/**
+ * 413 for an upload over ASSAY_MAX_UPLOAD_BYTES, naming the limit (until 2026-12-07 "exceeds the size
+ * limit", which left a user to guess it).
+ */
+export const uploadTooLarge = (limit: number) =>
+  new ApiError(
+    413,
+    "PAYLOAD_TOO_LARGE",
+    `The upload exceeds this server's limit of ${limitText(limit)} per file.`,
+  );
+
+/** 413 for a body other than an upload's (a task's create) over its route's limit. */
+export const bodyTooLarge = (limit: number) =>
+  new ApiError(
+    413,
+    "PAYLOAD_TOO_LARGE",
+    `The request body exceeds this server's limit of ${limitText(limit)}.`,
+  );
+
 /**
  * PostgreSQL's disk_full (SQLSTATE 53100): the database could not write the row — the server's lack of
  * room, answered 507 STORAGE_FULL like a full disk under the store, never a bug's 500. Its

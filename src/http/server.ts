@@ -17,7 +17,7 @@ import { EventHub } from "../events/hub.ts";
 import type { Logger } from "../log.ts";
 import { TaskCache } from "../tasks/task-cache.ts";
 import { app, type Services } from "./app.ts";
-import { ApiError, PUBLIC_MESSAGES } from "./errors.ts";
+import { PUBLIC_MESSAGES, uploadTooLarge } from "./errors.ts";
 import { lazyCompilers } from "./lazy-compilers.ts";
 
 /**
@@ -134,7 +134,7 @@ function deferContinue(fastify: FastifyInstance, maxUploadBytes: number): void {
       // An upload that cannot fit is refused before its body is asked for (413, the connection
       // closed): it was sent its 100 and read up to the limit, stored, then deleted.
       if (multipart && length > maxUploadBytes + MULTIPART_SLACK_BYTES)
-        return done(new ApiError(413, "PAYLOAD_TOO_LARGE"));
+        return done(uploadTooLarge(maxUploadBytes));
       if (multipart || !(length > request.routeOptions.bodyLimit)) reply.raw.writeContinue();
     }
     done(null, payload);

@@ -104,7 +104,7 @@ describe("POST /api/files", () => {
     assert.equal(res.statusCode, 413);
     assert.deepEqual(res.json(), {
       code: "PAYLOAD_TOO_LARGE",
-      message: "The upload exceeds the size limit.",
+      message: "The upload exceeds this server's limit of 64 KiB per file.",
     });
     assert.equal(await fileRows(), before.rows);
     assert.deepEqual(filesOnDisk(), before.files);

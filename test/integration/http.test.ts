@@ -91,7 +91,20 @@ describe("errors", () => {
       headers: { "content-type": "application/json", ...bearer(alice) },
     });
     assert.equal(res.statusCode, 413);
-    assert.equal(res.json().code, "PAYLOAD_TOO_LARGE");
+    // Said as a body's limit, with its size: until 2026-12-07 it said "The upload exceeds the size
+    // limit", of a body that was no upload.
+    assert.deepEqual(res.json(), {
+      code: "PAYLOAD_TOO_LARGE",
+      message: `The request body exceeds this server's limit of ${limit} bytes.`,
+    });
+    const create = await t.app.inject({
+      method: "POST",
+      url: "/api/analysis-tasks",
+      payload: JSON.stringify({ analysisType: "summary", inputFileId: "1", x: "y".repeat(limit) }),
+      headers: { "content-type": "application/json", ...bearer(alice) },
+    });
+    assert.equal(create.statusCode, 413);
+    assert.match(create.json().message, /^The request body exceeds this server's limit of \d+ bytes\.$/);
   });
 
   test("unsupported content type → 415", async () => {
