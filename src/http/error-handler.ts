@@ -111,6 +111,10 @@ function classify(
     return { status: 400, code: "INVALID_JSON", message: PUBLIC_MESSAGES.INVALID_JSON };
   }
   const status = err.statusCode ?? 500;
+  // The dashboard's static files: a folder (`/ui/`) or a path out of it (`/ui/../package.json`,
+  // refused by the file server with 403) is a file that is not there, as docs/api.md says of `/ui/…`;
+  // until 2026-12-07 it was a 403 BAD_REQUEST. (Nothing of ours answers 403: another user's is a 404.)
+  if (status === 403) return { status: 404, code: "NOT_FOUND", message: PUBLIC_MESSAGES.NOT_FOUND };
   if (status >= 400 && status < 500)
     return { status, code: "BAD_REQUEST", message: PUBLIC_MESSAGES.BAD_REQUEST };
   return { status: 500, code: "INTERNAL_ERROR", message: PUBLIC_MESSAGES.INTERNAL_ERROR };

@@ -100,6 +100,22 @@ test("the dashboard's page carries its policy, no-referrer and DENY at / and at 
   }
 });
 
+test("a dashboard file that is not there — a folder, a path out of /ui/, a missing file — is 404 NOT_FOUND", async () => {
+  for (const url of [
+    "/ui/",
+    "/ui/vendor/",
+    "/ui/../package.json",
+    "/ui/%2e%2e/package.json",
+    "/ui/%5c..%5cpackage.json",
+    "/ui/nope.js",
+  ]) {
+    const res = await t.app.inject({ url });
+    // Until 2026-12-07 the first five were 403 BAD_REQUEST (the file server's refusal).
+    assert.equal(res.statusCode, 404, url);
+    assert.deepEqual(res.json(), { code: "NOT_FOUND", message: "No such route." }, url);
+  }
+});
+
 test("the Swagger UI may not be framed by another site, and sends no Referer", async () => {
   for (const url of [
     "/docs",
