@@ -83,6 +83,19 @@ export function apiMetrics(
     if (route === "/metrics") return;
     observe(request.method, route, reply.statusCode, reply.elapsedTime / 1000);
   });
+  // A request whose client left before its response was complete (an event stream the client closed,
+  // an upload or download cut off) gets no onResponse: counted here, not timed. Until 2026-12-07 such
+  // requests were not counted at all — most event streams end so.
+  const aborted = new Counter({
+    name: "assay_http_requests_aborted_total",
+    help: "HTTP requests whose client closed the connection before the response was complete, by route and method",
+    labelNames: ["method", "route"],
+    registers: [registry],
+  });
+  app.addHook("onRequestAbort", async (request) => {
+    const route = request.routeOptions.url ?? UNMATCHED;
+    if (route !== "/metrics") aborted.inc({ method: request.method, route });
+  });
   app.decorate("observeUnrouted", (method: string, statusCode: number, seconds: number) =>
     observe(method, UNMATCHED, statusCode, seconds),
   );

@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import net from "node:net";
 import { after, before, test } from "node:test";
 import { Registry } from "prom-client";
 import { createLogger } from "../../src/log.ts";
@@ -7,6 +8,7 @@ import { Reaper } from "../../src/queue/reaper.ts";
 import { type Handler, Worker } from "../../src/queue/worker.ts";
 import { startTestApp, type TestApp } from "../helpers/app.ts";
 import { createTask, seedUser, waitFor, waitForTerminal } from "../helpers/queue.ts";
+import { openSse } from "../helpers/sse.ts";
 
 const logger = createLogger({ level: "silent" });
 
@@ -45,6 +47,52 @@ test("/metrics: HTTP durations, queue depth and age, live and finished runs, SSE
   assert.match(after, /assay_runs_finished\{analysis_type="metric-type",status="succeeded"\} 0/);
   assert.match(after, /assay_process_resident_memory_bytes \d+/);
   assert.match(after, /assay_event_notifications_total\{kind="doorbell"\} 0/);
+});
+
+test("/metrics counts requests whose client left before the response was complete: a closed stream, a cut upload", async () => {
+  const owner = await seedUser(t.db.sql, "m-aborts");
+  const token = await t.token("m-aborts");
+  const taskId = await createTask(t.db.sql, owner, "metric-aborts", 1); // never runs: the stream stays open
+  await t.app.listen({ host: "127.0.0.1", port: 0 });
+  const { port } = t.app.server.address() as { port: number };
+  const count = async (method: string, route: string) => {
+    const line = new RegExp(
+      `assay_http_requests_aborted_total\\{method="${method}",route="${route.replaceAll("/", "\\/")}"\\} (\\d+)`,
+    ).exec(await scrape());
+    return Number(line?.[1] ?? 0);
+  };
+  // An event stream its client closes: the usual end of a browser's stream.
+  const stream = await openSse(`http://127.0.0.1:${port}/api/analysis-tasks/${taskId}/events`, token);
+  assert.equal(stream.status, 200);
+  await waitFor(async () => t.app.services.events.size === 1, 10_000, "the stream's subscription");
+  stream.close();
+  await waitFor(
+    async () => (await count("GET", "/api/analysis-tasks/:taskId/events")) === 1,
+    10_000,
+    "the closed stream counted",
+  );
+  // An upload cut off halfway through its body.
+  const boundary = "cut-off-upload";
+  const head = `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="half.csv"\r\n\r\n`;
+  await new Promise<void>((resolve) => {
+    const socket = net.connect(port, "127.0.0.1", () => {
+      socket.write(
+        `POST /api/files HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${token}\r\n` +
+          `Content-Type: multipart/form-data; boundary=${boundary}\r\nContent-Length: 100000\r\n\r\n${head}a,b\n1,2\n`,
+      );
+      setTimeout(() => socket.destroy(), 200);
+    });
+    socket.on("error", () => {});
+    socket.on("close", () => resolve());
+  });
+  await waitFor(async () => (await count("POST", "/api/files")) === 1, 10_000, "the cut upload counted");
+  // Counted, not timed: neither is in the durations.
+  const text = await scrape();
+  assert.doesNotMatch(
+    text,
+    /assay_http_request_duration_seconds_count\{method="GET",route="\/api\/analysis-tasks\/:taskId\/events"/,
+  );
+  assert.doesNotMatch(text, /assay_http_request_duration_seconds_count\{method="POST",route="\/api\/files"/);
 });
 
 test("worker metrics: claims, live attempts, durations by outcome, retries, lost and fenced leases, reaped runs", async () => {
