@@ -130,8 +130,15 @@ export function loggedUrl(url: string): string {
     if (bare === "..") segments.pop();
     else segments.push(bare);
   }
-  return segments[0]?.toLowerCase() === "view" ? "/view/[redacted]" : url;
+  if (segments[0]?.toLowerCase() === "view") return "/view/[redacted]";
+  // No route takes a secret in the query, but a misconfigured client may send its token so
+  // (`?access_token=…`, found by a trial on 2026-12-07): such a value is not written to the log.
+  return url.replace(SECRET_QUERY_VALUE, (_, head: string) => `${head}[redacted]`);
 }
+
+/** A query parameter whose name says it holds a secret, with its value (up to the next `&` or `#`). */
+const SECRET_QUERY_VALUE =
+  /([?&][^=&#]*(?:token|key|secret|password|passwd|auth|signature|credential|session)[^=&#]*=)[^&#]*/gi;
 
 /**
  * Fastify's request serializer (method, url, host, address), with the url through loggedUrl. A

@@ -61,6 +61,21 @@ test("a view link's path is logged without its capability; other paths as they a
     assert.equal(loggedUrl(url), url);
 });
 
+test("a query value whose name says it holds a secret is not logged; the others are", () => {
+  for (const [url, logged] of [
+    ["/api/files?access_token=assay_S3CRET", "/api/files?access_token=[redacted]"],
+    ["/api/files?limit=5&token=assay_S3CRET&cursor=9", "/api/files?limit=5&token=[redacted]&cursor=9"],
+    [
+      "/api/x?API_KEY=k&X-Amz-Signature=abc#frag",
+      "/api/x?API_KEY=[redacted]&X-Amz-Signature=[redacted]#frag",
+    ],
+    ["/api/x?password=&session_id=s", "/api/x?password=[redacted]&session_id=[redacted]"],
+    ["/api/analysis-tasks?status=queued&limit=20", "/api/analysis-tasks?status=queued&limit=20"],
+    ["/api/files?keyword", "/api/files?keyword"],
+  ] as const)
+    assert.equal(loggedUrl(url), logged, url);
+});
+
 test("S3's echoed credentials are censored at any depth of a logged error, and the caller's error is left as it was", () => {
   const { lines, destination } = capture();
   const logger = createLogger({ level: "info", destination });
