@@ -135,6 +135,17 @@ def find_columns(wanted, header):
     return found
 
 
+TEXT_SHOWN = 40  # characters of a cell quoted in a message or in stats.json's notNumeric
+
+
+def why_not_numeric(col):
+    """Why a column is not numeric, for a message: its first text cell, or that it has no number."""
+    if col.first_text:
+        record, text = col.first_text
+        return "record %d holds %s" % (record, json.dumps(text[:TEXT_SHOWN], ensure_ascii=False))
+    return "no numbers in it" if col.non_finite == 0 else "only NaN/Infinity in it"
+
+
 def guard_formula(text):
     """A name a spreadsheet would take for a formula (=, +, -, @, and tab or CR, which some programs
     skip before looking) gets a leading ', as results.csv's text cells do (src/tasks/results.ts), so
@@ -359,6 +370,7 @@ class Column:
         self.name = name
         self.n = 0
         self.text = 0
+        self.first_text = None  # (record number, cell) of its first text cell: why it is not numeric
         self.non_finite = 0
         self.scale = 0.0
         self.sum = 0.0
@@ -476,6 +488,7 @@ def main():
                     col.non_finite += 1
                 else:
                     col.text += 1
+                    col.first_text = (rows + 1, raw)
     except csv.Error as err:
         die(3, "malformed CSV: " + str(err))
     except OSError as err:
@@ -484,11 +497,14 @@ def main():
     numeric = [c for c in columns if c.n > 0 and c.text == 0]
     chosen = [c for c in columns if c.name in wanted_names] if wanted else numeric
     if wanted:
-        bad = [c.name for c in chosen if not (c.n > 0 and c.text == 0)]
+        bad = [c for c in chosen if not (c.n > 0 and c.text == 0)]
         if bad:
-            die(3, "not numeric: " + ", ".join(bad))
+            die(3, "not numeric: " + ", ".join(c.name + " (" + why_not_numeric(c) + ")" for c in bad))
     if not chosen:
         die(3, "no numeric column")
+    # The columns left out for a text cell, and the first such cell: until 2026-12-07 one "null" in a
+    # column of a million numbers left it out of stats.json without a word.
+    not_numeric = {c.name: {"record": c.first_text[0], "text": c.first_text[1][:TEXT_SHOWN]} for c in columns if c.first_text}
 
     emit({"type": "progress", "percent": 95, "message": "writing stats"})
     stats, notes = {}, {}
@@ -501,6 +517,8 @@ def main():
     doc = {"method": method, "rows": rows, "columns": stats, "counts": {c.name: c.n for c in chosen}}
     if notes:
         doc["notes"] = notes
+    if not_numeric and not wanted:
+        doc["notNumeric"] = not_numeric
     table = io.StringIO()
     w = csv.writer(table)
     w.writerow(["column", method])
@@ -525,7 +543,10 @@ def main():
             # A full disk or a quota: the worker's to mend, so exit 4 (retried), not a crash (exit 1,
             # for good). The system's reason without the path.
             die(4, "could not write %s: %s" % (name, os.strerror(e.errno) if e.errno else "an error"))
-    emit({"type": "result", "outputFileName": "stats.json", "metrics": {"rows": rows, "columns": len(chosen)}})
+    metrics = {"rows": rows, "columns": len(chosen)}
+    if not_numeric and not wanted:
+        metrics["notNumeric"] = len(not_numeric)
+    emit({"type": "result", "outputFileName": "stats.json", "metrics": metrics})
 
 
 if __name__ == "__main__":

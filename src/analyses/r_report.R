@@ -298,6 +298,10 @@ repeat {
       non_finite <- integer(ncol)
       values_of <- rep(list(list()), ncol)
       value_count <- integer(ncol) # the numbers filed in values_of, by column
+      # Each column's first text cell (why it is not numeric): its record number, as python-stats
+      # counts them (the header is record 1, blank lines not counted), and its text.
+      first_text_record <- integer(ncol)
+      first_text <- character(ncol)
       body[h] <- FALSE
     }
     if (any(body)) {
@@ -306,12 +310,15 @@ repeat {
         r <- short_or_long[1]
         die(3, sprintf("record %.0f: %d fields, the header has %d", records_seen + r, fields_per_record[r], ncol))
       }
+      in_body <- body[record]
+      cell_record <- nrows + 1L + cumsum(body)[record[in_body]] # each body cell's record number
       nrows <- nrows + sum(body)
-      v <- values[body[record]] # the body's cells, row by row
+      v <- values[in_body] # the body's cells, row by row
       col <- rep_len(seq_len(ncol), length(v))
       live <- text_count[col] == 0
       v <- trim(v[live])
       col <- col[live]
+      cell_record <- cell_record[live]
       missing <- v == ""
       two <- nchar(v) == 2L # only 2 characters can be "NA" in any case (and no copy of a long cell)
       missing[two] <- v[two] %in% c("NA", "Na", "nA", "na")
@@ -320,14 +327,23 @@ repeat {
       x <- as.numeric(v[number])
       x_col <- col[number]
       finite <- is.finite(x)
-      text_count <- text_count + tabulate(col[!missing & !number & !non_finite_text], ncol)
+      is_text <- !missing & !number & !non_finite_text
+      if (any(is_text)) {
+        # Only columns without text so far are live: each one's first text cell here is its first.
+        text_col <- col[is_text]
+        first <- !duplicated(text_col)
+        first_text_record[text_col[first]] <- cell_record[is_text][first]
+        first_text[text_col[first]] <- v[is_text][first]
+        rm(text_col, first)
+      }
+      text_count <- text_count + tabulate(col[is_text], ncol)
       non_finite <- non_finite + tabulate(col[non_finite_text], ncol) + tabulate(x_col[!finite], ncol)
       if (any(finite)) {
         pending_x[[length(pending_x) + 1L]] <- x[finite]
         pending_col[[length(pending_col) + 1L]] <- x_col[finite]
         pending_n <- pending_n + sum(finite)
       }
-      rm(v, col, live, missing, number, non_finite_text, x, x_col, finite)
+      rm(v, col, live, missing, number, non_finite_text, is_text, x, x_col, finite, in_body, cell_record)
     }
     records_seen <- records_seen + nrec
     rm(values, ends, record, fields_per_record, body)
@@ -468,6 +484,7 @@ invisible(dev.off())
 png_bytes <- readBin(png_file, what = "raw", n = file.size(png_file))
 unlink(png_file)
 
+MAX_NOT_NUMERIC_SHOWN <- 100L # columns named in the report's "Not numeric" line; the rest counted
 title <- if (is.null(params$title)) "Analysis report" else params$title
 plotted_names <- html_escape(numeric_names[seq_along(plotted)])
 html <- c(
@@ -478,6 +495,24 @@ html <- c(
   "</head><body>",
   sprintf("<h1>%s</h1>", html_escape(title)),
   sprintf("<p>%d rows, %d columns, %d numeric.</p>", nrows, length(header), length(numeric_cols)),
+  # The columns left out for a text cell, and the first such cell: until 2026-12-07 the report said
+  # only how many were numeric.
+  if (any(first_text_record > 0)) {
+    k <- which(first_text_record > 0)
+    more <- length(k) - MAX_NOT_NUMERIC_SHOWN
+    k <- head(k, MAX_NOT_NUMERIC_SHOWN)
+    sprintf(
+      "<p class=\"not-numeric\">Not numeric (a text cell leaves a column out): %s%s.</p>",
+      paste(
+        sprintf(
+          "%s (record %d holds \u201c%s\u201d)",
+          html_escape(header[k]), first_text_record[k], html_escape(substr(first_text[k], 1L, 40L))
+        ),
+        collapse = "; "
+      ),
+      if (more > 0) sprintf("; and %d more", more) else ""
+    )
+  },
   "<table><thead><tr><th>column</th><th>n</th><th>mean</th><th>stdev</th><th>min</th><th>median</th><th>max</th><th>notes</th></tr></thead><tbody>",
   rows,
   "</tbody></table>",
@@ -515,6 +550,7 @@ if (!isTRUE(file.size(report_path) == html_bytes)) {
 }
 emit_progress(95, "report written")
 say(sprintf(
-  "{\"type\":\"result\",\"outputFileName\":\"report.html\",\"metrics\":{\"rows\":%d,\"numericColumns\":%d}}",
-  nrows, length(numeric_cols)
+  "{\"type\":\"result\",\"outputFileName\":\"report.html\",\"metrics\":{\"rows\":%d,\"numericColumns\":%d%s}}",
+  nrows, length(numeric_cols),
+  if (any(first_text_record > 0)) sprintf(",\"notNumeric\":%d", sum(first_text_record > 0)) else ""
 ))

@@ -213,6 +213,7 @@ function consume(record) {
       numeric: 0,
       text: 0,
       nonFinite: 0,
+      firstText: null,
       min: Infinity,
       max: -Infinity,
       scale: 0,
@@ -242,6 +243,9 @@ function consume(record) {
       if (n > col.max) col.max = n;
     } else if (NUMBER.test(raw) || NON_FINITE.test(raw)) col.nonFinite++;
     else {
+      // Its first text cell says why a column with numbers is not numeric (record numbers as
+      // python-stats and r-report count them: the header is 1, blank lines are not counted).
+      if (col.text === 0) col.firstText = [rows + 1, raw];
       col.nonNull++;
       col.text++;
     }
@@ -293,6 +297,10 @@ const summary = {
       if (!Number.isFinite(mean)) notes.push("mean overflows");
       stats = { min: c.min, max: c.max, mean: Number.isFinite(mean) ? mean : null };
     }
+    if (type === "mixed" && c.firstText)
+      notes.push(
+        `not numeric: record ${c.firstText[0]} holds ${JSON.stringify([...c.firstText[1]].slice(0, 40).join(""))}`,
+      );
     if (c.nonFinite > 0) notes.push(`${c.nonFinite} NaN/Infinity values treated as missing`);
     return { ...base, ...stats, ...(notes.length > 0 ? { notes } : {}) };
   }),

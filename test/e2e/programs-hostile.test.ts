@@ -132,6 +132,10 @@ describe("python-stats on inputs that were quadratic", { skip: skipUnless("pytho
     assert.equal(Object.keys(s.columns).length, COLUMNS / 1000);
     assert.equal(s.columns.c0, 0);
     assert.equal(s.columns[`c${COLUMNS - 1000}`], 399);
+    // The columns left out, each with its first text cell.
+    assert.equal(Object.keys(s.notNumeric).length, COLUMNS - COLUMNS / 1000);
+    assert.deepEqual(s.notNumeric[`c${COLUMNS - 1}`], { record: 2, text: "x" });
+    assert.equal(r.result?.metrics.notNumeric, COLUMNS - COLUMNS / 1000);
     const dup = await run(p(), inputs.wideDuplicate(), { method: "max" });
     assert.equal(dup.r.exitCode, 3);
     assert.match(dup.r.stderrTail, /duplicate column name: c0\n/);
@@ -161,8 +165,20 @@ describe("r-report on inputs that were quadratic", { skip: skipUnless("r-report"
   test("a 400,000-column header: every column read; a repeated name → exit 3", async () => {
     const { r, out } = await run(p(), inputs.wide(), {});
     assert.equal(r.exitCode, 0, r.stderrTail);
-    assert.deepEqual(r.result?.metrics, { rows: 1, numericColumns: COLUMNS / 1000 });
-    assert.match(report(out), /<p>1 rows, 400000 columns, 400 numeric\.<\/p>/);
+    assert.deepEqual(r.result?.metrics, {
+      rows: 1,
+      numericColumns: COLUMNS / 1000,
+      notNumeric: COLUMNS - COLUMNS / 1000,
+    });
+    const html = report(out);
+    assert.match(html, /<p>1 rows, 400000 columns, 400 numeric\.<\/p>/);
+    // The columns left out, the first hundred named with their text cell, the rest counted.
+    const left = /<p class="not-numeric">Not numeric \(a text cell leaves a column out\): (.*)\.<\/p>/.exec(
+      html,
+    )?.[1];
+    assert.ok(left, "the not-numeric line");
+    assert.equal(left.split("; ").length, 101);
+    assert.match(left, new RegExp(`; and ${COLUMNS - COLUMNS / 1000 - 100} more$`));
     const dup = await run(p(), inputs.wideDuplicate(), {});
     assert.equal(dup.r.exitCode, 3);
     assert.match(dup.r.stderrTail, /duplicate column name: c0/);

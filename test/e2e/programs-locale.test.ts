@@ -251,6 +251,7 @@ test("the three read NaN/Infinity in any ASCII case only: a dotless ı makes tex
   const dotlessStats = JSON.parse(Buffer.from(dotless.files["stats.json"] as string, "base64").toString());
   assert.deepEqual(Object.keys(dotlessStats.columns), ["x"]);
   assert.equal(dotlessStats.notes, undefined);
+  assert.deepEqual(Object.keys(dotlessStats.notNumeric), ["y"]);
   const summary = ref.get("summary dotless.csv") as Seen;
   const columns = JSON.parse(
     Buffer.from(summary.files["summary.json"] as string, "base64").toString(),
@@ -259,7 +260,7 @@ test("the three read NaN/Infinity in any ASCII case only: a dotless ı makes tex
   assert.deepEqual((ref.get("r-report dotless.csv") as Seen).result, {
     type: "result",
     outputFileName: "report.html",
-    metrics: { rows: 2, numericColumns: 1 },
+    metrics: { rows: 2, numericColumns: 1, notNumeric: 1 },
   });
 });
 

@@ -641,6 +641,59 @@ test("summary, python-stats and r-report agree on a mean whose sum cancels: the 
   assert.equal(x?.mean, expected);
 });
 
+test("summary, python-stats and r-report name a column a text cell left out, and its first text cell", {
+  skip: skipUnless("summary", "python-stats", "r-report"),
+}, async () => {
+  // Until 2026-12-07 one "null" among a column's numbers left it out of stats.json without a word (and
+  // r-report said only how many were numeric). A blank line is not counted in record numbers.
+  const input = path.join(work, "one-text-cell.csv");
+  const long = `${"é".repeat(45)}`;
+  fs.writeFileSync(
+    input,
+    `a,b,c,d
+1,2,,3
+
+2,null,NA,${long}
+3,4,x,5
+`,
+  );
+  const summary = await run(program("summary") as Program, input, {});
+  assert.equal(summary.r.exitCode, 0, summary.r.stderrTail);
+  const [, b, c, d] = readJson(summary.out, "summary.json").columns;
+  assert.deepEqual(b.notes, ['not numeric: record 3 holds "null"']);
+  assert.equal(c.type, "string", "no numbers: not mixed, no note");
+  assert.equal(c.notes, undefined);
+  assert.deepEqual(d.notes, [`not numeric: record 3 holds "${"é".repeat(40)}"`]);
+
+  const stats = await run(program("python-stats") as Program, input, { method: "mean" });
+  assert.equal(stats.r.exitCode, 0, stats.r.stderrTail);
+  const s = readJson(stats.out, "stats.json");
+  assert.deepEqual(s.columns, { a: 2 });
+  assert.deepEqual(s.notNumeric, {
+    b: { record: 3, text: "null" },
+    c: { record: 4, text: "x" },
+    d: { record: 3, text: "é".repeat(40) },
+  });
+  assert.deepEqual(stats.r.result?.metrics, { rows: 3, columns: 1, notNumeric: 3 });
+  // Named, they are an error that says why.
+  const named = await run(program("python-stats") as Program, input, {
+    method: "mean",
+    columns: ["a", "b", "c"],
+  });
+  assert.equal(named.r.exitCode, 3);
+  assert.match(named.r.stderrTail, /not numeric: b \(record 3 holds "null"\), c \(record 4 holds "x"\)/);
+
+  const report = await run(program("r-report") as Program, input, {});
+  assert.equal(report.r.exitCode, 0, report.r.stderrTail);
+  assert.deepEqual(report.r.result?.metrics, { rows: 3, numericColumns: 1, notNumeric: 3 });
+  assert.match(
+    fs.readFileSync(path.join(report.out, "report.html"), "utf8"),
+    new RegExp(
+      `<p class="not-numeric">Not numeric \\(a text cell leaves a column out\\): b \\(record 3 holds “null”\\); c \\(record 4 holds “x”\\); d \\(record 3 holds “${"é".repeat(40)}”\\)\\.</p>`,
+    ),
+  );
+});
+
 test("python-stats: stats.csv quotes a column name a spreadsheet would run, as results.csv does", {
   skip: skipUnless("python-stats"),
 }, async () => {
