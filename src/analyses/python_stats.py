@@ -158,16 +158,39 @@ BLOCK = 1 << 16  # bytes read, decoded and parsed at a time (progress at least e
 SORT_RUN = 1 << 16  # values sorted at a time for the median
 
 
+def not_text(start):
+    """What a file that is no UTF-8 text is, by its first bytes, for the message that refuses it."""
+    if start[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        return 'the input is UTF-16 text, not UTF-8: save it as UTF-8 ("CSV UTF-8")'
+    if start[:2] == b"\x1f\x8b":
+        return "the input is gzip-compressed: decompress it first"
+    if start[:4] == b"PK\x03\x04":
+        return "the input is a zip archive (an Excel .xlsx workbook is one), not CSV: export it as CSV"
+    return None
+
+
+def separator_hint(header):
+    """Why a file of one column may not be one: its header holds tabs or semicolons and no comma (a TSV,
+    or a spreadsheet's export where the comma is the decimal mark). Said after an error such a file meets."""
+    if len(header) != 1:
+        return ""
+    by = "tabs" if "\t" in header[0] else "semicolons" if ";" in header[0] else None
+    return " (the header is split by %s, not commas: only comma-separated files are read)" % by if by else ""
+
+
 def texts(path, size, progress):
     """The file's text, BLOCK bytes at a time (a character cut by a block's end is completed from the
     next); drops a leading byte-order mark; reports bytes read. A NUL byte (binary) or bytes that are not
     UTF-8 → exit 3, once the text before the line holding them is yielded: the order of errors of the
     line-by-line reading this replaces (a line of 50 MB was read whole: 400 MB)."""
     with open(path, "rb") as f:
-        data = f.read(3)
+        data = f.read(4)
+        why = not_text(data)
+        if why:
+            die(3, why)
         read = len(data)
-        if data == codecs.BOM_UTF8:
-            data = b""
+        if data[:3] == codecs.BOM_UTF8:
+            data = data[3:]
         while True:
             raw = f.read(BLOCK)
             read += len(raw)
@@ -456,9 +479,10 @@ def main():
         header = next((r for r in reader if r and r != [""]), None)  # blank lines are skipped
         if header is None:
             die(3, "the input is empty")
+        raw_header = header
         header = [h.strip(WHITESPACE) for h in header]
-        if any(h == "" for h in header):
-            die(3, "the first line is not a CSV header")
+        if "" in header:
+            die(3, "the first line is not a CSV header: its column %d has no name" % (header.index("") + 1))
         duplicates = sorted(h for h, k in collections.Counter(header).items() if k > 1)
         if duplicates:
             die(3, "duplicate column name: " + ", ".join(duplicates))
@@ -470,7 +494,11 @@ def main():
             if not record or record == [""]:
                 continue
             if len(record) != len(header):
-                die(3, "record %d: %d fields, the header has %d" % (rows + 2, len(record), len(header)))
+                die(
+                    3,
+                    "record %d: %d fields, the header has %d%s"
+                    % (rows + 2, len(record), len(header), separator_hint(raw_header)),
+                )
             rows += 1
             for col, raw in zip(columns, record):
                 if col.text:
@@ -494,6 +522,8 @@ def main():
     except OSError as err:
         die(2, "cannot read the input: " + (err.strerror or type(err).__name__))
 
+    if rows == 0:
+        die(3, "the input has a header and no rows")
     numeric = [c for c in columns if c.n > 0 and c.text == 0]
     chosen = [c for c in columns if c.name in wanted_names] if wanted else numeric
     if wanted:
@@ -501,7 +531,7 @@ def main():
         if bad:
             die(3, "not numeric: " + ", ".join(c.name + " (" + why_not_numeric(c) + ")" for c in bad))
     if not chosen:
-        die(3, "no numeric column")
+        die(3, "no numeric column" + separator_hint(raw_header))
     # The columns left out for a text cell, and the first such cell: until 2026-12-07 one "null" in a
     # column of a million numbers left it out of stats.json without a word.
     not_numeric = {c.name: {"record": c.first_text[0], "text": c.first_text[1][:TEXT_SHOWN]} for c in columns if c.first_text}

@@ -212,6 +212,26 @@ while (i <= length(args)) {
 if (is.null(opt[["input"]]) || is.null(opt[["output-dir"]])) die(2, "--input and --output-dir are required")
 params <- parse_params(if (is.null(opt[["params"]])) "{}" else opt[["params"]])
 
+# What a file that is no UTF-8 text is, by its first bytes, for the message that refuses it (NULL: none
+# of these).
+not_text <- function(start) {
+  b <- as.integer(start[seq_len(min(4L, length(start)))])
+  if (length(b) >= 2 && ((b[1] == 0xff && b[2] == 0xfe) || (b[1] == 0xfe && b[2] == 0xff))) {
+    return("the input is UTF-16 text, not UTF-8: save it as UTF-8 (\"CSV UTF-8\")")
+  }
+  if (length(b) >= 2 && b[1] == 0x1f && b[2] == 0x8b) return("the input is gzip-compressed: decompress it first")
+  if (length(b) >= 4 && all(b == c(0x50, 0x4b, 0x03, 0x04))) {
+    return("the input is a zip archive (an Excel .xlsx workbook is one), not CSV: export it as CSV")
+  }
+  NULL
+}
+# Why a file of one column may not be one: its header holds tabs or semicolons and no comma (a TSV, or a
+# spreadsheet's export where the comma is the decimal mark). Said after an error such a file meets.
+separator_hint <- function(header) {
+  if (length(header) != 1) return("")
+  by <- if (grepl("\t", header, fixed = TRUE)) "tabs" else if (grepl(";", header, fixed = TRUE)) "semicolons" else ""
+  if (by == "") "" else sprintf(" (the header is split by %s, not commas: only comma-separated files are read)", by)
+}
 emit_progress(0, "reading input")
 size <- file.size(opt[["input"]])
 if (is.na(size)) die(2, "cannot read the input")
@@ -245,8 +265,12 @@ repeat {
   chunk <- readBin(con, what = "raw", n = BLOCK)
   final <- length(chunk) == 0
   if (!final) {
-    if (any(chunk == as.raw(0))) die(3, "the input is binary, not CSV")
     first <- read == 0
+    if (first) {
+      why <- not_text(chunk)
+      if (!is.null(why)) die(3, why)
+    }
+    if (any(chunk == as.raw(0))) die(3, "the input is binary, not CSV")
     read <- read + length(chunk)
     if (first && length(chunk) >= 3 && identical(chunk[1:3], as.raw(c(0xef, 0xbb, 0xbf)))) chunk <- chunk[-(1:3)]
     waiting[[length(waiting) + 1L]] <- chunk
@@ -291,7 +315,9 @@ repeat {
     if (is.null(header) && any(body)) {
       h <- which(body)[1]
       header <- trim(values[record == h])
-      if (any(header == "")) die(3, "the first line is not a CSV header")
+      if (any(header == "")) {
+        die(3, sprintf("the first line is not a CSV header: its column %d has no name", which(header == "")[1]))
+      }
       if (anyDuplicated(header)) die(3, paste("duplicate column name:", header[anyDuplicated(header)]))
       ncol <- length(header)
       text_count <- integer(ncol)
@@ -308,7 +334,10 @@ repeat {
       short_or_long <- which(body & fields_per_record != ncol)
       if (length(short_or_long) > 0) {
         r <- short_or_long[1]
-        die(3, sprintf("record %.0f: %d fields, the header has %d", records_seen + r, fields_per_record[r], ncol))
+        die(3, sprintf(
+          "record %.0f: %d fields, the header has %d%s",
+          records_seen + r, fields_per_record[r], ncol, separator_hint(header)
+        ))
       }
       in_body <- body[record]
       cell_record <- nrows + 1L + cumsum(body)[record[in_body]] # each body cell's record number
@@ -369,8 +398,9 @@ repeat {
 }
 close(con)
 if (is.null(header)) die(3, "the input is empty")
+if (nrows == 0) die(3, "the input has a header and no rows")
 numeric_cols <- which(text_count == 0 & lengths(values_of) > 0)
-if (length(numeric_cols) == 0) die(3, "no numeric column")
+if (length(numeric_cols) == 0) die(3, paste0("no numeric column", separator_hint(header)))
 numeric_names <- header[numeric_cols]
 
 emit_progress(60, "computing statistics")

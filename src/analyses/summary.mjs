@@ -195,7 +195,8 @@ function consume(record) {
   if (record.length === 1 && record[0] === "" && !header) return;
   if (!header) {
     header = record.map(trim);
-    if (header.length === 0 || header.some((h) => h === "")) die(3, "the first line is not a CSV header");
+    const unnamed = header.indexOf("");
+    if (unnamed >= 0) die(3, `the first line is not a CSV header: its column ${unnamed + 1} has no name`);
     const seen = new Set(); // (indexOf per name was O(n²): 38 s for 200,000 columns)
     for (const h of header) {
       if (seen.has(h)) die(3, `duplicate column name: ${h}`);
@@ -223,7 +224,7 @@ function consume(record) {
   }
   if (record.length === 1 && record[0] === "") return;
   if (record.length !== header.length)
-    die(3, `record ${rows + 2}: ${record.length} fields, the header has ${header.length}`);
+    die(3, `record ${rows + 2}: ${record.length} fields, the header has ${header.length}${separatorHint()}`);
   rows++;
   for (let c = 0; c < record.length; c++) {
     const raw = trim(record[c]);
@@ -252,9 +253,34 @@ function consume(record) {
   }
 }
 
+/**
+ * Why a file of one column may not be one: its header holds tabs or semicolons and no comma (a TSV, or
+ * a spreadsheet's export where the comma is the decimal mark). Said after an error such a file meets.
+ */
+function separatorHint() {
+  if (header.length !== 1) return "";
+  const [name] = header;
+  const by = name.includes("\t") ? "tabs" : name.includes(";") ? "semicolons" : undefined;
+  return by ? ` (the header is split by ${by}, not commas: only comma-separated files are read)` : "";
+}
+
+/** What a file that is no UTF-8 text is, by its first bytes, for the message that refuses it. */
+function notText(start) {
+  if ((start[0] === 0xff && start[1] === 0xfe) || (start[0] === 0xfe && start[1] === 0xff))
+    return 'the input is UTF-16 text, not UTF-8: save it as UTF-8 ("CSV UTF-8")';
+  if (start[0] === 0x1f && start[1] === 0x8b) return "the input is gzip-compressed: decompress it first";
+  if (start[0] === 0x50 && start[1] === 0x4b && start[2] === 0x03 && start[3] === 0x04)
+    return "the input is a zip archive (an Excel .xlsx workbook is one), not CSV: export it as CSV";
+  return undefined;
+}
+
 const stream = fs.createReadStream(args.input);
 try {
   for await (const chunk of stream) {
+    if (read === 0) {
+      const why = notText(chunk);
+      if (why) die(3, why);
+    }
     read += chunk.length;
     if (chunk.includes(0)) die(3, "the input is binary, not CSV");
     let text;
@@ -283,7 +309,8 @@ for (const record of records(rest, state)) consume(record);
 if (state.mode === QUOTED) die(3, "unterminated quoted field");
 if (state.mode !== FIELD_START || state.row.length > 0) consume(endRecord(state));
 if (!header) die(3, "the input is empty");
-if (!columns.some((c) => c.numeric > 0 && c.text === 0)) die(3, "no numeric column");
+if (rows === 0) die(3, "the input has a header and no rows");
+if (!columns.some((c) => c.numeric > 0 && c.text === 0)) die(3, `no numeric column${separatorHint()}`);
 
 const summary = {
   rows,

@@ -5,6 +5,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, describe, test } from "node:test";
+import zlib from "node:zlib";
 import { findPrograms, type Program } from "../../src/analyses/programs.ts";
 import type { ProcessResult } from "../../src/runner/run-process.ts";
 import { ROOT } from "../helpers/cli.ts";
@@ -196,8 +197,8 @@ test("summary streams: progress at least every 5% of a multi-megabyte input", as
 //   doubled quotes and line breaks; text after a closing quote, or a quote open at the end → exit 3.
 // - Shape: blank lines are ignored anywhere. The first record is the header: names trimmed, non-empty
 //   and distinct (else exit 3). Every other record has exactly as many fields as the header: short or
-//   long rows → exit 3 (no padding, no row names). A 0-byte file → exit 3; a header without rows has
-//   no numeric column → exit 3.
+//   long rows → exit 3 (no padding, no row names). A 0-byte file → exit 3; a header without rows → exit
+//   3.
 // - Cells: trimmed of spaces, tabs, CR and LF; quoting does not change a type (" 50 " in quotes is 50).
 //   "" and NA (any case) are missing. A number is decimal: [+-]digits[.digits][e[+-]digits] (no hex,
 //   no 1_000). NaN, Inf, Infinity (any case, signed) and numbers beyond the double range (1e400) are
@@ -639,6 +640,48 @@ test("summary, python-stats and r-report agree on a mean whose sum cancels: the 
   assert.equal(report.r.exitCode, 0, report.r.stderrTail);
   const [x] = reportTable(fs.readFileSync(path.join(report.out, "report.html"), "utf8")) as ReportRow[];
   assert.equal(x?.mean, expected);
+});
+
+test("summary, python-stats and r-report say what to do with a file in a format they do not read", {
+  skip: skipUnless("summary", "python-stats", "r-report"),
+}, async () => {
+  // Until 2026-12-07: "record 2: 3 fields, the header has 1", "no numeric column", "the input is
+  // binary, not CSV" (UTF-16, gzip) or "not UTF-8 text", "the first line is not a CSV header".
+  const utf16 = Buffer.concat([Buffer.from([0xff, 0xfe]), Buffer.from("a,b\n1,2\n", "utf16le")]);
+  const files: [string, Buffer | string, RegExp][] = [
+    [
+      "semicolons.csv",
+      "a;b\n1,5;2,5\n",
+      /^record 2: 3 fields, the header has 1 \(the header is split by semicolons, not commas: only comma-separated files are read\)$/,
+    ],
+    [
+      "tabs.csv",
+      "a\tb\n1\t2\n",
+      /^no numeric column \(the header is split by tabs, not commas: only comma-separated files are read\)$/,
+    ],
+    ["trailing-comma.csv", "a,b,\n1,2,3\n", /^the first line is not a CSV header: its column 3 has no name$/],
+    ["header-only.csv", "a,b\n\n", /^the input has a header and no rows$/],
+    ["gzip.csv", zlib.gzipSync("a,b\n1,2\n"), /^the input is gzip-compressed: decompress it first$/],
+    ["utf16.csv", utf16, /^the input is UTF-16 text, not UTF-8: save it as UTF-8 \("CSV UTF-8"\)$/],
+    [
+      "workbook.csv",
+      Buffer.from("PK\x03\x04\x14\x00rest of a zip"),
+      /^the input is a zip archive \(an Excel \.xlsx workbook is one\), not CSV: export it as CSV$/,
+    ],
+  ];
+  for (const [name, content, message] of files) {
+    const input = path.join(work, name);
+    fs.writeFileSync(input, content);
+    for (const [type, params] of [
+      ["summary", {}],
+      ["python-stats", { method: "mean" }],
+      ["r-report", {}],
+    ] as const) {
+      const { r } = await run(program(type) as Program, input, params);
+      assert.equal(r.exitCode, 3, `${type} ${name}: ${r.stderrTail}`);
+      assert.match(r.stderrTail.trim(), message, `${type} ${name}`);
+    }
+  }
 });
 
 test("summary, python-stats and r-report name a column a text cell left out, and its first text cell", {
