@@ -90,6 +90,8 @@ export function decide(
   reason: AbortReason | undefined,
   ending: Ending,
   retryBaseMs: number,
+  /** The attempt's time limit, named in a timeout's message. */
+  timeoutMs?: number,
 ): Decision {
   const lease = { id: run.id, token: run.leaseToken };
   const complete = (outcome: Omit<Outcome, "id" | "token">): Decision => ({
@@ -116,7 +118,12 @@ export function decide(
     return complete({
       status: "timed_out",
       errorCode: "ANALYSIS_PROCESS_TIMEOUT",
-      errorMessage: message ?? "the attempt exceeded its time limit",
+      // With the limit (until 2026-12-07 not: a user could not tell how long the program had).
+      errorMessage:
+        message ??
+        (timeoutMs === undefined
+          ? "the attempt exceeded its time limit"
+          : `the attempt exceeded its time limit of ${durationText(timeoutMs)}`),
     });
   }
   if (ending.status === "cancelled") {
@@ -187,4 +194,15 @@ export function unrecordable(outcome: Outcome): Outcome {
 /** The same for a retry: still put back (after its backoff), with the fixed code and message. */
 export function unrecordableRetry(retry: Retry): Retry {
   return { ...retry, errorCode: "ANALYSIS_PROCESS_FAILED", errorMessage: UNRECORDABLE_MESSAGE };
+}
+
+/** A duration limit as people read it: "10 min", "1 h 30 min", "45 s", "1.5 s". */
+export function durationText(ms: number): string {
+  if (ms < 60_000) return `${ms % 1000 === 0 ? ms / 1000 : (ms / 1000).toFixed(1)} s`;
+  const h = Math.floor(ms / 3_600_000);
+  const min = Math.floor((ms % 3_600_000) / 60_000);
+  const s = Math.round((ms % 60_000) / 1000);
+  return [h > 0 ? `${h} h` : "", min > 0 ? `${min} min` : "", s > 0 ? `${s} s` : ""]
+    .filter(Boolean)
+    .join(" ");
 }

@@ -1336,7 +1336,13 @@ export class Worker {
   ): void {
     if (ending.status === "error")
       this.o.logger.error({ ...this.fields(run), err: ending.error }, "handler threw");
-    const decision = decide(run, effectiveReason(reason, ending, this.stopping), ending, this.o.retryBaseMs);
+    const decision = decide(
+      run,
+      effectiveReason(reason, ending, this.stopping),
+      ending,
+      this.o.retryBaseMs,
+      this.o.types[run.analysisType]?.timeoutMs ?? DEFAULT_TIMEOUT_MS,
+    );
     const code =
       decision.kind === "retry"
         ? decision.retry.errorCode

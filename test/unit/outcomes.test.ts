@@ -1,7 +1,7 @@
 // The worker's decision table: how an attempt's ending becomes what the queue records.
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { decide, type Ending } from "../../src/queue/outcomes.ts";
+import { decide, durationText, type Ending } from "../../src/queue/outcomes.ts";
 import type { ClaimedRun } from "../../src/queue/sql.ts";
 import { StoreUnavailableError } from "../../src/storage/store.ts";
 
@@ -26,6 +26,23 @@ test("a lost lease records nothing; otherwise the abort reason wins over anythin
   const timeout = decide(run(1), "timeout", killed, 100);
   assert.ok(timeout.kind === "complete" && timeout.outcome.status === "timed_out");
   assert.ok(timeout.kind === "complete" && timeout.outcome.errorCode === "ANALYSIS_PROCESS_TIMEOUT");
+  // The message names the limit, when the worker gives it.
+  const limited = decide(run(1), "timeout", killed, 100, 600_000);
+  assert.ok(limited.kind === "complete");
+  assert.equal(limited.outcome.errorMessage, "the attempt exceeded its time limit of 10 min");
+});
+
+test("a time limit as people read it", () => {
+  for (const [ms, text] of [
+    [1500, "1.5 s"],
+    [4000, "4 s"],
+    [59_000, "59 s"],
+    [60_000, "1 min"],
+    [600_000, "10 min"],
+    [3_600_000, "1 h"],
+    [5_430_000, "1 h 30 min 30 s"],
+  ] as const)
+    assert.equal(durationText(ms), text, String(ms));
 });
 
 test("a success stands against a cancel, timeout or shutdown that came after the program finished", () => {
