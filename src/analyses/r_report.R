@@ -506,7 +506,11 @@ for (k in plotted) {
   plot.window(xlim = c(0, 1), ylim = c(0, ymax))
   edges <- seq(0, 1, length.out = BINS + 1)
   rect(edges[-(BINS + 1)], 0, edges[-1], percents[[k]], col = "grey70", border = "white")
-  axis(1, at = c(0, 1), labels = c(format(ranges[[k]][1], digits = 4), format(ranges[[k]][2], digits = 4)))
+  # The minimum and maximum under the panel's ends, each aligned inwards: centred on the ends, a long
+  # one ("3.912e+200") ran into the next panel or, in the last column, off the image ("3.912e+20").
+  axis(1, at = c(0, 1), labels = FALSE)
+  mtext(format(ranges[[k]][1], digits = 4), side = 1, line = 0.6, at = 0, adj = 0, cex = 0.8)
+  mtext(format(ranges[[k]][2], digits = 4), side = 1, line = 0.6, at = 1, adj = 1, cex = 0.8)
   axis(2, las = 1)
   title(main = numeric_names[k], ylab = "% of values")
 }
