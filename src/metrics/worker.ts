@@ -46,7 +46,7 @@ export function workerMetrics(registry: Registry, types: readonly string[]): Que
   });
   const retries = new Counter({
     name: "assay_run_retries_total",
-    help: "Runs sent back to the queue by this worker: transient failures (with backoff) and shutdown (attempt refunded)",
+    help: "Runs sent back to the queue by this worker: transient failures (with backoff), shutdown and object store outages (attempt refunded)",
     labelNames: ["analysis_type", "reason"],
     registers,
   });
@@ -81,6 +81,7 @@ export function workerMetrics(registry: Registry, types: readonly string[]): Que
       duration.observe({ analysis_type: type, outcome }, seconds);
       if (outcome === "retried") retries.inc({ analysis_type: type, reason: "transient" });
       if (outcome === "requeued") retries.inc({ analysis_type: type, reason: "shutdown" });
+      if (outcome === "storage") retries.inc({ analysis_type: type, reason: "storage" });
     },
     leaseLost(type, how) {
       leaseLosses.inc({ analysis_type: type, how });

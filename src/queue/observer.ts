@@ -13,6 +13,8 @@ export type AttemptOutcome =
   | "retried"
   /** Shutdown handed the run back with its attempt refunded. */
   | "requeued"
+  /** The object store could not be used: the run went back with its attempt refunded, to wait for it. */
+  | "storage"
   /** The lease was gone (reaped or fenced off): nothing was recorded. */
   | "lost";
 

@@ -1782,7 +1782,15 @@ export class Worker {
           void this.recorded(run, null);
           released.push(run);
         } else if (back.has(run.id)) {
-          this.ended(p, retry.refund ? "requeued" : "retried");
+          // (Until 2026-12-07 a store outage's refunded retries were counted as shutdown's.)
+          this.ended(
+            p,
+            !retry.refund
+              ? "retried"
+              : retry.errorCode === "ANALYSIS_STORAGE_UNAVAILABLE"
+                ? "storage"
+                : "requeued",
+          );
           released.push(run);
           this.o.logger.info(
             {

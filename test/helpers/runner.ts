@@ -1,4 +1,5 @@
 // Runner tests: real files in storage, real processes, a worker in-process.
+
 import { createHash } from "node:crypto";
 import fs from "node:fs";
 import os from "node:os";
@@ -11,6 +12,7 @@ import { loadConfig } from "../../src/config.ts";
 import { expectedMigrationCount } from "../../src/db/migrate.ts";
 import { buildServer } from "../../src/http/server.ts";
 import { createLogger } from "../../src/log.ts";
+import type { QueueObserver } from "../../src/queue/observer.ts";
 import { type TypeOptions, Worker } from "../../src/queue/worker.ts";
 import { childEnv, discardAttempt, processHandler, removeLeftovers } from "../../src/runner/handler.ts";
 import type { ProgressEvent } from "../../src/runner/jsonl.ts";
@@ -104,6 +106,8 @@ export interface RunnerEnv {
       storageFullHoldMs?: number;
       /** The claims' hold after the store could not be used (Worker's storeDownHoldMs): 100 ms here. */
       storeDownHoldMs?: number;
+      /** What the worker reports for metrics. */
+      observer?: QueueObserver;
     },
   ): Worker;
   /** The HTTP app over this database and data directory (closed with the env); logs into `logs` if given. */
@@ -170,6 +174,7 @@ export async function runnerEnv(
         retryBaseMs: 50,
         storageFullHoldMs: o.storageFullHoldMs ?? 100,
         storeDownHoldMs: o.storeDownHoldMs ?? 100,
+        ...(o.observer ? { observer: o.observer } : {}),
         onDiscard: discardAttempt(storage),
         onRecorded: removeLeftovers(storage),
       });

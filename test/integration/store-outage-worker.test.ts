@@ -7,6 +7,8 @@
 // behind a TCP proxy that cuts what a client sends while "down".
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
+import { Registry } from "prom-client";
+import { workerMetrics } from "../../src/metrics/worker.ts";
 import { S3Store } from "../../src/storage/s3.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
 import { fixtureProgram, type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
@@ -55,7 +57,11 @@ test("runs claimed while the store is down wait for it, their attempts refunded,
   // One attempt each: a run whose outage used it up would fail.
   const taskId = await env.task(type, inputs, { mode: "ok" }, 1);
   down = "all";
-  const worker = env.worker([fixtureProgram(type)], { concurrency: 2 });
+  const registry = new Registry();
+  const worker = env.worker([fixtureProgram(type)], {
+    concurrency: 2,
+    observer: workerMetrics(registry, [type]),
+  });
   worker.start();
   try {
     // Several claims meet the outage (the worker holds its claims between them, 100 ms doubling here).
@@ -87,6 +93,21 @@ test("runs claimed while the store is down wait for it, their attempts refunded,
   assert.equal(events.filter((e) => e.type === "run.succeeded").length, 12, "each run's ending once");
   assert.ok(events.every((e) => e.type !== "run.failed"));
   await worker.stop();
+  // Counted as the store's, not as a shutdown's (until 2026-12-07 every refunded retry was "shutdown").
+  const text = await registry.metrics();
+  const storeRetries = events.filter((e) => e.code === "ANALYSIS_STORAGE_UNAVAILABLE").length;
+  assert.match(
+    text,
+    new RegExp(`assay_run_retries_total\\{analysis_type="${type}",reason="storage"\\} ${storeRetries}\\n`),
+  );
+  assert.doesNotMatch(text, /reason="shutdown"\} [1-9]/);
+  assert.match(
+    text,
+    new RegExp(
+      `assay_run_duration_seconds_count\\{analysis_type="${type}",outcome="storage"\\} ${storeRetries}\\n`,
+    ),
+  );
+  assert.doesNotMatch(text, /outcome="requeued"\} [1-9]/);
 });
 
 test("an output put that fails while the store still answers its check is an attempt of the run's, counted", async () => {
