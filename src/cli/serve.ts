@@ -259,7 +259,8 @@ function listenProblem(err: unknown, host: string, [variable, port]: [string, nu
   const code = (err as { code?: unknown } | undefined)?.code;
   if (code === "EADDRINUSE")
     return new Error(
-      `port ${port} on ${host} is taken: stop what listens there, or set ${variable} to another port (0 picks a free one)`,
+      // (ASSAY_METRICS_PORT=0 turns the worker's /metrics off: no free port is picked for it.)
+      `port ${port} on ${host} is taken: stop what listens there, or set ${variable} to another port${variable === "PORT" ? " (0 picks a free one)" : ""}`,
       { cause: err },
     );
   if (code === "EACCES")

@@ -202,6 +202,10 @@ test("a port that is taken fails assay worker and assay all before they claim an
         ),
         mode,
       );
+      // 0 picks a free port for PORT only: ASSAY_METRICS_PORT=0 turns the worker's /metrics off (the
+      // advice did that until 2026-12-07).
+      if (mode === "worker") assert.doesNotMatch(exit.stderr, /0 picks a free one/, mode);
+      else assert.match(exit.stderr, /to another port \(0 picks a free one\)/, mode);
       assert.doesNotMatch(exit.stdout, /"msg":"worker started"/, mode);
       const [run] = await own.db.sql`select status, attempt, started_at from runs where task_id = ${taskId}`;
       assert.deepEqual({ ...run }, { status: "queued", attempt: 0, started_at: null }, mode);
