@@ -7,11 +7,14 @@
 import module from "node:module";
 import { pathToFileURL } from "node:url";
 import { bundleEntry } from "./bundle.js";
+import { holdEarlySignals } from "./early-signals.js";
 import { execWithServerFlags } from "./node-flags.js";
 
 // `assay api | worker | all` run with Node flags that bound their memory (see node-flags.js): the
 // process re-executes itself with them, same pid, before loading anything else.
 execWithServerFlags();
+// A stop signal while the modules load is held for the server's own handlers (early-signals.js).
+if (["api", "worker", "all"].includes(process.argv[2] ?? "")) holdEarlySignals();
 
 // Node's on-disk compile cache keeps each module's compiled code and, for a .ts file, its stripped
 // source (keyed by content, in $NODE_COMPILE_CACHE or the temporary directory;

@@ -251,6 +251,14 @@ function heedSchema(state: SchemaState, logger: Logger): void {
     );
 }
 
+/** Stops bin/early-signals.js holding stop signals; the first it held, if any (none when not run by bin/assay.js). */
+function releaseEarlySignals(): NodeJS.Signals | undefined {
+  const held = (globalThis as Record<symbol, { release(): NodeJS.Signals | undefined } | undefined>)[
+    Symbol.for("assay.earlySignals")
+  ];
+  return held?.release();
+}
+
 /**
  * A listen that failed, said as what to do: a port that is taken (the message was Node's bare
  * `listen EADDRINUSE: address already in use 127.0.0.1:3000`) or one below 1024 for a user who may not.
@@ -373,6 +381,14 @@ export async function serveCommand(
       if (failure) throw failure.err;
     },
   );
+
+  // A stop signal that came while the process loaded (held by bin/early-signals.js): sent again, now
+  // that close-with-grace listens, so it ends the start as one that comes later does.
+  const early = releaseEarlySignals();
+  if (early) {
+    logger.info({ signal: early }, "a stop signal came while the process loaded: stopping");
+    process.kill(process.pid, early);
+  }
 
   const start = async () => {
     const step = () => shutdown.signal.throwIfAborted();

@@ -59,3 +59,62 @@ test("SIGTERM while assay all starts its worker: no worker starts, nothing is cl
     await own.close();
   }
 });
+
+/**
+ * The signals process `pid` catches (its SigCgt mask in /proc), as bits: signal n is bit n - 1. Node
+ * catches SIGINT and SIGTERM itself from its start (to restore the terminal, then dies by them),
+ * listener or not; nothing but a listener catches SIGQUIT; close-with-grace (the server's shutdown)
+ * catches SIGILL too, which bin/assay.js's hold does not.
+ */
+function caught(pid: number): bigint {
+  let status: string;
+  try {
+    status = fs.readFileSync(`/proc/${pid}/status`, "latin1");
+  } catch {
+    return 0n;
+  }
+  const mask = /^SigCgt:\s*([0-9a-f]+)$/m.exec(status)?.[1];
+  return mask === undefined ? 0n : BigInt(`0x${mask}`);
+}
+const SIGQUIT_BIT = 1n << 2n;
+const SIGILL_BIT = 1n << 3n;
+
+test("SIGTERM while a server command loads its modules is held and ends the start: exit 0, not 143", {
+  skip: process.platform !== "linux",
+}, async () => {
+  // Until 2026-12-07 a stop signal in the first ~0.2 s (the modules loading, before the server's
+  // handlers were installed) killed the process by Node's default action (exit 143).
+  const own = await runnerEnv();
+  try {
+    const child = spawnCli(
+      ["worker"],
+      cleanEnv({ DATABASE_URL: own.db.url, ASSAY_DATA_DIR: own.dataDir, LOG_LEVEL: "info" }),
+    );
+    const exited = collect(child);
+    const pid = child.pid as number;
+    // The first listener for stop signals is bin/assay.js's hold, installed before the modules load
+    // (after the re-exec with the server's Node flags, which keeps the pid); close-with-grace's comes
+    // ~0.2 s later. Signalled in between: without the hold, Node's default action (exit 143).
+    const deadline = performance.now() + 30_000;
+    let mask = caught(pid);
+    while ((mask & SIGQUIT_BIT) === 0n) {
+      assert.ok(performance.now() < deadline, "the worker never listened for stop signals");
+      await new Promise((r) => setImmediate(r));
+      mask = caught(pid);
+    }
+    child.kill("SIGTERM");
+    assert.equal(
+      mask & SIGILL_BIT,
+      0n,
+      `signalled before the server's own handlers (mask ${mask.toString(16)})`,
+    );
+    const exit = await exited;
+    assert.equal(exit.code, 0, `${exit.signal ?? ""} ${exit.stderr}`);
+    // Held and sent again once the server listens (logged), or still undelivered when it did.
+    assert.match(exit.stdout, /"msg":"stopped"/);
+    assert.doesNotMatch(exit.stdout, /"msg":"worker started"/);
+    assert.equal((await own.db.sql`select id from workers`).length, 0, "no worker row");
+  } finally {
+    await own.close();
+  }
+});
