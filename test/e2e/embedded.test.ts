@@ -7,6 +7,7 @@ import os from "node:os";
 import path from "node:path";
 import { after, test } from "node:test";
 import { freePort } from "../../src/db/embedded.ts";
+import { isAlive } from "../../src/proc.ts";
 import { cleanEnv, collect, ROOT, removeWithClusters, spawnCli, watch } from "../helpers/cli.ts";
 
 const home = fs.mkdtempSync(path.join(os.tmpdir(), "assay-embedded-")); // mode 0700: only its owner reads it
@@ -20,14 +21,8 @@ function postmasterPid(dataDir: string): number | undefined {
   }
 }
 
-const alive = (pid: number) => {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-};
+/** A process that has exited is not alive, collected by its parent or not (src/proc.ts). */
+const alive = isAlive;
 
 test("assay all with the embedded database: dev token works, data kept across runs, Ctrl-C leaves nothing", async () => {
   const dataDir = path.join(home, "data");
