@@ -3,7 +3,7 @@
 import type { FastifyError, FastifyReply, FastifyRequest } from "fastify";
 import { connectionFailed, type Sql } from "../db/client.ts";
 import { appliedMigrationCount } from "../db/migrate.ts";
-import { PayloadTooLargeError } from "../storage/store.ts";
+import { PayloadTooLargeError, StoreUnavailableError } from "../storage/store.ts";
 import { BEARER_CHALLENGE } from "./auth.ts";
 import {
   ApiError,
@@ -125,6 +125,18 @@ const namesMissingSchema = (err: FastifyError) =>
   err.name === "PostgresError" && UNMIGRATED.has((err as { code?: string }).code ?? "");
 
 export function errorHandler(err: FastifyError, request: FastifyRequest, reply: FastifyReply) {
+  // The object store is away (a request's store call failed, and so did the store's check: storeFault):
+  // a 503 the client may retry, as for the database, not a bug's 500.
+  if (err instanceof StoreUnavailableError) {
+    reply.header("retry-after", "2");
+    const refused = new ApiError(
+      503,
+      "NOT_READY",
+      "The object store is not answering; try again shortly.",
+      err,
+    );
+    return answer(refused as unknown as FastifyError, request, reply);
+  }
   // The request's query failed because its connection to the database did (refused, cut, timed out,
   // the server shutting down): the 503 the gate gives once it has seen the outage, not a 500 — each
   // request in the first second or so of an outage, before the gate closed, was an INTERNAL_ERROR

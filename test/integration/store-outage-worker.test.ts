@@ -8,8 +8,10 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import { Registry } from "prom-client";
+import { tokenCreate } from "../../src/auth/tokens.ts";
 import { workerMetrics } from "../../src/metrics/worker.ts";
 import { S3Store } from "../../src/storage/s3.ts";
+import { bearer, multipart } from "../helpers/app.ts";
 import { waitFor, waitForTerminal } from "../helpers/queue.ts";
 import { fixtureProgram, type RunnerEnv, runnerEnv } from "../helpers/runner.ts";
 import { createTestBucket, type TestBucket } from "../helpers/s3.ts";
@@ -129,4 +131,49 @@ test("an output put that fails while the store still answers its check is an att
   assert.deepEqual(run, { error_code: "ANALYSIS_PROCESS_FAILED", attempt: 1 });
   // Nothing of the attempt is left in the store (its partial outputs are deleted as before).
   assert.deepEqual(await store.list(`outputs/${taskId}/`), []);
+});
+
+test("the API answers 503 NOT_READY with Retry-After while the store is away: an upload, a download, an output", async () => {
+  // Until 2026-12-07 each was a 500 INTERNAL_ERROR, which clients take for a bug and do not retry.
+  const type = "store-outage-api";
+  const taskId = await env.task(type, [await env.file("a,b\n1,2\n")], { mode: "ok" }, 1);
+  const worker = env.worker([fixtureProgram(type)], { concurrency: 1 });
+  worker.start();
+  await waitForTerminal(env.db.sql, taskId, 60_000);
+  await worker.stop();
+  const [run] = await env.db.sql<{ id: string }[]>`select id::text from runs where task_id = ${taskId}`;
+  const app = await env.app();
+  const token = (await tokenCreate(env.db.sql, "runner")).token;
+  const upload = () => {
+    const { payload, headers } = multipart("file", "x,y\n3,4\n", "während.csv", "text/csv");
+    return app.inject({
+      method: "POST",
+      url: "/api/files",
+      payload,
+      headers: { ...headers, ...bearer(token) },
+    });
+  };
+  const get = (url: string) => app.inject({ url, headers: bearer(token) });
+  const files = async () => (await env.db.sql`select id from files`).length;
+  const before = await files();
+  down = "all";
+  try {
+    for (const res of [
+      await upload(),
+      await get(`/api/analysis-tasks/${taskId}/download`),
+      await get(`/api/analysis-tasks/${taskId}/runs/${run?.id}/outputs/out.json`),
+    ]) {
+      assert.equal(res.statusCode, 503, res.body);
+      assert.equal(res.headers["retry-after"], "2");
+      assert.deepEqual(res.json(), {
+        code: "NOT_READY",
+        message: "The object store is not answering; try again shortly.",
+      });
+    }
+    assert.equal(await files(), before, "no file row for the refused upload");
+  } finally {
+    down = "none";
+  }
+  assert.equal((await upload()).statusCode, 201);
+  assert.equal((await get(`/api/analysis-tasks/${taskId}/download`)).statusCode, 200);
 });

@@ -24,6 +24,8 @@ import {
   ObjectMissingError,
   type ObjectStore,
   RangeNotSatisfiableError,
+  StoreUnavailableError,
+  storeFault,
 } from "../../storage/store.ts";
 import {
   type DownloadPlan,
@@ -291,12 +293,13 @@ async function heldOrMissing(
   try {
     await store.stat(outputKeyOf(output, name));
   } catch (err) {
-    if (!(err instanceof ObjectMissingError)) throw err;
+    if (!(err instanceof ObjectMissingError)) throw await storeFault(store, err);
     // S3 answers a HEAD in a bucket that is not there with a bare 404, as for a missing object: an
     // outage is not to be reported as a lost output. The store's own check tells them apart (one
-    // listing of a key, on this path only); it throws its cause, a logged 500 INTERNAL_ERROR. Not a
-    // local store's: its check makes the data folder when it is missing.
-    if (!store.localPath) await store.check();
+    // listing of a key, on this path only): a store that fails it is a 503 NOT_READY. Not a local
+    // store's: its check makes the data folder when it is missing.
+    if (!store.localPath)
+      await store.check().catch((cause: unknown) => Promise.reject(new StoreUnavailableError(cause)));
     throw await outputMissing(reply, output, taskExists, { err, file: name });
   }
 }
@@ -321,8 +324,12 @@ async function sendObject(
   if (!output.usable) throw await outputMissing(reply, output, taskExists);
   const key = outputKeyOf(output, name);
   const { headers } = reply.request;
+  // A failure that is no missing object: the store's check says whether the store is away (a 503
+  // NOT_READY the client may retry) or this request failed (a 500).
   const missing = async (err: unknown): Promise<never> => {
-    throw err instanceof ObjectMissingError ? await outputMissing(reply, output, taskExists, { err }) : err;
+    throw err instanceof ObjectMissingError
+      ? await outputMissing(reply, output, taskExists, { err })
+      : await storeFault(store, err);
   };
   let range = byteRange(headers.range);
   const ifRange = range === undefined ? undefined : headers["if-range"];
@@ -601,7 +608,11 @@ export const downloadRoutes: FastifyPluginAsyncTypebox = async (app) => {
       if (plan.kind === "not-found") throw notFound("ANALYSIS_TASK_NOT_FOUND");
       if (plan.kind === "none") return ok({ items: [] });
       if (!plan.output.usable) throw await outputMissing(reply, plan.output, () => taskExists(sql, taskId));
-      const files = await runOutputFiles(app.services.storage, plan.output);
+      const files = await runOutputFiles(app.services.storage, plan.output).catch(
+        async (err: unknown): Promise<never> => {
+          throw await storeFault(app.services.storage, err);
+        },
+      );
       return ok({
         items: files.map((f) => ({ name: f.name, sizeBytes: f.size, contentType: contentTypeOf(f.name) })),
       });

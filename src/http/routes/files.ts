@@ -3,7 +3,7 @@ import type { FastifyReply, FastifyRequest } from "fastify";
 import { Type } from "typebox";
 import { storedFileName } from "../../files/file-name.ts";
 import { fileCreate, fileDelete, fileGet, fileList } from "../../files/files.ts";
-import { isNoSpace, SourceError } from "../../storage/store.ts";
+import { isNoSpace, PayloadTooLargeError, SourceError, storeFault } from "../../storage/store.ts";
 import { FileBody, FileListQuery } from "../api-types.ts";
 import { principalOf } from "../auth.ts";
 import { ApiError, isDatabaseFull, notFound, validationFailed } from "../errors.ts";
@@ -117,10 +117,13 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
       contentType: MEDIA_TYPE.test(part.mimetype) ? part.mimetype : "application/octet-stream",
       maxBytes: config.maxUploadBytes,
       ...(idempotencyKey === undefined ? {} : { idempotencyKey }),
-    }).catch((err: unknown) => {
+    }).catch(async (err: unknown): Promise<never> => {
       if (err instanceof SourceError) throw new ApiError(400, "INVALID_MULTIPART", undefined, err.cause);
       if (isNoSpace(err) || isDatabaseFull(err)) throw new ApiError(507, "STORAGE_FULL", undefined, err);
-      throw err;
+      // A store that is away (its check fails too) is a 503 NOT_READY the client retries, with the
+      // same Idempotency-Key: until 2026-12-07 a 500, which the CLI does not retry.
+      if (err instanceof PayloadTooLargeError || request.raw.destroyed) throw err;
+      throw await storeFault(storage, err);
     });
     switch (result.kind) {
       case "idempotency-conflict":
