@@ -646,7 +646,9 @@ export function configInEffectText(settings: SettingInEffect[]): string {
 export function configTable(): string {
   const rows = Object.values(FIELDS).map((f: Field) => {
     const def = (f.schema as { default?: unknown }).default;
-    return `| \`${f.env}\` | ${def === undefined ? "—" : `\`${String(def)}\``} | ${f.description} |`;
+    // An empty default is said so: an empty code span shows as two backticks.
+    const shown = def === undefined ? "—" : def === "" ? "(empty)" : `\`${String(def)}\``;
+    return `| \`${f.env}\` | ${shown} | ${f.description} |`;
   });
   return ["| Variable | Default | Meaning |", "|---|---|---|", ...rows].join("\n");
 }
