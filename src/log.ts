@@ -133,12 +133,30 @@ export function loggedUrl(url: string): string {
   if (segments[0]?.toLowerCase() === "view") return "/view/[redacted]";
   // No route takes a secret in the query, but a misconfigured client may send its token so
   // (`?access_token=…`, found by a trial on 2026-12-07): such a value is not written to the log.
-  return url.replace(SECRET_QUERY_VALUE, (_, head: string) => `${head}[redacted]`);
+  return withoutSecretValues(url);
 }
 
-/** A query parameter whose name says it holds a secret, with its value (up to the next `&` or `#`). */
-const SECRET_QUERY_VALUE =
-  /([?&][^=&#]*(?:token|key|secret|password|passwd|auth|signature|credential|session)[^=&#]*=)[^&#]*/gi;
+/** A query parameter's name that says it holds a secret, once decoded (`access_%74oken` too). */
+const SECRET_NAME = /token|key|secret|pass|pwd|auth|sig|credential|session|jwt|bearer|cookie/i;
+
+/** `url` with the value of each query parameter whose name says it holds a secret redacted. */
+function withoutSecretValues(url: string): string {
+  const q = url.indexOf("?");
+  if (q < 0) return url;
+  const hash = url.indexOf("#", q);
+  const query = url.slice(q + 1, hash < 0 ? undefined : hash);
+  const params = query.split("&").map((param) => {
+    const eq = param.indexOf("=");
+    if (eq < 0) return param;
+    const raw = param.slice(0, eq).replaceAll("+", " ");
+    let name = raw;
+    try {
+      name = decodeURIComponent(raw);
+    } catch {}
+    return SECRET_NAME.test(name) ? `${param.slice(0, eq)}=[redacted]` : param;
+  });
+  return `${url.slice(0, q)}?${params.join("&")}${hash < 0 ? "" : url.slice(hash)}`;
+}
 
 /**
  * Fastify's request serializer (method, url, host, address), with the url through loggedUrl. A

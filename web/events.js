@@ -33,6 +33,7 @@ export async function followTask(taskId, { onEvents, onState, onReset, isFinishe
   onState("connecting");
   while (!signal.aborted) {
     let closed = false;
+    let waitAtLeast = 0;
     try {
       const res = await apiFetch(`/analysis-tasks/${taskId}/events`, {
         signal,
@@ -42,6 +43,9 @@ export async function followTask(taskId, { onEvents, onState, onReset, isFinishe
         },
       });
       if (res.status === 404 || res.status === 401) return onState("gone");
+      // 429: too many of this user's streams on the server (another tab's); asked again, not before
+      // its Retry-After.
+      if (res.status === 429) waitAtLeast = Math.min(Number(res.headers.get("retry-after")) || 0, 60) * 1000;
       if (!res.ok || !res.body) throw new Error(`HTTP ${res.status}`);
       onState("live");
       failures = 0;
@@ -95,6 +99,6 @@ export async function followTask(taskId, { onEvents, onState, onReset, isFinishe
     }
     if (closed) return onState("ended");
     onState("reconnecting");
-    await sleep(Math.min(500 * 2 ** failures, 5000), signal);
+    await sleep(Math.max(Math.min(500 * 2 ** failures, 5000), waitAtLeast), signal);
   }
 }

@@ -479,7 +479,6 @@ def main():
         header = next((r for r in reader if r and r != [""]), None)  # blank lines are skipped
         if header is None:
             die(3, "the input is empty")
-        raw_header = header
         header = [h.strip(WHITESPACE) for h in header]
         if "" in header:
             die(3, "the first line is not a CSV header: its column %d has no name" % (header.index("") + 1))
@@ -497,7 +496,7 @@ def main():
                 die(
                     3,
                     "record %d: %d fields, the header has %d%s"
-                    % (rows + 2, len(record), len(header), separator_hint(raw_header)),
+                    % (rows + 2, len(record), len(header), separator_hint(header)),
                 )
             rows += 1
             for col, raw in zip(columns, record):
@@ -531,7 +530,7 @@ def main():
         if bad:
             die(3, "not numeric: " + ", ".join(c.name + " (" + why_not_numeric(c) + ")" for c in bad))
     if not chosen:
-        die(3, "no numeric column" + separator_hint(raw_header))
+        die(3, "no numeric column" + separator_hint(header))
     # The columns left out for a text cell, and the first such cell: until 2026-12-07 one "null" in a
     # column of a million numbers left it out of stats.json without a word.
     not_numeric = {c.name: {"record": c.first_text[0], "text": c.first_text[1][:TEXT_SHOWN]} for c in columns if c.first_text}

@@ -251,7 +251,6 @@ pending_x <- list() # numbers not yet filed by column, and their columns
 pending_col <- list()
 pending_n <- 0
 nrows <- 0L
-records_seen <- 0 # blank ones included, for messages
 con <- file(opt[["input"]], "rb")
 carry <- raw(0) # the start of a record not finished yet
 waiting <- list() # blocks read after it, not parsed yet
@@ -334,9 +333,11 @@ repeat {
       short_or_long <- which(body & fields_per_record != ncol)
       if (length(short_or_long) > 0) {
         r <- short_or_long[1]
+        # Numbered as summary and python-stats number it: the header is 1, blank lines not counted
+        # (until 2026-12-07 they were counted here).
         die(3, sprintf(
           "record %.0f: %d fields, the header has %d%s",
-          records_seen + r, fields_per_record[r], ncol, separator_hint(header)
+          nrows + cumsum(body)[r] + 1, fields_per_record[r], ncol, separator_hint(header)
         ))
       }
       in_body <- body[record]
@@ -374,7 +375,6 @@ repeat {
       }
       rm(v, col, live, missing, number, non_finite_text, is_text, x, x_col, finite, in_body, cell_record)
     }
-    records_seen <- records_seen + nrec
     rm(values, ends, record, fields_per_record, body)
   }
   # File the pending numbers by column now and then (at least 16 a column on average): not once per

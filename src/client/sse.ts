@@ -136,10 +136,28 @@ export async function* taskEvents(c: ApiClient, taskId: string, o: FollowOptions
       }
       dropped = true;
       o.onState?.("reconnecting", why);
-      await sleep(backoff(failures), o.signal);
+      await sleep(
+        Math.max(backoff(failures), err instanceof TooManyStreams ? err.retryAfterMs : 0),
+        o.signal,
+      );
     }
   }
 }
+
+/** A 429 of the stream's: retried like a drop, not before `retryAfterMs`. */
+class TooManyStreams extends ConnectionError {
+  readonly retryAfterMs: number;
+  constructor(message: string, retryAfterMs: number) {
+    super(message);
+    this.retryAfterMs = retryAfterMs;
+  }
+}
+
+/** A Retry-After in seconds as milliseconds, at most a minute (0 when absent or not a number). */
+const retryAfterMs = (header: string | null) => {
+  const seconds = Number(header ?? "");
+  return Number.isFinite(seconds) && seconds > 0 ? Math.min(seconds, 60) * 1000 : 0;
+};
 
 type Cursor = { last: bigint | null };
 
@@ -166,8 +184,14 @@ async function* oneStream(
     if (!res.ok || !res.body) {
       const err = await errorOf(res, c.shownUrl);
       // 429: the server holds as many of this user's streams as it takes (ASSAY_SSE_MAX_STREAMS_PER_USER)
-      // or as many as it serves; one ends sooner or later, so it is asked again, as after a drop.
-      throw err instanceof ApiRequestError && (err.status >= 500 || err.status === 429)
+      // or as many as it serves; one ends sooner or later, so it is asked again, as after a drop, but
+      // not before its Retry-After.
+      if (err instanceof ApiRequestError && err.status === 429)
+        throw new TooManyStreams(
+          `${err.message} (${err.code})`,
+          retryAfterMs(res.headers.get("retry-after")),
+        );
+      throw err instanceof ApiRequestError && err.status >= 500
         ? new ConnectionError(`${err.message} (${err.code})`)
         : err;
     }

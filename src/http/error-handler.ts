@@ -132,7 +132,7 @@ export function errorHandler(err: FastifyError, request: FastifyRequest, reply: 
     const refused = new ApiError(
       503,
       "NOT_READY",
-      "The object store is not answering; try again shortly.",
+      "The object store cannot be used right now; try again shortly.",
       err,
     );
     return answer(refused as unknown as FastifyError, request, reply);

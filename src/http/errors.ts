@@ -67,7 +67,7 @@ export const limitText = (bytes: number) =>
     ? `${bytes / 1048576} MiB`
     : bytes < 1048576 && bytes % 1024 === 0
       ? `${bytes / 1024} KiB`
-      : `${bytes} bytes`;
+      : `${bytes} ${bytes === 1 ? "byte" : "bytes"}`;
 
 /**
  * 413 for an upload over ASSAY_MAX_UPLOAD_BYTES, naming the limit (until 2026-12-07 "exceeds the size

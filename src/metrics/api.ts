@@ -88,7 +88,7 @@ export function apiMetrics(
   // requests were not counted at all — most event streams end so.
   const aborted = new Counter({
     name: "assay_http_requests_aborted_total",
-    help: "HTTP requests whose client closed the connection before the response was complete, by route and method",
+    help: "HTTP requests whose connection closed before the response was complete (the client left, or the server cut off a stalled event stream), by route and method",
     labelNames: ["method", "route"],
     registers: [registry],
   });

@@ -196,12 +196,14 @@ export function unrecordableRetry(retry: Retry): Retry {
   return { ...retry, errorCode: "ANALYSIS_PROCESS_FAILED", errorMessage: UNRECORDABLE_MESSAGE };
 }
 
-/** A duration limit as people read it: "10 min", "1 h 30 min", "45 s", "1.5 s". */
+/** A duration limit as people read it: "10 min", "1 h 30 min", "45 s", "1.5 s" (rounded first: never "60 s"). */
 export function durationText(ms: number): string {
-  if (ms < 60_000) return `${ms % 1000 === 0 ? ms / 1000 : (ms / 1000).toFixed(1)} s`;
-  const h = Math.floor(ms / 3_600_000);
-  const min = Math.floor((ms % 3_600_000) / 60_000);
-  const s = Math.round((ms % 60_000) / 1000);
+  const tenths = Math.round(ms / 100);
+  if (tenths < 600) return `${tenths % 10 === 0 ? tenths / 10 : (tenths / 10).toFixed(1)} s`;
+  const total = Math.round(ms / 1000);
+  const h = Math.floor(total / 3600);
+  const min = Math.floor((total % 3600) / 60);
+  const s = total % 60;
   return [h > 0 ? `${h} h` : "", min > 0 ? `${min} min` : "", s > 0 ? `${s} s` : ""]
     .filter(Boolean)
     .join(" ");

@@ -112,13 +112,15 @@ test("a stream that breaks off mid-frame resumes with Last-Event-ID; repeats are
   }
 });
 
-test("a 429 from the stream (too many of the user's streams on the server) is asked again, as after a drop", async () => {
+test("a 429 from the stream (too many of the user's streams on the server) is asked again, after its Retry-After", async () => {
   const closing = event("12", "task.succeeded", null, { status: "succeeded" });
   let asked = 0;
+  const at: number[] = [];
   const server = http.createServer((_req, res) => {
     asked++;
+    at.push(performance.now());
     if (asked === 1) {
-      res.writeHead(429, { "content-type": "application/json", "retry-after": "10" });
+      res.writeHead(429, { "content-type": "application/json", "retry-after": "1" });
       res.end('{"code":"TOO_MANY_STREAMS","message":"You have too many event streams open on this server."}');
     } else {
       res.writeHead(200, { "content-type": "text/event-stream" });
@@ -137,6 +139,8 @@ test("a 429 from the stream (too many of the user's streams on the server) is as
       got.push(e.id);
     assert.deepEqual(got, ["12"]);
     assert.equal(asked, 2);
+    // Not before its Retry-After (the first retry's backoff alone is ~250 ms).
+    assert.ok((at[1] ?? 0) - (at[0] ?? 0) >= 950, `asked again after ${(at[1] ?? 0) - (at[0] ?? 0)} ms`);
     assert.deepEqual(states, ["reconnecting", "live"]);
   } finally {
     server.close();

@@ -73,3 +73,48 @@ test("a stream refused on reconnect (the token revoked while the network was dow
     await proxy.close();
   }
 });
+
+test("a stream refused with 429 (too many of the user's streams) is asked again, not before its Retry-After", {
+  skip,
+}, async () => {
+  const fay = await tokenCreate(s.env.db.sql, "fay", "user");
+  const { fileId } = await uploadFile(s.base, fay.token, "größe.csv", "a,b\n1,2\n");
+  const res = await fetch(`${s.base}/api/analysis-tasks`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${fay.token}`, "content-type": "application/json" },
+    body: JSON.stringify({ analysisType: "summary", inputFileIds: [fileId] }),
+  });
+  assert.equal(res.status, 201);
+  const taskId = ((await res.json()) as { data: { taskId: string } }).data.taskId;
+  const ctx = await s.browser.newContext({ viewport: { width: 1280, height: 900 } });
+  try {
+    const page = await ctx.newPage();
+    watchPage(page, problems);
+    // The first two reads of the stream are refused as the API refuses a user's 101st stream.
+    const asked: number[] = [];
+    await page.route(new RegExp(`/api/analysis-tasks/${taskId}/events$`), async (route) => {
+      asked.push(Date.now());
+      if (asked.length > 2) return route.continue();
+      await route.fulfill({
+        status: 429,
+        headers: { "retry-after": "2" },
+        contentType: "application/json",
+        body: JSON.stringify({ code: "TOO_MANY_STREAMS", message: "You have too many event streams open." }),
+      });
+    });
+    await page.goto(`${s.base}/#token=${encodeURIComponent(fay.token)}`);
+    await page.getByRole("heading", { name: "Tasks" }).waitFor();
+    await page.goto(`${s.base}/#/tasks/${taskId}`);
+    await page.locator(".task header .stream", { hasText: "live" }).waitFor({ timeout: 15_000 });
+    assert.ok(asked.length >= 3);
+    // Until 2026-12-07 the page asked again after its drop backoff: 1 s, then 2 s.
+    const gaps = [(asked[1] ?? 0) - (asked[0] ?? 0), (asked[2] ?? 0) - (asked[1] ?? 0)];
+    for (const gap of gaps) assert.ok(gap >= 1900, `asked again after ${gaps.join(", ")} ms`);
+    assert.deepEqual(
+      problems.filter((p) => !/429/.test(p)),
+      [],
+    );
+  } finally {
+    await ctx.close();
+  }
+});

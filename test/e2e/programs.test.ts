@@ -661,6 +661,10 @@ test("summary, python-stats and r-report say what to do with a file in a format 
     ],
     ["trailing-comma.csv", "a,b,\n1,2,3\n", /^the first line is not a CSV header: its column 3 has no name$/],
     ["header-only.csv", "a,b\n\n", /^the input has a header and no rows$/],
+    // Record numbers count the header and not blank lines, in all three (r-report counted them).
+    ["ragged-after-blanks.csv", "a,b\n\n\n1,2\n3\n", /^record 3: 1 fields, the header has 2$/],
+    // A tab only at the header's end is trimmed away: no hint (python-stats gave one).
+    ["tab-at-end.csv", "a\t\nx\n", /^no numeric column$/],
     ["gzip.csv", zlib.gzipSync("a,b\n1,2\n"), /^the input is gzip-compressed: decompress it first$/],
     ["utf16.csv", utf16, /^the input is UTF-16 text, not UTF-8: save it as UTF-8 \("CSV UTF-8"\)$/],
     [

@@ -203,7 +203,7 @@ test("an output gone once the zip has begun breaks it off, logged with the task,
   }
 });
 
-test("a bucket that is gone: a link to one file is the store's failure (500 INTERNAL_ERROR), not a lost output", async () => {
+test("a bucket that is gone: a link to one file is the store's failure (503 NOT_READY, as /readyz says), not a lost output", async () => {
   // S3 answers a HEAD in a missing bucket with a bare 404, as for a missing object.
   const bucket = await createTestBucket();
   let dropped = false;
@@ -222,8 +222,10 @@ test("a bucket that is gone: a link to one file is the store's failure (500 INTE
     await bucket.drop();
     dropped = true;
     const res = await s3app.inject({ method: "POST", url, headers: bearer(s3token) });
-    assert.equal(res.statusCode, 500, res.body);
-    assert.equal(res.json().code, "INTERNAL_ERROR");
+    // The store fails its check too: it cannot be used (a 500 INTERNAL_ERROR until 2026-12-07).
+    assert.equal(res.statusCode, 503, res.body);
+    assert.equal(res.json().code, "NOT_READY");
+    assert.equal(res.headers["retry-after"], "2");
     assert.ok(
       !s3logs.some((l) => l.msg === "a succeeded run's output is missing"),
       "not logged as a lost output",

@@ -118,11 +118,12 @@ test("an upload over the bucket's quota (Ceph's 403 QuotaExceeded, MinIO's bucke
   assert.equal(row?.n, 0);
 });
 
-test("another error of the bucket's stays a 500", async () => {
+test("another refusal of the bucket's is no lack of room: a store that cannot be used (503, as /readyz says)", async () => {
+  // The credentials refused, for the put and for the store's check alike: not 507 STORAGE_FULL.
   answer = { status: 403, code: "AccessDenied" };
   const res = await upload(Buffer.from("1,2\n"));
-  assert.equal(res.statusCode, 500, res.body);
-  assert.equal(res.json().code, "INTERNAL_ERROR");
+  assert.equal(res.statusCode, 503, res.body);
+  assert.equal(res.json().code, "NOT_READY");
 });
 
 test("a worker's output put into a full bucket, or one over its quota, fails as a full disk (ANALYSIS_STORAGE_FULL)", async () => {

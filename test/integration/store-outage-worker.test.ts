@@ -167,9 +167,24 @@ test("the API answers 503 NOT_READY with Retry-After while the store is away: an
       assert.equal(res.headers["retry-after"], "2");
       assert.deepEqual(res.json(), {
         code: "NOT_READY",
-        message: "The object store is not answering; try again shortly.",
+        message: "The object store cannot be used right now; try again shortly.",
       });
     }
+    assert.equal(await files(), before, "no file row for the refused upload");
+    // Over a real socket too (its request is read whole before the put ends: a check of the request's
+    // state took that for a client that had left, and answered 500).
+    await app.listen({ host: "127.0.0.1", port: 0 });
+    const form = new FormData();
+    form.append("file", new Blob(["x,y\n5,6\n"], { type: "text/csv" }), "über das Netz.csv");
+    const { port } = app.server.address() as { port: number };
+    const real = await fetch(`http://127.0.0.1:${port}/api/files`, {
+      method: "POST",
+      body: form,
+      headers: bearer(token),
+    });
+    assert.equal(real.status, 503, await real.clone().text());
+    assert.equal(real.headers.get("retry-after"), "2");
+    assert.equal(((await real.json()) as { code: string }).code, "NOT_READY");
     assert.equal(await files(), before, "no file row for the refused upload");
   } finally {
     down = "none";

@@ -72,6 +72,9 @@ test("a query value whose name says it holds a secret is not logged; the others 
     ["/api/x?password=&session_id=s", "/api/x?password=[redacted]&session_id=[redacted]"],
     ["/api/analysis-tasks?status=queued&limit=20", "/api/analysis-tasks?status=queued&limit=20"],
     ["/api/files?keyword", "/api/files?keyword"],
+    // Names as the server decodes them; more spellings of a secret.
+    ["/api/x?access_%74oken=abc&a=1", "/api/x?access_%74oken=[redacted]&a=1"],
+    ["/api/x?sig=s&pwd=p&jwt=j&bad%zz=1", "/api/x?sig=[redacted]&pwd=[redacted]&jwt=[redacted]&bad%zz=1"],
   ] as const)
     assert.equal(loggedUrl(url), logged, url);
 });

@@ -41,6 +41,11 @@ test("a time limit as people read it", () => {
     [600_000, "10 min"],
     [3_600_000, "1 h"],
     [5_430_000, "1 h 30 min 30 s"],
+    // Rounded before it is split: never "60 s".
+    [59_960, "1 min"],
+    [119_500, "2 min"],
+    [3_599_700, "1 h"],
+    [100, "0.1 s"],
   ] as const)
     assert.equal(durationText(ms), text, String(ms));
 });

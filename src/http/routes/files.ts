@@ -1,6 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { Type } from "typebox";
+import { connectionFailed } from "../../db/client.ts";
 import { storedFileName } from "../../files/file-name.ts";
 import { fileCreate, fileDelete, fileGet, fileList } from "../../files/files.ts";
 import { isNoSpace, PayloadTooLargeError, SourceError, storeFault } from "../../storage/store.ts";
@@ -56,6 +57,10 @@ function discardRest(request: FastifyRequest): void {
   raw.once("close", () => clearTimeout(timer));
   raw.resume();
 }
+
+/** An error of the database's: a statement it refused, or a connection to it that failed. */
+const isDatabaseError = (err: unknown) =>
+  (err instanceof Error && err.name === "PostgresError") || connectionFailed(err);
 
 export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.post(
@@ -121,8 +126,9 @@ export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
       if (err instanceof SourceError) throw new ApiError(400, "INVALID_MULTIPART", undefined, err.cause);
       if (isNoSpace(err) || isDatabaseFull(err)) throw new ApiError(507, "STORAGE_FULL", undefined, err);
       // A store that is away (its check fails too) is a 503 NOT_READY the client retries, with the
-      // same Idempotency-Key: until 2026-12-07 a 500, which the CLI does not retry.
-      if (err instanceof PayloadTooLargeError || request.raw.destroyed) throw err;
+      // same Idempotency-Key: until 2026-12-07 a 500, which the CLI does not retry. Not asked for
+      // the database's errors (its outage is the gate's 503), nor for the upload's own size.
+      if (err instanceof PayloadTooLargeError || isDatabaseError(err)) throw err;
       throw await storeFault(storage, err);
     });
     switch (result.kind) {
