@@ -67,6 +67,19 @@ const event = (
 });
 const frame = (e: TaskEvent) => `id: ${e.id}\nevent: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`;
 
+/** Follows task 1 on `server` to its end: the ids delivered and the states said, in order. */
+async function followAll(server: http.Server): Promise<{ got: string[]; states: string[] }> {
+  const c = new ApiClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, "assay_test");
+  const states: string[] = [];
+  const got: string[] = [];
+  for await (const e of taskEvents(c, "1", {
+    signal: new AbortController().signal,
+    onState: (s) => states.push(s),
+  }))
+    got.push(e.id);
+  return { got, states };
+}
+
 test("a stream that breaks off mid-frame resumes with Last-Event-ID; repeats are dropped by numeric id", async () => {
   // Ids cross a digit boundary and 2^53: compared as strings or Numbers they would go wrong.
   const ids = ["9", "10", "9007199254740993", "9007199254740995"];
@@ -95,15 +108,7 @@ test("a stream that breaks off mid-frame resumes with Last-Event-ID; repeats are
   });
   await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
   try {
-    const c = new ApiClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, "assay_test");
-    const states: string[] = [];
-    const got: string[] = [];
-    for await (const e of taskEvents(c, "1", {
-      signal: new AbortController().signal,
-      onState: (s) => states.push(s),
-    })) {
-      got.push(e.id);
-    }
+    const { got, states } = await followAll(server);
     assert.deepEqual(got, ids, "every event once, in order, up to the closing event");
     assert.deepEqual(seen, [undefined, "10"], "the second connection resumed after the last whole event");
     assert.deepEqual(states, ["reconnecting", "live"]);
@@ -129,14 +134,7 @@ test("a 429 from the stream (too many of the user's streams on the server) is as
   });
   await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
   try {
-    const c = new ApiClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, "assay_test");
-    const states: string[] = [];
-    const got: string[] = [];
-    for await (const e of taskEvents(c, "1", {
-      signal: new AbortController().signal,
-      onState: (s) => states.push(s),
-    }))
-      got.push(e.id);
+    const { got, states } = await followAll(server);
     assert.deepEqual(got, ["12"]);
     assert.equal(asked, 2);
     // Not before its Retry-After (the first retry's backoff alone is ~250 ms).

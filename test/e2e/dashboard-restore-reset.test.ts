@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { tokenCreate } from "../../src/auth/tokens.ts";
-import { browserSkip, dashboardSuite, uploadFile, watchPage } from "../helpers/browser.ts";
+import { browserSkip, dashboardSuite, summaryTask, uploadFile, watchPage } from "../helpers/browser.ts";
 import { tableEvents } from "../helpers/queue.ts";
 import { startTcpProxy } from "../helpers/tcp-proxy.ts";
 
@@ -21,13 +21,7 @@ test("after a restore from an older backup, the task page shows the restored log
   const sql = s.env.db.sql;
   const fay = await tokenCreate(sql, "fay", "user");
   const { fileId } = await uploadFile(s.base, fay.token, "mesures-été.csv", "a,b\n1,2\n");
-  const res = await fetch(`${s.base}/api/analysis-tasks`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${fay.token}`, "content-type": "application/json" },
-    body: JSON.stringify({ analysisType: "summary", inputFileIds: [fileId] }),
-  });
-  assert.equal(res.status, 201);
-  const taskId = ((await res.json()) as { data: { taskId: string } }).data.taskId;
+  const taskId = await summaryTask(s.base, fay.token, fileId);
   const [run] = await sql<{ id: string }[]>`select id::text from runs where task_id = ${taskId}`;
   await sql`update tasks set status = 'running', started_at = now() where id = ${taskId}`;
   /** Appends an event of the run and announces it, as the queue's statements do. */

@@ -6,7 +6,14 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { tokenCreate, tokenRevoke } from "../../src/auth/tokens.ts";
-import { browserSkip, dashboardSuite, tokenRefused, uploadFile, watchPage } from "../helpers/browser.ts";
+import {
+  browserSkip,
+  dashboardSuite,
+  summaryTask,
+  tokenRefused,
+  uploadFile,
+  watchPage,
+} from "../helpers/browser.ts";
 import { waitFor } from "../helpers/queue.ts";
 import { startTcpProxy } from "../helpers/tcp-proxy.ts";
 
@@ -23,13 +30,7 @@ test("a stream refused on reconnect (the token revoked while the network was dow
 }, async () => {
   const erin = await tokenCreate(s.env.db.sql, "erin \u202egnp.exe", "user");
   const { fileId } = await uploadFile(s.base, erin.token, "<b>données</b>\u202evsc.exe", "a,b\n1,2\n");
-  const res = await fetch(`${s.base}/api/analysis-tasks`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${erin.token}`, "content-type": "application/json" },
-    body: JSON.stringify({ analysisType: "summary", inputFileIds: [fileId] }),
-  });
-  assert.equal(res.status, 201);
-  const taskId = ((await res.json()) as { data: { taskId: string } }).data.taskId;
+  const taskId = await summaryTask(s.base, erin.token, fileId);
   // Started, as a worker's claim starts it: the page does not re-read a running task by itself.
   await s.env.db.sql`update tasks set status = 'running', started_at = now() where id = ${taskId}`;
 
@@ -79,13 +80,7 @@ test("a stream refused with 429 (too many of the user's streams) is asked again,
 }, async () => {
   const fay = await tokenCreate(s.env.db.sql, "fay", "user");
   const { fileId } = await uploadFile(s.base, fay.token, "größe.csv", "a,b\n1,2\n");
-  const res = await fetch(`${s.base}/api/analysis-tasks`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${fay.token}`, "content-type": "application/json" },
-    body: JSON.stringify({ analysisType: "summary", inputFileIds: [fileId] }),
-  });
-  assert.equal(res.status, 201);
-  const taskId = ((await res.json()) as { data: { taskId: string } }).data.taskId;
+  const taskId = await summaryTask(s.base, fay.token, fileId);
   const ctx = await s.browser.newContext({ viewport: { width: 1280, height: 900 } });
   try {
     const page = await ctx.newPage();

@@ -95,6 +95,17 @@ export async function uploadFile(
   return ((await res.json()) as { data: { fileId: string; name: string } }).data;
 }
 
+/** A summary task over `fileId`, created through the API as `token`'s user; its id. */
+export async function summaryTask(base: string, token: string, fileId: string): Promise<string> {
+  const res = await fetch(`${base}/api/analysis-tasks`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+    body: JSON.stringify({ analysisType: "summary", inputFileIds: [fileId] }),
+  });
+  assert.equal(res.status, 201);
+  return ((await res.json()) as { data: { taskId: string } }).data.taskId;
+}
+
 /** What dashboardSuite() gives a browser test file once its `before` has run. */
 export interface DashboardSuite {
   env: RunnerEnv;
