@@ -473,6 +473,10 @@ export const CONNECTION_LOST: ReadonlySet<string> = new Set([
   "CONNECTION_ENDED",
 ]);
 
+/** An error of the database's: a statement it refused, or a connection to it that failed. */
+export const isDatabaseError = (err: unknown): boolean =>
+  (err instanceof Error && err.name === "PostgresError") || connectionFailed(err);
+
 /**
  * Whether a query failed because its connection did, not because the database refused the statement:
  * one of postgres.js's CONNECTION_LOST (the pool's own, for a query or not), or its error for a query

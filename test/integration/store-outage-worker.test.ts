@@ -133,13 +133,21 @@ test("an output put that fails while the store still answers its check is an att
   assert.deepEqual(await store.list(`outputs/${taskId}/`), []);
 });
 
-test("the API answers 503 NOT_READY with Retry-After while the store is away: an upload, a download, an output", async () => {
+test("the API answers 503 NOT_READY with Retry-After while the store is away: an upload, a download, an output, a zip", async () => {
   // Until 2026-12-07 each was a 500 INTERNAL_ERROR, which clients take for a bug and do not retry.
   const type = "store-outage-api";
   const taskId = await env.task(type, [await env.file("a,b\n1,2\n")], { mode: "ok" }, 1);
+  // And a task of two runs, whose download is a zip.
+  const zipTaskId = await env.task(
+    type,
+    [await env.file("a,b\n3,4\n"), await env.file("a,b\n5,6\n")],
+    { mode: "ok" },
+    1,
+  );
   const worker = env.worker([fixtureProgram(type)], { concurrency: 1 });
   worker.start();
   await waitForTerminal(env.db.sql, taskId, 60_000);
+  await waitForTerminal(env.db.sql, zipTaskId, 60_000);
   await worker.stop();
   const [run] = await env.db.sql<{ id: string }[]>`select id::text from runs where task_id = ${taskId}`;
   const app = await env.app();
@@ -162,6 +170,7 @@ test("the API answers 503 NOT_READY with Retry-After while the store is away: an
       await upload(),
       await get(`/api/analysis-tasks/${taskId}/download`),
       await get(`/api/analysis-tasks/${taskId}/runs/${run?.id}/outputs/out.json`),
+      await get(`/api/analysis-tasks/${zipTaskId}/download`),
     ]) {
       assert.equal(res.statusCode, 503, res.body);
       assert.equal(res.headers["retry-after"], "2");
@@ -191,4 +200,5 @@ test("the API answers 503 NOT_READY with Retry-After while the store is away: an
   }
   assert.equal((await upload()).statusCode, 201);
   assert.equal((await get(`/api/analysis-tasks/${taskId}/download`)).statusCode, 200);
+  assert.equal((await get(`/api/analysis-tasks/${zipTaskId}/download`)).statusCode, 200);
 });

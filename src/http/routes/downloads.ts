@@ -16,7 +16,7 @@ import {
   viewLinkCheck,
   viewLinkPath,
 } from "../../auth/view-links.ts";
-import type { Sql } from "../../db/client.ts";
+import { isDatabaseError, type Sql } from "../../db/client.ts";
 import { databaseNow } from "../../db/clock.ts";
 import { SAFE_NAME } from "../../runner/outputs.ts";
 import {
@@ -208,6 +208,8 @@ async function send(
     await pages.return(undefined);
     // Retention may delete the task between the plan and its first page: a 404, as for a later request.
     if (!(err instanceof ApiError) && !(await taskExists())) throw notFound("ANALYSIS_TASK_NOT_FOUND");
+    // The first page's listing failed: a store that fails its check too is a 503 (storeFault).
+    if (!(err instanceof ApiError) && !isDatabaseError(err)) throw await storeFault(store, err);
     throw err;
   }
   const keys = await resultMetricKeys(sql, taskId);

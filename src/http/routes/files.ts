@@ -1,7 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from "@fastify/type-provider-typebox";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { Type } from "typebox";
-import { connectionFailed } from "../../db/client.ts";
+import { isDatabaseError } from "../../db/client.ts";
 import { storedFileName } from "../../files/file-name.ts";
 import { fileCreate, fileDelete, fileGet, fileList } from "../../files/files.ts";
 import { isNoSpace, PayloadTooLargeError, SourceError, storeFault } from "../../storage/store.ts";
@@ -57,10 +57,6 @@ function discardRest(request: FastifyRequest): void {
   raw.once("close", () => clearTimeout(timer));
   raw.resume();
 }
-
-/** An error of the database's: a statement it refused, or a connection to it that failed. */
-const isDatabaseError = (err: unknown) =>
-  (err instanceof Error && err.name === "PostgresError") || connectionFailed(err);
 
 export const fileRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.post(
