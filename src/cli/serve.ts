@@ -1,4 +1,5 @@
 // `assay api | worker | all`: long-running processes with a graceful shutdown.
+import fs from "node:fs";
 import net from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
 import closeWithGrace from "close-with-grace";
@@ -250,6 +251,14 @@ function heedSchema(state: SchemaState, logger: Logger): void {
       "the database has migrations newer than this release (a newer release migrated it): running on it",
     );
 }
+
+/**
+ * A file the banner's commands can upload as they are: the checkout's sample (`make dev` runs in the
+ * checkout, and the README's quick start uses it), else a name to replace.
+ */
+const SAMPLE_CSV = fs.existsSync("test/fixtures/csv/normal.csv")
+  ? "test/fixtures/csv/normal.csv"
+  : "data.csv";
 
 /** Stops bin/early-signals.js holding stop signals; the first it held, if any (none when not run by bin/assay.js). */
 function releaseEarlySignals(): NodeJS.Signals | undefined {
@@ -508,8 +517,8 @@ export async function serveCommand(
           // server loads none of the client); any other must be named.
           ...(address === "http://127.0.0.1:3000" ? [] : [`  export ASSAY_URL=${address}`]),
           "Try:",
-          "  npx assay submit --type summary data.csv --follow",
-          `  curl -s -H "Authorization: Bearer $ASSAY_TOKEN" -F file=@data.csv ${address}/api/files`,
+          `  npx assay submit --type summary ${SAMPLE_CSV} --follow`,
+          `  curl -s -H "Authorization: Bearer $ASSAY_TOKEN" -F file=@${SAMPLE_CSV} ${address}/api/files`,
           "",
         ].join("\n"),
       );

@@ -7,7 +7,7 @@ import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
 import { linkHost } from "../../src/cli/serve.ts";
-import { cleanEnv, collect, spawnCli, watch } from "../helpers/cli.ts";
+import { cleanEnv, collect, ROOT, spawnCli, watch } from "../helpers/cli.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 
 let db: TestDatabase;
@@ -39,7 +39,15 @@ test("the --dev-token banner prints working URLs for IPv6 and listen-on-all HOST
       const [, address, docs] = await out.waitFor(/Assay is listening on (\S+) {2}\(docs: (\S+)\)/, 30_000);
       const [, link] = await out.waitFor(/^ {2}(http:\S+\/#token=\S+)$/m, 30_000);
       const [, token] = await out.waitFor(/export ASSAY_TOKEN=(\S+)/, 30_000);
-      const [, curlUrl] = await out.waitFor(/-F file=@data\.csv (\S+)$/m, 30_000);
+      // A file the commands can upload as they are, run in the same folder (the checkout's sample;
+      // until 2026-12-07 a data.csv that is nowhere).
+      const [, sample, curlUrl] = await out.waitFor(/-F file=@(\S+) (\S+)$/m, 30_000);
+      assert.equal(sample, "test/fixtures/csv/normal.csv");
+      assert.ok(fs.existsSync(path.join(ROOT, sample)), sample);
+      await out.waitFor(
+        /^ {2}npx assay submit --type summary test\/fixtures\/csv\/normal\.csv --follow$/m,
+        30_000,
+      );
       // PORT=0: not the client commands' default server, so the banner names it for them.
       const [, clientUrl] = await out.waitFor(/^ {2}export ASSAY_URL=(\S+)$/m, 30_000);
       assert.equal(clientUrl, address);
