@@ -9,7 +9,10 @@
 const STOP_SIGNALS = ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"];
 const KEY = Symbol.for("assay.earlySignals");
 
-/** Holds the stop signals until `release()` (globalThis[Symbol.for("assay.earlySignals")]). */
+/**
+ * Holds the stop signals until `release()` of globalThis[Symbol.for("assay.earlySignals")], which
+ * src/cli/serve.ts calls (through globalThis: the bundle it runs in does not import bin/).
+ */
 export function holdEarlySignals() {
   let first;
   const hold = (signal) => {
@@ -24,9 +27,4 @@ export function holdEarlySignals() {
       return first;
     },
   };
-}
-
-/** Stops holding (when held) and returns the first stop signal that came meanwhile. */
-export function releaseEarlySignals() {
-  return globalThis[KEY]?.release();
 }

@@ -11,7 +11,7 @@ export function isAlive(pid: number): boolean {
   try {
     process.kill(pid, 0);
   } catch (err) {
-    return (err as NodeJS.ErrnoException).code === "EPERM" && !isZombie(pid);
+    if ((err as NodeJS.ErrnoException).code !== "EPERM") return false;
   }
   return !isZombie(pid);
 }
@@ -25,5 +25,5 @@ function isZombie(pid: number): boolean {
     return false;
   }
   // "<pid> (<comm>) <state> …": the command may hold spaces and parentheses, so after the last ")".
-  return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3) === "Z";
+  return stat[stat.lastIndexOf(")") + 2] === "Z";
 }

@@ -3,7 +3,7 @@
 import { api, mayPass, rereadDelayMs } from "./api.js";
 import { bytes, shownName, when } from "./format.js";
 import { html, useEffect, useRef, useState } from "./lib.js";
-import { ErrorNote, focusIfLost, goTo, listAddress, Pager } from "./widgets.js";
+import { ErrorNote, focusIfLost, goTo, listAddress, Pager, useFailures } from "./widgets.js";
 
 export function FilesView({ me, paging }) {
   const [page, setPage] = useState(null);
@@ -11,13 +11,8 @@ export function FilesView({ me, paging }) {
   // Bumped to read the page shown again (its address asked for again: no hashchange follows).
   const [again, setAgain] = useState(0);
   const [chosen, setChosen] = useState(() => new Set());
-  // Reads failed in a row (the retry's backoff).
-  const failed = useRef(0);
-  // Another address starts the backoff afresh: until 2026-12-07 the failures under the page or filters
-  // before made a new one's first retry wait up to 15 s. (Declared before the read: effects run in order.)
-  useEffect(() => {
-    failed.current = 0;
-  }, [paging.key]);
+  // Reads failed in a row (the retry's backoff), counted afresh on another page.
+  const failed = useFailures(paging.key);
   useEffect(() => {
     const ctrl = new AbortController();
     let retry = null;

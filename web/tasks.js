@@ -5,21 +5,26 @@ import { api, mayPass, POLL_MS, rereadDelayMs } from "./api.js";
 import { isTerminal } from "./events.js";
 import { duration, STATUS_LABEL, shownName, TASK_STATUSES, when } from "./format.js";
 import { html, useEffect, useRef, useState } from "./lib.js";
-import { ErrorNote, goTo, listAddress, Pager, QueuePlace, Status, TaskBar, useRowFocus } from "./widgets.js";
+import {
+  ErrorNote,
+  goTo,
+  listAddress,
+  Pager,
+  QueuePlace,
+  Status,
+  TaskBar,
+  useFailures,
+  useRowFocus,
+} from "./widgets.js";
 
 export function TasksView({ me, types, path, filter, paging }) {
   const [page, setPage] = useState(null);
   const [error, setError] = useState(null);
   const [tick, setTick] = useState(0);
-  // Reads failed in a row (the retry's backoff).
-  const failed = useRef(0);
-  // Another address starts the backoff afresh: until 2026-12-07 the failures under the page or filters
-  // before made a new one's first retry wait up to 15 s. (Declared before the read: effects run in order.)
-  useEffect(() => {
-    failed.current = 0;
-  }, [filter.status, filter.type, paging.key]);
   // The filters a page was read with: a page read under other filters is not shown under these.
   const filterKey = `${filter.status}\n${filter.type}`;
+  // Reads failed in a row (the retry's backoff), counted afresh under other filters or another page.
+  const failed = useFailures(`${filterKey}\n${paging.key}`);
 
   useEffect(() => {
     const ctrl = new AbortController();

@@ -265,3 +265,16 @@ export function Elapsed({ from, to }) {
   useTick(Boolean(from && !to));
   return duration(from, to);
 }
+
+/**
+ * Reads failed in a row, for a retry's backoff (a ref), counted afresh when `key` — the address read —
+ * changes: until 2026-12-07 the failures under the filters or page before made a new one's first
+ * retry wait up to 15 s. Call it before the read's effect (effects run in order).
+ */
+export function useFailures(key) {
+  const failed = useRef(0);
+  useEffect(() => {
+    failed.current = 0;
+  }, [key]);
+  return failed;
+}

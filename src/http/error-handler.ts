@@ -11,6 +11,7 @@ import {
   databaseUnavailable,
   type ErrorCode,
   PUBLIC_MESSAGES,
+  storeUnavailable,
   uploadTooLarge,
 } from "./errors.ts";
 import { singleFlight, withTimeout } from "./routes/health.ts";
@@ -127,16 +128,8 @@ const namesMissingSchema = (err: FastifyError) =>
 export function errorHandler(err: FastifyError, request: FastifyRequest, reply: FastifyReply) {
   // The object store is away (a request's store call failed, and so did the store's check: storeFault):
   // a 503 the client may retry, as for the database, not a bug's 500.
-  if (err instanceof StoreUnavailableError) {
-    reply.header("retry-after", "2");
-    const refused = new ApiError(
-      503,
-      "NOT_READY",
-      "The object store cannot be used right now; try again shortly.",
-      err,
-    );
-    return answer(refused as unknown as FastifyError, request, reply);
-  }
+  if (err instanceof StoreUnavailableError)
+    return answer(storeUnavailable(reply, err) as unknown as FastifyError, request, reply);
   // The request's query failed because its connection to the database did (refused, cut, timed out,
   // the server shutting down): the 503 the gate gives once it has seen the outage, not a 500 — each
   // request in the first second or so of an outage, before the gate closed, was an INTERNAL_ERROR

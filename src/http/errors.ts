@@ -59,6 +59,22 @@ export function databaseUnavailable(reply: { header(name: string, value: string)
   reply.header("retry-after", "2");
   return new ApiError(503, "NOT_READY", "The database is not answering; try again shortly.");
 }
+/**
+ * A request refused because the object store cannot be used (a store call failed, and so did its
+ * check: storeFault): 503 NOT_READY, and `Retry-After` on `reply`.
+ */
+export function storeUnavailable(
+  reply: { header(name: string, value: string): unknown },
+  cause: unknown,
+): ApiError {
+  reply.header("retry-after", "2");
+  return new ApiError(
+    503,
+    "NOT_READY",
+    "The object store cannot be used right now; try again shortly.",
+    cause,
+  );
+}
 export const validationFailed = (detail: string) => new ApiError(400, "VALIDATION_FAILED", detail);
 
 /** A size limit as people read it: "100 MiB" for a whole number of MiB, "64 KiB" of KiB below 1 MiB, else bytes. */

@@ -295,13 +295,13 @@ async function heldOrMissing(
   try {
     await store.stat(outputKeyOf(output, name));
   } catch (err) {
-    if (!(err instanceof ObjectMissingError)) throw await storeFault(store, err);
     // S3 answers a HEAD in a bucket that is not there with a bare 404, as for a missing object: an
     // outage is not to be reported as a lost output. The store's own check tells them apart (one
     // listing of a key, on this path only): a store that fails it is a 503 NOT_READY. Not a local
-    // store's: its check makes the data folder when it is missing.
-    if (!store.localPath)
-      await store.check().catch((cause: unknown) => Promise.reject(new StoreUnavailableError(cause)));
+    // store's for a missing object: its check makes the data folder when it is missing.
+    const missing = err instanceof ObjectMissingError;
+    const fault = missing && store.localPath ? err : await storeFault(store, err);
+    if (fault instanceof StoreUnavailableError || !missing) throw fault;
     throw await outputMissing(reply, output, taskExists, { err, file: name });
   }
 }
