@@ -244,6 +244,12 @@ export function useRowFocus(rowAttr, fallback) {
 }
 
 /**
+ * One timer per interval for every component that ticks (useTick): a task page's running rows count
+ * on together, in one redraw, not each on a timer of its own at its own moment.
+ */
+const tickers = new Map();
+
+/**
  * Re-renders the component every `ms` while `on`: a running duration counts on between the reads and
  * events that re-render it otherwise (a program that writes no progress for a minute left the task
  * page's "Duration" standing still for that minute, until 2026-12-07).
@@ -252,8 +258,23 @@ export function useTick(on, ms = 1000) {
   const [, setTicks] = useState(0);
   useEffect(() => {
     if (!on) return undefined;
-    const timer = setInterval(() => setTicks((n) => n + 1), ms);
-    return () => clearInterval(timer);
+    let ticker = tickers.get(ms);
+    if (ticker === undefined) {
+      const bumps = new Set();
+      const timer = setInterval(() => {
+        for (const bump of bumps) bump();
+      }, ms);
+      ticker = { bumps, timer };
+      tickers.set(ms, ticker);
+    }
+    const bump = () => setTicks((n) => n + 1);
+    ticker.bumps.add(bump);
+    return () => {
+      ticker.bumps.delete(bump);
+      if (ticker.bumps.size > 0) return;
+      clearInterval(ticker.timer);
+      tickers.delete(ms);
+    };
   }, [on, ms]);
 }
 

@@ -256,9 +256,8 @@ function heedSchema(state: SchemaState, logger: Logger): void {
  * A file the banner's commands can upload as they are: the checkout's sample (`make dev` runs in the
  * checkout, and the README's quick start uses it), else a name to replace.
  */
-const SAMPLE_CSV = fs.existsSync("test/fixtures/csv/normal.csv")
-  ? "test/fixtures/csv/normal.csv"
-  : "data.csv";
+const sampleCsv = () =>
+  fs.existsSync("test/fixtures/csv/normal.csv") ? "test/fixtures/csv/normal.csv" : "data.csv";
 
 /** Stops bin/early-signals.js holding stop signals; the first it held, if any (none when not run by bin/assay.js). */
 function releaseEarlySignals(): NodeJS.Signals | undefined {
@@ -503,6 +502,7 @@ export async function serveCommand(
       // collected an admin token a day that worked for ever.
       const { token } = await tokenCreate(database.sql, "dev", "admin", DEV_TOKEN_DAYS * 86_400);
       const address = `http://${linkHost(cfg.host)}:${(server.server.address() as { port: number }).port}`;
+      const sample = sampleCsv();
       console.log(
         [
           "",
@@ -517,8 +517,8 @@ export async function serveCommand(
           // server loads none of the client); any other must be named.
           ...(address === "http://127.0.0.1:3000" ? [] : [`  export ASSAY_URL=${address}`]),
           "Try:",
-          `  npx assay submit --type summary ${SAMPLE_CSV} --follow`,
-          `  curl -s -H "Authorization: Bearer $ASSAY_TOKEN" -F file=@${SAMPLE_CSV} ${address}/api/files`,
+          `  npx assay submit --type summary ${sample} --follow`,
+          `  curl -s -H "Authorization: Bearer $ASSAY_TOKEN" -F file=@${sample} ${address}/api/files`,
           "",
         ].join("\n"),
       );

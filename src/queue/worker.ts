@@ -1258,7 +1258,8 @@ export class Worker {
     const controller = new AbortController();
     const began = performance.now();
     this.observer.attemptLive(run.analysisType, 1);
-    const timeout = setTimeout(() => controller.abort("timeout"), type.timeoutMs ?? DEFAULT_TIMEOUT_MS);
+    const limitMs = type.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    const timeout = setTimeout(() => controller.abort("timeout"), limitMs);
     this.o.logger.info(
       { ...this.fields(run), status: "starting", analysisType: run.analysisType },
       "run started",
@@ -1318,7 +1319,10 @@ export class Worker {
       // Settled first: an attempt that found the disk full holds the claims (holdClaims()), and the
       // runs claimed ahead go back to the queue instead of starting on that disk.
       // Its last message goes with the outcome, written or not (settle(); the same twice is harmless).
-      this.settle(run, seconds, controller.signal.reason as AbortReason | undefined, outcome, lastMessage);
+      this.settle(run, seconds, controller.signal.reason as AbortReason | undefined, outcome, {
+        lastMessage,
+        limitMs,
+      });
       // The slot is free: a run claimed ahead starts now, not when the claim loop is next free (it
       // may be waiting for a claim).
       this.drainBuffer();
@@ -1332,7 +1336,8 @@ export class Worker {
     seconds: number,
     reason: AbortReason | undefined,
     ending: Ending,
-    lastMessage: string | null = null,
+    /** The attempt's last progress message, and the time limit it ran under (named by a timeout). */
+    { lastMessage, limitMs }: { lastMessage: string | null; limitMs: number },
   ): void {
     if (ending.status === "error")
       this.o.logger.error({ ...this.fields(run), err: ending.error }, "handler threw");
@@ -1341,7 +1346,7 @@ export class Worker {
       effectiveReason(reason, ending, this.stopping),
       ending,
       this.o.retryBaseMs,
-      this.o.types[run.analysisType]?.timeoutMs ?? DEFAULT_TIMEOUT_MS,
+      limitMs,
     );
     const code =
       decision.kind === "retry"

@@ -90,6 +90,19 @@ export class StoreUnavailableError extends Error {
   }
 }
 
+/** Each store's check in flight (storeFault): the failures that meet an outage together share one. */
+const checking = new WeakMap<Pick<ObjectStore, "check">, Promise<void>>();
+
+/** `store.check()`, or the one already in flight: an outage sends one check, not one per failure. */
+function sharedCheck(store: Pick<ObjectStore, "check">): Promise<void> {
+  let flight = checking.get(store);
+  if (flight === undefined) {
+    flight = store.check().finally(() => checking.delete(store));
+    checking.set(store, flight);
+  }
+  return flight;
+}
+
 /**
  * What an attempt's failed store operation (an input's fetch, an output's put) throws: a
  * StoreUnavailableError when the store, asked at once (its check(): one listing, bounded by its own
@@ -106,7 +119,7 @@ export async function storeFault(
 ): Promise<unknown> {
   if (signal?.aborted || isNoSpace(err) || err instanceof StoreUnavailableError) return err;
   try {
-    await store.check();
+    await sharedCheck(store);
     return err;
   } catch {
     return signal?.aborted ? err : new StoreUnavailableError(err);
