@@ -12,6 +12,8 @@ import {
   HeadObjectCommand,
   ListMultipartUploadsCommand,
   ListObjectsV2Command,
+  ListPartsCommand,
+  type ListPartsCommandOutput,
   NoSuchKey,
   NoSuchUpload,
   S3Client,
@@ -433,7 +435,10 @@ export class S3Store implements ObjectStore {
   /**
    * Only uploads under the service's own keys: with an empty prefix the bucket's root may hold other
    * tools' uploads, which are not ours to end. At most 10 pages of uploads per key prefix and call (one
-   * sweep pass); the next pass goes on.
+   * sweep pass); the next pass goes on. Old means idle since `olderThan`: begun before it and no part
+   * written since (an upload's start is all S3 lists, and an upload of tens of GB over a slow link may
+   * take longer than the sweep's day; one begun before and still under way was aborted, and its client
+   * answered a 500 when it ended).
    */
   async abortIncompleteUploads(olderThan: Date): Promise<number> {
     let aborted = 0;
@@ -449,6 +454,7 @@ export class S3Store implements ObjectStore {
         );
         for (const u of res.Uploads ?? []) {
           if (!u.Key || !u.UploadId || !u.Initiated || u.Initiated >= olderThan) continue;
+          if (await this.partWrittenSince(u.Key, u.UploadId, olderThan)) continue;
           if (await this.abortUpload(u.Key, u.UploadId)) aborted++;
         }
         if (!res.IsTruncated) break;
@@ -459,6 +465,40 @@ export class S3Store implements ObjectStore {
       }
     }
     return aborted;
+  }
+
+  /**
+   * Whether a part of the upload was written at or after `since` (or the upload is gone: nothing to
+   * end). A server that cannot list parts (s3rver, some small S3-compatible servers) answers with the
+   * upload's start alone, as before: false.
+   */
+  private async partWrittenSince(key: string, uploadId: string, since: Date): Promise<boolean> {
+    let marker: string | undefined;
+    // S3 allows 10,000 parts, listed 1,000 a page.
+    for (let page = 0; page < 10; page++) {
+      let res: ListPartsCommandOutput;
+      try {
+        res = await this.client.send(
+          new ListPartsCommand({
+            Bucket: this.bucket,
+            Key: key,
+            UploadId: uploadId,
+            ...(marker ? { PartNumberMarker: marker } : {}),
+          }),
+        );
+      } catch (err) {
+        const name = (err as { name?: string }).name;
+        if (err instanceof NoSuchUpload || name === "NoSuchUpload") return true;
+        const status = (err as { $metadata?: { httpStatusCode?: number } }).$metadata?.httpStatusCode;
+        if (name === "NotImplemented" || name === "MethodNotAllowed" || status === 405 || status === 501)
+          return false;
+        throw err;
+      }
+      if ((res.Parts ?? []).some((p) => p.LastModified !== undefined && p.LastModified >= since)) return true;
+      if (!res.IsTruncated || !res.NextPartNumberMarker) return false;
+      marker = res.NextPartNumberMarker;
+    }
+    return false;
   }
 
   /** Whether this call ended the upload; false when it was already gone. */

@@ -200,6 +200,51 @@ test("s3: the sweep ends only uploads under Assay's own keys; another tool's old
     await client.send(new AbortMultipartUploadCommand({ Bucket: bucket.name, Key, UploadId }));
 });
 
+test("s3: an upload begun before the cutoff whose parts are still coming in is kept; idle, it ends", async () => {
+  // A 50 GB upload over a slow link outlives the sweep's day: S3 lists only when an upload began, so
+  // the sweep asks for its parts and keeps one that wrote a part since the cutoff (it aborted it, and
+  // the upload's client got a 500 when its body ended).
+  const key = "slow/files/1234570";
+  const uploadId = await startUpload(key);
+  const store = bucket.store("slow/");
+  const cutoff = new Date(Date.now() + 20);
+  while (Date.now() <= cutoff.getTime() + 1) await new Promise((resolve) => setTimeout(resolve, 5));
+  await store.client.send(
+    new UploadPartCommand({ Bucket: bucket.name, Key: key, UploadId: uploadId, PartNumber: 2, Body: "more" }),
+  );
+  assert.equal(await store.abortIncompleteUploads(cutoff), 0, "a part came in after the cutoff: kept");
+  assert.deepEqual(await uploadKeys("slow/"), [key]);
+  // Idle since a later cutoff: ended.
+  assert.equal(await store.abortIncompleteUploads(new Date(Date.now() + 1000)), 1);
+  assert.deepEqual(await uploadKeys("slow/"), []);
+});
+
+test("s3: a server that cannot list parts has its old uploads ended by their start, as before", async () => {
+  const key = "noparts/files/1234571";
+  await startUpload(key);
+  const store = bucket.store("noparts/");
+  let asked = 0;
+  store.client.middlewareStack.add(
+    (next, context) => async (args) => {
+      if (context.commandName === "ListPartsCommand") {
+        asked++;
+        throw Object.assign(
+          new Error("A parameter you provided implies functionality that is not implemented"),
+          {
+            name: "NotImplemented",
+            $metadata: { httpStatusCode: 501 },
+          },
+        );
+      }
+      return next(args);
+    },
+    { step: "initialize", name: "noListParts" },
+  );
+  assert.equal(await store.abortIncompleteUploads(new Date(Date.now() + 1000)), 1);
+  assert.equal(asked, 1);
+  assert.deepEqual(await uploadKeys("noparts/"), []);
+});
+
 test("a random start: restarted sweeps reach an orphan past the first pages, not only the first keys", async () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-sweep-restart-"));
   const store = new LocalStore(dir);
