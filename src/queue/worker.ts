@@ -1496,7 +1496,12 @@ export class Worker {
   }
 
   private fenced(p: Pending<unknown>): void {
-    this.o.logger.warn(this.fields(p.run), "run completion fenced off: another attempt owns it");
+    // Which of these happened is not known here (the statement matched no row): the words say all of
+    // them, so that a run a reaper cancelled while this worker was stopped is not taken for one run twice.
+    this.o.logger.warn(
+      this.fields(p.run),
+      "run completion fenced off: this attempt's lease was gone (reaped while this worker did not answer — then queued again, cancelled or failed —, or taken by another attempt); nothing recorded",
+    );
     this.observer.leaseLost(p.run.analysisType, "fenced");
     this.ended(p, "lost");
     void this.discard(p.run);
