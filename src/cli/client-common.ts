@@ -20,11 +20,31 @@ export const COMMON_HELP = `Common options:
   --url URL      the server (default $ASSAY_URL, else ${DEFAULT_URL})
   --token T      the API token (default $ASSAY_TOKEN; prefer the variable: arguments show in ps)
   --json         one JSON line per result, nothing drawn (the default when stdout is not a terminal)
-  -h, --help     this help
+  -h, --help     this help`;
 
-Exit codes: 0 done (the task succeeded), 1 the task failed, partially succeeded, timed out or was
-cancelled, 2 usage or validation error, 3 cannot reach or authenticate with the server, 130 Ctrl-C,
-141 stdout was closed by its reader (\`| head\`).`;
+/**
+ * A command's "Exit codes:" paragraph (docs/cli.md, Exit codes): its own codes (`codes`), then the
+ * codes every command has — 3 for the server, 130 for Ctrl-C (`interrupted`, what it means there),
+ * 141 for a closed stdout — wrapped to 100 columns. Until 2026-12-07 every command's help listed a
+ * task's outcomes, meaningless for tasks, types, status or files.
+ */
+export function exitCodesHelp(codes: string[], interrupted = "Ctrl-C"): string {
+  const all = [
+    ...codes,
+    "3 the server cannot be reached or refuses the token",
+    `130 ${interrupted}`,
+    "141 stdout was closed by its reader (`| head`)",
+  ];
+  const lines: string[] = [];
+  let line = "Exit codes:";
+  for (const word of `${all.join("; ")}.`.split(" ")) {
+    if (line.length + 1 + word.length > 100) {
+      lines.push(line);
+      line = word;
+    } else line += ` ${word}`;
+  }
+  return [...lines, line].join("\n");
+}
 
 export interface ClientContext {
   client: ApiClient;
@@ -45,7 +65,8 @@ export function parseClientArgs<O extends Options>(argv: string[], options: O) {
       strict: true,
     });
   } catch (err) {
-    throw new ClientUsageError((err as Error).message);
+    // Node's own words, in lines ("…is ambiguous.\nDid you forget…"): printed as lines.
+    throw new ClientUsageError((err as Error).message, { ownLines: true });
   }
 }
 
@@ -193,6 +214,9 @@ export function intOption(value: string | undefined, name: string, fallback: num
     throw new ClientUsageError(`--${name} must be an integer from 1 to ${max}`);
   return n;
 }
+
+/** A path as one word of a shell command, quoted when it holds anything a shell would take apart. */
+export const shellWord = (p: string) => (/^[\w@%+=:,./-]+$/.test(p) ? p : `'${p.replace(/'/g, "'\\''")}'`);
 
 /** `url` as it may be printed: what stands between `//` and `@` (a user name, a password) hidden. */
 function withoutCredentials(url: string): string {

@@ -2,11 +2,19 @@
 import path from "node:path";
 import { runsOf, taskGet } from "../client/api.ts";
 import { downloadOutputs, folderNames } from "../client/download.ts";
-import { ClientUsageError, EXIT, TaskStateError } from "../client/exit.ts";
+import { ClientUsageError, EXIT, Interrupted, TaskStateError } from "../client/exit.ts";
 import { shown } from "../client/output.ts";
 import { isTerminal } from "../client/sse.ts";
 import { summaryLine } from "../client/summary.ts";
-import { type ClientContext, intOption, runClientCommand, taskIdArg } from "./client-common.ts";
+import {
+  type ClientContext,
+  exitCodesHelp,
+  intOption,
+  runClientCommand,
+  shellWord,
+  taskIdArg,
+} from "./client-common.ts";
+import { problemsOf, sayProblems } from "./client-follow.ts";
 
 // ---- download --------------------------------------------------------------------------------
 
@@ -17,8 +25,11 @@ succeeded (a repeated input name gets " (run <id>)"), and DIR/results.csv with a
 DIR (-o) defaults to task-<taskId>; --concurrency N downloads at once (default 8, at most 64).
 A download whose connection breaks off is tried again (5 times in all), an output file from the
 byte it had reached; a file is under its own name only once it is whole.
-Exits 0 when the task succeeded, 1 when it ended otherwise (the outputs of the runs that succeeded
-are still downloaded) or has not ended yet.
+${exitCodesHelp([
+  "0 the task succeeded",
+  "1 it ended otherwise (the outputs of the runs that succeeded are still downloaded) or has not ended yet",
+  "2 bad arguments, no task of yours has that id, or something in the way of DIR's files, or a file that cannot be written (a full disk)",
+])}
 
 Example:
   assay download 100000042 --out results/`;
@@ -47,16 +58,29 @@ export const downloadCommand = (argv: string[]) =>
         const out = path.resolve(values.out ?? `task-${taskId}`);
         const runs = await runsOf(ctx.client, taskId, "succeeded", ctx.signal);
         const folders = folderNames(runs);
-        const { got, files } = await downloadReported(
-          ctx,
-          taskId,
-          runs.map((run) => ({ run, folder: folders.get(run.runId) as string })),
-          out,
-          concurrency,
-        );
+        let downloaded: Awaited<ReturnType<typeof downloadReported>>;
+        try {
+          downloaded = await downloadReported(
+            ctx,
+            taskId,
+            runs.map((run) => ({ run, folder: folders.get(run.runId) as string })),
+            out,
+            concurrency,
+          );
+        } catch (err) {
+          if (!(err instanceof Interrupted) && !ctx.signal.aborted) throw err;
+          // What a second run does: every file downloaded again, those already there written anew.
+          const message = `download interrupted; the same command again (assay download ${taskId} --out ${shellWord(out)}) downloads the outputs again`;
+          ctx.out.line("interrupted", { taskId, message });
+          ctx.out.note(message);
+          return EXIT.INTERRUPTED;
+        }
+        const { got, files } = downloaded;
         ctx.out.say(
           `Downloaded ${files} files of ${got.runs.length} runs to ${shown(out)}; ${summaryLine(task)}`,
         );
+        // As follow's summary: a line per run that did not succeed (it has no outputs).
+        if (task.status !== "succeeded") sayProblems(ctx, await problemsOf(ctx, task));
         return task.status === "succeeded" ? EXIT.OK : EXIT.TASK_NOT_SUCCEEDED;
       },
     },
@@ -74,12 +98,26 @@ export async function downloadReported(
   out: string,
   concurrency: number,
 ) {
-  const got = await downloadOutputs(ctx.client, taskId, items, out, {
-    concurrency,
-    signal: ctx.signal,
-    onRun: (d) => ctx.out.line("download", { dir: path.join(out, d.folder), ...d }),
-    onRetry: (note) => ctx.out.note(note),
-  });
+  // On a terminal, a bar of the runs done (a task of hundreds of runs takes a while).
+  const bars = ctx.out.tty
+    ? new (await import("../client/tty.ts")).DownloadBars(ctx.out.stream, items.length)
+    : undefined;
+  if (bars) ctx.out.drawing((line) => bars.log(line));
+  let got: Awaited<ReturnType<typeof downloadOutputs>>;
+  try {
+    got = await downloadOutputs(ctx.client, taskId, items, out, {
+      concurrency,
+      signal: ctx.signal,
+      onRun: (d) => {
+        ctx.out.line("download", { dir: path.join(out, d.folder), ...d });
+        bars?.run(d.files.length, d.bytes);
+      },
+      onRetry: (note) => ctx.out.note(note),
+    });
+  } finally {
+    ctx.out.drawing(undefined);
+    bars?.stop();
+  }
   const files = got.runs.reduce((a, r) => a + r.files.length, 0);
   ctx.out.line("downloaded", { dir: out, runs: got.runs.length, files, resultsCsv: got.resultsCsv });
   return { got, files };

@@ -5,10 +5,10 @@ import { logsPage, runsOf, taskGet } from "../client/api.ts";
 import { EXIT, Interrupted } from "../client/exit.ts";
 import { displayWidth, fitName, shown } from "../client/output.ts";
 import { type RunState, TaskTracker } from "../client/progress.ts";
-import { type StreamState, taskEvents } from "../client/sse.ts";
+import { isClosingEvent, isTerminal, type StreamState, taskEvents } from "../client/sse.ts";
 import { summaryLine } from "../client/summary.ts";
 import type { Run, Task, TaskEvent } from "../http/api-types.ts";
-import { type ClientContext, runClientCommand, taskIdArg } from "./client-common.ts";
+import { type ClientContext, exitCodesHelp, runClientCommand, taskIdArg } from "./client-common.ts";
 
 const queuedRuns = (n: number) => `${n} queued ${n === 1 ? "run" : "runs"}`;
 
@@ -38,10 +38,16 @@ export function problemLine(
   columns: number,
 ): string {
   const what = (retried ? `retrying (attempt ${run.attempt + 1})` : run.status).padEnd(10);
-  const after = ` (run ${run.runId}): ${shown(run.errorCode)}`;
+  const after = ` (run ${run.runId}): ${retried && run.errorCode === null ? REQUEUED : shown(run.errorCode)}`;
   const room = columns - displayWidth(`${what} ${after}`) - 1;
   return `${what} ${fitName(shown(run.name), Math.max(1, room))}${after}`;
 }
+
+/**
+ * Why a run was retried without an error code: its worker stopped (a shutdown) and gave it back, its
+ * attempt not counted (run.retry's data: `errorCode` null, `attempt` one fewer).
+ */
+const REQUEUED = "put back in the queue (its worker stopped)";
 
 /** Draws the task on a terminal. */
 async function barsView(ctx: ClientContext, task: Task): Promise<View> {
@@ -52,6 +58,8 @@ async function barsView(ctx: ClientContext, task: Task): Promise<View> {
     await runsOf(ctx.client, task.taskId, undefined, ctx.signal),
   );
   const bars = new FollowBars(ctx.out.stream, tracker);
+  // A request's retry notes go above the bars, not under them.
+  ctx.out.drawing((line) => bars.log(line));
   return {
     event(e) {
       const change = tracker.apply(e);
@@ -75,7 +83,10 @@ async function barsView(ctx: ClientContext, task: Task): Promise<View> {
         state === "reconnecting" ? `connection lost (${shown(detail)}); reconnecting…` : "reconnected",
       );
     },
-    stop: () => bars.stop(),
+    stop: () => {
+      ctx.out.drawing(undefined);
+      bars.stop();
+    },
   };
 }
 
@@ -104,6 +115,12 @@ const quietView: View = { event: () => {}, state: () => {}, stop: () => {} };
 /** The task as it ended and its runs that did not succeed. */
 export async function outcomeOf(ctx: ClientContext, taskId: string): Promise<FollowResult> {
   const task = await taskGet(ctx.client, taskId, ctx.signal);
+  return { task, problems: await problemsOf(ctx, task) };
+}
+
+/** The runs of an ended task that did not succeed, in run id order. */
+export async function problemsOf(ctx: ClientContext, task: Task): Promise<Run[]> {
+  const taskId = task.taskId;
   const problems: Run[] = [];
   for (const [count, status] of [
     [task.failedCount, "failed"],
@@ -113,7 +130,7 @@ export async function outcomeOf(ctx: ClientContext, taskId: string): Promise<Fol
     if (count > 0) problems.push(...(await runsOf(ctx.client, taskId, status, ctx.signal)));
   }
   problems.sort((a, b) => (BigInt(a.runId) < BigInt(b.runId) ? -1 : 1));
-  return { task, problems };
+  return problems;
 }
 
 /**
@@ -126,15 +143,28 @@ export async function followTask(
   o: { show: boolean },
 ): Promise<FollowResult> {
   const first = await taskGet(ctx.client, taskId, ctx.signal);
+  // The task's end as far as known: its status when it had ended, or its closing event.
+  let ended: string | undefined = isTerminal(first.status) ? first.status : undefined;
   const view = !o.show ? quietView : ctx.out.tty ? await barsView(ctx, first) : jsonView(ctx);
   try {
-    for await (const e of taskEvents(ctx.client, taskId, { signal: ctx.signal, onState: view.state }))
+    for await (const e of taskEvents(ctx.client, taskId, { signal: ctx.signal, onState: view.state })) {
+      if (isClosingEvent(e)) ended = e.type.slice("task.".length);
       view.event(e);
+    }
   } finally {
     view.stop();
   }
-  if (ctx.signal.aborted) throw new Interrupted(`stopped following task ${taskId}`);
+  if (ctx.signal.aborted) throw new StoppedFollowing(`stopped following task ${taskId}`, ended);
   return outcomeOf(ctx, taskId);
+}
+
+/** Following stopped (Ctrl-C, stdout closed): `ended`, the task's status when it is known to have ended. */
+export class StoppedFollowing extends Interrupted {
+  readonly ended: string | undefined;
+  constructor(message: string, ended: string | undefined) {
+    super(message);
+    this.ended = ended;
+  }
 }
 
 /** The closing report: a summary line and a line per run that did not succeed. Returns the exit code. */
@@ -148,17 +178,29 @@ export function report(ctx: ClientContext, { task, problems }: FollowResult): nu
   }));
   ctx.out.line("summary", { ...task, failedRuns });
   ctx.out.say(summaryLine(task));
+  sayProblems(ctx, problems);
+  return task.status === "succeeded" ? EXIT.OK : EXIT.TASK_NOT_SUCCEEDED;
+}
+
+/** A line for people per run that did not succeed (follow's summary, download's). */
+export function sayProblems(ctx: ClientContext, problems: Run[]): void {
   for (const r of problems) {
     ctx.out.say(
       `  ${r.status.padEnd(10)} ${shown(r.fileName)} (run ${r.runId}): ${r.errorCode ?? ""}${r.errorMessage ? ` — ${shown(r.errorMessage)}` : ""}`,
     );
   }
-  return task.status === "succeeded" ? EXIT.OK : EXIT.TASK_NOT_SUCCEEDED;
 }
 
-/** What Ctrl-C while following says: the task goes on. */
-export function leftRunning(ctx: ClientContext, taskId: string): number {
-  const message = `stopped following; task ${taskId} is still running (assay follow ${taskId} to watch it again, assay cancel ${taskId} to stop it)`;
+/**
+ * What Ctrl-C while following (or waiting) says: the task goes on, unless `err` knows it has ended;
+ * `fetch`, the command that downloads its outputs once it has ended (submit --out).
+ */
+export function leftRunning(ctx: ClientContext, taskId: string, err?: unknown, fetch?: string): number {
+  const ended = err instanceof StoppedFollowing ? err.ended : undefined;
+  const message =
+    ended !== undefined
+      ? `stopped following; task ${taskId} has ended (${ended})${fetch ? `: ${fetch}` : ""}`
+      : `stopped following; task ${taskId} is still running (assay follow ${taskId} to watch it again, assay cancel ${taskId} to stop it)${fetch ? `; once it has ended, ${fetch}` : ""}`;
   ctx.out.line("interrupted", { taskId, message });
   ctx.out.note(message);
   return EXIT.INTERRUPTED;
@@ -172,6 +214,15 @@ succeed. Without a terminal (or with --json): one JSON line per event of the tas
 "summary" line. Survives API restarts and dropped connections (resumes with Last-Event-ID; nothing
 is shown twice). Ctrl-C stops following and leaves the task running.
 
+${exitCodesHelp(
+  [
+    "0 the task succeeded",
+    "1 it failed, partially succeeded, timed out or was cancelled",
+    "2 bad arguments, or no task of yours has that id",
+  ],
+  "Ctrl-C (the task goes on)",
+)}
+
 Example:
   assay follow 100000042`;
 
@@ -183,7 +234,7 @@ export const followSpec = {
     try {
       return report(ctx, await followTask(ctx, taskId, { show: true }));
     } catch (err) {
-      if (err instanceof Interrupted) return leftRunning(ctx, taskId);
+      if (err instanceof Interrupted) return leftRunning(ctx, taskId, err);
       throw err;
     }
   },
@@ -197,6 +248,15 @@ Prints the task's events (its lifecycle and every progress report), oldest first
 (-f), keeps printing new events until the task ends, then exits with the task's outcome. Without a
 terminal (or with --json): one JSON line per event.
 
+${exitCodesHelp(
+  [
+    "0 done (with --follow: the task succeeded)",
+    "1 with --follow: the task failed, partially succeeded, timed out or was cancelled",
+    "2 bad arguments, or no task of yours has that id",
+  ],
+  "Ctrl-C (the task goes on)",
+)}
+
 Examples:
   assay logs 100000042
   assay logs 100000042 --follow --json | jq -c 'select(.type == "run.failed")'`;
@@ -209,6 +269,7 @@ export function eventLine(e: TaskEvent, names: Map<string, string>): string {
   if (e.type === "run.progress")
     what = `${d.percent ?? "?"}%${typeof d.message === "string" ? ` ${shown(d.message)}` : ""}`;
   else if (typeof d.errorCode === "string") what = d.errorCode;
+  else if (e.type === "run.retry") what = REQUEUED;
   else if (e.type === "task.queued") what = `${d.totalCount ?? "?"} runs`;
   else if (typeof d.cancelledQueued === "number" && d.cancelledQueued > 0)
     what = `${queuedRuns(d.cancelledQueued)} cancelled`;
@@ -234,8 +295,13 @@ async function printLogs(ctx: ClientContext, taskId: string, follow: boolean): P
   }
   if (!follow) return EXIT.OK;
   const stream = taskEvents(ctx.client, taskId, { signal: ctx.signal, after, onState: streamNote(ctx) });
-  for await (const e of stream) print(e);
-  if (ctx.signal.aborted) return leftRunning(ctx, taskId);
+  let ended: string | undefined;
+  for await (const e of stream) {
+    if (isClosingEvent(e)) ended = e.type.slice("task.".length);
+    print(e);
+  }
+  if (ctx.signal.aborted)
+    return leftRunning(ctx, taskId, new StoppedFollowing(`stopped following task ${taskId}`, ended));
   const task = await taskGet(ctx.client, taskId, ctx.signal);
   ctx.out.say(summaryLine(task));
   return task.status === "succeeded" ? EXIT.OK : EXIT.TASK_NOT_SUCCEEDED;

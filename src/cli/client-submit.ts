@@ -17,7 +17,7 @@ import { type JsonSchema, knownParams, paramProblems, parseParams } from "../cli
 import { mapLimit, sleep } from "../client/pool.ts";
 import { findCopies, hashInputs, uploadFile } from "../client/upload.ts";
 import type { AnalysisTypeInfo, FileRecord, TaskCreated } from "../http/api-types.ts";
-import { type ClientContext, intOption, runClientCommand } from "./client-common.ts";
+import { type ClientContext, intOption, runClientCommand, shellWord } from "./client-common.ts";
 import { downloadReported } from "./client-download.ts";
 import { followTask, leftRunning, report } from "./client-follow.ts";
 
@@ -101,16 +101,36 @@ async function checkedParams(type: AnalysisTypeInfo, pairs: string[]): Promise<R
  * next. A file named by itself stays, and so does everything when --out is the directory itself (its
  * files are where their runs' folders would go: a PathConflict).
  */
-function outsideOut<T extends { path: string }>(listed: T[], out: string | undefined, args: string[]): T[] {
+export function outsideOut<T extends { path: string; file?: Buffer }>(
+  listed: T[],
+  out: string | undefined,
+  args: string[],
+): T[] {
   if (out === undefined) return listed;
-  const root = path.resolve(out);
+  // Compared as real paths: an --out reached through a link (`--out reslink`, a link to data/res) is
+  // the folder it leads to (until 2026-12-07 its files were walked as inputs).
+  const root = realPath(path.resolve(out));
   const below = (p: string, dir: string) => p.startsWith(dir.endsWith(path.sep) ? dir : dir + path.sep);
-  if (!args.some((a) => below(root, path.resolve(a)))) return listed;
+  if (!args.some((a) => below(root, realPath(path.resolve(a))))) return listed;
   const named = new Set(args.map((a) => path.resolve(a)));
-  const kept = listed.filter((f) => named.has(f.path) || !below(f.path, root));
+  const kept = listed.filter((f) => named.has(f.path) || !below(realPath(f.file ?? f.path), root));
   if (kept.length === 0)
     throw new ClientUsageError(`no files found in ${args.join(", ")} outside --out ${out}`);
   return kept;
+}
+
+/**
+ * `p` with every link resolved, as far as it exists (the rest as given: an --out not made yet), read
+ * as the system has it (a name that is not UTF-8 decoded alike on both sides of a comparison).
+ */
+function realPath(p: string | Buffer): string {
+  try {
+    return fs.realpathSync.native(p, { encoding: "buffer" }).toString();
+  } catch {
+    const text = p.toString();
+    const parent = path.dirname(text);
+    return parent === text ? text : path.join(realPath(parent), path.basename(text));
+  }
 }
 
 /**
@@ -221,6 +241,8 @@ async function sendFiles(ctx: ClientContext, listed: ListedInput[], concurrency:
   const bars: Bars = ctx.out.tty
     ? new (await import("../client/tty.ts")).UploadBars(ctx.out.stream)
     : undefined;
+  // An upload's retry notes go above the bars, not under them.
+  if (bars) ctx.out.drawing((line) => bars.log(line));
   try {
     const inputs = await hashAll(ctx, listed, bars, concurrency);
     const t1 = performance.now();
@@ -235,6 +257,7 @@ async function sendFiles(ctx: ClientContext, listed: ListedInput[], concurrency:
       if (copy) fileLine(ctx, input, copy, false);
       return copy ?? (fresh.get(i) as FileRecord);
     });
+    ctx.out.drawing(undefined);
     bars?.stop();
     const sentBytes = missing.reduce((a, i) => a + (inputs[i]?.sizeBytes ?? 0), 0);
     const sec = (a: number, b: number) => Math.round(b - a) / 1000;
@@ -253,6 +276,7 @@ async function sendFiles(ctx: ClientContext, listed: ListedInput[], concurrency:
     );
     return { inputs, records, uploaded: missing.length };
   } finally {
+    ctx.out.drawing(undefined);
     bars?.stop();
   }
 }
@@ -316,11 +340,12 @@ function sameLayout(runs: LaidOut[]): boolean {
 /**
  * What fetches the outputs again after submit's download into `out` failed or was interrupted:
  * `assay download` into `out`, when it lays them out as submit does; else (it would write a second
- * tree, by file name, beside the first) what it does, into another folder. `runs`: those that
+ * tree, by file name, beside the first) what it does, into another folder. `again`: "" for a download
+ * that has not begun (Ctrl-C while the task runs). `runs`: those that
  * succeeded, or, when their list never came, every input, numbered.
  */
-function fetchAgain(taskId: string, out: string, runs: LaidOut[], what: string): string {
-  if (sameLayout(runs)) return `assay download ${taskId} --out ${shellWord(out)} fetches ${what} again`;
+function fetchAgain(taskId: string, out: string, runs: LaidOut[], what: string, again = " again"): string {
+  if (sameLayout(runs)) return `assay download ${taskId} --out ${shellWord(out)} fetches ${what}${again}`;
   return `assay download ${taskId} --out DIR fetches the outputs laid out by input file name, not by folder as in ${shellWord(out)}: give it a DIR other than that`;
 }
 
@@ -377,7 +402,11 @@ async function submit(ctx: ClientContext, values: SubmitValues, positionals: str
   const concurrency = intOption(values.concurrency, "concurrency", 8, 64);
   // `--out "$DIR"` with DIR unset: not the current folder.
   if (values.out === "") throw new ClientUsageError("--out is empty: name the folder to download into");
-  const listed = outsideOut(listInputs(positionals), values.out, positionals);
+  const listed = outsideOut(
+    listInputs(positionals, (text) => ctx.out.note(text)),
+    values.out,
+    positionals,
+  );
   const out = prepareOut(values.out, listed);
   const type = await chooseType(ctx.client, values.type, ctx.signal);
   const parameters = await checkedParams(type, values.param ?? []);
@@ -401,7 +430,22 @@ async function submit(ctx: ClientContext, values: SubmitValues, positionals: str
     runs: listed.length,
   });
   ctx.out.say(`Task ${created.taskId} created: ${type.name} over ${listed.length} files`);
-  if (ctx.signal.aborted) return leftRunning(ctx, created.taskId);
+  // With --out: how to fetch the outputs later, as a download that fails says it (fetchAgain), the
+  // runs numbered as their inputs are (their ids are not known here).
+  const fetchLater = out
+    ? fetchAgain(
+        created.taskId,
+        out,
+        sent.records.map((r, i) => ({
+          runId: String(i),
+          fileName: r.name,
+          label: sent.inputs[i]?.label ?? r.name,
+        })),
+        "its outputs",
+        "",
+      )
+    : undefined;
+  if (ctx.signal.aborted) return leftRunning(ctx, created.taskId, undefined, fetchLater);
   if (!values.follow && !out) {
     ctx.out.say(`Follow it with: assay follow ${created.taskId}`);
     return EXIT.OK;
@@ -412,7 +456,8 @@ async function submit(ctx: ClientContext, values: SubmitValues, positionals: str
   try {
     result = await followTask(ctx, created.taskId, { show: values.follow === true });
   } catch (err) {
-    if (err instanceof Interrupted || ctx.signal.aborted) return leftRunning(ctx, created.taskId);
+    if (err instanceof Interrupted || ctx.signal.aborted)
+      return leftRunning(ctx, created.taskId, err, fetchLater);
     throw err;
   }
   // Also when no run succeeded: results.csv still says what became of every run.
@@ -451,9 +496,6 @@ function withMore(err: unknown, more: string): unknown {
   if (err instanceof Error) err.message = `${err.message}; ${more}`;
   return err;
 }
-
-/** A path as one word of a shell command, quoted when it holds anything a shell would take apart. */
-const shellWord = (p: string) => (/^[\w@%+=:,./-]+$/.test(p) ? p : `'${p.replace(/'/g, "'\\''")}'`);
 
 export const submitSpec = {
   help: HELP,

@@ -7,7 +7,14 @@ import { describeParam, type JsonSchema } from "../client/params.ts";
 import { isTerminal } from "../client/sse.ts";
 import { summaryLine } from "../client/summary.ts";
 import type { FileRecord, PageOf, Task, TaskStatus } from "../http/api-types.ts";
-import { type ClientContext, intOption, noArguments, runClientCommand, taskIdArg } from "./client-common.ts";
+import {
+  type ClientContext,
+  exitCodesHelp,
+  intOption,
+  noArguments,
+  runClientCommand,
+  taskIdArg,
+} from "./client-common.ts";
 
 // The task statuses, checked against the server's list: a status added there fails the build here.
 const STATUS_LIST: Record<TaskStatus, true> = {
@@ -48,6 +55,8 @@ const TASKS_HELP = `Usage: assay tasks [--status S] [--type T] [--limit N]
 
 Lists your tasks (an admin's: everyone's), newest first: id, type, status, runs done of total,
 progress, created. --status is one of ${TASK_STATUSES.join(", ")}.
+
+${exitCodesHelp(["0 listed", "2 bad arguments"])}
 
 Examples:
   assay tasks --status running
@@ -133,6 +142,8 @@ const STATUS_HELP = `Usage: assay status <taskId>
 Shows a task (status, counts, progress, times) and each of its runs (status, attempt, progress,
 input file, error). Exits 0 whatever the task's state; assay follow waits for its end.
 
+${exitCodesHelp(["0 shown, whatever the task's state", "2 bad arguments, or no task of yours has that id"])}
+
 Example:
   assay status 100000042`;
 
@@ -187,6 +198,12 @@ const CANCEL_HELP = `Usage: assay cancel <taskId>
 Cancels a task: its queued runs end at once, running programs are stopped. Exits 1 when the task
 had already ended.
 
+${exitCodesHelp([
+  "0 the cancellation was accepted",
+  "1 the task had already ended",
+  "2 bad arguments, or no task of yours has that id",
+])}
+
 Example:
   assay cancel 100000042`;
 
@@ -224,6 +241,8 @@ Lists your uploaded files (an admin's: everyone's), newest first: id, size, SHA-
 outputs; a run that has not read its file yet fails ANALYSIS_INPUT_INVALID. Every id is tried; the
 command exits 2 when one names no file of yours.
 
+${exitCodesHelp(["0 listed, or every file deleted", "2 bad arguments, or an id that names no file of yours"])}
+
 Examples:
   assay files --limit 100
   assay files rm 1000000042 1000000043`;
@@ -233,7 +252,8 @@ async function filesRemove(ctx: ClientContext, ids: string[]): Promise<number> {
   if (ids.length === 0) throw new ClientUsageError("usage: assay files rm <fileId>...");
   for (const id of ids)
     if (!/^[1-9][0-9]{0,17}$/.test(id)) throw new ClientUsageError(`not a file id: ${shown(id)}`);
-  let failed: unknown;
+  const missing: string[] = [];
+  let failed: ApiRequestError | undefined;
   for (const id of new Set(ids)) {
     try {
       const r = await fileDelete(ctx.client, id, ctx.signal);
@@ -242,12 +262,18 @@ async function filesRemove(ctx: ClientContext, ids: string[]): Promise<number> {
     } catch (err) {
       // Another file's answer says nothing about this one's: only a 404 goes on to the next id.
       if (!(err instanceof ApiRequestError && err.code === "FILE_NOT_FOUND")) throw err;
-      // On stderr in either mode: a script reading JSON lines is told which id failed too.
-      ctx.out.note(`no file ${id} of yours (FILE_NOT_FOUND)`);
+      missing.push(id);
       failed ??= err;
     }
   }
-  if (failed) throw failed;
+  // One error naming every id that failed (a script reading JSON lines is told them too), not a note
+  // per id and the API's own message after them.
+  if (failed)
+    throw new ApiRequestError(
+      failed.status,
+      failed.code,
+      `no ${missing.length === 1 ? "file" : "files"} ${missing.join(", ")} of yours`,
+    );
   return EXIT.OK;
 }
 
@@ -293,6 +319,8 @@ export const filesCommand = (argv: string[]) =>
 const TYPES_HELP = `Usage: assay types
 
 Lists the analysis types: whether a live worker runs them, what they do, and their parameters.
+
+${exitCodesHelp(["0 listed", "2 bad arguments"])}
 
 Example:
   assay types`;

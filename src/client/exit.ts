@@ -19,6 +19,15 @@ export const EXIT = {
 /** A problem with the command line or its inputs, found before (or without) asking the server. */
 export class ClientUsageError extends Error {
   override name = "ClientUsageError";
+  /**
+   * The message is the client's own words (not a name or the server's) in several lines, printed as
+   * lines: the argument parser's.
+   */
+  readonly ownLines: boolean;
+  constructor(message: string, o: { ownLines?: boolean } = {}) {
+    super(message);
+    this.ownLines = o.ownLines ?? false;
+  }
 }
 
 /** The server cannot be used: no token, unreachable, 401, 5xx. */

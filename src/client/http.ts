@@ -344,6 +344,15 @@ function errorFromBody(
   }
   const ours = typeof body.code === "string" && typeof body.message === "string";
   const http = `HTTP ${status}${statusText ? ` ${statusText}` : ""}`;
+  // The API's answer for a path it has no route for. The client asks only routes the API has, so
+  // the address is likely wrong (`--url http://host:3000/api`: every path doubled); until 2026-12-07
+  // it said only "No such route.", as if a task did not exist.
+  if (ours && status === 404 && body.code === "NOT_FOUND")
+    return new ApiRequestError(
+      status,
+      "NOT_FOUND",
+      `${body.message} Is ${shownUrl} the server's address? ASSAY_URL (or --url) takes no path of the API's such as /api`,
+    );
   if (!ours && status >= 400 && status < 500)
     return new NotTheApi(
       `${shownUrl} answered ${http} without the API's error body: not the API's answer (a proxy's, or no Assay server there)`,

@@ -61,7 +61,7 @@ const SEP = Buffer.from(path.sep);
  * Files under `dir` (recursively, sorted by name, hidden entries and symlinked directories skipped),
  * read as bytes: `dir` is the directory's own bytes, `shownDir` its path as shown.
  */
-function walk(dir: Buffer, shownDir: string, prefix: string, out: ListedInput[]): void {
+function walk(dir: Buffer, shownDir: string, prefix: string, out: ListedInput[], skipped: string[]): void {
   const entries = fs
     .readdirSync(dir, { withFileTypes: true, encoding: "buffer" })
     .map((entry) => ({ entry, text: nameText(entry.name) }))
@@ -73,9 +73,14 @@ function walk(dir: Buffer, shownDir: string, prefix: string, out: ListedInput[])
     const full = Buffer.concat([dir, SEP, entry.name]);
     const shown = path.join(shownDir, text);
     const label = prefix ? `${prefix}/${text}` : text;
-    if (entry.isDirectory()) walk(full, shown, label, out);
-    else if (entry.isFile() || (entry.isSymbolicLink() && statOrNull(full)?.isFile())) {
-      out.push({ path: shown, label, file: full });
+    if (entry.isDirectory()) walk(full, shown, label, out, skipped);
+    else if (entry.isFile()) out.push({ path: shown, label, file: full });
+    else if (entry.isSymbolicLink()) {
+      const target = statOrNull(full);
+      if (target?.isFile()) out.push({ path: shown, label, file: full });
+      // Said, not skipped without a word (until 2026-12-07).
+      else if (!target) skipped.push(`${shown} (a link to nothing)`);
+      else if (target.isDirectory()) skipped.push(`${shown} (a link to a folder: not followed)`);
     }
   }
 }
@@ -88,30 +93,62 @@ function statOrNull(p: string | Buffer): fs.Stats | null {
   }
 }
 
-/** The files named by `args` (files and directories), each once, in the order given. */
-export function listInputs(args: string[]): ListedInput[] {
+/**
+ * The files named by `args` (files and directories), each once, in the order given. What a walk
+ * skipped (a link to nothing, a link to a folder) and the paths that are one file (a link to a file
+ * also found by itself) are told to `note`, a line each, or counted with the first few named.
+ */
+export function listInputs(args: string[], note: (text: string) => void = () => {}): ListedInput[] {
   if (args.length === 0) throw new ClientUsageError("name at least one file or directory to submit");
   const found: ListedInput[] = [];
+  const skipped: string[] = [];
+  const merged: string[] = [];
   for (const arg of args) {
     const named = fromCommandLine(arg);
     const stat = named && statOrNull(named.file ?? named.path);
     if (!named || !stat) throw new ClientUsageError(`no such file or directory: ${arg}${notUtf8(arg)}`);
     if (stat.isDirectory())
-      walk(named.file ?? Buffer.from(named.path), named.path, args.length > 1 ? named.label : "", found);
+      walk(
+        named.file ?? Buffer.from(named.path),
+        named.path,
+        args.length > 1 ? named.label : "",
+        found,
+        skipped,
+      );
     else if (stat.isFile()) found.push(named);
     else throw new ClientUsageError(`not a regular file or directory: ${arg}`);
   }
-  const seen = new Set<string>();
+  const seen = new Map<string, string>();
   const inputs = found.filter((f) => {
     // As bytes, by the system's realpath: names that are not UTF-8 differ only there, and
     // fs.realpathSync (not .native) decodes every name on the way as UTF-8 even when asked for bytes.
     const real = fs.realpathSync.native(f.file ?? f.path, { encoding: "buffer" }).toString("latin1");
-    if (seen.has(real)) return false;
-    seen.add(real);
+    const first = seen.get(real);
+    if (first !== undefined) {
+      merged.push(`${f.path} (the same file as ${first})`);
+      return false;
+    }
+    seen.set(real, f.path);
     return true;
   });
+  tell(note, "skipped", skipped);
+  tell(note, "submitted once", merged);
   if (inputs.length === 0) throw new ClientUsageError(`no files found in ${args.join(", ")}`);
   return uniqueLabels(inputs);
+}
+
+/** How many entries listed more than one a line are counted, with the first few named. */
+const NAMED = 3;
+
+/** `entries` said on `note`: a line each, or, past NAMED + 2, counted with the first NAMED named. */
+function tell(note: (text: string) => void, what: string, entries: string[]): void {
+  if (entries.length <= NAMED + 2) {
+    for (const e of entries) note(`${what}: ${e}`);
+    return;
+  }
+  note(
+    `${what}: ${entries.length} entries, ${entries.slice(0, NAMED).join(", ")} and ${entries.length - NAMED} more`,
+  );
 }
 
 /**

@@ -4,12 +4,14 @@
 // messages) is shown with control characters replaced: a file name must not drive the terminal.
 
 import { showUnseen, UNSEEN } from "../../web/unseen.js";
-import { errorCodeOf, exitCodeOf, Interrupted, messageOf } from "./exit.ts";
+import { ClientUsageError, errorCodeOf, exitCodeOf, Interrupted, messageOf } from "./exit.ts";
 
 export class Output {
   readonly json: boolean;
   readonly #out: NodeJS.WriteStream;
   readonly #err: NodeJS.WriteStream;
+  /** While bars are drawn on the terminal stderr shares: what prints a line above them. */
+  #above: ((line: string) => void) | undefined;
 
   constructor(o: { json: boolean; stdout?: NodeJS.WriteStream; stderr?: NodeJS.WriteStream }) {
     this.#out = o.stdout ?? process.stdout;
@@ -41,7 +43,30 @@ export class Output {
    * file's name or the server's words (an error message), and stderr is usually a terminal.
    */
   note(text: string): void {
-    this.#err.write(`assay: ${shown(text)}\n`);
+    this.#stderrLine(`assay: ${shown(text)}`);
+  }
+
+  /**
+   * The client's own words of several lines (a usage error of the argument parser's), each line
+   * shown on a line of its own (a line's control characters still replaced).
+   */
+  noteLines(text: string): void {
+    const [first = "", ...rest] = text.split(/\r?\n/);
+    this.#stderrLine([`assay: ${shown(first)}`, ...rest.map((l) => `  ${shown(l)}`)].join("\n"));
+  }
+
+  /**
+   * While bars are drawn (`log`, what prints a line above them; undefined when they stop), notes go
+   * above the bars: written to the terminal under them, a note left stale copies of the bars in the
+   * scrollback. Only when stderr is that terminal: a stderr sent elsewhere (`2>log`) keeps its notes.
+   */
+  drawing(log: ((line: string) => void) | undefined): void {
+    this.#above = log && this.#err.isTTY && this.#out.isTTY ? log : undefined;
+  }
+
+  #stderrLine(line: string): void {
+    if (this.#above) this.#above(line);
+    else this.#err.write(`${line}\n`);
   }
 
   /**
@@ -52,7 +77,8 @@ export class Output {
     const code = exitCodeOf(err);
     if (err instanceof Interrupted) this.line("interrupted", { message: messageOf(err) });
     else this.line("error", { code: errorCodeOf(err), message: messageOf(err), exitCode: code });
-    this.note(messageOf(err));
+    if (err instanceof ClientUsageError && err.ownLines) this.noteLines(messageOf(err));
+    else this.note(messageOf(err));
     return code;
   }
 }

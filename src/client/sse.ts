@@ -2,8 +2,7 @@
 // Authorization header), resumed with Last-Event-ID after any drop — an API restart, a reset
 // connection, a silent one — so every event is delivered once, in id order. Ids are compared as
 // BigInts: they are decimal strings that outgrow both string order and a Number's precision.
-import type { TaskEvent, TerminalTaskStatus } from "../http/api-types.ts";
-import { logsPage, taskGet } from "./api.ts";
+import type { LogsPage, Task, TaskEvent, TerminalTaskStatus } from "../http/api-types.ts";
 import { type ApiClient, ApiRequestError, ConnectionError, errorOf, idleSignal, NotTheApi } from "./http.ts";
 import { sleep } from "./pool.ts";
 
@@ -119,8 +118,12 @@ export async function* taskEvents(c: ApiClient, taskId: string, o: FollowOptions
       });
       if (outcome === "closed") return;
       // A clean end without the closing event: the server is going away, or the task ended in a
-      // way the stream did not carry. A finished task has all its events in the log.
-      const task = await taskGet(c, taskId, o.signal);
+      // way the stream did not carry. A finished task has all its events in the log. Asked once:
+      // this loop is what tries again (a GET's own retries said "trying again (attempt 2 of 6)" under
+      // the bars, and their "gave up" became the reason of a reconnect that went on).
+      const task = await c.json<Task>("GET", `/api/analysis-tasks/${encodeURIComponent(taskId)}`, {
+        signal: o.signal,
+      });
       if (isTerminal(task.status)) return yield* rest(c, taskId, cursor, o);
       await sleep(100, o.signal);
     } catch (err) {
@@ -134,8 +137,9 @@ export async function* taskEvents(c: ApiClient, taskId: string, o: FollowOptions
       if (performance.now() - failingSince > (o.giveUpMs ?? 600_000)) {
         throw new ConnectionError(`gave up following task ${taskId}: ${why}`);
       }
+      // Said once an outage (not on every attempt), with its first reason.
+      if (!dropped) o.onState?.("reconnecting", why);
       dropped = true;
-      o.onState?.("reconnecting", why);
       await sleep(
         Math.max(backoff(failures), err instanceof TooManyStreams ? err.retryAfterMs : 0),
         o.signal,
@@ -265,9 +269,13 @@ async function* rest(
 ): AsyncGenerator<TaskEvent> {
   const { signal } = o;
   while (!signal.aborted) {
-    let page: Awaited<ReturnType<typeof logsPage>>;
+    let page: LogsPage;
     try {
-      page = await logsPage(c, taskId, cursor.last === null ? null : String(cursor.last), 1000, signal);
+      // Asked once, as the task above: the stream's loop tries again.
+      page = await c.json<LogsPage>("GET", `/api/analysis-tasks/${encodeURIComponent(taskId)}/logs`, {
+        query: { limit: 1000, after: cursor.last === null ? undefined : String(cursor.last) },
+        signal,
+      });
     } catch (err) {
       // A cursor the log does not know (the database was restored from an older backup): a 400, the
       // only one a page of 1,000 after a cursor can get. Read from the start, as after a stream's reset.

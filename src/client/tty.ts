@@ -28,7 +28,10 @@ process.on("exit", () => {
   for (const [bars, stream] of drawing) if (bars.isActive) stream.write("\x1b[?25h");
 });
 
-function multiBar(stream: NodeJS.WriteStream, format: string): cliProgress.MultiBar {
+function multiBar(
+  stream: NodeJS.WriteStream,
+  format: string | cliProgress.GenericFormatter,
+): cliProgress.MultiBar {
   const bars = new cliProgress.MultiBar({
     stream,
     format,
@@ -43,6 +46,23 @@ function multiBar(stream: NodeJS.WriteStream, format: string): cliProgress.Multi
   return bars;
 }
 
+/**
+ * A bar's line fitted to the terminal's width at each draw (cli-progress turns wrapping off while it
+ * draws, so a longer line is cut at the edge, its counts with it): the bar as long as the words leave
+ * room for (30 at most, 5 at least), then the line cut with an ellipsis if it still does not fit.
+ * The bars are made with barsize 30, what cli-progress prepares the bar's characters for.
+ */
+function fitted(stream: NodeJS.WriteStream, format: string): cliProgress.GenericFormatter {
+  return (options, params, payload) => {
+    const width = stream.columns || 100;
+    const words = displayWidth(
+      cliProgress.Format.Formatter({ ...options, format, barsize: 0 }, params, payload),
+    );
+    const barsize = Math.max(5, Math.min(30, width - 1 - words));
+    return fit(cliProgress.Format.Formatter({ ...options, format, barsize }, params, payload), width - 1);
+  };
+}
+
 /** Hashing, then uploading: two bars counted in bytes, with file counts. */
 export class UploadBars {
   readonly #bars: cliProgress.MultiBar;
@@ -52,7 +72,7 @@ export class UploadBars {
   #sentFiles = 0;
 
   constructor(stream: NodeJS.WriteStream) {
-    this.#bars = multiBar(stream, "{label} [{bar}] {percentage}% | {done}/{size} | {files}");
+    this.#bars = multiBar(stream, fitted(stream, "{label} [{bar}] {percentage}% | {done}/{size} | {files}"));
   }
 
   hashing(totalBytes: number, totalFiles: number): (bytesDone: number, filesDone: number) => void {
@@ -93,6 +113,34 @@ export class UploadBars {
   }
 }
 
+/** A download's runs done (and files, bytes), for `assay download` and `submit --out`. */
+export class DownloadBars {
+  readonly #bars: cliProgress.MultiBar;
+  readonly #bar: cliProgress.SingleBar;
+  #files = 0;
+  #bytes = 0;
+
+  constructor(stream: NodeJS.WriteStream, runs: number) {
+    this.#bars = multiBar(stream, fitted(stream, "Downloading [{bar}] {value}/{total} runs | {files}"));
+    this.#bar = this.#bars.create(Math.max(1, runs), 0, { files: "0 files" });
+  }
+
+  /** A run's outputs are all on disk. */
+  run(files: number, bytes_: number): void {
+    this.#files += files;
+    this.#bytes += bytes_;
+    this.#bar.increment(1, { files: `${this.#files} files, ${bytes(this.#bytes)}` });
+  }
+
+  log(text: string): void {
+    this.#bars.log(`${text}\n`);
+  }
+
+  stop(): void {
+    finish(this.#bars);
+  }
+}
+
 /** The live view of a followed task. */
 export class FollowBars {
   readonly #bars: cliProgress.MultiBar;
@@ -103,6 +151,12 @@ export class FollowBars {
   readonly #maxLines: number;
   readonly #width: () => number;
   #note = "";
+  readonly #stream: NodeJS.WriteStream;
+  readonly #onResize = () => {
+    if (!this.#bars.isActive) return;
+    for (const run of this.#tracker.running) this.#runLine(run);
+    this.update();
+  };
 
   /** The overall bar's length, set with each draw's words (#overallPayload); at most 30. */
   #overallBarSize = 30;
@@ -111,6 +165,9 @@ export class FollowBars {
     this.#tracker = tracker;
     this.#bars = multiBar(stream, "{text}");
     this.#width = () => stream.columns || 100;
+    this.#stream = stream;
+    // Redrawn at the new width at once, not at the next event (which may be many seconds away).
+    stream.on("resize", this.#onResize);
     this.#maxLines = Math.max(1, Math.min(12, (stream.rows || 24) - 6));
     this.#overall = this.#bars.create(Math.max(1, tracker.total), 0, this.#overallPayload(), {
       format: "Task {taskId} {status} [{bar}] {value}/{total} runs | {counts} | {duration_formatted}{note}",
@@ -247,6 +304,7 @@ export class FollowBars {
 
   /** Stops drawing: removes the run lines, leaves the overall line as it last was. */
   stop(): void {
+    this.#stream.off("resize", this.#onResize);
     if (!this.#bars.isActive) return;
     for (const bar of this.#lines.values()) this.#bars.remove(bar);
     this.#lines.clear();

@@ -699,3 +699,150 @@ test("Ctrl-C stops a small command waiting on a silent server at once, not after
     close();
   }
 });
+
+test("a stream that ends while the API restarts is said lost once, without a GET's own retries or their 'gave up'", async () => {
+  const events = [
+    event("9", "task.queued", null),
+    event("10", "run.succeeded", "5", { status: "succeeded" }),
+    event("11", "task.succeeded", null, { status: "succeeded" }),
+  ];
+  let streams = 0;
+  const server = http.createServer((req, res) => {
+    const unavailable = () => {
+      res.writeHead(503, { "content-type": "application/json" });
+      res.end('{"code":"NOT_READY","message":"The server is shutting down."}');
+    };
+    // The task, asked when the stream ends without its closing event: the API is going away.
+    if (req.url === "/api/analysis-tasks/1") return unavailable();
+    streams++;
+    // The first stream ends cleanly after one event; the next two are refused; the fourth has it all.
+    if (streams === 2 || streams === 3) return unavailable();
+    res.writeHead(200, { "content-type": "text/event-stream" });
+    res.end(streams === 1 ? frame(events[0] as TaskEvent) : events.map(frame).join(""));
+  });
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  const notes: string[] = [];
+  const states: string[] = [];
+  try {
+    const c = new ApiClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, "assay_test", {
+      onRetry: (n) => notes.push(n),
+    });
+    const got: string[] = [];
+    await within(
+      (async () => {
+        for await (const e of taskEvents(c, "1", {
+          signal: new AbortController().signal,
+          onState: (s, detail) => states.push(`${s}: ${detail}`),
+        }))
+          got.push(e.id);
+      })(),
+      10_000,
+      "the stream to its end",
+    );
+    assert.deepEqual(got, ["9", "10", "11"], "every event once");
+    assert.deepEqual(notes, [], "no GET retries of its own inside the stream's loop");
+    assert.equal(states.length, 2, states.join("\n"));
+    assert.match(states[0] as string, /^reconnecting: /);
+    assert.doesNotMatch(states[0] as string, /gave up/);
+    assert.match(states[1] as string, /^live: /);
+  } finally {
+    server.close();
+  }
+});
+
+test("stopping following a task that has ended (a closed pipe) does not say it is still running", async () => {
+  let id = 10;
+  const { c, close } = await tinyServer((req, res) => {
+    if (req.url === "/api/analysis-tasks/1") {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify({ data: { taskId: "1", status: "succeeded", totalCount: 1 } }));
+      return;
+    }
+    // A long log, sent slowly enough for the reader to go away in the middle of it.
+    res.writeHead(200, { "content-type": "text/event-stream" });
+    const timer = setInterval(() => {
+      id++;
+      res.write(frame(event(String(id), "run.progress", "5", { percent: id % 100 })));
+    }, 2);
+    res.on("close", () => clearInterval(timer));
+  });
+  try {
+    const child = spawnCli(["follow", "1"], cleanEnv({ ASSAY_URL: c.shownUrl, ASSAY_TOKEN: "assay_test" }));
+    const done = collect(child);
+    await new Promise<void>((resolve) => {
+      const onData = () => {
+        child.stdout?.off("data", onData);
+        child.stdout?.destroy();
+        resolve();
+      };
+      child.stdout?.on("data", onData);
+    });
+    const r = await within(done, 10_000, "the client after its reader went away");
+    assert.equal(r.code, 141, r.stderr);
+    assert.doesNotMatch(r.stderr, /still running|assay cancel/, r.stderr);
+    assert.match(r.stderr, /task 1 has ended \(succeeded\)/, r.stderr);
+  } finally {
+    close();
+  }
+});
+
+test("a URL with a path the server has no routes under says the URL may be wrong", async () => {
+  const { c, close } = await tinyServer((_req, res) => {
+    res.writeHead(404, { "content-type": "application/json" });
+    res.end('{"code":"NOT_FOUND","message":"No such route."}');
+  });
+  try {
+    const r = await collect(
+      spawnCli(["status", "8"], cleanEnv({ ASSAY_URL: `${c.shownUrl}/api`, ASSAY_TOKEN: "assay_test" })),
+    );
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(
+      r.stderr,
+      /No such route\. Is http:\/\/127\.0\.0\.1:\d+\/api the server's address\?/,
+      r.stderr,
+    );
+    assert.match(r.stderr, /ASSAY_URL \(or --url\)/);
+  } finally {
+    close();
+  }
+});
+
+test("Ctrl-C during assay download says the same command downloads the outputs again", async () => {
+  let reached = () => {};
+  const downloading = new Promise<void>((r) => {
+    reached = r;
+  });
+  const json = (res: http.ServerResponse, data: unknown) => {
+    res.writeHead(200, { "content-type": "application/json" });
+    res.end(JSON.stringify({ data }));
+  };
+  const { c, close } = await tinyServer((req, res) => {
+    const url = req.url ?? "";
+    if (url === "/api/analysis-tasks/7")
+      return json(res, { taskId: "7", status: "succeeded", totalCount: 1 });
+    if (url.startsWith("/api/analysis-tasks/7/runs?")) return json(res, { items: [run70], nextCursor: null });
+    if (outputsRoute.test(url)) return json(res, { items: [{ name: "out.csv", sizeBytes: 1000 }] });
+    // The output itself: half of it, then nothing.
+    res.writeHead(200, { "content-type": "text/csv", "content-length": "1000" });
+    res.write(Buffer.alloc(500, "x"));
+    reached();
+  });
+  const out = path.join(scratch, "interrupted download");
+  try {
+    const child = spawnCli(
+      ["download", "7", "--out", out],
+      cleanEnv({ ASSAY_URL: c.shownUrl, ASSAY_TOKEN: "assay_test" }),
+    );
+    const done = collect(child);
+    await within(downloading, 10_000, "the download to start");
+    child.kill("SIGINT");
+    const r = await within(done, 10_000, "assay download after Ctrl-C");
+    assert.equal(r.code, 130, r.stderr);
+    assert.equal(
+      r.stderr,
+      `assay: download interrupted; the same command again (assay download 7 --out '${out}') downloads the outputs again\n`,
+    );
+  } finally {
+    close();
+  }
+});

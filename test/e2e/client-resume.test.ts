@@ -149,6 +149,28 @@ test("Ctrl-C while following stops following, says the task goes on, and the tas
   assert.equal(row.status, "succeeded", "the task ran on without the client");
 });
 
+test("Ctrl-C while submit --out waits for the task names the download that fetches the outputs later", async () => {
+  const out = path.join(work, "later out");
+  const child = spawnCli(
+    ["submit", "--type", "python-stats", "--param", "method=median", slowDir, "--out", out],
+    server.env(token),
+  );
+  const watched = watch(child);
+  const err = stderrOf(child);
+  const done = collect(child);
+  const [, taskId] = (await watched.waitFor(/"kind":"task","taskId":"(\d+)"/, 60_000)) as RegExpExecArray;
+  child.kill("SIGINT");
+  const r = await within(done, 30_000, "the client to stop after Ctrl-C", () => err.text());
+  assert.equal(r.code, 130, err.text());
+  assert.match(err.text(), new RegExp(`task ${taskId} is still running`));
+  assert.match(
+    err.text(),
+    new RegExp(`once it has ended, assay download ${taskId} --out '${out}' fetches its outputs\n`),
+    err.text(),
+  );
+  assert.match(String(ofKind(jsonLines(r.stdout), "interrupted")[0]?.message), /assay download/);
+});
+
 test("Ctrl-C during uploads stops cleanly: no task, and every stored file is whole", async () => {
   const dave = await server.token("dave");
   const dir = path.join(work, "large");

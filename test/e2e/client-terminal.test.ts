@@ -166,3 +166,40 @@ test("hostile names on a terminal: the screen is never cleared, and a failed run
     final,
   );
 });
+
+test("download on a terminal draws its runs done and names the runs that did not succeed, as follow does", {
+  skip,
+}, async () => {
+  const token = await server.token("hana");
+  const env = cleanEnv({
+    ASSAY_URL: server.url,
+    ASSAY_TOKEN: token,
+    LANG: "C.UTF-8",
+    TERM: "xterm-256color",
+  });
+  const dir = path.join(work, "partly");
+  fs.mkdirSync(dir);
+  const fixtures = path.join(ROOT, "test/fixtures/csv");
+  fs.copyFileSync(path.join(fixtures, "empty.csv"), path.join(dir, "empty.csv"));
+  fs.copyFileSync(path.join(fixtures, "normal.csv"), path.join(dir, "normal.csv"));
+  const submitted = spawnSync(process.execPath, [ASSAY_BIN, "submit", "--type", "summary", dir, "--follow"], {
+    env,
+  });
+  const taskId = /"kind":"task","taskId":"(\d+)"/.exec(submitted.stdout.toString())?.[1];
+  assert.ok(taskId, submitted.stderr.toString());
+  // The token as an argument: tmux's sessions take the environment of its server, the first test's.
+  const frames = await inTmux(
+    "download",
+    ["download", taskId, "--out", path.join(work, "partly-out"), "--token", token],
+    env,
+    200,
+  );
+  const final = frames.at(-1) as string;
+  assert.match(final, /ASSAY-EXIT=1/, final);
+  assert.ok(
+    frames.some((f) => /^Downloading \[[█░]+\] 1\/1 runs \| \d+ files, /m.test(f)),
+    frames.join("\n----\n"),
+  );
+  assert.match(final, /^Downloaded \d+ files of 1 runs to .*; Task \d+ partially_succeeded/m, final);
+  assert.match(final, /^ {2}failed {5}empty\.csv \(run \d+\): ANALYSIS_DATA_INVALID/m, final);
+});

@@ -17,6 +17,7 @@ import {
   type ClientServer,
   client,
   csv,
+  errorOf,
   jsonLines,
   type Line,
   ofKind,
@@ -537,6 +538,9 @@ test("files rm deletes files, tries every id, and exits 2 when one names no file
   );
   assert.match(rm.stderr, /FILE_NOT_FOUND/);
   assert.match(rm.stderr, new RegExp(`no file ${bobs} of yours`), "the id that failed is named");
+  // Said once: not a note per id and then the API's own message for the first.
+  assert.equal(rm.stderr, `assay: no file ${bobs} of yours (FILE_NOT_FOUND)\n`);
+  assert.equal(errorOf(rm.stdout)?.code, "FILE_NOT_FOUND");
   const left = ofKind(jsonLines((await client(["files", "--limit", "1000"], env)).stdout), "file");
   assert.ok(!left.some((f) => ids.includes(f.fileId as string)), "both are gone");
   const bobLeft = ofKind(jsonLines((await client(["files"], server.env(bob))).stdout), "file");

@@ -5,11 +5,12 @@
 import assert from "node:assert/strict";
 import { PassThrough } from "node:stream";
 import { test } from "node:test";
-import { problemLine } from "../../src/cli/client-follow.ts";
+import { eventLine, problemLine } from "../../src/cli/client-follow.ts";
+import { ClientUsageError } from "../../src/client/exit.ts";
 import { ApiRequestError } from "../../src/client/http.ts";
 import { bytes, displayWidth, fit, jsonLine, Output, pad, seconds, table } from "../../src/client/output.ts";
 import { TaskTracker } from "../../src/client/progress.ts";
-import { FollowBars } from "../../src/client/tty.ts";
+import { DownloadBars, FollowBars, UploadBars } from "../../src/client/tty.ts";
 import type { TaskEvent } from "../../src/http/api-types.ts";
 import { waitFor } from "../helpers/queue.ts";
 
@@ -311,4 +312,130 @@ test("the live view keeps up with a task of 100,000 runs", async () => {
     bars.stop();
   }
   assert.match(screen(tty.text()).join("\n"), /10000\/100000 runs \| 10000 succeeded/);
+});
+
+test("a run put back in the queue by its worker's shutdown (no error code) says so, in follow and in logs", () => {
+  const requeued = { runId: "715", name: "mid1.csv", status: "queued", attempt: 0, errorCode: null };
+  const line = problemLine(requeued, true, 100);
+  assert.equal(line, "retrying (attempt 1) mid1.csv (run 715): put back in the queue (its worker stopped)");
+  assert.ok(!line.endsWith(": "), line);
+  const e: TaskEvent = {
+    id: "9",
+    taskId: "1",
+    runId: "715",
+    type: "run.retry",
+    data: { status: "queued", attempt: 0, errorCode: null, runAfter: "2026-12-01T00:00:00.000Z" },
+    createdAt: "2026-12-01T00:00:00.000Z",
+  };
+  assert.match(
+    eventLine(e, new Map([["715", "mid1.csv"]])),
+    /mid1\.csv \(run 715\) {2}put back in the queue/,
+  );
+});
+
+test("the client's own message of several lines prints as lines; the server's words stay on one", () => {
+  const err = terminal();
+  const o = new Output({ json: false, stdout: terminal().stream, stderr: err.stream });
+  // What parseArgs says of `--limit -5`, as the commands receive it.
+  o.fail(
+    new ClientUsageError(
+      "Option '--limit' argument is ambiguous.\nDid you forget to specify the option argument for '--limit'?",
+      { ownLines: true },
+    ),
+  );
+  assert.equal(
+    err.text(),
+    "assay: Option '--limit' argument is ambiguous.\n  Did you forget to specify the option argument for '--limit'?\n",
+  );
+  assert.ok(!err.text().includes("U+000A"), err.text());
+  // A name in a usage error, and the server's message, keep a line break escaped.
+  const err2 = terminal();
+  const o2 = new Output({ json: false, stdout: terminal().stream, stderr: err2.stream });
+  o2.fail(new ClientUsageError("no such file or directory: a\nb.csv"));
+  o2.fail(new ApiRequestError(400, "X", "two\nlines"));
+  assert.equal(err2.text().split("\n").length, 3, err2.text());
+  assert.match(err2.text(), /a⟨U\+000A⟩b\.csv/);
+});
+
+test("a note while bars are drawn on the same terminal goes above the bars, not under them", async () => {
+  const tty = terminal(100, 30);
+  const err = terminal(100, 30);
+  const o = new Output({ json: false, stdout: tty.stream, stderr: err.stream });
+  const bars = new FollowBars(tty.stream, new TaskTracker("100000042", 3, []));
+  try {
+    o.drawing((line) => bars.log(line));
+    bars.update();
+    o.note("reading /api/analysis-tasks/8: cannot reach x; trying again (attempt 2 of 6)");
+    await waitFor(
+      async () => screen(tty.text()).some((l) => l.startsWith("assay: reading /api/analysis-tasks/8")),
+      10_000,
+      "the note drawn above the bars",
+    );
+    assert.equal(err.text(), "", "nothing written under the bars");
+    const lines = screen(tty.text()).filter(Boolean);
+    assert.match(lines[0] ?? "", /^assay: reading/, lines.join("\n"));
+    assert.match(lines[1] ?? "", /^Task 100000042 /, lines.join("\n"));
+  } finally {
+    o.drawing(undefined);
+    bars.stop();
+  }
+  // Once the bars are gone, notes go to stderr again.
+  o.note("after");
+  assert.equal(err.text(), "assay: after\n");
+});
+
+test("a resized terminal gets the overall line at its new width at once; upload and download bars fit 60 columns", async () => {
+  const tty = terminal(120, 30);
+  const tracker = new TaskTracker("100000042", 100_000, []);
+  const bars = new FollowBars(tty.stream, tracker);
+  try {
+    bars.update();
+    await waitFor(
+      async () => screen(tty.text()).some((l) => l.startsWith("Task 100000042")),
+      10_000,
+      "drawn",
+    );
+    // The terminal narrows; no event comes.
+    Object.assign(tty.stream, { columns: 60 });
+    tty.stream.emit("resize");
+    await waitFor(
+      async () => {
+        const line = screen(tty.text()).find((l) => l.startsWith("Task 100000042")) ?? "";
+        return displayWidth(line) < 60;
+      },
+      10_000,
+      "the overall line redrawn within 60 columns",
+    );
+  } finally {
+    bars.stop();
+  }
+  for (const make of [
+    (s: NodeJS.WriteStream) => {
+      const b = new UploadBars(s);
+      b.hashing(123_456_789, 1000)(12_345_678, 100);
+      b.uploading(123_456_789, 1000);
+      b.sent(1_000_000, true, 1000);
+      return b;
+    },
+    (s: NodeJS.WriteStream) => {
+      const b = new DownloadBars(s, 233);
+      b.run(4, 123_456);
+      return b;
+    },
+  ]) {
+    const narrow = terminal(60, 30);
+    const b = make(narrow.stream);
+    try {
+      await waitFor(
+        async () => screen(narrow.text()).some((l) => /^(Hashing|Uploading|Downloading)/.test(l)),
+        10_000,
+        "the bars drawn",
+      );
+    } finally {
+      b.stop();
+    }
+    const lines = screen(narrow.text()).filter((l) => /^(Hashing|Uploading|Downloading)/.test(l));
+    assert.ok(lines.length > 0);
+    for (const line of lines) assert.ok(displayWidth(line) < 60, `${displayWidth(line)} columns: ${line}`);
+  }
 });
