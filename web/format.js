@@ -93,3 +93,21 @@ export const shownText = (text) =>
   String(text ?? "")
     .replace(/\r\n/g, "\n")
     .replace(/[^\n\t]+/g, (line) => showUnseen(line));
+
+/** An event of the task's log in a few words (the log's detail column). */
+export function describeEvent(e) {
+  const d = e.data ?? {};
+  if (e.type === "run.progress") return `${d.percent ?? ""}%${d.message ? ` ${shownName(d.message)}` : ""}`;
+  // Without an error code the worker gave the run back (a shutdown, a full scratch disk, runs claimed
+  // ahead): nothing failed, and the attempt is not counted.
+  if (e.type === "run.retry")
+    return d.errorCode
+      ? `attempt ${d.attempt ?? ""} failed (${d.errorCode}); retry`
+      : "put back by its worker (attempt not counted)";
+  const parts = [];
+  if (d.cancelledQueued > 0)
+    parts.push(`${d.cancelledQueued} queued ${d.cancelledQueued === 1 ? "run" : "runs"} cancelled`);
+  if (d.attempt !== undefined) parts.push(`attempt ${d.attempt}`);
+  if (d.errorCode) parts.push(d.errorCode);
+  return parts.join(" · ");
+}

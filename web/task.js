@@ -6,7 +6,7 @@
 // it is re-read every POLL_MS for its place in the queue. Only the latest read's answer is shown.
 import { api, POLL_MS, rereadDelayMs, saveVia } from "./api.js";
 import { followTask, isTerminal } from "./events.js";
-import { RUN_STATUSES, STATUS_LABEL, shownName, when } from "./format.js";
+import { describeEvent, RUN_STATUSES, STATUS_LABEL, shownName, when } from "./format.js";
 import { Fragment, html, useEffect, useRef, useState } from "./lib.js";
 import { RunOutputs } from "./outputs.js";
 import { ResultsTable } from "./results.js";
@@ -51,19 +51,6 @@ const STREAM_LABEL = {
  * but progress —, or a cancel that ended the queued runs (one task event).
  */
 const changesResults = (e) => (e.runId && e.type !== "run.progress") || e.data?.cancelledQueued > 0;
-
-function describe(e) {
-  const d = e.data ?? {};
-  if (e.type === "run.progress") return `${d.percent ?? ""}%${d.message ? ` ${shownName(d.message)}` : ""}`;
-  if (e.type === "run.retry")
-    return `attempt ${d.attempt ?? ""} failed${d.errorCode ? ` (${d.errorCode})` : ""}; retry`;
-  const parts = [];
-  if (d.cancelledQueued > 0)
-    parts.push(`${d.cancelledQueued} queued ${d.cancelledQueued === 1 ? "run" : "runs"} cancelled`);
-  if (d.attempt !== undefined) parts.push(`attempt ${d.attempt}`);
-  if (d.errorCode) parts.push(d.errorCode);
-  return parts.join(" · ");
-}
 
 export function TaskView({ taskId }) {
   const [task, setTask] = useState(null);
@@ -580,7 +567,7 @@ export function TaskView({ taskId }) {
                 <time datetime=${e.createdAt}>${new Date(e.createdAt).toLocaleTimeString()}</time>
                 <span class="etype">${e.type}</span>
                 ${e.runId ? html`<span class="run">run ${e.runId}</span>` : null}
-                <span class="detail">${describe(e)}</span>
+                <span class="detail">${describeEvent(e)}</span>
               </li>`,
             )}
           </ol>

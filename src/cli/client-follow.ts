@@ -44,10 +44,11 @@ export function problemLine(
 }
 
 /**
- * Why a run was retried without an error code: its worker stopped (a shutdown) and gave it back, its
+ * Why a run was retried without an error code: its worker gave it back, its attempt not counted — a
+ * shutdown, a full scratch disk, or runs claimed ahead that waited too long for a slot there
  * attempt not counted (run.retry's data: `errorCode` null, `attempt` one fewer).
  */
-const REQUEUED = "put back in the queue (its worker stopped)";
+const REQUEUED = "put back by its worker (attempt not counted)";
 
 /** Draws the task on a terminal. */
 async function barsView(ctx: ClientContext, task: Task): Promise<View> {

@@ -317,7 +317,7 @@ test("the live view keeps up with a task of 100,000 runs", async () => {
 test("a run put back in the queue by its worker's shutdown (no error code) says so, in follow and in logs", () => {
   const requeued = { runId: "715", name: "mid1.csv", status: "queued", attempt: 0, errorCode: null };
   const line = problemLine(requeued, true, 100);
-  assert.equal(line, "retrying (attempt 1) mid1.csv (run 715): put back in the queue (its worker stopped)");
+  assert.equal(line, "retrying (attempt 1) mid1.csv (run 715): put back by its worker (attempt not counted)");
   assert.ok(!line.endsWith(": "), line);
   const e: TaskEvent = {
     id: "9",
@@ -329,7 +329,7 @@ test("a run put back in the queue by its worker's shutdown (no error code) says 
   };
   assert.match(
     eventLine(e, new Map([["715", "mid1.csv"]])),
-    /mid1\.csv \(run 715\) {2}put back in the queue/,
+    /mid1\.csv \(run 715\) {2}put back by its worker \(attempt not counted\)/,
   );
 });
 

@@ -9,6 +9,7 @@ const WEB = path.resolve(import.meta.dirname, "..", "..", "web");
 
 // Imported by URL: the modules are JavaScript without declarations.
 const format = (await import(pathToFileURL(path.join(WEB, "format.js")).href)) as {
+  describeEvent(e: { type: string; runId?: string | null; data?: Record<string, unknown> }): string;
   bytes(n: number | null | undefined): string;
   duration(fromIso: string | null, toIso?: string | null): string;
 };
@@ -130,4 +131,23 @@ test("a running task's duration is counted on the server's clock, as its Date he
     globalThis.Date = RealDate;
     clock.noteServerDate(new RealDate().toUTCString());
   }
+});
+
+test("the event log: a run its worker gave back (no error code) did not fail; a retried failure names its code", () => {
+  assert.equal(
+    format.describeEvent({
+      type: "run.retry",
+      runId: "715",
+      data: { status: "queued", attempt: 0, errorCode: null },
+    }),
+    "put back by its worker (attempt not counted)",
+  );
+  assert.equal(
+    format.describeEvent({
+      type: "run.retry",
+      runId: "715",
+      data: { status: "queued", attempt: 2, errorCode: "ANALYSIS_DEPENDENCY_FAILED" },
+    }),
+    "attempt 2 failed (ANALYSIS_DEPENDENCY_FAILED); retry",
+  );
 });
