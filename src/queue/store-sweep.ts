@@ -125,6 +125,10 @@ export class StoreSweep extends IntervalService<number> {
       if (aborted > 0) this.o.logger.info({ uploads: aborted }, "store sweep ended incomplete uploads");
       return aborted;
     } catch (err) {
+      // Some uploads left for the next pass: the others' ends are said all the same.
+      const ended = (err as { aborted?: unknown }).aborted;
+      if (typeof ended === "number" && ended > 0)
+        this.o.logger.info({ uploads: ended }, "store sweep ended incomplete uploads");
       // Some S3-compatible services do not list multipart uploads: a bucket lifecycle rule
       // (AbortIncompleteMultipartUpload) must do it there.
       if ((err as { name?: string }).name !== "NotImplemented") throw err;

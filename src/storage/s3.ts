@@ -442,6 +442,10 @@ export class S3Store implements ObjectStore {
    */
   async abortIncompleteUploads(olderThan: Date): Promise<number> {
     let aborted = 0;
+    // An upload whose parts cannot be listed now (a 500, SlowDown past the SDK's retries) is left for
+    // the next pass and the others go on: one such upload stopped every pass at it.
+    let unlisted = 0;
+    let firstError: unknown;
     for (const keyPrefix of KEY_PREFIXES) {
       let markers: { KeyMarker?: string; UploadIdMarker?: string } = {};
       for (let page = 0; page < 10; page++) {
@@ -454,7 +458,13 @@ export class S3Store implements ObjectStore {
         );
         for (const u of res.Uploads ?? []) {
           if (!u.Key || !u.UploadId || !u.Initiated || u.Initiated >= olderThan) continue;
-          if (await this.partWrittenSince(u.Key, u.UploadId, olderThan)) continue;
+          try {
+            if (await this.partWrittenSince(u.Key, u.UploadId, olderThan)) continue;
+          } catch (err) {
+            unlisted++;
+            firstError ??= err;
+            continue;
+          }
           if (await this.abortUpload(u.Key, u.UploadId)) aborted++;
         }
         if (!res.IsTruncated) break;
@@ -464,13 +474,19 @@ export class S3Store implements ObjectStore {
         };
       }
     }
+    if (unlisted > 0)
+      throw new IncompleteUploadsError(
+        `could not list the parts of ${unlisted} incomplete ${unlisted === 1 ? "upload" : "uploads"} (left for the next pass; ${aborted} ended)`,
+        aborted,
+        { cause: firstError },
+      );
     return aborted;
   }
 
   /**
    * Whether a part of the upload was written at or after `since` (or the upload is gone: nothing to
-   * end). A server that cannot list parts (s3rver, some small S3-compatible servers) answers with the
-   * upload's start alone, as before: false.
+   * end). A server that cannot list parts (s3rver, some small S3-compatible servers), or credentials
+   * that may not, answer with the upload's start alone, as before: false.
    */
   private async partWrittenSince(key: string, uploadId: string, since: Date): Promise<boolean> {
     let marker: string | undefined;
@@ -490,7 +506,16 @@ export class S3Store implements ObjectStore {
         const name = (err as { name?: string }).name;
         if (err instanceof NoSuchUpload || name === "NoSuchUpload") return true;
         const status = (err as { $metadata?: { httpStatusCode?: number } }).$metadata?.httpStatusCode;
-        if (name === "NotImplemented" || name === "MethodNotAllowed" || status === 405 || status === 501)
+        // Credentials without s3:ListMultipartUploadParts (docs/operations.md listed only the
+        // uploads' listing and abort until 2026-12-07) are judged by the start too.
+        if (
+          name === "NotImplemented" ||
+          name === "MethodNotAllowed" ||
+          name === "AccessDenied" ||
+          status === 403 ||
+          status === 405 ||
+          status === 501
+        )
           return false;
         throw err;
       }
@@ -568,4 +593,14 @@ function contentRange(value: string): { start: number; end: number; size: number
   const m = /^bytes (\d{1,15})-(\d{1,15})\/(\d{1,15})$/.exec(value.trim());
   if (!m) return undefined;
   return { start: Number(m[1]), end: Number(m[2]), size: Number(m[3]) };
+}
+
+/** Some incomplete uploads could not be judged this pass; `aborted`, how many others were ended. */
+export class IncompleteUploadsError extends Error {
+  override name = "IncompleteUploadsError";
+  readonly aborted: number;
+  constructor(message: string, aborted: number, options?: ErrorOptions) {
+    super(message, options);
+    this.aborted = aborted;
+  }
 }

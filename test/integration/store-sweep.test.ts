@@ -17,6 +17,7 @@ import { createLogger } from "../../src/log.ts";
 import { runClaim, runComplete } from "../../src/queue/sql.ts";
 import { randomStartKey, StoreSweep } from "../../src/queue/store-sweep.ts";
 import { LocalStore } from "../../src/storage/local.ts";
+import { IncompleteUploadsError } from "../../src/storage/s3.ts";
 import type { ObjectStore } from "../../src/storage/store.ts";
 import { createTestDatabase, type TestDatabase } from "../helpers/db.ts";
 import { createTask, seedFiles, seedUser } from "../helpers/queue.ts";
@@ -243,6 +244,53 @@ test("s3: a server that cannot list parts has its old uploads ended by their sta
   assert.equal(await store.abortIncompleteUploads(new Date(Date.now() + 1000)), 1);
   assert.equal(asked, 1);
   assert.deepEqual(await uploadKeys("noparts/"), []);
+});
+
+test("s3: credentials that may not list parts judge by the start; one upload's failing listing leaves the others' ends", async () => {
+  const denied = bucket.store("denied/");
+  await startUpload("denied/files/1234572");
+  denied.client.middlewareStack.add(
+    (next, context) => async (args) => {
+      if (context.commandName === "ListPartsCommand")
+        throw Object.assign(new Error("Access Denied"), {
+          name: "AccessDenied",
+          $metadata: { httpStatusCode: 403 },
+        });
+      return next(args);
+    },
+    { step: "initialize", name: "deniedListParts" },
+  );
+  // Without s3:ListMultipartUploadParts (operations.md's list lacked it), as before: by the start.
+  assert.equal(await denied.abortIncompleteUploads(new Date(Date.now() + 1000)), 1);
+  assert.deepEqual(await uploadKeys("denied/"), []);
+
+  const flaky = bucket.store("flaky/");
+  await startUpload("flaky/files/1234573");
+  await startUpload("flaky/files/1234574");
+  let failedOnce = false;
+  flaky.client.middlewareStack.add(
+    (next, context) => async (args) => {
+      if (context.commandName === "ListPartsCommand" && !failedOnce) {
+        failedOnce = true;
+        throw Object.assign(new Error("We encountered an internal error. Please try again."), {
+          name: "InternalError",
+          $metadata: { httpStatusCode: 500 },
+        });
+      }
+      return next(args);
+    },
+    { step: "initialize", name: "flakyListParts" },
+  );
+  // The first upload's parts cannot be listed: it stays for the next pass, the second is ended, and
+  // the pass says both (it stopped at the first, ending nothing).
+  await assert.rejects(
+    flaky.abortIncompleteUploads(new Date(Date.now() + 1000)),
+    (err) =>
+      err instanceof IncompleteUploadsError && err.aborted === 1 && /1 incomplete upload/.test(err.message),
+  );
+  assert.deepEqual(await uploadKeys("flaky/"), ["flaky/files/1234573"]);
+  assert.equal(await flaky.abortIncompleteUploads(new Date(Date.now() + 1000)), 1);
+  assert.deepEqual(await uploadKeys("flaky/"), []);
 });
 
 test("a random start: restarted sweeps reach an orphan past the first pages, not only the first keys", async () => {
