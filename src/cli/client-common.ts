@@ -31,7 +31,7 @@ export const COMMON_HELP = `Common options:
 export function exitCodesHelp(codes: string[], interrupted = "Ctrl-C"): string {
   const all = [
     ...codes,
-    "3 the server cannot be reached or refuses the token",
+    "3 the server cannot be reached, refuses the token, or fails (5xx)",
     `130 ${interrupted}`,
     "141 stdout was closed by its reader (`| head`)",
   ];

@@ -25,6 +25,7 @@ succeeded (a repeated input name gets " (run <id>)"), and DIR/results.csv with a
 DIR (-o) defaults to task-<taskId>; --concurrency N downloads at once (default 8, at most 64).
 A download whose connection breaks off is tried again (5 times in all), an output file from the
 byte it had reached; a file is under its own name only once it is whole.
+
 ${exitCodesHelp([
   "0 the task succeeded",
   "1 it ended otherwise (the outputs of the runs that succeeded are still downloaded) or has not ended yet",
@@ -79,8 +80,16 @@ export const downloadCommand = (argv: string[]) =>
         ctx.out.say(
           `Downloaded ${files} files of ${got.runs.length} runs to ${shown(out)}; ${summaryLine(task)}`,
         );
-        // As follow's summary: a line per run that did not succeed (it has no outputs).
-        if (task.status !== "succeeded") sayProblems(ctx, await problemsOf(ctx, task));
+        // As follow's summary: a line per run that did not succeed (it has no outputs) — for people
+        // only, and the download is done whatever becomes of these reads.
+        if (task.status !== "succeeded" && !ctx.out.json) {
+          try {
+            sayProblems(ctx, await problemsOf(ctx, task));
+          } catch (err) {
+            if (ctx.signal.aborted) throw err;
+            ctx.out.note(`could not list the runs that did not succeed: ${(err as Error).message}`);
+          }
+        }
         return task.status === "succeeded" ? EXIT.OK : EXIT.TASK_NOT_SUCCEEDED;
       },
     },
@@ -99,9 +108,10 @@ export async function downloadReported(
   concurrency: number,
 ) {
   // On a terminal, a bar of the runs done (a task of hundreds of runs takes a while).
-  const bars = ctx.out.tty
-    ? new (await import("../client/tty.ts")).DownloadBars(ctx.out.stream, items.length)
-    : undefined;
+  const bars =
+    ctx.out.tty && items.length > 0
+      ? new (await import("../client/tty.ts")).DownloadBars(ctx.out.stream, items.length)
+      : undefined;
   if (bars) ctx.out.drawing((line) => bars.log(line));
   let got: Awaited<ReturnType<typeof downloadOutputs>>;
   try {

@@ -44,9 +44,9 @@ export function problemLine(
 }
 
 /**
- * Why a run was retried without an error code: its worker gave it back, its attempt not counted — a
- * shutdown, a full scratch disk, or runs claimed ahead that waited too long for a slot there
- * attempt not counted (run.retry's data: `errorCode` null, `attempt` one fewer).
+ * Why a run was retried without an error code (run.retry's data: `errorCode` null, `attempt` one
+ * fewer): its worker gave it back, its attempt not counted — a shutdown, a full scratch disk, or runs
+ * claimed ahead that waited too long for a slot there.
  */
 const REQUEUED = "put back by its worker (attempt not counted)";
 
@@ -283,7 +283,12 @@ async function printLogs(ctx: ClientContext, taskId: string, follow: boolean): P
       ? []
       : (await runsOf(ctx.client, taskId, undefined, ctx.signal)).map((r) => [r.runId, r.fileName]),
   );
+  // The task's end as far as known, from its closing event: in the log's pages for a task that ended
+  // before the command began (until 2026-12-07 only the stream's events were looked at, and such a
+  // task was said to be "still running" when its reader closed the pipe).
+  let ended: string | undefined;
   const print = (e: TaskEvent) => {
+    if (isClosingEvent(e)) ended = e.type.slice("task.".length);
     ctx.out.line("event", e);
     ctx.out.say(eventLine(e, names));
   };
@@ -296,11 +301,7 @@ async function printLogs(ctx: ClientContext, taskId: string, follow: boolean): P
   }
   if (!follow) return EXIT.OK;
   const stream = taskEvents(ctx.client, taskId, { signal: ctx.signal, after, onState: streamNote(ctx) });
-  let ended: string | undefined;
-  for await (const e of stream) {
-    if (isClosingEvent(e)) ended = e.type.slice("task.".length);
-    print(e);
-  }
+  for await (const e of stream) print(e);
   if (ctx.signal.aborted)
     return leftRunning(ctx, taskId, new StoppedFollowing(`stopped following task ${taskId}`, ended));
   const task = await taskGet(ctx.client, taskId, ctx.signal);

@@ -11,7 +11,7 @@ import { checkDownloadPaths, folderNames, foldersFromLabels, makeFolders } from 
 import { ClientUsageError, EXIT, Interrupted, messageOf, PathConflict } from "../client/exit.ts";
 import { type ApiClient, ApiRequestError, ConnectionError, retryPause } from "../client/http.ts";
 import type { ListedInput, LocalInput } from "../client/inputs.ts";
-import { listInputs } from "../client/inputs.ts";
+import { fromCommandLine, listInputs } from "../client/inputs.ts";
 import { bytes, fit, seconds, shown } from "../client/output.ts";
 import { type JsonSchema, knownParams, paramProblems, parseParams } from "../client/params.ts";
 import { mapLimit, sleep } from "../client/pool.ts";
@@ -111,7 +111,10 @@ export function outsideOut<T extends { path: string; file?: Buffer }>(
   // the folder it leads to (until 2026-12-07 its files were walked as inputs).
   const root = realPath(path.resolve(out));
   const below = (p: string, dir: string) => p.startsWith(dir.endsWith(path.sep) ? dir : dir + path.sep);
-  if (!args.some((a) => below(root, realPath(path.resolve(a))))) return listed;
+  // An argument's own bytes (a name that is not UTF-8 reaches Node with U+FFFD in it: fromCommandLine
+  // finds the name meant, as listInputs did).
+  const argBytes = (a: string) => fromCommandLine(a)?.file ?? path.resolve(a);
+  if (!args.some((a) => below(root, realPath(argBytes(a))))) return listed;
   const named = new Set(args.map((a) => path.resolve(a)));
   const kept = listed.filter((f) => named.has(f.path) || !below(realPath(f.file ?? f.path), root));
   if (kept.length === 0)
@@ -120,16 +123,18 @@ export function outsideOut<T extends { path: string; file?: Buffer }>(
 }
 
 /**
- * `p` with every link resolved, as far as it exists (the rest as given: an --out not made yet), read
- * as the system has it (a name that is not UTF-8 decoded alike on both sides of a comparison).
+ * `p` with every link resolved, as far as it exists (the rest as given: an --out not made yet), as
+ * its bytes, one character each (latin1): names that are not UTF-8 differ only there — decoded as
+ * UTF-8, `r\xE9s` and `r\xE8s` both read `r\uFFFDs`, and a sibling folder of --out's was taken for it.
  */
 function realPath(p: string | Buffer): string {
+  const bytes = typeof p === "string" ? Buffer.from(p) : p;
   try {
-    return fs.realpathSync.native(p, { encoding: "buffer" }).toString();
+    return fs.realpathSync.native(bytes, { encoding: "buffer" }).toString("latin1");
   } catch {
-    const text = p.toString();
+    const text = bytes.toString("latin1");
     const parent = path.dirname(text);
-    return parent === text ? text : path.join(realPath(parent), path.basename(text));
+    return parent === text ? text : path.join(realPath(Buffer.from(parent, "latin1")), path.basename(text));
   }
 }
 

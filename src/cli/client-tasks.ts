@@ -260,8 +260,15 @@ async function filesRemove(ctx: ClientContext, ids: string[]): Promise<number> {
       ctx.out.line("deleted", r);
       ctx.out.say(`Deleted file ${r.fileId}`);
     } catch (err) {
-      // Another file's answer says nothing about this one's: only a 404 goes on to the next id.
-      if (!(err instanceof ApiRequestError && err.code === "FILE_NOT_FOUND")) throw err;
+      // Another file's answer says nothing about this one's: only a 404 goes on to the next id. The
+      // ids found missing before it are said first, or its error would be all that is told.
+      if (!(err instanceof ApiRequestError && err.code === "FILE_NOT_FOUND")) {
+        if (missing.length > 0)
+          ctx.out.note(
+            `no ${missing.length === 1 ? "file" : "files"} ${missing.join(", ")} of yours (FILE_NOT_FOUND)`,
+          );
+        throw err;
+      }
       missing.push(id);
       failed ??= err;
     }

@@ -125,7 +125,8 @@ export function listInputs(args: string[], note: (text: string) => void = () => 
     const real = fs.realpathSync.native(f.file ?? f.path, { encoding: "buffer" }).toString("latin1");
     const first = seen.get(real);
     if (first !== undefined) {
-      merged.push(`${f.path} (the same file as ${first})`);
+      // The same path given twice is said once and no more.
+      if (f.path !== first) merged.push(`${f.path} (the same file as ${first})`);
       return false;
     }
     seen.set(real, f.path);
@@ -157,7 +158,7 @@ function tell(note: (text: string) => void, what: string, entries: string[]): vo
  * its bytes and names nothing: it is then the one name in its folder that Node reads so, labelled
  * as a walk labels it. Two such names are refused: which one was meant cannot be told.
  */
-function fromCommandLine(arg: string): ListedInput | undefined {
+export function fromCommandLine(arg: string): ListedInput | undefined {
   const full = path.resolve(arg);
   if (!arg.includes("\ufffd"))
     return statOrNull(arg) ? { path: full, label: path.basename(full) } : undefined;

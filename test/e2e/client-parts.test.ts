@@ -786,6 +786,77 @@ test("stopping following a task that has ended (a closed pipe) does not say it i
   }
 });
 
+test("stopping logs --follow of a task that ended before it began says it has ended, from the log's pages", async () => {
+  let id = 10;
+  const { c, close } = await tinyServer((req, res) => {
+    if (req.url?.startsWith("/api/analysis-tasks/1/logs")) {
+      res.writeHead(200, { "content-type": "application/json" });
+      const items = [
+        event("7", "task.queued", null, { status: "queued", totalCount: 1 }),
+        event("8", "run.succeeded", "5", { status: "succeeded" }),
+        event("9", "task.succeeded", null, { status: "succeeded" }),
+      ];
+      res.end(JSON.stringify({ data: { items, nextCursor: null } }));
+      return;
+    }
+    // The stream after the pages: slow events, for the reader to go away meanwhile.
+    res.writeHead(200, { "content-type": "text/event-stream" });
+    const timer = setInterval(() => {
+      id++;
+      res.write(frame(event(String(id), "run.progress", "5", { percent: id % 100 })));
+    }, 2);
+    res.on("close", () => clearInterval(timer));
+  });
+  try {
+    const child = spawnCli(
+      ["logs", "1", "--follow"],
+      cleanEnv({ ASSAY_URL: c.shownUrl, ASSAY_TOKEN: "assay_test" }),
+    );
+    const done = collect(child);
+    await new Promise<void>((resolve) => {
+      const onData = () => {
+        child.stdout?.off("data", onData);
+        child.stdout?.destroy();
+        resolve();
+      };
+      child.stdout?.on("data", onData);
+    });
+    const r = await within(done, 10_000, "the client after its reader went away");
+    assert.equal(r.code, 141, r.stderr);
+    assert.doesNotMatch(r.stderr, /still running|assay cancel/, r.stderr);
+    assert.match(r.stderr, /task 1 has ended \(succeeded\)/, r.stderr);
+  } finally {
+    close();
+  }
+});
+
+test("files rm: ids found missing before another error are still said", async () => {
+  const { c, close } = await tinyServer((req, res) => {
+    const missing = req.url === "/api/files/1000000001";
+    res.writeHead(missing ? 404 : 401, { "content-type": "application/json" });
+    res.end(
+      JSON.stringify(
+        missing
+          ? { code: "FILE_NOT_FOUND", message: "The file does not exist." }
+          : { code: "UNAUTHORIZED", message: "The token is not valid." },
+      ),
+    );
+  });
+  try {
+    const r = await collect(
+      spawnCli(
+        ["files", "rm", "1000000001", "1000000002"],
+        cleanEnv({ ASSAY_URL: c.shownUrl, ASSAY_TOKEN: "assay_test" }),
+      ),
+    );
+    assert.equal(r.code, 3, r.stderr);
+    assert.match(r.stderr, /no file 1000000001 of yours \(FILE_NOT_FOUND\)/, r.stderr);
+    assert.match(r.stderr, /UNAUTHORIZED/, r.stderr);
+  } finally {
+    close();
+  }
+});
+
 test("a URL with a path the server has no routes under says the URL may be wrong", async () => {
   const { c, close } = await tinyServer((_req, res) => {
     res.writeHead(404, { "content-type": "application/json" });

@@ -35,6 +35,31 @@ test("an --out reached through a link to a folder inside the walked one is left 
   }
 });
 
+test("--out with a name that is not UTF-8 leaves a sibling folder whose name reads alike as UTF-8 among the inputs", () => {
+  const data = path.join(work, "bytes-data");
+  fs.mkdirSync(data);
+  const named = (bytes: number[]) =>
+    Buffer.concat([Buffer.from(`${data}/r`), Buffer.from(bytes), Buffer.from("s")]);
+  // r\xE8s holds an input; --out is r\xE9s, which Node reads from the command line as r\uFFFDs (and
+  // so r\xE8s reads too).
+  fs.mkdirSync(named([0xe8]));
+  fs.writeFileSync(Buffer.concat([named([0xe8]), Buffer.from("/input.csv")]), "x\n1\n");
+  fs.writeFileSync(path.join(data, "top.csv"), "x\n1\n");
+  const out = `${data}/r\ufffds`;
+  const kept = outsideOut(listInputs([data]), out, [data]);
+  assert.equal(kept.length, 2, kept.map((f) => f.path).join(", "));
+});
+
+test("the same path given twice is submitted once without a note", () => {
+  const dir = path.join(work, "twice");
+  fs.mkdirSync(dir);
+  const file = path.join(dir, "a.csv");
+  fs.writeFileSync(file, "x\n1\n");
+  const notes: string[] = [];
+  assert.equal(listInputs([file, file], (n) => notes.push(n)).length, 1);
+  assert.deepEqual(notes, []);
+});
+
 test("a link to nothing or to a folder is said as it is skipped, and a link to a file found too as it is merged", () => {
   const dir = path.join(work, "links");
   fs.mkdirSync(dir);
