@@ -142,18 +142,30 @@ export function Pager({ cursors, next, onPage, labels = ["Newer", "Older"] }) {
  */
 export function QueuePlace({ queue, brief = false }) {
   if (!queue) return null;
+  const { place, reasons } = queue.noWorker ? waitingForWorker(queue) : runsAhead(queue);
+  if (brief)
+    return html`<details class="queue-place"><summary>${place}</summary><span class="queue-why">${reasons}</span></details>`;
+  return html`<span class="queue-place">${place}<span class="queue-why">${reasons}</span></span>`;
+}
+
+function runsAhead(queue) {
   const why = [
     queue.higherPriority > 0 ? `${queue.higherPriority} of a higher priority` : null,
     queue.usersWaiting > 0
       ? `${queue.usersWaiting} other user${queue.usersWaiting === 1 ? "" : "s"} served in turn`
       : null,
   ].filter(Boolean);
-  const place = `≈ ${queue.runsAhead} run${queue.runsAhead === 1 ? "" : "s"} ahead (estimate)`;
-  const reasons = `An estimate${why.length > 0 ? `: ${why.join("; ")}` : ""}. What arrives or finishes meanwhile changes it.`;
-  if (brief)
-    return html`<details class="queue-place"><summary>${place}</summary><span class="queue-why">${reasons}</span></details>`;
-  return html`<span class="queue-place">${place}<span class="queue-why">${reasons}</span></span>`;
+  return {
+    place: `≈ ${queue.runsAhead} run${queue.runsAhead === 1 ? "" : "s"} ahead (estimate)`,
+    reasons: `An estimate${why.length > 0 ? `: ${why.join("; ")}` : ""}. What arrives or finishes meanwhile changes it.`,
+  };
 }
+
+/** No live worker runs the task's type: it is not next whatever the count says. */
+const waitingForWorker = (queue) => ({
+  place: "waiting for a worker",
+  reasons: `No live worker can run this analysis type now (${shownName(queue.noWorker)}); the task fails with ANALYSIS_WORKER_UNAVAILABLE if none comes in time.`,
+});
 
 /** What the keyboard reaches in `row` and in its detail row (a run's), in order. */
 const controls = (row) => {

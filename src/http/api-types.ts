@@ -108,6 +108,10 @@ export const TaskBody = Type.Object({
           description: "Runs of a higher priority waiting (counted up to 10,000)",
         }),
         estimate: Type.Literal(true, { description: "Always true: an estimate, not a promise" }),
+        noWorker: Type.Union([Type.String(), Type.Null()], {
+          description:
+            "Why no live worker can run the task's type now (as GET /api/analysis-types says), null when one can",
+        }),
       }),
       Type.Null(),
     ],

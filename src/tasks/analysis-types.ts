@@ -2,7 +2,7 @@
 // schema, and whether a live worker runs it now — judged like the reaper judges liveness — or why not.
 import { ANALYSIS_TYPES, type AnalysisType, DESCRIPTIONS, PARAMETER_SCHEMAS } from "../analyses/types.ts";
 import type { Sql } from "../db/client.ts";
-import { type TypeAvailability, WORKER_STALE_TTLS, workerTypeAvailability } from "../queue/sql.ts";
+import { type TypeAvailability, workerStaleMs, workerTypeAvailability } from "../queue/sql.ts";
 
 export interface AnalysisTypeView {
   name: AnalysisType;
@@ -29,7 +29,7 @@ export function unavailableReason(a: TypeAvailability): string | null {
 }
 
 export async function analysisTypeList(sql: Sql, leaseTtlMs: number): Promise<AnalysisTypeView[]> {
-  const rows = await workerTypeAvailability(sql, ANALYSIS_TYPES, leaseTtlMs * WORKER_STALE_TTLS);
+  const rows = await workerTypeAvailability(sql, ANALYSIS_TYPES, workerStaleMs(leaseTtlMs));
   return ANALYSIS_TYPES.map((name, i) => {
     const a = rows[i] ?? { type: name, workers: 0, liveWorkers: 0, reasons: [] };
     return {

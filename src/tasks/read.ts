@@ -1,7 +1,8 @@
 // Reading tasks and runs for the API: owner-scoped (admins see all), newest first, keyset pagination.
 import type { Principal } from "../auth/tokens.ts";
 import { isoTime, type Sql } from "../db/client.ts";
-import { INT8_OID, inLive } from "../queue/sql.ts";
+import { INT8_OID, inLive, workerTypeAvailability } from "../queue/sql.ts";
+import { unavailableReason } from "./analysis-types.ts";
 import { TERMINAL_TASK_STATUSES } from "./states.ts";
 
 export interface TaskView {
@@ -39,6 +40,12 @@ export interface QueueEstimate {
   higherPriority: number;
   /** Always true: the number depends on what arrives and finishes meanwhile. */
   estimate: true;
+  /**
+   * Why no live worker can run the task's type now (as GET /api/analysis-types says it), or null when
+   * one can: such a task is not next whatever runsAhead says, and fails ANALYSIS_WORKER_UNAVAILABLE when
+   * none comes. Null too when the caller did not ask (taskQueueEstimates alone).
+   */
+  noWorker: string | null;
 }
 
 export interface RunView {
@@ -124,13 +131,14 @@ export async function taskGetOwned(
   sql: Sql,
   p: Principal,
   taskId: string,
+  o: QueueReadOptions = {},
 ): Promise<{ task: TaskView; ownerId: number } | undefined> {
   const [row] = await sql<(TaskRow & { ownerId: number })[]>`
     select ${taskSelect(sql)}, ${progressSum(sql)}, t.owner_id::float8 as "ownerId"
     from tasks t where t.id = ${taskId} and ${visible(sql, p)}`;
   if (!row) return undefined;
   const { ownerId, ...rest } = row;
-  const [task] = await withQueueEstimates(sql, [taskView(rest)]);
+  const [task] = await withQueueEstimates(sql, [taskView(rest)], o);
   return task && { task, ownerId };
 }
 
@@ -168,8 +176,8 @@ export async function taskQueueEstimates(sql: Sql, taskIds: string[]): Promise<M
     -- m: where the task's first queued run stands in its owner's queue, read from the front, up to
     -- ESTIMATE_CAP + 1 runs (the task's runs all have its type, owner and priority). Not found that
     -- far: ESTIMATE_CAP, if it has a run queued at all (one claimed and not yet running leaves a task
-    -- queued with none: no estimate). OFFSET 0 keeps it one subquery: pulled up, its expression was
-    -- copied into every use of m.n.
+    -- queued with none: no estimate; nor one whose first run is claimed, below). OFFSET 0 keeps it one
+    -- subquery: pulled up, its expression was copied into every use of m.n.
     cross join lateral (
       select coalesce(
         (select x.k - 1 from (
@@ -212,7 +220,13 @@ export async function taskQueueEstimates(sql: Sql, taskIds: string[]): Promise<M
         limit ${ESTIMATE_CAP}
       ) z
     ) h
-    where t.id = any(${sql.array(taskIds, INT8_OID)}::bigint[]) and m.n is not null`;
+    where t.id = any(${sql.array(taskIds, INT8_OID)}::bigint[]) and m.n is not null
+      -- A run of the task claimed (the task turns running only when one reports running): nothing
+      -- is ahead of its first run any more, and its other queued runs' place said "N runs ahead" of a
+      -- task already starting. Read from runs_owner_live_idx: the owner's live runs, few.
+      and not exists (select 1 from runs s
+                      where s.owner_id = t.owner_id and s.task_id = t.id
+                        and s.status in ('starting', 'running', 'cancelling'))`;
   return new Map(
     rows.map((r) => [
       r.taskId,
@@ -221,15 +235,37 @@ export async function taskQueueEstimates(sql: Sql, taskIds: string[]): Promise<M
         usersWaiting: r.users,
         higherPriority: r.higher,
         estimate: true,
+        noWorker: null,
       },
     ]),
   );
 }
 
+export interface QueueReadOptions {
+  /**
+   * A worker whose heartbeat is older is not live (as the reaper judges): given, a queued task's
+   * estimate says when no live worker can run its type (QueueEstimate.noWorker).
+   */
+  workerStaleMs?: number;
+}
+
 /** The tasks with their queue estimates filled in (queued tasks only). */
-async function withQueueEstimates(sql: Sql, tasks: TaskView[]): Promise<TaskView[]> {
-  const queued = tasks.filter((t) => t.status === "queued").map((t) => t.taskId);
-  const estimates = await taskQueueEstimates(sql, queued);
+async function withQueueEstimates(sql: Sql, tasks: TaskView[], o: QueueReadOptions): Promise<TaskView[]> {
+  const queued = tasks.filter((t) => t.status === "queued");
+  const estimates = await taskQueueEstimates(
+    sql,
+    queued.map((t) => t.taskId),
+  );
+  if (estimates.size > 0 && o.workerStaleMs !== undefined) {
+    // One look at the workers (a row per process: small) for the types of the tasks estimated.
+    const types = [...new Set(queued.filter((t) => estimates.has(t.taskId)).map((t) => t.analysisType))];
+    const availability = await workerTypeAvailability(sql, types, o.workerStaleMs);
+    const why = new Map(availability.map((a) => [a.type, unavailableReason(a)]));
+    for (const t of queued) {
+      const e = estimates.get(t.taskId);
+      if (e) e.noWorker = why.get(t.analysisType) ?? null;
+    }
+  }
   return tasks.map((t) => ({ ...t, queue: estimates.get(t.taskId) ?? null }));
 }
 
@@ -241,7 +277,7 @@ export interface Page<T> {
 export async function taskList(
   sql: Sql,
   p: Principal,
-  o: { status?: string; analysisType?: string; limit: number; cursor?: string },
+  o: { status?: string; analysisType?: string; limit: number; cursor?: string } & QueueReadOptions,
 ): Promise<Page<TaskView>> {
   const rows = await sql<TaskRow[]>`
     select ${taskSelect(sql)}, ${progressSum(sql)}
@@ -252,7 +288,7 @@ export async function taskList(
       ${o.cursor ? sql`and t.id < ${o.cursor}` : sql``}
     order by t.id desc
     limit ${o.limit + 1}`;
-  const items = await withQueueEstimates(sql, rows.slice(0, o.limit).map(taskView));
+  const items = await withQueueEstimates(sql, rows.slice(0, o.limit).map(taskView), o);
   return { items, nextCursor: rows.length > o.limit ? (items.at(-1)?.taskId ?? null) : null };
 }
 

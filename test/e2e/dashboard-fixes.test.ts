@@ -132,6 +132,28 @@ test("a queued task's page re-reads its place in the queue while it waits", { sk
   assert.deepEqual(problems, []);
 });
 
+test("a queued task no live worker can run says it waits for a worker, not a place in the queue", {
+  skip,
+}, async () => {
+  await workerPaused(async () => {
+    // The paused worker's heartbeat made stale: no live worker (it said "≈ 0 runs ahead").
+    await s.env.db.sql`update workers set heartbeat_at = now() - interval '1 day'`;
+    const { token: carol } = await tokenCreate(s.env.db.sql, "carol", "user");
+    const mine = await summaryTask(carol, 1);
+    const page = await pageFor(carol);
+    await page.goto(`${s.base}/#/tasks/${mine}`);
+    const place = page.locator(".counts .queue-place");
+    await place.filter({ hasText: "waiting for a worker" }).waitFor();
+    assert.match(
+      (await place.locator(".queue-why").textContent()) ?? "",
+      /^No live worker can run this analysis type now \(no worker is running\); the task fails with ANALYSIS_WORKER_UNAVAILABLE if none comes in time\.$/,
+    );
+    assert.doesNotMatch((await place.textContent()) ?? "", /runs? ahead/);
+    await page.context().close();
+  });
+  assert.deepEqual(problems, []);
+});
+
 // Every fetch of the page, listed in `window.settled` by URL once the page has handled its answer (or
 // its failure): marked from a timer set when the body is parsed, so after the promise callbacks and the
 // render they cause, which all run before any timer.

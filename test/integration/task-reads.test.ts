@@ -52,6 +52,7 @@ async function expected(taskId: string) {
     usersWaiting: others.size,
     higherPriority: higher,
     estimate: true,
+    noWorker: null,
   };
 }
 
@@ -86,15 +87,19 @@ describe("a queued task's estimate", () => {
     await createTask(db.sql, admin, "reads", 4, { priority: 1 });
     // Another type's queue is not this one's.
     await createTask(db.sql, bob, "reads-other", 7);
-    // The first of the big task's runs are claimed (it is still queued: none is running yet).
-    await db.sql`
-        update runs set status = 'starting', attempt = 1, lease_token = gen_random_uuid(), lease_owner = 'w',
-                        lease_expires_at = now() + interval '1 hour'
-        where id in (select id from runs where task_id = ${big} order by turn, id limit 20)`;
     await db.sql`analyze runs`;
     const { estimates, blocks } = await estimateCost([big]);
     assert.ok(blocks < 200, `the estimate read ${blocks} blocks of runs (the task has 100,000 runs)`);
     assert.deepEqual(estimates.get(big), await expected(big));
+    // The first of the big task's runs claimed (it is still queued: none is running yet): nothing is
+    // ahead of its first run any more — no estimate, and still no read of its 100,000 runs.
+    await db.sql`
+        update runs set status = 'starting', attempt = 1, lease_token = gen_random_uuid(), lease_owner = 'w',
+                        lease_expires_at = now() + interval '1 hour'
+        where id in (select id from runs where task_id = ${big} order by turn, id limit 20)`;
+    const claimed = await estimateCost([big]);
+    assert.ok(claimed.blocks < 200, `the estimate read ${claimed.blocks} blocks of runs`);
+    assert.equal(claimed.estimates.get(big), undefined);
     for (const id of [first, last])
       assert.deepEqual((await estimateCost([id])).estimates.get(id), await expected(id));
   });

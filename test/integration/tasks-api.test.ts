@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
+import { workerDelete, workerRegister } from "../../src/queue/sql.ts";
 import { bearer, startTestApp, type TestApp, uploadedFileId } from "../helpers/app.ts";
 
 let t: TestApp;
@@ -492,14 +493,47 @@ describe("priority and where a queued task stands", () => {
       usersWaiting: others.size,
       higherPriority: higher,
       estimate: true,
+      // No worker runs here: the task is not next, whatever the count (it said "≈ 0 runs ahead").
+      noWorker: "no worker is running",
     });
     // In the list too; a task that is not queued has none.
     const list = (await t.app.inject({ url: "/api/analysis-tasks?limit=100", headers: bearer(bob) })).json()
       .data;
     assert.deepEqual(list.items.find((x: { taskId: string }) => x.taskId === id)?.queue, got.queue);
+    // A live worker of another type only: its reason; one that runs summary: none.
+    const read = async () =>
+      (await t.app.inject({ url: `/api/analysis-tasks/${id}`, headers: bearer(bob) })).json().data.queue;
+    const worker = { id: "w-estimate", host: "h", pid: 1, concurrency: 2 };
+    await workerRegister(t.db.sql, {
+      ...worker,
+      analysisTypes: ["python-stats"],
+      unavailable: [{ type: "summary", reason: "node not found" }],
+    });
+    assert.equal((await read()).noWorker, "node not found (1 worker)");
+    await workerRegister(t.db.sql, { ...worker, analysisTypes: ["summary"] });
+    assert.deepEqual(await read(), { ...got.queue, noWorker: null });
+    await workerDelete(t.db.sql, worker.id);
     await t.db.sql`update tasks set status = 'cancelling' where id = ${id}`;
     const cancelling = (await t.app.inject({ url: `/api/analysis-tasks/${id}`, headers: bearer(bob) })).json()
       .data;
     assert.equal(cancelling.queue, null);
+  });
+
+  test("a queued task whose first run is claimed has no place in the queue (it said N runs ahead)", async () => {
+    const second = await upload(bob, "x\n2\n");
+    const res = await create(bob, { analysisType: "summary", inputFileIds: [bobFile, second] });
+    assert.equal(res.statusCode, 201, res.body);
+    const id = res.json().data.taskId as string;
+    const read = async () =>
+      (await t.app.inject({ url: `/api/analysis-tasks/${id}`, headers: bearer(bob) })).json().data;
+    assert.ok((await read()).queue, "queued, with an estimate");
+    // Its first run claimed: the task turns running only when a run reports running.
+    await t.db.sql`
+      update runs set status = 'starting', attempt = 1, lease_owner = 'w', lease_token = gen_random_uuid(),
+                      lease_expires_at = now() + interval '1 minute', started_at = now()
+      where id = (select min(id) from runs where task_id = ${id})`;
+    const claimed = await read();
+    assert.equal(claimed.status, "queued");
+    assert.equal(claimed.queue, null);
   });
 });

@@ -3,6 +3,7 @@ import { Type } from "typebox";
 import { isAnalysisType } from "../../analyses/types.ts";
 import { typeSettings } from "../../config.ts";
 import { hasLoneSurrogate } from "../../files/file-name.ts";
+import { workerStaleMs } from "../../queue/sql.ts";
 import { taskCancel } from "../../tasks/cancel.ts";
 import { taskCreate } from "../../tasks/create.ts";
 import {
@@ -95,7 +96,7 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const key = idempotencyKeyOf(request.headers["idempotency-key"]);
       const principal = principalOf(request);
       // Never silently ignored: a user who asks for a priority is told it is not theirs to set
-      // (before any file is looked at: whatever else is wrong, this is).
+      // (before any file or type is looked at; a body that breaks the schema is told that first).
       if (body.priority !== undefined && principal.role !== "admin") {
         throw validationFailed("body/priority may only be set by an admin.");
       }
@@ -151,6 +152,7 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const { status, analysisType, limit, cursor } = request.query;
       const page = await taskList(app.services.database.sql, principalOf(request), {
         limit: limit ?? 20,
+        workerStaleMs: workerStaleMs(app.services.config.leaseTtlMs),
         ...(status === undefined ? {} : { status }),
         ...(analysisType === undefined ? {} : { analysisType }),
         ...(cursor === undefined ? {} : { cursor }),
@@ -182,7 +184,9 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
         return ok(cached.value);
       }
       const ticket = cache?.begin();
-      const found = await taskGetOwned(app.services.database.sql, principal, taskId);
+      const found = await taskGetOwned(app.services.database.sql, principal, taskId, {
+        workerStaleMs: workerStaleMs(app.services.config.leaseTtlMs),
+      });
       if (!found) throw notFound("ANALYSIS_TASK_NOT_FOUND");
       // A queued task's estimate depends on other users' runs: never cached.
       if (ticket !== undefined && found.task.status !== "queued") {

@@ -24,6 +24,9 @@ export interface WorkerInfo {
  */
 export const WORKER_STALE_TTLS = 3;
 
+/** How old a worker's heartbeat may be for it to count as live, for a lease TTL. */
+export const workerStaleMs = (leaseTtlMs: number) => leaseTtlMs * WORKER_STALE_TTLS;
+
 /** Registers (or re-registers) a worker and records that its types are served. */
 export async function workerRegister(sql: Sql, w: WorkerInfo): Promise<void> {
   const unavailable = (w.unavailable ?? []).map((u) => ({ type: u.type, reason: u.reason }));
