@@ -115,7 +115,8 @@ export function outsideOut<T extends { path: string; file?: Buffer }>(
   // finds the name meant, as listInputs did).
   const argBytes = (a: string) => fromCommandLine(a)?.file ?? path.resolve(a);
   if (!args.some((a) => below(root, realPath(argBytes(a))))) return listed;
-  const named = new Set(args.map((a) => path.resolve(a)));
+  // As listInputs names them (a name that is not UTF-8 by its `%XX` form).
+  const named = new Set(args.map((a) => fromCommandLine(a)?.path ?? path.resolve(a)));
   const kept = listed.filter((f) => named.has(f.path) || !below(realPath(f.file ?? f.path), root));
   if (kept.length === 0)
     throw new ClientUsageError(`no files found in ${args.join(", ")} outside --out ${out}`);

@@ -431,6 +431,16 @@ describe("priority and where a queued task stands", () => {
     const withBadId = await create(alice, { analysisType: "summary", inputFileId: "abc", priority: 1 });
     assert.equal(withBadId.statusCode, 400);
     assert.equal(withBadId.json().message, "body/priority may only be set by an admin.");
+    // And before the route's own checks (both id fields); an unknown type is the schema's (the
+    // parameters' schema depends on it), told first.
+    const both = await create(alice, {
+      analysisType: "summary",
+      inputFileId: aliceFiles[0],
+      inputFileIds: [aliceFiles[0]],
+      priority: 1,
+    });
+    assert.equal(both.statusCode, 400);
+    assert.equal(both.json().message, "body/priority may only be set by an admin.");
     // A JSON null is a value of the wrong type, not "the default" (coerced, it was 0: the first priority).
     for (const priority of [-1, 10, 2.5, "high", null, "7", false, [3]]) {
       const bad = await create(admin, { analysisType: "summary", inputFileId: aliceFiles[0], priority });

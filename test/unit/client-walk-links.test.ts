@@ -50,6 +50,24 @@ test("--out with a name that is not UTF-8 leaves a sibling folder whose name rea
   assert.equal(kept.length, 2, kept.map((f) => f.path).join(", "));
 });
 
+test("a file whose name is not UTF-8, named by itself inside --out, stays an input", () => {
+  const data = path.join(work, "named-in-out");
+  const res = path.join(data, "res");
+  fs.mkdirSync(res, { recursive: true });
+  fs.writeFileSync(path.join(data, "a.csv"), "x\n1\n");
+  // caf\xE9.csv on disk; the command line gives Node caf\uFFFD.csv.
+  fs.writeFileSync(
+    Buffer.concat([Buffer.from(`${res}/caf`), Buffer.from([0xe9]), Buffer.from(".csv")]),
+    "x\n1\n",
+  );
+  fs.writeFileSync(path.join(res, "utf.csv"), "x\n1\n");
+  for (const name of ["utf.csv", "caf\ufffd.csv"]) {
+    const args = [data, path.join(res, name)];
+    const kept = outsideOut(listInputs(args), res, args);
+    assert.equal(kept.length, 2, `${name}: ${kept.map((f) => f.path).join(", ")}`);
+  }
+});
+
 test("the same path given twice is submitted once without a note", () => {
   const dir = path.join(work, "twice");
   fs.mkdirSync(dir);

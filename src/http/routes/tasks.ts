@@ -84,6 +84,12 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
     async (request, reply) => {
       const { config, database } = app.services;
       const body = request.body;
+      const principal = principalOf(request);
+      // Never silently ignored: a user who asks for a priority is told it is not theirs to set, before
+      // anything else about the request (a body that breaks the schema is told that first).
+      if (body.priority !== undefined && principal.role !== "admin") {
+        throw validationFailed("body/priority may only be set by an admin.");
+      }
       if (!isAnalysisType(body.analysisType)) throw new ApiError(400, "ANALYSIS_TYPE_UNSUPPORTED");
       if ((body.inputFileId === undefined) === (body.inputFileIds === undefined)) {
         throw validationFailed("Give exactly one of body/inputFileId and body/inputFileIds.");
@@ -94,12 +100,6 @@ export const taskRoutes: FastifyPluginAsyncTypebox = async (app) => {
         throw validationFailed(`A task may have at most ${config.maxTaskRuns} input files.`);
       }
       const key = idempotencyKeyOf(request.headers["idempotency-key"]);
-      const principal = principalOf(request);
-      // Never silently ignored: a user who asks for a priority is told it is not theirs to set
-      // (before any file or type is looked at; a body that breaks the schema is told that first).
-      if (body.priority !== undefined && principal.role !== "admin") {
-        throw validationFailed("body/priority may only be set by an admin.");
-      }
       const badText = unstorableAt(body.parameters, "body/parameters");
       if (badText) throw validationFailed(`${badText} must not contain NUL or an unpaired surrogate.`);
       // An id that cannot exist is a missing file, as in GET /api/files/:fileId.
