@@ -3,6 +3,7 @@
 import type { FastifyError, FastifyReply, FastifyRequest } from "fastify";
 import { connectionFailed, type Sql } from "../db/client.ts";
 import { appliedMigrationCount } from "../db/migrate.ts";
+import { singleFlight } from "../single-flight.ts";
 import { PayloadTooLargeError, StoreUnavailableError } from "../storage/store.ts";
 import { BEARER_CHALLENGE } from "./auth.ts";
 import {
@@ -14,7 +15,7 @@ import {
   storeUnavailable,
   uploadTooLarge,
 } from "./errors.ts";
-import { singleFlight, withTimeout } from "./routes/health.ts";
+import { withTimeout } from "./routes/health.ts";
 
 const BAD_JSON = new Set(["FST_ERR_CTP_INVALID_JSON_BODY", "FST_ERR_CTP_EMPTY_JSON_BODY"]);
 

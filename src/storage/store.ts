@@ -8,6 +8,7 @@
 import { createHash } from "node:crypto";
 import os from "node:os";
 import { type Readable, Transform } from "node:stream";
+import { singleFlight } from "../single-flight.ts";
 
 export class PayloadTooLargeError extends Error {
   readonly limit: number;
@@ -90,17 +91,17 @@ export class StoreUnavailableError extends Error {
   }
 }
 
-/** Each store's check in flight (storeFault): the failures that meet an outage together share one. */
-const checking = new WeakMap<Pick<ObjectStore, "check">, Promise<void>>();
+/** Each store's check (storeFault), one at a time: the failures that meet an outage together share one. */
+const checks = new WeakMap<Pick<ObjectStore, "check">, () => Promise<void>>();
 
 /** `store.check()`, or the one already in flight: an outage sends one check, not one per failure. */
 function sharedCheck(store: Pick<ObjectStore, "check">): Promise<void> {
-  let flight = checking.get(store);
-  if (flight === undefined) {
-    flight = store.check().finally(() => checking.delete(store));
-    checking.set(store, flight);
+  let check = checks.get(store);
+  if (check === undefined) {
+    check = singleFlight(() => store.check());
+    checks.set(store, check);
   }
-  return flight;
+  return check();
 }
 
 /**

@@ -4,7 +4,7 @@
 // outage would pile up.
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { singleFlight } from "../../src/http/routes/health.ts";
+import { singleFlight } from "../../src/single-flight.ts";
 
 /** A check that ends when the test says so, and how many were started. */
 function checks() {
