@@ -72,9 +72,7 @@ export const downloadCommand = (argv: string[]) =>
           if (!(err instanceof Interrupted) && !ctx.signal.aborted) throw err;
           // What a second run does: every file downloaded again, those already there written anew.
           const message = `download interrupted; the same command again (assay download ${taskId} --out ${shellWord(out)}) downloads the outputs again`;
-          ctx.out.line("interrupted", { taskId, message });
-          ctx.out.note(message);
-          return EXIT.INTERRUPTED;
+          return ctx.out.interrupted(message, { taskId });
         }
         const { got, files } = downloaded;
         ctx.out.say(

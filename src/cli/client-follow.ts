@@ -202,9 +202,7 @@ export function leftRunning(ctx: ClientContext, taskId: string, err?: unknown, f
     ended !== undefined
       ? `stopped following; task ${taskId} has ended (${ended})${fetch ? `: ${fetch}` : ""}`
       : `stopped following; task ${taskId} is still running (assay follow ${taskId} to watch it again, assay cancel ${taskId} to stop it)${fetch ? `; once it has ended, ${fetch}` : ""}`;
-  ctx.out.line("interrupted", { taskId, message });
-  ctx.out.note(message);
-  return EXIT.INTERRUPTED;
+  return ctx.out.interrupted(message, { taskId });
 }
 
 const FOLLOW_HELP = `Usage: assay follow <taskId>

@@ -424,9 +424,7 @@ async function submit(ctx: ClientContext, values: SubmitValues, positionals: str
   } catch (err) {
     if (!(err instanceof Interrupted) && !ctx.signal.aborted) throw err;
     const message = "interrupted: no task was created (files uploaded in full are reused next time)";
-    ctx.out.line("interrupted", { message });
-    ctx.out.note(message);
-    return EXIT.INTERRUPTED;
+    return ctx.out.interrupted(message);
   }
   const created = await createTask(ctx, type.name, sent, parameters, key);
   ctx.out.line("task", {
@@ -489,9 +487,7 @@ async function submit(ctx: ClientContext, values: SubmitValues, positionals: str
         return report(ctx, result);
       }
       const message = `download interrupted; ${again("it")}`;
-      ctx.out.line("interrupted", { taskId: created.taskId, message });
-      ctx.out.note(message);
-      return EXIT.INTERRUPTED;
+      return ctx.out.interrupted(message, { taskId: created.taskId });
     }
   }
   return report(ctx, result);

@@ -83,8 +83,9 @@ export async function taskCreate(
   });
 }
 
-export const taskGet = (c: ApiClient, taskId: string, signal?: AbortSignal) =>
-  c.get<Task>(`/api/analysis-tasks/${enc(taskId)}`, undefined, signal);
+/** `once`: asked once, not tried again (the event stream's loop does its own retrying). */
+export const taskGet = (c: ApiClient, taskId: string, signal?: AbortSignal, once = false) =>
+  c.get<Task>(`/api/analysis-tasks/${enc(taskId)}`, undefined, signal, once);
 
 export const taskPage = (c: ApiClient, q: TaskListParams, signal?: AbortSignal) =>
   c.get<PageOf<Task>>("/api/analysis-tasks", { ...q }, signal);
@@ -104,7 +105,14 @@ export const logsPage = (
   after: string | null,
   limit = 1000,
   signal?: AbortSignal,
-) => c.get<LogsPage>(`/api/analysis-tasks/${enc(taskId)}/logs`, { limit, after: after ?? undefined }, signal);
+  once = false,
+) =>
+  c.get<LogsPage>(
+    `/api/analysis-tasks/${enc(taskId)}/logs`,
+    { limit, after: after ?? undefined },
+    signal,
+    once,
+  );
 
 export const runOutputs = async (c: ApiClient, taskId: string, runId: string, signal?: AbortSignal) =>
   (

@@ -246,13 +246,14 @@ export class ApiClient {
    * A GET's `data`, retried (withRetries) when the connection fails or a gateway answers 502, 503 or
    * 504: reading twice changes nothing, and an API restarting must not fail the command.
    */
-  get<T>(path: string, query?: RequestOptions["query"], signal?: AbortSignal): Promise<T> {
-    return withRetries(`reading ${path}`, { signal, note: this.onRetry }, () =>
+  /** A GET, tried again as withRetries does; `once`: asked once (a caller whose own loop retries). */
+  get<T>(path: string, query?: RequestOptions["query"], signal?: AbortSignal, once = false): Promise<T> {
+    const ask = () =>
       this.json<T>("GET", path, {
         ...(query === undefined ? {} : { query }),
         ...(signal === undefined ? {} : { signal }),
-      }),
-    );
+      });
+    return once ? ask() : withRetries(`reading ${path}`, { signal, note: this.onRetry }, ask);
   }
 }
 

@@ -4,7 +4,7 @@
 // messages) is shown with control characters replaced: a file name must not drive the terminal.
 
 import { showUnseen, UNSEEN } from "../../web/unseen.js";
-import { ClientUsageError, errorCodeOf, exitCodeOf, Interrupted, messageOf } from "./exit.ts";
+import { ClientUsageError, EXIT, errorCodeOf, exitCodeOf, Interrupted, messageOf } from "./exit.ts";
 
 export class Output {
   readonly json: boolean;
@@ -73,6 +73,13 @@ export class Output {
    * The error a command ends with, as a JSON line (scripts) and a line on stderr (people). Ctrl-C is
    * no error: it is an `interrupted` line, as where a command says more (submit, follow).
    */
+  /** A command stopped by Ctrl-C (or its reader): an "interrupted" line, the note; the exit code. */
+  interrupted(message: string, fields: Record<string, unknown> = {}): number {
+    this.line("interrupted", { ...fields, message });
+    this.note(message);
+    return EXIT.INTERRUPTED;
+  }
+
   fail(err: unknown): number {
     const code = exitCodeOf(err);
     if (err instanceof Interrupted) this.line("interrupted", { message: messageOf(err) });

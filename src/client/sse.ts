@@ -2,7 +2,8 @@
 // Authorization header), resumed with Last-Event-ID after any drop — an API restart, a reset
 // connection, a silent one — so every event is delivered once, in id order. Ids are compared as
 // BigInts: they are decimal strings that outgrow both string order and a Number's precision.
-import type { LogsPage, Task, TaskEvent, TerminalTaskStatus } from "../http/api-types.ts";
+import type { LogsPage, TaskEvent, TerminalTaskStatus } from "../http/api-types.ts";
+import { logsPage, taskGet } from "./api.ts";
 import { type ApiClient, ApiRequestError, ConnectionError, errorOf, idleSignal, NotTheApi } from "./http.ts";
 import { sleep } from "./pool.ts";
 
@@ -121,9 +122,7 @@ export async function* taskEvents(c: ApiClient, taskId: string, o: FollowOptions
       // way the stream did not carry. A finished task has all its events in the log. Asked once:
       // this loop is what tries again (a GET's own retries said "trying again (attempt 2 of 6)" under
       // the bars, and their "gave up" became the reason of a reconnect that went on).
-      const task = await c.json<Task>("GET", `/api/analysis-tasks/${encodeURIComponent(taskId)}`, {
-        signal: o.signal,
-      });
+      const task = await taskGet(c, taskId, o.signal, true);
       if (isTerminal(task.status)) return yield* rest(c, taskId, cursor, o);
       await sleep(100, o.signal);
     } catch (err) {
@@ -272,10 +271,7 @@ async function* rest(
     let page: LogsPage;
     try {
       // Asked once, as the task above: the stream's loop tries again.
-      page = await c.json<LogsPage>("GET", `/api/analysis-tasks/${encodeURIComponent(taskId)}/logs`, {
-        query: { limit: 1000, after: cursor.last === null ? undefined : String(cursor.last) },
-        signal,
-      });
+      page = await logsPage(c, taskId, cursor.last === null ? null : String(cursor.last), 1000, signal, true);
     } catch (err) {
       // A cursor the log does not know (the database was restored from an older backup): a 400, the
       // only one a page of 1,000 after a cursor can get. Read from the start, as after a stream's reset.

@@ -33,7 +33,7 @@ export function workerMetrics(registry: Registry, types: readonly string[]): Que
   });
   const duration = new Histogram({
     name: "assay_run_duration_seconds",
-    help: "Attempt durations by analysis type and outcome (succeeded, failed, timed_out, cancelled, retried, requeued, lost)",
+    help: "Attempt durations by analysis type and outcome (succeeded, failed, timed_out, cancelled, retried, requeued, storage, lost)",
     labelNames: ["analysis_type", "outcome"],
     buckets: SECONDS_RUN,
     registers,
@@ -64,7 +64,8 @@ export function workerMetrics(registry: Registry, types: readonly string[]): Que
   // Zeroes, so every series exists from the first scrape (rate() needs a starting point).
   for (const type of types) {
     live.set({ analysis_type: type }, 0);
-    for (const reason of ["transient", "shutdown"]) retries.inc({ analysis_type: type, reason }, 0);
+    for (const reason of ["transient", "shutdown", "storage"])
+      retries.inc({ analysis_type: type, reason }, 0);
     for (const how of ["heartbeat", "fenced"]) leaseLosses.inc({ analysis_type: type, how }, 0);
   }
   for (const outcome of ["requeued", "failed", "cancelled"]) reaped.inc({ outcome }, 0);

@@ -9,8 +9,8 @@ import {
   type ReapResult,
   runFailUnserved,
   runReapExpired,
-  WORKER_STALE_TTLS,
   workerDeleteStale,
+  workerStaleMs,
 } from "./sql.ts";
 
 export interface ReaperOptions {
@@ -92,7 +92,7 @@ export class Reaper extends IntervalService<ReapPass> {
         while (add(await runFailUnserved(this.o.sql, options)) >= batchSize) {}
       }
       if (up >= this.o.leaseTtlMs) {
-        total.staleWorkers = await workerDeleteStale(this.o.sql, this.o.leaseTtlMs * WORKER_STALE_TTLS);
+        total.staleWorkers = await workerDeleteStale(this.o.sql, workerStaleMs(this.o.leaseTtlMs));
       }
       // Owners with nothing queued leave the claim's rotation (they rejoin with their next run).
       await queueOwnersPrune(this.o.sql);

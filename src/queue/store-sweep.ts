@@ -10,7 +10,13 @@
 import type { Sql } from "../db/client.ts";
 import { databaseNow } from "../db/clock.ts";
 import type { Logger } from "../log.ts";
-import { isStoreKey, KEY_PREFIXES, type ObjectInfo, type ObjectStore } from "../storage/store.ts";
+import {
+  IncompleteUploadsError,
+  isStoreKey,
+  KEY_PREFIXES,
+  type ObjectInfo,
+  type ObjectStore,
+} from "../storage/store.ts";
 import { FIRST_PASS_WITHIN_MS, IntervalService, loggedFailure } from "./service.ts";
 import { fileIdsKnown, type OutputFolder, outputFoldersReferenced } from "./sql.ts";
 
@@ -126,9 +132,8 @@ export class StoreSweep extends IntervalService<number> {
       return aborted;
     } catch (err) {
       // Some uploads left for the next pass: the others' ends are said all the same.
-      const ended = (err as { aborted?: unknown }).aborted;
-      if (typeof ended === "number" && ended > 0)
-        this.o.logger.info({ uploads: ended }, "store sweep ended incomplete uploads");
+      if (err instanceof IncompleteUploadsError && err.aborted > 0)
+        this.o.logger.info({ uploads: err.aborted }, "store sweep ended incomplete uploads");
       // Some S3-compatible services do not list multipart uploads: a bucket lifecycle rule
       // (AbortIncompleteMultipartUpload) must do it there.
       if ((err as { name?: string }).name !== "NotImplemented") throw err;

@@ -24,6 +24,7 @@ import {
   type ByteRange,
   checkKey,
   checkPrefix,
+  IncompleteUploadsError,
   KEY_PREFIXES,
   meter,
   type ObjectInfo,
@@ -488,7 +489,11 @@ export class S3Store implements ObjectStore {
    * end). A server that cannot list parts (s3rver, some small S3-compatible servers), or credentials
    * that may not, answer with the upload's start alone, as before: false.
    */
+  /** Set once the server said it cannot list parts: not asked again for every old upload. */
+  private partsUnlisted = false;
+
   private async partWrittenSince(key: string, uploadId: string, since: Date): Promise<boolean> {
+    if (this.partsUnlisted) return false;
     let marker: string | undefined;
     // S3 allows 10,000 parts, listed 1,000 a page.
     for (let page = 0; page < 10; page++) {
@@ -506,17 +511,14 @@ export class S3Store implements ObjectStore {
         const name = (err as { name?: string }).name;
         if (err instanceof NoSuchUpload || name === "NoSuchUpload") return true;
         const status = (err as { $metadata?: { httpStatusCode?: number } }).$metadata?.httpStatusCode;
-        // Credentials without s3:ListMultipartUploadParts (docs/operations.md listed only the
-        // uploads' listing and abort until 2026-12-07) are judged by the start too.
-        if (
-          name === "NotImplemented" ||
-          name === "MethodNotAllowed" ||
-          name === "AccessDenied" ||
-          status === 403 ||
-          status === 405 ||
-          status === 501
-        )
+        if (name === "NotImplemented" || name === "MethodNotAllowed" || status === 405 || status === 501) {
+          this.partsUnlisted = true;
           return false;
+        }
+        // Credentials without s3:ListMultipartUploadParts (docs/operations.md listed only the
+        // uploads' listing and abort until 2026-12-07) are judged by the start too — by the code
+        // only: another 403 (a signature, a clock off) is a failure, and the upload is kept.
+        if (name === "AccessDenied") return false;
         throw err;
       }
       if ((res.Parts ?? []).some((p) => p.LastModified !== undefined && p.LastModified >= since)) return true;
@@ -593,14 +595,4 @@ function contentRange(value: string): { start: number; end: number; size: number
   const m = /^bytes (\d{1,15})-(\d{1,15})\/(\d{1,15})$/.exec(value.trim());
   if (!m) return undefined;
   return { start: Number(m[1]), end: Number(m[2]), size: Number(m[3]) };
-}
-
-/** Some incomplete uploads could not be judged this pass; `aborted`, how many others were ended. */
-export class IncompleteUploadsError extends Error {
-  override name = "IncompleteUploadsError";
-  readonly aborted: number;
-  constructor(message: string, aborted: number, options?: ErrorOptions) {
-    super(message, options);
-    this.aborted = aborted;
-  }
 }

@@ -91,6 +91,16 @@ export class StoreUnavailableError extends Error {
   }
 }
 
+/** Some incomplete uploads could not be judged this pass; `aborted`, how many others were ended. */
+export class IncompleteUploadsError extends Error {
+  override name = "IncompleteUploadsError";
+  readonly aborted: number;
+  constructor(message: string, aborted: number, options?: ErrorOptions) {
+    super(message, options);
+    this.aborted = aborted;
+  }
+}
+
 /** Each store's check (storeFault), one at a time: the failures that meet an outage together share one. */
 const checks = new WeakMap<Pick<ObjectStore, "check">, () => Promise<void>>();
 

@@ -200,8 +200,7 @@ export async function taskQueueEstimates(sql: Sql, taskIds: string[]): Promise<M
       -- owner's few live runs): a task whose runs are all claimed otherwise reached that exists,
       -- planned as a sequential scan of runs (70–100 ms a read with 100,000 runs in the table).
       where not exists (select 1 from runs s
-                        where s.owner_id = t.owner_id and s.task_id = t.id
-                          and s.status in ('starting', 'running', 'cancelling'))
+                        where s.owner_id = t.owner_id and s.task_id = t.id and s.status ${inLive(sql)})
       offset 0
     ) m
     -- o: the other owners waiting at the task's level (one probe each), and their runs ahead of it,
