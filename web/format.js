@@ -99,11 +99,15 @@ export function describeEvent(e) {
   const d = e.data ?? {};
   if (e.type === "run.progress") return `${d.percent ?? ""}%${d.message ? ` ${shownName(d.message)}` : ""}`;
   // Without an error code the worker gave the run back (a shutdown, a full scratch disk, runs claimed
-  // ahead): nothing failed, and the attempt is not counted.
-  if (e.type === "run.retry")
-    return d.errorCode
-      ? `attempt ${d.attempt ?? ""} failed (${d.errorCode}); retry`
-      : "put back by its worker (attempt not counted)";
+  // ahead): nothing failed, and the attempt is not counted. With one and `refunded`, the attempt could
+  // not use the object store (the only such code; events before 2026-12-07 lack `refunded`): not
+  // counted either, and `attempt` is already one fewer ("attempt 0 failed" it read).
+  if (e.type === "run.retry") {
+    if (!d.errorCode) return "put back by its worker (attempt not counted)";
+    if (d.refunded === true || d.errorCode === "ANALYSIS_STORAGE_UNAVAILABLE")
+      return `${d.errorCode}; back in the queue (attempt not counted)`;
+    return `attempt ${d.attempt ?? ""} failed (${d.errorCode}); retry`;
+  }
   const parts = [];
   if (d.cancelledQueued > 0)
     parts.push(`${d.cancelledQueued} queued ${d.cancelledQueued === 1 ? "run" : "runs"} cancelled`);

@@ -267,7 +267,9 @@ export function eventLine(e: TaskEvent, names: Map<string, string>): string {
   let what = "";
   if (e.type === "run.progress")
     what = `${d.percent ?? "?"}%${typeof d.message === "string" ? ` ${shown(d.message)}` : ""}`;
-  else if (typeof d.errorCode === "string") what = d.errorCode;
+  else if (typeof d.errorCode === "string")
+    what =
+      e.type === "run.retry" && d.refunded === true ? `${d.errorCode} (attempt not counted)` : d.errorCode;
   else if (e.type === "run.retry") what = REQUEUED;
   else if (e.type === "task.queued") what = `${d.totalCount ?? "?"} runs`;
   else if (typeof d.cancelledQueued === "number" && d.cancelledQueued > 0)

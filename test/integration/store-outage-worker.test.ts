@@ -49,8 +49,10 @@ after(async () => {
 });
 
 const eventsOf = (taskId: string) =>
-  env.db.sql<{ type: string; code: string | null }[]>`
-    select type, data->>'errorCode' as code from task_events where task_id = ${taskId} and run_id is not null`;
+  env.db.sql<{ type: string; code: string | null; attempt: number | null; refunded: boolean | null }[]>`
+    select type, data->>'errorCode' as code, (data->>'attempt')::int as attempt,
+           (data->'refunded')::boolean as refunded
+    from task_events where task_id = ${taskId} and run_id is not null`;
 
 test("runs claimed while the store is down wait for it, their attempts refunded, and all succeed once it is back", async () => {
   const type = "store-outage";
@@ -94,6 +96,16 @@ test("runs claimed while the store is down wait for it, their attempts refunded,
   const events = await eventsOf(taskId);
   assert.equal(events.filter((e) => e.type === "run.succeeded").length, 12, "each run's ending once");
   assert.ok(events.every((e) => e.type !== "run.failed"));
+  // Each store retry says its attempt was not counted (the dashboard read "attempt 0 failed" without it).
+  for (const e of events.filter((e) => e.code === "ANALYSIS_STORAGE_UNAVAILABLE"))
+    assert.deepEqual(
+      { type: e.type, attempt: e.attempt, refunded: e.refunded },
+      {
+        type: "run.retry",
+        attempt: 0,
+        refunded: true,
+      },
+    );
   await worker.stop();
   // Counted as the store's, not as a shutdown's (until 2026-12-07 every refunded retry was "shutdown").
   const text = await registry.metrics();

@@ -187,11 +187,21 @@ describe("retries", () => {
     // Equal jitter: attempt 1 waits 100–200 ms, attempt 2 waits 200–400 ms.
     assert.ok(second - first >= 100, `first retry after ${second - first} ms`);
     assert.ok(third - second >= 200, `second retry after ${third - second} ms`);
-    const events = await db.sql`
-      select type from task_events where task_id = ${taskId} and type not in ('run.running', 'run.progress') order by id`;
+    const events = await db.sql<{ type: string; data: Record<string, unknown> }[]>`
+      select type, data from task_events where task_id = ${taskId} and type not in ('run.running', 'run.progress') order by id`;
     assert.deepEqual(
       events.map((e) => e.type),
       ["task.queued", "run.retry", "run.retry", "run.succeeded", "task.succeeded"],
+    );
+    // Failed attempts, counted: no `refunded` (only a retry whose attempt was not counted has it).
+    assert.deepEqual(
+      events
+        .filter((e) => e.type === "run.retry")
+        .map((e) => [e.data.attempt, e.data.errorCode, e.data.refunded]),
+      [
+        [1, "ANALYSIS_DEPENDENCY_FAILED", undefined],
+        [2, "ANALYSIS_DEPENDENCY_FAILED", undefined],
+      ],
     );
   });
 
@@ -677,6 +687,13 @@ test("a run claimed ahead waits for its slot with a live lease, is cancelled wit
   for (const taskId of [blocker, last]) {
     const r = await queuedRun(taskId);
     assert.deepEqual({ status: r.status, attempt: r.attempt }, { status: "queued", attempt: 0 });
+    // Their events say the attempt was not counted.
+    const retries = await db.sql<{ data: Record<string, unknown> }[]>`
+      select data from task_events where task_id = ${taskId} and type = 'run.retry'`;
+    assert.deepEqual(
+      retries.map((e) => [e.data.attempt, e.data.errorCode, e.data.refunded]),
+      [[0, null, true]],
+    );
   }
 });
 
@@ -856,7 +873,8 @@ describe("a type whose queue emptied (drained)", () => {
       // Found while d-busy's runs were still ending, not after them.
       const busy = await taskRow(db.sql, busyTask);
       assert.ok(busy.succeeded < BUSY, `d-quiet's run waited for d-busy's ${busy.succeeded} runs`);
-      assert.equal((await waitForTerminal(db.sql, busyTask, 30_000)).succeeded, BUSY);
+      // (Slot by slot, a round trip or two per run: at a load average of 20 it took over 30 s.)
+      assert.equal((await waitForTerminal(db.sql, busyTask, 120_000)).succeeded, BUSY);
     } finally {
       await w.stop();
     }

@@ -331,6 +331,12 @@ test("a run put back in the queue by its worker's shutdown (no error code) says 
     eventLine(e, new Map([["715", "mid1.csv"]])),
     /mid1\.csv \(run 715\) {2}put back by its worker \(attempt not counted\)/,
   );
+  // The store was away: its code, and that the attempt is not counted.
+  const storage = { ...e, data: { ...e.data, errorCode: "ANALYSIS_STORAGE_UNAVAILABLE", refunded: true } };
+  assert.match(
+    eventLine(storage, new Map([["715", "mid1.csv"]])),
+    /mid1\.csv \(run 715\) {2}ANALYSIS_STORAGE_UNAVAILABLE \(attempt not counted\)$/,
+  );
 });
 
 test("the client's own message of several lines prints as lines; the server's words stay on one", () => {

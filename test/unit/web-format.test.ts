@@ -150,4 +150,15 @@ test("the event log: a run its worker gave back (no error code) did not fail; a 
     }),
     "attempt 2 failed (ANALYSIS_DEPENDENCY_FAILED); retry",
   );
+  // The store was away: the attempt is not counted ("attempt 0 failed" it read), with `refunded` or
+  // in an event written before it.
+  for (const refunded of [{ refunded: true }, {}])
+    assert.equal(
+      format.describeEvent({
+        type: "run.retry",
+        runId: "715",
+        data: { status: "queued", attempt: 0, errorCode: "ANALYSIS_STORAGE_UNAVAILABLE", ...refunded },
+      }),
+      "ANALYSIS_STORAGE_UNAVAILABLE; back in the queue (attempt not counted)",
+    );
 });

@@ -207,7 +207,8 @@ export async function runRetry(sql: Sql, retries: Retry[]): Promise<RetryResult>
         lease_token = null, lease_owner = null, lease_expires_at = null, heartbeat_at = null
       from matched m join i on i.id = m.id
       where r.id = m.id and m.status <> 'cancelling'
-      returning r.id, r.task_id, r.attempt, r.error_code, r.run_after, r.analysis_type, r.priority, r.owner_id
+      returning r.id, r.task_id, r.attempt, r.error_code, r.run_after, r.analysis_type, r.priority, r.owner_id,
+        i.refund as refunded
     ),
     done as (
       update runs r set

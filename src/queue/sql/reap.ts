@@ -43,7 +43,8 @@ export async function runReapExpired(sql: Sql, o: ReapOptions): Promise<ReapResu
         lease_token = null, lease_owner = null, lease_expires_at = null, heartbeat_at = null
       from expired e
       where r.id = e.id and e.status <> 'cancelling' and e.attempt < e.max_attempts
-      returning r.id, r.task_id, r.attempt, r.error_code, r.run_after, r.analysis_type, r.priority, r.owner_id
+      returning r.id, r.task_id, r.attempt, r.error_code, r.run_after, r.analysis_type, r.priority, r.owner_id,
+        false as refunded
     ),
     done as (
       update runs r set

@@ -163,7 +163,7 @@ export function byId<T extends { id: number }>(rows: readonly T[]): T[] {
 /**
  * The tail shared by every statement that ends runs (completion, reaper): given a CTE `done`
  * (id, task_id, status, attempt, error_code) of runs that just turned terminal — and, with
- * `withRequeued`, a CTE `requeued` (id, task_id, attempt, error_code, run_after) of runs put back in
+ * `withRequeued`, a CTE `requeued` (id, task_id, attempt, error_code, run_after, refunded) of runs put back in
  * the queue —
  * locks their tasks in id order, adds the outcomes to the counters, flips tasks whose counters reach
  * their total, appends the events and announces them. Defines `counted` (id, status, finished) and
@@ -235,7 +235,10 @@ export function countIntoTasks(sql: Sql, withRequeued = false, { runEvents = tru
             ? sql`union all
         select task_id, id, 'run.retry',
                jsonb_build_object('status', 'queued', 'attempt', attempt, 'errorCode', error_code,
-                                  'runAfter', ${isoTimeSql(sql, "run_after")}), 0, id
+                                  'runAfter', ${isoTimeSql(sql, "run_after")})
+                 -- Only when true: the attempt was not counted (given back by its worker, or the store
+                 -- was away), and 'attempt' is already one fewer.
+                 || case when refunded then '{"refunded": true}'::jsonb else '{}'::jsonb end, 0, id
         from requeued where task_id in (select id from locked)`
             : sql``
         }
