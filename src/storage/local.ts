@@ -182,6 +182,14 @@ const REMOVE_TRIES = 20;
 const occupied = (err: unknown) =>
   ["ENOTEMPTY", "EEXIST"].includes((err as NodeJS.ErrnoException).code ?? "");
 
+/**
+ * Modes of what the store writes: the service's user reads and writes, its group reads, nobody else
+ * (other accounts on an API or worker host must not read users' files and outputs). Folders made
+ * before 2026-12-07 (0755) and outputs then (0644) keep their modes.
+ */
+const FILE_MODE = 0o640;
+const FOLDER_MODE = 0o750;
+
 /** The file system calls renameInto makes: synchronous ones, or the thread pool's. */
 export interface RenameCalls {
   rename(from: string, to: string): unknown;
@@ -193,7 +201,7 @@ export interface RenameCalls {
 /** Local metadata calls cost less than their thread-pool round trips: the runner's success path. */
 export const SYNC_CALLS: RenameCalls = {
   rename: fs.renameSync,
-  mkdir: fs.mkdirSync,
+  mkdir: (dir) => fs.mkdirSync(dir, { mode: FOLDER_MODE }),
   rmdir: fs.rmdirSync,
   exists: fs.existsSync,
 };
@@ -201,7 +209,7 @@ export const SYNC_CALLS: RenameCalls = {
 /** The API's uploads: a slow or hung file system holds up the upload, not every request. */
 const POOL_CALLS: RenameCalls = {
   rename: fsp.rename,
-  mkdir: fsp.mkdir,
+  mkdir: (dir) => fsp.mkdir(dir, { mode: FOLDER_MODE }),
   rmdir: fsp.rmdir,
   exists: (p) =>
     fsp.access(p).then(
@@ -325,6 +333,10 @@ function folderIdentity(dir: string): string {
  * yet), not for every run. One flush at a time, through the thread pool (each may wait for the disk).
  */
 export async function publishFolder(root: string, from: string, to: string, names: readonly string[]) {
+  // The program wrote them under its umask (0644 files in a 0755 folder, for every local account to
+  // read): the store's own modes, as an upload's.
+  fs.chmodSync(from, FOLDER_MODE);
+  for (const n of names) fs.chmodSync(path.join(from, n), FILE_MODE);
   const made = await renameInto(from, to);
   const task = path.dirname(to);
   try {
@@ -367,7 +379,7 @@ export class LocalStore implements ObjectStore {
   private async partial(): Promise<string> {
     const dir = path.join(this.root, PARTIAL_DIR);
     if (!this.partialReady || !fs.existsSync(dir)) {
-      await fsp.mkdir(dir, { recursive: true });
+      await fsp.mkdir(dir, { recursive: true, mode: FOLDER_MODE });
       this.partialReady = true;
     }
     return path.join(dir, `${Date.now()}-${randomBytes(8).toString("hex")}`);
@@ -392,7 +404,7 @@ export class LocalStore implements ObjectStore {
     const tmp = await this.partial();
     const m = meter(maxBytes);
     // flush: the bytes reach the disk before the file is closed, and so before it is published.
-    const file = fs.createWriteStream(tmp, { flags: "wx", mode: 0o640, flush: true });
+    const file = fs.createWriteStream(tmp, { flags: "wx", mode: FILE_MODE, flush: true });
     const failure = watchPut(source, [m.stream, file]);
     try {
       await pipeline(source, m.stream, file).catch((err: unknown) => {
@@ -672,7 +684,7 @@ export class LocalStore implements ObjectStore {
   }
 
   async check(): Promise<void> {
-    await fsp.mkdir(this.root, { recursive: true });
+    await fsp.mkdir(this.root, { recursive: true, mode: FOLDER_MODE });
     await fsp.access(this.root, fs.constants.R_OK | fs.constants.W_OK);
   }
 

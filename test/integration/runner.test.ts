@@ -181,7 +181,15 @@ describe("stdout protocol", () => {
       metrics: { bytes: 1 },
       files: [{ name: "out.json", size: 11 }],
     });
-    assert.ok(fs.existsSync(path.join(await runOutputDir(env, run.id), "out.json")));
+    const dir = await runOutputDir(env, run.id);
+    assert.ok(fs.existsSync(path.join(dir, "out.json")));
+    // The store's modes, not the program's umask (0644 in a 0755 folder: every local account read
+    // them): the file, its folder, the task's and outputs/ (made by this file's first publish); and
+    // files/ and .partial/ (its first upload's).
+    const mode = (p: string) => (fs.statSync(p).mode & 0o777).toString(8);
+    const made = [path.join(dir, "out.json"), dir, path.dirname(dir), env.outputsRoot];
+    made.push(path.join(env.dataDir, "files"), path.join(env.dataDir, ".partial"));
+    assert.deepEqual(made.map(mode), ["640", "750", "750", "750", "750", "750"]);
     await noStrayOutputs();
   });
 
