@@ -1,6 +1,6 @@
 // The dashboard's entry: sign-in, the hash router, the header. A sign-in link from `make dev` carries
-// the token in the URL fragment (#token=…), which browsers never send to a server; it is stored and
-// removed from the address bar at once.
+// the token in the URL fragment (#token=…), which browsers never send to a server; it is removed from
+// the address bar at once, and stored (or, with another token signed in, offered: SwitchAccount).
 import { api, notAToken, session, TOKEN_REFUSED } from "./api.js";
 import { FilesView } from "./files.js";
 import { shownName } from "./format.js";
@@ -10,20 +10,70 @@ import { TaskView } from "./task.js";
 import { TasksView } from "./tasks.js";
 import { addressPaging, addressValue, ErrorNote, focusLost } from "./widgets.js";
 
-/** Stores the token of a sign-in link; what is wrong with the link (an error) when it holds none. */
+/**
+ * Reads a sign-in link's token (#token=…) and takes it out of the address bar: `{ problem }`, what is
+ * wrong with the link, or `{ pending }`, a token to ask about. It is stored at once when no token is
+ * (or this one already is); when another one is, the user chooses (SwitchAccount): a link someone sent
+ * switched this browser's every tab to the sender's account unasked, and what the user uploaded and ran
+ * next was the sender's to read (a security trial).
+ */
 function takeTokenFromFragment() {
   const m = /^#token=([^&]+)/.exec(location.hash);
-  if (!m) return null;
+  if (!m) return {};
   history.replaceState(null, "", `${location.pathname}#/`);
   let token;
   try {
     token = decodeURIComponent(m[1]);
   } catch {
-    return { message: "That sign-in link is damaged: copy it again, or paste the token." };
+    return { problem: { message: "That sign-in link is damaged: copy it again, or paste the token." } };
   }
   const problem = notAToken(token);
-  if (!problem) session.signIn(token);
-  return problem;
+  if (problem) return { problem };
+  if (session.token && session.token !== token) return { pending: token };
+  session.signIn(token);
+  return {};
+}
+
+/**
+ * A sign-in link of another token while one is signed in: whose it is, and the choice. Nothing
+ * changes until the user picks; the link's token is asked who it is (a token that is not valid says
+ * so, and the session stays).
+ */
+function SwitchAccount({ token, me, onSwitch, onStay }) {
+  const [who, setWho] = useState(undefined);
+  // The choice has the focus (a screen reader reads it out first), as a dialog's would.
+  const box = useRef(null);
+  useEffect(() => box.current?.focus(), []);
+  useEffect(() => {
+    const ctrl = new AbortController();
+    fetch("/api/me", { headers: { authorization: `Bearer ${token}` }, signal: ctrl.signal })
+      .then(async (res) =>
+        setWho(res.ok ? (await res.json()).data : res.status === 401 ? null : { failed: res.status }),
+      )
+      .catch(() => ctrl.signal.aborted || setWho({ failed: "network" }));
+    return () => ctrl.abort();
+  }, [token]);
+  const current = html`<strong>${shownName(me.name)}</strong>`;
+  let body;
+  if (who === undefined) body = html`<p>Checking the sign-in link…</p>`;
+  else if (who === null)
+    body = html`<p>The sign-in link's token is not valid (unknown, revoked or expired). You are still signed in as ${current}.</p>
+      <div class="row"><button type="button" onClick=${onStay}>Dismiss</button></div>`;
+  else {
+    const other = who.failed
+      ? html`another account (its name could not be read)`
+      : html`<strong>${shownName(who.name)}</strong>${who.role === "admin" ? " (admin)" : ""}`;
+    body = html`<p>You opened a sign-in link for ${other}. You are signed in as ${current}: switching signs
+      out ${current} in every tab of this browser, and what you upload and run then belongs to the link's account.</p>
+      <div class="row">
+        <button type="button" onClick=${onStay}>Stay signed in as ${shownName(me.name)}</button>
+        <button type="button" onClick=${onSwitch}>${who.failed ? "Switch account" : `Sign in as ${shownName(who.name)}`}</button>
+      </div>`;
+  }
+  return html`<section class="notice switch-account" role="alertdialog" aria-labelledby="switch-title" tabindex="-1" ref=${box}>
+    <h2 id="switch-title">Sign in with this link?</h2>
+    ${body}
+  </section>`;
 }
 
 /**
@@ -136,10 +186,12 @@ function SignIn({ onSignedIn, problem }) {
   </main>`;
 }
 
-function App({ linkProblem }) {
+function App({ link }) {
   const [me, setMe] = useState(null);
   const [checking, setChecking] = useState(Boolean(session.token));
-  const [problem, setProblem] = useState(linkProblem);
+  const [problem, setProblem] = useState(link.problem ?? null);
+  // A sign-in link of another token than the one signed in, waiting for the user's choice.
+  const [pending, setPending] = useState(link.pending ?? null);
   const [where, setWhere] = useState(route);
   const [types, setTypes] = useState(null);
 
@@ -176,14 +228,31 @@ function App({ linkProblem }) {
     };
     window.addEventListener("hashchange", onHash);
     window.addEventListener("assay:signed-out", onSignedOut);
+    // Signed in here with a link's token (SwitchAccount).
+    const onSignedIn = () => {
+      setChecking(true);
+      check();
+    };
+    window.addEventListener("assay:signed-in", onSignedIn);
     const unwatch = session.watch(() => (session.token ? check() : signedOut(null)));
     if (session.token) check();
     return () => {
       window.removeEventListener("hashchange", onHash);
       window.removeEventListener("assay:signed-out", onSignedOut);
+      window.removeEventListener("assay:signed-in", onSignedIn);
       unwatch();
     };
   }, []);
+  const takeLink = () => {
+    session.signIn(pending);
+    setPending(null);
+    window.dispatchEvent(new Event("assay:signed-in"));
+  };
+  // The token signed in turned out not valid (or was signed out) while a link waited: nothing to
+  // switch from, and the link is taken as if nobody had been signed in.
+  useEffect(() => {
+    if (pending && !checking && !me) takeLink();
+  }, [pending, checking, me]);
   // Read again on every move to or from the form (a worker may have come or gone). An older read
   // still running is aborted, so a slow one cannot replace a newer answer; a failed read keeps the
   // types already known, and with none the form says the read failed (an empty list).
@@ -239,9 +308,12 @@ function App({ linkProblem }) {
       <span class="who"><span class="name">${shownName(me.name)}</span>${me.role === "admin" ? " (admin)" : ""}</span>
       <button type="button" class="link" onClick=${() => session.signOut()}>Sign out</button>
     </header>
-    <main key=${me.userId} id="main">${view}</main>
+    <main key=${me.userId} id="main">
+      ${pending ? html`<${SwitchAccount} token=${pending} me=${me} onSwitch=${takeLink} onStay=${() => setPending(null)} />` : null}
+      ${view}
+    </main>
   </div>`;
 }
 
-const linkProblem = takeTokenFromFragment();
-render(html`<${App} linkProblem=${linkProblem} />`, document.getElementById("app"));
+const link = takeTokenFromFragment();
+render(html`<${App} link=${link} />`, document.getElementById("app"));

@@ -164,3 +164,69 @@ test("the keyboard's focus on the hidden file picker shows on its button", { ski
   await ctx.close();
   assert.deepEqual(problems, []);
 });
+
+test("a sign-in link of another account while one is signed in asks first; the same token's link does not", {
+  skip,
+}, async () => {
+  const gina = await tokenCreate(s.env.db.sql, "gina", "user");
+  const hugo = await tokenCreate(s.env.db.sql, "hugo <b>✓</b>", "user");
+  const ginasTask = await queuedTask(gina.token, "gina-1.csv");
+  const ctx = await newContext();
+  const a = await s.signedIn(gina.token, ctx);
+  await a.locator(`tr[data-task="${ginasTask}"]`).waitFor();
+  const stored = () => a.evaluate('localStorage.getItem("assay.token")');
+
+  // Someone sends gina a link of hugo's: nothing changes until she chooses, in either tab.
+  const b = await s.open(`#token=${encodeURIComponent(hugo.token)}`, ctx);
+  const ask = b.getByRole("alertdialog", { name: "Sign in with this link?" });
+  await ask.getByText("You opened a sign-in link for hugo <b>✓</b>").waitFor();
+  assert.equal(new URL(b.url()).hash, "#/", "the token left the address bar");
+  assert.equal(await b.locator(".who").textContent(), "gina");
+  await b.locator(`tr[data-task="${ginasTask}"]`).waitFor();
+  assert.equal(await stored(), gina.token);
+  assert.equal(await a.locator(".who").textContent(), "gina");
+  // Focused, as a dialog is.
+  assert.equal(await b.evaluate("document.activeElement?.getAttribute('role')"), "alertdialog");
+  await ask.getByRole("button", { name: "Stay signed in as gina" }).click();
+  await ask.waitFor({ state: "detached" });
+  assert.equal(await stored(), gina.token);
+  assert.equal(await b.locator(".who").textContent(), "gina");
+
+  // Asked again, she switches: both tabs are hugo's.
+  await b.goto(`${s.base}/#token=${encodeURIComponent(hugo.token)}`);
+  await b.reload();
+  await b.getByRole("button", { name: "Sign in as hugo <b>✓</b>" }).click();
+  await b.locator(".who", { hasText: "hugo <b>✓</b>" }).waitFor();
+  await a.locator(".who", { hasText: "hugo <b>✓</b>" }).waitFor();
+  assert.equal(await a.locator(`tr[data-task="${ginasTask}"]`).count(), 0);
+  assert.equal(await stored(), hugo.token);
+  assert.equal(await b.getByRole("alertdialog").count(), 0);
+
+  // A link of the token signed in: nothing to ask.
+  const same = await s.open(`#token=${encodeURIComponent(hugo.token)}`, ctx);
+  await same.getByRole("heading", { name: "Tasks" }).waitFor();
+  assert.equal(await same.getByRole("alertdialog").count(), 0);
+
+  // A link whose token is not valid: said, and the session stays.
+  const revoked = await tokenCreate(s.env.db.sql, "ivan", "user");
+  assert.ok(await tokenRevoke(s.env.db.sql, revoked.tokenId));
+  await refused(revoked.token);
+  const bad = await s.open(`#token=${encodeURIComponent(revoked.token)}`, ctx);
+  await bad.getByText("The sign-in link's token is not valid").waitFor();
+  await bad.getByRole("button", { name: "Dismiss" }).click();
+  assert.equal(await stored(), hugo.token);
+  assert.equal(await bad.locator(".who").textContent(), "hugo <b>✓</b>");
+  await ctx.close();
+
+  // The token signed in is no longer valid when a link comes: the link signs in, with nothing to ask.
+  const other = await newContext();
+  const g = await s.signedIn(gina.token, other);
+  await g.close();
+  assert.ok(await tokenRevoke(s.env.db.sql, gina.tokenId));
+  await refused(gina.token);
+  const next = await s.open(`#token=${encodeURIComponent(hugo.token)}`, other);
+  await next.locator(".who", { hasText: "hugo <b>✓</b>" }).waitFor();
+  assert.equal(await next.getByRole("alertdialog").count(), 0);
+  await other.close();
+  assert.deepEqual(problems, []);
+});
