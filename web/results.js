@@ -26,8 +26,17 @@ const numeric = (v) => v !== "" && Number.isFinite(Number(v));
  */
 export const unguarded = (cell) => (/^'[=+\-@\t\r]/.test(cell) ? cell.slice(1) : cell);
 
+/**
+ * A bar per row of the first SHOWN (in the table's order) with a value in `column`: a run that failed,
+ * or did not measure it, has an empty cell, which is no bar (Number("") is 0: a failed run was charted
+ * as a value of 0).
+ */
 function Chart({ rows, column, label }) {
-  const values = rows.slice(0, SHOWN).map((r) => ({ name: shownName(r[1]), v: Number(r[column]) }));
+  const first = rows.slice(0, SHOWN);
+  const values = first
+    .filter((r) => numeric(r[column]))
+    .map((r) => ({ name: shownName(r[1]), v: Number(r[column]) }));
+  const without = first.length - values.length;
   const max = Math.max(...values.map((x) => Math.abs(x.v)), 1e-300);
   const w = 600;
   const barH = 14;
@@ -43,7 +52,9 @@ function Chart({ rows, column, label }) {
         </g>`,
       )}
     </svg>
-    <figcaption>${label}${rows.length > SHOWN ? ` (first ${SHOWN} rows in this order)` : ""}</figcaption>
+    <figcaption>${label}${rows.length > SHOWN ? ` (first ${SHOWN} rows in this order)` : ""}${
+      without > 0 ? `; ${without} without a value (failed, or not measured) not charted` : ""
+    }</figcaption>
   </figure>`;
 }
 
@@ -146,7 +157,12 @@ export function ResultsTable({ taskId, version, changes = 0, live = false }) {
     return [...rows].sort((a, b) => {
       const x = a[c] ?? "";
       const y = b[c] ?? "";
-      if (num) return sort.dir * ((x === "" ? -Infinity : Number(x)) - (y === "" ? -Infinity : Number(y)));
+      // Empty cells (a failed run's metrics) last either way, as a spreadsheet sorts them. (As
+      // -Infinity, two of them compared NaN, and the order they came in was the engine's.)
+      if (num) {
+        if (x === "" || y === "") return (x === "") - (y === "");
+        return sort.dir * (Number(x) - Number(y));
+      }
       return sort.dir * x.localeCompare(y);
     });
   }, [table, sort]);
