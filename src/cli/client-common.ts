@@ -3,7 +3,15 @@
 // exit code. Nothing here (or in anything a client command imports) loads the server or its
 // configuration: a client command starts in a fraction of a second.
 import { type ParseArgsConfig, parseArgs } from "node:util";
-import { ClientUsageError, EXIT, Interrupted, OutputClosed, ServerProblem } from "../client/exit.ts";
+import {
+  ClientUsageError,
+  EXIT,
+  exitCodeOf,
+  Interrupted,
+  OutputClosed,
+  ServerProblem,
+  Terminated,
+} from "../client/exit.ts";
 import { ApiClient } from "../client/http.ts";
 import { Output } from "../client/output.ts";
 
@@ -32,7 +40,7 @@ export function exitCodesHelp(codes: string[], interrupted = "Ctrl-C"): string {
   const all = [
     ...codes,
     "3 the server cannot be reached, refuses the token, or fails (5xx)",
-    `130 ${interrupted}`,
+    `130 ${interrupted} (143 SIGTERM, 129 SIGHUP)`,
     "141 stdout was closed by its reader (`| head`)",
   ];
   const lines: string[] = [];
@@ -134,18 +142,35 @@ function watchOutput(stop: (reason: Interrupted) => void): void {
 }
 
 /**
- * Ctrl-C aborts the returned signal once; a second Ctrl-C exits at once with 130 (the 'exit'
- * handlers of download.ts and tty.ts remove temporary files and show the cursor again).
+ * Ctrl-C, SIGTERM and SIGHUP abort the returned signal once (the reason, also `out.stoppedBy`, says
+ * which); a second one exits at once with its code, 130, 143 or 129 (the 'exit' handlers of
+ * download.ts and tty.ts remove temporary files and show the cursor again). SIGTERM is what
+ * `timeout`, systemd and a cancelled CI job send: unhandled, it killed the command with no line for
+ * the script and a download's `.partial-*` files left behind.
  */
-function interrupts(): { signal: AbortSignal; dispose: () => void } {
+function interrupts(out: Output): { signal: AbortSignal; dispose: () => void } {
   const controller = new AbortController();
-  const onSigint = () => {
-    if (controller.signal.aborted) process.exit(EXIT.INTERRUPTED);
-    controller.abort(new Interrupted("interrupted"));
+  const stop = (reason: Interrupted) => {
+    if (controller.signal.aborted) process.exit(exitCodeOf(reason));
+    out.stoppedBy = reason;
+    controller.abort(reason);
   };
-  process.on("SIGINT", onSigint);
-  watchOutput((reason) => controller.abort(reason));
-  return { signal: controller.signal, dispose: () => process.off("SIGINT", onSigint) };
+  const handlers = [
+    ["SIGINT", () => stop(new Interrupted("interrupted"))],
+    ["SIGTERM", () => stop(new Terminated("SIGTERM"))],
+    ["SIGHUP", () => stop(new Terminated("SIGHUP"))],
+  ] as const;
+  for (const [signal, handler] of handlers) process.on(signal, handler);
+  watchOutput((reason) => {
+    out.stoppedBy ??= reason;
+    controller.abort(reason);
+  });
+  return {
+    signal: controller.signal,
+    dispose: () => {
+      for (const [signal, handler] of handlers) process.off(signal, handler);
+    },
+  };
 }
 
 export interface CommandSpec<O extends Options> {
@@ -161,7 +186,7 @@ export async function runClientCommand<O extends Options>(
 ): Promise<number> {
   const wantsJson = argv.includes("--json");
   const out = new Output({ json: wantsJson });
-  const stop = interrupts();
+  const stop = interrupts(out);
   try {
     const args = parseClientArgs(argv, spec.options);
     if ((args.values as { help?: boolean }).help) {

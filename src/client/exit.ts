@@ -10,7 +10,7 @@ export const EXIT = {
   USAGE: 2,
   /** The server cannot be reached, failed (5xx), or does not accept the token. */
   SERVER: 3,
-  /** Ctrl-C. */
+  /** Ctrl-C (SIGINT). SIGTERM and SIGHUP stop a command the same way, and exit 143 and 129 (Terminated). */
   INTERRUPTED: 130,
   /** stdout was closed by its reader (`assay follow 42 | head -1`): 128 + SIGPIPE, as shells report it. */
   OUTPUT_CLOSED: 141,
@@ -53,6 +53,24 @@ export class Interrupted extends Error {
   override name = "Interrupted";
 }
 
+/**
+ * SIGTERM or SIGHUP (`timeout`, systemd, a CI job cancelled, a closed terminal), as an abort reason:
+ * the command stops as on Ctrl-C (temporary files removed, an "interrupted" line) and exits 128 + the
+ * signal's number, as a shell reports a process the signal killed. Until 2026-12-07 the signal killed
+ * the command outright: no line for a script, `.partial-*` files left in a download's folder.
+ */
+export class Terminated extends Interrupted {
+  override name = "Terminated";
+  readonly signal: "SIGTERM" | "SIGHUP";
+  constructor(signal: "SIGTERM" | "SIGHUP") {
+    super(`stopped by ${signal}`);
+    this.signal = signal;
+  }
+  get exitCode(): number {
+    return 128 + (this.signal === "SIGTERM" ? 15 : 1);
+  }
+}
+
 /** stdout's reader went away, as an abort reason: nobody is left to read what the command prints. */
 export class OutputClosed extends Interrupted {
   override name = "OutputClosed";
@@ -60,6 +78,7 @@ export class OutputClosed extends Interrupted {
 
 export function exitCodeOf(err: unknown): number {
   if (err instanceof OutputClosed) return EXIT.OUTPUT_CLOSED;
+  if (err instanceof Terminated) return err.exitCode;
   if (err instanceof Interrupted) return EXIT.INTERRUPTED;
   if (err instanceof ClientUsageError || err instanceof PathConflict) return EXIT.USAGE;
   if (err instanceof TaskStateError) return EXIT.TASK_NOT_SUCCEEDED;

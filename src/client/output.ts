@@ -4,7 +4,15 @@
 // messages) is shown with control characters replaced: a file name must not drive the terminal.
 
 import { showUnseen, UNSEEN } from "../../web/unseen.js";
-import { ClientUsageError, EXIT, errorCodeOf, exitCodeOf, Interrupted, messageOf } from "./exit.ts";
+import {
+  ClientUsageError,
+  EXIT,
+  errorCodeOf,
+  exitCodeOf,
+  Interrupted,
+  messageOf,
+  Terminated,
+} from "./exit.ts";
 
 export class Output {
   readonly json: boolean;
@@ -12,6 +20,8 @@ export class Output {
   readonly #err: NodeJS.WriteStream;
   /** While bars are drawn on the terminal stderr shares: what prints a line above them. */
   #above: ((line: string) => void) | undefined;
+  /** What stopped the command (Ctrl-C, SIGTERM, SIGHUP, its reader gone), once something has. */
+  stoppedBy: Interrupted | undefined;
 
   constructor(o: { json: boolean; stdout?: NodeJS.WriteStream; stderr?: NodeJS.WriteStream }) {
     this.#out = o.stdout ?? process.stdout;
@@ -73,16 +83,22 @@ export class Output {
    * The error a command ends with, as a JSON line (scripts) and a line on stderr (people). Ctrl-C is
    * no error: it is an `interrupted` line, as where a command says more (submit, follow).
    */
-  /** A command stopped by Ctrl-C (or its reader): an "interrupted" line, the note; the exit code. */
+  /**
+   * A command stopped by Ctrl-C, SIGTERM or SIGHUP (or its reader): an "interrupted" line (with the
+   * `signal` when not Ctrl-C), the note; the exit code (130, 143, 129).
+   */
   interrupted(message: string, fields: Record<string, unknown> = {}): number {
-    this.line("interrupted", { ...fields, message });
-    this.note(message);
-    return EXIT.INTERRUPTED;
+    const by = this.stoppedBy;
+    const signal = by instanceof Terminated ? { signal: by.signal } : {};
+    this.line("interrupted", { ...fields, ...signal, message });
+    this.note(by instanceof Terminated ? `${by.signal}: ${message}` : message);
+    return by ? exitCodeOf(by) : EXIT.INTERRUPTED;
   }
 
   fail(err: unknown): number {
     const code = exitCodeOf(err);
-    if (err instanceof Interrupted) this.line("interrupted", { message: messageOf(err) });
+    if (err instanceof Terminated) this.line("interrupted", { signal: err.signal, message: messageOf(err) });
+    else if (err instanceof Interrupted) this.line("interrupted", { message: messageOf(err) });
     else this.line("error", { code: errorCodeOf(err), message: messageOf(err), exitCode: code });
     if (err instanceof ClientUsageError && err.ownLines) this.noteLines(messageOf(err));
     else this.note(messageOf(err));

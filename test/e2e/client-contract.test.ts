@@ -65,35 +65,42 @@ const lines = (stdout: string) =>
     .filter((l) => l !== "")
     .map((l) => JSON.parse(l) as { kind: string; message?: string });
 
-test("Ctrl-C in any command ends with one `interrupted` line and exit 130, not an error line", async () => {
+test("Ctrl-C, SIGTERM or SIGHUP in any command ends with one `interrupted` line and exit 130, 143 or 129, not an error line", async () => {
   let asked = () => {};
   // Takes every request and never answers.
   const { url, close } = await tinyServer(() => asked());
   try {
+    // SIGTERM (timeout, systemd, a cancelled CI job) and SIGHUP killed the command outright: no line,
+    // exit 143 by the signal.
     for (const args of [
       ["status", TASK],
       ["tasks"],
       ["download", TASK, "--out", "/nonexistent-never-made"],
       ["logs", TASK],
       ["cancel", TASK],
-    ]) {
-      const reached = new Promise<void>((r) => {
-        asked = r;
-      });
-      const child = spawnClient(args, url);
-      const done = collect(child);
-      await reached;
-      child.kill("SIGINT");
-      const r = await within(done, 5000, `assay ${args.join(" ")} after Ctrl-C`);
-      assert.equal(r.code, 130, r.stderr);
-      const printed = lines(r.stdout);
-      assert.deepEqual(
-        printed.map((l) => l.kind),
-        ["interrupted"],
-        `assay ${args.join(" ")}: ${r.stdout}`,
-      );
-      assert.match(r.stderr, /interrupted/);
-    }
+    ])
+      for (const [signal, code] of [
+        ["SIGINT", 130],
+        ["SIGTERM", 143],
+        ["SIGHUP", 129],
+      ] as const) {
+        const reached = new Promise<void>((r) => {
+          asked = r;
+        });
+        const child = spawnClient(args, url);
+        const done = collect(child);
+        await reached;
+        child.kill(signal);
+        const r = await within(done, 5000, `assay ${args.join(" ")} after ${signal}`);
+        assert.deepEqual([r.code, r.signal], [code, null], `${signal}: ${r.stderr}`);
+        const printed = lines(r.stdout) as { kind: string; signal?: string }[];
+        assert.deepEqual(
+          printed.map((l) => [l.kind, l.signal]),
+          [["interrupted", signal === "SIGINT" ? undefined : signal]],
+          `assay ${args.join(" ")}: ${r.stdout}`,
+        );
+        assert.match(r.stderr, signal === "SIGINT" ? /interrupted/ : new RegExp(`stopped by ${signal}`));
+      }
   } finally {
     close();
   }

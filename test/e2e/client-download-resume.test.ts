@@ -309,11 +309,19 @@ test("a download cut every time gives up after 5 attempts: exit 3 CONNECTION_FAI
   }
 });
 
-test("Ctrl-C while a retry waits stops at once: exit 130, no temporary file, no request after", async () => {
+test("Ctrl-C (or SIGTERM) while a retry waits stops at once: exit 130 (143), no temporary file, no request after", async () => {
+  for (const [signal, code] of [
+    ["SIGINT", 130],
+    ["SIGTERM", 143],
+  ] as const)
+    await stoppedWhileRetryWaits(signal, code);
+});
+
+async function stoppedWhileRetryWaits(signal: "SIGINT" | "SIGTERM", code: number) {
   const [first] = outputs as [(typeof outputs)[0]];
   // Cut every time: the fourth retry waits 4 s.
   const proxy = await faultyProxy((p) => (p === first.route ? { cutAfter: 300 } : undefined));
-  const out = path.join(suite.work, "interrompu");
+  const out = path.join(suite.work, `interrompu-${signal}`);
   try {
     const child = spawnCli(["download", taskId, "--out", out], suite.env({ ASSAY_URL: proxy.url }));
     let stderr = "";
@@ -324,14 +332,14 @@ test("Ctrl-C while a retry waits stops at once: exit 130, no temporary file, no 
     // The fourth attempt cut, the client waits 4 s before the fifth.
     await waitFor(async () => /attempt 5 of 5/.test(stderr), 60_000, "the last retry's pause");
     const t0 = performance.now();
-    child.kill("SIGINT");
-    const r = await within(done, 10_000, "assay download after Ctrl-C");
-    assert.equal(r.code, 130, r.stderr);
+    child.kill(signal);
+    const r = await within(done, 10_000, `assay download after ${signal}`);
+    assert.equal(r.code, code, r.stderr);
     assert.ok(performance.now() - t0 < 3000, "not after the pause");
-    assert.equal(proxy.to(first.route).length, 4, "no request after Ctrl-C");
+    assert.equal(proxy.to(first.route).length, 4, `no request after ${signal}`);
     const files = filesUnder(out);
     assert.ok(!files.some((f) => f.includes(".partial-")), `no temporary file: ${files}`);
   } finally {
     proxy.close();
   }
-});
+}
