@@ -122,7 +122,11 @@ test("each command's help gives the exit codes that apply to it", () => {
   for (const command of ["tasks", "types", "status", "files"]) {
     const codes = help(command);
     assert.doesNotMatch(codes, /task (succeeded|failed)|\b1 /, `${command}: ${codes}`);
-    assert.match(codes, /^0 .*; 2 .*; 3 .*; 130 Ctrl-C \(143 SIGTERM, 129 SIGHUP\); 141 /, `${command}: ${codes}`);
+    assert.match(
+      codes,
+      /^0 .*; 2 .*; 3 .*; 130 Ctrl-C \(143 SIGTERM, 129 SIGHUP\); 141 /,
+      `${command}: ${codes}`,
+    );
   }
   assert.match(help("cancel"), /^0 the cancellation was accepted; 1 the task had already ended; 2 /);
   for (const command of ["follow", "download", "submit"])
