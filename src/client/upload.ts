@@ -65,7 +65,7 @@ async function fewFiles(
 
 /**
  * The server copy each input can use instead of an upload, by index: a file of the same hash (and
- * size) that no other input took, one with the same name first. Inputs missing from the map must be
+ * size) and the name the upload would get, that no other input took. Inputs missing from the map must be
  * uploaded. The copies are found in the caller's list of files when that is short (a page per 100
  * inputs, plus one), else by one GET /api/files?sha256= per distinct hash.
  */
@@ -116,8 +116,10 @@ function assignCopies(
     found.set(i, free[at] as FileRecord);
     free.splice(at, 1);
   };
+  // Only a copy stored under the name the upload would get: a run's name is its file's, so a copy
+  // under another name labelled the results (results.csv, the zip's folders, the dashboard) with that
+  // name (until 2026-12-07: apr.csv's results said jan.csv, a data analyst's trial).
   for (const i of indexes) take(i, (f) => f.name === serverName(inputs[i]?.label ?? ""));
-  for (const i of indexes) if (!found.has(i)) take(i, () => true);
 }
 
 const SMALL_FILE = 1024 * 1024;

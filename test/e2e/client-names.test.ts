@@ -87,17 +87,44 @@ test("uploads are stored under the names the client predicts, and a re-submit re
   assert.equal(files.find((f) => f.path === LONG_NAME)?.name, LONG_NAME);
   assert.equal(files.find((f) => f.path === BACKSLASH_NAME)?.name, BACKSLASH_NAME);
 
-  // A second copy of the same bytes under another name, newer than the first: two local files with
-  // one content get a copy each (one reuses the first copy, the other is uploaded).
+  // The same bytes under other names: not the first copy (its runs would carry its name, and
+  // results.csv label plain-a.csv's results with C1_NAME): each is uploaded under its own name...
   const other = path.join(work, "other");
   fs.mkdirSync(other);
   fs.writeFileSync(path.join(other, "plain-a.csv"), bytes);
   fs.writeFileSync(path.join(other, "plain-b.csv"), bytes);
-  const second = await client(["submit", "--type", "summary", other], server.env(token));
+  const second = await client(
+    ["submit", "--type", "summary", other, "--out", path.join(work, "other-out")],
+    server.env(token),
+  );
   assert.equal(second.code, 0, second.stderr);
-  const fresh = ofKind(jsonLines(second.stdout), "file").filter((f) => f.uploaded === true);
-  assert.equal(fresh.length, 1, second.stdout);
-  assert.notEqual(fresh[0]?.fileId, c1Copy);
+  const secondFiles = ofKind(jsonLines(second.stdout), "file") as unknown as {
+    name: string;
+    fileId: string;
+    uploaded: boolean;
+  }[];
+  assert.deepEqual(
+    secondFiles.map((f) => [f.name, f.uploaded]).sort(),
+    [
+      ["plain-a.csv", true],
+      ["plain-b.csv", true],
+    ],
+    second.stdout,
+  );
+  assert.ok(secondFiles.every((f) => f.fileId !== c1Copy));
+  const results = fs.readFileSync(path.join(work, "other-out", "results.csv"), "utf8");
+  assert.match(results, /,plain-a\.csv,/);
+  assert.match(results, /,plain-b\.csv,/);
+  assert.doesNotMatch(results, /quoted/);
+  // ...and reused under it the next time.
+  const third = await client(["submit", "--type", "summary", other], server.env(token));
+  assert.equal(third.code, 0, third.stderr);
+  assert.deepEqual(
+    (ofKind(jsonLines(third.stdout), "file") as unknown as { fileId: string; uploaded: boolean }[])
+      .map((f) => [f.fileId, f.uploaded])
+      .sort(),
+    secondFiles.map((f) => [f.fileId, false]).sort(),
+  );
 
   // The hostile file again: of the two copies with its bytes, the one stored under its name.
   const again = await client(["submit", "--type", "summary", path.join(dir, C1_NAME)], server.env(token));
