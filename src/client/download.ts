@@ -257,6 +257,47 @@ function trackPartial(tmp: string): void {
   });
 }
 
+/** A temporary file of `download`: the target's name, the writing process's id, 6 random bytes. */
+const PARTIAL_NAME = /^(.+)\.partial-([0-9]+)-[0-9a-f]{12}$/;
+
+/**
+ * Removes the temporary files of `target` that a download killed outright (kill -9, a power loss)
+ * left beside it: those of a process that is gone. Each download that writes the file again would
+ * otherwise leave them there for good, and a folder archived or counted afterwards had them (an
+ * automation trial: 20 after four killed runs and a good one). Best effort.
+ */
+function removeStalePartials(target: string): void {
+  const dir = path.dirname(target);
+  const base = path.basename(target);
+  let names: string[];
+  try {
+    names = fs.readdirSync(dir);
+  } catch {
+    return;
+  }
+  for (const name of names) {
+    const m = PARTIAL_NAME.exec(name);
+    if (!m || m[1] !== base) continue;
+    const pid = Number(m[2]);
+    if (pid === process.pid || processAlive(pid)) continue;
+    try {
+      fs.rmSync(path.join(dir, name), { force: true });
+    } catch {
+      // Another process's to remove, or gone already.
+    }
+  }
+}
+
+/** Whether a process of that id runs (one of another user's counts: EPERM). */
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === "EPERM";
+  }
+}
+
 /** How long a download may wait for its next bytes (or its headers) before it is given up. */
 export const DOWNLOAD_IDLE_MS = 60_000;
 
@@ -360,6 +401,7 @@ async function download(
           `cannot write ${o.what}: ${target} is ${kindOf(target)}, not a file; ${AGAIN}`,
         );
       }
+      removeStalePartials(target);
       return progress.have;
     }
   } catch (err) {

@@ -343,3 +343,28 @@ async function stoppedWhileRetryWaits(signal: "SIGINT" | "SIGTERM", code: number
     proxy.close();
   }
 }
+
+test("a download removes the temporary files a killed download left beside what it writes, not a live one's", async () => {
+  const out = path.join(suite.work, "reprise-tuée");
+  const first = await collect(spawnCli(["download", taskId, "--out", out], suite.env()));
+  assert.equal(first.code, 0, first.stderr);
+  const written = filesUnder(out).filter((f) => !f.includes(".partial-"));
+  const summary = written.find((f) => f.endsWith("summary.json")) as string;
+  assert.ok(summary, `${written}`);
+  // As kill -9 leaves them: a process that is gone (no pid is that large), and one that runs (this
+  // test's own) — which may still be writing, and stays — and names that are not a download's.
+  const dead = (f: string) => `${f}.partial-2147483646-0123456789ab`;
+  const stale = [dead("results.csv"), dead(summary)];
+  const kept = [
+    `${summary}.partial-${process.pid}-0123456789ab`,
+    `${summary}.partial-x`,
+    "autre.partial-1-0123456789ab",
+  ];
+  for (const f of [...stale, ...kept]) fs.writeFileSync(path.join(out, f), "half");
+  const again = await collect(spawnCli(["download", taskId, "--out", out], suite.env()));
+  assert.equal(again.code, 0, again.stderr);
+  const after = filesUnder(out);
+  for (const f of stale) assert.ok(!after.includes(f), `${f} removed: ${after}`);
+  for (const f of kept) assert.ok(after.includes(f), `${f} kept: ${after}`);
+  for (const f of written) assert.ok(after.includes(f), f);
+});
