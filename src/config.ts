@@ -293,6 +293,12 @@ const FIELDS = {
     description:
       "CPU priority (nice) of analysis processes and what they start; 0 = the worker's own. Above the worker's, they yield the CPU to the worker, its lease heartbeats and a PostgreSQL on the same machine.",
   },
+  childMemoryMb: {
+    env: "ASSAY_CHILD_MEMORY_MB",
+    schema: Type.Integer({ minimum: 0, maximum: 1_048_576, default: 2048 }),
+    description:
+      'Memory (MiB) each analysis process may allocate: its data segment and private writable mappings (RLIMIT_DATA, set by util-linux `prlimit`; not enforced, with a warning, where that is missing); 0 = no limit. A program past it fails ANALYSIS_PROCESS_FAILED, "the program ran out of memory", instead of the machine\'s OOM killer choosing a process — perhaps the worker or PostgreSQL. summary (Node) needs about 600 MiB of it to start at all; r-report takes about 4.5 times its input on long files and ~500 bytes per column on wide ones. The worst case of a worker is this times its --concurrency.',
+  },
   shutdownGraceMs: {
     env: "ASSAY_SHUTDOWN_GRACE_MS",
     ...durationMs(0, 25_000),

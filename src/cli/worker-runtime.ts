@@ -2,7 +2,7 @@
 // process handlers, the queue worker, the reaper and the other background passes.
 import type { Registry } from "prom-client";
 import type { AnalysisType } from "../analyses/names.ts";
-import { findPrograms } from "../analyses/programs.ts";
+import { findPrograms, resolveExecutable } from "../analyses/programs.ts";
 import { type Config, typeSettings } from "../config.ts";
 import type { Database } from "../db/client.ts";
 import { SilentSweep } from "../db/silent.ts";
@@ -43,6 +43,15 @@ export async function startWorkerRuntime(
   for (const m of found.missing) {
     logger.warn({ analysisType: m.type, reason: m.reason }, "this worker will not claim this analysis type");
   }
+  // The analyses' memory limit is set by util-linux's prlimit: without it (not Linux, a minimal image)
+  // they run without one, said once here.
+  const prlimit = config.childMemoryMb > 0 ? resolveExecutable("prlimit") : undefined;
+  if (config.childMemoryMb > 0 && !prlimit)
+    logger.warn(
+      { childMemoryMb: config.childMemoryMb },
+      "ASSAY_CHILD_MEMORY_MB is not enforced: prlimit (util-linux) is not on PATH",
+    );
+  const memory = prlimit ? { bytes: config.childMemoryMb * 2 ** 20, prlimit } : undefined;
   const work = await openWorkDir(config.dataDir);
   let guard: GroupGuard;
   try {
@@ -67,6 +76,7 @@ export async function startWorkerRuntime(
           killGraceMs: config.killGraceMs,
           guard,
           nice: config.childNice,
+          ...(memory ? { memory } : {}),
         }),
         globalLimit: settings.concurrency,
         timeoutMs: settings.timeoutMs,

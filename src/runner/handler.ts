@@ -38,6 +38,8 @@ export interface ProcessHandlerDeps {
   guard?: GroupRegistry;
   /** CPU priority of the analysis processes (ASSAY_CHILD_NICE). */
   nice?: number;
+  /** What each analysis process may allocate, and the prlimit that sets it (ASSAY_CHILD_MEMORY_MB). */
+  memory?: { bytes: number; prlimit: string };
 }
 
 /** Where one attempt reads its input and writes its outputs, and how its outputs reach the store. */
@@ -242,6 +244,15 @@ export function childEnv(home: string, tmp?: string): Record<string, string> {
 
 const STDERR_STORED_CHARS = 2048;
 
+/**
+ * What R (`cannot allocate vector of size …`, `memory exhausted (limit reached?)`), Python (`MemoryError`),
+ * Node (`Fatal process out of memory`, `JavaScript heap out of memory`, `Array buffer allocation
+ * failed`, `RangeError: Failed to allocate memory`), C++ (`std::bad_alloc`) and C libraries (`Cannot
+ * allocate memory`) print when an allocation fails.
+ */
+const OUT_OF_MEMORY =
+  /cannot allocate (vector|memory)|memory exhausted|MemoryError|out of memory|(Array buffer|Failed to) allocat(ion failed|e memory)|std::bad_alloc/i;
+
 /** Start errors that are the worker's lack of resources at that moment, not the program's: retried. */
 const SPAWN_SHORTAGES: ReadonlySet<string> = new Set(["EMFILE", "ENFILE", "EAGAIN", "ENOMEM"]);
 
@@ -275,6 +286,14 @@ export function outcomeOf(r: ProcessResult, outputCheck?: { ok: boolean; message
     return fail(
       "ANALYSIS_OUTPUT_INVALID",
       `the program broke the output protocol: ${r.protocolError.message}`,
+    );
+  // Past its memory limit (ASSAY_CHILD_MEMORY_MB): each runtime says so its own way, and exits 1, 5
+  // (a program that caught it) or by a signal (V8's fatal error aborts). Not retried: the same input
+  // needs the same memory.
+  if (r.memoryLimitBytes !== undefined && (r.signal || r.exitCode !== 0) && OUT_OF_MEMORY.test(r.stderrTail))
+    return fail(
+      "ANALYSIS_PROCESS_FAILED",
+      `the program ran out of memory: it may use ${Math.round(r.memoryLimitBytes / 2 ** 20)} MiB (ASSAY_CHILD_MEMORY_MB)`,
     );
   if (r.signal)
     return { ...fail("ANALYSIS_PROCESS_FAILED", `the program was killed by ${r.signal}`), signal: r.signal };
@@ -440,6 +459,7 @@ export function processHandler(program: Program, deps: ProcessHandlerDeps): Hand
           marker: `HOME=${place.home}`,
           ...(deps.guard ? { guard: deps.guard } : {}),
           ...(deps.nice === undefined ? {} : { nice: deps.nice }),
+          ...(deps.memory ? { memory: deps.memory } : {}),
         },
         (p) => reportProgress(p.percent, p.message),
         finishing,

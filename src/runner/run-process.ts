@@ -49,6 +49,12 @@ export interface RunLimits {
    */
   nice?: number;
   /**
+   * Bytes the process (and each it starts) may allocate, RLIMIT_DATA, set by `prlimit` (its absolute
+   * path): the program runs as `prlimit --data=N -- <executable> <args>`, which sets the limit and execs
+   * it (same pid, same group). What it cannot start says so on stderr and exits 126/127: a start error.
+   */
+  memory?: { bytes: number; prlimit: string };
+  /**
    * A `NAME=value` entry of `command.env` that no process but this run's has (the handler gives each
    * attempt its own HOME): a process that left the group and still holds the output when the wait
    * for `close` ends is looked for by it and killed (killMarked).
@@ -78,6 +84,8 @@ export interface ProcessResult {
   stderrTail: string;
   durationMs: number;
   pid: number | undefined;
+  /** RLIMIT_DATA the process ran under (RunLimits.memory), if any. */
+  memoryLimitBytes: number | undefined;
 }
 
 const STDERR_TAIL_CHARS = 4096;
@@ -126,13 +134,25 @@ export function runProcess(
       clearTimeout(timeoutTimer);
       clearTimeout(drainTimer);
       signal.removeEventListener("abort", onAbort);
+      const stderrTail = stderr.tail(STDERR_TAIL_CHARS);
+      // prlimit could not exec the program (errexec: 127 when it is missing, 126 otherwise): what
+      // spawn itself reports without the wrapper.
+      if (
+        limits.memory &&
+        (exitCode === 126 || exitCode === 127) &&
+        stderrTail.startsWith("prlimit: failed to execute")
+      )
+        state.startError = Object.assign(new Error(stderrTail.trim()), {
+          code: exitCode === 127 ? "ENOENT" : "EACCES",
+        });
       resolve({
         exitCode,
         signal: sig,
         ...state,
-        stderrTail: stderr.tail(STDERR_TAIL_CHARS),
+        stderrTail,
         durationMs: Math.round(performance.now() - started),
         pid: child?.pid,
+        memoryLimitBytes: limits.memory?.bytes,
       });
     };
 
@@ -232,15 +252,20 @@ export function runProcess(
       }
     };
 
+    const memory = limits.memory;
     try {
-      child = spawn(command.executable, command.args, {
-        cwd: command.cwd,
-        env: command.env,
-        detached: true,
-        shell: false,
-        stdio: ["ignore", "pipe", "pipe"],
-        windowsHide: true,
-      });
+      child = spawn(
+        memory ? memory.prlimit : command.executable,
+        memory ? [`--data=${memory.bytes}`, "--", command.executable, ...command.args] : command.args,
+        {
+          cwd: command.cwd,
+          env: command.env,
+          detached: true,
+          shell: false,
+          stdio: ["ignore", "pipe", "pipe"],
+          windowsHide: true,
+        },
+      );
     } catch (err) {
       state.startError = err as NodeJS.ErrnoException;
       settle(null, null);

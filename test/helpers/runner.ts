@@ -6,7 +6,7 @@ import os from "node:os";
 import path from "node:path";
 import { Readable, Writable } from "node:stream";
 import type { FastifyInstance } from "fastify";
-import type { Program } from "../../src/analyses/programs.ts";
+import { type Program, resolveExecutable } from "../../src/analyses/programs.ts";
 import type { Principal } from "../../src/auth/tokens.ts";
 import { loadConfig } from "../../src/config.ts";
 import { expectedMigrationCount } from "../../src/db/migrate.ts";
@@ -102,6 +102,8 @@ export interface RunnerEnv {
       leaseTtlMs?: number;
       killGraceMs?: number;
       nice?: number;
+      /** ASSAY_CHILD_MEMORY_MB's limit, set by prlimit (found on PATH) as the worker sets it. */
+      memoryMb?: number;
       /** The claims' hold after a full disk (Worker's storageFullHoldMs): 100 ms here. */
       storageFullHoldMs?: number;
       /** The claims' hold after the store could not be used (Worker's storeDownHoldMs): 100 ms here. */
@@ -160,6 +162,9 @@ export async function runnerEnv(
             workDir,
             killGraceMs: o.killGraceMs ?? 500,
             ...(o.nice === undefined ? {} : { nice: o.nice }),
+            ...(o.memoryMb === undefined
+              ? {}
+              : { memory: { bytes: o.memoryMb * 2 ** 20, prlimit: resolveExecutable("prlimit") as string } }),
           }),
           ...(p.timeoutMs === undefined ? {} : { timeoutMs: p.timeoutMs }),
         };

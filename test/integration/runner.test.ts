@@ -5,6 +5,7 @@ import os from "node:os";
 import path from "node:path";
 import { buffer } from "node:stream/consumers";
 import { after, before, describe, test } from "node:test";
+import { resolveExecutable } from "../../src/analyses/programs.ts";
 import { tokenCreate } from "../../src/auth/tokens.ts";
 import { decide } from "../../src/queue/outcomes.ts";
 import { type ClaimedRun, type Outcome, runClaim, runComplete, runReapExpired } from "../../src/queue/sql.ts";
@@ -38,12 +39,13 @@ let typeSeq = 0;
 async function runOne(
   parameters: Record<string, unknown>,
   program: Partial<Parameters<typeof fixtureProgram>[1]> & { timeoutMs?: number } = {},
-  o: { fileId?: string; killGraceMs?: number; maxAttempts?: number; nice?: number } = {},
+  o: { fileId?: string; killGraceMs?: number; maxAttempts?: number; nice?: number; memoryMb?: number } = {},
 ) {
   const type = `fx-${++typeSeq}`;
   const w = env.worker([{ ...fixtureProgram(type), ...program }], {
     killGraceMs: o.killGraceMs ?? 500,
     ...(o.nice === undefined ? {} : { nice: o.nice }),
+    ...(o.memoryMb === undefined ? {} : { memoryMb: o.memoryMb }),
   });
   const taskId = await env.task(type, [o.fileId ?? input], parameters, o.maxAttempts ?? 1);
   await w.start();
@@ -85,6 +87,37 @@ describe("starting", () => {
     const { run } = await runOne({ mode: "ok" }, { executable: "/nonexistent/bin/python9" });
     assert.equal(run.status, "failed");
     assert.equal(run.error_code, "ANALYSIS_PROCESS_START_FAILED");
+    await noStrayOutputs();
+  });
+
+  test("under a memory limit (prlimit): a program past it fails 'ran out of memory', not retried; one under it succeeds; a missing command still fails to start", {
+    skip: resolveExecutable("prlimit") ? false : "prlimit (util-linux) is not on PATH",
+  }, async () => {
+    // Allocates 64 MiB at a time, untouched (the limit counts address space, not resident pages):
+    // past 1 GiB without using the machine's memory.
+    const hungry = program(
+      "hungry",
+      `say({ type: "progress", percent: 1, message: "allocating" });
+const held = [];
+for (;;) held.push(Buffer.allocUnsafeSlow(64 * 2 ** 20));`,
+    );
+    const { run } = await runOne({}, hungry, { memoryMb: 1024, maxAttempts: 2 });
+    assert.deepEqual([run.status, run.error_code, run.attempt], ["failed", "ANALYSIS_PROCESS_FAILED", 1]);
+    assert.equal(
+      run.error_message,
+      "the program ran out of memory: it may use 1024 MiB (ASSAY_CHILD_MEMORY_MB)",
+    );
+    const ok = await runOne({ mode: "ok" }, {}, { memoryMb: 1024 });
+    assert.equal(ok.run.status, "succeeded", ok.run.error_message ?? "");
+    const missing = await runOne(
+      { mode: "ok" },
+      { executable: "/nonexistent/bin/python9" },
+      { memoryMb: 1024 },
+    );
+    assert.deepEqual(
+      [missing.run.error_code, missing.run.error_message],
+      ["ANALYSIS_PROCESS_START_FAILED", "the program could not be started (ENOENT)"],
+    );
     await noStrayOutputs();
   });
 
