@@ -6,6 +6,7 @@ import { ClientUsageError, EXIT, Interrupted, TaskStateError } from "../client/e
 import { shown } from "../client/output.ts";
 import { isTerminal } from "../client/sse.ts";
 import { summaryLine } from "../client/summary.ts";
+import type { Run } from "../http/api-types.ts";
 import {
   type ClientContext,
   exitCodesHelp,
@@ -14,7 +15,7 @@ import {
   shellWord,
   taskIdArg,
 } from "./client-common.ts";
-import { problemsOf, sayProblems } from "./client-follow.ts";
+import { failedRuns, problemsOf, sayProblems } from "./client-follow.ts";
 
 // ---- download --------------------------------------------------------------------------------
 
@@ -78,16 +79,22 @@ export const downloadCommand = (argv: string[]) =>
         ctx.out.say(
           `Downloaded ${files} files of ${got.runs.length} runs to ${shown(out)}; ${summaryLine(task)}`,
         );
-        // As follow's summary: a line per run that did not succeed (it has no outputs) — for people
-        // only, and the download is done whatever becomes of these reads.
-        if (task.status !== "succeeded" && !ctx.out.json) {
+        // As follow's summary: the task, and each run that did not succeed (it has no outputs) — a
+        // `summary` line for scripts (a download of a cancelled task said only "runs": 0, and exit 1),
+        // a line each for people. The download is done whatever becomes of these reads: without the
+        // list, the line has no `failedRuns`, and a note says why.
+        let problems: Run[] | undefined = [];
+        if (task.status !== "succeeded") {
           try {
-            sayProblems(ctx, await problemsOf(ctx, task));
+            problems = await problemsOf(ctx, task);
           } catch (err) {
             if (ctx.signal.aborted) throw err;
+            problems = undefined;
             ctx.out.note(`could not list the runs that did not succeed: ${(err as Error).message}`);
           }
         }
+        ctx.out.line("summary", { ...task, ...(problems ? { failedRuns: failedRuns(problems) } : {}) });
+        if (problems) sayProblems(ctx, problems);
         return task.status === "succeeded" ? EXIT.OK : EXIT.TASK_NOT_SUCCEEDED;
       },
     },

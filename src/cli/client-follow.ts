@@ -170,18 +170,21 @@ export class StoppedFollowing extends Interrupted {
 
 /** The closing report: a summary line and a line per run that did not succeed. Returns the exit code. */
 export function report(ctx: ClientContext, { task, problems }: FollowResult): number {
-  const failedRuns = problems.map((r) => ({
+  ctx.out.line("summary", { ...task, failedRuns: failedRuns(problems) });
+  ctx.out.say(summaryLine(task));
+  sayProblems(ctx, problems);
+  return task.status === "succeeded" ? EXIT.OK : EXIT.TASK_NOT_SUCCEEDED;
+}
+
+/** The `failedRuns` of a `summary` line: each run that did not succeed, in a few fields. */
+export const failedRuns = (problems: Run[]) =>
+  problems.map((r) => ({
     runId: r.runId,
     fileName: r.fileName,
     status: r.status,
     errorCode: r.errorCode,
     errorMessage: r.errorMessage,
   }));
-  ctx.out.line("summary", { ...task, failedRuns });
-  ctx.out.say(summaryLine(task));
-  sayProblems(ctx, problems);
-  return task.status === "succeeded" ? EXIT.OK : EXIT.TASK_NOT_SUCCEEDED;
-}
 
 /** A line for people per run that did not succeed (follow's summary, download's). */
 export function sayProblems(ctx: ClientContext, problems: Run[]): void {

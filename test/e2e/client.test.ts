@@ -504,6 +504,21 @@ test("tasks, status, logs, follow, files, download and cancel", async () => {
   assert.equal(cancelled.code, 1, cancelled.stderr);
   // (A run that ended before the cancel would have its folder too.)
   assert.ok(fs.readdirSync(cancelledOut).includes("results.csv"));
+  // A script learns why from a summary line, as follow's: the task, and the runs without outputs
+  // (it printed only `downloaded` with 0 runs, and exited 1).
+  const [summary] = ofKind(jsonLines(cancelled.stdout), "summary") as unknown as {
+    taskId: string;
+    status: string;
+    totalCount: number;
+    failedRuns: { status: string; errorCode: string | null }[];
+  }[];
+  assert.deepEqual([summary?.taskId, summary?.status], [slowId, "cancelled"], cancelled.stdout);
+  assert.equal(summary?.failedRuns.length, summary?.totalCount);
+  assert.ok(
+    summary?.failedRuns.every(
+      (r) => r.status === "cancelled" && r.errorCode === "ANALYSIS_PROCESS_CANCELLED",
+    ),
+  );
 
   // Unknown ids: a usage error.
   assert.equal((await client(["status", "999999999999999"], env)).code, 2);
