@@ -28,14 +28,22 @@ export type TaskCreateResult =
   | { kind: "files-missing" }
   | { kind: "idempotency-conflict" };
 
-/** Canonical request digest: the same key with a different request is a conflict, not a replay. */
-function requestHash(input: TaskCreateInput): string {
+/**
+ * Canonical request digest: the same key with a different request is a conflict, not a replay. The
+ * priority counts only when it is not the default, so the hashes of requests made before priorities
+ * existed stay the same, and `"priority": 5` is the same request as none (it was a 409 until
+ * 2026-12-07: an automation trial). `asGiven`: the digest as it was made before then, with a
+ * priority of 5 given counted (a key stored so is still matched by its replay).
+ */
+export function requestHash(input: TaskCreateInput, asGiven = false): string {
+  const counted = asGiven
+    ? input.priority !== undefined
+    : (input.priority ?? DEFAULT_PRIORITY) !== DEFAULT_PRIORITY;
   const canonical = JSON.stringify([
     input.analysisType,
     [...input.fileIds].sort(),
     sortKeys(input.parameters),
-    // Only when given, so the hashes of requests made before priorities existed stay the same.
-    ...(input.priority === undefined ? [] : [input.priority]),
+    ...(counted ? [input.priority] : []),
   ]);
   return createHash("sha256").update(canonical).digest("hex");
 }
@@ -60,9 +68,10 @@ export async function taskCreate(
   if (input.fileIds.length === 0)
     throw new Error("taskCreate needs at least one file (checked by the caller)");
   const hash = requestHash(input);
+  const legacyHash = requestHash(input, true);
   const priority = input.priority ?? DEFAULT_PRIORITY;
   if (input.idempotencyKey) {
-    const existing = await taskByIdempotencyKey(sql, owner.userId, input.idempotencyKey, hash);
+    const existing = await taskByIdempotencyKey(sql, owner.userId, input.idempotencyKey, hash, legacyHash);
     if (existing) return existing;
   }
   try {
@@ -137,7 +146,7 @@ export async function taskCreate(
   } catch (err) {
     // Two requests with one idempotency key raced: the loser returns the winner's task.
     if ((err as { code?: string }).code === "23505" && input.idempotencyKey) {
-      const existing = await taskByIdempotencyKey(sql, owner.userId, input.idempotencyKey, hash);
+      const existing = await taskByIdempotencyKey(sql, owner.userId, input.idempotencyKey, hash, legacyHash);
       if (existing) return existing;
     }
     throw err;
@@ -149,11 +158,13 @@ async function taskByIdempotencyKey(
   ownerId: number,
   key: string,
   hash: string,
+  /** requestHash(input, true): a key stored before 2026-12-07 with a priority of 5 given. */
+  legacyHash: string,
 ): Promise<TaskCreateResult | undefined> {
   const [row] = await sql<{ id: string; status: string; requestHash: string | null }[]>`
     select id::text, status, request_hash as "requestHash" from tasks
     where owner_id = ${ownerId} and idempotency_key = ${key}`;
   if (!row) return undefined;
-  if (row.requestHash !== hash) return { kind: "idempotency-conflict" };
+  if (row.requestHash !== hash && row.requestHash !== legacyHash) return { kind: "idempotency-conflict" };
   return { kind: "existing", taskId: row.id, status: row.status };
 }

@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { workerDelete, workerRegister } from "../../src/queue/sql.ts";
+import { requestHash } from "../../src/tasks/create.ts";
 import { bearer, startTestApp, type TestApp, uploadedFileId } from "../helpers/app.ts";
 
 let t: TestApp;
@@ -230,6 +231,31 @@ describe("POST /api/analysis-tasks", () => {
       { "idempotency-key": "k-1" },
     );
     assert.equal(bobs.statusCode, 201);
+  });
+
+  test("Idempotency-Key: priority 5 given is the same request as none; another priority is not; a key stored with 5 given before 2026-12-07 still replays", async () => {
+    const body = { analysisType: "summary", inputFileIds: [aliceFiles[1]] };
+    const first = await create(admin, { ...body, priority: 5 }, { "idempotency-key": "k-prio" });
+    assert.equal(first.statusCode, 201);
+    const taskId = first.json().data.taskId;
+    const bare = await create(admin, body, { "idempotency-key": "k-prio" });
+    assert.deepEqual([bare.statusCode, bare.json().data?.taskId], [200, taskId]);
+    const other = await create(admin, { ...body, priority: 4 }, { "idempotency-key": "k-prio" });
+    assert.deepEqual([other.statusCode, other.json().code], [409, "IDEMPOTENCY_KEY_REUSED"]);
+    // Stored as the digest was made before (a priority of 5 given counted): its replay still matches.
+    const legacy = requestHash(
+      {
+        analysisType: "summary",
+        fileIds: [aliceFiles[1] as string],
+        parameters: {},
+        priority: 5,
+        maxAttempts: 3,
+      },
+      true,
+    );
+    await t.db.sql`update tasks set request_hash = ${legacy} where id = ${taskId}`;
+    const replay = await create(admin, { ...body, priority: 5 }, { "idempotency-key": "k-prio" });
+    assert.deepEqual([replay.statusCode, replay.json().data?.taskId], [200, taskId]);
   });
 
   test("header schemas over real HTTP: an Idempotency-Key named in any case is honoured", async () => {
