@@ -200,6 +200,59 @@ histogram_percents <- function(x) {
 scale_of <- function(x) powers_of_two(max(abs(x)))
 powers_of_two <- function(m) ifelse(m == 0, 1, 2^pmin(pmax(floor(log2(m)), -1074), 1023))
 
+# The sum of each group of y (its values one after another, n of each, in file order), compensated as
+# summary.mjs (addScaled) and python_stats.py (Column.add) compensate theirs, in the same order and so
+# to the same bit: Neumaier's variant of Kahan's summation, where what each addition of a value to the
+# running sum s rounds off (exactly: the error of a double addition is a double) is gathered in a
+# second sum, added to s at the end. R has no loop fast per value: the running sums in doubles of a
+# long group are stats::filter's recursive filter (cumsum and sum() add in long double), SUM_CHUNK
+# values at a time, each error follows from them in one vector operation, and so does their running sum;
+# the short groups are added side by side, one value of each per step (a filter call per group made a
+# million narrow columns slow).
+LONG_GROUP <- 512L
+SUM_CHUNK <- 262144L
+running_sums <- function(v, init) as.vector(stats::filter(v, 1, method = "recursive", init = init))
+rounded_off <- function(s, v, t) { # t = s + v: (s - t) + v, or (v - t) + s where |s| < |v|
+  swap <- abs(s) < abs(v)
+  big <- s
+  big[swap] <- v[swap]
+  small <- v
+  small[swap] <- s[swap]
+  (big - t) + small
+}
+compensated_sums <- function(y, n) {
+  end <- cumsum(as.numeric(n))
+  start <- end - n + 1
+  total <- numeric(length(n))
+  for (k in which(n > LONG_GROUP)) {
+    s <- 0
+    lost <- 0
+    for (from in seq(start[k], end[k], by = SUM_CHUNK)) {
+      v <- y[from:min(from + SUM_CHUNK - 1, end[k])]
+      t <- running_sums(v, s)
+      lost <- running_sums(rounded_off(c(s, t[-length(t)]), v, t), lost)[length(t)]
+      s <- t[length(t)]
+    }
+    total[k] <- s + lost
+  }
+  short <- which(n <= LONG_GROUP)
+  short <- short[order(n[short], decreasing = TRUE)] # the groups still adding: a prefix of short
+  if (length(short) > 0) {
+    alive <- rev(cumsum(rev(tabulate(n[short], n[short[1]])))) # at step i, the groups of n >= i
+    s <- numeric(length(short))
+    lost <- numeric(length(short))
+    for (i in seq_along(alive)) {
+      k <- seq_len(alive[i])
+      v <- y[start[short[k]] + (i - 1)]
+      t <- s[k] + v
+      lost[k] <- lost[k] + rounded_off(s[k], v, t)
+      s[k] <- t
+    }
+    total[short] <- s + lost
+  }
+  total
+}
+
 args <- commandArgs(trailingOnly = TRUE)
 opt <- list()
 i <- 1
@@ -438,9 +491,10 @@ ranges <- vector("list", length(plotted))
 # A batch of columns at a time (one column, or as many as hold up to BATCH values): their values as one
 # vector in file order with each value's column, and an order that sorts it by column, then value. Each
 # figure of every column in the batch is then one vector operation (a loop over the columns made a
-# million narrow columns take minutes). The mean is the sum of the scaled values in file order, in
-# doubles, divided by their count, as summary and python-stats compute it (sum() added in long double,
-# so a mean of 1e16, 1, -1e16 was 0.333333 here and 0 there); the stdev takes a second pass.
+# million narrow columns take minutes). The mean is the compensated sum of the scaled values in file
+# order (compensated_sums) divided by their count, within the column's minimum and maximum, as summary
+# and python-stats compute it; the stdev takes a second pass around it (around a mean rounded off, a
+# constant column's stdev was 1.46285e-17).
 BATCH <- 65536
 counts <- value_count[numeric_cols]
 before <- cumsum(as.numeric(counts)) - counts # values in the columns before each
@@ -469,7 +523,7 @@ while (first <= length(numeric_cols)) {
   s <- powers_of_two(pmax(abs(lo), abs(hi)))
   y <- x / s[g]
   rm(x)
-  scaled_mean <- as.vector(rowsum(y, g)) / n
+  scaled_mean <- pmin(pmax(compensated_sums(y, n) / n, lo / s), hi / s)
   mean <- scaled_mean * s
   stdev <- sqrt(as.vector(rowsum((y - scaled_mean[g])^2, g)) / (n - 1)) * s
   stdev[n < 2] <- NA

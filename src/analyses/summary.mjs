@@ -165,6 +165,20 @@ function scaleOf(x) {
   return scale;
 }
 
+/**
+ * Adds y to a column's compensated sum (Neumaier's variant of Kahan's summation): `compensation` gathers
+ * what each addition to `scaledSum` rounded off (exactly: the error of a double addition is a double),
+ * so that `scaledSum + compensation` is the sum as if added in twice the precision, then rounded. In
+ * plain doubles a mean of ten 0.1s was 0.09999999999999999 and of a million 0.1000000000013329.
+ * python_stats.py (Column.add) and r_report.R (compensated_sums) add in the same order, alike.
+ */
+function addScaled(col, y) {
+  const s = col.scaledSum;
+  const t = s + y;
+  col.compensation += Math.abs(s) >= Math.abs(y) ? s - t + y : y - t + s;
+  col.scaledSum = t;
+}
+
 /** The most an output file may be (OUTPUT_LIMITS.maxFileBytes in src/runner/outputs.ts). */
 const MAX_OUTPUT_BYTES = 100 * 1024 * 1024;
 // What a column takes in summary.json at least, besides its name: an "empty" column's 72 bytes.
@@ -207,7 +221,9 @@ function consume(record) {
     for (const h of header) atLeast += MIN_COLUMN_BYTES + Buffer.byteLength(JSON.stringify(h)) - 2;
     if (atLeast > MAX_OUTPUT_BYTES) tooLarge(atLeast);
     // The sum is kept divided by `scale`, a power of two near the largest magnitude seen: exact, and
-    // it cannot overflow where the mean is representable (1.7e308 twice has the mean 1.7e308).
+    // it cannot overflow where the mean is representable (1.7e308 twice has the mean 1.7e308). It is
+    // a compensated (Neumaier) sum, `scaledSum + compensation` (see addScaled), as python-stats and
+    // r-report add theirs.
     columns = header.map((name) => ({
       name,
       nonNull: 0,
@@ -219,6 +235,7 @@ function consume(record) {
       max: -Infinity,
       scale: 0,
       scaledSum: 0,
+      compensation: 0,
     }));
     return;
   }
@@ -237,9 +254,10 @@ function consume(record) {
       if (n !== 0 && (col.scale === 0 || Math.abs(n) >= 2 * col.scale)) {
         const scale = scaleOf(n);
         col.scaledSum *= col.scale / scale;
+        col.compensation *= col.scale / scale;
         col.scale = scale;
       }
-      if (n !== 0) col.scaledSum += n / col.scale;
+      if (n !== 0) addScaled(col, n / col.scale);
       if (n < col.min) col.min = n;
       if (n > col.max) col.max = n;
     } else if (NUMBER.test(raw) || NON_FINITE.test(raw)) col.nonFinite++;
@@ -320,7 +338,9 @@ const summary = {
     const notes = [];
     let stats = {};
     if (type === "number") {
-      const mean = (c.scaledSum / c.numeric) * (c.scale || 1);
+      // Within [min, max] whatever the rounding (a constant column's mean is its value).
+      const sum = c.scaledSum + c.compensation;
+      const mean = Math.min(Math.max((sum / c.numeric) * (c.scale || 1), c.min), c.max);
       if (!Number.isFinite(mean)) notes.push("mean overflows");
       stats = { min: c.min, max: c.max, mean: Number.isFinite(mean) ? mean : null };
     }

@@ -622,14 +622,14 @@ test("summary, python-stats and r-report write -0 as 0", {
   assert.equal(rc?.min, 0);
 });
 
-test("summary, python-stats and r-report agree on a mean whose sum cancels: the sum in doubles, in file order", {
+test("summary, python-stats and r-report agree on a mean whose sum cancels: a compensated sum", {
   skip: skipUnless("summary", "python-stats", "r-report"),
 }, async () => {
-  // 1e16 + 1 is 1e16 in doubles: summary and python-stats said 0, r-report (sum() adds in long double)
-  // 0.333333.
+  // 1e16 + 1 is 1e16 in doubles: in file order, in doubles, the three said 0 (r-report, adding in long
+  // double, once said 0.333333 alone).
   const input = path.join(work, "cancel.csv");
   fs.writeFileSync(input, "x\n1e16\n1\n-1e16\n");
-  const expected = (1e16 + 1 + -1e16) / 3;
+  const expected = 1 / 3;
   const summary = await run(program("summary") as Program, input, {});
   assert.equal(summary.r.exitCode, 0, summary.r.stderrTail);
   assert.equal(readJson(summary.out, "summary.json").columns[0].mean, expected);
@@ -639,7 +639,117 @@ test("summary, python-stats and r-report agree on a mean whose sum cancels: the 
   const report = await run(program("r-report") as Program, input, {});
   assert.equal(report.r.exitCode, 0, report.r.stderrTail);
   const [x] = reportTable(fs.readFileSync(path.join(report.out, "report.html"), "utf8")) as ReportRow[];
-  assert.equal(x?.mean, expected);
+  assert.equal(x?.mean, Number(expected.toPrecision(6)));
+});
+
+/** A CSV whose columns hold `columns`' values, one after another (empty cells below a shorter one). */
+function columnsFile(name: string, columns: Record<string, string[]>): string {
+  const names = Object.keys(columns);
+  const rows = Math.max(...Object.values(columns).map((v) => v.length));
+  const lines = [names.join(",")];
+  for (let i = 0; i < rows; i++) lines.push(names.map((n) => columns[n]?.[i] ?? "").join(","));
+  const input = path.join(work, name);
+  fs.writeFileSync(input, `${lines.join("\n")}\n`);
+  return input;
+}
+
+test("summary, python-stats and r-report: a constant column's mean is its value, its stdev 0", {
+  skip: skipUnless("summary", "python-stats", "r-report"),
+}, async () => {
+  // Added in doubles, ten 0.1s had the mean 0.09999999999999999 (below the min), a thousand 0.7s
+  // 0.7000000000000064 (above the max), three 1.7e308s 1.6999999999999997e+308; r-report's stdev,
+  // around that mean, was 1.46285e-17, 6.44252e-15 and 2.4444e+292.
+  const constant = { tenth: [0.1, 10], seven: [0.7, 1000], huge: [1.7e308, 3] } as const;
+  const input = columnsFile(
+    "constant.csv",
+    Object.fromEntries(Object.entries(constant).map(([name, [v, n]]) => [name, Array(n).fill(String(v))])),
+  );
+  const summary = await run(program("summary") as Program, input, {});
+  assert.equal(summary.r.exitCode, 0, summary.r.stderrTail);
+  for (const c of readJson(summary.out, "summary.json").columns as { name: string; mean: number }[]) {
+    const [v, n] = constant[c.name as keyof typeof constant];
+    assert.deepEqual(c, { name: c.name, type: "number", nonNull: n, min: v, max: v, mean: v });
+  }
+  for (const [method, want] of [
+    ["mean", (v: number) => v],
+    ["stdev", () => 0],
+  ] as const) {
+    const { r, out } = await run(program("python-stats") as Program, input, { method });
+    assert.equal(r.exitCode, 0, r.stderrTail);
+    const expected = Object.fromEntries(Object.entries(constant).map(([name, [v]]) => [name, want(v)]));
+    assert.deepEqual(readJson(out, "stats.json").columns, expected, method);
+  }
+  const report = await run(program("r-report") as Program, input, {});
+  assert.equal(report.r.exitCode, 0, report.r.stderrTail);
+  const table = reportTable(fs.readFileSync(path.join(report.out, "report.html"), "utf8"));
+  assert.deepEqual(
+    table.map((row) => [row.name, row.n, row.mean, row.stdev, row.notes]),
+    Object.entries(constant).map(([name, [v, n]]) => [name, n, v, 0, ""]),
+  );
+});
+
+test("summary, python-stats and r-report agree on the exact mean of values of mixed magnitude and sign", {
+  skip: skipUnless("summary", "python-stats", "r-report"),
+}, async () => {
+  // Each column: pairs ±b of magnitudes from 1 to 2^60, and small positive values, all multiples of
+  // 2^-10, shuffled; 2^k values in all. Their exact sum (BigInt, in units of 2^-10) is the small
+  // values' sum, a double, and so is the mean. Added in doubles, what a large running sum rounded off
+  // was lost. `long` (65,536 values, over 1 MiB) spans r-report's read blocks; `short` is a column of
+  // 256 values beside it.
+  let seed = 0x2545f491;
+  const random = () => {
+    seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0;
+    return seed / 2 ** 32;
+  };
+  const column = (count: number) => {
+    const units: bigint[] = [];
+    for (let i = 0; i < count / 4; i++) {
+      const b = BigInt(Math.floor(random() * 2 ** 30) + 1) << BigInt(Math.floor(random() * 41)); // < 2^71
+      units.push(b, -b);
+    }
+    while (units.length < count) units.push(BigInt(Math.floor(random() * 2 ** 20) + 1));
+    for (let i = units.length - 1; i > 0; i--) {
+      const j = Math.floor(random() * (i + 1));
+      [units[i], units[j]] = [units[j] as bigint, units[i] as bigint];
+    }
+    const sum = units.reduce((a, u) => a + u, 0n);
+    // Each value a double: at most 30 significant bits; written with at most 17 significant digits.
+    const cells = units.map((u) => (Number(u) / 1024).toExponential());
+    return { cells, mean: Number(sum) / 1024 / count };
+  };
+  const columns = { long: column(65_536), short: column(256) };
+  for (const c of Object.values(columns)) {
+    const plain = c.cells.reduce((a, x) => a + Number(x), 0) / c.cells.length;
+    assert.notEqual(plain, c.mean, "the values are such that a sum in doubles is off");
+  }
+  const input = columnsFile("mixed.csv", { long: columns.long.cells, short: columns.short.cells });
+  assert.ok(fs.statSync(input).size > 1024 * 1024);
+
+  const summary = await run(program("summary") as Program, input, {});
+  assert.equal(summary.r.exitCode, 0, summary.r.stderrTail);
+  const means = (readJson(summary.out, "summary.json").columns as { name: string; mean: number }[]).map(
+    (c) => [c.name, c.mean],
+  );
+  assert.deepEqual(means, [
+    ["long", columns.long.mean],
+    ["short", columns.short.mean],
+  ]);
+  const stats = await run(program("python-stats") as Program, input, { method: "mean" });
+  assert.equal(stats.r.exitCode, 0, stats.r.stderrTail);
+  assert.deepEqual(readJson(stats.out, "stats.json").columns, {
+    long: columns.long.mean,
+    short: columns.short.mean,
+  });
+  const report = await run(program("r-report") as Program, input, {});
+  assert.equal(report.r.exitCode, 0, report.r.stderrTail);
+  const table = reportTable(fs.readFileSync(path.join(report.out, "report.html"), "utf8"));
+  assert.deepEqual(
+    table.map((row) => [row.name, row.mean]),
+    [
+      ["long", Number(columns.long.mean.toPrecision(6))],
+      ["short", Number(columns.short.mean.toPrecision(6))],
+    ],
+  );
 });
 
 test("summary, python-stats and r-report say what to do with a file in a format they do not read", {
