@@ -497,7 +497,18 @@ export async function serveCommand(
       );
       step();
     }
-    if ((values as { "dev-token"?: boolean })["dev-token"] && server) {
+    // A user named dev that is not an admin is someone's account (the flag pointed at a database in
+    // use): not made an admin, with every token of theirs (tokenCreate sets the role; a security
+    // trial), and no token is printed.
+    const devToken = (values as { "dev-token"?: boolean })["dev-token"] && server;
+    const [devUser] = devToken
+      ? await database.sql<{ role: string }[]>`select role from users where name = 'dev'`
+      : [];
+    if (devToken && devUser && devUser.role !== "admin")
+      console.log(
+        "\n--dev-token: a user named dev exists and is not an admin; it is not made one, and no development token was made (create one of your own: assay token create --user <name> --role admin)\n",
+      );
+    else if (devToken && server) {
       // A token per start, each good for DEV_TOKEN_DAYS: a development database restarted daily
       // collected an admin token a day that worked for ever.
       const { token } = await tokenCreate(database.sql, "dev", "admin", DEV_TOKEN_DAYS * 86_400);

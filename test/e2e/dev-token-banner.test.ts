@@ -74,6 +74,35 @@ test("the --dev-token banner prints working URLs for IPv6 and listen-on-all HOST
   }
 });
 
+test("--dev-token against a database where dev is a plain user: not made an admin, no token printed", async () => {
+  const { tokenCreate } = await import("../../src/auth/tokens.ts");
+  // (The test before made dev an admin: a user again, as someone's account would be.)
+  await tokenCreate(db.sql, "dev", "user");
+  const tokensBefore = await db.sql`select id from api_tokens`;
+  const child = spawnCli(
+    ["api", "--dev-token"],
+    cleanEnv({
+      DATABASE_URL: db.url,
+      ASSAY_DATA_DIR: dataDir,
+      HOST: "127.0.0.1",
+      PORT: "0",
+      LOG_LEVEL: "warn",
+    }),
+  );
+  const out = watch(child);
+  const done = collect(child);
+  try {
+    await out.waitFor(/--dev-token: a user named dev exists and is not an admin; it is not made one/, 30_000);
+    const [dev] = await db.sql<{ role: string }[]>`select role from users where name = 'dev'`;
+    assert.equal(dev?.role, "user");
+    assert.equal((await db.sql`select id from api_tokens`).length, tokensBefore.length, "no token made");
+    assert.doesNotMatch(out.stdout(), /#token=|export ASSAY_TOKEN/);
+  } finally {
+    child.kill("SIGTERM");
+  }
+  assert.equal((await done).code, 0);
+});
+
 test("linkHost: IPv6 in brackets (normalised, a zone percent-encoded), listen-on-all as the loopback, names as given", () => {
   for (const [host, shown] of [
     ["::", "[::1]"],
