@@ -158,10 +158,21 @@ BLOCK = 1 << 16  # bytes read, decoded and parsed at a time (progress at least e
 SORT_RUN = 1 << 16  # values sorted at a time for the median
 
 
+def utf16_without_mark(start):
+    """UTF-16 without a byte-order mark, by its first bytes (up to 64): a zero in every other byte and
+    only there, as text of Latin letters is so (as summary.mjs's utf16WithoutMark)."""
+    n = min(len(start), 64) & ~1
+    if n < 4:
+        return False
+    return any(all((start[i] == 0) == (i % 2 == odd) for i in range(n)) for odd in (1, 0))
+
+
 def not_text(start):
     """What a file that is no UTF-8 text is, by its first bytes, for the message that refuses it."""
     if start[:2] in (b"\xff\xfe", b"\xfe\xff"):
         return 'the input is UTF-16 text, not UTF-8: save it as UTF-8 ("CSV UTF-8")'
+    if utf16_without_mark(start):
+        return 'the input is UTF-16 text (without a byte-order mark), not UTF-8: save it as UTF-8 ("CSV UTF-8")'
     if start[:2] == b"\x1f\x8b":
         return "the input is gzip-compressed: decompress it first"
     if start[:4] == b"PK\x03\x04":

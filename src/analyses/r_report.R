@@ -267,10 +267,22 @@ params <- parse_params(if (is.null(opt[["params"]])) "{}" else opt[["params"]])
 
 # What a file that is no UTF-8 text is, by its first bytes, for the message that refuses it (NULL: none
 # of these).
+# UTF-16 without a byte-order mark, by its first bytes (up to 64): a zero in every other byte and only
+# there, as text of Latin letters is so (as summary.mjs's utf16WithoutMark).
+utf16_without_mark <- function(start) {
+  n <- min(length(start), 64L) %/% 2L * 2L
+  if (n < 4L) return(FALSE)
+  zero <- start[seq_len(n)] == as.raw(0)
+  second <- seq_len(n) %% 2L == 0L # offsets 1, 3, …
+  all(zero == second) || all(zero == !second)
+}
 not_text <- function(start) {
   b <- as.integer(start[seq_len(min(4L, length(start)))])
   if (length(b) >= 2 && ((b[1] == 0xff && b[2] == 0xfe) || (b[1] == 0xfe && b[2] == 0xff))) {
     return("the input is UTF-16 text, not UTF-8: save it as UTF-8 (\"CSV UTF-8\")")
+  }
+  if (utf16_without_mark(start)) {
+    return("the input is UTF-16 text (without a byte-order mark), not UTF-8: save it as UTF-8 (\"CSV UTF-8\")")
   }
   if (length(b) >= 2 && b[1] == 0x1f && b[2] == 0x8b) return("the input is gzip-compressed: decompress it first")
   if (length(b) >= 4 && all(b == c(0x50, 0x4b, 0x03, 0x04))) {

@@ -282,10 +282,26 @@ function separatorHint() {
   return by ? ` (the header is split by ${by}, not commas: only comma-separated files are read)` : "";
 }
 
+/**
+ * UTF-16 without a byte-order mark, by its first bytes (up to 64): a zero in every other byte and only
+ * there, as text of Latin letters is so (it read "the input is binary"; python_stats.py and
+ * r_report.R look alike).
+ */
+function utf16WithoutMark(start) {
+  const n = Math.min(start.length, 64) & ~1;
+  if (n < 4) return false;
+  return [1, 0].some((odd) => {
+    for (let i = 0; i < n; i++) if ((start[i] === 0) !== (i % 2 === odd)) return false;
+    return true;
+  });
+}
+
 /** What a file that is no UTF-8 text is, by its first bytes, for the message that refuses it. */
 function notText(start) {
   if ((start[0] === 0xff && start[1] === 0xfe) || (start[0] === 0xfe && start[1] === 0xff))
     return 'the input is UTF-16 text, not UTF-8: save it as UTF-8 ("CSV UTF-8")';
+  if (utf16WithoutMark(start))
+    return 'the input is UTF-16 text (without a byte-order mark), not UTF-8: save it as UTF-8 ("CSV UTF-8")';
   if (start[0] === 0x1f && start[1] === 0x8b) return "the input is gzip-compressed: decompress it first";
   if (start[0] === 0x50 && start[1] === 0x4b && start[2] === 0x03 && start[3] === 0x04)
     return "the input is a zip archive (an Excel .xlsx workbook is one), not CSV: export it as CSV";

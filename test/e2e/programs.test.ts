@@ -777,6 +777,16 @@ test("summary, python-stats and r-report say what to do with a file in a format 
     ["tab-at-end.csv", "a\t\nx\n", /^no numeric column$/],
     ["gzip.csv", zlib.gzipSync("a,b\n1,2\n"), /^the input is gzip-compressed: decompress it first$/],
     ["utf16.csv", utf16, /^the input is UTF-16 text, not UTF-8: save it as UTF-8 \("CSV UTF-8"\)$/],
+    // Without a byte-order mark (little- and big-endian): "the input is binary" it read.
+    ...(["utf16le", "utf16be"] as const).map((order): [string, Buffer, RegExp] => [
+      `${order}-no-mark.csv`,
+      order === "utf16le"
+        ? Buffer.from("price,qty\n1,2\n", "utf16le")
+        : Buffer.from("price,qty\n1,2\n", "utf16le").swap16(),
+      /^the input is UTF-16 text \(without a byte-order mark\), not UTF-8: save it as UTF-8 \("CSV UTF-8"\)$/,
+    ]),
+    // A binary file is still one.
+    ["zeros.csv", Buffer.from([0, 0, 0, 1, 2, 3, 4, 5]), /^the input is binary, not CSV$/],
     [
       "workbook.csv",
       Buffer.from("PK\x03\x04\x14\x00rest of a zip"),
