@@ -295,9 +295,9 @@ const FIELDS = {
   },
   childMemoryMb: {
     env: "ASSAY_CHILD_MEMORY_MB",
-    schema: Type.Integer({ minimum: 0, maximum: 1_048_576, default: 2048 }),
+    schema: Type.Integer({ minimum: 0, maximum: 1_048_576, default: 4096 }),
     description:
-      'Memory (MiB) each analysis process may allocate: its data segment and private writable mappings (RLIMIT_DATA, set by util-linux `prlimit`; not enforced, with a warning, where that is missing); 0 = no limit. A program past it fails ANALYSIS_PROCESS_FAILED, "the program ran out of memory", instead of the machine\'s OOM killer choosing a process — perhaps the worker or PostgreSQL. summary (Node) needs about 600 MiB of it to start at all; r-report takes about 4.5 times its input on long files and ~500 bytes per column on wide ones. The worst case of a worker is this times its --concurrency.',
+      'Memory (MiB) each analysis process may allocate: its data segment and private writable mappings (RLIMIT_DATA, set by util-linux `prlimit`; not enforced, with a warning, where that is missing); 0 = no limit. A program past it fails ANALYSIS_PROCESS_FAILED, "the program ran out of memory", instead of the machine\'s OOM killer choosing a process — perhaps the worker or PostgreSQL. summary (Node) needs about 600 MiB of it to start at all; r-report the most of the three: up to ~27 times its input (2.7 GB for 100 MiB of single-digit cells, the default ASSAY_MAX_UPLOAD_BYTES; 1.2 GB for 200 MB of 4 numeric columns) and ~500 bytes per column of a wide file. The worst case of a worker is this times its --concurrency.',
   },
   shutdownGraceMs: {
     env: "ASSAY_SHUTDOWN_GRACE_MS",

@@ -1,5 +1,7 @@
 // The production worker of `assay worker` / `assay all`: the programs this machine can run, their
 // process handlers, the queue worker, the reaper and the other background passes.
+
+import { spawnSync } from "node:child_process";
 import type { Registry } from "prom-client";
 import type { AnalysisType } from "../analyses/names.ts";
 import { findPrograms, resolveExecutable } from "../analyses/programs.ts";
@@ -51,7 +53,20 @@ export async function startWorkerRuntime(
       { childMemoryMb: config.childMemoryMb },
       "ASSAY_CHILD_MEMORY_MB is not enforced: prlimit (util-linux) is not on PATH",
     );
-  const memory = prlimit ? { bytes: config.childMemoryMb * 2 ** 20, prlimit } : undefined;
+  let memory = prlimit ? { bytes: config.childMemoryMb * 2 ** 20, prlimit } : undefined;
+  // A limit above this process's own hard limit cannot be set, and every run would fail at its start
+  // ("failed to set the DATA resource limit"): tried once here, on `true`, and said.
+  const tryOn = memory && resolveExecutable("true");
+  if (memory && tryOn) {
+    const tried = spawnSync(memory.prlimit, [`--data=${memory.bytes}`, "--", tryOn], { encoding: "utf8" });
+    if (tried.status !== 0) {
+      logger.warn(
+        { childMemoryMb: config.childMemoryMb, err: tried.error, stderr: tried.stderr?.trim() },
+        "ASSAY_CHILD_MEMORY_MB is not enforced: prlimit cannot set it (above this process's hard limit?)",
+      );
+      memory = undefined;
+    }
+  }
   const work = await openWorkDir(config.dataDir);
   let guard: GroupGuard;
   try {

@@ -245,13 +245,14 @@ export function childEnv(home: string, tmp?: string): Record<string, string> {
 const STDERR_STORED_CHARS = 2048;
 
 /**
- * What R (`cannot allocate vector of size …`, `memory exhausted (limit reached?)`), Python (`MemoryError`),
+ * What R (`cannot allocate vector of size …`, `memory exhausted (limit reached?)`, `Couldn't allocate
+ * xsub in do_radixsort`), Python (`MemoryError`),
  * Node (`Fatal process out of memory`, `JavaScript heap out of memory`, `Array buffer allocation
  * failed`, `RangeError: Failed to allocate memory`), C++ (`std::bad_alloc`) and C libraries (`Cannot
  * allocate memory`) print when an allocation fails.
  */
 const OUT_OF_MEMORY =
-  /cannot allocate (vector|memory)|memory exhausted|MemoryError|out of memory|(Array buffer|Failed to) allocat(ion failed|e memory)|std::bad_alloc/i;
+  /cannot allocate (vector|memory)|Couldn't allocate|memory exhausted|MemoryError|out of memory|(Array buffer|Failed to) allocat(ion failed|e memory)|std::bad_alloc/i;
 
 /** Start errors that are the worker's lack of resources at that moment, not the program's: retried. */
 const SPAWN_SHORTAGES: ReadonlySet<string> = new Set(["EMFILE", "ENFILE", "EAGAIN", "ENOMEM"]);
@@ -290,7 +291,14 @@ export function outcomeOf(r: ProcessResult, outputCheck?: { ok: boolean; message
   // Past its memory limit (ASSAY_CHILD_MEMORY_MB): each runtime says so its own way, and exits 1, 5
   // (a program that caught it) or by a signal (V8's fatal error aborts). Not retried: the same input
   // needs the same memory.
-  if (r.memoryLimitBytes !== undefined && (r.signal || r.exitCode !== 0) && OUT_OF_MEMORY.test(r.stderrTail))
+  // Only a death by a signal, or an exit with no meaning of its own (1, or 5: the program's "failed
+  // internally", what a caught MemoryError becomes): an exit 2, 3 or 4 is the program's own verdict,
+  // and stderr may echo the data (a column named "out of memory").
+  if (
+    r.memoryLimitBytes !== undefined &&
+    (r.signal || (r.exitCode !== null && ![0, 2, 3, 4].includes(r.exitCode))) &&
+    OUT_OF_MEMORY.test(r.stderrTail)
+  )
     return fail(
       "ANALYSIS_PROCESS_FAILED",
       `the program ran out of memory: it may use ${Math.round(r.memoryLimitBytes / 2 ** 20)} MiB (ASSAY_CHILD_MEMORY_MB)`,

@@ -29,6 +29,7 @@ test("each runtime's words for a failed allocation, under a limit, are 'ran out 
   for (const [stderrTail, exit] of [
     ["Error: cannot allocate vector of size 381.5 Mb\nExecution halted\n", { exitCode: 1 }],
     ["Error: memory exhausted (limit reached?)\nExecution halted\n", { exitCode: 1 }],
+    ['Error in order(g, x, method = "radix"): Couldn\'t allocate xsub in do_radixsort\n', { exitCode: 1 }],
     ['  File "python_stats.py", line 9\nMemoryError\n', { exitCode: 1 }],
     ['{"type":"error","message":"x"}\nMemoryError\n', { exitCode: 5 }],
     ["RangeError: Failed to allocate memory\n    at createUnsafeBuffer", { exitCode: 1 }],
@@ -56,6 +57,19 @@ test("without a limit, or with a clean exit or other words, the outcome is what 
   assert.equal(unlimited.status === "failed" && unlimited.errorMessage, "the program exited with code 1");
   const dataError = outcomeOf(ended({ exitCode: 3, stderrTail: "a column of text\n" }));
   assert.equal(dataError.status === "failed" && dataError.errorCode, "ANALYSIS_DATA_INVALID");
+  // The program's own verdict (exit 2, 3, 4) stands, whatever its stderr echoes: a column named so, a
+  // dependency's words (exit 4 is retried).
+  for (const [exitCode, code] of [
+    [2, "ANALYSIS_INPUT_INVALID"],
+    [3, "ANALYSIS_DATA_INVALID"],
+    [4, "ANALYSIS_DEPENDENCY_FAILED"],
+  ] as const) {
+    const o = outcomeOf(
+      ended({ exitCode, stderrTail: "duplicate column name: out of memory\nfork: Cannot allocate memory\n" }),
+    );
+    assert.equal(o.status === "failed" && o.errorCode, code, `exit ${exitCode}`);
+    assert.equal(o.status === "failed" && o.transient, exitCode === 4, `exit ${exitCode}`);
+  }
   // A program that printed such words and still ended well succeeded.
   const fine = outcomeOf(
     ended({
