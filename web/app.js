@@ -248,11 +248,18 @@ function App({ link }) {
     setPending(null);
     window.dispatchEvent(new Event("assay:signed-in"));
   };
-  // The token signed in turned out not valid (or was signed out) while a link waited: nothing to
-  // switch from, and the link is taken as if nobody had been signed in.
+  // The token signed in was refused (401: revoked, expired, unknown) while a link waited: nothing to
+  // switch from, and the link is taken as if nobody had been signed in. Only then: a check that failed
+  // otherwise (the network, a 502 while the API restarts) or a sign-out in another tab leaves the link
+  // unused — it took them for a refusal and switched unasked (the review).
   useEffect(() => {
-    if (pending && !checking && !me) takeLink();
-  }, [pending, checking, me]);
+    if (pending && !checking && !me && problem === TOKEN_REFUSED) takeLink();
+  }, [pending, checking, me, problem]);
+  // Staying: the choice goes, and the focus to the view's heading (it fell to <body>).
+  const stay = () => {
+    setPending(null);
+    requestAnimationFrame(() => focusHeading());
+  };
   // Read again on every move to or from the form (a worker may have come or gone). An older read
   // still running is aborted, so a slow one cannot replace a newer answer; a failed read keeps the
   // types already known, and with none the form says the read failed (an empty list).
@@ -309,7 +316,7 @@ function App({ link }) {
       <button type="button" class="link" onClick=${() => session.signOut()}>Sign out</button>
     </header>
     <main key=${me.userId} id="main">
-      ${pending ? html`<${SwitchAccount} token=${pending} me=${me} onSwitch=${takeLink} onStay=${() => setPending(null)} />` : null}
+      ${pending ? html`<${SwitchAccount} token=${pending} me=${me} onSwitch=${takeLink} onStay=${stay} />` : null}
       ${view}
     </main>
   </div>`;

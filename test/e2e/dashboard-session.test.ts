@@ -7,6 +7,7 @@ import { test } from "node:test";
 import type { BrowserContext } from "playwright-core";
 import { tokenCreate, tokenRevoke } from "../../src/auth/tokens.ts";
 import { browserSkip, dashboardSuite, tokenRefused, uploadFile } from "../helpers/browser.ts";
+import { waitFor } from "../helpers/queue.ts";
 
 const skip = browserSkip;
 
@@ -191,6 +192,23 @@ test("a sign-in link of another account while one is signed in asks first; the s
   await ask.waitFor({ state: "detached" });
   assert.equal(await stored(), gina.token);
   assert.equal(await b.locator(".who").textContent(), "gina");
+  // The focus goes to the view's heading, not to <body>.
+  await waitFor(
+    async () => (await b.evaluate("document.activeElement?.tagName")) === "H1" || undefined,
+    5000,
+    "the focus on the heading",
+  );
+
+  // The check of gina's token fails without a refusal (a 502 while the API restarts): the link is
+  // not taken for her (it switched unasked so).
+  const down = await ctx.newPage();
+  await down.route("**/api/me", (route) =>
+    route.fulfill({ status: 502, contentType: "text/html", body: "<html>502 Bad Gateway</html>" }),
+  );
+  await down.goto(`${s.base}/#token=${encodeURIComponent(hugo.token)}`);
+  await down.getByLabel("API token").waitFor();
+  assert.equal(await stored(), gina.token);
+  await down.close();
 
   // Asked again, she switches: both tabs are hugo's.
   await b.goto(`${s.base}/#token=${encodeURIComponent(hugo.token)}`);
