@@ -112,8 +112,10 @@ function clientFrom(
 /** How long a command may take to wind down once its output is gone, before the process just exits. */
 const OUTPUT_CLOSED_GRACE_MS = 5_000;
 
-/** Set once stdout's reader has gone away (EPIPE): the command's exit code is then 141. */
+/** Set once stdout's reader has gone away (EPIPE), or the terminal (EIO): the exit code is then closedCode. */
 let outputClosed = false;
+/** 141; or, when a signal had already stopped the command (a closed terminal's SIGHUP), that signal's code. */
+let closedCode: number = EXIT.OUTPUT_CLOSED;
 
 /**
  * Node ignores SIGPIPE, so a write after stdout's reader exited (`assay follow 42 | head -1`) is an
@@ -122,22 +124,26 @@ let outputClosed = false;
  * cursor restored) and exits 141, as a shell reports a process killed by SIGPIPE. The listeners stay
  * for the process's life: the last lines a command prints fail only after it has returned.
  */
-function watchOutput(stop: (reason: Interrupted) => void): void {
+function watchOutput(stop: (reason: Interrupted) => void, stoppedBy: () => Interrupted | undefined): void {
   const onError = (err: NodeJS.ErrnoException) => {
-    if (err.code !== "EPIPE") throw err;
+    // EIO: the terminal is gone (a closed window: its SIGHUP stopped the command, whose last lines
+    // then failed; they crashed it with exit 1, the code of a failed task — the review).
+    if (err.code !== "EPIPE" && err.code !== "EIO") throw err;
     if (outputClosed) return;
     outputClosed = true;
-    process.exitCode = EXIT.OUTPUT_CLOSED;
+    const by = stoppedBy();
+    closedCode = by instanceof Terminated ? by.exitCode : EXIT.OUTPUT_CLOSED;
+    process.exitCode = closedCode;
     stop(new OutputClosed("the output was closed by its reader"));
     // A step that ignores the signal (creating the task, which Ctrl-C does not cut off either)
     // must not keep a process nobody listens to alive for long.
-    setTimeout(() => process.exit(EXIT.OUTPUT_CLOSED), OUTPUT_CLOSED_GRACE_MS).unref();
+    setTimeout(() => process.exit(closedCode), OUTPUT_CLOSED_GRACE_MS).unref();
   };
   process.stdout.on("error", onError);
   // With 2>&1 into the same pipe, stderr loses its reader too.
   process.stderr.on("error", onError);
   process.on("exit", () => {
-    if (outputClosed) process.exitCode = EXIT.OUTPUT_CLOSED;
+    if (outputClosed) process.exitCode = closedCode;
   });
 }
 
@@ -161,10 +167,13 @@ function interrupts(out: Output): { signal: AbortSignal; dispose: () => void } {
     ["SIGHUP", () => stop(new Terminated("SIGHUP"))],
   ] as const;
   for (const [signal, handler] of handlers) process.on(signal, handler);
-  watchOutput((reason) => {
-    out.stoppedBy ??= reason;
-    controller.abort(reason);
-  });
+  watchOutput(
+    (reason) => {
+      out.stoppedBy ??= reason;
+      controller.abort(reason);
+    },
+    () => out.stoppedBy,
+  );
   return {
     signal: controller.signal,
     dispose: () => {
@@ -199,10 +208,10 @@ export async function runClientCommand<O extends Options>(
       signal: stop.signal,
     };
     const code = await spec.run(ctx, args);
-    return outputClosed ? EXIT.OUTPUT_CLOSED : code;
+    return outputClosed ? closedCode : code;
   } catch (err) {
     // Nobody reads the error line, and the stop was ours: quietly.
-    if (outputClosed) return EXIT.OUTPUT_CLOSED;
+    if (outputClosed) return closedCode;
     if (err instanceof ClientUsageError) {
       const code = out.fail(err);
       if (!out.json)

@@ -3,11 +3,11 @@
 // Ctrl-C ends with one `interrupted` line and stops the request in flight, `logs --follow` says when
 // it lost the stream, and a command that takes no arguments refuses them.
 import assert from "node:assert/strict";
-import type { ChildProcess } from "node:child_process";
+import { type ChildProcess, spawn } from "node:child_process";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { after, test } from "node:test";
-import { cleanEnv, collect, spawnCli } from "../helpers/cli.ts";
+import { ASSAY_BIN, cleanEnv, collect, ROOT, spawnCli } from "../helpers/cli.ts";
 import { within } from "../helpers/client.ts";
 
 const TASK = "100000042";
@@ -101,6 +101,38 @@ test("Ctrl-C, SIGTERM or SIGHUP in any command ends with one `interrupted` line 
         );
         assert.match(r.stderr, signal === "SIGINT" ? /interrupted/ : new RegExp(`stopped by ${signal}`));
       }
+  } finally {
+    close();
+  }
+});
+
+test("a closed terminal (its SIGHUP, then writes that fail EIO) ends a command with 129, not a crash's 1", async () => {
+  let asked = () => {};
+  const { url, close } = await tinyServer(() => asked());
+  // The command on a pseudo-terminal of its own, whose master Python closes when told on stdin: the
+  // kernel sends the group SIGHUP, and the terminal answers every write after with EIO.
+  const harness = `import os, pty, sys
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+sys.stdin.readline()
+os.close(fd)
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))`;
+  try {
+    const reached = new Promise<void>((r) => {
+      asked = r;
+    });
+    const child = spawn("python3", ["-c", harness, process.execPath, ASSAY_BIN, "tasks"], {
+      env: env(url),
+      cwd: ROOT,
+      stdio: ["pipe", "pipe", "pipe"],
+    });
+    const done = collect(child);
+    await reached;
+    child.stdin?.end("close\n");
+    const r = await within(done, 10_000, "assay tasks after its terminal closed");
+    assert.equal(r.code, 0, r.stderr);
+    assert.equal(r.stdout.trim(), "129", r.stderr);
   } finally {
     close();
   }
