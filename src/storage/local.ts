@@ -183,12 +183,21 @@ const occupied = (err: unknown) =>
   ["ENOTEMPTY", "EEXIST"].includes((err as NodeJS.ErrnoException).code ?? "");
 
 /**
- * Modes of what the store writes: the service's user reads and writes, its group reads, nobody else
- * (other accounts on an API or worker host must not read users' files and outputs). Folders made
- * before 2026-12-07 (0755) and outputs then (0644) keep their modes.
+ * Modes of what the store writes: nothing for other accounts on an API or worker host (users' files
+ * and outputs); for the service's user and group what the process's umask gives. An upload is 0640;
+ * a folder the store makes 0770 less the umask (0750 at 022; 0770 at 002, for an API and workers that
+ * are different users of one group: each may then remove what the other made); a program's outputs
+ * keep the modes it gave them less the others' bits (set-group-ID kept). Folders made before
+ * 2026-12-07 (0755) and outputs then (0644) keep their modes.
  */
 const FILE_MODE = 0o640;
-const FOLDER_MODE = 0o750;
+const FOLDER_MODE = 0o770;
+
+/** Takes the others' permission bits off `p` (a program's output or its folder), keeping the rest. */
+function closeToOthers(p: string): void {
+  const mode = fs.statSync(p).mode & 0o7777;
+  if (mode & 0o007) fs.chmodSync(p, mode & ~0o007);
+}
 
 /** The file system calls renameInto makes: synchronous ones, or the thread pool's. */
 export interface RenameCalls {
@@ -334,9 +343,9 @@ function folderIdentity(dir: string): string {
  */
 export async function publishFolder(root: string, from: string, to: string, names: readonly string[]) {
   // The program wrote them under its umask (0644 files in a 0755 folder, for every local account to
-  // read): the store's own modes, as an upload's.
-  fs.chmodSync(from, FOLDER_MODE);
-  for (const n of names) fs.chmodSync(path.join(from, n), FILE_MODE);
+  // read): nothing for others, as an upload (FILE_MODE).
+  closeToOthers(from);
+  for (const n of names) closeToOthers(path.join(from, n));
   const made = await renameInto(from, to);
   const task = path.dirname(to);
   try {
