@@ -68,7 +68,8 @@ export async function taskCreate(
   if (input.fileIds.length === 0)
     throw new Error("taskCreate needs at least one file (checked by the caller)");
   const hash = requestHash(input);
-  const legacyHash = requestHash(input, true);
+  // With no priority, as a request with 5 given was digested: that request replayed without one.
+  const legacyHash = requestHash({ ...input, priority: input.priority ?? DEFAULT_PRIORITY }, true);
   const priority = input.priority ?? DEFAULT_PRIORITY;
   if (input.idempotencyKey) {
     const existing = await taskByIdempotencyKey(sql, owner.userId, input.idempotencyKey, hash, legacyHash);
@@ -158,7 +159,7 @@ async function taskByIdempotencyKey(
   ownerId: number,
   key: string,
   hash: string,
-  /** requestHash(input, true): a key stored before 2026-12-07 with a priority of 5 given. */
+  /** The digest as made before 2026-12-07 with a priority of 5 given (requestHash(…, true)). */
   legacyHash: string,
 ): Promise<TaskCreateResult | undefined> {
   const [row] = await sql<{ id: string; status: string; requestHash: string | null }[]>`

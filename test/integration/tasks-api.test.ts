@@ -256,6 +256,9 @@ describe("POST /api/analysis-tasks", () => {
     await t.db.sql`update tasks set request_hash = ${legacy} where id = ${taskId}`;
     const replay = await create(admin, { ...body, priority: 5 }, { "idempotency-key": "k-prio" });
     assert.deepEqual([replay.statusCode, replay.json().data?.taskId], [200, taskId]);
+    // And without a priority, the same request.
+    const replayBare = await create(admin, body, { "idempotency-key": "k-prio" });
+    assert.deepEqual([replayBare.statusCode, replayBare.json().data?.taskId], [200, taskId]);
   });
 
   test("header schemas over real HTTP: an Idempotency-Key named in any case is honoured", async () => {
