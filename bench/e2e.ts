@@ -7,6 +7,7 @@ import os from "node:os";
 import path from "node:path";
 import { performance } from "node:perf_hooks";
 import { findPrograms } from "../src/analyses/programs.ts";
+import { childMemoryLimit } from "../src/cli/worker-runtime.ts";
 import { loadConfig } from "../src/config.ts";
 import { createDatabase } from "../src/db/client.ts";
 import { createLogger } from "../src/log.ts";
@@ -100,9 +101,11 @@ try {
   // The worker as `assay worker` runs it: kill grace, the analysis processes' CPU priority,
   // prefetch and the completion delay from the configuration (its defaults, or ASSAY_* from the environment).
   const config = loadConfig();
+  const benchLogger = createLogger({ level: "warn", destination: process.stderr });
+  const memory = childMemoryLimit(config, benchLogger);
   const worker = new Worker({
     sql,
-    logger: createLogger({ level: "warn", destination: process.stderr }),
+    logger: benchLogger,
     types: {
       summary: {
         handler: processHandler(summary, {
@@ -110,6 +113,8 @@ try {
           workDir: (await openWorkDir(dataDir)).dir,
           killGraceMs: config.killGraceMs,
           nice: config.childNice,
+          // The memory limit as well (each program started through prlimit).
+          ...(memory ? { memory } : {}),
         }),
       },
     },

@@ -45,28 +45,7 @@ export async function startWorkerRuntime(
   for (const m of found.missing) {
     logger.warn({ analysisType: m.type, reason: m.reason }, "this worker will not claim this analysis type");
   }
-  // The analyses' memory limit is set by util-linux's prlimit: without it (not Linux, a minimal image)
-  // they run without one, said once here.
-  const prlimit = config.childMemoryMb > 0 ? resolveExecutable("prlimit") : undefined;
-  if (config.childMemoryMb > 0 && !prlimit)
-    logger.warn(
-      { childMemoryMb: config.childMemoryMb },
-      "ASSAY_CHILD_MEMORY_MB is not enforced: prlimit (util-linux) is not on PATH",
-    );
-  let memory = prlimit ? { bytes: config.childMemoryMb * 2 ** 20, prlimit } : undefined;
-  // A limit above this process's own hard limit cannot be set, and every run would fail at its start
-  // ("failed to set the DATA resource limit"): tried once here, on `true`, and said.
-  const tryOn = memory && resolveExecutable("true");
-  if (memory && tryOn) {
-    const tried = spawnSync(memory.prlimit, [`--data=${memory.bytes}`, "--", tryOn], { encoding: "utf8" });
-    if (tried.status !== 0) {
-      logger.warn(
-        { childMemoryMb: config.childMemoryMb, err: tried.error, stderr: tried.stderr?.trim() },
-        "ASSAY_CHILD_MEMORY_MB is not enforced: prlimit cannot set it (above this process's hard limit?)",
-      );
-      memory = undefined;
-    }
-  }
+  const memory = childMemoryLimit(config, logger);
   const work = await openWorkDir(config.dataDir);
   let guard: GroupGuard;
   try {
@@ -174,4 +153,39 @@ export async function startWorkerRuntime(
     await work.close();
     throw err;
   }
+}
+
+/**
+ * The analyses' memory limit (ASSAY_CHILD_MEMORY_MB) and the prlimit that sets it, as the worker's
+ * handlers get it; undefined (said once in the log) when it is 0, or prlimit (util-linux) is missing
+ * (not Linux, a minimal image), or cannot set it: a limit above this process's own hard limit would
+ * fail every run at its start ("failed to set the DATA resource limit"), so it is tried once here, on
+ * `true`. bench/e2e.ts takes it from here too.
+ */
+export function childMemoryLimit(
+  config: Pick<Config, "childMemoryMb">,
+  logger: Logger,
+): { bytes: number; prlimit: string } | undefined {
+  if (config.childMemoryMb <= 0) return undefined;
+  const prlimit = resolveExecutable("prlimit");
+  if (!prlimit) {
+    logger.warn(
+      { childMemoryMb: config.childMemoryMb },
+      "ASSAY_CHILD_MEMORY_MB is not enforced: prlimit (util-linux) is not on PATH",
+    );
+    return undefined;
+  }
+  const memory = { bytes: config.childMemoryMb * 2 ** 20, prlimit };
+  const tryOn = resolveExecutable("true");
+  if (tryOn) {
+    const tried = spawnSync(prlimit, [`--data=${memory.bytes}`, "--", tryOn], { encoding: "utf8" });
+    if (tried.status !== 0) {
+      logger.warn(
+        { childMemoryMb: config.childMemoryMb, err: tried.error, stderr: tried.stderr?.trim() },
+        "ASSAY_CHILD_MEMORY_MB is not enforced: prlimit cannot set it (above this process's hard limit?)",
+      );
+      return undefined;
+    }
+  }
+  return memory;
 }
