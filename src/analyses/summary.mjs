@@ -283,16 +283,22 @@ function separatorHint() {
 }
 
 /**
- * UTF-16 without a byte-order mark, by its first bytes (up to 64): a zero in every other byte and only
- * there, as text of Latin letters is so (it read "the input is binary"; python_stats.py and
- * r_report.R look alike).
+ * UTF-16 without a byte-order mark, by its first bytes (up to 64): no zero in the low bytes (every
+ * other byte: the even ones little-endian, the odd ones big-endian), and a zero in at least half of
+ * the high bytes, as text mostly of Latin letters is (it read "the input is binary"; python_stats.py
+ * and r_report.R look alike).
  */
 function utf16WithoutMark(start) {
   const n = Math.min(start.length, 64) & ~1;
   if (n < 4) return false;
-  return [1, 0].some((odd) => {
-    for (let i = 0; i < n; i++) if ((start[i] === 0) !== (i % 2 === odd)) return false;
-    return true;
+  return [1, 0].some((high) => {
+    let zeros = 0;
+    for (let i = 0; i < n; i++) {
+      if (i % 2 !== high) {
+        if (start[i] === 0) return false;
+      } else if (start[i] === 0) zeros++;
+    }
+    return 2 * zeros >= n / 2;
   });
 }
 

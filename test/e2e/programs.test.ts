@@ -777,7 +777,19 @@ test("summary, python-stats and r-report say what to do with a file in a format 
     ["tab-at-end.csv", "a\t\nx\n", /^no numeric column$/],
     ["gzip.csv", zlib.gzipSync("a,b\n1,2\n"), /^the input is gzip-compressed: decompress it first$/],
     ["utf16.csv", utf16, /^the input is UTF-16 text, not UTF-8: save it as UTF-8 \("CSV UTF-8"\)$/],
-    // Without a byte-order mark (little- and big-endian): "the input is binary" it read.
+    // Without a byte-order mark (little- and big-endian, and with letters past Latin-1): "the input
+    // is binary" it read.
+    [
+      "utf16le-cyrillic-no-mark.csv",
+      Buffer.from("id,цена\n1,2\n3,4\n", "utf16le"),
+      /^the input is UTF-16 text \(without a byte-order mark\), not UTF-8: save it as UTF-8 \("CSV UTF-8"\)$/,
+    ],
+    // Binary that starts like UTF-16 is binary in all three (python-stats looked at 4 bytes).
+    [
+      "utf16-lookalike.csv",
+      Buffer.concat([Buffer.from("A\0B\0"), Buffer.from(Array.from({ length: 55 }, (_, i) => 200 + i))]),
+      /^the input is binary, not CSV$/,
+    ],
     ...(["utf16le", "utf16be"] as const).map((order): [string, Buffer, RegExp] => [
       `${order}-no-mark.csv`,
       order === "utf16le"
