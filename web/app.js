@@ -154,7 +154,7 @@ function SkipLink() {
   return html`<button type="button" class="skip-link" onClick=${skip}>Skip to main content</button>`;
 }
 
-function SignIn({ onSignedIn, problem }) {
+function SignIn({ onSignedIn, problem, link, onTakeLink }) {
   const [token, setToken] = useState("");
   const [error, setError] = useState(problem);
   async function submit(e) {
@@ -174,6 +174,12 @@ function SignIn({ onSignedIn, problem }) {
   return html`<${SkipLink} />
   <main class="signin" id="main">
     <h1>Assay</h1>
+    ${
+      link
+        ? html`<p class="notice">You opened a sign-in link.
+        <button type="button" onClick=${onTakeLink}>Sign in with the link</button></p>`
+        : null
+    }
     <form onSubmit=${submit}>
       <label for="token">API token</label>
       <input id="token" type="password" autocomplete="off" spellcheck="false" required value=${token}
@@ -289,7 +295,18 @@ function App({ link }) {
   }, [shown]);
 
   if (checking) return html`<p class="muted">Signing in…</p>`;
-  if (!me) return html`<${SignIn} onSignedIn=${setMe} problem=${problem} />`;
+  // Not signed in with a link waiting (the stored token's check failed without a refusal, or another
+  // tab signed out): the form offers it — the user's choice, nobody's account to switch from; a
+  // token pasted instead drops it.
+  if (!me)
+    return html`<${SignIn}
+      onSignedIn=${(m) => {
+        setPending(null);
+        setMe(m);
+      }}
+      problem=${problem}
+      link=${pending !== null}
+      onTakeLink=${takeLink} />`;
   const nav = [
     ["tasks", "#/", "Tasks"],
     ["new", "#/new", "New task"],

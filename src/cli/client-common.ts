@@ -125,23 +125,27 @@ let closedCode: number = EXIT.OUTPUT_CLOSED;
  * for the process's life: the last lines a command prints fail only after it has returned.
  */
 function watchOutput(stop: (reason: Interrupted) => void, stoppedBy: () => Interrupted | undefined): void {
-  const onError = (err: NodeJS.ErrnoException) => {
-    // EIO: the terminal is gone (a closed window: its SIGHUP stopped the command, whose last lines
-    // then failed; they crashed it with exit 1, the code of a failed task — the review).
-    if (err.code !== "EPIPE" && err.code !== "EIO") throw err;
+  const onError = (stream: NodeJS.WriteStream) => (err: NodeJS.ErrnoException) => {
+    // EIO on a terminal: the terminal is gone (a closed window; its SIGHUP may come before or after
+    // the write that fails: Node handles signals on a later turn). It crashed the command with exit 1,
+    // the code of a failed task (the review). Not on a file: an I/O error there is a failure.
+    const hungUp = err.code === "EIO" && stream.isTTY === true;
+    if (err.code !== "EPIPE" && !hungUp) throw err;
     if (outputClosed) return;
     outputClosed = true;
+    // What stopped the command first says the code (Ctrl-C 130, SIGTERM 143, SIGHUP 129); else the
+    // hang-up's (129) or a closed pipe's (141).
     const by = stoppedBy();
-    closedCode = by instanceof Terminated ? by.exitCode : EXIT.OUTPUT_CLOSED;
+    closedCode = by ? exitCodeOf(by) : hungUp ? new Terminated("SIGHUP").exitCode : EXIT.OUTPUT_CLOSED;
     process.exitCode = closedCode;
     stop(new OutputClosed("the output was closed by its reader"));
     // A step that ignores the signal (creating the task, which Ctrl-C does not cut off either)
     // must not keep a process nobody listens to alive for long.
     setTimeout(() => process.exit(closedCode), OUTPUT_CLOSED_GRACE_MS).unref();
   };
-  process.stdout.on("error", onError);
+  process.stdout.on("error", onError(process.stdout));
   // With 2>&1 into the same pipe, stderr loses its reader too.
-  process.stderr.on("error", onError);
+  process.stderr.on("error", onError(process.stderr));
   process.on("exit", () => {
     if (outputClosed) process.exitCode = closedCode;
   });
@@ -157,7 +161,12 @@ function watchOutput(stop: (reason: Interrupted) => void, stoppedBy: () => Inter
 function interrupts(out: Output): { signal: AbortSignal; dispose: () => void } {
   const controller = new AbortController();
   const stop = (reason: Interrupted) => {
-    if (controller.signal.aborted) process.exit(exitCodeOf(reason));
+    if (controller.signal.aborted) {
+      // A second signal, or one after the output closed: its code, not the closed output's (the
+      // 'exit' listener of watchOutput would otherwise put that back).
+      closedCode = exitCodeOf(reason);
+      process.exit(closedCode);
+    }
     out.stoppedBy = reason;
     controller.abort(reason);
   };

@@ -296,7 +296,7 @@ export function outcomeOf(r: ProcessResult, outputCheck?: { ok: boolean; message
   // and stderr may echo the data (a column named "out of memory").
   if (
     r.memoryLimitBytes !== undefined &&
-    (r.signal || (r.exitCode !== null && ![0, 2, 3, 4].includes(r.exitCode))) &&
+    (r.signal || r.exitCode === 1 || r.exitCode === 5) &&
     OUT_OF_MEMORY.test(r.stderrTail)
   )
     return fail(

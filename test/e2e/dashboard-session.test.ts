@@ -208,6 +208,9 @@ test("a sign-in link of another account while one is signed in asks first; the s
   await down.goto(`${s.base}/#token=${encodeURIComponent(hugo.token)}`);
   await down.getByLabel("API token").waitFor();
   assert.equal(await stored(), gina.token);
+  // Offered on the form, not lost (the address bar no longer has it): the user's choice.
+  await down.getByText("You opened a sign-in link.").waitFor();
+  await down.getByRole("button", { name: "Sign in with the link" }).waitFor();
   await down.close();
 
   // Asked again, she switches: both tabs are hugo's.
