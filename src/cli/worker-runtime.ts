@@ -16,6 +16,7 @@ import { StoreSweep } from "../queue/store-sweep.ts";
 import { type TypeOptions, Worker } from "../queue/worker.ts";
 import { GroupGuard } from "../runner/group-guard.ts";
 import { discardAttempt, processHandler, removeLeftovers } from "../runner/handler.ts";
+import type { ChildMemory } from "../runner/run-process.ts";
 import { openWorkDir } from "../runner/workdir.ts";
 import type { ObjectStore } from "../storage/store.ts";
 
@@ -165,7 +166,7 @@ export async function startWorkerRuntime(
 export function childMemoryLimit(
   config: Pick<Config, "childMemoryMb">,
   logger: Logger,
-): { bytes: number; prlimit: string } | undefined {
+): ChildMemory | undefined {
   if (config.childMemoryMb <= 0) return undefined;
   const prlimit = resolveExecutable("prlimit");
   if (!prlimit) {

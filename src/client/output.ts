@@ -97,8 +97,11 @@ export class Output {
 
   fail(err: unknown): number {
     const code = exitCodeOf(err);
-    if (err instanceof Terminated) this.line("interrupted", { signal: err.signal, message: messageOf(err) });
-    else if (err instanceof Interrupted) this.line("interrupted", { message: messageOf(err) });
+    if (err instanceof Interrupted)
+      this.line("interrupted", {
+        ...(err instanceof Terminated ? { signal: err.signal } : {}),
+        message: messageOf(err),
+      });
     else this.line("error", { code: errorCodeOf(err), message: messageOf(err), exitCode: code });
     if (err instanceof ClientUsageError && err.ownLines) this.noteLines(messageOf(err));
     else this.note(messageOf(err));

@@ -19,7 +19,7 @@ import {
 } from "../storage/store.ts";
 import type { GroupRegistry } from "./group-guard.ts";
 import { attemptOutputKey, checkOutputs, type OutputFile } from "./outputs.ts";
-import { type ProcessResult, runProcess } from "./run-process.ts";
+import { type ChildMemory, type ProcessResult, runProcess } from "./run-process.ts";
 import { removeAttemptDir } from "./workdir.ts";
 
 export interface ProcessHandlerDeps {
@@ -39,7 +39,7 @@ export interface ProcessHandlerDeps {
   /** CPU priority of the analysis processes (ASSAY_CHILD_NICE). */
   nice?: number;
   /** What each analysis process may allocate, and the prlimit that sets it (ASSAY_CHILD_MEMORY_MB). */
-  memory?: { bytes: number; prlimit: string };
+  memory?: ChildMemory;
 }
 
 /** Where one attempt reads its input and writes its outputs, and how its outputs reach the store. */

@@ -30,6 +30,12 @@ export interface ProcessCommand {
   env: Record<string, string>;
 }
 
+/** What an analysis process may allocate (RLIMIT_DATA, bytes), and the prlimit that sets it. */
+export interface ChildMemory {
+  bytes: number;
+  prlimit: string;
+}
+
 export interface RunLimits {
   /** Own wall-clock limit (the queue worker also aborts on its per-type timeout). */
   timeoutMs?: number;
@@ -53,7 +59,7 @@ export interface RunLimits {
    * path): the program runs as `prlimit --data=N -- <executable> <args>`, which sets the limit and execs
    * it (same pid, same group). What it cannot start says so on stderr and exits 126/127: a start error.
    */
-  memory?: { bytes: number; prlimit: string };
+  memory?: ChildMemory;
   /**
    * A `NAME=value` entry of `command.env` that no process but this run's has (the handler gives each
    * attempt its own HOME): a process that left the group and still holds the output when the wait
